@@ -1,0 +1,42 @@
+# `make demo` and `make test` each set up .venv on first use; nothing else is needed on a fresh clone.
+SHELL := /bin/bash
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PYTHON ?= python3
+# Small CPU matmuls run up to 50x slower with more than one OpenMP thread (shared/notes/cpu-stack.md).
+export OMP_NUM_THREADS := 1
+export MKL_NUM_THREADS := 1
+export TOKENIZERS_PARALLELISM := false
+export RAY_AUTH_MODE := disabled
+export RAY_USAGE_STATS_ENABLED := 0
+export HF_HUB_OFFLINE := 1
+PIP_QUIET = 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
+
+.PHONY: install lint test test-fast demo clean
+
+$(STAMP): pyproject.toml setup.py requirements-dev.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	set -o pipefail; $(BIN)/pip install -q -r requirements-dev.txt $(PIP_QUIET)
+	set -o pipefail; $(BIN)/pip install -q --no-deps -e . --config-settings editable_mode=strict $(PIP_QUIET)
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy -p hybridflow -p hybridflow.backends -p hybridflow.algorithms
+
+test: lint
+	$(BIN)/pytest -q
+
+test-fast: $(STAMP)
+	$(BIN)/pytest -q -x -m "not slow"
+
+demo: $(STAMP)
+	$(BIN)/hybridflow graph ppo
+	@echo
+	$(BIN)/hybridflow graph grpo --format mermaid
+
+clean:
+	rm -rf $(VENV) build *.egg-info .mypy_cache .pytest_cache .ruff_cache

@@ -1,0 +1,9 @@
+"""Built-in RL algorithms as graphs, and the tensor maths they use.
+
+Importing this package registers the graphs (torch-free); ``hybridflow.algorithms.functions``
+registers the compute functions and losses (needs torch).
+"""
+
+from hybridflow.algorithms.graphs import grpo, ppo, reinforce_pp, reinforce_pp_baseline, remax, rloo
+
+__all__ = ["grpo", "ppo", "reinforce_pp", "reinforce_pp_baseline", "remax", "rloo"]

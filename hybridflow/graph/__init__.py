@@ -1,0 +1,60 @@
+"""The dataflow-graph DSL: roles, nodes, validation, introspection and rendering.
+
+Pure Python plus networkx: importing this package never imports torch or ray.
+"""
+
+from hybridflow.graph.builder import GraphBuilder
+from hybridflow.graph.errors import (
+    DeadNodeError,
+    DuplicateFieldError,
+    GraphCycleError,
+    GraphValidationError,
+    MissingFieldError,
+    NodeSpecError,
+    RoleOpError,
+    UnknownRoleError,
+)
+from hybridflow.graph.fields import STANDARD_FIELDS, Extent, FieldSpec, field_spec
+from hybridflow.graph.graph import DEFAULT_INPUTS, Edge, Graph
+from hybridflow.graph.loading import load_graph
+from hybridflow.graph.node import OP_PORTS, Node
+from hybridflow.graph.render import FORMATS, from_dict, from_json, render, to_dict, to_json
+from hybridflow.graph.roles import ALLOWED_OPS, Op, Role, RoleKind
+from hybridflow.graph.workload import NodeLoad, Workload, edge_bytes, field_bytes, node_loads
+
+__all__ = [
+    "ALLOWED_OPS",
+    "DEFAULT_INPUTS",
+    "FORMATS",
+    "OP_PORTS",
+    "STANDARD_FIELDS",
+    "DeadNodeError",
+    "DuplicateFieldError",
+    "Edge",
+    "Extent",
+    "FieldSpec",
+    "Graph",
+    "GraphBuilder",
+    "GraphCycleError",
+    "GraphValidationError",
+    "MissingFieldError",
+    "Node",
+    "NodeLoad",
+    "NodeSpecError",
+    "Op",
+    "Role",
+    "RoleKind",
+    "RoleOpError",
+    "UnknownRoleError",
+    "Workload",
+    "edge_bytes",
+    "field_bytes",
+    "field_spec",
+    "from_dict",
+    "from_json",
+    "load_graph",
+    "node_loads",
+    "render",
+    "to_dict",
+    "to_json",
+]

@@ -1,0 +1,84 @@
+"""A small builder so an algorithm reads as a few lines of graph code."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from hybridflow.graph.graph import DEFAULT_INPUTS, Graph
+from hybridflow.graph.node import OP_PORTS, Node, Scalar, freeze_options
+from hybridflow.graph.roles import Op, Role, RoleKind
+
+Fields = Sequence[str] | None
+
+
+class GraphBuilder:
+    """Collects roles and nodes, then :meth:`build` returns a validated, immutable :class:`Graph`.
+
+    Each op method takes the role, optional field renames (``inputs=``/``outputs=``, bound to the
+    op's ports by position), an optional node ``name`` (default ``<role>_<op>``) and keyword options.
+    """
+
+    def __init__(self, name: str, *, inputs: Sequence[str] = DEFAULT_INPUTS) -> None:
+        self.name = name
+        self.inputs = tuple(inputs)
+        self._roles: list[Role] = []
+        self._nodes: list[Node] = []
+
+    def role(self, name: str, kind: RoleKind | str) -> str:
+        """Declare a role and return its name, for use in the op methods."""
+        self._roles.append(Role(name, RoleKind(kind)))
+        return name
+
+    def generate(self, role: str, *, n: int = 1, name: str | None = None, inputs: Fields = None,
+                 outputs: Fields = None, **sampling: Scalar) -> str:
+        """Roll out ``n`` responses per prompt; options: temperature, top_p, top_k, max_new_tokens, greedy."""
+        return self._role_op(Op.GENERATE, role, name, inputs, outputs, {"n": n, **sampling})
+
+    def logprob(self, role: str, *, name: str | None = None, inputs: Fields = None, outputs: Fields = None,
+                **options: Scalar) -> str:
+        """Log-probs of the responses under ``role`` (by default into ``old_logprobs``)."""
+        return self._role_op(Op.LOGPROB, role, name, inputs, outputs, options)
+
+    def ref_logprob(self, role: str, *, name: str | None = None, inputs: Fields = None, outputs: Fields = None,
+                    **options: Scalar) -> str:
+        """Log-probs under a frozen reference (into ``ref_logprobs``)."""
+        return self._role_op(Op.REF_LOGPROB, role, name, inputs, outputs, options)
+
+    def values(self, role: str, *, name: str | None = None, inputs: Fields = None, outputs: Fields = None,
+               **options: Scalar) -> str:
+        """Per-token value estimates of a critic (into ``values``)."""
+        return self._role_op(Op.VALUES, role, name, inputs, outputs, options)
+
+    def score(self, role: str, *, name: str | None = None, inputs: Fields = None, outputs: Fields = None,
+              **options: Scalar) -> str:
+        """One scalar reward per response from a reward model or function (into ``scores``)."""
+        return self._role_op(Op.SCORE, role, name, inputs, outputs, options)
+
+    def compute(self, name: str, *, fn: str, inputs: Sequence[str], outputs: Sequence[str],
+                **options: Scalar) -> str:
+        """A driver-side step: ``fn(*input_fields, **options)`` returns the output fields in order."""
+        node = Node(name, Op.COMPUTE, None, tuple(inputs), tuple(outputs), fn=fn,
+                    options=freeze_options(options, name))
+        self._nodes.append(node)
+        return name
+
+    def update(self, role: str, *, loss: str, inputs: Sequence[str], name: str | None = None,
+               **options: Scalar) -> str:
+        """A train step on ``role`` minimising ``loss`` over the fields in ``inputs``."""
+        node_name = name or f"{role}_update"
+        node = Node(node_name, Op.UPDATE, role, tuple(inputs), (), loss=loss,
+                    options=freeze_options(options, node_name))
+        self._nodes.append(node)
+        return node_name
+
+    def build(self) -> Graph:
+        return Graph(self.name, tuple(self._roles), tuple(self._nodes), self.inputs)
+
+    def _role_op(self, op: Op, role: str, name: str | None, inputs: Fields, outputs: Fields,
+                 options: Mapping[str, Scalar]) -> str:
+        in_ports, out_ports = OP_PORTS[op]
+        node_name = name or f"{role}_{op.value}"
+        node = Node(node_name, op, role, tuple(inputs or in_ports), tuple(outputs or out_ports),
+                    options=freeze_options(options, node_name))
+        self._nodes.append(node)
+        return node_name

@@ -1,0 +1,260 @@
+"""The immutable, validated dataflow graph of an RL algorithm."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from functools import cached_property
+
+import networkx as nx
+
+from hybridflow.graph.errors import (
+    DeadNodeError,
+    DuplicateFieldError,
+    GraphCycleError,
+    MissingFieldError,
+    NodeSpecError,
+    RoleOpError,
+    UnknownRoleError,
+)
+from hybridflow.graph.node import Node, freeze_options
+from hybridflow.graph.roles import Op, Role, RoleKind
+
+DEFAULT_INPUTS = ("prompts", "ground_truth")
+
+
+@dataclass(frozen=True, slots=True)
+class Edge:
+    """Data moving from ``src`` to ``dst``: the fields ``dst`` reads that ``src`` wrote."""
+
+    src: str
+    dst: str
+    fields: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Graph:
+    """A validated algorithm graph. Build one with :class:`~hybridflow.graph.GraphBuilder`.
+
+    Construction validates; an invalid graph cannot exist. Edges are derived from fields: a node
+    depends on the producer of every field it reads. ``inputs`` are the fields the dataset provides.
+    """
+
+    name: str
+    roles: tuple[Role, ...]
+    nodes: tuple[Node, ...]
+    inputs: tuple[str, ...] = DEFAULT_INPUTS
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "roles", tuple(self.roles))
+        object.__setattr__(self, "nodes", tuple(self.nodes))
+        object.__setattr__(self, "inputs", tuple(self.inputs))
+        _validate(self)
+
+    def role(self, name: str) -> Role:
+        for role in self.roles:
+            if role.name == name:
+                return role
+        raise UnknownRoleError(f"graph {self.name!r} has no role {name!r}; roles: {self.role_names}")
+
+    def node(self, name: str) -> Node:
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        raise KeyError(f"graph {self.name!r} has no node {name!r}; nodes: {[n.name for n in self.nodes]}")
+
+    @property
+    def role_names(self) -> list[str]:
+        return [role.name for role in self.roles]
+
+    @cached_property
+    def producers(self) -> dict[str, str]:
+        """Field -> name of the node that writes it (graph inputs are absent)."""
+        return {out: node.name for node in self.nodes for out in node.outputs}
+
+    @cached_property
+    def edges(self) -> tuple[Edge, ...]:
+        grouped: dict[tuple[str, str], list[str]] = {}
+        for node in self.nodes:
+            for name in node.inputs:
+                src = self.producers.get(name)
+                if src is not None:
+                    grouped.setdefault((src, node.name), []).append(name)
+        return tuple(Edge(src, dst, tuple(fields)) for (src, dst), fields in grouped.items())
+
+    @cached_property
+    def dag(self) -> nx.DiGraph:
+        """A frozen networkx view: node attribute ``node`` holds the :class:`Node`."""
+        return nx.freeze(_digraph(self.nodes, self.edges))
+
+    @cached_property
+    def order(self) -> tuple[str, ...]:
+        """Node names in a deterministic topological order (ties broken by declaration order)."""
+        position = {node.name: i for i, node in enumerate(self.nodes)}
+        return tuple(nx.lexicographical_topological_sort(self.dag, key=position.__getitem__))
+
+    def stages(self) -> tuple[tuple[str, ...], ...]:
+        """Sets of nodes that may run concurrently: each stage depends only on earlier stages."""
+        position = {node.name: i for i, node in enumerate(self.nodes)}
+        return tuple(tuple(sorted(gen, key=position.__getitem__)) for gen in nx.topological_generations(self.dag))
+
+    def predecessors(self, name: str) -> tuple[str, ...]:
+        return tuple(self.dag.predecessors(name))
+
+    def ops_by_role(self) -> dict[str, frozenset[Op]]:
+        """Role -> the ops its nodes perform (empty for a declared role no node uses)."""
+        ops: dict[str, set[Op]] = {role.name: set() for role in self.roles}
+        for node in self.nodes:
+            if node.role is not None:
+                ops[node.role].add(node.op)
+        return {name: frozenset(found) for name, found in ops.items()}
+
+    def nodes_of(self, role: str) -> tuple[Node, ...]:
+        return tuple(node for node in self.nodes if node.role == role)
+
+    @property
+    def samples_per_prompt(self) -> int:
+        """``n`` of the graph's generate nodes (validation makes them agree)."""
+        return max((node.samples_per_prompt for node in self.nodes), default=1)
+
+    def with_role_kind(self, role: str, kind: RoleKind | str) -> Graph:
+        """A copy where ``role`` has another kind (e.g. a reward model becomes a reward function)."""
+        self.role(role)
+        roles = tuple(Role(r.name, RoleKind(kind)) if r.name == role else r for r in self.roles)
+        return Graph(self.name, roles, self.nodes, self.inputs)
+
+    def with_node_options(self, node: str, **options: object) -> Graph:
+        """A copy where ``node`` has these options changed (``n=8``, ``temperature=0.7``...)."""
+        self.node(node)
+        nodes = tuple(
+            replace(n, options=freeze_options({**n.options_dict, **options}, node)) if n.name == node else n
+            for n in self.nodes
+        )
+        return Graph(self.name, self.roles, nodes, self.inputs)
+
+
+def _digraph(nodes: Iterable[Node], edges: Iterable[Edge]) -> nx.DiGraph:
+    dag = nx.DiGraph()
+    for node in nodes:
+        dag.add_node(node.name, node=node)
+    for edge in edges:
+        dag.add_edge(edge.src, edge.dst, fields=edge.fields)
+    return dag
+
+
+def _validate(graph: Graph) -> None:
+    if not graph.nodes:
+        raise NodeSpecError(f"graph {graph.name!r} has no nodes")
+    _check_names(graph)
+    _check_roles(graph)
+    _check_fields(graph)
+    _check_acyclic(graph)
+    _check_reaches_update(graph)
+    _check_samples(graph)
+
+
+def _check_names(graph: Graph) -> None:
+    seen: set[str] = set()
+    for node in graph.nodes:
+        if node.name in seen:
+            raise NodeSpecError(f"two nodes are named {node.name!r}; node names must be unique", node=node.name)
+        seen.add(node.name)
+    names = [role.name for role in graph.roles]
+    if len(set(names)) != len(names):
+        dup = next(name for name in names if names.count(name) > 1)
+        raise NodeSpecError(f"role {dup!r} is declared twice", field=dup)
+
+
+def _check_roles(graph: Graph) -> None:
+    kinds = {role.name: role.kind for role in graph.roles}
+    for node in graph.nodes:
+        if node.role is None:
+            continue
+        if node.role not in kinds:
+            raise UnknownRoleError(
+                f"node {node.name!r} runs on role {node.role!r}, which the graph does not declare; "
+                f"declared roles: {sorted(kinds)}",
+                node=node.name,
+                field=node.role,
+            )
+        kind = kinds[node.role]
+        if node.op not in kind.allowed_ops:
+            allowed = sorted(op.value for op in kind.allowed_ops)
+            raise RoleOpError(
+                f"node {node.name!r} asks role {node.role!r} ({kind}) to {node.op}, but a {kind} can only "
+                f"do {allowed}",
+                node=node.name,
+                field=node.role,
+            )
+
+
+def _check_fields(graph: Graph) -> None:
+    produced: dict[str, str] = {name: "<graph input>" for name in graph.inputs}
+    if len(produced) != len(graph.inputs):
+        raise DuplicateFieldError(f"graph inputs {list(graph.inputs)} list a field twice")
+    for node in graph.nodes:
+        for name in node.outputs:
+            if name in produced:
+                raise DuplicateFieldError(
+                    f"field {name!r} is produced by both {produced[name]!r} and node {node.name!r}; "
+                    "rename one output",
+                    node=node.name,
+                    field=name,
+                )
+            produced[name] = node.name
+    for node in graph.nodes:
+        for name in node.inputs:
+            if name not in produced:
+                raise MissingFieldError(
+                    f"node {node.name!r} reads field {name!r}, which no node and no graph input produces; "
+                    f"available fields: {sorted(produced)}",
+                    node=node.name,
+                    field=name,
+                )
+
+
+def _check_acyclic(graph: Graph) -> None:
+    dag = _digraph(graph.nodes, graph.edges)
+    try:
+        cycle = nx.find_cycle(dag)
+    except nx.NetworkXNoCycle:
+        return
+    src, dst = cycle[0][0], cycle[0][1]
+    fields = dag.edges[src, dst]["fields"]
+    path = " -> ".join([edge[0] for edge in cycle] + [cycle[0][0]])
+    raise GraphCycleError(
+        f"nodes form a cycle {path}; node {dst!r} reads {list(fields)} from {src!r}",
+        node=dst,
+        field=fields[0],
+    )
+
+
+def _check_reaches_update(graph: Graph) -> None:
+    dag = _digraph(graph.nodes, graph.edges)
+    sinks = {node.name for node in graph.nodes if node.op is Op.UPDATE}
+    live: set[str] = set(sinks)
+    for sink in sinks:
+        live |= nx.ancestors(dag, sink)
+    for node in graph.nodes:
+        if node.name not in live:
+            what = f"its outputs {list(node.outputs)} are" if node.outputs else "it is"
+            raise DeadNodeError(
+                f"node {node.name!r} has no path to an update node: {what} never used by training; "
+                "remove it or feed it to an update",
+                node=node.name,
+                field=node.outputs[0] if node.outputs else None,
+            )
+
+
+def _check_samples(graph: Graph) -> None:
+    counts = {node.name: node.samples_per_prompt for node in graph.nodes if node.op is Op.GENERATE}
+    for name, n in counts.items():
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise NodeSpecError(f"node {name!r}: n={n!r} must be a positive integer", node=name, field="n")
+    if len(set(counts.values())) > 1:
+        raise NodeSpecError(
+            f"generate nodes disagree on samples per prompt {counts}; every rollout of one step must use "
+            "the same n so rows line up",
+            node=max(counts, key=counts.__getitem__),
+            field="n",
+        )

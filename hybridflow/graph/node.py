@@ -1,0 +1,119 @@
+"""Nodes of the dataflow graph and the fixed ports of each op."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from hybridflow.graph.errors import NodeSpecError
+from hybridflow.graph.roles import Op
+
+_SEQ_INPUTS = ("prompts", "responses", "response_mask")
+
+# Ports of the ops that run on a role, in order. A node binds each port to a field name, by
+# position, so one op can read or write renamed fields (ReMax scores ``greedy_responses``).
+OP_PORTS: dict[Op, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    Op.GENERATE: (("prompts",), ("responses", "response_mask")),
+    Op.LOGPROB: (_SEQ_INPUTS, ("old_logprobs",)),
+    Op.REF_LOGPROB: (_SEQ_INPUTS, ("ref_logprobs",)),
+    Op.VALUES: (_SEQ_INPUTS, ("values",)),
+    Op.SCORE: ((*_SEQ_INPUTS, "ground_truth"), ("scores",)),
+}
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
+Scalar = str | int | float | bool | None
+
+
+def freeze_options(options: Mapping[str, Any], node: str = "?") -> tuple[tuple[str, Scalar], ...]:
+    """Options as a sorted tuple of pairs, so nodes stay hashable; values must be JSON scalars."""
+    for key, value in options.items():
+        if not isinstance(value, str | int | float | bool | type(None)):
+            raise NodeSpecError(
+                f"node {node!r}: option {key}={value!r} must be a str, int, float, bool or None "
+                "so the graph stays serialisable",
+                node=node,
+                field=key,
+            )
+    return tuple(sorted(options.items()))
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """One step of an algorithm: an op on a role (or on the driver, for ``compute``).
+
+    ``fn`` names the driver function of a ``compute`` node and ``loss`` the loss of an ``update``;
+    both are registry names (``"gae"``) or import paths (``"pkg.mod:func"``) resolved by the runtime.
+    """
+
+    name: str
+    op: Op
+    role: str | None
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    fn: str | None = None
+    loss: str | None = None
+    options: tuple[tuple[str, Scalar], ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "op", Op(self.op))
+        if not _NAME.match(self.name):
+            raise NodeSpecError(f"node name {self.name!r} must be an identifier", node=self.name)
+        if isinstance(self.options, Mapping):  # accept a plain dict from hand-written code
+            object.__setattr__(self, "options", freeze_options(self.options, self.name))
+        object.__setattr__(self, "inputs", tuple(self.inputs))
+        object.__setattr__(self, "outputs", tuple(self.outputs))
+        self._check_shape()
+
+    def _check_shape(self) -> None:
+        where = f"node {self.name!r} ({self.op})"
+        if self.op is Op.COMPUTE:
+            if self.role is not None:
+                raise NodeSpecError(f"{where} runs on the driver and takes no role", node=self.name)
+            if not self.fn:
+                raise NodeSpecError(f"{where} needs fn= (a registry name or 'module:function')", node=self.name)
+            if not self.outputs:
+                raise NodeSpecError(f"{where} must declare at least one output field", node=self.name)
+            return
+        if self.role is None:
+            raise NodeSpecError(f"{where} needs a role", node=self.name)
+        if self.op is Op.UPDATE:
+            if not self.loss:
+                raise NodeSpecError(f"{where} needs loss= (a registry name or 'module:function')", node=self.name)
+            if self.outputs:
+                raise NodeSpecError(f"{where} is a sink and produces no fields", node=self.name)
+            return
+        in_ports, out_ports = OP_PORTS[self.op]
+        for kind, ports, bound in (("inputs", in_ports, self.inputs), ("outputs", out_ports, self.outputs)):
+            if len(bound) != len(ports):
+                raise NodeSpecError(
+                    f"{where} binds {len(bound)} {kind} {list(bound)} but the op has ports {list(ports)}",
+                    node=self.name,
+                    field=kind,
+                )
+        if len(set(self.inputs) | set(self.outputs)) != len(self.inputs) + len(self.outputs):
+            raise NodeSpecError(f"{where} binds one field to two ports", node=self.name)
+
+    @property
+    def options_dict(self) -> dict[str, Scalar]:
+        return dict(self.options)
+
+    def option(self, key: str, default: Scalar = None) -> Scalar:
+        return dict(self.options).get(key, default)
+
+    def port_inputs(self) -> dict[str, str]:
+        """Port name -> field name for an op with fixed ports (identity for compute/update)."""
+        ports = OP_PORTS[self.op][0] if self.op in OP_PORTS else self.inputs
+        return dict(zip(ports, self.inputs, strict=True))
+
+    def port_outputs(self) -> dict[str, str]:
+        ports = OP_PORTS[self.op][1] if self.op in OP_PORTS else self.outputs
+        return dict(zip(ports, self.outputs, strict=True))
+
+    @property
+    def samples_per_prompt(self) -> int:
+        """``n`` of a generate node (1 for every other op)."""
+        n = self.option("n", 1) if self.op is Op.GENERATE else 1
+        assert isinstance(n, int)
+        return n

@@ -1,0 +1,96 @@
+"""How much work each node does and how many bytes each edge carries, for one training step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hybridflow.graph.fields import Extent, field_spec
+from hybridflow.graph.graph import Graph
+from hybridflow.graph.node import Node
+from hybridflow.graph.roles import Op
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Workload:
+    """One step's data: ``batch_size`` prompts, each answered ``n_samples`` times.
+
+    ``n_samples`` overrides the graph's own ``n`` when given. ``token_bytes``/``float_bytes`` size
+    token ids and per-token statistics on the wire.
+    """
+
+    batch_size: int
+    prompt_len: int
+    response_len: int
+    n_samples: int | None = None
+    token_bytes: int = 8
+    float_bytes: int = 4
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "prompt_len", "response_len", "token_bytes", "float_bytes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"Workload.{name}={value!r} must be a positive integer")
+        if self.n_samples is not None and (not isinstance(self.n_samples, int) or self.n_samples <= 0):
+            raise ValueError(f"Workload.n_samples={self.n_samples!r} must be a positive integer or None")
+
+    def samples(self, graph: Graph) -> int:
+        return self.n_samples or graph.samples_per_prompt
+
+    def sequences(self, graph: Graph) -> int:
+        """Rows after rollout: every prompt times its samples."""
+        return self.batch_size * self.samples(graph)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeLoad:
+    """Token counts of one node for one step.
+
+    ``prompt_tokens`` are prefilled (or re-read by a forward pass), ``response_tokens`` decoded by a
+    generate node or scored/trained by every other role op. Compute nodes process no model tokens.
+    """
+
+    node: str
+    op: Op
+    sequences: int
+    prompt_tokens: int
+    response_tokens: int
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.response_tokens
+
+
+def node_load(graph: Graph, node: Node, workload: Workload) -> NodeLoad:
+    rows = workload.sequences(graph)
+    if node.op is Op.COMPUTE:
+        return NodeLoad(node.name, node.op, rows, 0, 0)
+    if node.op is Op.GENERATE:
+        # Prompts are prefilled once and shared by their n samples (prefix caching in vLLM).
+        return NodeLoad(node.name, node.op, rows, workload.batch_size * workload.prompt_len,
+                        rows * workload.response_len)
+    return NodeLoad(node.name, node.op, rows, rows * workload.prompt_len, rows * workload.response_len)
+
+
+def node_loads(graph: Graph, workload: Workload) -> dict[str, NodeLoad]:
+    """Per node of ``graph``, the tokens it processes for ``workload``."""
+    return {node.name: node_load(graph, node, workload) for node in graph.nodes}
+
+
+def field_bytes(graph: Graph, name: str, workload: Workload) -> int:
+    """Bytes of one field for the whole step (graph inputs count once per prompt)."""
+    spec = field_spec(name)
+    rows = workload.batch_size if name in graph.inputs else workload.sequences(graph)
+    per_row = {
+        Extent.SEQUENCE: 1,
+        Extent.PROMPT_TOKENS: workload.prompt_len,
+        Extent.RESPONSE_TOKENS: workload.response_len,
+    }[spec.extent]
+    return rows * per_row * spec.dtype_bytes
+
+
+def edge_bytes(graph: Graph, workload: Workload) -> dict[tuple[str, str], int]:
+    """(src, dst) -> bytes that ``dst`` reads from ``src`` in one step."""
+    return {
+        (edge.src, edge.dst): sum(field_bytes(graph, name, workload) for name in edge.fields)
+        for edge in graph.edges
+    }

@@ -1,0 +1,187 @@
+"""The planner's output: an immutable, JSON-serialisable placement of roles on GPU groups.
+
+The runtime executes a :class:`Plan` as it is; nothing re-plans behind the user's back.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+class Sharding(enum.StrEnum):
+    """How a trainable role's parameters, gradients and optimizer states are split over DP ranks."""
+
+    NO_SHARD = "NO_SHARD"  # replicate (DDP)
+    SHARD_GRAD_OP = "SHARD_GRAD_OP"  # ZeRO-2-like: shard grads and optimizer states
+    FULL_SHARD = "FULL_SHARD"  # ZeRO-3-like: shard parameters too
+    HYBRID_SHARD = "HYBRID_SHARD"  # FULL_SHARD within a node, replicate across nodes
+    ZERO1 = "ZERO1"
+    ZERO2 = "ZERO2"
+    ZERO3 = "ZERO3"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RoleLayout:
+    """How one role runs inside its group: ``dp * tp`` equals the group's GPU count."""
+
+    role: str
+    dp: int
+    tp: int = 1
+    sharding: Sharding = Sharding.NO_SHARD
+    micro_batch_size: int = 1
+    dtype: str = "bf16"  # "bf16", "fp16" or "fp32"
+    gradient_checkpointing: bool = False
+    rollout_tp: int = 1  # tensor parallel size of the rollout engine (generate nodes of a policy)
+    backend: str = "torch"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sharding", Sharding(self.sharding))
+        for name in ("dp", "tp", "micro_batch_size", "rollout_tp"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"RoleLayout({self.role}).{name}={getattr(self, name)} must be >= 1")
+        if self.dtype not in ("bf16", "fp16", "fp32"):
+            raise ValueError(f"RoleLayout({self.role}).dtype={self.dtype!r} must be bf16, fp16 or fp32")
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupPlan:
+    """One colocation group: GPUs (global ids, with the machine each sits on) and the roles sharing them."""
+
+    gpus: tuple[int, ...]
+    hosts: tuple[int, ...]  # machine index of each GPU, parallel to ``gpus``
+    device: str
+    roles: tuple[str, ...]
+    layouts: tuple[RoleLayout, ...]
+    memory_per_gpu_bytes: int
+    capacity_bytes: int
+
+    def __post_init__(self) -> None:
+        if len(self.gpus) != len(self.hosts):
+            raise ValueError(f"GroupPlan: {len(self.gpus)} gpus but {len(self.hosts)} hosts")
+        if {layout.role for layout in self.layouts} != set(self.roles):
+            raise ValueError(f"GroupPlan: layouts {[lay.role for lay in self.layouts]} != roles {list(self.roles)}")
+
+    @property
+    def size(self) -> int:
+        return len(self.gpus)
+
+    def layout(self, role: str) -> RoleLayout:
+        for layout in self.layouts:
+            if layout.role == role:
+                return layout
+        raise KeyError(f"role {role!r} is not in this group (roles: {list(self.roles)})")
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeEstimate:
+    """When a graph node runs in the modelled schedule. ``group`` is None for driver-side nodes."""
+
+    node: str
+    group: int | None
+    seconds: float
+    start_s: float
+    end_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchStats:
+    method: str
+    candidates: int
+    seconds: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """Roles placed on GPU groups, with the cost model's estimates for one step.
+
+    ``driver_roles`` run beside the controller and hold no GPU (reward functions).
+    """
+
+    algorithm: str
+    groups: tuple[GroupPlan, ...]
+    driver_roles: tuple[str, ...] = ()
+    nodes: tuple[NodeEstimate, ...] = ()
+    step_time_s: float = 0.0
+    cross_group_bytes: int = 0
+    weight_sync_bytes: int = 0
+    bottleneck: str = ""
+    feasible: bool = True
+    problems: tuple[str, ...] = ()
+    search: SearchStats | None = None
+    extra: tuple[tuple[str, Any], ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        placed = [role for group in self.groups for role in group.roles] + list(self.driver_roles)
+        if len(placed) != len(set(placed)):
+            raise ValueError(f"Plan: a role is placed twice: {placed}")
+        used = [gpu for group in self.groups for gpu in group.gpus]
+        if len(used) != len(set(used)):
+            raise ValueError(f"Plan: groups share GPUs: {[list(g.gpus) for g in self.groups]}")
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        return tuple(role for group in self.groups for role in group.roles) + self.driver_roles
+
+    def group_index(self, role: str) -> int | None:
+        """Index of the group that holds ``role``; None for a driver role."""
+        for index, group in enumerate(self.groups):
+            if role in group.roles:
+                return index
+        if role in self.driver_roles:
+            return None
+        raise KeyError(f"role {role!r} is not in the plan; roles: {list(self.roles)}")
+
+    def layout(self, role: str) -> RoleLayout:
+        index = self.group_index(role)
+        if index is None:
+            raise KeyError(f"role {role!r} runs on the driver and has no layout")
+        return self.groups[index].layout(role)
+
+    @property
+    def num_gpus(self) -> int:
+        return sum(group.size for group in self.groups)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["extra"] = dict(self.extra)
+        return data
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Plan:
+        groups = tuple(
+            GroupPlan(
+                gpus=tuple(g["gpus"]), hosts=tuple(g["hosts"]), device=g["device"], roles=tuple(g["roles"]),
+                layouts=tuple(RoleLayout(**lay) for lay in g["layouts"]),
+                memory_per_gpu_bytes=g["memory_per_gpu_bytes"], capacity_bytes=g["capacity_bytes"],
+            )
+            for g in data["groups"]
+        )
+        search = SearchStats(**data["search"]) if data.get("search") else None
+        return cls(
+            algorithm=data["algorithm"], groups=groups, driver_roles=tuple(data.get("driver_roles", ())),
+            nodes=tuple(NodeEstimate(**n) for n in data.get("nodes", ())),
+            step_time_s=data.get("step_time_s", 0.0), cross_group_bytes=data.get("cross_group_bytes", 0),
+            weight_sync_bytes=data.get("weight_sync_bytes", 0), bottleneck=data.get("bottleneck", ""),
+            feasible=data.get("feasible", True), problems=tuple(data.get("problems", ())), search=search,
+            extra=tuple(sorted(data.get("extra", {}).items())),
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> Plan:
+        return cls.from_dict(json.loads(text))
+
+
+def colocated_plan(algorithm: str, gpu_roles: Sequence[str], driver_roles: Sequence[str] = (), *,
+                   num_gpus: int = 1, device: str = "cpu", dtype: str = "fp32") -> Plan:
+    """The trivial plan: every GPU role on one group of ``num_gpus`` GPUs of one machine (verl's default)."""
+    layouts = tuple(RoleLayout(role=role, dp=num_gpus, dtype=dtype) for role in gpu_roles)
+    group = GroupPlan(gpus=tuple(range(num_gpus)), hosts=(0,) * num_gpus, device=device, roles=tuple(gpu_roles),
+                      layouts=layouts, memory_per_gpu_bytes=0, capacity_bytes=0)
+    return Plan(algorithm=algorithm, groups=(group,), driver_roles=tuple(driver_roles))

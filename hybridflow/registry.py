@@ -1,0 +1,107 @@
+"""Named registries (algorithms, compute functions, losses) that fail loudly.
+
+A duplicate name raises; an unknown name lists the valid ones. A name containing ``:`` is an
+import path (``package.module:function`` or ``path/to/file.py:function``) and is loaded instead.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import importlib.util
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class RegistryError(KeyError):
+    """An unknown or duplicate registry name."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; show it plainly.
+        return str(self.args[0])
+
+
+class Registry(Generic[T]):
+    """A name -> object table; ``@registry.register("name")`` adds to it."""
+
+    def __init__(self, kind: str, *, entry_point_group: str | None = None) -> None:
+        self.kind = kind
+        self.entry_point_group = entry_point_group
+        self._items: dict[str, T] = {}
+        self._plugins_loaded = entry_point_group is None
+
+    def _load_plugins(self) -> None:
+        """Import every module advertised under the entry-point group; importing registers."""
+        if self._plugins_loaded:
+            return
+        self._plugins_loaded = True
+        for entry_point in importlib.metadata.entry_points(group=self.entry_point_group or ""):
+            entry_point.load()
+
+    def register(self, name: str) -> Callable[[T], T]:
+        def add(obj: T) -> T:
+            self.add(name, obj)
+            return obj
+
+        return add
+
+    def add(self, name: str, obj: T) -> None:
+        if name in self._items:
+            raise RegistryError(f"{self.kind} {name!r} is already registered; pick another name")
+        self._items[name] = obj
+
+    def get(self, name: str) -> T:
+        """The object called ``name``, or, for ``module:attr`` / ``file.py:attr``, that import."""
+        if name not in self._items:
+            self._load_plugins()
+        if name in self._items:
+            return self._items[name]
+        if ":" in name:
+            found: T = load_object(name)
+            return found
+        raise RegistryError(f"unknown {self.kind} {name!r}; valid names: {sorted(self._items)}")
+
+    def names(self) -> list[str]:
+        self._load_plugins()
+        return sorted(self._items)
+
+    def __contains__(self, name: object) -> bool:
+        self._load_plugins()
+        return name in self._items
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+
+def load_object(spec: str) -> Any:
+    """Load ``path/to/file.py:name`` or ``package.module:name``, with errors naming the part at fault."""
+    target, _, attr = spec.rpartition(":")
+    if not target or not attr:
+        raise ValueError(f"{spec!r} is not of the form 'path/to/file.py:function' or 'module:function'")
+    if target.endswith(".py"):
+        path = Path(target)
+        if not path.is_file():
+            raise FileNotFoundError(f"{spec!r}: no file {path}")
+        module_name = f"hybridflow_user_{abs(hash(path.resolve()))}"
+        module_spec = importlib.util.spec_from_file_location(module_name, path)
+        if module_spec is None or module_spec.loader is None:
+            raise ImportError(f"{spec!r}: cannot import {path}")
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[module_name] = module
+        module_spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(target)
+    if not hasattr(module, attr):
+        public = sorted(name for name in vars(module) if not name.startswith("_"))
+        raise AttributeError(f"{spec!r}: {target} has no attribute {attr!r}; it defines {public}")
+    return getattr(module, attr)
+
+
+# The project's registries. Built-ins live in ``hybridflow.algorithms`` and are found through the
+# entry points in pyproject.toml, so the core never imports the algorithms package by name.
+ALGORITHMS: Registry[Callable[..., Any]] = Registry("algorithm", entry_point_group="hybridflow.algorithms")
+COMPUTE_FNS: Registry[Callable[..., Any]] = Registry("compute function", entry_point_group="hybridflow.functions")
+LOSSES: Registry[Callable[..., Any]] = Registry("loss", entry_point_group="hybridflow.functions")
