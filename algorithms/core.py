@@ -3,6 +3,12 @@
 Definitions follow verl's ``core_algos.py`` (the de-facto reference of the field); tests check
 them against independent loop implementations to 1e-6. ``B`` is the number of sequences (prompts
 times samples) and ``T`` the padded response length; masks are 1 on response tokens, 0 on padding.
+
+Two deviations from verl are deliberate and documented where they happen. Padding: whatever sits at
+a masked position (zeros, garbage, even NaN or inf from a backend) never reaches a result on a
+response token, and outputs are zero on padding; on right-padded inputs that are finite and carry
+zero reward on padding, every function equals verl's on response tokens. Dual clip: opt-in in
+:func:`ppo_policy_loss` (verl always applies it).
 """
 
 from __future__ import annotations
@@ -16,8 +22,18 @@ KLType = Literal["k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl"]
 
 
 def masked_sum(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
-    """Sum of ``values`` where ``mask`` is 1. ``values``, ``mask``: (B, T)."""
-    return (values * mask).sum() if dim is None else (values * mask).sum(dim=dim)
+    """Sum of ``values`` weighted by ``mask``. ``values``, ``mask``: (B, T).
+
+    Masked positions are selected away rather than multiplied by zero, so NaN or inf on padding
+    (``0 * inf`` is NaN) cannot poison the sum, as in current verl.
+    """
+    weighted = _on_mask(values * mask, mask)
+    return weighted.sum() if dim is None else weighted.sum(dim=dim)
+
+
+def _on_mask(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``values`` where ``mask`` is non-zero, 0 elsewhere (NaN-safe, unlike ``values * mask``)."""
+    return torch.where(mask != 0, values, torch.zeros_like(values))
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
@@ -87,7 +103,7 @@ def kl_penalized_rewards(scores: torch.Tensor, logprobs: torch.Tensor, ref_logpr
 
     (B,), (B, T), (B, T), (B, T) -> (B, T).
     """
-    kl = kl_penalty(logprobs, ref_logprobs, kind) * response_mask
+    kl = _on_mask(kl_penalty(logprobs, ref_logprobs, kind), response_mask)
     return scores_to_token_rewards(scores, response_mask) - kl_coef * kl
 
 
@@ -96,23 +112,26 @@ def gae_advantages(token_rewards: torch.Tensor, values: torch.Tensor, response_m
                    whiten: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimation. (B, T) x 3 -> advantages (B, T), returns (B, T).
 
-    Values past the last response token are taken as zero, so the bootstrap ends at EOS.
-    ``returns = advantages + values`` is computed before the optional whitening of advantages.
+    Masked positions are skipped, as in current verl: their values and rewards are ignored and the
+    recursion jumps to the next response token, so after the last one the bootstrap value is zero
+    (the episode ends at EOS) whatever the critic wrote on padding. ``returns = advantages + values``
+    is taken before the optional whitening of advantages. Deviation from verl: both outputs are zero
+    on padding (verl leaves carried-over numbers there, which every consumer masks anyway).
     """
-    values = values * response_mask
-    steps = token_rewards.shape[-1]
-    last_gae = torch.zeros_like(token_rewards[:, 0])
+    mask = response_mask != 0
+    next_values = torch.zeros_like(token_rewards[:, 0])
+    last_gae = torch.zeros_like(next_values)
     reversed_adv = []
-    for t in reversed(range(steps)):
-        next_values = values[:, t + 1] if t < steps - 1 else torch.zeros_like(last_gae)
+    for t in reversed(range(token_rewards.shape[-1])):
         delta = token_rewards[:, t] + gamma * next_values - values[:, t]
-        last_gae = delta + gamma * lam * last_gae
+        next_values = torch.where(mask[:, t], values[:, t], next_values)
+        last_gae = torch.where(mask[:, t], delta + gamma * lam * last_gae, last_gae)
         reversed_adv.append(last_gae)
     advantages = torch.stack(reversed_adv[::-1], dim=1)
-    returns = advantages + values
+    returns = _on_mask(advantages + values, response_mask)
     if whiten:
         advantages = masked_whiten(advantages, response_mask)
-    return advantages * response_mask, returns * response_mask
+    return _on_mask(advantages, response_mask), returns
 
 
 def _groups(scores: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -141,9 +160,11 @@ def grpo_advantages(scores: torch.Tensor, response_mask: torch.Tensor, group_siz
 def rloo_advantages(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_size: int) -> torch.Tensor:
     """REINFORCE leave-one-out: a sample's total reward minus the mean of the others in its group.
 
+    Rows are grouped contiguously; a group of one keeps its raw reward, as in verl. Rewards on
+    padding are ignored (verl sums them, which is the same for the zero rewards it puts there).
     (B, T), (B, T) -> (B, T).
     """
-    grouped = _groups(token_rewards.sum(dim=-1), group_size)
+    grouped = _groups(masked_sum(token_rewards, response_mask, dim=-1), group_size)
     if group_size > 1:
         grouped = grouped * group_size / (group_size - 1) - grouped.mean(dim=1, keepdim=True) * group_size / (
             group_size - 1
@@ -154,35 +175,44 @@ def rloo_advantages(token_rewards: torch.Tensor, response_mask: torch.Tensor, gr
 def remax_advantages(token_rewards: torch.Tensor, baseline_scores: torch.Tensor,
                      response_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """ReMax: reward-to-go minus the greedy rollout's score. (B, T), (B,), (B, T) -> advantages, returns."""
-    returns = (token_rewards * response_mask).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1])
+    returns = _on_mask(token_rewards * response_mask, response_mask).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1])
     advantages = returns - baseline_scores.unsqueeze(-1) * response_mask
     return advantages, returns
 
 
 def reinforce_pp_advantages(token_rewards: torch.Tensor, response_mask: torch.Tensor,
                             gamma: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """REINFORCE++: discounted reward-to-go, whitened over the batch. (B, T) x 2 -> advantages, returns."""
+    """REINFORCE++: discounted reward-to-go, whitened over the batch. (B, T) x 2 -> advantages, returns.
+
+    ``returns`` is zero on padding (verl leaves the padding rewards there; nothing reads them).
+    """
     returns = torch.zeros_like(token_rewards)
     running = torch.zeros_like(token_rewards[:, 0])
     for t in reversed(range(token_rewards.shape[1])):
-        running = token_rewards[:, t] + gamma * running
+        # No return flows back across padding: the sum restarts at the last response token.
+        running = _on_mask(token_rewards[:, t] + gamma * running, response_mask[:, t])
         returns[:, t] = running
-        running = running * response_mask[:, t]  # no return flows back across padding
-    return masked_whiten(returns, response_mask) * response_mask, returns
+    return _on_mask(masked_whiten(returns, response_mask), response_mask), returns
 
 
 def reinforce_pp_baseline_advantages(token_rewards: torch.Tensor, response_mask: torch.Tensor,
                                      group_size: int) -> torch.Tensor:
-    """REINFORCE++ with a group-mean baseline, then batch whitening. (B, T), (B, T) -> (B, T)."""
-    grouped = _groups(token_rewards.sum(dim=-1), group_size)
+    """REINFORCE++ with a group-mean baseline, then batch whitening. (B, T), (B, T) -> (B, T).
+
+    Rows are grouped contiguously; rewards on padding are ignored (see :func:`rloo_advantages`).
+    """
+    grouped = _groups(masked_sum(token_rewards, response_mask, dim=-1), group_size)
     if group_size > 1:
         grouped = grouped - grouped.mean(dim=1, keepdim=True)
     scores = grouped.reshape(-1, 1) * response_mask
-    return masked_whiten(scores, response_mask) * response_mask
+    return _on_mask(masked_whiten(scores, response_mask), response_mask)
 
 
 def aggregate_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: LossAgg = "token-mean") -> torch.Tensor:
-    """Reduce a per-token loss (B, T) to a scalar: over tokens, or per sequence then over sequences."""
+    """Reduce a per-token loss (B, T) to a scalar: over tokens, or per sequence then over sequences.
+
+    As verl's ``agg_loss``, except that a fully padded row adds 0 to ``seq-mean-token-mean`` (verl: NaN).
+    """
     if mode == "token-mean":
         return masked_mean(loss_mat, mask)
     seq_sum = masked_sum(loss_mat, mask, dim=-1)
@@ -200,6 +230,8 @@ def ppo_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantag
     """Clipped surrogate objective, with optional dual clip (``dual_clip`` > 1) for negative advantages.
 
     All inputs (B, T). Returns the scalar loss and ``clipfrac``, ``clipfrac_lower``, ``approx_kl``.
+    Deviation from verl: verl always dual-clips (``clip_ratio_c=3.0``); here ``dual_clip=None`` is the
+    plain PPO objective of the paper, TRL and OpenRLHF. Pass ``dual_clip=3.0`` for verl's numbers.
     """
     log_ratio = torch.clamp(logprobs - old_logprobs, min=-20.0, max=20.0)
     ratio = torch.exp(log_ratio)
@@ -210,7 +242,7 @@ def ppo_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantag
     stats = {
         "clipfrac": masked_mean(torch.gt(losses2, losses1).float(), response_mask),
         "approx_kl": masked_mean(-log_ratio, response_mask),
-        "clipfrac_lower": torch.zeros(()),
+        "clipfrac_lower": logprobs.new_zeros(()),
     }
     if dual_clip is not None:
         if dual_clip <= 1.0:
@@ -230,7 +262,7 @@ def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Te
     """Clipped value loss, ``0.5 * max((v - R)^2, (clip(v) - R)^2)``. All inputs (B, T)."""
     losses1 = (values - returns).square()
     if clip_range is None:
-        return 0.5 * aggregate_loss(losses1, response_mask, agg), {"vf_clipfrac": torch.zeros(())}
+        return 0.5 * aggregate_loss(losses1, response_mask, agg), {"vf_clipfrac": values.new_zeros(())}
     clipped_values = old_values + torch.clamp(values - old_values, -clip_range, clip_range)
     losses2 = (clipped_values - returns).square()
     loss = 0.5 * aggregate_loss(torch.maximum(losses1, losses2), response_mask, agg)

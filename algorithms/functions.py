@@ -75,7 +75,8 @@ def ppo_policy(*, outputs: Tensors, batch: Tensors, clip_ratio: float = 0.2, cli
     mask = batch["response_mask"]
     loss, stats = core.ppo_policy_loss(outputs["logprobs"], batch["old_logprobs"], batch["advantages"], mask,
                                        clip_ratio, clip_ratio_high, dual_clip, loss_agg)
-    metrics = {"pg_loss": loss.detach(), **stats}
+    # approx_kl is computed from the live log-probs: detach it so a logged metric cannot hold the graph.
+    metrics = {"pg_loss": loss.detach(), **{name: stat.detach() for name, stat in stats.items()}}
     if kl_coef:
         kl = core.kl_loss(outputs["logprobs"], batch["ref_logprobs"], mask, kl_type, loss_agg)
         loss = loss + kl_coef * kl
@@ -93,4 +94,4 @@ def value(*, outputs: Tensors, batch: Tensors, clip_range: float | None = 0.2,
     """Clipped value regression of the critic onto the GAE returns."""
     loss, stats = core.value_loss(outputs["values"], batch["values"], batch["returns"], batch["response_mask"],
                                   clip_range, loss_agg)
-    return loss, {"vf_loss": loss.detach(), **stats}
+    return loss, {"vf_loss": loss.detach(), **{name: stat.detach() for name, stat in stats.items()}}

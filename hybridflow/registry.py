@@ -12,6 +12,7 @@ import importlib.util
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
@@ -37,9 +38,19 @@ class Registry(Generic[T]):
         """Import every module advertised under the entry-point group; importing registers."""
         if self._plugins_loaded:
             return
-        self._plugins_loaded = True
+        self._plugins_loaded = True  # first, so a plugin may use the registry while it imports
         for entry_point in importlib.metadata.entry_points(group=self.entry_point_group or ""):
-            entry_point.load()
+            try:
+                entry_point.load()
+            except Exception as err:
+                # Fail the same way on the next lookup, rather than with a misleading "unknown name".
+                self._plugins_loaded = False
+                if isinstance(err, ImportError):
+                    raise ImportError(
+                        f"{self.kind} plugin {entry_point.name!r} ({entry_point.value}, entry-point group "
+                        f"{self.entry_point_group!r}) failed to import: {err}"
+                    ) from err
+                raise
 
     def register(self, name: str) -> Callable[[T], T]:
         def add(obj: T) -> T:
@@ -85,13 +96,7 @@ def load_object(spec: str) -> Any:
         path = Path(target)
         if not path.is_file():
             raise FileNotFoundError(f"{spec!r}: no file {path}")
-        module_name = f"hybridflow_user_{abs(hash(path.resolve()))}"
-        module_spec = importlib.util.spec_from_file_location(module_name, path)
-        if module_spec is None or module_spec.loader is None:
-            raise ImportError(f"{spec!r}: cannot import {path}")
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[module_name] = module
-        module_spec.loader.exec_module(module)
+        module = _import_file(path, spec)
     else:
         module = importlib.import_module(target)
     if not hasattr(module, attr):
@@ -100,8 +105,29 @@ def load_object(spec: str) -> Any:
     return getattr(module, attr)
 
 
+def _import_file(path: Path, spec: str) -> ModuleType:
+    """Import a user file once per process: the CLI, planner and runtime may each resolve names in it,
+    and re-running it would re-run its ``@register`` decorators (a duplicate-name error)."""
+    module_name = f"hybridflow_user_{abs(hash(path.resolve()))}"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    module_spec = importlib.util.spec_from_file_location(module_name, path)
+    if module_spec is None or module_spec.loader is None:
+        raise ImportError(f"{spec!r}: cannot import {path}")
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[module_name] = module
+    try:
+        module_spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[module_name]  # a half-run module must not be reused by the next lookup
+        raise
+    return module
+
+
 # The project's registries. Built-ins live in ``hybridflow.algorithms`` and are found through the
 # entry points in pyproject.toml, so the core never imports the algorithms package by name.
 ALGORITHMS: Registry[Callable[..., Any]] = Registry("algorithm", entry_point_group="hybridflow.algorithms")
 COMPUTE_FNS: Registry[Callable[..., Any]] = Registry("compute function", entry_point_group="hybridflow.functions")
 LOSSES: Registry[Callable[..., Any]] = Registry("loss", entry_point_group="hybridflow.functions")
+# Role-engine factories (``hybridflow.runtime.protocols.Backend``); each backend module registers itself on import.
+BACKENDS: Registry[Any] = Registry("backend", entry_point_group="hybridflow.backends")

@@ -10,6 +10,8 @@ from collections.abc import Sequence
 # Subcommand modules, imported only when their command runs so `hybridflow plan` never loads torch.
 COMMANDS = {
     "graph": "hybridflow.cli.graph",
+    "plan": "hybridflow.cli.plan",
+    "train": "hybridflow.cli.train",
 }
 
 

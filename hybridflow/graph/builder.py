@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from hybridflow.graph.graph import DEFAULT_INPUTS, Graph
-from hybridflow.graph.node import OP_PORTS, Node, Scalar, freeze_options
+from hybridflow.graph.node import OP_PORTS, Node, Scalar, field_names, freeze_options
 from hybridflow.graph.roles import Op, Role, RoleKind
 
 Fields = Sequence[str] | None
@@ -57,8 +57,8 @@ class GraphBuilder:
     def compute(self, name: str, *, fn: str, inputs: Sequence[str], outputs: Sequence[str],
                 **options: Scalar) -> str:
         """A driver-side step: ``fn(*input_fields, **options)`` returns the output fields in order."""
-        node = Node(name, Op.COMPUTE, None, tuple(inputs), tuple(outputs), fn=fn,
-                    options=freeze_options(options, name))
+        node = Node(name, Op.COMPUTE, None, field_names(inputs, node=name, kind="inputs"),
+                    field_names(outputs, node=name, kind="outputs"), fn=fn, options=freeze_options(options, name))
         self._nodes.append(node)
         return name
 
@@ -66,7 +66,7 @@ class GraphBuilder:
                **options: Scalar) -> str:
         """A train step on ``role`` minimising ``loss`` over the fields in ``inputs``."""
         node_name = name or f"{role}_update"
-        node = Node(node_name, Op.UPDATE, role, tuple(inputs), (), loss=loss,
+        node = Node(node_name, Op.UPDATE, role, field_names(inputs, node=node_name, kind="inputs"), (), loss=loss,
                     options=freeze_options(options, node_name))
         self._nodes.append(node)
         return node_name
@@ -78,7 +78,8 @@ class GraphBuilder:
                  options: Mapping[str, Scalar]) -> str:
         in_ports, out_ports = OP_PORTS[op]
         node_name = name or f"{role}_{op.value}"
-        node = Node(node_name, op, role, tuple(inputs or in_ports), tuple(outputs or out_ports),
+        node = Node(node_name, op, role, field_names(inputs or in_ports, node=node_name, kind="inputs"),
+                    field_names(outputs or out_ports, node=node_name, kind="outputs"),
                     options=freeze_options(options, node_name))
         self._nodes.append(node)
         return node_name

@@ -37,4 +37,5 @@ class DeadNodeError(GraphValidationError):
 
 
 class NodeSpecError(GraphValidationError):
-    """A node is malformed on its own: bad name, duplicate name, bad option, or inconsistent ``n``."""
+    """A node is malformed on its own: bad or duplicate name, bad option, inconsistent ``n``, wrong port
+    bindings, or a missing or misplaced ``role``/``fn``/``loss``."""

@@ -76,7 +76,7 @@ class Graph:
     def edges(self) -> tuple[Edge, ...]:
         grouped: dict[tuple[str, str], list[str]] = {}
         for node in self.nodes:
-            for name in node.inputs:
+            for name in dict.fromkeys(node.inputs):  # a field read twice still moves once
                 src = self.producers.get(name)
                 if src is not None:
                     grouped.setdefault((src, node.name), []).append(name)
@@ -191,7 +191,8 @@ def _check_roles(graph: Graph) -> None:
 def _check_fields(graph: Graph) -> None:
     produced: dict[str, str] = {name: "<graph input>" for name in graph.inputs}
     if len(produced) != len(graph.inputs):
-        raise DuplicateFieldError(f"graph inputs {list(graph.inputs)} list a field twice")
+        twice = next(name for name in graph.inputs if graph.inputs.count(name) > 1)
+        raise DuplicateFieldError(f"graph inputs {list(graph.inputs)} list field {twice!r} twice", field=twice)
     for node in graph.nodes:
         for name in node.outputs:
             if name in produced:
@@ -232,6 +233,14 @@ def _check_acyclic(graph: Graph) -> None:
 def _check_reaches_update(graph: Graph) -> None:
     dag = _digraph(graph.nodes, graph.edges)
     sinks = {node.name for node in graph.nodes if node.op is Op.UPDATE}
+    if not sinks:
+        first = graph.nodes[0]
+        raise DeadNodeError(
+            f"graph {graph.name!r} has no update node, so nothing trains: node {first.name!r} and its outputs "
+            f"{list(first.outputs)} are dead, as is every other node; add an update",
+            node=first.name,
+            field=first.outputs[0] if first.outputs else None,
+        )
     live: set[str] = set(sinks)
     for sink in sinks:
         live |= nx.ancestors(dag, sink)

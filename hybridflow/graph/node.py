@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +39,22 @@ def freeze_options(options: Mapping[str, Any], node: str = "?") -> tuple[tuple[s
     return tuple(sorted(options.items()))
 
 
+def field_names(names: Iterable[str], *, node: str, kind: str) -> tuple[str, ...]:
+    """``names`` as a tuple of field names; a bare string is refused, not split into letters."""
+    if isinstance(names, str):
+        raise NodeSpecError(
+            f"node {node!r}: {kind}={names!r} must be a sequence of field names, e.g. ({names!r},)",
+            node=node,
+            field=kind,
+        )
+    fields = tuple(names)
+    for name in fields:
+        if not isinstance(name, str) or not name:
+            raise NodeSpecError(f"node {node!r}: {kind} {list(fields)} must all be non-empty strings",
+                                node=node, field=kind)
+    return fields
+
+
 @dataclass(frozen=True, slots=True)
 class Node:
     """One step of an algorithm: an op on a role (or on the driver, for ``compute``).
@@ -59,31 +75,43 @@ class Node:
     def __post_init__(self) -> None:
         object.__setattr__(self, "op", Op(self.op))
         if not _NAME.match(self.name):
-            raise NodeSpecError(f"node name {self.name!r} must be an identifier", node=self.name)
+            raise NodeSpecError(f"node name {self.name!r} must be an identifier", node=self.name, field="name")
         if isinstance(self.options, Mapping):  # accept a plain dict from hand-written code
             object.__setattr__(self, "options", freeze_options(self.options, self.name))
-        object.__setattr__(self, "inputs", tuple(self.inputs))
-        object.__setattr__(self, "outputs", tuple(self.outputs))
+        for kind in ("inputs", "outputs"):
+            object.__setattr__(self, kind, field_names(getattr(self, kind), node=self.name, kind=kind))
         self._check_shape()
 
     def _check_shape(self) -> None:
         where = f"node {self.name!r} ({self.op})"
+        if self.fn is not None and self.op is not Op.COMPUTE:
+            raise NodeSpecError(f"{where}: only a compute node takes fn=", node=self.name, field="fn")
+        if self.loss is not None and self.op is not Op.UPDATE:
+            raise NodeSpecError(f"{where}: only an update node takes loss=", node=self.name, field="loss")
         if self.op is Op.COMPUTE:
             if self.role is not None:
-                raise NodeSpecError(f"{where} runs on the driver and takes no role", node=self.name)
+                raise NodeSpecError(f"{where} runs on the driver and takes no role", node=self.name, field="role")
             if not self.fn:
-                raise NodeSpecError(f"{where} needs fn= (a registry name or 'module:function')", node=self.name)
+                raise NodeSpecError(f"{where} needs fn= (a registry name or 'module:function')", node=self.name,
+                                    field="fn")
             if not self.outputs:
-                raise NodeSpecError(f"{where} must declare at least one output field", node=self.name)
+                raise NodeSpecError(f"{where} must declare at least one field in outputs", node=self.name,
+                                    field="outputs")
             return
         if self.role is None:
-            raise NodeSpecError(f"{where} needs a role", node=self.name)
+            raise NodeSpecError(f"{where} needs a role", node=self.name, field="role")
         if self.op is Op.UPDATE:
             if not self.loss:
-                raise NodeSpecError(f"{where} needs loss= (a registry name or 'module:function')", node=self.name)
+                raise NodeSpecError(f"{where} needs loss= (a registry name or 'module:function')", node=self.name,
+                                    field="loss")
             if self.outputs:
-                raise NodeSpecError(f"{where} is a sink and produces no fields", node=self.name)
+                raise NodeSpecError(f"{where} is a sink and produces no fields, but has outputs {list(self.outputs)}",
+                                    node=self.name, field="outputs")
             return
+        if self.op is Op.GENERATE:
+            n = self.option("n", 1)
+            if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+                raise NodeSpecError(f"{where}: n={n!r} must be a positive integer", node=self.name, field="n")
         in_ports, out_ports = OP_PORTS[self.op]
         for kind, ports, bound in (("inputs", in_ports, self.inputs), ("outputs", out_ports, self.outputs)):
             if len(bound) != len(ports):
@@ -92,8 +120,10 @@ class Node:
                     node=self.name,
                     field=kind,
                 )
-        if len(set(self.inputs) | set(self.outputs)) != len(self.inputs) + len(self.outputs):
-            raise NodeSpecError(f"{where} binds one field to two ports", node=self.name)
+        every = [*self.inputs, *self.outputs]
+        twice = next((name for name in every if every.count(name) > 1), None)
+        if twice is not None:
+            raise NodeSpecError(f"{where} binds field {twice!r} to two ports", node=self.name, field=twice)
 
     @property
     def options_dict(self) -> dict[str, Scalar]:

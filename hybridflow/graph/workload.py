@@ -30,7 +30,8 @@ class Workload:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"Workload.{name}={value!r} must be a positive integer")
-        if self.n_samples is not None and (not isinstance(self.n_samples, int) or self.n_samples <= 0):
+        n = self.n_samples
+        if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n <= 0):
             raise ValueError(f"Workload.n_samples={self.n_samples!r} must be a positive integer or None")
 
     def samples(self, graph: Graph) -> int:

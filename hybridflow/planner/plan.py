@@ -37,9 +37,14 @@ class RoleLayout:
     gradient_checkpointing: bool = False
     rollout_tp: int = 1  # tensor parallel size of the rollout engine (generate nodes of a policy)
     backend: str = "torch"
+    forward_micro_batch_size: int = 0  # rows per forward-only micro batch (logprob, values, score); 0: same as training
+    rollout_batch_size: int = 0  # sequences one rollout engine decodes together; 0: all of its share
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sharding", Sharding(self.sharding))
+        for name in ("forward_micro_batch_size", "rollout_batch_size"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"RoleLayout({self.role}).{name}={getattr(self, name)} must be >= 0 (0: default)")
         for name in ("dp", "tp", "micro_batch_size", "rollout_tp"):
             if getattr(self, name) < 1:
                 raise ValueError(f"RoleLayout({self.role}).{name}={getattr(self, name)} must be >= 1")
@@ -85,6 +90,7 @@ class NodeEstimate:
     seconds: float
     start_s: float
     end_s: float
+    role: str | None = None  # the role the node runs on (None for driver-side compute)
 
 
 @dataclass(frozen=True, kw_only=True)

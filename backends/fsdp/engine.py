@@ -1,0 +1,187 @@
+"""The FSDP2 role engine: one rank of a data-parallel group sharding a Hugging Face model with ``fully_shard``."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from hybridflow.backends.fsdp import checkpoint, parallelize
+from hybridflow.backends.fsdp.distributed import all_ranks_finite, ensure_process_group
+from hybridflow.backends.fsdp.training import accumulate, forward_role_op, run_update, training_outputs
+from hybridflow.backends.torch import modeling
+
+from hybridflow.planner import RoleLayout
+from hybridflow.runtime.batch import Batch
+from hybridflow.runtime.errors import NonFiniteLossError
+from hybridflow.runtime.protocols import LossFn, OptimSpec, RoleSpec, SamplingParams, WorkerContext
+
+
+@dataclass(frozen=True, kw_only=True)
+class FsdpOptions:
+    """Role options (``RoleSpec.options``) the FSDP backend reads; other keys are left to other layers.
+
+    ``shard_size``: ranks sharded together under HYBRID_SHARD (0: ``LOCAL_WORLD_SIZE`` or the group).
+    ``init_method``/``timeout_s``: how to join torch.distributed when nobody did (see ``distributed``).
+    """
+
+    shard_size: int = 0
+    init_method: str | None = None
+    timeout_s: float = 300.0
+
+    @classmethod
+    def from_spec(cls, spec: RoleSpec) -> FsdpOptions:
+        known = {key: spec.options[key] for key in ("shard_size", "init_method", "timeout_s") if key in spec.options}
+        options = cls(**known)
+        if options.shard_size < 0:
+            raise ValueError(f"role {spec.name!r}: options.shard_size={options.shard_size} must be >= 0")
+        return options
+
+
+class FsdpRoleEngine:
+    """A :class:`~hybridflow.runtime.protocols.RoleEngine` over an FSDP2-sharded HF model.
+
+    Every rank of the group must call the same ops with the same number of rows (the controller pads
+    rows to a multiple of ``dp``): forward passes all-gather parameters collectively.
+    """
+
+    def __init__(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext) -> None:
+        if layout.tp != 1:
+            raise ValueError(f"RoleLayout({spec.name}).tp={layout.tp}: the fsdp backend shards over data-parallel "
+                             "ranks only; use tp=1 (rollout_tp sets the vllm rollout's tensor parallelism)")
+        options = FsdpOptions.from_spec(spec)
+        ensure_process_group(context, spec.options, role=spec.name)
+        self.spec, self.context = spec, context
+        self.micro_batch_size = spec.micro_batch_size or layout.micro_batch_size
+        self.forward_batch_size = layout.forward_micro_batch_size or self.micro_batch_size
+        trainable = spec.kind.trainable
+        # Trainable roles keep fp32 master weights and compute in layout.dtype; frozen ones load in it.
+        model = modeling.load_model(spec.kind, spec.model, dtype="fp32" if trainable else layout.dtype,
+                                    seed=spec.seed)
+        if layout.gradient_checkpointing and trainable:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.to(context.device)
+        self.setup = parallelize.resolve_sharding(layout.sharding, world_size=context.world_size,
+                                                  shard_size=options.shard_size)
+        self.model = parallelize.shard_model(model, self.setup, device_type=torch.device(context.device).type,
+                                             param_dtype=layout.dtype if trainable else None)
+        self.optimizer: torch.optim.Optimizer | None = None
+        if trainable:
+            optim = spec.optim or OptimSpec()
+            self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=optim.lr, betas=optim.betas,
+                                               weight_decay=optim.weight_decay)
+        else:
+            self.model.requires_grad_(False)
+        self.model.eval()
+
+    @contextlib.contextmanager
+    def unsharded(self) -> Iterator[None]:
+        """Whole parameters on every rank for the duration (generation runs a data-dependent number of
+        forward passes per rank, which per-forward all-gathers would deadlock on)."""
+        modules = parallelize.fsdp_modules(self.model)
+        for module in modules:
+            module.set_reshard_after_forward(False, recurse=False)
+            module.unshard()
+        try:
+            yield
+        finally:
+            for module in modules:
+                module.reshard()
+            for module in modules[:-1]:  # the root (last) never reshards after forward
+                module.set_reshard_after_forward(self.setup.reshard_after_forward, recurse=False)
+
+    def generate(self, batch: Batch, sampling: SamplingParams) -> Batch:
+        with torch.no_grad(), self.unsharded():
+            out = modeling.generate(self.model, batch, max_new_tokens=sampling.max_new_tokens,
+                                    greedy=sampling.greedy, temperature=sampling.temperature, top_p=sampling.top_p,
+                                    top_k=sampling.top_k, seed=sampling.seed * 1009 + self.context.rank)
+        return Batch(out)
+
+    def log_probs(self, batch: Batch, *, with_entropy: bool = False) -> Batch:
+        return forward_role_op(self.model, batch, self.forward_batch_size,
+                               lambda model, m: modeling.policy_outputs(model, m, with_entropy=with_entropy))
+
+    def values(self, batch: Batch) -> Batch:
+        return forward_role_op(self.model, batch, self.forward_batch_size, modeling.value_outputs)
+
+    def score(self, batch: Batch) -> Batch:
+        return forward_role_op(self.model, batch, self.forward_batch_size,
+                               lambda model, m: {"scores": modeling.reward_model_scores(model, m)})
+
+    def train_step(self, batch: Batch, *, loss: LossFn, options: Mapping[str, Any]) -> dict[str, float]:
+        if self.optimizer is None:
+            raise TypeError(f"role {self.spec.name!r} ({self.spec.kind}) is frozen and cannot be updated")
+        optim = self.spec.optim or OptimSpec()
+        self.model.train()
+        try:
+            return run_update(batch, optim, lambda mini: self._optimizer_step(mini, loss, options, optim.grad_clip))
+        finally:
+            self.model.eval()
+
+    def _optimizer_step(self, mini: Batch, loss: LossFn, options: Mapping[str, Any],
+                        grad_clip: float) -> dict[str, float]:
+        assert self.optimizer is not None
+        self.optimizer.zero_grad(set_to_none=True)
+        sums, finite = accumulate(mini, micro_batch_size=self.micro_batch_size,
+                                  forward=lambda micro: training_outputs(self.spec.kind, self.model, micro),
+                                  loss=loss, options=options, backward=lambda value: value.backward())
+        # Every rank votes, so a bad loss on one rank aborts the step everywhere instead of hanging a collective.
+        if not all_ranks_finite(finite):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteLossError(f"role {self.spec.name!r}: non-finite loss on a rank; the step was aborted "
+                                     "before the optimizer step (lower the learning rate or check the inputs)")
+        grad_norm = full_value(torch.nn.utils.clip_grad_norm_(self.model.parameters(), grad_clip))
+        if not torch.isfinite(grad_norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteLossError(f"role {self.spec.name!r}: non-finite gradient norm; step aborted")
+        self.optimizer.step()
+        return {**sums, "grad_norm": float(grad_norm), "lr": float(self.optimizer.param_groups[0]["lr"])}
+
+    def iter_full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(name, whole tensor) one parameter at a time: a collective, every rank must drain it in step.
+
+        A consumer that copies each tensor away (a rollout engine) never holds more than one gathered
+        parameter besides its own weights.
+        """
+        for name, tensor in self.model.state_dict().items():
+            yield name, full_value(tensor).detach()
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {name: tensor.cpu() for name, tensor in self.iter_full_weights()}
+
+    def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        set_model_state_dict(self.model, dict(state), options=StateDictOptions(full_state_dict=True))
+
+    def save_checkpoint(self, directory: str) -> None:
+        checkpoint.save(directory, self.model, self.optimizer)
+
+    def load_checkpoint(self, directory: str) -> None:
+        checkpoint.load(directory, self.model, self.optimizer)
+
+
+def full_value(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor behind a DTensor shard (a collective); plain tensors pass through."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+class FsdpBackend:
+    """Builds :class:`FsdpRoleEngine` s (wrapped in a vLLM hybrid engine when ``options.rollout`` is ``vllm``)."""
+
+    name = "fsdp"
+
+    def build_role(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext) -> Any:
+        engine = FsdpRoleEngine(spec, layout, context)
+        if spec.options.get("rollout", "self") == "self":
+            return engine
+        from hybridflow.backends.vllm.hybrid import with_rollout
+
+        return with_rollout(engine, spec, layout, context)
+
+
+BACKEND = FsdpBackend()

@@ -1,0 +1,12 @@
+"""The torch reference backend: plain PyTorch + Hugging Face models, data parallel over gloo/threads.
+
+Registered under the ``hybridflow.backends`` entry-point group as ``torch``.
+"""
+
+from hybridflow.backends.torch.engine import BACKEND, TorchBackend, TorchRoleEngine
+
+from hybridflow.registry import BACKENDS
+
+BACKENDS.add("torch", BACKEND)
+
+__all__ = ["BACKEND", "TorchBackend", "TorchRoleEngine"]

@@ -1,0 +1,131 @@
+"""Loading HF models for each role kind and the sequence-level forward passes they share."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hybridflow.graph import RoleKind
+from hybridflow.runtime.batch import Batch
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# HF loading switches process-global state (meta-device init, default dtype): ranks that share a
+# process (local executor) must load one at a time.
+_LOAD_LOCK = threading.Lock()
+
+
+def load_model(kind: RoleKind, model: str, *, dtype: str = "fp32", seed: int = 0) -> Any:
+    """The HF module a role of ``kind`` needs, from a local directory or a built-in tiny config name.
+
+    Policies load a causal LM; critics a token-classification head (one value per token); reward
+    models a sequence-classification head. A tiny config name builds a random model for the default
+    character tokenizer.
+    """
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    with _LOAD_LOCK:
+        torch.manual_seed(seed)  # fresh heads (value, score) start the same on every rank
+        return _load(kind, model, dtype)
+
+
+def _load(kind: RoleKind, model: str, dtype: str) -> Any:
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoModelForSequenceClassification,
+        AutoModelForTokenClassification,
+    )
+
+    classes = {RoleKind.VALUE: AutoModelForTokenClassification,
+               RoleKind.REWARD_MODEL: AutoModelForSequenceClassification}
+    cls = classes.get(kind, AutoModelForCausalLM)
+    head = {"num_labels": 1} if kind in classes else {}
+    if Path(model).is_dir():
+        module = cls.from_pretrained(model, dtype=DTYPES[dtype], **head)
+    else:
+        from hybridflow.data.tokenizer import char_tokenizer
+        from hybridflow.models import tiny_config
+
+        if not model.startswith("tiny-"):
+            raise FileNotFoundError(f"model {model!r} is neither a local directory nor a built-in tiny config")
+        config = tiny_config(model, vocab_size=len(char_tokenizer()))
+        for key, value in head.items():
+            setattr(config, key, value)
+        module = cls.from_config(config, dtype=DTYPES[dtype])
+    if getattr(module.config, "pad_token_id", None) is None:
+        module.config.pad_token_id = module.config.eos_token_id
+    return module
+
+
+def sequence_inputs(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``input_ids``, ``attention_mask``, ``position_ids`` for prompt + response rows. Shapes (B, P + T)."""
+    input_ids = torch.cat([batch["prompts"], batch["responses"]], dim=1)
+    mask = torch.cat([batch["prompt_mask"], batch["response_mask"]], dim=1).long()
+    # Left padding shifts positions; count them from the first real token as generate() does.
+    positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+    return input_ids, mask, positions
+
+
+def token_logprobs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """(B, T, V), (B, T) -> (B, T) log-probability of each label, in fp32."""
+    return torch.log_softmax(logits.float(), dim=-1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+
+
+def token_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """(B, T, V) -> (B, T) entropy of each position's next-token distribution."""
+    logits = logits.float()
+    return torch.logsumexp(logits, dim=-1) - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)
+
+
+def policy_outputs(model: Any, batch: Batch, *, with_entropy: bool) -> dict[str, torch.Tensor]:
+    """Log-probs (and entropy) of the response tokens. Each (B, T)."""
+    input_ids, mask, positions = sequence_inputs(batch)
+    prompt_len, response_len = batch["prompts"].shape[1], batch["responses"].shape[1]
+    logits = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
+    logits = logits[:, prompt_len - 1:prompt_len - 1 + response_len]  # position t predicts token t + 1
+    out = {"logprobs": token_logprobs(logits, batch["responses"])}
+    if with_entropy:
+        out["entropy"] = token_entropy(logits)
+    return out
+
+
+def value_outputs(model: Any, batch: Batch) -> dict[str, torch.Tensor]:
+    """Per-token values (B, T): the value head at the position that *emits* each response token."""
+    input_ids, mask, positions = sequence_inputs(batch)
+    prompt_len, response_len = batch["prompts"].shape[1], batch["responses"].shape[1]
+    values = model(input_ids=input_ids, attention_mask=mask, position_ids=positions).logits.squeeze(-1)
+    return {"values": values[:, prompt_len - 1:prompt_len - 1 + response_len].float()}
+
+
+def reward_model_scores(model: Any, batch: Batch) -> torch.Tensor:
+    """(B,) scores of a sequence-classification model at each row's last real token."""
+    input_ids, mask, positions = sequence_inputs(batch)
+    # HF pools at the last non-pad token, so every masked position must hold the pad id.
+    input_ids = input_ids.masked_fill(mask == 0, model.config.pad_token_id)
+    return model(input_ids=input_ids, attention_mask=mask, position_ids=positions).logits[:, 0].float()
+
+
+def generate(model: Any, batch: Batch, *, max_new_tokens: int, greedy: bool, temperature: float, top_p: float,
+             top_k: int, seed: int) -> dict[str, torch.Tensor]:
+    """One sample per prompt row via HF ``generate``; responses trimmed to the longest and EOS-masked."""
+    from transformers import GenerationConfig
+
+    config = model.config
+    eos, pad = config.eos_token_id, config.pad_token_id
+    gen_config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=not greedy, eos_token_id=eos,
+                                  pad_token_id=pad, bos_token_id=config.bos_token_id,
+                                  **({} if greedy else {"temperature": temperature, "top_p": top_p, "top_k": top_k}))
+    torch.manual_seed(seed)
+    prompts = batch["prompts"]
+    out = model.generate(input_ids=prompts, attention_mask=batch["prompt_mask"], generation_config=gen_config)
+    responses = out[:, prompts.shape[1]:]
+    is_eos = (responses == eos).long()
+    # Keep tokens up to and including the first EOS: no EOS strictly before the position.
+    mask = (is_eos.cumsum(dim=1) - is_eos == 0).long()
+    width = max(int(mask.sum(dim=1).max()), 1)
+    responses = responses.masked_fill(mask == 0, pad)[:, :width].contiguous()
+    return {"responses": responses, "response_mask": mask[:, :width].contiguous()}

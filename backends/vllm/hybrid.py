@@ -1,0 +1,93 @@
+"""The hybrid engine: a trainer and a vLLM rollout of the same policy in one process, weights handed over
+in place after every update.
+
+The trainer's whole weights are streamed one tensor at a time into the engine (an FSDP trainer gathers
+each parameter just before it is copied), so besides the two engines' own weights at most one gathered
+tensor exists at a time. Sync is lazy: it happens before the first generation after an update.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+from hybridflow.backends.vllm.engine import VllmOptions, sample_seed, start_rollout
+from hybridflow.backends.vllm.weights import SyncStats
+
+from hybridflow.graph import RoleKind
+from hybridflow.planner import RoleLayout
+from hybridflow.runtime.batch import Batch
+from hybridflow.runtime.protocols import LossFn, RoleEngine, RoleSpec, SamplingParams, WorkerContext
+
+
+class HybridEngine:
+    """A :class:`~hybridflow.runtime.protocols.RoleEngine`: ``generate`` on vLLM, everything else on the trainer.
+
+    ``train_step`` metrics carry the last sync's cost (``weight_sync/seconds``, ``weight_sync/bytes``...).
+    """
+
+    def __init__(self, trainer: RoleEngine, spec: RoleSpec, layout: RoleLayout, context: WorkerContext) -> None:
+        self.trainer, self.spec, self.context = trainer, spec, context
+        self.rollout, self.options, self._model_dir = start_rollout(spec, layout, context)
+        self.stale = False  # both engines start from the same seeded weights
+        self.last_sync: SyncStats | None = None
+
+    def _trainer_weights(self) -> Iterable[tuple[str, torch.Tensor]]:
+        stream = getattr(self.trainer, "iter_full_weights", None)
+        return stream() if stream is not None else self.trainer.state_dict().items()
+
+    def sync_weights(self) -> SyncStats:
+        """Copy the trainer's current weights into the rollout engine now."""
+        self.last_sync = self.rollout.load_weights(self._trainer_weights())
+        self.stale = False
+        return self.last_sync
+
+    def generate(self, batch: Batch, sampling: SamplingParams) -> Batch:
+        if self.stale or self.rollout.needs_weights:
+            self.sync_weights()
+        self.rollout.wake_up()
+        out = self.rollout.generate(batch, sampling, seed=sample_seed(sampling, self.context.rank))
+        if self.options.sleep_level:
+            self.rollout.sleep(self.options.sleep_level)
+        return out
+
+    def log_probs(self, batch: Batch, *, with_entropy: bool = False) -> Batch:
+        return self.trainer.log_probs(batch, with_entropy=with_entropy)
+
+    def values(self, batch: Batch) -> Batch:
+        return self.trainer.values(batch)
+
+    def score(self, batch: Batch) -> Batch:
+        return self.trainer.score(batch)
+
+    def train_step(self, batch: Batch, *, loss: LossFn, options: Mapping[str, Any]) -> dict[str, float]:
+        metrics = self.trainer.train_step(batch, loss=loss, options=options)
+        self.stale = True
+        return {**metrics, **(self.last_sync.metrics() if self.last_sync else {})}
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self.trainer.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
+        self.trainer.load_state_dict(state)
+        self.stale = True
+
+    def save_checkpoint(self, directory: str) -> None:
+        self.trainer.save_checkpoint(directory)
+
+    def load_checkpoint(self, directory: str) -> None:
+        self.trainer.load_checkpoint(directory)
+        self.stale = True
+
+
+def with_rollout(trainer: RoleEngine, spec: RoleSpec, layout: RoleLayout, context: WorkerContext) -> HybridEngine:
+    """``trainer`` with generation moved to vLLM (``options.rollout: vllm`` of a policy role)."""
+    rollout = spec.options.get("rollout")
+    if rollout != "vllm":
+        raise ValueError(f"role {spec.name!r}: options.rollout={rollout!r}; valid values are 'self' (the trainer "
+                         "generates) and 'vllm'")
+    if spec.kind is not RoleKind.POLICY:
+        raise ValueError(f"role {spec.name!r} is a {spec.kind.value}: options.rollout applies to policy roles only")
+    VllmOptions.from_spec(spec)  # fail on bad options before starting an engine
+    return HybridEngine(trainer, spec, layout, context)

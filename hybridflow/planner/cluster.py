@@ -1,0 +1,158 @@
+"""Clusters: machines of GPUs, each machine one device type, with the network between them.
+
+``Cluster.parse("8xA100-80G")`` is one machine of eight; ``"2x8xH100"`` two machines of eight;
+``"4xA100-80G+2xT4"`` two machines (one per ``+`` part). YAML lists nodes explicitly; a node with two
+GPU types becomes two :class:`Machine` entries on the same host.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hybridflow.planner.devices import GB, DeviceSpec, get_device
+
+DEFAULT_INTER_NODE_BANDWIDTH = 25 * GB  # one 200 Gb/s InfiniBand NIC per GPU, one direction
+DEFAULT_DRIVER_BANDWIDTH = 10 * GB  # controller <-> worker data path (host memory and NIC)
+
+_PART = re.compile(r"^(?:(\d+)\s*[xX*]\s*)?(?:(\d+)\s*[xX*]\s*)?([A-Za-z][A-Za-z0-9.\-]*)$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Machine:
+    """GPUs of one type on one host. ``first_gpu`` is the global id of its first GPU."""
+
+    host: int
+    device: DeviceSpec
+    gpus: int
+    first_gpu: int
+
+    def __post_init__(self) -> None:
+        if self.gpus < 1:
+            raise ValueError(f"machine {self.host} ({self.device.name}): gpus={self.gpus} must be >= 1")
+
+    @property
+    def gpu_ids(self) -> range:
+        return range(self.first_gpu, self.first_gpu + self.gpus)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cluster:
+    """Machines in order; GPU ids run 0.. across them. Bandwidths are bytes/s per GPU, one direction."""
+
+    machines: tuple[Machine, ...]
+    inter_node_bandwidth: float = DEFAULT_INTER_NODE_BANDWIDTH
+    driver_bandwidth: float = DEFAULT_DRIVER_BANDWIDTH
+    spec: str = ""
+    _gpu_machine: tuple[int, ...] = field(default=(), repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.machines:
+            raise ValueError("Cluster: needs at least one machine")
+        expected = 0
+        for machine in self.machines:
+            if machine.first_gpu != expected:
+                raise ValueError(f"Cluster: machine {machine.host} starts at GPU {machine.first_gpu}, expected "
+                                 f"{expected}; build clusters with Cluster.of or Cluster.parse")
+            expected += machine.gpus
+        if self.inter_node_bandwidth <= 0 or self.driver_bandwidth <= 0:
+            raise ValueError("Cluster: inter_node_bandwidth and driver_bandwidth must be positive")
+        owner = tuple(index for index, machine in enumerate(self.machines) for _ in range(machine.gpus))
+        object.__setattr__(self, "_gpu_machine", owner)
+
+    @classmethod
+    def of(cls, parts: list[tuple[int, str, int]] | list[tuple[int, DeviceSpec, int]], *,
+           inter_node_bandwidth: float = DEFAULT_INTER_NODE_BANDWIDTH,
+           driver_bandwidth: float = DEFAULT_DRIVER_BANDWIDTH, spec: str = "") -> Cluster:
+        """Machines from ``(host, device, gpus)`` triples, numbered in order."""
+        machines, first = [], 0
+        for host, device, gpus in parts:
+            spec_device = get_device(device) if isinstance(device, str) else device
+            machines.append(Machine(host=host, device=spec_device, gpus=gpus, first_gpu=first))
+            first += gpus
+        return cls(machines=tuple(machines), inter_node_bandwidth=inter_node_bandwidth,
+                   driver_bandwidth=driver_bandwidth, spec=spec)
+
+    @classmethod
+    def parse(cls, spec: str) -> Cluster:
+        """``8xA100-80G``, ``2x8xH100``, ``4xA100-80G+2xT4`` (each ``+`` part is its own machine)."""
+        if not isinstance(spec, str) or not spec.strip():
+            raise ValueError(f"cluster spec {spec!r} is empty; write e.g. 8xA100-80G or 2x8xH100")
+        parts: list[tuple[int, str, int]] = []
+        for text in spec.split("+"):
+            match = _PART.match(text.strip())
+            if not match:
+                raise ValueError(f"cluster spec part {text.strip()!r} of {spec!r} is malformed; write "
+                                 "[MACHINES x ]GPUS x DEVICE, e.g. 8xA100-80G or 2x8xH100")
+            first, second, device = match.groups()
+            machines, gpus = (int(first), int(second)) if second else (1, int(first or 1))
+            if machines < 1 or gpus < 1:
+                raise ValueError(f"cluster spec part {text.strip()!r}: machine and GPU counts must be >= 1")
+            get_device(device)
+            parts.extend((len(parts), device, gpus) for _ in range(machines))
+        return cls.of(parts, spec=spec.strip())
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> Cluster:
+        """Nodes from YAML: ``nodes: [{type: A100-80G, gpus: 8, count: 2}, {gpus: {A100-80G: 4, T4: 2}}]``."""
+        import yaml
+
+        data = yaml.safe_load(Path(path).read_text())
+        if not isinstance(data, Mapping) or not isinstance(data.get("nodes"), list) or not data["nodes"]:
+            raise ValueError(f"{path}: expected a mapping with a non-empty 'nodes' list")
+        return cls.from_dict(data, name=str(path))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, name: str = "cluster") -> Cluster:
+        parts: list[tuple[int, str, int]] = []
+        host = 0
+        for index, node in enumerate(data["nodes"]):
+            for _ in range(int(node.get("count", 1))):
+                gpus = node.get("gpus")
+                kinds = gpus.items() if isinstance(gpus, Mapping) else [(node.get("type"), gpus)]
+                for device, count in kinds:
+                    if not isinstance(device, str) or not isinstance(count, int) or count < 1:
+                        raise ValueError(f"{name}: nodes[{index}] needs 'type' and a positive integer 'gpus' "
+                                         f"(or gpus: {{TYPE: COUNT}}); got type={device!r} gpus={count!r}")
+                    parts.append((host, device, count))
+                host += 1
+        inter = float(data.get("inter_node_bandwidth_gbs", DEFAULT_INTER_NODE_BANDWIDTH / GB)) * GB
+        driver = float(data.get("driver_bandwidth_gbs", DEFAULT_DRIVER_BANDWIDTH / GB)) * GB
+        return cls.of(parts, inter_node_bandwidth=inter, driver_bandwidth=driver, spec=name)
+
+    @property
+    def num_gpus(self) -> int:
+        return sum(machine.gpus for machine in self.machines)
+
+    @property
+    def device_names(self) -> tuple[str, ...]:
+        """Device types present, in order of first appearance."""
+        return tuple(dict.fromkeys(machine.device.name for machine in self.machines))
+
+    def device(self, name: str) -> DeviceSpec:
+        for machine in self.machines:
+            if machine.device.name == name:
+                return machine.device
+        raise KeyError(f"cluster has no {name}; it has {list(self.device_names)}")
+
+    def machine_of(self, gpu: int) -> Machine:
+        if not 0 <= gpu < self.num_gpus:
+            raise IndexError(f"GPU {gpu} does not exist; the cluster has GPUs 0-{self.num_gpus - 1}")
+        return self.machines[self._gpu_machine[gpu]]
+
+    def machine_index(self, gpu: int) -> int:
+        self.machine_of(gpu)
+        return self._gpu_machine[gpu]
+
+    def __iter__(self) -> Iterator[Machine]:
+        return iter(self.machines)
+
+    def describe(self) -> str:
+        counts: dict[str, int] = {}
+        for machine in self.machines:
+            counts[machine.device.name] = counts.get(machine.device.name, 0) + machine.gpus
+        hosts = len({machine.host for machine in self.machines})
+        return " + ".join(f"{n}x{name}" for name, n in counts.items()) + f" on {hosts} machine(s)"

@@ -1,0 +1,100 @@
+"""Evaluate one colocation group: the best joint layout of its roles on a shape, memoised.
+
+The layout policy (used for auto and manual plans alike): the roles of a group take the layouts that
+minimise the group's busy time (the sum of its nodes' seconds) subject to memory per GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from hybridflow.planner.costs import Shape, forward_cost, generate_cost, static_bytes, update_cost, weight_sync
+from hybridflow.planner.layouts import (
+    Candidate,
+    Constraint,
+    GroupLayout,
+    best_combination,
+    role_candidates,
+    smallest_combination,
+    usable_bytes,
+)
+from hybridflow.planner.plan import RoleLayout
+from hybridflow.planner.problem import Problem, RoleWork
+
+ShapeKey = tuple[str, tuple[int, ...]]
+
+
+def node_seconds(role: RoleWork, layout: RoleLayout, shape: Shape, prompt_len: int) -> dict[str, float]:
+    """Seconds of each node of ``role``; the rollout weight refresh is charged to its first update."""
+    seconds = {load.node: generate_cost(role.model, load, prompt_len, layout, shape).seconds for load in role.generate}
+    for load in role.forward:
+        seconds[load.node] = forward_cost(role.model, role.kind, load, layout, shape).seconds
+    for index, load in enumerate(role.update):
+        extra = weight_sync(role.model, layout, shape)[0] if index == 0 and role.generate else 0.0
+        seconds[load.node] = update_cost(role.model, role.kind, load, layout, shape).seconds + extra
+    return seconds
+
+
+def transient_bytes(role: RoleWork, layout: RoleLayout, shape: Shape, prompt_len: int) -> int:
+    costs = [generate_cost(role.model, load, prompt_len, layout, shape) for load in role.generate]
+    costs += [forward_cost(role.model, role.kind, load, layout, shape) for load in role.forward]
+    costs += [update_cost(role.model, role.kind, load, layout, shape) for load in role.update]
+    return max((cost.transient_bytes for cost in costs), default=0)
+
+
+class GroupEvaluator:
+    """Memoised best layouts per (role set, device, GPUs per machine) for one :class:`Problem`."""
+
+    def __init__(self, problem: Problem) -> None:
+        self.problem = problem
+        self.prompt_len = problem.workload.prompt_len
+        self._fronts: dict[tuple[str, ShapeKey], list[Candidate]] = {}
+        self._groups: dict[tuple[tuple[str, ...], ShapeKey], GroupLayout | None] = {}
+        self.evaluations = 0
+
+    def shape(self, device: str, counts: Sequence[int]) -> Shape:
+        cluster = self.problem.cluster
+        return Shape(cluster.device(device), tuple(sorted(counts, reverse=True)), cluster.inter_node_bandwidth)
+
+    def front(self, role: str, shape: Shape) -> list[Candidate]:
+        key = (role, (shape.device.name, shape.counts))
+        if key not in self._fronts:
+            work = self.problem.role(role)
+            self._fronts[key] = role_candidates(work, shape, shape.device.preferred_dtype, self.prompt_len)
+        return self._fronts[key]
+
+    def best(self, roles: tuple[str, ...], shape: Shape) -> GroupLayout | None:
+        """The group's best layout, or None when its roles cannot share ``shape``'s memory."""
+        key = (roles, (shape.device.name, shape.counts))
+        if key not in self._groups:
+            self.evaluations += 1
+            chosen = best_combination([self.front(role, shape) for role in roles], usable_bytes(shape))
+            self._groups[key] = None if chosen is None else self.describe(tuple(c.layout for c in chosen), shape)
+        return self._groups[key]
+
+    def constrained(self, roles: tuple[str, ...], shape: Shape, constraints: Mapping[str, Constraint],
+                    dtypes: Mapping[str, str]) -> tuple[GroupLayout, bool]:
+        """Best layout honouring a user's fixed fields; if nothing fits, the smallest one and False."""
+        fronts = [role_candidates(self.problem.role(role), shape, dtypes[role], self.prompt_len, constraints[role])
+                  for role in roles]
+        if any(not front for front in fronts):
+            raise ValueError(f"roles {list(roles)}: no layout matches the fixed tp/sharding/micro batch on "
+                             f"{shape.size} x {shape.device.name}")
+        chosen = best_combination(fronts, usable_bytes(shape))
+        fits = chosen is not None
+        picked = chosen if chosen is not None else smallest_combination(fronts)
+        return self.describe(tuple(c.layout for c in picked), shape), fits
+
+    def describe(self, layouts: tuple[RoleLayout, ...], shape: Shape) -> GroupLayout:
+        """Node times, memory per GPU and weight-refresh bytes of a group with these layouts."""
+        seconds: dict[str, float] = {}
+        static, peak, sync = 0, 0, 0
+        for layout in layouts:
+            work = self.problem.role(layout.role)
+            seconds.update(node_seconds(work, layout, shape, self.prompt_len))
+            static += static_bytes(work.model, work.kind, layout, shape)
+            peak = max(peak, transient_bytes(work, layout, shape, self.prompt_len))
+            if work.generate and work.update:
+                sync += weight_sync(work.model, layout, shape)[1] * shape.size
+        return GroupLayout(layouts=layouts, node_seconds=tuple(seconds.items()), busy_seconds=sum(seconds.values()),
+                           memory_bytes=static + peak, weight_sync_bytes=sync)

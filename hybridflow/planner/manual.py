@@ -1,0 +1,195 @@
+"""Hand-written mappings: parse them, check them, and cost them with the planner's own model.
+
+A mapping gives each GPU role a list of GPU ids, verl-style (``actor=0-3,critic=0-3,reward=4-5``).
+Roles listing the same GPUs share a group; lists that overlap only partly are rejected.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+
+from hybridflow.graph import Graph, Workload
+from hybridflow.planner.assemble import Placement, build_plan
+from hybridflow.planner.cluster import Cluster
+from hybridflow.planner.errors import gib
+from hybridflow.planner.groups import GroupEvaluator
+from hybridflow.planner.layouts import Constraint, usable_bytes
+from hybridflow.planner.models import ModelSpec
+from hybridflow.planner.plan import Plan, SearchStats, Sharding
+from hybridflow.planner.problem import Problem, build_problem
+
+PerRole = int | Mapping[str, int] | None
+
+
+def parse_mapping(text: str) -> dict[str, tuple[int, ...]]:
+    """``"actor=0-3,critic=0-3,reward=4-5+7"`` -> role -> GPU ids (ranges inclusive, ``+`` joins parts)."""
+    mapping: dict[str, tuple[int, ...]] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        role, sep, gpus = item.partition("=")
+        role = role.strip()
+        if not sep or not role or not gpus.strip():
+            raise ValueError(f"mapping item {item!r} must look like ROLE=FIRST-LAST (e.g. actor=0-3)")
+        if role in mapping:
+            raise ValueError(f"mapping lists role {role!r} twice; give each role one GPU list")
+        ids: list[int] = []
+        for part in gpus.split("+"):
+            first, _, last = part.strip().partition("-")
+            try:
+                low, high = int(first), int(last or first)
+            except ValueError as err:
+                raise ValueError(f"mapping item {item!r}: {part.strip()!r} is not a GPU id or range like 0-3") from err
+            if low < 0 or high < low:
+                raise ValueError(f"mapping item {item!r}: range {part.strip()!r} must be FIRST-LAST with 0 <= FIRST "
+                                 "<= LAST")
+            ids.extend(range(low, high + 1))
+        mapping[role] = tuple(ids)
+    if not mapping:
+        raise ValueError(f"mapping {text!r} is empty; write e.g. actor=0-3,critic=0-3,reward=4-5,reference=4-5")
+    return mapping
+
+
+Groups = list[tuple[tuple[str, ...], tuple[int, ...]]]
+
+
+def group_roles(problem: Problem, mapping: Mapping[str, Sequence[int]]) -> Groups:
+    """Check ``mapping`` against the problem and merge roles with the same GPU list into groups."""
+    cluster, roles = problem.cluster, problem.role_names
+    for role in mapping:
+        if role in problem.driver_roles:
+            raise ValueError(f"role {role!r} is a reward function and runs on the driver; drop it from the mapping")
+        if role not in roles:
+            raise ValueError(f"mapping names role {role!r}, which graph {problem.graph.name!r} lacks; GPU roles: "
+                             f"{list(roles)}")
+    missing = [role for role in roles if role not in mapping]
+    if missing:
+        raise ValueError(f"mapping leaves roles {missing} without GPUs; every GPU role needs a list")
+    groups: dict[tuple[int, ...], list[str]] = {}
+    for role in roles:
+        gpus = tuple(sorted(mapping[role]))
+        if not gpus:
+            raise ValueError(f"role {role!r} is mapped to no GPU")
+        if len(set(gpus)) != len(gpus):
+            raise ValueError(f"role {role!r} lists a GPU twice: {list(mapping[role])}")
+        for gpu in gpus:
+            if not 0 <= gpu < cluster.num_gpus:
+                raise ValueError(f"role {role!r} is mapped to GPU {gpu}, which does not exist; the cluster has GPUs "
+                                 f"0-{cluster.num_gpus - 1}")
+        devices = {cluster.machine_of(gpu).device.name for gpu in gpus}
+        if len(devices) > 1:
+            raise ValueError(f"role {role!r} spans device types {sorted(devices)}; a group must be one type "
+                             "(the slow type would pace the fast one); split it")
+        groups.setdefault(gpus, []).append(role)
+    keys = list(groups)
+    for i, a in enumerate(keys):
+        for b in keys[i + 1:]:
+            shared = sorted(set(a) & set(b))
+            if shared:
+                raise ValueError(f"roles {groups[a]} (GPUs {list(a)}) and {groups[b]} (GPUs {list(b)}) share GPUs "
+                                 f"{shared} but not all; colocated roles must list exactly the same GPUs")
+    return [(tuple(members), gpus) for gpus, members in groups.items()]
+
+
+def _per_role(value: PerRole, role: str, what: str) -> int | None:
+    if value is None:
+        return None
+    number = value.get(role) if isinstance(value, Mapping) else value
+    if number is not None and (not isinstance(number, int) or number < 1):
+        raise ValueError(f"{what} for role {role!r} is {number!r}; it must be a positive integer")
+    return number
+
+
+def _constraint(role: str, size: int, data_parallel_size: PerRole, sharding: Sharding | str | None,
+                micro_batch_sizes: PerRole) -> Constraint:
+    dp = _per_role(data_parallel_size, role, "data_parallel_size")
+    if dp is not None and size % dp:
+        raise ValueError(f"data_parallel_size={dp} does not divide role {role!r}'s {size} GPUs; "
+                         "tensor parallel size = GPUs / data_parallel_size must be whole")
+    return Constraint(tp=size // dp if dp else None, sharding=Sharding(sharding) if sharding else None,
+                      micro_batch_size=_per_role(micro_batch_sizes, role, "micro_batch_sizes"))
+
+
+def evaluate_mapping(graph: Graph, models: Mapping[str, ModelSpec], workload: Workload, cluster: Cluster,
+                     mapping: Mapping[str, Sequence[int]], *, data_parallel_size: PerRole = None,
+                     sharding: Sharding | str | None = Sharding.FULL_SHARD, micro_batch_sizes: PerRole = None,
+                     dtypes: Mapping[str, str] | None = None) -> Plan:
+    """Cost a hand-written mapping with the planner's model; fields left None are chosen by the planner.
+
+    The plan is executable like an auto plan. A group that does not fit memory makes the plan
+    infeasible, with a problem naming the group and the overflow (an OOM risk), instead of raising.
+    """
+    start = time.perf_counter()
+    problem = build_problem(graph, models, workload, cluster)
+    evaluator = GroupEvaluator(problem)
+    placements, problems = [], []
+    for roles, gpus in group_roles(problem, mapping):
+        counts: dict[int, int] = {}
+        for gpu in gpus:
+            counts[cluster.machine_index(gpu)] = counts.get(cluster.machine_index(gpu), 0) + 1
+        device = cluster.machine_of(gpus[0]).device
+        shape = evaluator.shape(device.name, list(counts.values()))
+        constraints = {role: _constraint(role, len(gpus), data_parallel_size, sharding, micro_batch_sizes)
+                       for role in roles}
+        for role, fixed in constraints.items():
+            if fixed.tp and not shape.tp_allowed(fixed.tp):
+                raise ValueError(f"role {role!r}: tensor parallel size {fixed.tp} would split across machines "
+                                 f"(GPUs per machine {list(shape.counts)}); change data_parallel_size")
+        chosen = {role: (dtypes or {}).get(role, device.preferred_dtype) for role in roles}
+        for role, dtype in chosen.items():
+            if not device.supports(dtype):
+                raise ValueError(f"role {role!r}: dtype {dtype} does not run on {device.name} (it runs "
+                                 f"{list(device.dtypes)}); pass dtypes={{{role!r}: {device.preferred_dtype!r}}}")
+        layout, fits = evaluator.constrained(roles, shape, constraints, chosen)
+        if not fits:
+            problems.append(f"OOM risk: group {list(roles)} on GPUs {_ranges(gpus)} ({device.name}) needs "
+                            f"{gib(layout.memory_bytes)} per GPU, {gib(usable_bytes(shape))} usable: over by "
+                            f"{gib(layout.memory_bytes - usable_bytes(shape))}")
+        placements.append(Placement(roles, gpus, shape, layout))
+    stats = SearchStats(method="manual", candidates=len(placements), seconds=round(time.perf_counter() - start, 4))
+    return build_plan(problem, placements, search=stats, problems=problems)
+
+
+def _ranges(gpus: Sequence[int]) -> str:
+    parts, run = [], [gpus[0]]
+    for gpu in gpus[1:]:
+        if gpu == run[-1] + 1:
+            run.append(gpu)
+        else:
+            parts.append(run)
+            run = [gpu]
+    parts.append(run)
+    return "+".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in parts)
+
+
+def colocate_all_mapping(problem: Problem) -> dict[str, tuple[int, ...]]:
+    """verl's default: every role on every GPU of the strongest device type (a group is one type)."""
+    cluster = problem.cluster
+    power = {name: sum(m.gpus for m in cluster.machines if m.device.name == name)
+             * cluster.device(name).peak_flops(cluster.device(name).preferred_dtype) for name in cluster.device_names}
+    device = max(cluster.device_names, key=lambda name: power[name])
+    gpus = tuple(g for m in cluster.machines if m.device.name == device for g in m.gpu_ids)
+    return {role: gpus for role in problem.role_names}
+
+
+def even_split_mapping(problem: Problem) -> dict[str, tuple[int, ...]] | None:
+    """OpenRLHF-style: each role its own equal share of GPUs, taken in id order within one device type.
+
+    Returns None when the cluster has fewer GPUs than roles in any usable arrangement.
+    """
+    roles = problem.role_names
+    share = problem.cluster.num_gpus // len(roles)
+    while share >= 1:
+        cluster = problem.cluster
+        merged = [[g for m in cluster.machines if m.device.name == name for g in m.gpu_ids]
+                  for name in cluster.device_names]
+        mapping: dict[str, tuple[int, ...]] = {}
+        for role in roles:
+            fitting = [p for p in merged if len(p) >= share]
+            if not fitting:
+                break
+            mapping[role] = tuple(fitting[0][:share])
+            del fitting[0][:share]
+        if len(mapping) == len(roles):
+            return mapping
+        share -= 1
+    return None

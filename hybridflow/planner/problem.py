@@ -1,0 +1,87 @@
+"""A planning problem: the graph's roles with their models and per-step work, on a cluster."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from hybridflow.graph import Graph, NodeLoad, Op, RoleKind, Workload, edge_bytes, node_loads
+from hybridflow.planner.cluster import Cluster
+from hybridflow.planner.costs import FORWARD_OPS
+from hybridflow.planner.models import ModelSpec
+
+
+@dataclass(frozen=True, kw_only=True)
+class RoleWork:
+    """One GPU role: its model and the loads of its nodes, by kind of pass."""
+
+    name: str
+    kind: RoleKind
+    model: ModelSpec
+    forward: tuple[NodeLoad, ...]
+    update: tuple[NodeLoad, ...]
+    generate: tuple[NodeLoad, ...]
+    rows: int
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(load.node for load in (*self.generate, *self.forward, *self.update))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Problem:
+    """Everything the search needs, derived once from the user's inputs."""
+
+    graph: Graph
+    workload: Workload
+    cluster: Cluster
+    roles: tuple[RoleWork, ...]
+    driver_roles: tuple[str, ...]
+    edge_bytes: Mapping[tuple[str, str], int]
+    node_role: Mapping[str, str | None]  # node -> its GPU role, None for driver-side nodes
+
+    @property
+    def role_names(self) -> tuple[str, ...]:
+        return tuple(role.name for role in self.roles)
+
+    def role(self, name: str) -> RoleWork:
+        for role in self.roles:
+            if role.name == name:
+                return role
+        raise KeyError(f"{name!r} is not a GPU role of {self.graph.name}; GPU roles: {list(self.role_names)}")
+
+
+def build_problem(graph: Graph, models: Mapping[str, ModelSpec], workload: Workload, cluster: Cluster) -> Problem:
+    """Check the inputs against each other and precompute per-role loads and edge sizes."""
+    if not isinstance(graph, Graph):
+        raise TypeError(f"graph must be a hybridflow Graph, got {type(graph).__name__}; use load_graph('ppo')")
+    if not isinstance(workload, Workload):
+        raise TypeError(f"workload must be a Workload, got {type(workload).__name__}")
+    known = set(graph.role_names)
+    for name, model in models.items():
+        if name not in known:
+            raise ValueError(f"models names role {name!r}, which graph {graph.name!r} lacks; roles: {sorted(known)}")
+        if not isinstance(model, ModelSpec):
+            raise TypeError(f"models[{name!r}] must be a ModelSpec, got {type(model).__name__}")
+    loads = node_loads(graph, workload)
+    roles, drivers = [], []
+    for role in graph.roles:
+        if not role.kind.needs_gpu:
+            drivers.append(role.name)
+            continue
+        if role.name not in models:
+            raise ValueError(f"no model for role {role.name!r}; pass models[{role.name!r}] = "
+                             "ModelSpec.preset('llama3-8b') (or --model {role.name}=...)")
+        mine = [loads[node.name] for node in graph.nodes_of(role.name)]
+        roles.append(RoleWork(
+            name=role.name, kind=role.kind, model=models[role.name],
+            forward=tuple(load for load in mine if load.op in FORWARD_OPS),
+            update=tuple(load for load in mine if load.op is Op.UPDATE),
+            generate=tuple(load for load in mine if load.op is Op.GENERATE),
+            rows=workload.sequences(graph)))
+    if not roles:
+        raise ValueError(f"graph {graph.name!r} has no role that needs a GPU; nothing to place")
+    gpu_roles = {role.name for role in roles}
+    node_role = {node.name: node.role if node.role in gpu_roles else None for node in graph.nodes}
+    return Problem(graph=graph, workload=workload, cluster=cluster, roles=tuple(roles), driver_roles=tuple(drivers),
+                   edge_bytes=edge_bytes(graph, workload), node_role=node_role)

@@ -1,0 +1,44 @@
+"""Human-readable plan tables (rich). Imported only by the CLI, so the planner itself stays light."""
+
+from __future__ import annotations
+
+from hybridflow.planner.compare import describe_layout
+from hybridflow.planner.errors import gib
+from hybridflow.planner.plan import Plan
+
+
+def render_plan(plan: Plan, title: str) -> None:
+    """Print the groups, the node timeline and the totals of ``plan``."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    groups = Table(title=f"{title}: {plan.algorithm}, step {plan.step_time_s:.3g} s"
+                         f"{'' if plan.feasible else ' (INFEASIBLE)'}")
+    for column in ("group", "GPUs", "device", "roles and layouts", "memory/GPU"):
+        groups.add_column(column)
+    for index, group in enumerate(plan.groups):
+        layouts = "\n".join(f"{lay.role}: {describe_layout(lay)}" for lay in group.layouts)
+        memory = f"{gib(group.memory_per_gpu_bytes)} / {gib(group.capacity_bytes)}"
+        groups.add_row(str(index), _span(group.gpus), group.device, layouts, memory)
+    if plan.driver_roles:
+        groups.add_row("driver", "-", "CPU", ", ".join(plan.driver_roles), "-")
+    console.print(groups)
+    nodes = Table(title="schedule (seconds)")
+    for column in ("node", "group", "start", "end", "seconds"):
+        nodes.add_column(column, justify="right" if column != "node" else "left")
+    for node in plan.nodes:
+        nodes.add_row(node.node, "driver" if node.group is None else str(node.group), f"{node.start_s:.3g}",
+                      f"{node.end_s:.3g}", f"{node.seconds:.3g}")
+    console.print(nodes)
+    console.print(f"bottleneck: {plan.bottleneck}")
+    console.print(f"cross-group bytes/step: {plan.cross_group_bytes / 1e6:.1f} MB; rollout weight refresh: "
+                  f"{gib(plan.weight_sync_bytes)}")
+    for problem in plan.problems:
+        console.print(f"[red]problem:[/red] {problem}")
+    if plan.search is not None:
+        console.print(f"search: {plan.search.method}, {plan.search.candidates} candidates, {plan.search.seconds} s")
+
+
+def _span(gpus: tuple[int, ...]) -> str:
+    return f"{gpus[0]}-{gpus[-1]}" if gpus == tuple(range(gpus[0], gpus[-1] + 1)) else ",".join(map(str, gpus))

@@ -1,0 +1,204 @@
+"""The auto planner: colocation partitions × GPU allocations × per-group layouts, by branch and bound.
+
+For each partition of the roles into groups, groups take allocations one by one; a partial plan is cut
+when the makespan with every unplaced group at its fastest possible times already exceeds the best
+plan found (valid because the makespan is monotone in node times). Small clusters are searched GPU by
+GPU, which is exact; large ones in whole machines (see ``PlannerOptions.exact_gpu_limit``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+from hybridflow.graph import Graph, Workload
+from hybridflow.planner.assemble import Placement, build_plan, group_seconds, idle_fraction
+from hybridflow.planner.cluster import Cluster
+from hybridflow.planner.costs import Shape
+from hybridflow.planner.errors import InfeasibleError, explain_infeasible
+from hybridflow.planner.groups import GroupEvaluator
+from hybridflow.planner.layouts import GroupLayout
+from hybridflow.planner.models import ModelSpec
+from hybridflow.planner.plan import Plan, SearchStats
+from hybridflow.planner.problem import Problem, build_problem
+from hybridflow.planner.schedule import Schedule, compile_schedule, makespan
+from hybridflow.planner.units import GpuUnits, MachineUnits, State, Token, Units
+
+TOLERANCE = 1e-9  # relative: step times this close count as equal and fall to the tie-breaks
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlannerOptions:
+    """Search settings. ``unit``: "auto" (GPUs up to ``exact_gpu_limit``, machines above), "gpu" or "machine"."""
+
+    exact_gpu_limit: int = 16
+    unit: str = "auto"
+    machine_grid_ratio: float = 1.25
+
+    def __post_init__(self) -> None:
+        if self.unit not in ("auto", "gpu", "machine"):
+            raise ValueError(f"PlannerOptions.unit={self.unit!r} must be 'auto', 'gpu' or 'machine'")
+        if self.machine_grid_ratio <= 1:
+            raise ValueError(f"PlannerOptions.machine_grid_ratio={self.machine_grid_ratio} must be > 1")
+
+    def units(self, cluster: Cluster) -> Units:
+        exact = self.unit == "gpu" or (self.unit == "auto" and cluster.num_gpus <= self.exact_gpu_limit)
+        return GpuUnits(cluster) if exact else MachineUnits(cluster, self.machine_grid_ratio)
+
+
+def set_partitions(items: Sequence[str]) -> Iterator[list[tuple[str, ...]]]:
+    """Every way to split ``items`` into non-empty blocks, each block in ``items`` order (Bell(n) of them)."""
+    if not items:
+        yield []
+        return
+    first, rest = items[0], items[1:]
+    for partition in set_partitions(rest):
+        for i in range(len(partition)):
+            yield [*partition[:i], (first, *partition[i]), *partition[i + 1:]]
+        yield [(first,), *partition]
+
+
+Key = tuple[float, int, float, int]
+
+
+@dataclass
+class _Best:
+    key: Key | None = None
+    placements: list[Placement] | None = None
+
+
+class Searcher:
+    """One search over one problem; ``run`` returns the best placements found."""
+
+    def __init__(self, problem: Problem, units: Units) -> None:
+        self.problem = problem
+        self.units = units
+        self.evaluator = GroupEvaluator(problem)
+        self.best = _Best()
+        self.visited = 0
+        self._options: dict[State, list[tuple[str, tuple[int, ...], Token, State]]] = {}
+        self._optimistic: dict[tuple[str, ...], dict[str, float] | None] = {}
+
+    def options(self, state: State) -> list[tuple[str, tuple[int, ...], Token, State]]:
+        if state not in self._options:
+            self._options[state] = list(self.units.options(state))
+        return self._options[state]
+
+    def optimistic(self, roles: tuple[str, ...]) -> dict[str, float] | None:
+        """Each node's least seconds over every allocation of the whole cluster; None if none fits."""
+        if roles not in self._optimistic:
+            best: dict[str, float] | None = None
+            for device, counts, _, _ in self.options(self.units.initial()):
+                group = self.evaluator.best(roles, self.evaluator.shape(device, counts))
+                if group is None:
+                    continue
+                seconds = dict(group.node_seconds)
+                best = seconds if best is None else {n: min(t, seconds[n]) for n, t in best.items()}
+            self._optimistic[roles] = best
+        return self._optimistic[roles]
+
+    def run(self) -> list[Placement] | None:
+        partitions = []
+        for blocks in set_partitions(self.problem.role_names):
+            bounds = [self.optimistic(block) for block in blocks]
+            if any(b is None for b in bounds):
+                continue
+            schedule = compile_schedule(self.problem, {r: i for i, block in enumerate(blocks) for r in block})
+            seconds = self._seconds(schedule, bounds)
+            partitions.append((makespan(schedule, seconds), blocks, schedule, seconds))
+        partitions.sort(key=lambda p: p[0])
+        for lower, blocks, schedule, seconds in partitions:
+            if self._beaten(lower):
+                continue
+            # Heaviest groups first: their choice moves the bound most.
+            order = sorted(range(len(blocks)), key=lambda i: -sum(self.optimistic(blocks[i]).values()))  # type: ignore[union-attr]
+            self._branch(blocks, order, 0, self.units.initial(), schedule, seconds, [None] * len(blocks))
+        return self.best.placements
+
+    def _seconds(self, schedule: Schedule, bounds: Sequence[Mapping[str, float] | None]) -> list[float]:
+        merged: dict[str, float] = {}
+        for bound in bounds:
+            merged.update(bound or {})
+        return [merged.get(name, 0.0) for name in schedule.nodes]
+
+    def _beaten(self, lower: float) -> bool:
+        return self.best.key is not None and lower > self.best.key[0] * (1 + TOLERANCE)
+
+    def _branch(self, blocks: list[tuple[str, ...]], order: list[int], depth: int, state: State, schedule: Schedule,
+                seconds: list[float], chosen: list[tuple[Placement, Token] | None]) -> None:
+        if depth == len(order):
+            self._finish(schedule, chosen)
+            return
+        index = order[depth]
+        roles = blocks[index]
+        mine = self._indices(schedule, roles)
+        saved = [seconds[i] for i in mine]
+        evaluated: list[tuple[float, int, GroupLayout, Shape, Token, State]] = []
+        for device, counts, token, rest in self.options(state):
+            shape = self.evaluator.shape(device, counts)
+            group = self.evaluator.best(roles, shape)
+            if group is not None:
+                evaluated.append((group.busy_seconds, len(evaluated), group, shape, token, rest))
+        evaluated.sort(key=lambda e: (e[0], e[1]))
+        for _, _, group, shape, token, rest in evaluated:
+            self.visited += 1
+            times = dict(group.node_seconds)
+            for i in mine:
+                seconds[i] = times[schedule.nodes[i]]
+            if self._beaten(makespan(schedule, seconds)):
+                continue
+            chosen[index] = (Placement(roles, (), shape, group), token)
+            self._branch(blocks, order, depth + 1, rest, schedule, seconds, chosen)
+        for i, value in zip(mine, saved, strict=True):
+            seconds[i] = value
+        chosen[index] = None
+
+    def _indices(self, schedule: Schedule, roles: tuple[str, ...]) -> list[int]:
+        nodes = {node for role in roles for node in self.problem.role(role).nodes}
+        return [i for i, name in enumerate(schedule.nodes) if name in nodes]
+
+    def _finish(self, schedule: Schedule, chosen: list[tuple[Placement, Token] | None]) -> None:
+        picks = [c for c in chosen if c is not None]
+        gpu_lists = self.units.realise([token for _, token in picks])
+        placements = [Placement(p.roles, gpus, p.shape, p.layout) for (p, _), gpus in zip(picks, gpu_lists,
+                                                                                          strict=True)]
+        step = makespan(schedule, group_seconds(schedule, placements))
+        key = (step, schedule.cross_group_bytes, round(idle_fraction(step, placements), 9),
+               sum(len(p.gpus) for p in placements))
+        if self.best.key is None or _better(key, self.best.key):
+            self.best = _Best(key, placements)
+
+
+def _better(new: Key, old: Key) -> bool:
+    if new[0] < old[0] * (1 - TOLERANCE):
+        return True
+    if new[0] > old[0] * (1 + TOLERANCE):
+        return False
+    return new[1:] < old[1:]
+
+
+def plan_placement(graph: Graph, models: Mapping[str, ModelSpec], workload: Workload, cluster: Cluster, *,
+                   options: PlannerOptions | None = None) -> Plan:
+    """The plan with the least modelled step time (ties: fewer cross-group bytes, then less idle time).
+
+    Raises :class:`InfeasibleError` naming what does not fit, and by how much, when no plan fits.
+    """
+    start = time.perf_counter()
+    problem = build_problem(graph, models, workload, cluster)
+    opts = options or PlannerOptions()
+    searcher = Searcher(problem, opts.units(cluster))
+    placements = searcher.run()
+    if placements is None:
+        raise InfeasibleError(explain_infeasible(problem, searcher.evaluator))
+    # Groups in the order of their roles in the graph, so equal inputs print equal plans.
+    rank = {role: i for i, role in enumerate(problem.role_names)}
+    placements.sort(key=lambda p: rank[p.roles[0]])
+    stats = SearchStats(method=searcher.units.name, candidates=searcher.visited + searcher.evaluator.evaluations,
+                        seconds=round(time.perf_counter() - start, 4))
+    return build_plan(problem, placements, search=stats)
+
+
+def solve(problem: Problem, units: Units) -> list[Placement] | None:
+    """The search's placements for an already-built problem (used by tests and benchmarks)."""
+    return Searcher(problem, units).run()

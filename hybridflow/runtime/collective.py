@@ -1,0 +1,56 @@
+"""Data-parallel collectives: threads of one process (local executor) or gloo processes (Ray)."""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+
+class ThreadGroup:
+    """Shared state of in-process ranks; :meth:`member` gives each rank its collective."""
+
+    def __init__(self, world_size: int, *, timeout_s: float = 300.0) -> None:
+        self.world_size = world_size
+        self.barrier = threading.Barrier(world_size, timeout=timeout_s)
+        self.slots: list[list[torch.Tensor]] = [[] for _ in range(world_size)]
+
+    def member(self, rank: int) -> ThreadCollective:
+        return ThreadCollective(self, rank)
+
+
+class ThreadCollective:
+    """All-reduce among threads: every rank sums the same slots in the same order, so results agree."""
+
+    def __init__(self, group: ThreadGroup, rank: int) -> None:
+        self.group, self.rank, self.world_size = group, rank, group.world_size
+
+    def all_reduce_mean(self, tensors: list[torch.Tensor]) -> None:
+        group = self.group
+        group.slots[self.rank] = [t.detach().clone() for t in tensors]
+        group.barrier.wait()
+        means = [torch.stack([group.slots[r][i] for r in range(self.world_size)]).mean(dim=0)
+                 for i in range(len(tensors))]
+        group.barrier.wait()  # nobody overwrites a slot before everyone has read it
+        for tensor, mean in zip(tensors, means, strict=True):
+            tensor.copy_(mean)
+
+
+class GlooCollective:
+    """All-reduce over the default torch.distributed (gloo) process group of this worker process."""
+
+    def __init__(self, *, rank: int, world_size: int) -> None:
+        self.rank, self.world_size = rank, world_size
+
+    def all_reduce_mean(self, tensors: list[torch.Tensor]) -> None:
+        import torch.distributed as dist
+
+        if not tensors:
+            return
+        flat = torch.cat([t.detach().reshape(-1).float() for t in tensors])
+        dist.all_reduce(flat)
+        flat /= self.world_size
+        offset = 0
+        for tensor in tensors:
+            tensor.copy_(flat[offset:offset + tensor.numel()].view_as(tensor))
+            offset += tensor.numel()

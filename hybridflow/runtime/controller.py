@@ -1,0 +1,172 @@
+"""The single controller: runs one step of a graph over a plan's worker groups.
+
+Nodes are submitted as soon as their inputs exist. Each group has one dispatcher thread, so a
+group runs its nodes one at a time in submission order while disjoint groups, and driver-side
+work (compute nodes, reward functions), run concurrently: reward scoring on the driver overlaps
+reference log-probs on a GPU group.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+import torch
+
+from hybridflow.graph import Graph, Node, Op, RoleKind
+from hybridflow.planner import Plan
+from hybridflow.registry import COMPUTE_FNS
+from hybridflow.runtime.batch import Batch
+from hybridflow.runtime.executor import Executor, LocalExecutor, WorkerGroup
+from hybridflow.runtime.protocols import RoleSpec, Scorer
+from hybridflow.runtime.worker import COMPANIONS, NodeResult, port_batch
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepResult:
+    """The full batch after a step (every field the graph produced), metrics and per-node seconds."""
+
+    batch: Batch
+    metrics: dict[str, float] = field(default_factory=dict)
+    node_seconds: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    outputs: Batch
+    metrics: Mapping[str, float]
+    seconds: float
+
+
+class Controller:
+    """Executes ``graph`` on the worker groups an executor starts for ``plan``; use as a context manager."""
+
+    def __init__(self, graph: Graph, plan: Plan, *, specs: Mapping[str, RoleSpec],
+                 executor: Executor | None = None, driver_roles: Mapping[str, Scorer] | None = None,
+                 seed: int = 0) -> None:
+        self.graph, self.plan, self.seed = graph, plan, seed
+        self.driver_roles = dict(driver_roles or {})
+        _check_placement(graph, plan, self.driver_roles)
+        self.executor = executor or LocalExecutor()
+        self.groups: list[WorkerGroup] = self.executor.start(plan, specs)
+        self._dispatchers = [ThreadPoolExecutor(1, thread_name_prefix=f"dispatch{g.index}") for g in self.groups]
+        self._driver = ThreadPoolExecutor(2, thread_name_prefix="driver")
+
+    def __enter__(self) -> Controller:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        for pool in [*self._dispatchers, self._driver]:
+            pool.shutdown(wait=False, cancel_futures=True)
+        self.executor.shutdown()
+
+    def step(self, batch: Batch, *, step: int = 0) -> StepResult:
+        """Run every node once on ``batch`` (the dataset's prompt rows); return the grown batch."""
+        state, done = batch, set[str]()
+        pending = list(self.graph.order)
+        running: dict[Future[_Outcome], Node] = {}
+        expanded = False
+        metrics: dict[str, float] = {}
+        seconds: dict[str, float] = {}
+        while pending or running:
+            for name in [n for n in pending if set(self.graph.predecessors(n)) <= done]:
+                node = self.graph.node(name)
+                if node.op is Op.GENERATE and not expanded:
+                    # The n samples of a prompt become n adjacent rows before rollout.
+                    state, expanded = state.repeat_interleave(self.graph.samples_per_prompt), True
+                running[self._submit(node, state, step)] = node
+                pending.remove(name)
+            finished, _ = wait(list(running), return_when=FIRST_COMPLETED)
+            for future in finished:
+                node = running.pop(future)
+                outcome = future.result()  # re-raises the node's error
+                state = state.union(outcome.outputs) if len(outcome.outputs.keys()) else state
+                seconds[node.name] = outcome.seconds
+                prefix = f"{node.role}/" if node.role else f"{node.name}/"
+                metrics.update({prefix + key: value for key, value in outcome.metrics.items()})
+                done.add(node.name)
+        return StepResult(batch=state, metrics=metrics, node_seconds=seconds)
+
+    def _submit(self, node: Node, state: Batch, step: int) -> Future[_Outcome]:
+        if node.op is Op.COMPUTE:
+            return self._driver.submit(_timed, _run_compute, node, state)
+        if node.role in self.driver_roles:
+            return self._driver.submit(_timed, _run_driver_score, node, state, self.driver_roles[node.role])
+        index = self.plan.group_index(str(node.role))
+        assert index is not None
+        group, layout = self.groups[index], self.plan.layout(str(node.role))
+        wanted = [*node.inputs, *(COMPANIONS[f] for f in node.inputs if f in COMPANIONS and COMPANIONS[f] in state)]
+        inputs = state.select(wanted)
+        return self._dispatchers[index].submit(_run_on_group, group, node, inputs, layout.dp, self.seed + step)
+
+    def call(self, method: str, *args: Any) -> list[list[Any]]:
+        """A worker method on every rank of every group (``info``, ``save_checkpoint``...)."""
+        return [group.call(method, *args) for group in self.groups]
+
+    def save_checkpoint(self, directory: str) -> None:
+        self.call("save_checkpoint", directory)
+
+    def load_checkpoint(self, directory: str) -> None:
+        self.call("load_checkpoint", directory)
+
+
+def _check_placement(graph: Graph, plan: Plan, driver_roles: Mapping[str, Scorer]) -> None:
+    for role in graph.roles:
+        if role.kind is RoleKind.REWARD_FUNCTION or role.name in plan.driver_roles:
+            if role.name not in driver_roles:
+                raise KeyError(f"role {role.name!r} runs on the driver but no scorer was given for it; pass "
+                               f"driver_roles={{{role.name!r}: scorer}}")
+        else:
+            plan.group_index(role.name)  # raises, naming the plan's roles, if it is not placed
+
+
+def _timed(fn: Any, *args: Any) -> _Outcome:
+    start = time.perf_counter()
+    outputs, metrics = fn(*args)
+    return _Outcome(outputs, metrics, time.perf_counter() - start)
+
+
+def _run_compute(node: Node, state: Batch) -> tuple[Batch, dict[str, float]]:
+    fn = COMPUTE_FNS.get(str(node.fn))
+    try:
+        result = fn(*(state[name] for name in node.inputs), **node.options_dict)
+    except Exception as err:
+        err.add_note(f"in compute node {node.name!r} (fn={node.fn!r}, inputs={list(node.inputs)})")
+        raise
+    values = result if isinstance(result, tuple) else (result,)
+    if len(values) != len(node.outputs):
+        raise ValueError(f"compute node {node.name!r}: fn {node.fn!r} returned {len(values)} values for outputs "
+                         f"{list(node.outputs)}")
+    return Batch.from_fields(dict(zip(node.outputs, values, strict=True))), {}
+
+
+def _run_driver_score(node: Node, state: Batch, scorer: Scorer) -> tuple[Batch, dict[str, float]]:
+    result = scorer(port_batch(node, state))
+    try:
+        return result.select(["scores"]).rename({"scores": node.outputs[0]}), {}
+    except KeyError as err:
+        raise KeyError(f"driver scorer for node {node.name!r} returned {result.keys()}, not 'scores'") from err
+
+
+def _run_on_group(group: WorkerGroup, node: Node, inputs: Batch, dp: int, seed: int) -> _Outcome:
+    """Split rows over the data-parallel ranks, run, gather; tensor-parallel peers get the same rows."""
+    start = time.perf_counter()
+    padded, _ = inputs.pad_to_multiple(dp)
+    chunks = padded.chunk(dp)
+    per_dp = group.size // dp
+    results = group.run(node, [chunks[rank // per_dp] for rank in range(group.size)], seed)
+    leaders: list[NodeResult] = results[::per_dp]
+    outputs = Batch.concat([r.outputs for r in leaders])
+    if len(outputs.keys()):
+        outputs = outputs.slice(0, len(inputs))  # drop the padding rows
+    keys = sorted({key for r in leaders for key in r.metrics})
+    metrics = {key: float(torch.tensor([r.metrics[key] for r in leaders if key in r.metrics]).mean())
+               for key in keys}
+    return _Outcome(outputs, metrics, time.perf_counter() - start)

@@ -1,0 +1,169 @@
+"""A group worker: one rank of a colocation group, holding every role the plan put on that group.
+
+Roles that share a group share this process, so a field one of them produces (``responses``) is
+read by the next (``ref_logprobs``) without leaving the process. The same class runs in-process
+(local executor) and as a Ray actor; Ray calls go through the ``*_wire`` methods, which take and
+return numpy so the object store never pickles torch tensors.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hybridflow.graph import Node, Op
+from hybridflow.planner import RoleLayout
+from hybridflow.registry import BACKENDS, LOSSES
+from hybridflow.runtime.batch import Batch, Wire
+from hybridflow.runtime.protocols import Collective, RoleEngine, RoleSpec, SamplingParams, WorkerContext
+
+# The prompt's attention mask travels with ``prompts`` wherever they go (it is not a graph field).
+COMPANIONS = {"prompts": "prompt_mask"}
+_SAMPLING_KEYS = ("max_new_tokens", "temperature", "top_p", "top_k", "greedy")
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeResult:
+    """What a rank returns for one node: its output rows (graph field names) and scalar metrics."""
+
+    outputs: Batch
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+class SoloCollective:
+    """The collective of a group of one rank: nothing to average."""
+
+    rank, world_size = 0, 1
+
+    def all_reduce_mean(self, tensors: list[Any]) -> None:
+        return None
+
+
+class GroupWorker:
+    """One rank of a worker group. Build engines with :meth:`setup`, run nodes with :meth:`run`."""
+
+    def __init__(self, *, group: int, rank: int, world_size: int, device: str, specs: Sequence[RoleSpec],
+                 layouts: Sequence[RoleLayout], collective: Collective | None = None) -> None:
+        self.group, self.rank, self.world_size, self.device = group, rank, world_size, device
+        self.specs = {spec.name: spec for spec in specs}
+        self.layouts = {layout.role: layout for layout in layouts}
+        self.collective: Collective = collective or SoloCollective()
+        self.engines: dict[str, RoleEngine] = {}
+
+    def init_collective(self, address: str, port: int) -> None:
+        """Join the group's gloo process group (Ray executor; one process per rank)."""
+        import datetime
+
+        import torch.distributed as dist
+
+        from hybridflow.runtime.collective import GlooCollective
+
+        if self.world_size > 1 and not dist.is_initialized():
+            # A short timeout: a dead peer must surface as an error, not a 30-minute hang.
+            dist.init_process_group("gloo", init_method=f"tcp://{address}:{port}", rank=self.rank,
+                                    world_size=self.world_size, timeout=datetime.timedelta(seconds=60))
+            self.collective = GlooCollective(rank=self.rank, world_size=self.world_size)
+
+    def rendezvous_address(self) -> tuple[str, int]:
+        """An address and a free port on this host for the group's process group (asked of rank 0)."""
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            port = sock.getsockname()[1]
+        return _node_ip(), port
+
+    def setup(self) -> None:
+        context = WorkerContext(group=self.group, rank=self.rank, world_size=self.world_size, device=self.device,
+                                collective=self.collective)
+        for name, spec in self.specs.items():
+            layout = self.layouts[name]
+            self.engines[name] = BACKENDS.get(layout.backend).build_role(spec, layout, context)
+
+    def info(self) -> dict[str, Any]:
+        """Where this rank runs: pid, host, Ray node id and GPU ids (when under Ray)."""
+        data: dict[str, Any] = {"group": self.group, "rank": self.rank, "pid": os.getpid(),
+                                "host": socket.gethostname(), "roles": sorted(self.specs)}
+        try:
+            import ray
+
+            if ray.is_initialized():
+                ctx = ray.get_runtime_context()
+                data.update(node_id=ctx.get_node_id(), gpu_ids=[str(g) for g in ray.get_gpu_ids()],
+                            placement_group=ctx.get_placement_group_id())
+        except ImportError:
+            pass
+        return data
+
+    def run(self, node: Node, batch: Batch, seed: int = 0) -> NodeResult:
+        """Run ``node`` on this rank's rows. ``batch`` holds the node's inputs by graph field name."""
+        start = time.perf_counter()
+        if node.role is None or node.role not in self.engines:
+            raise KeyError(f"node {node.name!r}: role {node.role!r} is not on group {self.group}; "
+                           f"roles here: {sorted(self.engines)}")
+        engine = self.engines[node.role]
+        metrics: dict[str, float] = {}
+        if node.op is Op.UPDATE:
+            metrics = engine.train_step(batch, loss=LOSSES.get(str(node.loss)), options=node.options_dict)
+            outputs = Batch()
+        else:
+            outputs = run_role_op(engine, node, batch, seed)
+        return NodeResult(outputs=outputs, metrics=metrics, seconds=time.perf_counter() - start)
+
+    def run_wire(self, node: Node, wire: Wire, seed: int = 0) -> tuple[Wire, dict[str, float], float]:
+        result = self.run(node, Batch.from_wire(wire), seed)
+        return result.outputs.to_wire(), dict(result.metrics), result.seconds
+
+    def save_checkpoint(self, directory: str) -> None:
+        for name, engine in self.engines.items():
+            if self.specs[name].kind.trainable:
+                engine.save_checkpoint(str(Path(directory) / name))
+
+    def load_checkpoint(self, directory: str) -> None:
+        for name, engine in self.engines.items():
+            if self.specs[name].kind.trainable:
+                engine.load_checkpoint(str(Path(directory) / name))
+
+    def ping(self) -> bool:
+        return True
+
+
+def port_batch(node: Node, batch: Batch) -> Batch:
+    """The node's inputs renamed from graph fields to the op's ports (plus companion fields)."""
+    ports = node.port_inputs()
+    renamed = batch.select([*ports.values(), *(c for f, c in COMPANIONS.items() if f in ports.values())],
+                           strict=False)
+    return renamed.rename({field_name: port for port, field_name in ports.items()})
+
+
+def run_role_op(engine: Any, node: Node, batch: Batch, seed: int) -> Batch:
+    """Dispatch a non-update node to the engine method of its op; outputs renamed to graph fields."""
+    inputs = port_batch(node, batch)
+    if node.op is Op.GENERATE:
+        options: dict[str, Any] = {k: v for k, v in node.options_dict.items() if k in _SAMPLING_KEYS}
+        result = engine.generate(inputs, SamplingParams(**options, seed=seed))
+    elif node.op in (Op.LOGPROB, Op.REF_LOGPROB):
+        return engine.log_probs(inputs).select(["logprobs"]).rename({"logprobs": node.outputs[0]})
+    elif node.op is Op.VALUES:
+        result = engine.values(inputs)
+    elif node.op is Op.SCORE:
+        result = engine.score(inputs)
+    else:
+        raise ValueError(f"node {node.name!r}: op {node.op} does not run on a role engine")
+    ports = node.port_outputs()
+    return result.select(ports).rename(ports)
+
+
+def _node_ip() -> str:
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return str(ray.util.get_node_ip_address())
+    except ImportError:
+        pass
+    return "127.0.0.1"

@@ -1,0 +1,149 @@
+"""The typed training config: frozen dataclasses, loaded from YAML with dotted ``key=value`` overrides.
+
+Unknown keys and wrong types are rejected with the dotted key in the message; the dataclasses are
+the only schema.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """The policy's starting point: a local HF directory (``path``) or a tiny config plus an SFT warm start."""
+
+    name: str = "tiny-qwen2"
+    path: str | None = None
+    sft_steps: int = 100
+    sft_batch_size: int = 32
+    sft_lr: float = 3e-3
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    """Prompts from a built-in ``task`` or a jsonl/parquet ``path``; ``reward`` overrides the task's rule."""
+
+    task: str = "reverse"
+    path: str | None = None
+    reward: str | None = None
+    num_examples: int = 2000
+    batch_size: int = 8
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimConfig:
+    """Optimisation of one trainable role (actor or critic)."""
+
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    epochs: int = 1
+    mini_batches: int = 1
+    micro_batch_size: int = 64
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """Everything ``hybridflow train`` needs. ``algorithm_options`` go to the graph factory."""
+
+    algorithm: str = "grpo"
+    algorithm_options: dict[str, Any] = field(default_factory=dict)
+    seed: int = 0
+    steps: int = 50
+    executor: Literal["local", "ray"] = "local"
+    ray_address: str | None = None
+    num_gpus: int = 1
+    plan_file: str | None = None  # a Plan JSON (e.g. from the planner); default: every role on one group
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    actor: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3))
+    critic: OptimConfig = field(default_factory=lambda: OptimConfig(lr=3e-3))
+    output_dir: str = "runs/train"
+    checkpoint_every: int = 0
+    tensorboard: bool = True
+    progress: bool = True
+    plot: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "num_gpus"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"config key {name!r}={getattr(self, name)} must be >= 1")
+        if self.checkpoint_every < 0:
+            raise ValueError(f"config key 'checkpoint_every'={self.checkpoint_every} must be >= 0 (0: never)")
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> TrainConfig:
+    """Read YAML (``yaml.safe_load``), apply ``a.b=value`` overrides (values parsed as YAML), validate."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        loaded = yaml.safe_load(Path(path).read_text())
+        if loaded is not None and not isinstance(loaded, dict):
+            raise TypeError(f"{path}: the config must be a mapping of keys, not a {type(loaded).__name__}")
+        data = loaded or {}
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"override {item!r} must look like dotted.key=value")
+        _set_dotted(data, key.split("."), yaml.safe_load(raw))
+    return from_mapping(TrainConfig, data)
+
+
+def _set_dotted(data: dict[str, Any], keys: list[str], value: Any) -> None:
+    for key in keys[:-1]:
+        data = data.setdefault(key, {})
+        if not isinstance(data, dict):
+            raise TypeError(f"override {'.'.join(keys)}: {key!r} is not a section")
+    data[keys[-1]] = value
+
+
+T = typing.TypeVar("T")
+
+
+def from_mapping(cls: type[T], data: Mapping[str, Any], prefix: str = "") -> T:
+    """Build dataclass ``cls`` from ``data``, checking every key and value type against its fields."""
+    if not isinstance(data, Mapping):
+        raise TypeError(f"config key {prefix.rstrip('.') or '<root>'!r} must be a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise KeyError(f"unknown config key {prefix + unknown[0]!r}; valid keys here: {sorted(known)}")
+    values = {name: _check(hints[name], value, prefix + name) for name, value in data.items()}
+    return cls(**values)
+
+
+def _check(hint: Any, value: Any, key: str) -> Any:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if dataclasses.is_dataclass(hint) and isinstance(hint, type):
+        return from_mapping(hint, value, key + ".")
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        return _check(next(a for a in args if a is not type(None)), value, key)
+    if origin is Literal:
+        if value not in args:
+            raise ValueError(f"config key {key!r}={value!r} must be one of {list(args)}")
+        return value
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise TypeError(f"config key {key!r} must be a mapping, got {type(value).__name__}")
+        return value
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint is float and isinstance(value, str):
+        try:  # PyYAML follows YAML 1.1, which reads ``1e-3`` (no dot) as a string
+            return float(value)
+        except ValueError:
+            pass
+    if hint in (int, float, str, bool) and (type(value) is not hint):
+        raise TypeError(f"config key {key!r}={value!r} must be a {hint.__name__}, got {type(value).__name__}")
+    return value

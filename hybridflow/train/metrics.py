@@ -1,0 +1,101 @@
+"""Per-step metrics: derived from the step's batch, written to ``metrics.jsonl`` and TensorBoard."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hybridflow.runtime.controller import StepResult
+
+
+def step_metrics(result: StepResult, seconds: float) -> dict[str, float]:
+    """Reward mean/std, KL, entropy, clip fraction, response length, per-node time, tokens/s, memory."""
+    batch, out = result.batch, dict(result.metrics)
+    if "scores" in batch:
+        scores = batch["scores"].float()
+        out["reward/mean"], out["reward/std"] = float(scores.mean()), float(scores.std()) if len(scores) > 1 else 0.0
+    mask = batch["response_mask"].float() if "response_mask" in batch else None
+    if mask is not None:
+        out["response_length/mean"] = float(mask.sum(dim=1).mean())
+        out["throughput/tokens_per_s"] = float(mask.sum()) / max(seconds, 1e-9)
+        if "old_logprobs" in batch and "ref_logprobs" in batch:
+            kl = (batch["old_logprobs"] - batch["ref_logprobs"]) * mask
+            out["kl"] = float(kl.sum() / mask.sum().clamp(min=1))
+    out.update({f"time/{name}": value for name, value in result.node_seconds.items()})
+    out["time/step"] = seconds
+    out["memory/rss_gb"] = _rss_gb()
+    return out
+
+
+def _rss_gb() -> float:
+    import psutil
+
+    process = psutil.Process()
+    total = process.memory_info().rss
+    for child in process.children(recursive=True):
+        try:
+            total += child.memory_info().rss
+        except psutil.Error:  # a child may exit while we look
+            continue
+    return total / 2**30
+
+
+class MetricsWriter:
+    """Appends one JSON line per step (and TensorBoard scalars); on resume drops lines past the checkpoint."""
+
+    def __init__(self, run_dir: Path, *, tensorboard: bool, resume_step: int | None = None) -> None:
+        self.path = run_dir / "metrics.jsonl"
+        if resume_step is None:
+            self.path.write_text("")
+        elif self.path.exists():
+            kept = [line for line in self.path.read_text().splitlines()
+                    if line.strip() and json.loads(line)["step"] < resume_step]
+            self.path.write_text("".join(line + "\n" for line in kept))
+        self._tb: Any = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(run_dir / "tensorboard"))
+
+    def write(self, step: int, metrics: dict[str, float]) -> None:
+        with self.path.open("a") as handle:
+            handle.write(json.dumps({"step": step, **metrics}) + "\n")
+        if self._tb is not None:
+            for key, value in metrics.items():
+                self._tb.add_scalar(key, value, step)
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+
+
+def read_metrics(path: Path) -> list[dict[str, float]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def plot_rewards(metrics_path: Path, image_path: Path, *, title: str = "") -> Path:
+    """A PNG of mean reward per step (with a moving average), from ``metrics.jsonl``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in read_metrics(metrics_path) if "reward/mean" in r]
+    steps = [r["step"] for r in rows]
+    rewards = torch.tensor([r["reward/mean"] for r in rows])
+    window = max(1, len(rows) // 10)
+    smooth = torch.nn.functional.avg_pool1d(rewards[None, None], window, 1).flatten()
+    figure, axis = plt.subplots(figsize=(6, 3.5))
+    axis.plot(steps, rewards.tolist(), alpha=0.4, label="reward/mean")
+    axis.plot(steps[window - 1:], smooth.tolist(), label=f"moving average ({window})")
+    axis.set_xlabel("step")
+    axis.set_ylabel("mean reward")
+    axis.set_title(title)
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(image_path, dpi=100)
+    plt.close(figure)
+    return image_path

@@ -1,0 +1,93 @@
+"""Turn a :class:`TrainConfig` into the pieces a run needs: model dir, graph, plan, specs, data, reward."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from hybridflow.data import TASKS, PromptLoader, RuleScorer, char_tokenizer, load_records, task_examples
+from hybridflow.data.dataset import Record
+from hybridflow.graph import Graph, RoleKind, load_graph
+from hybridflow.planner import Plan
+from hybridflow.registry import load_object
+from hybridflow.runtime import OptimSpec, RoleSpec, default_plan
+from hybridflow.runtime.executor import Executor, LocalExecutor
+from hybridflow.train.config import OptimConfig, TrainConfig
+
+
+def records(config: TrainConfig) -> list[Record]:
+    if config.data.path:
+        return load_records(config.data.path)
+    return task_examples(config.data.task, config.data.num_examples, seed=config.seed)
+
+
+def prepare_model(config: TrainConfig, run_dir: Path, data: list[Record]) -> tuple[str, Any]:
+    """The initial policy directory and its tokenizer: ``model.path``, or a tiny model SFT-warmed once per run."""
+    from transformers import AutoTokenizer
+
+    if config.model.path:
+        return config.model.path, AutoTokenizer.from_pretrained(config.model.path)
+    from hybridflow.models import build_tiny_causal_lm, save_model_dir
+    from hybridflow.train.sft import sft_warm_start
+
+    target = run_dir / "init_model"
+    recipe = {"name": config.model.name, "sft_steps": config.model.sft_steps, "seed": config.seed,
+              "batch_size": config.model.sft_batch_size, "lr": config.model.sft_lr, "data": data[:4]}
+    marker = target / "hybridflow_init.json"
+    if marker.is_file() and json.loads(marker.read_text()) == recipe:  # reuse on resume / rerun
+        return str(target), AutoTokenizer.from_pretrained(target)
+    tokenizer = char_tokenizer()
+    model = build_tiny_causal_lm(config.model.name, vocab_size=len(tokenizer), seed=config.seed)
+    if config.model.sft_steps:
+        sft_warm_start(model, tokenizer, data, steps=config.model.sft_steps, batch_size=config.model.sft_batch_size,
+                       lr=config.model.sft_lr, seed=config.seed)
+    save_model_dir(model, tokenizer, target)
+    marker.write_text(json.dumps(recipe))
+    return str(target), tokenizer
+
+
+def build_graph(config: TrainConfig) -> Graph:
+    options = {"reward_kind": RoleKind.REWARD_FUNCTION, **config.algorithm_options}
+    return load_graph(config.algorithm, **options)
+
+
+def build_plan(config: TrainConfig, graph: Graph) -> Plan:
+    if config.plan_file:
+        return Plan.from_json(Path(config.plan_file).read_text())
+    return default_plan(graph, num_gpus=config.num_gpus)
+
+
+def _optim(cfg: OptimConfig) -> OptimSpec:
+    return OptimSpec(lr=cfg.lr, weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip, epochs=cfg.epochs,
+                     mini_batches=cfg.mini_batches)
+
+
+def role_specs(config: TrainConfig, graph: Graph, model_dir: str) -> dict[str, RoleSpec]:
+    """A spec per GPU role: trainable policies use ``actor``, value models ``critic`` settings."""
+    specs = {}
+    for role in graph.roles:
+        if not role.kind.needs_gpu:
+            continue
+        optim = config.critic if role.kind is RoleKind.VALUE else config.actor
+        specs[role.name] = RoleSpec(name=role.name, kind=role.kind, model=model_dir, seed=config.seed,
+                                    optim=_optim(optim) if role.kind.trainable else None,
+                                    micro_batch_size=optim.micro_batch_size)
+    return specs
+
+
+def reward_scorer(config: TrainConfig, tokenizer: Any) -> RuleScorer:
+    rule = load_object(config.data.reward) if config.data.reward else TASKS.get(config.data.task).reward
+    return RuleScorer(rule, tokenizer)
+
+
+def prompt_loader(config: TrainConfig, data: list[Record], tokenizer: Any) -> PromptLoader:
+    return PromptLoader(records=data, tokenizer=tokenizer, batch_size=config.data.batch_size, seed=config.seed)
+
+
+def make_executor(config: TrainConfig) -> Executor:
+    if config.executor == "ray":
+        from hybridflow.runtime.ray_executor import RayExecutor
+
+        return RayExecutor(address=config.ray_address)
+    return LocalExecutor()

@@ -1,0 +1,85 @@
+"""The FSDP2 backend on two gloo ranks: agreement with the torch reference, training, checkpoints, generation."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("transformers")
+import fsdp_ranks
+import torch
+from harness import context, layout, role_spec, run_ranks
+
+from hybridflow.planner import Sharding
+
+STRATEGIES = ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"]
+
+
+@pytest.mark.slow
+def test_every_strategy_matches_the_torch_reference_on_the_first_step() -> None:
+    ranks = run_ranks(fsdp_ranks.first_step, STRATEGIES)
+    for strategy in STRATEGIES:
+        # Each rank's loss is the mean over its half of the rows; their mean is the full batch's loss.
+        loss = sum(r[strategy]["loss"] for r in ranks) / len(ranks)
+        assert loss == pytest.approx(ranks[0]["reference_loss"], abs=1e-6), strategy
+        for result in ranks:
+            # fp32 on both sides; only the order of the gradient reduction differs.
+            assert result[strategy]["grad_gap"] <= 1e-6 * max(1.0, result[strategy]["grad_scale"]), strategy
+            assert result[strategy]["weight_gap"] < 1e-5, strategy
+    for result in ranks:
+        # Forward-only ops of frozen roles (reference, critic values, reward model) shard identically.
+        assert max(result["frozen_gaps"].values()) < 1e-5, result["frozen_gaps"]
+
+
+@pytest.mark.slow
+def test_bf16_training_moves_weights_and_resumes_from_a_sharded_checkpoint() -> None:
+    ranks = run_ranks(fsdp_ranks.train_resume_generate)
+    for result in ranks:
+        assert result["moved"] > 0
+        assert result["losses"][-1] < result["losses"][0]
+        assert result["restore_gap"] == 0.0
+        assert result["resumed_next_gap"] < 1e-6
+        assert result["generated_width"] >= 1
+        assert torch.isfinite(result["logprobs"]).all()
+    # Every rank gathers the same full weights (what a rollout engine receives).
+    assert ranks[0]["checksum"] == ranks[1]["checksum"]
+
+
+def test_tensor_parallel_layouts_are_refused_with_the_field_named() -> None:
+    from hybridflow.backends.fsdp import FsdpRoleEngine
+
+    with pytest.raises(ValueError, match=r"tp=2"):
+        FsdpRoleEngine(role_spec(), layout(tp=2, dp=1), context())
+
+
+def test_hybrid_shard_size_must_divide_the_group() -> None:
+    from hybridflow.backends.fsdp.parallelize import resolve_sharding
+
+    with pytest.raises(ValueError, match="shard_size=3"):
+        resolve_sharding(Sharding.HYBRID_SHARD, world_size=4, shard_size=3)
+    assert resolve_sharding(Sharding.HYBRID_SHARD, world_size=4, shard_size=2).mesh_shape == (2, 2)
+    assert resolve_sharding(Sharding.ZERO3, world_size=2).reshard_after_forward
+
+
+def test_a_rank_without_a_process_group_is_told_how_to_join() -> None:
+    from hybridflow.backends.fsdp import FsdpRoleEngine
+
+    with pytest.raises(RuntimeError, match="init_method"):
+        FsdpRoleEngine(role_spec(), layout(), context(rank=1, world_size=2))
+
+
+@pytest.mark.gpu
+def test_fsdp_on_one_cuda_device_trains() -> None:
+    """NCCL path on one GPU (a private single-rank process group)."""
+    from harness import rollout_batch
+    from hybridflow.backends.fsdp import FsdpRoleEngine
+
+    from hybridflow.registry import LOSSES
+    from hybridflow.runtime.protocols import WorkerContext
+    from hybridflow.runtime.worker import SoloCollective
+
+    ctx = WorkerContext(group=0, rank=0, world_size=1, device="cuda:0", collective=SoloCollective())
+    engine = FsdpRoleEngine(role_spec(), layout(dp=1, dtype="bf16"), ctx)
+    batch = rollout_batch(4)
+    batch = type(batch)({k: v.cuda() for k, v in batch.tensors.items()})
+    metrics = engine.train_step(batch, loss=LOSSES.get("ppo_policy"), options={})
+    assert metrics["grad_norm"] > 0

@@ -1,0 +1,68 @@
+"""The batch container: row operations keep fields aligned; the numpy wire format round-trips."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from hybridflow.runtime import Batch
+
+
+def _batch(rows: int = 6) -> Batch:
+    return Batch({"tokens": torch.arange(rows * 3).reshape(rows, 3), "scores": torch.arange(rows).float()},
+                 {"truth": [f"t{i}" for i in range(rows)]})
+
+
+def test_rows_must_agree_and_missing_fields_are_named() -> None:
+    with pytest.raises(ValueError, match="disagree"):
+        Batch({"a": torch.zeros(3), "b": torch.zeros(4)})
+    with pytest.raises(KeyError, match="nope.*fields"):
+        _batch().select(["nope"])
+
+
+def test_chunk_concat_round_trip_and_uneven_chunk_refused() -> None:
+    batch = _batch(6)
+    again = Batch.concat(batch.chunk(3))
+    assert torch.equal(again["tokens"], batch["tokens"]) and list(again["truth"]) == list(batch["truth"])
+    with pytest.raises(ValueError, match="pad_to_multiple"):
+        batch.chunk(4)
+    assert [len(b) for b in batch.split(4)] == [4, 2]
+
+
+def test_pad_to_multiple_repeats_last_row() -> None:
+    padded, pad = _batch(5).pad_to_multiple(4)
+    assert pad == 3 and len(padded) == 8
+    assert torch.equal(padded["tokens"][-1], padded["tokens"][4]) and padded["truth"][-1] == "t4"
+
+
+def test_repeat_interleave_keeps_samples_of_a_prompt_adjacent() -> None:
+    repeated = _batch(2).repeat_interleave(3)
+    assert repeated["scores"].tolist() == [0, 0, 0, 1, 1, 1]
+    assert list(repeated["truth"]) == ["t0"] * 3 + ["t1"] * 3
+
+
+def test_concat_right_pads_token_fields_of_different_widths() -> None:
+    a = Batch({"responses": torch.ones(2, 3, dtype=torch.long)})
+    b = Batch({"responses": torch.ones(1, 5, dtype=torch.long)})
+    out = Batch.concat([a, b])["responses"]
+    assert out.shape == (3, 5) and out[0].tolist() == [1, 1, 1, 0, 0]
+
+
+def test_union_select_rename() -> None:
+    batch = _batch(4)
+    extra = Batch({"adv": torch.ones(4)})
+    joined = batch.union(extra)
+    assert set(joined.keys()) == {"tokens", "scores", "truth", "adv"}
+    assert joined.select(["adv"]).rename({"adv": "advantages"}).keys() == ["advantages"]
+    with pytest.raises(ValueError, match="differs"):
+        batch.union(Batch({"scores": torch.zeros(4)}))
+
+
+def test_wire_format_is_numpy_and_round_trips_dtypes() -> None:
+    batch = Batch({"bf16": torch.randn(4, 2).to(torch.bfloat16), "ids": torch.arange(4)}, {"truth": list("abcd")})
+    wire = batch.to_wire()
+    assert all(isinstance(array, np.ndarray) for _, array in wire.values())
+    back = Batch.from_wire(wire)
+    assert back["bf16"].dtype == torch.bfloat16 and torch.equal(back["bf16"], batch["bf16"])
+    assert torch.equal(back["ids"], batch["ids"]) and list(back["truth"]) == list("abcd")

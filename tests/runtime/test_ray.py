@@ -1,0 +1,75 @@
+"""The Ray executor across two simulated nodes: placement as planned, numpy on the wire, loud failures."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hybridflow.data import TASKS, PromptLoader, RuleScorer, char_tokenizer, task_examples
+from hybridflow.graph import load_graph
+from hybridflow.planner import GroupPlan, Plan, RoleLayout
+from hybridflow.runtime import Controller, OptimSpec, RoleSpec, WorkerFailedError
+
+ray = pytest.importorskip("ray")
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+TOKENIZER = char_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[str]:
+    """Two Ray nodes of two logical GPUs each on this machine; yields the head address."""
+    from ray.cluster_utils import Cluster
+
+    sim = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 2})
+    sim.add_node(num_cpus=2, num_gpus=2)
+    sim.wait_for_nodes()
+    yield sim.address
+    ray.shutdown()
+    sim.shutdown()
+
+
+def _two_node_plan() -> Plan:
+    def group(role: str, gpus: tuple[int, int], host: int) -> GroupPlan:
+        return GroupPlan(gpus=gpus, hosts=(host, host), device="cpu", roles=(role,),
+                         layouts=(RoleLayout(role=role, dp=2, dtype="fp32", micro_batch_size=8),),
+                         memory_per_gpu_bytes=0, capacity_bytes=0)
+
+    return Plan(algorithm="grpo", groups=(group("actor", (0, 1), 0), group("reference", (2, 3), 1)),
+                driver_roles=("reward",))
+
+
+def test_roles_run_on_their_planned_nodes_and_a_killed_worker_fails_fast(cluster: str,
+                                                                          random_model_dir: Path) -> None:
+    from hybridflow.runtime.ray_executor import RayExecutor, gpu_nodes
+
+    graph = load_graph("grpo", n=2, reward_kind="reward_function", max_new_tokens=6)
+    specs = {name: RoleSpec(name=name, kind=graph.role(name).kind, model=str(random_model_dir),
+                            optim=OptimSpec(lr=1e-3) if name == "actor" else None) for name in ("actor", "reference")}
+    loader = PromptLoader(records=task_examples("reverse", 32), tokenizer=TOKENIZER, batch_size=4)
+    executor = RayExecutor(address=cluster)
+    with Controller(graph, _two_node_plan(), specs=specs, executor=executor,
+                    driver_roles={"reward": RuleScorer(TASKS.get("reverse").reward, TOKENIZER)}) as controller:
+        result = controller.step(loader.batch(0), step=0)
+        assert len(result.batch) == 8 and "actor/loss" in result.metrics
+        nodes = gpu_nodes()
+        assert len(nodes) == 2
+        for group, host in ((0, 0), (1, 1)):
+            infos = controller.groups[group].call("info")
+            assert [i["node_id"] for i in infos] == [nodes[host]] * 2, f"group {group} is not on host {host}"
+            assert all(len(i["gpu_ids"]) == 1 for i in infos)
+            assert len({i["gpu_ids"][0] for i in infos}) == 2, "two ranks share one GPU bundle"
+            assert len({i["pid"] for i in infos}) == 2
+
+        victim = executor.groups[1].actors[1]
+        threading.Timer(0.2, lambda: ray.kill(victim)).start()  # dies mid-step
+        start = time.perf_counter()
+        with pytest.raises(WorkerFailedError, match="'reference' rank 1") as info:
+            for step in range(1, 20):
+                controller.step(loader.batch(step), step=step)
+        assert info.value.role == "reference" and info.value.rank == 1
+        assert time.perf_counter() - start < 20

@@ -1,0 +1,47 @@
+"""The training config: YAML + dotted overrides onto frozen dataclasses; bad keys and types are named."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hybridflow.train.config import TrainConfig, load_config
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in CONFIGS.glob("*.yaml")))
+def test_shipped_configs_load(name: str) -> None:
+    assert isinstance(load_config(CONFIGS / name), TrainConfig)
+
+
+def test_overrides_are_parsed_as_yaml_and_nested() -> None:
+    config = load_config(CONFIGS / "grpo_reverse.yaml", ["actor.lr=3e-4", "steps=7", "executor=ray",
+                                                         "algorithm_options.n=2"])
+    assert config.actor.lr == 3e-4 and config.steps == 7 and config.executor == "ray"
+    assert config.algorithm_options["n"] == 2
+
+
+def test_unknown_key_is_named_with_its_section(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("actor: {lr: 0.001, learning_rate: 0.1}\n")
+    with pytest.raises(KeyError, match="'actor.learning_rate'.*valid keys"):
+        load_config(path)
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("steps=ten", "'steps'='ten' must be a int"),
+    ("data.batch_size=1.5", "'data.batch_size'=1.5 must be a int"),
+    ("executor=slurm", "'executor'='slurm' must be one of"),
+    ("model=3", "'model' must be a mapping"),
+    ("tensorboard=1", "'tensorboard'=1 must be a bool"),
+])
+def test_wrong_types_are_named(override: str, message: str) -> None:
+    with pytest.raises((TypeError, ValueError), match=message):
+        load_config(None, [override])
+
+
+def test_malformed_override_is_refused() -> None:
+    with pytest.raises(ValueError, match="dotted.key=value"):
+        load_config(None, ["steps"])
