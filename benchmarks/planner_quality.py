@@ -12,9 +12,9 @@ import argparse
 import json
 import platform
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
-from hybridflow.graph import Workload, load_graph
+from hybridflow.graph import Graph, Workload, load_graph
 from hybridflow.planner import Cluster, ModelSpec, Plan, Sharding, plan_placement
 from hybridflow.planner.manual import evaluate_mapping, even_split_mapping, parse_mapping
 from hybridflow.planner.problem import build_problem
@@ -52,7 +52,7 @@ SUITE = (
 )
 
 
-def colocate_all(case: Case, graph, models, workload, cluster) -> Plan | None:
+def colocate_all(graph: Graph, models: dict[str, ModelSpec], workload: Workload, cluster: Cluster) -> Plan | None:
     """Every role on every GPU of one type; the best type for this case (infeasible types skipped)."""
     best = None
     for device in cluster.device_names:
@@ -63,13 +63,25 @@ def colocate_all(case: Case, graph, models, workload, cluster) -> Plan | None:
     return best
 
 
-def run_case(case: Case) -> dict[str, object]:
+@dataclass(frozen=True)
+class Row:
+    case: str
+    cluster: str
+    mixed: bool
+    auto_s: float
+    fixed_s: dict[str, float | None]  # None: the strategy does not fit
+    ratio_vs_best_fixed: float | None
+    auto_groups: list[str]
+    plan_seconds: float | None
+
+
+def run_case(case: Case) -> Row:
     graph = load_graph(case.algorithm, reward_kind=case.reward_kind)
     models = {role: ModelSpec.preset(name) for role, name in case.models.items()}
     workload = Workload(batch_size=case.batch, prompt_len=512, response_len=512)
     cluster = Cluster.parse(case.cluster)
     auto = plan_placement(graph, models, workload, cluster)
-    fixed: dict[str, Plan | None] = {"colocate_all": colocate_all(case, graph, models, workload, cluster)}
+    fixed: dict[str, Plan | None] = {"colocate_all": colocate_all(graph, models, workload, cluster)}
     split = even_split_mapping(build_problem(graph, models, workload, cluster))
     fixed["even_split"] = evaluate_mapping(graph, models, workload, cluster, split, sharding=None) if split else None
     if cluster.num_gpus == 8 and set(models) == {"actor", "critic", "reward", "reference"}:
@@ -78,35 +90,40 @@ def run_case(case: Case) -> dict[str, object]:
     times = {name: plan.step_time_s if plan is not None and plan.feasible else None for name, plan in fixed.items()}
     feasible = [t for t in times.values() if t is not None]
     best = min(feasible) if feasible else None
-    return {"case": case.name, "cluster": case.cluster, "mixed": case.mixed, "auto_s": auto.step_time_s,
-            "fixed_s": times, "ratio_vs_best_fixed": best / auto.step_time_s if best else None,
-            "auto_groups": [f"{'+'.join(g.roles)}@{g.size}x{g.device}" for g in auto.groups],
-            "plan_seconds": auto.search.seconds if auto.search else None}
+    return Row(case=case.name, cluster=case.cluster, mixed=case.mixed, auto_s=auto.step_time_s, fixed_s=times,
+               ratio_vs_best_fixed=best / auto.step_time_s if best else None,
+               auto_groups=[f"{'+'.join(g.roles)}@{g.size}x{g.device}" for g in auto.groups],
+               plan_seconds=auto.search.seconds if auto.search else None)
+
+
+def _cell(row: Row, strategy: str) -> str:
+    if strategy not in row.fixed_s:
+        return "-"
+    value = row.fixed_s[strategy]
+    return "OOM" if value is None else f"{value:.1f}"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     rows = [run_case(case) for case in SUITE]
-    mixed = [r["ratio_vs_best_fixed"] for r in rows if r["mixed"] and r["ratio_vs_best_fixed"]]
-    summary = {"machine": f"{platform.machine()} {platform.processor() or ''} python {platform.python_version()}",
-               "mean_ratio_mixed": sum(mixed) / len(mixed) if mixed else None,  # type: ignore[arg-type]
-               "min_ratio": min(r["ratio_vs_best_fixed"] or 1.0 for r in rows)}  # type: ignore[type-var]
+    mixed = [r.ratio_vs_best_fixed for r in rows if r.mixed and r.ratio_vs_best_fixed]
+    mean_mixed = sum(mixed) / len(mixed) if mixed else float("nan")
+    worst = min(r.ratio_vs_best_fixed or 1.0 for r in rows)
     if args.json:
-        print(json.dumps({"rows": rows, "summary": summary}, indent=2))
+        machine = f"{platform.machine()} python {platform.python_version()}"
+        print(json.dumps({"machine": machine, "rows": [asdict(r) for r in rows],
+                          "mean_ratio_mixed": mean_mixed, "min_ratio": worst}, indent=2))
         return 0
-    print("| case | cluster | auto (s) | colocate-all (s) | even split (s) | seed manual (s) | best fixed / auto | auto groups |")
+    print("| case | cluster | auto (s) | colocate-all (s) | even split (s) | seed manual (s) | best fixed / auto "
+          "| auto groups |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        fixed = r["fixed_s"]
-        cells = [f"{fixed.get(k):.1f}" if fixed.get(k) else ("OOM" if k in fixed else "-")  # type: ignore[union-attr]
-                 for k in ("colocate_all", "even_split", "seed_manual")]
-        ratio = r["ratio_vs_best_fixed"]
-        print(f"| {r['case']} | {r['cluster']} | {r['auto_s']:.1f} | {' | '.join(cells)} | "
-              f"{ratio:.2f}x | {', '.join(r['auto_groups'])} |")  # type: ignore[arg-type]
-    print(f"\nmean ratio over mixed-GPU cases: {summary['mean_ratio_mixed']:.2f}x; "
-          f"worst ratio anywhere: {summary['min_ratio']:.2f}x", file=sys.stdout)
+        cells = " | ".join(_cell(r, k) for k in ("colocate_all", "even_split", "seed_manual"))
+        ratio = f"{r.ratio_vs_best_fixed:.2f}x" if r.ratio_vs_best_fixed else "-"
+        print(f"| {r.case} | {r.cluster} | {r.auto_s:.1f} | {cells} | {ratio} | {', '.join(r.auto_groups)} |")
+    print(f"\nmean ratio over mixed-GPU cases: {mean_mixed:.2f}x; worst ratio anywhere: {worst:.2f}x")
     return 0
 
 

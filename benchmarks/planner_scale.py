@@ -12,6 +12,7 @@ import os
 import platform
 import sys
 import time
+from typing import Any
 
 from hybridflow.graph import Workload, load_graph
 from hybridflow.planner import Cluster, ModelSpec, plan_placement
@@ -25,23 +26,27 @@ CASES = (
 )
 
 
-def time_case(spec: str) -> dict[str, object]:
+def time_case(spec: str) -> dict[str, Any]:
     graph = load_graph("ppo")
     models = dict.fromkeys(("actor", "critic", "reward", "reference"), ModelSpec.preset("llama3-8b"))
     cluster = Cluster.parse(spec)
     workload = Workload(batch_size=max(1024, 8 * cluster.num_gpus), prompt_len=512, response_len=512)
-    start = time.perf_counter()
-    plan = plan_placement(graph, models, workload, cluster)
-    seconds = time.perf_counter() - start
+    runs = []
+    for _ in range(2):  # the first run in a process also pays one-off costs (graph caches, lazy imports)
+        start = time.perf_counter()
+        plan = plan_placement(graph, models, workload, cluster)
+        runs.append(time.perf_counter() - start)
+    seconds = max(runs)
     target = TARGETS.get(cluster.num_gpus)
-    return {"cluster": spec, "gpus": cluster.num_gpus, "seconds": round(seconds, 3), "target_s": target,
+    return {"cluster": spec, "gpus": cluster.num_gpus, "seconds": round(seconds, 3), "warm_s": round(min(runs), 3),
+            "target_s": target,
             "met": target is None or seconds < target, "method": plan.search.method if plan.search else "",
             "candidates": plan.search.candidates if plan.search else 0, "step_time_s": round(plan.step_time_s, 2),
             "groups": [f"{'+'.join(g.roles)}@{g.size}x{g.device}" for g in plan.groups]}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--max-gpus", type=int, default=16384)
     args = parser.parse_args(argv)
@@ -51,12 +56,13 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"machine": machine, "rows": rows}, indent=2))
         return 0
     print(f"machine: {machine}")
-    print("| cluster | GPUs | plan time (s) | target (s) | search | candidates | step time (s) | groups |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| cluster | GPUs | plan time, worst of 2 (s) | warm (s) | target (s) | search | candidates | "
+          "step time (s) | groups |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         target = f"< {r['target_s']}" if r["target_s"] else "-"
-        print(f"| {r['cluster']} | {r['gpus']} | {r['seconds']} | {target} | {r['method']} | {r['candidates']} | "
-              f"{r['step_time_s']} | {', '.join(r['groups'])} |")  # type: ignore[arg-type]
+        print(f"| {r['cluster']} | {r['gpus']} | {r['seconds']} | {r['warm_s']} | {target} | {r['method']} | "
+              f"{r['candidates']} | {r['step_time_s']} | {', '.join(r['groups'])} |")
     return 0 if all(r["met"] for r in rows) else 1
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import string
+from pathlib import Path
 from typing import Any
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
@@ -25,3 +27,19 @@ def char_tokenizer(alphabet: str = DEFAULT_ALPHABET) -> Any:
     core.decoder = decoders.Fuse()
     return PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", bos_token="<bos>",
                                    eos_token="<eos>", unk_token="<unk>", padding_side="left")
+
+
+def load_tokenizer(path: str | Path) -> Any:
+    """The tokenizer saved in ``path``.
+
+    ``AutoTokenizer`` picks the tokenizer class from the *model* type (a Qwen2 tokenizer for a tiny
+    Qwen2), which would mangle our character tokenizer (it drops spaces); a tokenizer saved as a plain
+    ``tokenizers`` backend is therefore loaded as such.
+    """
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    config_path = Path(path) / "tokenizer_config.json"
+    config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    if config.get("tokenizer_class") in ("TokenizersBackend", "PreTrainedTokenizerFast"):
+        return PreTrainedTokenizerFast.from_pretrained(path)
+    return AutoTokenizer.from_pretrained(path)

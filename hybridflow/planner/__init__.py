@@ -5,8 +5,10 @@
 """
 
 from hybridflow.planner.cluster import Cluster, Machine
+from hybridflow.planner.compare import compare_plans
 from hybridflow.planner.devices import DEVICES, DeviceSpec, get_device
 from hybridflow.planner.errors import InfeasibleError
+from hybridflow.planner.manual import evaluate_mapping, parse_mapping
 from hybridflow.planner.models import PRESETS, ModelSpec
 from hybridflow.planner.plan import GroupPlan, NodeEstimate, Plan, RoleLayout, SearchStats, Sharding, colocated_plan
 from hybridflow.planner.search import PlannerOptions, plan_placement
@@ -27,6 +29,9 @@ __all__ = [
     "SearchStats",
     "Sharding",
     "colocated_plan",
+    "compare_plans",
+    "evaluate_mapping",
     "get_device",
+    "parse_mapping",
     "plan_placement",
 ]

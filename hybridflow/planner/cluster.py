@@ -48,6 +48,7 @@ class Cluster:
     driver_bandwidth: float = DEFAULT_DRIVER_BANDWIDTH
     spec: str = ""
     _gpu_machine: tuple[int, ...] = field(default=(), repr=False, compare=False)
+    _num_gpus: int = field(default=0, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.machines:
@@ -62,6 +63,7 @@ class Cluster:
             raise ValueError("Cluster: inter_node_bandwidth and driver_bandwidth must be positive")
         owner = tuple(index for index, machine in enumerate(self.machines) for _ in range(machine.gpus))
         object.__setattr__(self, "_gpu_machine", owner)
+        object.__setattr__(self, "_num_gpus", len(owner))
 
     @classmethod
     def of(cls, parts: list[tuple[int, str, int]] | list[tuple[int, DeviceSpec, int]], *,
@@ -125,7 +127,7 @@ class Cluster:
 
     @property
     def num_gpus(self) -> int:
-        return sum(machine.gpus for machine in self.machines)
+        return self._num_gpus
 
     @property
     def device_names(self) -> tuple[str, ...]:

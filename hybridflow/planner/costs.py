@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 from hybridflow.graph import NodeLoad, Op, RoleKind
 from hybridflow.planner.devices import DTYPE_BYTES, DeviceSpec
@@ -34,7 +35,7 @@ class Shape:
     counts: tuple[int, ...]  # GPUs per machine, descending
     inter: float = 25e9  # the cluster's inter-node bandwidth per GPU (bytes/s)
 
-    @property
+    @cached_property
     def size(self) -> int:
         return sum(self.counts)
 
@@ -49,7 +50,11 @@ class Shape:
 
     def tp_allowed(self, tp: int) -> bool:
         """Tensor-parallel shards stay inside a machine: ``tp`` divides the group's count on every machine."""
-        return all(count % tp == 0 for count in self.counts)
+        return all(count % tp == 0 for count in self._distinct)
+
+    @cached_property
+    def _distinct(self) -> frozenset[int]:
+        return frozenset(self.counts)
 
 
 @dataclass(frozen=True)

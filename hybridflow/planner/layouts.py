@@ -8,9 +8,11 @@ best layout is found by merging fronts, which is exact (a dominated candidate is
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from typing import Any
 
 from hybridflow.planner.costs import (
+    FULL_SHARDS,
     USABLE_MEMORY,
     Shape,
     forward_cost,
@@ -47,6 +49,14 @@ class GroupLayout:
     busy_seconds: float
     memory_bytes: int
     weight_sync_bytes: int
+
+
+def replace(layout: RoleLayout, **changes: Any) -> RoleLayout:
+    """``dataclasses.replace`` without re-validation: this runs ~10^5 times per search on values the
+    enumeration already keeps valid, and the validating constructor dominated planning time."""
+    fresh = object.__new__(RoleLayout)
+    fresh.__dict__.update(layout.__dict__, **changes)
+    return fresh
 
 
 def usable_bytes(shape: Shape) -> int:
@@ -159,6 +169,8 @@ def role_candidates(role: RoleWork, shape: Shape, dtype: str, prompt_len: int,
     """The Pareto front of one role's layouts on ``shape``: (seconds, resident bytes, transient bytes)."""
     fixed = constraint or Constraint()
     candidates = []
+    forwards: dict[tuple[int, Sharding | None], Front2] = {}
+    rollouts: dict[int, Front2] = {}
     tps = [fixed.tp] if fixed.tp else _tps(role, shape)
     for tp in tps:
         dp = shape.size // tp
@@ -170,9 +182,16 @@ def role_candidates(role: RoleWork, shape: Shape, dtype: str, prompt_len: int,
             static = static_bytes(role.model, role.kind, base, shape)
             if static > usable_bytes(shape) and constraint is None:
                 continue
-            parts = [_update_front(role, base, shape, fixed.micro_batch_size),
-                     _forward_front(role, base, shape, fixed.micro_batch_size),
-                     _generate_front(role, base, shape, prompt_len)]
+            # Forward costs see sharding only through parameter gathers, rollout costs only through
+            # whether the training weights can be reused in place: share fronts across the rest.
+            forward_key = (tp, sharding if sharding in FULL_SHARDS else None)
+            if forward_key not in forwards:
+                forwards[forward_key] = _forward_front(role, base, shape, fixed.micro_batch_size)
+            rollout_key = tp if sharding is Sharding.NO_SHARD else 0
+            if rollout_key not in rollouts:
+                rollouts[rollout_key] = _generate_front(role, base, shape, prompt_len)
+            parts = [_update_front(role, base, shape, fixed.micro_batch_size), forwards[forward_key],
+                     rollouts[rollout_key]]
             for transient, seconds, (upd, fwd, gen) in _merge(parts):
                 layout = replace(upd, forward_micro_batch_size=fwd.forward_micro_batch_size,
                                  rollout_tp=gen.rollout_tp, rollout_batch_size=gen.rollout_batch_size)

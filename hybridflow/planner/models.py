@@ -152,6 +152,10 @@ PRESETS: dict[str, ModelSpec] = {
     "qwen2.5-7b": _preset("qwen2.5-7b", 28, 3584, 28, 4, 152064, 18944),
     "qwen2.5-72b": _preset("qwen2.5-72b", 80, 8192, 64, 8, 152064, 29568),
     "mistral-7b": _preset("mistral-7b", 32, 4096, 32, 8, 32000, 14336),
-    # The runtime's CPU test models: two layers, a few hundred thousand weights.
-    "tiny": _preset("tiny", 2, 64, 4, 2, 1024, 256, tie=True),
+    # The runtime's CPU test models (hybridflow.models.tiny): two layers, about 0.6M weights with a
+    # 1k vocabulary; plan with ModelSpec.from_hf_config(saved_dir) to use the real tokenizer's vocabulary.
+    "tiny": _preset("tiny", 2, 128, 4, 2, 1024, 512, tie=True),
+    "tiny-qwen2": _preset("tiny-qwen2", 2, 128, 4, 2, 1024, 512, tie=True),
+    "tiny-llama": _preset("tiny-llama", 2, 128, 4, 2, 1024, 512, tie=True),
+    "tiny-qwen2-wide": _preset("tiny-qwen2-wide", 2, 256, 4, 2, 1024, 1024, tie=True),
 }

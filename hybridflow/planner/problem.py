@@ -71,7 +71,7 @@ def build_problem(graph: Graph, models: Mapping[str, ModelSpec], workload: Workl
             continue
         if role.name not in models:
             raise ValueError(f"no model for role {role.name!r}; pass models[{role.name!r}] = "
-                             "ModelSpec.preset('llama3-8b') (or --model {role.name}=...)")
+                             f"ModelSpec.preset('llama3-8b') (or --model {role.name}=...)")
         mine = [loads[node.name] for node in graph.nodes_of(role.name)]
         roles.append(RoleWork(
             name=role.name, kind=role.kind, model=models[role.name],

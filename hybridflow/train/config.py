@@ -59,7 +59,7 @@ class TrainConfig:
     algorithm_options: dict[str, Any] = field(default_factory=dict)
     seed: int = 0
     steps: int = 50
-    executor: Literal["local", "ray"] = "local"
+    executor: Literal["local", "ray", "torchrun"] = "local"
     ray_address: str | None = None
     num_gpus: int = 1
     plan_file: str | None = None  # a Plan JSON (e.g. from the planner); default: every role on one group

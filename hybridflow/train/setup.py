@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from hybridflow.data import TASKS, PromptLoader, RuleScorer, char_tokenizer, load_records, task_examples
+from hybridflow.data.tokenizer import load_tokenizer
 from hybridflow.data.dataset import Record
 from hybridflow.graph import Graph, RoleKind, load_graph
 from hybridflow.planner import Plan
@@ -24,10 +25,8 @@ def records(config: TrainConfig) -> list[Record]:
 
 def prepare_model(config: TrainConfig, run_dir: Path, data: list[Record]) -> tuple[str, Any]:
     """The initial policy directory and its tokenizer: ``model.path``, or a tiny model SFT-warmed once per run."""
-    from transformers import AutoTokenizer
-
     if config.model.path:
-        return config.model.path, AutoTokenizer.from_pretrained(config.model.path)
+        return config.model.path, load_tokenizer(config.model.path)
     from hybridflow.models import build_tiny_causal_lm, save_model_dir
     from hybridflow.train.sft import sft_warm_start
 
@@ -36,7 +35,7 @@ def prepare_model(config: TrainConfig, run_dir: Path, data: list[Record]) -> tup
               "batch_size": config.model.sft_batch_size, "lr": config.model.sft_lr, "data": data[:4]}
     marker = target / "hybridflow_init.json"
     if marker.is_file() and json.loads(marker.read_text()) == recipe:  # reuse on resume / rerun
-        return str(target), AutoTokenizer.from_pretrained(target)
+        return str(target), load_tokenizer(target)
     tokenizer = char_tokenizer()
     model = build_tiny_causal_lm(config.model.name, vocab_size=len(tokenizer), seed=config.seed)
     if config.model.sft_steps:
@@ -90,4 +89,9 @@ def make_executor(config: TrainConfig) -> Executor:
         from hybridflow.runtime.ray_executor import RayExecutor
 
         return RayExecutor(address=config.ray_address)
+    if config.executor == "torchrun":
+        from hybridflow.runtime.torchrun_executor import TorchrunExecutor
+
+        # The world torchrun started (examples/train_ppo.py joins it); records which process ran which role.
+        return TorchrunExecutor(info_path=str(Path(config.output_dir) / "torchrun_workers.json"))
     return LocalExecutor()

@@ -36,13 +36,13 @@ def assert_matches_brute_force(graph, models, workload, cluster) -> None:
     assert plan.step_time_s == pytest.approx(expected, rel=1e-9)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
           derandomize=True)
 @given(graphs(), workloads(max_batch=256), clusters(max_gpus=16), st.data())
 def test_planner_matches_brute_force_on_random_instances(graph, workload, cluster, data):
     models = data.draw(role_models(graph))
     roles = sum(role.kind.needs_gpu for role in graph.roles)
-    assume(enumeration_size(roles, cluster) <= 60_000)
+    assume(enumeration_size(roles, cluster) <= 150_000)
     assert_matches_brute_force(graph, models, workload, cluster)
 
 

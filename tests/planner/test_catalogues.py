@@ -38,7 +38,7 @@ def test_model_presets_match_their_public_parameter_counts():
         assert ModelSpec.preset(name).params == pytest.approx(params, rel=0.01), name
     llama = ModelSpec.preset("llama3-8b")
     assert (llama.layers, llama.hidden, llama.heads, llama.kv_heads, llama.vocab) == (32, 4096, 32, 8, 128256)
-    assert 1e5 < ModelSpec.preset("tiny").params < 1e6
+    assert 1e5 < ModelSpec.preset("tiny").params < 1e6 and ModelSpec.preset("tiny-qwen2").hidden == 128
 
 
 def test_model_from_hf_config_and_from_params(tmp_path):

@@ -15,7 +15,7 @@ from hybridflow.planner.problem import build_problem
 from hybridflow.testing import check_plan
 from hybridflow.testing.strategies import clusters, graphs, role_models, workloads
 
-FAST = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+FAST = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 SLACK = 1 + 1e-9
 
 
@@ -85,7 +85,7 @@ def manual_mappings(draw: st.DrawFn, roles: tuple[str, ...], cluster: Cluster) -
     return mapping
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 @given(instances(max_gpus=12), st.data())
 def test_auto_beats_any_valid_manual_mapping(instance, data):
     graph, models, workload, cluster = instance

@@ -17,7 +17,7 @@ def _batch(rows: int = 6) -> Batch:
 def test_rows_must_agree_and_missing_fields_are_named() -> None:
     with pytest.raises(ValueError, match="disagree"):
         Batch({"a": torch.zeros(3), "b": torch.zeros(4)})
-    with pytest.raises(KeyError, match="nope.*fields"):
+    with pytest.raises(KeyError, match=r"nope.*fields"):
         _batch().select(["nope"])
 
 
@@ -66,3 +66,14 @@ def test_wire_format_is_numpy_and_round_trips_dtypes() -> None:
     back = Batch.from_wire(wire)
     assert back["bf16"].dtype == torch.bfloat16 and torch.equal(back["bf16"], batch["bf16"])
     assert torch.equal(back["ids"], batch["ids"]) and list(back["truth"]) == list("abcd")
+
+
+def test_char_tokenizer_round_trips_through_save_and_load(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from hybridflow.data import char_tokenizer, load_tokenizer
+
+    tokenizer = char_tokenizer()
+    tokenizer.save_pretrained(tmp_path)
+    loaded = load_tokenizer(tmp_path)
+    text = "rev ab c="
+    assert loaded(text, add_special_tokens=False).input_ids == tokenizer(text, add_special_tokens=False).input_ids
+    assert loaded.decode(tokenizer(text).input_ids) == text

@@ -120,10 +120,10 @@ def test_a_failing_reward_function_names_the_sample(random_model_dir: Path) -> N
         raise ValueError("cannot parse")
 
     graph = load_graph("grpo", reward_kind="reward_function", max_new_tokens=4)
-    with Controller(graph, default_plan(graph), specs=_specs(graph, random_model_dir),
-                    driver_roles={"reward": RuleScorer(picky, TOKENIZER)}) as controller:
-        with pytest.raises(RewardFunctionError, match="sample 0.*prompt 'rev") as info:
-            controller.step(LOADER.batch(0), step=0)
+    with (Controller(graph, default_plan(graph), specs=_specs(graph, random_model_dir),
+                     driver_roles={"reward": RuleScorer(picky, TOKENIZER)}) as controller,
+          pytest.raises(RewardFunctionError, match=r"sample 0.*prompt 'rev") as info):
+        controller.step(LOADER.batch(0), step=0)
     assert info.value.sample == 0
 
 

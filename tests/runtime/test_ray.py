@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -73,3 +74,33 @@ def test_roles_run_on_their_planned_nodes_and_a_killed_worker_fails_fast(cluster
                 controller.step(loader.batch(step), step=step)
         assert info.value.role == "reference" and info.value.rank == 1
         assert time.perf_counter() - start < 20
+
+
+def test_training_survives_a_dead_worker_by_resuming(cluster: str, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from hybridflow.runtime.ray_executor import RayExecutor
+    from hybridflow.train import setup
+    from hybridflow.train.checkpoint import latest_checkpoint
+    from hybridflow.train.config import load_config
+    from hybridflow.train.loop import train
+
+    config_path = Path(__file__).resolve().parents[2] / "configs" / "grpo_reverse.yaml"
+    overrides = ["model.sft_steps=5", "data.batch_size=4", "data.num_examples=64", "algorithm_options.n=2",
+                 "algorithm_options.max_new_tokens=6", "progress=false", "tensorboard=false", "plot=false",
+                 "executor=ray", f"ray_address={cluster}", "checkpoint_every=2", f"output_dir={tmp_path}"]
+    executor = RayExecutor(address=cluster)
+    monkeypatch.setattr(setup, "make_executor", lambda config: executor)
+
+    def kill_after_first_checkpoint() -> None:
+        while latest_checkpoint(tmp_path) is None:
+            time.sleep(0.05)
+        ray.kill(executor.groups[0].actors[0])
+
+    threading.Thread(target=kill_after_first_checkpoint, daemon=True).start()
+    with pytest.raises(WorkerFailedError, match="rank 0"):
+        train(load_config(config_path, ["steps=50", *overrides]))
+    monkeypatch.undo()
+    resumed = train(load_config(config_path, ["steps=6", *overrides]), resume=True)
+    assert resumed.start_step >= 2 and resumed.history[-1]["step"] == 5
+    steps = [json.loads(line)["step"] for line in resumed.metrics_path.read_text().splitlines()]
+    assert steps == list(range(6))

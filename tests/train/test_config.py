@@ -26,7 +26,7 @@ def test_overrides_are_parsed_as_yaml_and_nested() -> None:
 def test_unknown_key_is_named_with_its_section(tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text("actor: {lr: 0.001, learning_rate: 0.1}\n")
-    with pytest.raises(KeyError, match="'actor.learning_rate'.*valid keys"):
+    with pytest.raises(KeyError, match=r"'actor\.learning_rate'.*valid keys"):
         load_config(path)
 
 
@@ -43,5 +43,5 @@ def test_wrong_types_are_named(override: str, message: str) -> None:
 
 
 def test_malformed_override_is_refused() -> None:
-    with pytest.raises(ValueError, match="dotted.key=value"):
+    with pytest.raises(ValueError, match=r"dotted\.key=value"):
         load_config(None, ["steps"])

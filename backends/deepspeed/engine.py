@@ -1,0 +1,187 @@
+"""The DeepSpeed role engine: a Hugging Face model under ZeRO stage 0-3 on one rank of a group."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from hybridflow.backends.deepspeed.config import DeepSpeedOptions, build_config, zero_stage
+from hybridflow.backends.fsdp.distributed import all_ranks_finite, ensure_process_group
+from hybridflow.backends.fsdp.training import accumulate, forward_role_op, run_update, training_outputs
+from hybridflow.backends.torch import modeling
+
+from hybridflow.planner import RoleLayout
+from hybridflow.runtime.batch import Batch
+from hybridflow.runtime.errors import NonFiniteLossError
+from hybridflow.runtime.protocols import LossFn, OptimSpec, RoleSpec, SamplingParams, WorkerContext
+
+CHECKPOINT_TAG = "hybridflow"
+
+
+def import_deepspeed() -> Any:
+    """The ``deepspeed`` module, or an error saying which extra to install."""
+    try:
+        import deepspeed
+    except ImportError as err:
+        raise ImportError("the deepspeed backend needs DeepSpeed: install the `deepspeed` extra "
+                          "(`pip install hybridflow[deepspeed]`)") from err
+    return deepspeed
+
+
+class DeepSpeedRoleEngine:
+    """A :class:`~hybridflow.runtime.protocols.RoleEngine` over a DeepSpeed engine.
+
+    Trainable roles run ``deepspeed.initialize`` with a torch AdamW (or DeepSpeed's CPU Adam under
+    ZeRO-Offload); frozen roles are ZeRO-3 partitioned for inference at stage 3, plain modules below.
+    """
+
+    def __init__(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext) -> None:
+        if layout.tp != 1:
+            raise ValueError(f"RoleLayout({spec.name}).tp={layout.tp}: the deepspeed backend is data parallel only; "
+                             "use tp=1")
+        deepspeed = import_deepspeed()
+        self.options = DeepSpeedOptions.from_spec(spec)
+        ensure_process_group(context, spec.options, role=spec.name)
+        # DeepSpeed insists on a launcher's LOCAL_RANK; Ray and spawned ranks have none.
+        device = torch.device(context.device)
+        os.environ.setdefault("LOCAL_RANK", str(device.index or 0) if device.type == "cuda" else str(context.rank))
+        deepspeed.init_distributed(dist_backend="nccl" if context.device.startswith("cuda") else "gloo",
+                                   dist_init_required=False)
+        self.spec, self.context, self.stage = spec, context, zero_stage(layout)
+        self.micro_batch_size = spec.micro_batch_size or layout.micro_batch_size
+        self.forward_batch_size = layout.forward_micro_batch_size or self.micro_batch_size
+        model = modeling.load_model(spec.kind, spec.model, dtype="fp32", seed=spec.seed)
+        if layout.gradient_checkpointing and spec.kind.trainable:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        config = build_config(spec, layout, self.options, micro_batch_size=self.micro_batch_size)
+        self.engine: Any = None
+        if spec.kind.trainable:
+            optimizer = None
+            if not self.options.offload_optimizer:
+                optim = spec.optim or OptimSpec()
+                optimizer = torch.optim.AdamW(model.parameters(), lr=optim.lr, betas=optim.betas,
+                                              weight_decay=optim.weight_decay)
+            self.engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config,
+                                                   model_parameters=None if optimizer else model.parameters(),
+                                                   dist_init_required=False)
+            self.model = self.engine.module
+        elif self.stage == 3:
+            model.requires_grad_(False)
+            self.engine, *_ = deepspeed.initialize(model=model, config=config, dist_init_required=False)
+            self.model = self.engine.module
+        else:
+            self.model = model.to(dtype=modeling.DTYPES[layout.dtype], device=context.device).requires_grad_(False)
+        self.model.eval()
+
+    @contextlib.contextmanager
+    def gathered(self) -> Iterator[None]:
+        """Whole parameters on every rank (ZeRO-3), for generation's data-dependent number of forwards."""
+        if self.stage < 3:
+            yield
+            return
+        with import_deepspeed().zero.GatheredParameters(list(self.model.parameters()), modifier_rank=None):
+            yield
+
+    def generate(self, batch: Batch, sampling: SamplingParams) -> Batch:
+        with torch.no_grad(), self.gathered():
+            out = modeling.generate(self.model, batch, max_new_tokens=sampling.max_new_tokens,
+                                    greedy=sampling.greedy, temperature=sampling.temperature, top_p=sampling.top_p,
+                                    top_k=sampling.top_k, seed=sampling.seed * 1009 + self.context.rank)
+        return Batch(out)
+
+    def log_probs(self, batch: Batch, *, with_entropy: bool = False) -> Batch:
+        return forward_role_op(self.model, batch, self.forward_batch_size,
+                               lambda model, m: modeling.policy_outputs(model, m, with_entropy=with_entropy))
+
+    def values(self, batch: Batch) -> Batch:
+        return forward_role_op(self.model, batch, self.forward_batch_size, modeling.value_outputs)
+
+    def score(self, batch: Batch) -> Batch:
+        return forward_role_op(self.model, batch, self.forward_batch_size,
+                               lambda model, m: {"scores": modeling.reward_model_scores(model, m)})
+
+    def train_step(self, batch: Batch, *, loss: LossFn, options: Mapping[str, Any]) -> dict[str, float]:
+        if not self.spec.kind.trainable:
+            raise TypeError(f"role {self.spec.name!r} ({self.spec.kind}) is frozen and cannot be updated")
+        self.engine.train()
+        try:
+            return run_update(batch, self.spec.optim or OptimSpec(), lambda mini: self._optimizer_step(mini, loss,
+                                                                                                       options))
+        finally:
+            self.engine.eval()
+
+    def _optimizer_step(self, mini: Batch, loss: LossFn, options: Mapping[str, Any]) -> dict[str, float]:
+        sums, finite = accumulate(mini, micro_batch_size=self.micro_batch_size,
+                                  forward=lambda micro: training_outputs(self.spec.kind, self.engine, micro),
+                                  loss=loss, options=options,
+                                  backward=lambda value: self.engine.backward(value, scale_wrt_gas=False))
+        if not all_ranks_finite(finite):
+            self.engine.zero_grad()
+            raise NonFiniteLossError(f"role {self.spec.name!r}: non-finite loss on a rank; the step was aborted "
+                                     "before the optimizer step (lower the learning rate or check the inputs)")
+        self.engine.step()  # reduces, clips (gradient_clipping) and applies the accumulated micro batches
+        metrics = {**sums, "lr": float(self.engine.get_lr()[0])}
+        grad_norm = self.engine.get_global_grad_norm()  # None at ZeRO stage 0, which clips without reporting
+        if grad_norm is not None:
+            metrics["grad_norm"] = float(grad_norm)
+        return metrics
+
+    def iter_full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(name, whole tensor) one at a time; under ZeRO-3 each is gathered (a collective) then released."""
+        for name, value in self.model.state_dict(keep_vars=True).items():
+            if self.stage == 3 and hasattr(value, "ds_id"):
+                with import_deepspeed().zero.GatheredParameters([value], modifier_rank=None):
+                    yield name, value.detach().clone()
+            else:
+                yield name, value.detach()
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {name: tensor.cpu().clone() for name, tensor in self.iter_full_weights()}
+
+    def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Whole weights (every rank gets the same ``state``) into the module and the optimizer's fp32 copy."""
+        deepspeed = import_deepspeed()
+        with torch.no_grad():
+            for name, value in self.model.state_dict(keep_vars=True).items():
+                context = (deepspeed.zero.GatheredParameters([value], modifier_rank=0)
+                           if self.stage == 3 and hasattr(value, "ds_id") else contextlib.nullcontext())
+                with context:
+                    value.data.copy_(state[name].to(value.dtype))
+        optimizer = getattr(self.engine, "optimizer", None)
+        if hasattr(optimizer, "refresh_fp32_params"):
+            optimizer.refresh_fp32_params()  # ZeRO keeps fp32 master partitions the step would write back
+
+    def save_checkpoint(self, directory: str) -> None:
+        """DeepSpeed's own layout: per-rank ZeRO shards of weights and optimizer states (a collective)."""
+        if self.engine is None:
+            return
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        self.engine.save_checkpoint(directory, tag=CHECKPOINT_TAG)
+
+    def load_checkpoint(self, directory: str) -> None:
+        if self.engine is None:
+            return
+        path, _state = self.engine.load_checkpoint(directory, tag=CHECKPOINT_TAG)
+        if path is None:
+            raise FileNotFoundError(f"no DeepSpeed checkpoint tagged {CHECKPOINT_TAG!r} in {directory!r}")
+
+
+class DeepSpeedBackend:
+    """Builds :class:`DeepSpeedRoleEngine` s (wrapped in a vLLM hybrid engine when ``options.rollout`` is ``vllm``)."""
+
+    name = "deepspeed"
+
+    def build_role(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext) -> Any:
+        engine = DeepSpeedRoleEngine(spec, layout, context)
+        if spec.options.get("rollout", "self") == "self":
+            return engine
+        from hybridflow.backends.vllm.hybrid import with_rollout
+
+        return with_rollout(engine, spec, layout, context)
+
+
+BACKEND = DeepSpeedBackend()

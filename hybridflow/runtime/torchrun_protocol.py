@@ -1,0 +1,173 @@
+"""The control plane of the torchrun executor: the process world and its requests and replies.
+
+Under ``torchrun`` every process is one logical GPU (global rank = plan GPU id). Rank 0 runs the
+controller; every other rank waits for :class:`Request` s from rank 0 and answers each with a
+:class:`Reply`. Messages are pickled objects sent point to point over gloo
+(``send_object_list``/``recv_object_list``); batches inside them are numpy (:meth:`Batch.to_wire`).
+
+Two gloo groups over all ranks carry the traffic, each with its own timeout:
+
+- ``requests`` (rank 0 -> rank r) waits ``idle_timeout_s``: a serving rank may wait as long as the
+  controller works elsewhere (SFT warm start, other groups, driver-side rewards);
+- ``replies`` (rank r -> rank 0) and the data-parallel subgroups wait ``timeout_s``: a hung rank
+  surfaces on rank 0 after that long, a dead one at once (gloo sees the closed connection).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import pickle
+import traceback
+from dataclasses import dataclass
+from typing import Any, Literal, NoReturn
+
+DEFAULT_TIMEOUT_S = 1800.0
+IDLE_TIMEOUT_S = 7 * 24 * 3600.0
+TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+RequestKind = Literal["start", "run", "call", "stop", "exit"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TorchrunWorld:
+    """This process's place in the torchrun world and the control-plane groups (see module docstring)."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    timeout_s: float
+    requests: Any  # torch.distributed.ProcessGroup
+    replies: Any
+
+
+@dataclass(frozen=True, kw_only=True)
+class Request:
+    """One message from rank 0. ``group`` is the plan group it is for (-1: the whole rank)."""
+
+    kind: RequestKind
+    group: int = -1
+    args: tuple[Any, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class RemoteError:
+    """An exception raised on a serving rank, carried to rank 0.
+
+    ``exception`` is the original when it survives pickling (so ``except NonFiniteLossError`` still
+    works on rank 0); otherwise None, and rank 0 raises a ``RuntimeStepError`` with the same text.
+    """
+
+    exception: BaseException | None
+    type_name: str
+    message: str
+    traceback: str
+
+    @classmethod
+    def capture(cls, err: BaseException) -> RemoteError:
+        text = "".join(traceback.format_exception(err))
+        try:
+            pickle.loads(pickle.dumps(err))
+            exception: BaseException | None = err
+        except Exception:  # noqa: BLE001 - any exception class may refuse to round-trip; we keep its text
+            exception = None
+        return cls(exception=exception, type_name=type(err).__qualname__, message=str(err), traceback=text)
+
+    def reraise(self, *, where: str, node: str | None) -> NoReturn:
+        """Raise on rank 0, with a note naming ``where`` it happened and the remote traceback."""
+        from hybridflow.runtime.errors import RuntimeStepError
+
+        note = f"raised on {where}; remote traceback:\n{self.traceback}"
+        if self.exception is not None:
+            self.exception.add_note(note)
+            raise self.exception
+        raise RuntimeStepError(f"{where} raised {self.type_name}: {self.message}\n{note}", node=node)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reply:
+    """A serving rank's answer: a value or an error."""
+
+    value: Any = None
+    error: RemoteError | None = None
+
+
+def under_torchrun() -> bool:
+    """True when the torchrun (torchelastic) environment variables are set."""
+    return all(name in os.environ for name in TORCHRUN_ENV)
+
+
+_WORLD: TorchrunWorld | None = None
+
+
+def init_world(*, timeout_s: float = DEFAULT_TIMEOUT_S, idle_timeout_s: float = IDLE_TIMEOUT_S) -> TorchrunWorld:
+    """Join the torchrun process group (gloo on CPU; NCCL for CUDA tensors) and make the control groups.
+
+    Every rank must call this once, before anything else distributed.
+    """
+    global _WORLD
+    import torch
+    import torch.distributed as dist
+
+    if not under_torchrun():
+        missing = [name for name in TORCHRUN_ENV if name not in os.environ]
+        raise RuntimeError(f"not started by torchrun (missing {missing}); launch with "
+                           "`torchrun --nproc_per_node=N examples/train_ppo.py --config FILE`")
+    local_rank = int(os.environ["LOCAL_RANK"])
+    backend = "gloo"
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        backend = "cpu:gloo,cuda:nccl"  # control objects on CPU through gloo, gradients on GPU through NCCL
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if not dist.is_initialized():
+        dist.init_process_group(backend, timeout=timeout)
+    # Both control groups are created by every rank in the same order, as torch.distributed requires.
+    requests = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=idle_timeout_s))
+    replies = dist.new_group(backend="gloo", timeout=timeout)
+    _WORLD = TorchrunWorld(rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=local_rank,
+                           timeout_s=timeout_s, requests=requests, replies=replies)
+    return _WORLD
+
+
+def current_world() -> TorchrunWorld:
+    """The world :func:`init_world` made in this process."""
+    if _WORLD is None:
+        raise RuntimeError("executor 'torchrun' needs the process world that torchrun starts: launch "
+                           "`torchrun --nproc_per_node=N examples/train_ppo.py --config FILE` (it calls "
+                           "init_world), or set executor=local / executor=ray")
+    return _WORLD
+
+
+def send_request(world: TorchrunWorld, dst: int, request: Request) -> None:
+    import torch.distributed as dist
+
+    dist.send_object_list([request], dst=dst, group=world.requests)
+
+
+def recv_request(world: TorchrunWorld) -> Request:
+    import torch.distributed as dist
+
+    box: list[Any] = [None]
+    dist.recv_object_list(box, src=0, group=world.requests)
+    return _checked(box[0], Request)
+
+
+def send_reply(world: TorchrunWorld, reply: Reply) -> None:
+    import torch.distributed as dist
+
+    dist.send_object_list([reply], dst=0, group=world.replies)
+
+
+def recv_reply(world: TorchrunWorld, src: int) -> Reply:
+    import torch.distributed as dist
+
+    box: list[Any] = [None]
+    dist.recv_object_list(box, src=src, group=world.replies)
+    return _checked(box[0], Reply)
+
+
+def _checked(message: Any, kind: type[Any]) -> Any:
+    if not isinstance(message, kind):
+        raise TypeError(f"torchrun control plane: expected a {kind.__name__}, got {type(message).__name__}; "
+                        "the ranks run different hybridflow versions or the protocol lost sync")
+    return message
