@@ -34,9 +34,12 @@ test-fast: $(STAMP)
 	$(BIN)/pytest -q -x -m "not slow"
 
 demo: $(STAMP)
-	$(BIN)/hybridflow graph ppo
+	$(BIN)/hybridflow graph grpo
 	@echo
-	$(BIN)/hybridflow graph grpo --format mermaid
+	$(BIN)/hybridflow plan --algorithm grpo --cluster 8xA100-80G --model llama3-8b
+	@echo
+	@echo "GRPO on string reversal, tiny Qwen2 on CPU, Ray executor (a local Ray starts by itself; ~2 min):"
+	$(BIN)/hybridflow train --config configs/grpo_reverse.yaml executor=ray steps=120 output_dir=runs/demo
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .pytest_cache .ruff_cache

@@ -10,6 +10,7 @@ import importlib
 import importlib.metadata
 import importlib.util
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
@@ -33,24 +34,27 @@ class Registry(Generic[T]):
         self.entry_point_group = entry_point_group
         self._items: dict[str, T] = {}
         self._plugins_loaded = entry_point_group is None
+        self._loading = False
+        self._lock = threading.RLock()
 
     def _load_plugins(self) -> None:
-        """Import every module advertised under the entry-point group; importing registers."""
+        """Import every module advertised under the entry-point group; importing registers.
+
+        Thread-safe: rank threads of a local worker group look names up at once, and none may see
+        the table before every plugin has registered. A plugin may use the registry while it imports.
+        """
         if self._plugins_loaded:
             return
-        self._plugins_loaded = True  # first, so a plugin may use the registry while it imports
-        for entry_point in importlib.metadata.entry_points(group=self.entry_point_group or ""):
+        with self._lock:
+            if self._plugins_loaded or self._loading:  # done meanwhile, or a re-entrant call mid-import
+                return
+            self._loading = True
             try:
-                entry_point.load()
-            except Exception as err:
-                # Fail the same way on the next lookup, rather than with a misleading "unknown name".
-                self._plugins_loaded = False
-                if isinstance(err, ImportError):
-                    raise ImportError(
-                        f"{self.kind} plugin {entry_point.name!r} ({entry_point.value}, entry-point group "
-                        f"{self.entry_point_group!r}) failed to import: {err}"
-                    ) from err
-                raise
+                for entry_point in importlib.metadata.entry_points(group=self.entry_point_group or ""):
+                    _load_entry_point(entry_point, self.kind, self.entry_point_group)
+                self._plugins_loaded = True  # only now: a failure fails the same way on the next lookup
+            finally:
+                self._loading = False
 
     def register(self, name: str) -> Callable[[T], T]:
         def add(obj: T) -> T:
@@ -85,6 +89,16 @@ class Registry(Generic[T]):
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
+
+
+def _load_entry_point(entry_point: importlib.metadata.EntryPoint, kind: str, group: str | None) -> None:
+    try:
+        entry_point.load()
+    except ImportError as err:
+        raise ImportError(
+            f"{kind} plugin {entry_point.name!r} ({entry_point.value}, entry-point group {group!r}) "
+            f"failed to import: {err}"
+        ) from err
 
 
 def load_object(spec: str) -> Any:

@@ -151,9 +151,9 @@ class DeepSpeedRoleEngine:
                            if self.stage == 3 and hasattr(value, "ds_id") else contextlib.nullcontext())
                 with context:
                     value.data.copy_(state[name].to(value.dtype))
-        optimizer = getattr(self.engine, "optimizer", None)
-        if hasattr(optimizer, "refresh_fp32_params"):
-            optimizer.refresh_fp32_params()  # ZeRO keeps fp32 master partitions the step would write back
+        refresh = getattr(getattr(self.engine, "optimizer", None), "refresh_fp32_params", None)
+        if refresh is not None:
+            refresh()  # ZeRO keeps fp32 master partitions the step would write back
 
     def save_checkpoint(self, directory: str) -> None:
         """DeepSpeed's own layout: per-rank ZeRO shards of weights and optimizer states (a collective)."""

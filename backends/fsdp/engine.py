@@ -89,8 +89,9 @@ class FsdpRoleEngine:
         finally:
             for module in modules:
                 module.reshard()
-            for module in modules[:-1]:  # the root (last) never reshards after forward
-                module.set_reshard_after_forward(self.setup.reshard_after_forward, recurse=False)
+                # Blocks follow the strategy; the root never reshards after forward (see shard_model).
+                keep = module is self.model or not self.setup.reshard_after_forward
+                module.set_reshard_after_forward(not keep, recurse=False)
 
     def generate(self, batch: Batch, sampling: SamplingParams) -> Batch:
         with torch.no_grad(), self.unsharded():
@@ -149,7 +150,10 @@ class FsdpRoleEngine:
             yield name, full_value(tensor).detach()
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return {name: tensor.cpu() for name, tensor in self.iter_full_weights()}
+        """Whole weights on the CPU, owned by the caller (never aliasing the live parameters)."""
+        live = {local_value(tensor).data_ptr() for tensor in self.model.state_dict().values()}
+        return {name: tensor.clone() if tensor.data_ptr() in live else tensor.cpu()
+                for name, tensor in self.iter_full_weights()}
 
     def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
@@ -168,6 +172,13 @@ def full_value(tensor: torch.Tensor) -> torch.Tensor:
     from torch.distributed.tensor import DTensor
 
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def local_value(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a DTensor; plain tensors pass through."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 class FsdpBackend:

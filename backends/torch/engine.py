@@ -28,6 +28,7 @@ class TorchRoleEngine:
                              "parallelism; use tp=1 or the fsdp/vllm backend")
         self.spec, self.context = spec, context
         self.micro_batch_size = spec.micro_batch_size or layout.micro_batch_size
+        self.forward_micro_batch_size = layout.forward_micro_batch_size or self.micro_batch_size
         self.model = modeling.load_model(spec.kind, spec.model, dtype=layout.dtype, seed=spec.seed)
         self.model.to(context.device)
         self.optimizer: torch.optim.Optimizer | None = None
@@ -41,14 +42,15 @@ class TorchRoleEngine:
 
     def _map_micro(self, batch: Batch, fn: Callable[[Batch], dict[str, torch.Tensor]]) -> Batch:
         with torch.no_grad():
-            parts = [Batch(fn(micro)) for micro in batch.split(self.micro_batch_size)]
+            parts = [Batch(fn(micro)) for micro in batch.split(self.forward_micro_batch_size)]
         return Batch.concat(parts)
 
     def generate(self, batch: Batch, sampling: SamplingParams) -> Batch:
         with torch.no_grad():
             out = modeling.generate(self.model, batch, max_new_tokens=sampling.max_new_tokens,
                                     greedy=sampling.greedy, temperature=sampling.temperature, top_p=sampling.top_p,
-                                    top_k=sampling.top_k, seed=sampling.seed * 1009 + self.context.rank)
+                                    top_k=sampling.top_k, seed=sampling.seed * 1009 + self.context.rank,
+                                    use_hf_generate=self.spec.options.get("rollout") == "hf_generate")
         return Batch(out)
 
     def log_probs(self, batch: Batch, *, with_entropy: bool = False) -> Batch:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from hybridflow.backends.torch import sampling
 
 from hybridflow.graph import RoleKind
 from hybridflow.runtime.batch import Batch
@@ -110,19 +111,28 @@ def reward_model_scores(model: Any, batch: Batch) -> torch.Tensor:
 
 
 def generate(model: Any, batch: Batch, *, max_new_tokens: int, greedy: bool, temperature: float, top_p: float,
-             top_k: int, seed: int) -> dict[str, torch.Tensor]:
-    """One sample per prompt row via HF ``generate``; responses trimmed to the longest and EOS-masked."""
-    from transformers import GenerationConfig
+             top_k: int, seed: int, use_hf_generate: bool = False) -> dict[str, torch.Tensor]:
+    """One sample per prompt row; responses trimmed to the longest and masked after the first EOS.
 
+    The lean cached loop (:func:`sampling.sample`) is the default; ``use_hf_generate`` runs HF
+    ``generate`` instead (same options, same greedy output; for models with custom generation code).
+    """
     config = model.config
     eos, pad = config.eos_token_id, config.pad_token_id
-    gen_config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=not greedy, eos_token_id=eos,
-                                  pad_token_id=pad, bos_token_id=config.bos_token_id,
-                                  **({} if greedy else {"temperature": temperature, "top_p": top_p, "top_k": top_k}))
-    torch.manual_seed(seed)
     prompts = batch["prompts"]
-    out = model.generate(input_ids=prompts, attention_mask=batch["prompt_mask"], generation_config=gen_config)
-    responses = out[:, prompts.shape[1]:]
+    if use_hf_generate:
+        from transformers import GenerationConfig
+
+        options = {} if greedy else {"temperature": temperature, "top_p": top_p, "top_k": top_k}
+        gen_config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=not greedy, eos_token_id=eos,
+                                      pad_token_id=pad, bos_token_id=config.bos_token_id, **options)
+        torch.manual_seed(seed)
+        out = model.generate(input_ids=prompts, attention_mask=batch["prompt_mask"], generation_config=gen_config)
+        responses = out[:, prompts.shape[1]:]
+    else:
+        responses = sampling.sample(model, prompts, batch["prompt_mask"], max_new_tokens=max_new_tokens,
+                                    greedy=greedy, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+                                    eos=eos, pad=pad)
     is_eos = (responses == eos).long()
     # Keep tokens up to and including the first EOS: no EOS strictly before the position.
     mask = (is_eos.cumsum(dim=1) - is_eos == 0).long()

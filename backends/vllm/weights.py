@@ -70,12 +70,17 @@ def load_serialized(llm: Any, named: Iterable[tuple[str, torch.Tensor]]) -> Sync
     counter = _Counter(named)
     bucket: dict[str, torch.Tensor] = {}
     size = 0
+    seen: set[int] = set()
     for name, tensor in counter:
-        bucket[name] = tensor.detach().cpu().contiguous()
+        tensor = tensor.detach().cpu().contiguous()
+        if tensor.data_ptr() in seen:  # tied weights (embeddings = head): safetensors refuses shared storage
+            tensor = tensor.clone()
+        seen.add(tensor.data_ptr())
+        bucket[name] = tensor
         size += tensor.numel() * tensor.element_size()
         if size >= BUCKET_BYTES:
             llm.collective_rpc(_reload_from_bytes, args=(save(bucket),))
-            bucket, size = {}, 0
+            bucket, size, seen = {}, 0, set()
     if bucket:
         llm.collective_rpc(_reload_from_bytes, args=(save(bucket),))
     return SyncStats(seconds=time.perf_counter() - start, bytes=counter.bytes, tensors=counter.tensors,

@@ -55,7 +55,8 @@ class RoleSpec:
     """What to build for one role: its kind, the model to load and, if it trains, how.
 
     ``model`` is a local HF directory or a built-in tiny config name (``hybridflow.models``).
-    ``micro_batch_size`` of 0 takes the plan layout's value.
+    ``micro_batch_size`` of 0 takes the plan layout's value. ``options`` are backend-specific
+    (the torch backend reads ``rollout``: ``"hf_generate"`` to sample with HF ``generate``).
     """
 
     name: str

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -23,12 +24,18 @@ from hybridflow.runtime.worker import GroupWorker, NodeResult
 
 WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
               "HF_HUB_OFFLINE": "1"}
-READY_TIMEOUT_S = 120.0
+READY_TIMEOUT_S = 60.0
+# Logical GPUs a locally started CPU-only cluster declares, so later plans in the same process fit too.
+MIN_LOGICAL_GPUS = 8
 
 
 def ensure_ray(*, address: str | None, num_gpus: int, num_cpus: int | None = None) -> None:
-    """Connect to ``address``, or start a local cluster on loopback with ``num_gpus`` logical GPUs."""
+    """Connect to ``address``, or start a local cluster on loopback.
+
+    Without CUDA the local cluster declares ``max(num_gpus, 8)`` logical GPUs; with CUDA Ray counts them.
+    """
     import ray
+    import torch
 
     if ray.is_initialized():
         return
@@ -43,7 +50,8 @@ def ensure_ray(*, address: str | None, num_gpus: int, num_cpus: int | None = Non
         if address:
             ray.init(address=address, runtime_env=env, log_to_driver=False)
         else:
-            ray.init(num_cpus=num_cpus or os.cpu_count() or 2, num_gpus=num_gpus, include_dashboard=False,
+            logical = None if torch.cuda.is_available() else max(num_gpus, MIN_LOGICAL_GPUS)
+            ray.init(num_cpus=num_cpus or os.cpu_count() or 2, num_gpus=logical, include_dashboard=False,
                      _node_ip_address="127.0.0.1", runtime_env=env, log_to_driver=False)
     finally:
         os.chdir(cwd)
@@ -74,7 +82,7 @@ class RayWorkerGroup:
                              "node(s); add nodes or plan for fewer machines")
         selectors = [{"ray.io/node-id": nodes[h]} for h in group.hosts] if len(nodes) > 1 else None
         bundles = [{"GPU": 1.0, "CPU": cpus_per_worker} for _ in group.gpus]
-        self.placement_group = placement_group(bundles, strategy="PACK", name=f"hybridflow-group{index}",
+        self.placement_group = placement_group(bundles, strategy="PACK", name=f"hybridflow-group{index}-{uuid.uuid4().hex[:8]}",
                                                bundle_label_selector=selectors)
         try:
             ray.get(self.placement_group.ready(), timeout=READY_TIMEOUT_S)

@@ -17,6 +17,7 @@ import json
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -126,14 +127,14 @@ class ControlPlane:
                 raise RuntimeStepError(f"the torchrun world lost a rank earlier ({self._lost}); restart the "
                                        "job", node=node) from self._lost
             for dst, request in requests.items():
-                self._io(dst, lost, lambda dst=dst, request=request: send_request(self.world, dst, request))
+                self._io(dst, lost, partial(send_request, self.world, dst, request))
             local_value, local_error = None, None
             if local is not None:
                 try:
                     local_value = local()
-                except Exception as err:  # noqa: BLE001 - raised below, once every peer has replied
+                except Exception as err:  # raised below, once every peer has replied
                     local_error = err
-            replies: dict[int, Reply] = {src: self._io(src, lost, lambda src=src: recv_reply(self.world, src))
+            replies: dict[int, Reply] = {src: self._io(src, lost, partial(recv_reply, self.world, src))
                                          for src in requests}
         if local_error is not None:
             raise local_error
@@ -163,7 +164,9 @@ class TorchrunWorkerGroup:
         self.ranks = group.gpus  # global rank of each group rank
         self.control, self.local = control, local
 
-    def _exchange(self, requests: Sequence[Request], local: Callable[[], Any] | None, node: Node | None) -> list[Any]:
+    def _exchange(self, request: Callable[[int], Request], local: Callable[[], Any] | None,
+                  node: Node | None) -> list[Any]:
+        """``request(group_rank)`` goes to each remote rank; ``local`` runs rank 0's part; values in rank order."""
         role = str(node.role) if node is not None and node.role else "/".join(self.roles)
         name = node.name if node is not None else None
 
@@ -175,25 +178,22 @@ class TorchrunWorkerGroup:
             return (f"torchrun rank {rank} (role {role!r} rank {self.ranks.index(rank)}, group {self.index}, "
                     f"node {name!r})")
 
-        remote = {gpu: request for gpu, request in zip(self.ranks, requests, strict=True) if gpu != 0}
+        remote = {gpu: request(rank) for rank, gpu in enumerate(self.ranks) if gpu != 0}
         local_value, values = self.control.exchange(remote, local, lost=lost, where=where, node=name)
         return [local_value if gpu == 0 else values[gpu] for gpu in self.ranks]
 
     def run(self, node: Node, shards: Sequence[Batch], seed: int) -> list[NodeResult]:
-        requests = [Request(kind="run", group=self.index, args=(node, shard.to_wire(), seed)) for shard in shards]
-        local = None
-        if self.local is not None:
-            worker, shard = self.local, shards[self.ranks.index(0)]
-            local = lambda: worker.run(node, shard, seed)  # noqa: E731
-        results = self._exchange(requests, local, node)
+        local = partial(self.local.run, node, shards[self.ranks.index(0)], seed) if self.local is not None else None
+        results = self._exchange(
+            lambda rank: Request(kind="run", group=self.index, args=(node, shards[rank].to_wire(), seed)), local, node)
         return [result if isinstance(result, NodeResult) else
                 NodeResult(outputs=Batch.from_wire(result[0]), metrics=result[1], seconds=result[2])
                 for result in results]
 
     def call(self, method: str, *args: Any) -> list[Any]:
-        local = (lambda: getattr(self.local, method)(*args)) if self.local is not None else None
-        return self._exchange([Request(kind="call", group=self.index, args=(method, *args))] * self.size, local,
-                              None)
+        local = partial(getattr(self.local, method), *args) if self.local is not None else None
+        request = Request(kind="call", group=self.index, args=(method, *args))
+        return self._exchange(lambda rank: request, local, None)
 
     def shutdown(self) -> None:
         return None  # the executor stops every rank's worker at once
@@ -219,22 +219,26 @@ class TorchrunExecutor:
             raise RuntimeError(f"TorchrunExecutor.start runs on rank 0 (the controller); rank {world.rank} "
                                "should call serve(world)")
         check_plan_fits(plan, world.world_size)
-        for group in plan.groups:
-            group_specs(group, specs)  # a missing spec fails here, before any rank builds anything
+        for group_plan in plan.groups:
+            group_specs(group_plan, specs)  # a missing spec fails here, before any rank builds anything
         control = self._control = ControlPlane(world)
         self._plan = plan
         request = Request(kind="start", args=(plan, dict(specs)))
-        hosted, _ = self._everyone(plan, request, lambda: host_worker(world, plan, specs))
-        self.groups = [TorchrunWorkerGroup(i, group, control, hosted.worker if hosted and hosted.group == i else None)
-                       for i, group in enumerate(plan.groups)]
+        hosted, _ = self._everyone(plan, request, partial(host_worker, world, plan, specs))
+        self.groups = [TorchrunWorkerGroup(i, group_plan, control,
+                                           hosted.worker if hosted is not None and hosted.group == i else None)
+                       for i, group_plan in enumerate(plan.groups)]
         for group in self.groups:
             group.call("setup")
+        self._record_workers()
+        return list(self.groups)
+
+    def _record_workers(self) -> None:
         self.worker_info = [{**info, "global_rank": group.ranks[info["rank"]]}
                             for group in self.groups for info in group.call("info")]
         if self.info_path:
             Path(self.info_path).parent.mkdir(parents=True, exist_ok=True)
             Path(self.info_path).write_text(json.dumps(self.worker_info, indent=2))
-        return list(self.groups)
 
     def _everyone(self, plan: Plan, request: Request, local: Callable[[], Any] | None) -> tuple[Any, dict[int, Any]]:
         assert self._control is not None and self.world is not None
@@ -283,7 +287,7 @@ def serve(world: TorchrunWorld) -> None:
             else:
                 value = _handle(world, hosted, request)
             reply = Reply(value=value)
-        except Exception as err:  # noqa: BLE001 - every failure goes back to rank 0, which re-raises it
+        except Exception as err:  # every failure goes back to rank 0, which re-raises it
             reply = Reply(error=RemoteError.capture(err))
         send_reply(world, reply)
 
@@ -310,5 +314,5 @@ def stop_serving(world: TorchrunWorld) -> None:
     for rank in range(1, world.world_size):
         try:
             send_request(world, rank, Request(kind="exit"))
-        except RuntimeError:  # noqa: PERF203 - that rank is dead; the others still need their exit
+        except RuntimeError:  # that rank is dead; the others still need their exit
             continue

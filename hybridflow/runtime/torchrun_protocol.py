@@ -3,14 +3,16 @@
 Under ``torchrun`` every process is one logical GPU (global rank = plan GPU id). Rank 0 runs the
 controller; every other rank waits for :class:`Request` s from rank 0 and answers each with a
 :class:`Reply`. Messages are pickled objects sent point to point over gloo
-(``send_object_list``/``recv_object_list``); batches inside them are numpy (:meth:`Batch.to_wire`).
+(pickled into a uint8 tensor, size first); batches inside them are numpy (:meth:`Batch.to_wire`).
 
-Two gloo groups over all ranks carry the traffic, each with its own timeout:
+Two gloo groups over all ranks carry the traffic: ``requests`` (rank 0 -> rank r) and ``replies``
+(rank r -> rank 0). Each op has its own deadline:
 
-- ``requests`` (rank 0 -> rank r) waits ``idle_timeout_s``: a serving rank may wait as long as the
+- a serving rank waits up to ``idle_timeout_s`` for its next request: it may idle as long as the
   controller works elsewhere (SFT warm start, other groups, driver-side rewards);
-- ``replies`` (rank r -> rank 0) and the data-parallel subgroups wait ``timeout_s``: a hung rank
-  surfaces on rank 0 after that long, a dead one at once (gloo sees the closed connection).
+- every other op (sending a request, waiting for a reply) and the data-parallel all-reduces wait up
+  to ``timeout_s``: a hung rank surfaces on rank 0 after that long, a dead one at once (gloo sees the
+  closed connection).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class TorchrunWorld:
     world_size: int
     local_rank: int
     timeout_s: float
+    idle_timeout_s: float
     requests: Any  # torch.distributed.ProcessGroup
     replies: Any
 
@@ -69,7 +72,7 @@ class RemoteError:
         try:
             pickle.loads(pickle.dumps(err))
             exception: BaseException | None = err
-        except Exception:  # noqa: BLE001 - any exception class may refuse to round-trip; we keep its text
+        except Exception:  # any exception class may refuse to round-trip; we keep its text
             exception = None
         return cls(exception=exception, type_name=type(err).__qualname__, message=str(err), traceback=text)
 
@@ -121,11 +124,11 @@ def init_world(*, timeout_s: float = DEFAULT_TIMEOUT_S, idle_timeout_s: float = 
     timeout = datetime.timedelta(seconds=timeout_s)
     if not dist.is_initialized():
         dist.init_process_group(backend, timeout=timeout)
-    # Both control groups are created by every rank in the same order, as torch.distributed requires.
-    requests = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=idle_timeout_s))
+    # Every rank creates both control groups in the same order, as torch.distributed requires.
+    requests = dist.new_group(backend="gloo", timeout=timeout)
     replies = dist.new_group(backend="gloo", timeout=timeout)
     _WORLD = TorchrunWorld(rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=local_rank,
-                           timeout_s=timeout_s, requests=requests, replies=replies)
+                           timeout_s=timeout_s, idle_timeout_s=idle_timeout_s, requests=requests, replies=replies)
     return _WORLD
 
 
@@ -139,31 +142,47 @@ def current_world() -> TorchrunWorld:
 
 
 def send_request(world: TorchrunWorld, dst: int, request: Request) -> None:
-    import torch.distributed as dist
-
-    dist.send_object_list([request], dst=dst, group=world.requests)
+    _send_object(request, dst, world.requests, world.timeout_s)
 
 
 def recv_request(world: TorchrunWorld) -> Request:
-    import torch.distributed as dist
-
-    box: list[Any] = [None]
-    dist.recv_object_list(box, src=0, group=world.requests)
-    return _checked(box[0], Request)
+    return _checked(_recv_object(0, world.requests, world.idle_timeout_s), Request)
 
 
 def send_reply(world: TorchrunWorld, reply: Reply) -> None:
-    import torch.distributed as dist
-
-    dist.send_object_list([reply], dst=0, group=world.replies)
+    _send_object(reply, 0, world.replies, world.timeout_s)
 
 
 def recv_reply(world: TorchrunWorld, src: int) -> Reply:
+    return _checked(_recv_object(src, world.replies, world.timeout_s), Reply)
+
+
+# Our own object p2p rather than send_object_list: gloo completes a send only once the peer has posted
+# the matching recv, so every op needs its own deadline (a stopped peer would block a send forever).
+def _send_object(message: Any, dst: int, group: Any, timeout_s: float) -> None:
+    import torch
     import torch.distributed as dist
 
-    box: list[Any] = [None]
-    dist.recv_object_list(box, src=src, group=world.replies)
-    return _checked(box[0], Reply)
+    payload = torch.frombuffer(bytearray(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)), dtype=torch.uint8)
+    for tensor in (torch.tensor([payload.numel()], dtype=torch.int64), payload):
+        _wait(dist.isend(tensor, dst, group=group), timeout_s)
+
+
+def _recv_object(src: int, group: Any, timeout_s: float) -> Any:
+    import torch
+    import torch.distributed as dist
+
+    size = torch.zeros(1, dtype=torch.int64)
+    _wait(dist.irecv(size, src, group=group), timeout_s)
+    payload = torch.empty(int(size.item()), dtype=torch.uint8)
+    _wait(dist.irecv(payload, src, group=group), timeout_s)
+    return pickle.loads(payload.numpy().tobytes())  # only our own ranks write to these groups
+
+
+def _wait(work: Any, timeout_s: float) -> None:
+    if work is None:  # torch returns no work for a rank outside the group; the control groups hold every rank
+        raise RuntimeError("torchrun control plane: this rank is not in the control group")
+    work.wait(datetime.timedelta(seconds=timeout_s))
 
 
 def _checked(message: Any, kind: type[Any]) -> Any:

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from hybridflow.data import TASKS, PromptLoader, RuleScorer, char_tokenizer, load_records, task_examples
-from hybridflow.data.tokenizer import load_tokenizer
 from hybridflow.data.dataset import Record
+from hybridflow.data.tokenizer import load_tokenizer
 from hybridflow.graph import Graph, RoleKind, load_graph
 from hybridflow.planner import Plan
 from hybridflow.registry import load_object

@@ -72,3 +72,8 @@ def critic_zero3_bf16(rank: int, world_size: int) -> dict[str, Any]:
     policy.load_state_dict({name: value + 0.01 for name, value in state.items()})
     out["load_gap"] = max(float((policy.state_dict()[n] - state[n] - 0.01).abs().max()) for n in state)
     return out
+
+
+def all_checks(rank: int, world_size: int, stages: list[str]) -> dict[str, Any]:
+    """Every DeepSpeed scenario in one spawn (process start-up and imports dominate on a small CPU)."""
+    return {"first_step": first_step(rank, world_size, stages), "critic": critic_zero3_bf16(rank, world_size)}

@@ -85,6 +85,8 @@ def train_resume_generate(rank: int, world_size: int) -> dict[str, Any]:
                                 SamplingParams(max_new_tokens=12, seed=rank, temperature=1.5))
     out["generated_width"] = generated["responses"].shape[1]
     out["logprobs"] = engine.log_probs(batch)["logprobs"]
+    engine.load_state_dict(before)  # whole weights in, resharded onto the mesh
+    out["load_gap"] = max(float((engine.state_dict()[n] - before[n]).abs().max()) for n in before)
     return out
 
 
@@ -105,3 +107,9 @@ def frozen_ops(rank: int, world_size: int) -> dict[str, Any]:
         theirs = getattr(torch_engine, op)(batch)[field].chunk(world_size)[rank]
         gaps[kind.value] = float((mine - theirs).abs().max())
     return gaps
+
+
+def all_checks(rank: int, world_size: int, strategies: list[str]) -> dict[str, Any]:
+    """Every FSDP scenario in one spawn (process start-up and imports dominate on a small CPU)."""
+    return {"first_step": first_step(rank, world_size, strategies),
+            "train": train_resume_generate(rank, world_size)}

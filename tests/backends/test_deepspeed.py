@@ -17,9 +17,16 @@ from hybridflow.planner import Sharding
 STAGES = ["ZERO1", "ZERO2", "ZERO3", "NO_SHARD", "ZERO2+offload"]
 
 
+@pytest.fixture(scope="module")
+def deepspeed_results() -> list[dict[str, Any]]:
+    """One two-rank spawn shared by the module's tests (start-up dominates on a small CPU)."""
+    return run_ranks(deepspeed_ranks.all_checks, STAGES)
+
+
 @pytest.mark.slow
-def test_every_zero_stage_matches_the_torch_reference_on_the_first_step() -> None:
-    ranks = run_ranks(deepspeed_ranks.first_step, STAGES)
+def test_every_zero_stage_matches_the_torch_reference_on_the_first_step(deepspeed_results: list[dict[str, Any]]
+                                                                        ) -> None:
+    ranks = [result["first_step"] for result in deepspeed_results]
     reference: dict[str, Any] = ranks[0]["reference"]
     for stage in STAGES:
         loss = sum(r[stage]["loss"] for r in ranks) / len(ranks)
@@ -32,8 +39,9 @@ def test_every_zero_stage_matches_the_torch_reference_on_the_first_step() -> Non
 
 
 @pytest.mark.slow
-def test_bf16_zero3_critic_trains_and_resumes_and_a_zero3_policy_generates() -> None:
-    ranks = run_ranks(deepspeed_ranks.critic_zero3_bf16)
+def test_bf16_zero3_critic_trains_and_resumes_and_a_zero3_policy_generates(deepspeed_results: list[dict[str, Any]]
+                                                                            ) -> None:
+    ranks = [result["critic"] for result in deepspeed_results]
     for result in ranks:
         assert result["moved"] > 0
         assert min(result["losses"][1:]) < result["losses"][0]

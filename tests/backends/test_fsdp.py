@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 pytest.importorskip("transformers")
@@ -14,9 +16,15 @@ from hybridflow.planner import Sharding
 STRATEGIES = ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"]
 
 
+@pytest.fixture(scope="module")
+def fsdp_results() -> list[dict[str, Any]]:
+    """One two-rank spawn shared by the module's tests (start-up dominates on a small CPU)."""
+    return run_ranks(fsdp_ranks.all_checks, STRATEGIES)
+
+
 @pytest.mark.slow
-def test_every_strategy_matches_the_torch_reference_on_the_first_step() -> None:
-    ranks = run_ranks(fsdp_ranks.first_step, STRATEGIES)
+def test_every_strategy_matches_the_torch_reference_on_the_first_step(fsdp_results: list[dict[str, Any]]) -> None:
+    ranks = [result["first_step"] for result in fsdp_results]
     for strategy in STRATEGIES:
         # Each rank's loss is the mean over its half of the rows; their mean is the full batch's loss.
         loss = sum(r[strategy]["loss"] for r in ranks) / len(ranks)
@@ -31,8 +39,9 @@ def test_every_strategy_matches_the_torch_reference_on_the_first_step() -> None:
 
 
 @pytest.mark.slow
-def test_bf16_training_moves_weights_and_resumes_from_a_sharded_checkpoint() -> None:
-    ranks = run_ranks(fsdp_ranks.train_resume_generate)
+def test_bf16_training_moves_weights_and_resumes_from_a_sharded_checkpoint(fsdp_results: list[dict[str, Any]]
+                                                                           ) -> None:
+    ranks = [result["train"] for result in fsdp_results]
     for result in ranks:
         assert result["moved"] > 0
         assert result["losses"][-1] < result["losses"][0]
@@ -40,6 +49,7 @@ def test_bf16_training_moves_weights_and_resumes_from_a_sharded_checkpoint() -> 
         assert result["resumed_next_gap"] < 1e-6
         assert result["generated_width"] >= 1
         assert torch.isfinite(result["logprobs"]).all()
+        assert result["load_gap"] == 0.0
     # Every rank gathers the same full weights (what a rollout engine receives).
     assert ranks[0]["checksum"] == ranks[1]["checksum"]
 

@@ -77,3 +77,19 @@ def test_char_tokenizer_round_trips_through_save_and_load(tmp_path) -> None:  # 
     text = "rev ab c="
     assert loaded(text, add_special_tokens=False).input_ids == tokenizer(text, add_special_tokens=False).input_ids
     assert loaded.decode(tokenizer(text).input_ids) == text
+
+
+def test_lean_sampler_matches_hf_generate_greedily() -> None:
+    from hybridflow.backends.torch import modeling
+
+    from hybridflow.data import char_tokenizer, encode_prompts, task_examples
+    from hybridflow.models import build_tiny_causal_lm
+
+    tokenizer = char_tokenizer()
+    model = build_tiny_causal_lm("tiny-qwen2", vocab_size=len(tokenizer)).eval()
+    batch = encode_prompts(task_examples("reverse", 6), tokenizer)
+    with torch.no_grad():
+        outs = [modeling.generate(model, batch, max_new_tokens=8, greedy=True, temperature=1.0, top_p=1.0, top_k=0,
+                                  seed=0, use_hf_generate=hf) for hf in (True, False)]
+    assert torch.equal(outs[0]["responses"], outs[1]["responses"])
+    assert torch.equal(outs[0]["response_mask"], outs[1]["response_mask"])

@@ -1,0 +1,54 @@
+"""A lean KV-cached sampling loop: HF ``generate`` semantics for the options the runtime uses.
+
+On tiny models the per-token bookkeeping of ``generate`` (logits processors, stopping criteria,
+cache bookkeeping) costs more than the forward pass itself; this loop keeps only what the
+rollout needs: temperature, top-k, top-p, greedy, EOS stop.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def _filter(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Mask logits outside the top-k and the top-p nucleus (as HF's warpers do). (B, V) -> (B, V)."""
+    if 0 < top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+        cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
+        drop = cumulative - torch.softmax(sorted_logits, dim=-1) >= top_p  # keep the token that crosses top_p
+        logits = logits.masked_fill(drop.scatter(1, order, drop), float("-inf"))
+    return logits
+
+
+def sample(model: Any, prompts: torch.Tensor, prompt_mask: torch.Tensor, *, max_new_tokens: int, greedy: bool,
+           temperature: float, top_p: float, top_k: int, seed: int, eos: int, pad: int) -> torch.Tensor:
+    """Sampled continuations (B, <= max_new_tokens), ``pad`` after each row's EOS; stops when all ended."""
+    generator = torch.Generator(device=prompts.device).manual_seed(seed)
+    mask = prompt_mask.long()
+    positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+    out = model(input_ids=prompts, attention_mask=mask, position_ids=positions, use_cache=True)
+    past, logits = out.past_key_values, out.logits[:, -1]
+    position = positions[:, -1:] + 1
+    finished = torch.zeros(len(prompts), dtype=torch.bool, device=prompts.device)
+    tokens = []
+    for _ in range(max_new_tokens):
+        if greedy:
+            token = logits.argmax(dim=-1)
+        else:
+            probs = torch.softmax(_filter(logits.float() / temperature, top_k, top_p), dim=-1)
+            token = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+        token = token.masked_fill(finished, pad)
+        tokens.append(token)
+        finished |= token == eos
+        if bool(finished.all()) or len(tokens) == max_new_tokens:
+            break
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        out = model(input_ids=token[:, None], attention_mask=mask, position_ids=position, past_key_values=past,
+                    use_cache=True)
+        past, logits, position = out.past_key_values, out.logits[:, -1], position + 1
+    return torch.stack(tokens, dim=1)

@@ -1,0 +1,65 @@
+"""A PPO step following a two-node plan on Ray: actor (FSDP) + critic (DeepSpeed) on one node's group,
+reference (FSDP) + reward model (torch) on the other's; every rank is its own process on gloo."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+ray = pytest.importorskip("ray")
+pytest.importorskip("deepspeed", reason="needs DeepSpeed (the `deepspeed` extra)")
+
+from hybridflow.data import PromptLoader, char_tokenizer, task_examples  # noqa: E402
+from hybridflow.graph import RoleKind, load_graph  # noqa: E402
+from hybridflow.planner import GroupPlan, Plan, RoleLayout, Sharding  # noqa: E402
+from hybridflow.runtime import Controller, OptimSpec, RoleSpec  # noqa: E402
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+LAYOUTS = {"actor": ("fsdp", Sharding.FULL_SHARD), "critic": ("deepspeed", Sharding.ZERO2),
+           "reference": ("fsdp", Sharding.NO_SHARD), "reward": ("torch", Sharding.NO_SHARD)}
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[str]:
+    """Two Ray nodes of two logical GPUs each on this machine; yields the head address."""
+    from ray.cluster_utils import Cluster
+
+    sim = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 2})
+    sim.add_node(num_cpus=2, num_gpus=2)
+    sim.wait_for_nodes()
+    yield sim.address
+    ray.shutdown()
+    sim.shutdown()
+
+
+def two_node_plan() -> Plan:
+    def group(roles: tuple[str, str], gpus: tuple[int, int], host: int) -> GroupPlan:
+        layouts = tuple(RoleLayout(role=role, dp=2, dtype="fp32", micro_batch_size=4, backend=LAYOUTS[role][0],
+                                   sharding=LAYOUTS[role][1]) for role in roles)
+        return GroupPlan(gpus=gpus, hosts=(host, host), device="cpu", roles=roles, layouts=layouts,
+                         memory_per_gpu_bytes=0, capacity_bytes=0)
+
+    return Plan(algorithm="ppo", groups=(group(("actor", "critic"), (0, 1), 0),
+                                         group(("reference", "reward"), (2, 3), 1)))
+
+
+def test_ppo_follows_the_plan_with_fsdp_and_deepspeed_roles(cluster: str) -> None:
+    from hybridflow.runtime.ray_executor import RayExecutor, gpu_nodes
+
+    graph = load_graph("ppo", max_new_tokens=6)
+    specs = {role.name: RoleSpec(name=role.name, kind=role.kind, model="tiny-qwen2",
+                                 optim=OptimSpec(lr=1e-3) if role.kind.trainable else None)
+             for role in graph.roles}
+    assert specs["reward"].kind is RoleKind.REWARD_MODEL
+    loader = PromptLoader(records=task_examples("reverse", 16), tokenizer=char_tokenizer(), batch_size=4)
+    with Controller(graph, two_node_plan(), specs=specs, executor=RayExecutor(address=cluster)) as controller:
+        result = controller.step(loader.batch(0), step=0)
+        assert {"actor/loss", "critic/vf_loss", "critic/grad_norm"} <= set(result.metrics)
+        nodes = gpu_nodes()
+        for group, host in ((0, 0), (1, 1)):
+            infos = controller.groups[group].call("info")
+            assert [info["node_id"] for info in infos] == [nodes[host]] * 2, f"group {group} is not on host {host}"
+            assert len({info["gpu_ids"][0] for info in infos}) == 2, "two ranks share one GPU bundle"
+            assert len({info["placement_group"] for info in infos}) == 1

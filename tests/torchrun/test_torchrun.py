@@ -1,0 +1,122 @@
+"""The torchrun path: one process per logical GPU, rank 0 the controller, gloo on CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hybridflow.graph import RoleKind, load_graph
+from hybridflow.planner import GroupPlan, Plan, RoleLayout
+from hybridflow.runtime import RuntimeStepError, WorkerFailedError, default_plan
+from hybridflow.runtime.torchrun_executor import TorchrunExecutor, check_plan_fits
+from hybridflow.runtime.torchrun_protocol import RemoteError, current_world
+from hybridflow.train import setup
+from hybridflow.train.config import load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "configs" / "ppo_torchrun.yaml"
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                 "TORCHELASTIC_RUN_ID", "GROUP_RANK")
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_VARS}
+    return {**env, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", **extra}
+
+
+def _tail(text: str) -> str:
+    return text[-3000:]
+
+
+@pytest.mark.slow
+def test_torchrun_trains_ppo_with_the_actor_data_parallel_over_two_processes(tmp_path: Path) -> None:
+    torchrun = Path(sys.executable).parent / "torchrun"
+    command = [str(torchrun), "--standalone", "--nproc_per_node=2", str(ROOT / "examples" / "train_ppo.py"),
+               "--config", str(CONFIG), "steps=2", f"output_dir={tmp_path}", "model.sft_steps=0"]
+    done = subprocess.run(command, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=150)
+    assert done.returncode == 0, _tail(done.stdout + done.stderr)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1]
+    assert "actor/loss" in rows[0] and "critic/loss" in rows[0]
+    workers = json.loads((tmp_path / "torchrun_workers.json").read_text())
+    assert [(w["group"], w["rank"], w["global_rank"]) for w in workers] == [(0, 0, 0), (0, 1, 1)]
+    assert all("actor" in w["roles"] for w in workers)
+    assert len({w["pid"] for w in workers}) == 2, "both ranks of the actor ran in one process"
+    assert os.getpid() not in {w["pid"] for w in workers}
+
+
+def test_a_hand_started_world_keeps_replicas_equal_and_reports_failures_by_rank(tmp_path: Path) -> None:
+    """Two plain processes with torchrun's environment (a launcher would end rank 0 once rank 1 is killed)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    script = Path(__file__).with_name("probe_world.py")
+    procs = [subprocess.Popen([sys.executable, str(script), str(tmp_path)], cwd=tmp_path, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True,
+                              env=_env(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2",
+                                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)))
+             for rank in range(2)]
+    try:
+        out, _ = procs[0].communicate(timeout=90)
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    assert procs[0].returncode == 0, _tail(out)
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert len(set(result["pids"])) == 2
+    assert result["params_moved"], "the probe's updates did not change the actor"
+    assert result["replicas_equal"], "the two ranks' actors diverged: gradients were not averaged"
+    assert result["remote_error"]["type"] == "KeyError"
+    assert "torchrun rank 1 (role 'actor' rank 1, group 0, node 'actor_logprob')" in result["remote_error"]["notes"][0]
+    assert result["in_sync_after_error"]
+    hung = result["hung"]
+    assert hung["rank"] == 1 and "torchrun rank 1 unreachable" in hung["message"]
+    assert 7.0 < hung["seconds"] < 20.0, "a hung rank must fail the call after the timeout, not before or never"
+    assert "lost a rank earlier" in result["after_lost"]
+    assert result["stop_serving_seconds"] < 2.0
+
+
+def test_a_plan_gpu_beyond_the_world_is_named_with_the_world_size() -> None:
+    plan = default_plan(load_graph("grpo", reward_kind=RoleKind.REWARD_FUNCTION), num_gpus=3)
+    check_plan_fits(plan, 3)
+    with pytest.raises(ValueError, match=r"uses GPU 2 but torchrun started a world of 2 process\(es\)"):
+        check_plan_fits(plan, 2)
+    layout = RoleLayout(role="actor", dp=1, dtype="fp32", micro_batch_size=1)
+    lone = Plan(algorithm="x", groups=(GroupPlan(gpus=(5,), hosts=(0,), device="cpu", roles=("actor",),
+                                                 layouts=(layout,), memory_per_gpu_bytes=0, capacity_bytes=0),))
+    with pytest.raises(ValueError, match="launch at least 6 processes"):
+        check_plan_fits(lone, 4)
+
+
+def test_a_remote_exception_keeps_its_type_or_falls_back_to_a_runtime_step_error() -> None:
+    try:
+        raise ValueError("bad shard")
+    except ValueError as err:
+        captured = RemoteError.capture(err)
+    with pytest.raises(ValueError, match="bad shard") as info:
+        captured.reraise(where="torchrun rank 3 (role 'critic' rank 1)", node="critic_values")
+    assert "raised on torchrun rank 3 (role 'critic' rank 1)" in info.value.__notes__[0]
+    assert "Traceback" in info.value.__notes__[0]
+    # WorkerFailedError takes keyword-only arguments, so it does not survive pickling.
+    unpicklable = RemoteError.capture(WorkerFailedError(role="ref", rank=0, group=1, cause="x"))
+    assert unpicklable.exception is None
+    with pytest.raises(RuntimeStepError, match="torchrun rank 2 raised WorkerFailedError: worker of role 'ref'"):
+        unpicklable.reraise(where="torchrun rank 2", node="n")
+
+
+def test_config_selects_the_torchrun_executor_which_needs_a_torchrun_world(tmp_path: Path) -> None:
+    config = load_config(CONFIG, [f"output_dir={tmp_path}"])
+    executor = setup.make_executor(config)
+    assert isinstance(executor, TorchrunExecutor)
+    assert executor.info_path == str(tmp_path / "torchrun_workers.json")
+    with pytest.raises(RuntimeError, match=r"launch `torchrun --nproc_per_node=N examples/train_ppo\.py"):
+        current_world()
+    with pytest.raises(ValueError, match="must be one of"):
+        load_config(CONFIG, ["executor=mpi"])
