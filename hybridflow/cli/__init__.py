@@ -12,6 +12,7 @@ COMMANDS = {
     "graph": "hybridflow.cli.graph",
     "plan": "hybridflow.cli.plan",
     "train": "hybridflow.cli.train",
+    "report": "hybridflow.cli.report",
 }
 
 

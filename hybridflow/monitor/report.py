@@ -1,0 +1,121 @@
+"""``hybridflow report RUN_DIR``: a summary table of a run's metrics and PNG plots of them."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+# Metric families in the order a reader scans them; anything else is listed after these.
+HEADLINE = ("reward/mean", "reward/std", "kl", "response_length/mean", "time/step", "throughput/tokens_per_s",
+            "memory/rss_gb", "reward_cache/hit_rate", "sync/seconds", "sync/bytes")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MetricStats:
+    name: str
+    first: float
+    last: float
+    mean: float
+    minimum: float
+    maximum: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSummary:
+    """Per-metric statistics over a run's steps."""
+
+    run_dir: Path
+    steps: int
+    metrics: tuple[MetricStats, ...]
+
+    def get(self, name: str) -> MetricStats:
+        for stats in self.metrics:
+            if stats.name == name:
+                return stats
+        raise KeyError(f"metric {name!r} is not in {self.run_dir}; it has {[m.name for m in self.metrics]}")
+
+
+def load_run(run_dir: str | Path) -> list[dict[str, float]]:
+    """The rows of ``RUN_DIR/metrics.jsonl``, with an error that says what is missing."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: pass the output_dir of a `hybridflow train` run")
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if not rows:
+        raise ValueError(f"{path} has no steps yet")
+    return rows
+
+
+def summarize(run_dir: str | Path) -> RunSummary:
+    rows = load_run(run_dir)
+    names = sorted({key for row in rows for key in row if key != "step"}, key=_order)
+    stats = []
+    for name in names:
+        values = [float(row[name]) for row in rows if isinstance(row.get(name), int | float)]
+        finite = [value for value in values if math.isfinite(value)]
+        if not finite:
+            continue
+        stats.append(MetricStats(name=name, first=finite[0], last=finite[-1], mean=sum(finite) / len(finite),
+                                 minimum=min(finite), maximum=max(finite)))
+    return RunSummary(run_dir=Path(run_dir), steps=len(rows), metrics=tuple(stats))
+
+
+def _order(name: str) -> tuple[int, str]:
+    return (HEADLINE.index(name) if name in HEADLINE else len(HEADLINE), name)
+
+
+def render_table(summary: RunSummary) -> str:
+    """The summary as a rich table rendered to text."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{summary.run_dir} ({summary.steps} steps)")
+    for column in ("metric", "first", "last", "mean", "min", "max"):
+        table.add_column(column, justify="left" if column == "metric" else "right")
+    for m in summary.metrics:
+        table.add_row(m.name, *(f"{value:.4g}" for value in (m.first, m.last, m.mean, m.minimum, m.maximum)))
+    console = Console(width=110, record=True)
+    with console.capture() as capture:
+        console.print(table)
+    return capture.get()
+
+
+def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:
+    """PNG plots: reward, time per node, throughput and memory. Returns the files written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = load_run(run_dir)
+    target = Path(out_dir) if out_dir else Path(run_dir) / "plots"
+    target.mkdir(parents=True, exist_ok=True)
+    panels = {
+        "reward.png": [k for k in ("reward/mean", "reward_cache/hit_rate") if _has(rows, k)],
+        "node_time.png": sorted({k for row in rows for k in row if k.startswith("time/") and k != "time/step"}),
+        "throughput.png": [k for k in rows[0] if k.startswith("throughput/")],
+        "memory.png": [k for k in rows[0] if k.startswith("memory/") or k.startswith("gpu/")],
+    }
+    written = []
+    for filename, keys in panels.items():
+        if not keys:
+            continue
+        figure, axis = plt.subplots(figsize=(6, 3.5))
+        for key in keys:
+            points = [(row["step"], row[key]) for row in rows if key in row]
+            axis.plot([p[0] for p in points], [p[1] for p in points], label=key)
+        axis.set_xlabel("step")
+        axis.set_title(filename.removesuffix(".png").replace("_", " "))
+        axis.legend(fontsize="small")
+        figure.tight_layout()
+        figure.savefig(target / filename, dpi=90)
+        plt.close(figure)
+        written.append(target / filename)
+    return written
+
+
+def _has(rows: Sequence[dict[str, float]], key: str) -> bool:
+    return any(key in row for row in rows)

@@ -1,0 +1,54 @@
+"""``hybridflow report``: statistics come from the run's metrics, plots are real PNG files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hybridflow.cli import main
+from hybridflow.monitor import plot_run, summarize
+
+
+def write_run(run_dir: Path, rows: list[dict[str, float]]) -> Path:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return run_dir
+
+
+ROWS = [
+    {"step": 0, "reward/mean": 0.1, "time/step": 2.0, "time/actor_generate": 1.5, "throughput/tokens_per_s": 100.0,
+     "memory/rss_gb": 1.0, "reward_cache/hit_rate": 0.0},
+    {"step": 1, "reward/mean": 0.3, "time/step": 1.0, "time/actor_generate": 0.5, "throughput/tokens_per_s": 300.0,
+     "memory/rss_gb": 1.5, "reward_cache/hit_rate": 0.5},
+    {"step": 2, "reward/mean": 0.5, "time/step": 1.5, "time/actor_generate": 1.0, "throughput/tokens_per_s": 200.0,
+     "memory/rss_gb": 1.2, "reward_cache/hit_rate": 1.0, "kl": float("nan")},
+]
+
+
+def test_summary_statistics_follow_the_rows(tmp_path: Path):
+    summary = summarize(write_run(tmp_path / "run", ROWS))
+    reward = summary.get("reward/mean")
+    assert (reward.first, reward.last, reward.minimum, reward.maximum) == (0.1, 0.5, 0.1, 0.5)
+    assert reward.mean == pytest.approx(0.3)
+    assert summary.steps == 3
+    assert [m.name for m in summary.metrics][:2] == ["reward/mean", "time/step"]  # headline metrics first
+    with pytest.raises(KeyError, match="kl"):  # only NaN: no statistics to show
+        summary.get("kl")
+
+
+def test_plots_are_png_files(tmp_path: Path):
+    written = plot_run(write_run(tmp_path / "run", ROWS))
+    assert {p.name for p in written} == {"reward.png", "node_time.png", "throughput.png", "memory.png"}
+    for path in written:
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_prints_table_and_fails_clearly_without_metrics(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    run_dir = write_run(tmp_path / "run", ROWS)
+    assert main(["report", str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "reward/mean" in out and "wrote" in out
+    assert main(["report", str(tmp_path / "missing")]) == 2
+    assert "metrics.jsonl does not exist" in capsys.readouterr().err
