@@ -5,7 +5,9 @@
 Both sides use the same tiny model files, prompts (batch x n samples), response length, micro
 batch and loss; they alternate in rounds so machine noise hits both alike. The bare loop is what a
 user would write by hand: HF ``generate``, two forward passes for old/reference log-probs, the
-reward rule, GRPO advantages and one clipped-policy-gradient AdamW step.
+reward rule, GRPO advantages and one clipped-policy-gradient AdamW step. ``local`` uses the torch
+backend's default lean sampling loop; ``local (HF generate)`` samples with HF ``generate`` like the
+bare loop, so its ratio is the runtime's own overhead.
 """
 
 from __future__ import annotations
@@ -75,10 +77,10 @@ class BareLoop:
         return float(loss)
 
 
-def make_controller(model_dir: Path, tokenizer: Any, executor: Any = None) -> Controller:
+def make_controller(model_dir: Path, tokenizer: Any, executor: Any = None, rollout: str = "") -> Controller:
     graph = load_graph("grpo", n=N, kl_coef=0.04, max_new_tokens=NEW_TOKENS, reward_kind="reward_function")
     specs = {r.name: RoleSpec(name=r.name, kind=r.kind, model=str(model_dir), micro_batch_size=BATCH * N,
-                              optim=OptimSpec(lr=LR) if r.kind.trainable else None)
+                              optim=OptimSpec(lr=LR) if r.kind.trainable else None, options={"rollout": rollout})
              for r in graph.roles if r.kind.needs_gpu}
     return Controller(graph, default_plan(graph), specs=specs, executor=executor,
                       driver_roles={"reward": RuleScorer(TASKS.get("reverse").reward, tokenizer)})
@@ -104,7 +106,9 @@ def main() -> None:
                                Path(tempfile.mkdtemp()) / "model")
     loader = PromptLoader(records=task_examples("reverse", 512), tokenizer=tokenizer, batch_size=BATCH)
     bare = BareLoop(model_dir, tokenizer)
-    sides: dict[str, Any] = {"local": make_controller(model_dir, tokenizer)}
+    # "local (HF generate)" samples exactly as the bare loop does, isolating the runtime's own overhead.
+    sides: dict[str, Any] = {"local": make_controller(model_dir, tokenizer),
+                             "local (HF generate)": make_controller(model_dir, tokenizer, rollout="hf_generate")}
     if args.ray:
         from hybridflow.runtime.ray_executor import RayExecutor
 

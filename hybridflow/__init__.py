@@ -1,9 +1,23 @@
 """hybridflow: RL post-training of LLMs as a dataflow graph of role nodes.
 
 Importing the package is cheap: the graph DSL and planner are pure Python; torch and ray load only
-when a run starts.
+when a run starts. ``DataParallelConfig`` and ``SingleController`` (the classic, verl-tutorial
+style API) are imported on first use.
 """
+
+from typing import TYPE_CHECKING, Any
 
 from hybridflow._version import __version__
 
-__all__ = ["__version__"]
+if TYPE_CHECKING:
+    from hybridflow.classic import DataParallelConfig, SingleController
+
+__all__ = ["DataParallelConfig", "SingleController", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("DataParallelConfig", "SingleController"):
+        import hybridflow.classic as classic
+
+        return getattr(classic, name)
+    raise AttributeError(f"module 'hybridflow' has no attribute {name!r}")

@@ -156,9 +156,21 @@ class FsdpRoleEngine:
                 for name, tensor in self.iter_full_weights()}
 
     def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+        """Whole weights (the same on every rank, as the contract's ``state_dict`` gives them): each rank keeps
+        its own shard, without communication. The optimizer's moments are left as they are."""
+        from torch.distributed.tensor import DTensor, distribute_tensor
 
-        set_model_state_dict(self.model, dict(state), options=StateDictOptions(full_state_dict=True))
+        missing = sorted(set(self.model.state_dict()) - set(state))
+        if missing:
+            raise KeyError(f"role {self.spec.name!r}: load_state_dict is missing {missing[:5]} "
+                           f"({len(missing)} of {len(self.model.state_dict())} tensors)")
+        with torch.no_grad():
+            for name, value in self.model.state_dict().items():
+                full = state[name].to(device=value.device, dtype=value.dtype)
+                if isinstance(value, DTensor):
+                    full = distribute_tensor(full, value.device_mesh, value.placements, src_data_rank=None).to_local()
+                    value = value.to_local()
+                value.copy_(full)
 
     def save_checkpoint(self, directory: str) -> None:
         checkpoint.save(directory, self.model, self.optimizer)

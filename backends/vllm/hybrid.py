@@ -8,10 +8,11 @@ tensor exists at a time. Sync is lazy: it happens before the first generation af
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
+from hybridflow.backends.torch.modeling import DTYPES
 from hybridflow.backends.vllm.engine import VllmOptions, sample_seed, start_rollout
 from hybridflow.backends.vllm.weights import SyncStats
 
@@ -33,9 +34,13 @@ class HybridEngine:
         self.stale = False  # both engines start from the same seeded weights
         self.last_sync: SyncStats | None = None
 
-    def _trainer_weights(self) -> Iterable[tuple[str, torch.Tensor]]:
+    def _trainer_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The trainer's whole weights in the rollout's dtype (fp32 masters travel as bf16 for a bf16 engine,
+        one tensor at a time), so bytes per sync match the planner's ``params x dtype`` estimate."""
         stream = getattr(self.trainer, "iter_full_weights", None)
-        return stream() if stream is not None else self.trainer.state_dict().items()
+        named = stream() if stream is not None else self.trainer.state_dict().items()
+        dtype = DTYPES[self.rollout.config.dtype]
+        return ((name, tensor.to(dtype) if tensor.is_floating_point() else tensor) for name, tensor in named)
 
     def sync_weights(self) -> SyncStats:
         """Copy the trainer's current weights into the rollout engine now."""

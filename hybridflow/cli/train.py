@@ -19,9 +19,11 @@ def run(args: argparse.Namespace) -> int:
     from hybridflow.train.loop import train
 
     result = train(load_config(args.config, args.overrides), resume=args.resume)
-    last = result.history[-1] if result.history else {}
-    print(f"trained steps {result.start_step}..{result.start_step + len(result.history) - 1}; "
-          f"final reward/mean {last.get('reward/mean', float('nan')):.3f}")
+    rewards = [row.get("reward/mean", float("nan")) for row in result.history]
+    window = max(1, min(10, len(rewards)))
+    print(f"trained steps {result.start_step}..{result.start_step + len(rewards) - 1}; mean reward over the first "
+          f"{window} steps {sum(rewards[:window]) / window:.3f}, over the last {window} "
+          f"{sum(rewards[-window:]) / window:.3f}")
     print(f"metrics:      {result.metrics_path}")
     print(f"tensorboard:  {result.run_dir / 'tensorboard'}")
     if result.curve_path is not None:

@@ -40,6 +40,7 @@ class _Outcome:
     outputs: Batch
     metrics: Mapping[str, float]
     seconds: float
+    kept: tuple[str, ...] = ()  # outputs the ranks kept exactly as gathered (same width on every rank)
 
 
 class Controller:
@@ -55,6 +56,9 @@ class Controller:
         self.groups: list[WorkerGroup] = self.executor.start(plan, specs)
         self._dispatchers = [ThreadPoolExecutor(1, thread_name_prefix=f"dispatch{g.index}") for g in self.groups]
         self._driver = ThreadPoolExecutor(2, thread_name_prefix="driver")
+        self._token = 0
+        # (group, dp) -> fields every rank of that group already holds for this step, sharded by dp.
+        self._resident: dict[tuple[int, int], set[str]] = {}
 
     def __enter__(self) -> Controller:
         return self
@@ -70,6 +74,8 @@ class Controller:
     def step(self, batch: Batch, *, step: int = 0) -> StepResult:
         """Run every node once on ``batch`` (the dataset's prompt rows); return the grown batch."""
         state, done = batch, set[str]()
+        self._token += 1
+        self._resident = {}
         pending = list(self.graph.order)
         running: dict[Future[_Outcome], Node] = {}
         expanded = False
@@ -81,12 +87,15 @@ class Controller:
                 if node.op is Op.GENERATE and not expanded:
                     # The n samples of a prompt become n adjacent rows before rollout.
                     state, expanded = state.repeat_interleave(self.graph.samples_per_prompt), True
+                    self._resident = {}  # kept shards hold the unexpanded rows
                 running[self._submit(node, state, step)] = node
                 pending.remove(name)
             finished, _ = wait(list(running), return_when=FIRST_COMPLETED)
             for future in finished:
                 node = running.pop(future)
                 outcome = future.result()  # re-raises the node's error
+                if outcome.kept:
+                    self._resident[self._residency_key(node)].update(outcome.kept)
                 state = state.union(outcome.outputs) if len(outcome.outputs.keys()) else state
                 seconds[node.name] = outcome.seconds
                 prefix = f"{node.role}/" if node.role else f"{node.name}/"
@@ -103,8 +112,20 @@ class Controller:
         assert index is not None
         group, layout = self.groups[index], self.plan.layout(str(node.role))
         wanted = [*node.inputs, *(COMPANIONS[f] for f in node.inputs if f in COMPANIONS and COMPANIONS[f] in state)]
-        inputs = state.select(wanted)
-        return self._dispatchers[index].submit(_run_on_group, group, node, inputs, layout.dp, self.seed + step)
+        if not getattr(group, "keeps_step_data", False):
+            return self._dispatchers[index].submit(_run_on_group, group, node, state.select(wanted), layout.dp,
+                                                   self.seed + step, len(state))
+        # A group runs its calls in order, so what this call ships or produces is there for the next one.
+        resident = self._resident.setdefault(self._residency_key(node), set())
+        send = state.select([name for name in wanted if name not in resident])
+        resident.update(wanted)
+        return self._dispatchers[index].submit(_run_on_group, group, node, send, layout.dp, self.seed + step,
+                                               len(state), {"token": self._token, "fields": tuple(wanted)})
+
+    def _residency_key(self, node: Node) -> tuple[int, int]:
+        index = self.plan.group_index(str(node.role))
+        assert index is not None
+        return index, self.plan.layout(str(node.role)).dp
 
     def call(self, method: str, *args: Any) -> list[list[Any]]:
         """A worker method on every rank of every group (``info``, ``save_checkpoint``...)."""
@@ -125,6 +146,11 @@ def _check_placement(graph: Graph, plan: Plan, driver_roles: Mapping[str, Scorer
                                f"driver_roles={{{role.name!r}: scorer}}")
         else:
             plan.group_index(role.name)  # raises, naming the plan's roles, if it is not placed
+    for group in plan.groups:
+        for layout in group.layouts:
+            if layout.dp * layout.tp != group.size:
+                raise ValueError(f"plan: role {layout.role!r} has dp={layout.dp} x tp={layout.tp} but its group has "
+                                 f"{group.size} GPUs; dp * tp must equal the group size")
 
 
 def _timed(fn: Any, *args: Any) -> _Outcome:
@@ -155,18 +181,31 @@ def _run_driver_score(node: Node, state: Batch, scorer: Scorer) -> tuple[Batch, 
         raise KeyError(f"driver scorer for node {node.name!r} returned {result.keys()}, not 'scores'") from err
 
 
-def _run_on_group(group: WorkerGroup, node: Node, inputs: Batch, dp: int, seed: int) -> _Outcome:
-    """Split rows over the data-parallel ranks, run, gather; tensor-parallel peers get the same rows."""
+def _run_on_group(group: WorkerGroup, node: Node, inputs: Batch, dp: int, seed: int, rows: int,
+                  keep: Mapping[str, Any] | None = None) -> _Outcome:
+    """Split rows over the data-parallel ranks, run, gather; tensor-parallel peers get the same rows.
+
+    ``inputs`` may hold only some fields (``keep``: the ranks hold the rest); ``rows`` is the row count.
+    """
     start = time.perf_counter()
     padded, _ = inputs.pad_to_multiple(dp)
-    chunks = padded.chunk(dp)
+    chunks = padded.chunk(dp) if len(inputs.keys()) else [inputs] * dp
     per_dp = group.size // dp
-    results = group.run(node, [chunks[rank // per_dp] for rank in range(group.size)], seed)
+    shards = [chunks[rank // per_dp] for rank in range(group.size)]
+    results = group.run(node, shards, seed, **keep) if keep else group.run(node, shards, seed)
     leaders: list[NodeResult] = results[::per_dp]
     outputs = Batch.concat([r.outputs for r in leaders])
+    # A field the ranks returned at different widths was right-padded by the gather: their kept copies
+    # are narrower than the controller's, so it must be shipped again rather than read from the ranks.
+    names = outputs.keys() if keep else []
+    kept = tuple(name for name in names if len({_width(r.outputs[name]) for r in leaders}) == 1)
     if len(outputs.keys()):
-        outputs = outputs.slice(0, len(inputs))  # drop the padding rows
+        outputs = outputs.slice(0, rows)  # drop the padding rows
     keys = sorted({key for r in leaders for key in r.metrics})
     metrics = {key: float(torch.tensor([r.metrics[key] for r in leaders if key in r.metrics]).mean())
                for key in keys}
-    return _Outcome(outputs, metrics, time.perf_counter() - start)
+    return _Outcome(outputs, metrics, time.perf_counter() - start, kept)
+
+
+def _width(value: Any) -> tuple[int, ...]:
+    return tuple(value.shape[1:])

@@ -21,7 +21,11 @@ from hybridflow.runtime.worker import GroupWorker, NodeResult
 
 
 class WorkerGroup(Protocol):
-    """The ranks of one colocation group, as the controller sees them."""
+    """The ranks of one colocation group, as the controller sees them.
+
+    A group whose ``keeps_step_data`` is true accepts ``token``/``fields`` in :meth:`run`: ranks keep
+    each step's fields, and the controller ships only the fields a group does not hold yet.
+    """
 
     index: int
     size: int
@@ -76,15 +80,18 @@ class LocalWorkerGroup:
     def _all(self, calls: Sequence[tuple[str, tuple[Any, ...]]]) -> list[Any]:
         if self.size == 1:  # no thread hop for the common single-rank case
             method, args = calls[0]
-            return [getattr(self.workers[0], method)(*args)]
-        futures: list[Future[Any]] = [pool.submit(getattr(worker, method), *args)
+            return [_call(self.workers[0], method, args)]
+        futures: list[Future[Any]] = [pool.submit(_call, worker, method, args)
                                       for pool, worker, (method, args) in zip(self._threads, self.workers, calls,
                                                                               strict=True)]
         wait(futures, return_when=FIRST_EXCEPTION)
         return [future.result() for future in futures]
 
-    def run(self, node: Node, shards: Sequence[Batch], seed: int) -> list[NodeResult]:
-        return list(self._all([("run", (node, shard, seed)) for shard in shards]))
+    keeps_step_data = True
+
+    def run(self, node: Node, shards: Sequence[Batch], seed: int, *, token: int | None = None,
+            fields: Sequence[str] = ()) -> list[NodeResult]:
+        return list(self._all([("run", (node, shard, seed, token, tuple(fields))) for shard in shards]))
 
     def call(self, method: str, *args: Any) -> list[Any]:
         return self._all([(method, args)] * self.size)
@@ -92,6 +99,13 @@ class LocalWorkerGroup:
     def shutdown(self) -> None:
         for pool in self._threads:
             pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _call(worker: GroupWorker, method: str, args: tuple[Any, ...]) -> Any:
+    if method == "run":
+        node, shard, seed, token, fields = args
+        return worker.run(node, shard, seed, token=token, fields=fields)
+    return getattr(worker, method)(*args)
 
 
 class LocalExecutor:

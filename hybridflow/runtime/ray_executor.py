@@ -82,8 +82,8 @@ class RayWorkerGroup:
                              "node(s); add nodes or plan for fewer machines")
         selectors = [{"ray.io/node-id": nodes[h]} for h in group.hosts] if len(nodes) > 1 else None
         bundles = [{"GPU": 1.0, "CPU": cpus_per_worker} for _ in group.gpus]
-        self.placement_group = placement_group(bundles, strategy="PACK", name=f"hybridflow-group{index}-{uuid.uuid4().hex[:8]}",
-                                               bundle_label_selector=selectors)
+        self.placement_group = placement_group(bundles, strategy="PACK", bundle_label_selector=selectors,
+                                               name=f"hybridflow-group{index}-{uuid.uuid4().hex[:8]}")
         try:
             ray.get(self.placement_group.ready(), timeout=READY_TIMEOUT_S)
         except ray.exceptions.GetTimeoutError as err:
@@ -125,9 +125,12 @@ class RayWorkerGroup:
                 raise err.as_instanceof_cause() from None
         return [results[rank] for rank in range(len(refs))]
 
-    def run(self, node: Node, shards: Sequence[Batch], seed: int) -> list[NodeResult]:
-        refs = [actor.run_wire.remote(node, shard.to_wire(), seed) for actor, shard in zip(self.actors, shards,
-                                                                                             strict=True)]
+    keeps_step_data = True
+
+    def run(self, node: Node, shards: Sequence[Batch], seed: int, *, token: int | None = None,
+            fields: Sequence[str] = ()) -> list[NodeResult]:
+        refs = [actor.run_wire.remote(node, shard.to_wire(), seed, token=token, fields=tuple(fields))
+                for actor, shard in zip(self.actors, shards, strict=True)]
         return [NodeResult(outputs=Batch.from_wire(wire), metrics=metrics, seconds=seconds)
                 for wire, metrics, seconds in self._gather(refs, node)]
 
@@ -154,11 +157,15 @@ class RayExecutor:
     def start(self, plan: Plan, specs: Mapping[str, RoleSpec]) -> list[WorkerGroup]:
         ensure_ray(address=self.address, num_gpus=plan.num_gpus, num_cpus=self.num_cpus)
         nodes = gpu_nodes()
-        for index, group_plan in enumerate(plan.groups):
-            self.groups.append(RayWorkerGroup(index, group_plan, group_specs(group_plan, specs), nodes,
-                                              self.cpus_per_worker))
-        for group in self.groups:
-            group.call("setup")
+        try:
+            for index, group_plan in enumerate(plan.groups):
+                self.groups.append(RayWorkerGroup(index, group_plan, group_specs(group_plan, specs), nodes,
+                                                  self.cpus_per_worker))
+            for group in self.groups:
+                group.call("setup")
+        except BaseException:
+            self.shutdown()  # no half-started actors or placement groups left holding GPUs
+            raise
         return list(self.groups)
 
     def shutdown(self) -> None:

@@ -55,6 +55,10 @@ class GroupWorker:
         self.layouts = {layout.role: layout for layout in layouts}
         self.collective: Collective = collective or SoloCollective()
         self.engines: dict[str, RoleEngine] = {}
+        # Fields this rank received or produced during the current step (``token``), by the dp size they
+        # were sharded for: a later node of a role with that dp reads them here instead of a new copy.
+        self._token: int | None = None
+        self._store: dict[tuple[int, str], Any] = {}
 
     def init_collective(self, address: str, port: int) -> None:
         """Join the group's gloo process group (Ray executor; one process per rank)."""
@@ -99,9 +103,17 @@ class GroupWorker:
             pass
         return data
 
-    def run(self, node: Node, batch: Batch, seed: int = 0) -> NodeResult:
-        """Run ``node`` on this rank's rows. ``batch`` holds the node's inputs by graph field name."""
+    def run(self, node: Node, batch: Batch, seed: int = 0, *, token: int | None = None,
+            fields: Sequence[str] = ()) -> NodeResult:
+        """Run ``node`` on this rank's rows. ``batch`` holds the node's inputs by graph field name.
+
+        With a step ``token``, inputs named in ``fields`` but missing from ``batch`` come from what this
+        rank kept earlier in the same step, and the inputs and outputs of this node are kept in turn.
+        """
         start = time.perf_counter()
+        dp = self.layouts[node.role].dp if node.role in self.layouts else 1
+        if token is not None:
+            batch = self._with_kept(batch, token, fields, dp)
         if node.role is None or node.role not in self.engines:
             raise KeyError(f"node {node.name!r}: role {node.role!r} is not on group {self.group}; "
                            f"roles here: {sorted(self.engines)}")
@@ -112,10 +124,25 @@ class GroupWorker:
             outputs = Batch()
         else:
             outputs = run_role_op(engine, node, batch, seed)
+        if token is not None:
+            self._store.update({(dp, k): v for k, v in (*outputs.tensors.items(), *outputs.non_tensors.items())})
         return NodeResult(outputs=outputs, metrics=metrics, seconds=time.perf_counter() - start)
 
-    def run_wire(self, node: Node, wire: Wire, seed: int = 0) -> tuple[Wire, dict[str, float], float]:
-        result = self.run(node, Batch.from_wire(wire), seed)
+    def _with_kept(self, batch: Batch, token: int, fields: Sequence[str], dp: int) -> Batch:
+        if token != self._token:
+            self._token, self._store = token, {}
+        self._store.update({(dp, k): v for k, v in (*batch.tensors.items(), *batch.non_tensors.items())})
+        missing = [name for name in fields if name not in batch]
+        for name in missing:
+            if (dp, name) not in self._store:
+                raise KeyError(f"group {self.group} rank {self.rank}: field {name!r} was neither sent nor kept "
+                               f"this step; kept: {sorted(self._store)}")
+        kept = {name: self._store[dp, name] for name in missing}
+        return Batch.from_fields({**batch.tensors, **batch.non_tensors, **kept})
+
+    def run_wire(self, node: Node, wire: Wire, seed: int = 0, *, token: int | None = None,
+                 fields: Sequence[str] = ()) -> tuple[Wire, dict[str, float], float]:
+        result = self.run(node, Batch.from_wire(wire), seed, token=token, fields=fields)
         return result.outputs.to_wire(), dict(result.metrics), result.seconds
 
     def save_checkpoint(self, directory: str) -> None:

@@ -29,7 +29,7 @@ class TrainResult:
 
 def train(config: TrainConfig, *, resume: bool = False) -> TrainResult:
     """Run ``config.steps`` steps (from the latest checkpoint when ``resume``); write metrics and a curve."""
-    run_dir = Path(config.output_dir)
+    run_dir = Path(config.output_dir).resolve()  # Ray workers run elsewhere: every path they see is absolute
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps(asdict(config), indent=2))
     data = setup.records(config)
@@ -61,7 +61,8 @@ def train(config: TrainConfig, *, resume: bool = False) -> TrainResult:
     writer.close()
     curve = None
     if config.plot and writer.path.stat().st_size:
-        curve = plot_rewards(writer.path, run_dir / "reward_curve.png", title=f"{config.algorithm} on {run_dir.name}")
+        title = f"{config.algorithm} on {config.data.path or config.data.task}"
+        curve = plot_rewards(writer.path, run_dir / "reward_curve.png", title=title)
     return TrainResult(run_dir=run_dir, metrics_path=writer.path, curve_path=curve, history=history,
                        start_step=start)
 

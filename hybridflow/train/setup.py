@@ -26,11 +26,11 @@ def records(config: TrainConfig) -> list[Record]:
 def prepare_model(config: TrainConfig, run_dir: Path, data: list[Record]) -> tuple[str, Any]:
     """The initial policy directory and its tokenizer: ``model.path``, or a tiny model SFT-warmed once per run."""
     if config.model.path:
-        return config.model.path, load_tokenizer(config.model.path)
+        return str(Path(config.model.path).resolve()), load_tokenizer(config.model.path)
     from hybridflow.models import build_tiny_causal_lm, save_model_dir
     from hybridflow.train.sft import sft_warm_start
 
-    target = run_dir / "init_model"
+    target = run_dir.resolve() / "init_model"
     recipe = {"name": config.model.name, "sft_steps": config.model.sft_steps, "seed": config.seed,
               "batch_size": config.model.sft_batch_size, "lr": config.model.sft_lr, "data": data[:4]}
     marker = target / "hybridflow_init.json"

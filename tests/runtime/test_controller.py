@@ -150,3 +150,13 @@ def test_a_role_missing_from_the_plan_or_scorers_is_named(random_model_dir: Path
     graph = load_graph("grpo", reward_kind="reward_function")
     with pytest.raises(KeyError, match="'reward' runs on the driver"):
         Controller(graph, default_plan(graph), specs=_specs(graph, random_model_dir))
+
+
+def test_a_layout_that_does_not_fill_its_group_is_refused(random_model_dir: Path) -> None:
+    graph = load_graph("grpo", reward_kind="reward_function")
+    layouts = tuple(RoleLayout(role=r, dp=1, dtype="fp32") for r in ("actor", "reference"))
+    plan = Plan(algorithm="grpo", driver_roles=("reward",), groups=(
+        GroupPlan(gpus=(0, 1), hosts=(0, 0), device="cpu", roles=("actor", "reference"), layouts=layouts,
+                  memory_per_gpu_bytes=0, capacity_bytes=0),))
+    with pytest.raises(ValueError, match=r"'actor' has dp=1 x tp=1 but its group has 2 GPUs"):
+        Controller(graph, plan, specs=_specs(graph, random_model_dir), driver_roles={"reward": _scorer()})

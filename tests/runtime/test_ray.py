@@ -87,19 +87,19 @@ def test_training_survives_a_dead_worker_by_resuming(cluster: str, tmp_path: Pat
     config_path = Path(__file__).resolve().parents[2] / "configs" / "grpo_reverse.yaml"
     overrides = ["model.sft_steps=5", "data.batch_size=4", "data.num_examples=64", "algorithm_options.n=2",
                  "algorithm_options.max_new_tokens=6", "progress=false", "tensorboard=false", "plot=false",
-                 "executor=ray", f"ray_address={cluster}", "checkpoint_every=2", f"output_dir={tmp_path}"]
+                 "executor=ray", f"ray_address={cluster}", "checkpoint_every=2", "output_dir=run"]
+    monkeypatch.chdir(tmp_path)  # a relative output_dir must still reach the workers (they run elsewhere)
     executor = RayExecutor(address=cluster)
-    monkeypatch.setattr(setup, "make_executor", lambda config: executor)
 
     def kill_after_first_checkpoint() -> None:
-        while latest_checkpoint(tmp_path) is None:
+        while latest_checkpoint(tmp_path / "run") is None:
             time.sleep(0.05)
         ray.kill(executor.groups[0].actors[0])
 
     threading.Thread(target=kill_after_first_checkpoint, daemon=True).start()
-    with pytest.raises(WorkerFailedError, match="rank 0"):
+    with monkeypatch.context() as patch, pytest.raises(WorkerFailedError, match="rank 0"):
+        patch.setattr(setup, "make_executor", lambda config: executor)
         train(load_config(config_path, ["steps=50", *overrides]))
-    monkeypatch.undo()
     resumed = train(load_config(config_path, ["steps=6", *overrides]), resume=True)
     assert resumed.start_step >= 2 and resumed.history[-1]["step"] == 5
     steps = [json.loads(line)["step"] for line in resumed.metrics_path.read_text().splitlines()]

@@ -1,0 +1,225 @@
+"""``SingleController``: the tutorial's entry point over the planner and the runtime.
+
+``SingleController(config=dp_config, actor_model=..., critic_model=..., reward_model=...,
+reference_model=...)`` checks the mapping with the planner (``plan()``), trains on it
+(``fit()``) and keeps the result (``save()``/``load()``). It adds no placement logic of its own:
+the mapping becomes a :class:`~hybridflow.planner.Plan` that the runtime executes as it is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from hybridflow.classic.config import DataParallelConfig
+from hybridflow.graph import Graph, RoleKind, Workload, load_graph
+from hybridflow.planner import Cluster, ModelSpec, Plan, compare_plans, evaluate_mapping, plan_placement
+
+ROLE_ARGS = {"actor": "actor_model", "critic": "critic_model", "reward": "reward_model",
+             "reference": "reference_model"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSettings:
+    """What to train on: task, sizes and where outputs go. ``algorithm`` defaults to PPO with a
+    critic and GRPO without one."""
+
+    algorithm: str | None = None
+    task: str = "reverse"
+    steps: int = 10
+    batch_size: int = 8
+    max_new_tokens: int = 12
+    prompt_len: int = 16
+    executor: str = "local"
+    output_dir: str = "runs/classic"
+    seed: int = 0
+    sft_steps: int = 100
+    algorithm_options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def workload(self) -> Workload:
+        return Workload(batch_size=self.batch_size, prompt_len=self.prompt_len, response_len=self.max_new_tokens)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanCheck:
+    """The mapping as the planner sees it, beside the plan it would choose, and why they differ."""
+
+    manual: Plan
+    auto: Plan
+    unused_gpus: tuple[int, ...]
+    explanation: str
+
+    def __str__(self) -> str:
+        spare = f"GPUs {list(self.unused_gpus)} are unused by this mapping.\n" if self.unused_gpus else ""
+        risks = "".join(f"OOM risk: {problem}\n" for problem in self.manual.problems)
+        return f"{spare}{risks}{self.explanation}"
+
+
+class SingleController:
+    """Drives training for a :class:`DataParallelConfig` mapping; models are local HF paths or tiny names."""
+
+    def __init__(self, *, config: DataParallelConfig, actor_model: str, critic_model: str | None = None,
+                 reward_model: str | None = None, reference_model: str | None = None,
+                 use_half_precision: bool = False, settings: RunSettings | None = None) -> None:
+        self.config = config
+        self.settings = settings or RunSettings()
+        self.use_half_precision = use_half_precision
+        given = {"actor": actor_model, "critic": critic_model, "reward": reward_model, "reference": reference_model}
+        self.models = {role: model for role, model in given.items() if model is not None}
+        for role, model in self.models.items():
+            if role != "actor" and config.mesh(role) is None:
+                raise ValueError(f"SingleController: {ROLE_ARGS[role]}={model!r} is given but "
+                                 f"DataParallelConfig.{role}_model_device_mesh is not; give it a mesh")
+        for role in config.meshes:
+            if role not in self.models:
+                raise ValueError(f"SingleController: DataParallelConfig.{role}_model_device_mesh is set but "
+                                 f"{ROLE_ARGS[role]} is missing")
+        self._resume_from: Path | None = None
+        self._resume_name = ""
+        self.result: Any = None
+
+    @property
+    def cluster(self) -> Cluster:
+        return Cluster.parse(self.config.cluster or f"{self.config.num_gpus}xA100-80G")
+
+    def graph(self) -> Graph:
+        """PPO (critic present) or GRPO; a reward model when one is given, the task's rule otherwise."""
+        name = self.settings.algorithm or ("ppo" if "critic" in self.models else "grpo")
+        kind = RoleKind.REWARD_MODEL if "reward" in self.models else RoleKind.REWARD_FUNCTION
+        options = {"reward_kind": kind, "max_new_tokens": self.settings.max_new_tokens,
+                   **self.settings.algorithm_options}
+        return load_graph(name, **options)
+
+    def dtypes(self) -> dict[str, str]:
+        """Inference roles in half precision when asked: bf16 where the device has it, else fp16 (T4, V100)."""
+        if not self.use_half_precision:
+            return {}
+        cluster, out = self.cluster, {}
+        for role in ("reward", "reference"):
+            mesh = self.config.mesh(role)
+            if mesh is not None and role in self.models:
+                device = cluster.machine_of(mesh[0]).device
+                out[role] = "bf16" if device.supports("bf16") else "fp16"
+        return out
+
+    def model_specs(self, graph: Graph) -> dict[str, ModelSpec]:
+        return {role.name: ModelSpec.parse(self.models[role.name]) for role in graph.roles if role.kind.needs_gpu}
+
+    def manual_plan(self, workload: Workload | None = None) -> Plan:
+        """This mapping, costed by the planner with the config's DP size, strategy and micro batches."""
+        graph = self.graph()
+        meshes = {role: mesh for role, mesh in self.config.meshes.items() if graph.role(role).kind.needs_gpu}
+        dp = self.config.data_parallel_size
+        micro = {role: size for role in meshes if (size := self.config.micro_batch_size(role)) is not None}
+        return evaluate_mapping(
+            graph, self.model_specs(graph), workload or self.settings.workload, self.cluster, meshes,
+            data_parallel_size={role: dp or len(mesh) for role, mesh in meshes.items()},
+            sharding=self.config.fsdp_sharding_strategy, micro_batch_sizes=micro or None, dtypes=self.dtypes(),
+        )
+
+    def plan(self, workload: Workload | None = None, *, show: bool = True) -> PlanCheck:
+        """A dry run: this mapping next to the planner's own choice for the same cluster and workload."""
+        graph = self.graph()
+        work = workload or self.settings.workload
+        manual = self.manual_plan(work)
+        auto = plan_placement(graph, self.model_specs(graph), work, self.cluster)
+        check = PlanCheck(manual=manual, auto=auto, unused_gpus=tuple(self.config.unused_gpus),
+                          explanation=compare_plans(auto, manual))
+        if show:
+            print(check)
+        return check
+
+    def fit(self, steps: int | None = None) -> Any:
+        """Train on this mapping; returns the run's :class:`~hybridflow.train.loop.TrainResult`."""
+        from hybridflow.train.config import DataConfig, ModelConfig, RoleConfig, TrainConfig
+        from hybridflow.train.loop import train
+
+        settings = self.settings if steps is None else replace(self.settings, steps=steps)
+        run_dir = Path(settings.output_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        plan = self.manual_plan()
+        (run_dir / "plan.json").write_text(plan.to_json())
+        graph = self.graph()
+        roles = {role: RoleConfig(model=self._role_model(role), micro_batch_size=self.config.micro_batch_size(role),
+                                  max_concurrent_requests=self.config.max_concurrent_requests(role))
+                 for role in self.models}
+        config = TrainConfig(
+            algorithm=graph.name, seed=settings.seed, steps=settings.steps, executor=settings.executor,  # type: ignore[arg-type]
+            num_gpus=self.config.num_gpus, plan_file=str(run_dir / "plan.json"),
+            algorithm_options={"reward_kind": graph.role("reward").kind.value,
+                               "max_new_tokens": settings.max_new_tokens, **settings.algorithm_options},
+            model=_policy_model(self.models["actor"], settings.sft_steps),
+            data=DataConfig(task=settings.task, batch_size=settings.batch_size),
+            roles=roles, output_dir=str(run_dir), checkpoint_every=settings.steps, progress=False,
+            reward_cache_size=self.config.reward_cache_size if self.config.enable_reward_cache else 0,
+        )
+        resume = self._resume_from is not None
+        if resume:
+            assert self._resume_from is not None
+            _copy_tree(self._resume_from / "checkpoint", run_dir / "checkpoints" / self._resume_name)
+        self.result = train(config, resume=resume)
+        return self.result
+
+    def _role_model(self, role: str) -> str | None:
+        """A local directory for this role, or None to start from the actor's (SFT-warmed) weights.
+
+        As in verl, the reference, critic and reward model default to the actor's checkpoint; a
+        built-in tiny name can only mean that, so it must be the actor's name.
+        """
+        model = self.models[role]
+        if role == "actor" or Path(model).is_dir():
+            return None if role == "actor" else model
+        if model != self.models["actor"]:
+            raise ValueError(f"SingleController: {ROLE_ARGS[role]}={model!r} is neither a local model directory nor "
+                             f"the actor's built-in model {self.models['actor']!r}")
+        return None
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Copy the last checkpoint, plan and config of ``fit()`` to ``path``, atomically."""
+        from hybridflow.train.checkpoint import latest_checkpoint
+
+        run_dir = Path(self.settings.output_dir)
+        checkpoint = latest_checkpoint(run_dir)
+        if checkpoint is None:
+            raise FileNotFoundError(f"nothing to save: {run_dir} has no checkpoint yet; call fit() first")
+        target = Path(path)
+        tmp = target.with_name(f".{target.name}.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(checkpoint, tmp / "checkpoint")
+        for name in ("plan.json", "config.json"):
+            if (run_dir / name).is_file():
+                shutil.copy2(run_dir / name, tmp / name)
+        (tmp / "saved.json").write_text(json.dumps({"checkpoint": checkpoint.name}))
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+        return target
+
+    def load(self, path: str | os.PathLike[str]) -> None:
+        """Resume the next ``fit()`` from a directory written by :meth:`save`."""
+        source = Path(path)
+        saved = source / "saved.json"
+        if not saved.is_file():
+            raise FileNotFoundError(f"{source} was not written by SingleController.save() (no saved.json)")
+        self._resume_from = source
+        self._resume_name = json.loads(saved.read_text())["checkpoint"]
+
+
+def _policy_model(model: str, sft_steps: int) -> Any:
+    from hybridflow.train.config import ModelConfig
+
+    if Path(model).is_dir():
+        return ModelConfig(path=model)
+    return ModelConfig(name=model, sft_steps=sft_steps)
+
+
+def _copy_tree(source: Path, target: Path) -> None:
+    if target.exists():
+        shutil.rmtree(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(source, target)
