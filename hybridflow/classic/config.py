@@ -31,9 +31,11 @@ class DataParallelConfig:
     """Where each role runs and how it is parallelised.
 
     Roles given the same mesh are colocated (they share worker processes); meshes that partially
-    overlap are an error. ``data_parallel_size`` is each role's DP degree; the rest of a mesh
-    (``len(mesh) // data_parallel_size``) is tensor parallelism. ``None`` means pure DP over the
-    mesh. ``cluster`` is a planner spec such as ``"8xA100-80G"``; by default whole 8-GPU A100
+    overlap are an error. As with verl's FSDP workers, every role trains or infers data parallel
+    over its whole mesh, sharded by ``fsdp_sharding_strategy``; ``data_parallel_size`` is the
+    rollout engine's DP degree, the rest of the actor's mesh (``len(mesh) // data_parallel_size``)
+    its tensor parallelism. ``None`` lets the planner choose the rollout's split. ``cluster`` is a
+    planner spec such as ``"8xA100-80G"``; by default whole 8-GPU A100
     machines covering the highest GPU id. Fields may be set after construction and are checked
     again when set.
     """
@@ -134,7 +136,8 @@ class DataParallelConfig:
                     raise ConfigError(
                         "data_parallel_size",
                         f"{self.data_parallel_size} does not divide {_MESH.format(role)} of {len(mesh)} GPUs; "
-                        "pick a divisor of every mesh size (the rest of a mesh is tensor parallel)",
+                        "pick a divisor of every mesh size (the rest of the actor's mesh is the rollout's tensor "
+                        "parallelism)",
                     )
         total = self.num_gpus
         for role, mesh in self.meshes.items():

@@ -13,7 +13,7 @@ import os
 import shutil
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from hybridflow.classic.config import DataParallelConfig
 from hybridflow.graph import Graph, RoleKind, Workload, load_graph
@@ -34,7 +34,7 @@ class RunSettings:
     batch_size: int = 8
     max_new_tokens: int = 12
     prompt_len: int = 16
-    executor: str = "local"
+    executor: Literal["local", "ray", "torchrun"] = "local"
     output_dir: str = "runs/classic"
     seed: int = 0
     sft_steps: int = 100
@@ -99,7 +99,7 @@ class SingleController:
         """Inference roles in half precision when asked: bf16 where the device has it, else fp16 (T4, V100)."""
         if not self.use_half_precision:
             return {}
-        cluster, out = self.cluster, {}
+        cluster, out = self.cluster, dict[str, str]()
         for role in ("reward", "reference"):
             mesh = self.config.mesh(role)
             if mesh is not None and role in self.models:
@@ -116,9 +116,12 @@ class SingleController:
         meshes = {role: mesh for role, mesh in self.config.meshes.items() if graph.role(role).kind.needs_gpu}
         dp = self.config.data_parallel_size
         micro = {role: size for role in meshes if (size := self.config.micro_batch_size(role)) is not None}
+        # verl's FSDP workers train every role data parallel over its whole mesh (sharded by the
+        # strategy); data_parallel_size is the rollout's DP degree, the rest of the mesh its TP.
+        rollout_tp = {"actor": len(meshes["actor"]) // dp} if dp else None
         return evaluate_mapping(
             graph, self.model_specs(graph), workload or self.settings.workload, self.cluster, meshes,
-            data_parallel_size={role: dp or len(mesh) for role, mesh in meshes.items()},
+            data_parallel_size={role: len(mesh) for role, mesh in meshes.items()}, rollout_tp=rollout_tp,
             sharding=self.config.fsdp_sharding_strategy, micro_batch_sizes=micro or None, dtypes=self.dtypes(),
         )
 
@@ -136,7 +139,7 @@ class SingleController:
 
     def fit(self, steps: int | None = None) -> Any:
         """Train on this mapping; returns the run's :class:`~hybridflow.train.loop.TrainResult`."""
-        from hybridflow.train.config import DataConfig, ModelConfig, RoleConfig, TrainConfig
+        from hybridflow.train.config import DataConfig, RoleConfig, TrainConfig
         from hybridflow.train.loop import train
 
         settings = self.settings if steps is None else replace(self.settings, steps=steps)
@@ -145,11 +148,12 @@ class SingleController:
         plan = self.manual_plan()
         (run_dir / "plan.json").write_text(plan.to_json())
         graph = self.graph()
-        roles = {role: RoleConfig(model=self._role_model(role), micro_batch_size=self.config.micro_batch_size(role),
+        # The run follows the plan: each role's micro batch is the one the mapping was costed with.
+        roles = {role: RoleConfig(model=self._role_model(role), micro_batch_size=plan.layout(role).micro_batch_size,
                                   max_concurrent_requests=self.config.max_concurrent_requests(role))
-                 for role in self.models}
+                 for role in self.models if plan.group_index(role) is not None}
         config = TrainConfig(
-            algorithm=graph.name, seed=settings.seed, steps=settings.steps, executor=settings.executor,  # type: ignore[arg-type]
+            algorithm=graph.name, seed=settings.seed, steps=settings.steps, executor=settings.executor,
             num_gpus=self.config.num_gpus, plan_file=str(run_dir / "plan.json"),
             algorithm_options={"reward_kind": graph.role("reward").kind.value,
                                "max_new_tokens": settings.max_new_tokens, **settings.algorithm_options},

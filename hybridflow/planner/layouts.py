@@ -111,11 +111,12 @@ def _forward_front(role: RoleWork, base: RoleLayout, shape: Shape, fixed_mbs: in
     return _front2(points)
 
 
-def _generate_front(role: RoleWork, base: RoleLayout, shape: Shape, prompt_len: int) -> Front2:
+def _generate_front(role: RoleWork, base: RoleLayout, shape: Shape, prompt_len: int,
+                    fixed_rtp: int | None = None) -> Front2:
     if not role.generate:
         return [(0, 0.0, base)]
     points = []
-    for rtp in _tps(role, shape):
+    for rtp in [fixed_rtp] if fixed_rtp else _tps(role, shape):
         per_engine = -(-role.rows // (shape.size // rtp))
         for batch in sorted({b for b in ROLLOUT_BATCHES if b < per_engine} | {per_engine}):
             layout = replace(base, rollout_tp=rtp, rollout_batch_size=batch)
@@ -162,6 +163,7 @@ class Constraint:
     tp: int | None = None
     sharding: Sharding | None = None
     micro_batch_size: int | None = None
+    rollout_tp: int | None = None
 
 
 def role_candidates(role: RoleWork, shape: Shape, dtype: str, prompt_len: int,
@@ -189,7 +191,7 @@ def role_candidates(role: RoleWork, shape: Shape, dtype: str, prompt_len: int,
                 forwards[forward_key] = _forward_front(role, base, shape, fixed.micro_batch_size)
             rollout_key = tp if sharding is Sharding.NO_SHARD else 0
             if rollout_key not in rollouts:
-                rollouts[rollout_key] = _generate_front(role, base, shape, prompt_len)
+                rollouts[rollout_key] = _generate_front(role, base, shape, prompt_len, fixed.rollout_tp)
             parts = [_update_front(role, base, shape, fixed.micro_batch_size), forwards[forward_key],
                      rollouts[rollout_key]]
             for transient, seconds, (upd, fwd, gen) in _merge(parts):

@@ -100,20 +100,26 @@ def _per_role(value: PerRole, role: str, what: str) -> int | None:
 
 
 def _constraint(role: str, size: int, data_parallel_size: PerRole, sharding: Sharding | str | None,
-                micro_batch_sizes: PerRole) -> Constraint:
+                micro_batch_sizes: PerRole, rollout_tp: PerRole = None) -> Constraint:
     dp = _per_role(data_parallel_size, role, "data_parallel_size")
+    rtp = _per_role(rollout_tp, role, "rollout_tp")
+    if rtp is not None and size % rtp:
+        raise ValueError(f"rollout tensor parallel size {rtp} does not divide role {role!r}'s {size} GPUs")
     if dp is not None and size % dp:
         raise ValueError(f"data_parallel_size={dp} does not divide role {role!r}'s {size} GPUs; "
                          "tensor parallel size = GPUs / data_parallel_size must be whole")
     return Constraint(tp=size // dp if dp else None, sharding=Sharding(sharding) if sharding else None,
-                      micro_batch_size=_per_role(micro_batch_sizes, role, "micro_batch_sizes"))
+                      micro_batch_size=_per_role(micro_batch_sizes, role, "micro_batch_sizes"), rollout_tp=rtp)
 
 
 def evaluate_mapping(graph: Graph, models: Mapping[str, ModelSpec], workload: Workload, cluster: Cluster,
                      mapping: Mapping[str, Sequence[int]], *, data_parallel_size: PerRole = None,
                      sharding: Sharding | str | None = Sharding.FULL_SHARD, micro_batch_sizes: PerRole = None,
-                     dtypes: Mapping[str, str] | None = None) -> Plan:
+                     dtypes: Mapping[str, str] | None = None, rollout_tp: PerRole = None) -> Plan:
     """Cost a hand-written mapping with the planner's model; fields left None are chosen by the planner.
+
+    ``rollout_tp`` fixes the tensor-parallel size of a policy's rollout engine (verl's
+    ``rollout.tensor_model_parallel_size``); training layouts use ``data_parallel_size``.
 
     The plan is executable like an auto plan. A group that does not fit memory makes the plan
     infeasible, with a problem naming the group and the overflow (an OOM risk), instead of raising.
@@ -128,8 +134,8 @@ def evaluate_mapping(graph: Graph, models: Mapping[str, ModelSpec], workload: Wo
             counts[cluster.machine_index(gpu)] = counts.get(cluster.machine_index(gpu), 0) + 1
         device = cluster.machine_of(gpus[0]).device
         shape = evaluator.shape(device.name, list(counts.values()))
-        constraints = {role: _constraint(role, len(gpus), data_parallel_size, sharding, micro_batch_sizes)
-                       for role in roles}
+        constraints = {role: _constraint(role, len(gpus), data_parallel_size, sharding, micro_batch_sizes,
+                                         rollout_tp) for role in roles}
         for role, fixed in constraints.items():
             if fixed.tp and not shape.tp_allowed(fixed.tp):
                 raise ValueError(f"role {role!r}: tensor parallel size {fixed.tp} would split across machines "

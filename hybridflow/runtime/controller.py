@@ -8,10 +8,12 @@ reference log-probs on a GPU group.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from functools import partial
 from types import TracebackType
 from typing import Any
 
@@ -23,6 +25,7 @@ from hybridflow.registry import COMPUTE_FNS
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.executor import Executor, LocalExecutor, WorkerGroup
 from hybridflow.runtime.protocols import RoleSpec, Scorer
+from hybridflow.runtime.service import RoleServices, locked, serve
 from hybridflow.runtime.worker import COMPANIONS, NodeResult, port_batch
 
 
@@ -48,8 +51,9 @@ class Controller:
 
     def __init__(self, graph: Graph, plan: Plan, *, specs: Mapping[str, RoleSpec],
                  executor: Executor | None = None, driver_roles: Mapping[str, Scorer] | None = None,
-                 seed: int = 0) -> None:
+                 seed: int = 0, services: RoleServices | None = None) -> None:
         self.graph, self.plan, self.seed = graph, plan, seed
+        self.services = services
         self.driver_roles = dict(driver_roles or {})
         _check_placement(graph, plan, self.driver_roles)
         self.executor = executor or LocalExecutor()
@@ -101,17 +105,30 @@ class Controller:
                 prefix = f"{node.role}/" if node.role else f"{node.name}/"
                 metrics.update({prefix + key: value for key, value in outcome.metrics.items()})
                 done.add(node.name)
+        if self.services is not None:
+            metrics.update(self.services.metrics())
         return StepResult(batch=state, metrics=metrics, node_seconds=seconds)
 
     def _submit(self, node: Node, state: Batch, step: int) -> Future[_Outcome]:
         if node.op is Op.COMPUTE:
             return self._driver.submit(_timed, _run_compute, node, state)
+        served = self.services is not None and self.services.applies(node)
         if node.role in self.driver_roles:
-            return self._driver.submit(_timed, _run_driver_score, node, state, self.driver_roles[node.role])
+            scorer = self.driver_roles[node.role]
+            if served:
+                assert self.services is not None
+                return self._driver.submit(_timed, serve, node, state,
+                                           partial(_run_driver_score, node, scorer=scorer), self.services)
+            return self._driver.submit(_timed, _run_driver_score, node, state, scorer)
         index = self.plan.group_index(str(node.role))
         assert index is not None
         group, layout = self.groups[index], self.plan.layout(str(node.role))
         wanted = [*node.inputs, *(COMPANIONS[f] for f in node.inputs if f in COMPANIONS and COMPANIONS[f] in state)]
+        if served:
+            assert self.services is not None
+            lock = self.services.group_locks.setdefault(index, threading.Lock()) if group.size > 1 else None
+            run = partial(_run_request, locked(lock, _run_on_group), group, node, layout.dp, self.seed + step)
+            return self._dispatchers[index].submit(_timed, serve, node, state.select(wanted), run, self.services)
         if not getattr(group, "keeps_step_data", False):
             return self._dispatchers[index].submit(_run_on_group, group, node, state.select(wanted), layout.dp,
                                                    self.seed + step, len(state))
@@ -171,6 +188,12 @@ def _run_compute(node: Node, state: Batch) -> tuple[Batch, dict[str, float]]:
         raise ValueError(f"compute node {node.name!r}: fn {node.fn!r} returned {len(values)} values for outputs "
                          f"{list(node.outputs)}")
     return Batch.from_fields(dict(zip(node.outputs, values, strict=True))), {}
+
+
+def _run_request(run_on_group: Any, group: WorkerGroup, node: Node, dp: int, seed: int,
+                 rows: Batch) -> tuple[Batch, Mapping[str, float]]:
+    outcome: _Outcome = run_on_group(group, node, rows, dp, seed, len(rows))
+    return outcome.outputs, outcome.metrics
 
 
 def _run_driver_score(node: Node, state: Batch, scorer: Scorer) -> tuple[Batch, dict[str, float]]:

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from hybridflow.graph import Node, Op
 from hybridflow.planner import RoleLayout
 from hybridflow.registry import BACKENDS, LOSSES
@@ -45,12 +47,27 @@ class SoloCollective:
         return None
 
 
+def torch_device(device: str) -> str:
+    """The torch device for a plan's device name, resolved in the worker's own process.
+
+    Plans name GPU types (``"A100-80G:0"``, ``"T4:1"``); where this process sees no CUDA device they
+    are logical GPUs and the rank runs on the CPU. ``cpu``/``cuda...`` strings pass through.
+    """
+    kind, _, index = device.partition(":")
+    if kind in ("cpu", "cuda") or not kind:
+        return device or "cpu"
+    if not torch.cuda.is_available():
+        return "cpu"
+    return f"cuda:{int(index or 0) % torch.cuda.device_count()}"
+
+
 class GroupWorker:
     """One rank of a worker group. Build engines with :meth:`setup`, run nodes with :meth:`run`."""
 
     def __init__(self, *, group: int, rank: int, world_size: int, device: str, specs: Sequence[RoleSpec],
                  layouts: Sequence[RoleLayout], collective: Collective | None = None) -> None:
-        self.group, self.rank, self.world_size, self.device = group, rank, world_size, device
+        self.group, self.rank, self.world_size = group, rank, world_size
+        self.device = torch_device(device)
         self.specs = {spec.name: spec for spec in specs}
         self.layouts = {layout.role: layout for layout in layouts}
         self.collective: Collective = collective or SoloCollective()

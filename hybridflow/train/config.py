@@ -52,6 +52,29 @@ class OptimConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RoleConfig:
+    """Per-role overrides under ``roles.<name>``.
+
+    ``model``: a local HF directory for this role (default: the policy's starting weights);
+    ``backend``: the backend that runs it (default: the plan's, ``torch``); ``options``: passed to
+    the backend (e.g. ``rollout: vllm``); ``micro_batch_size``: rows per forward/backward pass;
+    ``max_concurrent_requests``: most forward requests in flight to the role's workers.
+    """
+
+    model: str | None = None
+    backend: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    micro_batch_size: int | None = None
+    max_concurrent_requests: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("micro_batch_size", "max_concurrent_requests"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"config key 'roles.*.{name}'={value} must be >= 1 (or unset)")
+
+
+@dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     """Everything ``hybridflow train`` needs. ``algorithm_options`` go to the graph factory."""
 
@@ -72,8 +95,12 @@ class TrainConfig:
     tensorboard: bool = True
     progress: bool = True
     plot: bool = True
+    roles: dict[str, RoleConfig] = field(default_factory=dict)
+    reward_cache_size: int = 0  # > 0: an LRU of reward-model scores keyed by prompt + response
 
     def __post_init__(self) -> None:
+        if self.reward_cache_size < 0:
+            raise ValueError(f"config key 'reward_cache_size'={self.reward_cache_size} must be >= 0 (0: off)")
         for name in ("steps", "num_gpus"):
             if getattr(self, name) < 1:
                 raise ValueError(f"config key {name!r}={getattr(self, name)} must be >= 1")
@@ -136,6 +163,9 @@ def _check(hint: Any, value: Any, key: str) -> Any:
     if origin is dict:
         if not isinstance(value, dict):
             raise TypeError(f"config key {key!r} must be a mapping, got {type(value).__name__}")
+        item = args[1] if len(args) == 2 else Any
+        if dataclasses.is_dataclass(item) and isinstance(item, type):
+            return {name: from_mapping(item, entry, f"{key}.{name}.") for name, entry in value.items()}
         return value
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)

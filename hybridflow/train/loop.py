@@ -42,7 +42,7 @@ def train(config: TrainConfig, *, resume: bool = False) -> TrainResult:
     writer = MetricsWriter(run_dir, tensorboard=config.tensorboard, resume_step=start if resume else None)
     history: list[dict[str, float]] = []
     with Controller(graph, plan, specs=setup.role_specs(config, graph, model_dir),
-                    executor=setup.make_executor(config), seed=config.seed,
+                    executor=setup.make_executor(config), seed=config.seed, services=setup.services(config, plan),
                     driver_roles={r.name: setup.reward_scorer(config, tokenizer) for r in graph.roles
                                   if not r.kind.needs_gpu}) as controller:
         if checkpoint is not None:

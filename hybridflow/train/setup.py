@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -11,10 +12,12 @@ from hybridflow.data.dataset import Record
 from hybridflow.data.tokenizer import load_tokenizer
 from hybridflow.graph import Graph, RoleKind, load_graph
 from hybridflow.planner import Plan
-from hybridflow.registry import load_object
+from hybridflow.registry import BACKENDS, load_object
 from hybridflow.runtime import OptimSpec, RoleSpec, default_plan
 from hybridflow.runtime.executor import Executor, LocalExecutor
-from hybridflow.train.config import OptimConfig, TrainConfig
+from hybridflow.runtime.limits import RequestLimiter, RewardCache
+from hybridflow.runtime.service import RoleServices
+from hybridflow.train.config import OptimConfig, RoleConfig, TrainConfig
 
 
 def records(config: TrainConfig) -> list[Record]:
@@ -52,9 +55,44 @@ def build_graph(config: TrainConfig) -> Graph:
 
 
 def build_plan(config: TrainConfig, graph: Graph) -> Plan:
-    if config.plan_file:
-        return Plan.from_json(Path(config.plan_file).read_text())
-    return default_plan(graph, num_gpus=config.num_gpus)
+    """The plan file's plan (or every role on one group), with the backends ``roles.<name>.backend`` picks."""
+    _check_roles(config, graph)
+    plan = Plan.from_json(Path(config.plan_file).read_text()) if config.plan_file else default_plan(
+        graph, num_gpus=config.num_gpus)
+    backends = {name: role.backend for name, role in config.roles.items() if role.backend}
+    if not backends:
+        return plan
+    for name, backend in backends.items():
+        BACKENDS.get(backend)  # an unknown name lists the installed backends
+        if plan.group_index(name) is None:
+            raise ValueError(f"config key 'roles.{name}.backend': role {name!r} runs on the driver (a reward "
+                             "function), so it has no backend; remove the key")
+    groups = tuple(replace(group, layouts=tuple(replace(layout, backend=backends.get(layout.role, layout.backend))
+                                                for layout in group.layouts)) for group in plan.groups)
+    return replace(plan, groups=groups)
+
+
+def _check_roles(config: TrainConfig, graph: Graph) -> None:
+    for name in config.roles:
+        if name not in graph.role_names:
+            raise KeyError(f"config key 'roles.{name}': the {graph.name} graph has no role {name!r}; "
+                           f"its roles are {graph.role_names}")
+
+
+def services(config: TrainConfig, plan: Plan) -> RoleServices | None:
+    """The reward cache and per-role request bounds the config asks for, or None."""
+    limiters = {name: RequestLimiter(role.max_concurrent_requests) for name, role in config.roles.items()
+                if role.max_concurrent_requests}
+    if not limiters and not config.reward_cache_size:
+        return None
+    rows = {}
+    for name in limiters:
+        index = plan.group_index(name)
+        dp = plan.layout(name).dp if index is not None else 1
+        micro = config.roles[name].micro_batch_size or (plan.layout(name).micro_batch_size if index is not None else 0)
+        rows[name] = micro * dp if micro else 0
+    cache = RewardCache(config.reward_cache_size) if config.reward_cache_size else None
+    return RoleServices(reward_cache=cache, limiters=limiters, request_rows=rows)
 
 
 def _optim(cfg: OptimConfig) -> OptimSpec:
@@ -69,9 +107,11 @@ def role_specs(config: TrainConfig, graph: Graph, model_dir: str) -> dict[str, R
         if not role.kind.needs_gpu:
             continue
         optim = config.critic if role.kind is RoleKind.VALUE else config.actor
-        specs[role.name] = RoleSpec(name=role.name, kind=role.kind, model=model_dir, seed=config.seed,
-                                    optim=_optim(optim) if role.kind.trainable else None,
-                                    micro_batch_size=optim.micro_batch_size)
+        overrides = config.roles.get(role.name, RoleConfig())
+        specs[role.name] = RoleSpec(name=role.name, kind=role.kind, model=overrides.model or model_dir,
+                                    seed=config.seed, optim=_optim(optim) if role.kind.trainable else None,
+                                    micro_batch_size=overrides.micro_batch_size or optim.micro_batch_size,
+                                    options=overrides.options)
     return specs
 
 
