@@ -11,13 +11,13 @@ from typing import Any
 import torch
 from hybridflow.backends.deepspeed.config import DeepSpeedOptions, build_config, zero_stage
 from hybridflow.backends.fsdp.distributed import all_ranks_finite, ensure_process_group
-from hybridflow.backends.fsdp.training import accumulate, forward_role_op, run_update, training_outputs
+from hybridflow.backends.fsdp.training import ShardedForwardOps, accumulate, run_update, training_outputs
 from hybridflow.backends.torch import modeling
 
 from hybridflow.planner import RoleLayout
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.errors import NonFiniteLossError
-from hybridflow.runtime.protocols import LossFn, OptimSpec, RoleSpec, SamplingParams, WorkerContext
+from hybridflow.runtime.protocols import LossFn, OptimSpec, RoleSpec, WorkerContext
 
 CHECKPOINT_TAG = "hybridflow"
 
@@ -32,7 +32,7 @@ def import_deepspeed() -> Any:
     return deepspeed
 
 
-class DeepSpeedRoleEngine:
+class DeepSpeedRoleEngine(ShardedForwardOps):
     """A :class:`~hybridflow.runtime.protocols.RoleEngine` over a DeepSpeed engine.
 
     Trainable roles run ``deepspeed.initialize`` with a torch AdamW (or DeepSpeed's CPU Adam under
@@ -78,31 +78,13 @@ class DeepSpeedRoleEngine:
         self.model.eval()
 
     @contextlib.contextmanager
-    def gathered(self) -> Iterator[None]:
+    def whole_weights(self) -> Iterator[None]:
         """Whole parameters on every rank (ZeRO-3), for generation's data-dependent number of forwards."""
         if self.stage < 3:
             yield
             return
         with import_deepspeed().zero.GatheredParameters(list(self.model.parameters()), modifier_rank=None):
             yield
-
-    def generate(self, batch: Batch, sampling: SamplingParams) -> Batch:
-        with torch.no_grad(), self.gathered():
-            out = modeling.generate(self.model, batch, max_new_tokens=sampling.max_new_tokens,
-                                    greedy=sampling.greedy, temperature=sampling.temperature, top_p=sampling.top_p,
-                                    top_k=sampling.top_k, seed=sampling.seed * 1009 + self.context.rank)
-        return Batch(out)
-
-    def log_probs(self, batch: Batch, *, with_entropy: bool = False) -> Batch:
-        return forward_role_op(self.model, batch, self.forward_batch_size,
-                               lambda model, m: modeling.policy_outputs(model, m, with_entropy=with_entropy))
-
-    def values(self, batch: Batch) -> Batch:
-        return forward_role_op(self.model, batch, self.forward_batch_size, modeling.value_outputs)
-
-    def score(self, batch: Batch) -> Batch:
-        return forward_role_op(self.model, batch, self.forward_batch_size,
-                               lambda model, m: {"scores": modeling.reward_model_scores(model, m)})
 
     def train_step(self, batch: Batch, *, loss: LossFn, options: Mapping[str, Any]) -> dict[str, float]:
         if not self.spec.kind.trainable:

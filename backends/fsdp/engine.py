@@ -10,13 +10,13 @@ from typing import Any
 import torch
 from hybridflow.backends.fsdp import checkpoint, parallelize
 from hybridflow.backends.fsdp.distributed import all_ranks_finite, ensure_process_group
-from hybridflow.backends.fsdp.training import accumulate, forward_role_op, run_update, training_outputs
+from hybridflow.backends.fsdp.training import ShardedForwardOps, accumulate, run_update, training_outputs
 from hybridflow.backends.torch import modeling
 
 from hybridflow.planner import RoleLayout
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.errors import NonFiniteLossError
-from hybridflow.runtime.protocols import LossFn, OptimSpec, RoleSpec, SamplingParams, WorkerContext
+from hybridflow.runtime.protocols import LossFn, OptimSpec, RoleSpec, WorkerContext
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,7 +40,7 @@ class FsdpOptions:
         return options
 
 
-class FsdpRoleEngine:
+class FsdpRoleEngine(ShardedForwardOps):
     """A :class:`~hybridflow.runtime.protocols.RoleEngine` over an FSDP2-sharded HF model.
 
     Every rank of the group must call the same ops with the same number of rows (the controller pads
@@ -77,7 +77,7 @@ class FsdpRoleEngine:
         self.model.eval()
 
     @contextlib.contextmanager
-    def unsharded(self) -> Iterator[None]:
+    def whole_weights(self) -> Iterator[None]:
         """Whole parameters on every rank for the duration (generation runs a data-dependent number of
         forward passes per rank, which per-forward all-gathers would deadlock on)."""
         modules = parallelize.fsdp_modules(self.model)
@@ -92,24 +92,6 @@ class FsdpRoleEngine:
                 # Blocks follow the strategy; the root never reshards after forward (see shard_model).
                 keep = module is self.model or not self.setup.reshard_after_forward
                 module.set_reshard_after_forward(not keep, recurse=False)
-
-    def generate(self, batch: Batch, sampling: SamplingParams) -> Batch:
-        with torch.no_grad(), self.unsharded():
-            out = modeling.generate(self.model, batch, max_new_tokens=sampling.max_new_tokens,
-                                    greedy=sampling.greedy, temperature=sampling.temperature, top_p=sampling.top_p,
-                                    top_k=sampling.top_k, seed=sampling.seed * 1009 + self.context.rank)
-        return Batch(out)
-
-    def log_probs(self, batch: Batch, *, with_entropy: bool = False) -> Batch:
-        return forward_role_op(self.model, batch, self.forward_batch_size,
-                               lambda model, m: modeling.policy_outputs(model, m, with_entropy=with_entropy))
-
-    def values(self, batch: Batch) -> Batch:
-        return forward_role_op(self.model, batch, self.forward_batch_size, modeling.value_outputs)
-
-    def score(self, batch: Batch) -> Batch:
-        return forward_role_op(self.model, batch, self.forward_batch_size,
-                               lambda model, m: {"scores": modeling.reward_model_scores(model, m)})
 
     def train_step(self, batch: Batch, *, loss: LossFn, options: Mapping[str, Any]) -> dict[str, float]:
         if self.optimizer is None:

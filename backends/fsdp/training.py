@@ -8,13 +8,15 @@ reference backend's, so the backends agree on the first step.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
+from hybridflow.backends.torch import modeling
 
 from hybridflow.graph import RoleKind
 from hybridflow.runtime.batch import Batch
-from hybridflow.runtime.protocols import LossFn, OptimSpec
+from hybridflow.runtime.protocols import LossFn, OptimSpec, SamplingParams
 
 MiniStep = Callable[[Batch], dict[str, float]]
 """Takes one optimizer step on a mini batch; returns its scalar metrics."""
@@ -69,3 +71,38 @@ def forward_role_op(model: Any, batch: Batch, micro_batch_size: int,
     with torch.no_grad():
         parts = [Batch(fn(model, micro)) for micro in batch.split(micro_batch_size)]
     return Batch.concat(parts)
+
+
+class ShardedForwardOps:
+    """``generate``, ``log_probs``, ``values`` and ``score`` of an engine whose weights are sharded.
+
+    Generation runs under :meth:`whole_weights`, since it takes a data-dependent number of forward
+    passes per rank that per-forward gathers would deadlock on; the other ops go micro batch by
+    micro batch, every rank in step. Engines provide ``model``, ``forward_batch_size``,
+    ``context`` and ``whole_weights``.
+    """
+
+    model: Any
+    forward_batch_size: int
+    context: Any
+
+    def whole_weights(self) -> AbstractContextManager[None]:
+        raise NotImplementedError
+
+    def generate(self, batch: Batch, sampling: SamplingParams) -> Batch:
+        with torch.no_grad(), self.whole_weights():
+            out = modeling.generate(self.model, batch, max_new_tokens=sampling.max_new_tokens,
+                                    greedy=sampling.greedy, temperature=sampling.temperature, top_p=sampling.top_p,
+                                    top_k=sampling.top_k, seed=sampling.seed * 1009 + self.context.rank)
+        return Batch(out)
+
+    def log_probs(self, batch: Batch, *, with_entropy: bool = False) -> Batch:
+        return forward_role_op(self.model, batch, self.forward_batch_size,
+                               lambda model, m: modeling.policy_outputs(model, m, with_entropy=with_entropy))
+
+    def values(self, batch: Batch) -> Batch:
+        return forward_role_op(self.model, batch, self.forward_batch_size, modeling.value_outputs)
+
+    def score(self, batch: Batch) -> Batch:
+        return forward_role_op(self.model, batch, self.forward_batch_size,
+                               lambda model, m: {"scores": modeling.reward_model_scores(model, m)})
