@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 
@@ -27,3 +28,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="module")
+def ray_two_nodes() -> Iterator[str]:
+    """Two simulated Ray nodes of two logical GPUs each on this machine; yields the head address."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    sim = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 2})
+    sim.add_node(num_cpus=2, num_gpus=2)
+    sim.wait_for_nodes()
+    yield sim.address
+    ray.shutdown()
+    sim.shutdown()

@@ -3,8 +3,6 @@ reference (FSDP) + reward model (torch) on the other's; every rank is its own pr
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 ray = pytest.importorskip("ray")
@@ -21,19 +19,6 @@ LAYOUTS = {"actor": ("fsdp", Sharding.FULL_SHARD), "critic": ("deepspeed", Shard
            "reference": ("fsdp", Sharding.NO_SHARD), "reward": ("torch", Sharding.NO_SHARD)}
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[str]:
-    """Two Ray nodes of two logical GPUs each on this machine; yields the head address."""
-    from ray.cluster_utils import Cluster
-
-    sim = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 2})
-    sim.add_node(num_cpus=2, num_gpus=2)
-    sim.wait_for_nodes()
-    yield sim.address
-    ray.shutdown()
-    sim.shutdown()
-
-
 def two_node_plan() -> Plan:
     def group(roles: tuple[str, str], gpus: tuple[int, int], host: int) -> GroupPlan:
         layouts = tuple(RoleLayout(role=role, dp=2, dtype="fp32", micro_batch_size=4, backend=LAYOUTS[role][0],
@@ -45,7 +30,7 @@ def two_node_plan() -> Plan:
                                          group(("reference", "reward"), (2, 3), 1)))
 
 
-def test_ppo_follows_the_plan_with_fsdp_and_deepspeed_roles(cluster: str) -> None:
+def test_ppo_follows_the_plan_with_fsdp_and_deepspeed_roles(ray_two_nodes: str) -> None:
     from hybridflow.runtime.ray_executor import RayExecutor, gpu_nodes
 
     graph = load_graph("ppo", max_new_tokens=6)
@@ -54,7 +39,7 @@ def test_ppo_follows_the_plan_with_fsdp_and_deepspeed_roles(cluster: str) -> Non
              for role in graph.roles}
     assert specs["reward"].kind is RoleKind.REWARD_MODEL
     loader = PromptLoader(records=task_examples("reverse", 16), tokenizer=char_tokenizer(), batch_size=4)
-    with Controller(graph, two_node_plan(), specs=specs, executor=RayExecutor(address=cluster)) as controller:
+    with Controller(graph, two_node_plan(), specs=specs, executor=RayExecutor(address=ray_two_nodes)) as controller:
         result = controller.step(loader.batch(0), step=0)
         assert {"actor/loss", "critic/vf_loss", "critic/grad_norm"} <= set(result.metrics)
         nodes = gpu_nodes()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,19 +20,6 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 TOKENIZER = char_tokenizer()
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[str]:
-    """Two Ray nodes of two logical GPUs each on this machine; yields the head address."""
-    from ray.cluster_utils import Cluster
-
-    sim = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 2})
-    sim.add_node(num_cpus=2, num_gpus=2)
-    sim.wait_for_nodes()
-    yield sim.address
-    ray.shutdown()
-    sim.shutdown()
-
-
 def _two_node_plan() -> Plan:
     def group(role: str, gpus: tuple[int, int], host: int) -> GroupPlan:
         return GroupPlan(gpus=gpus, hosts=(host, host), device="cpu", roles=(role,),
@@ -44,7 +30,7 @@ def _two_node_plan() -> Plan:
                 driver_roles=("reward",))
 
 
-def test_roles_run_on_their_planned_nodes_and_a_killed_worker_fails_fast(cluster: str,
+def test_roles_run_on_their_planned_nodes_and_a_killed_worker_fails_fast(ray_two_nodes: str,
                                                                           random_model_dir: Path) -> None:
     from hybridflow.runtime.ray_executor import RayExecutor, gpu_nodes
 
@@ -52,7 +38,7 @@ def test_roles_run_on_their_planned_nodes_and_a_killed_worker_fails_fast(cluster
     specs = {name: RoleSpec(name=name, kind=graph.role(name).kind, model=str(random_model_dir),
                             optim=OptimSpec(lr=1e-3) if name == "actor" else None) for name in ("actor", "reference")}
     loader = PromptLoader(records=task_examples("reverse", 32), tokenizer=TOKENIZER, batch_size=4)
-    executor = RayExecutor(address=cluster)
+    executor = RayExecutor(address=ray_two_nodes)
     with Controller(graph, _two_node_plan(), specs=specs, executor=executor,
                     driver_roles={"reward": RuleScorer(TASKS.get("reverse").reward, TOKENIZER)}) as controller:
         result = controller.step(loader.batch(0), step=0)
@@ -76,7 +62,7 @@ def test_roles_run_on_their_planned_nodes_and_a_killed_worker_fails_fast(cluster
         assert time.perf_counter() - start < 20
 
 
-def test_training_survives_a_dead_worker_by_resuming(cluster: str, tmp_path: Path,
+def test_training_survives_a_dead_worker_by_resuming(ray_two_nodes: str, tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     from hybridflow.runtime.ray_executor import RayExecutor
     from hybridflow.train import setup
@@ -87,9 +73,9 @@ def test_training_survives_a_dead_worker_by_resuming(cluster: str, tmp_path: Pat
     config_path = Path(__file__).resolve().parents[2] / "configs" / "grpo_reverse.yaml"
     overrides = ["model.sft_steps=5", "data.batch_size=4", "data.num_examples=64", "algorithm_options.n=2",
                  "algorithm_options.max_new_tokens=6", "progress=false", "tensorboard=false", "plot=false",
-                 "executor=ray", f"ray_address={cluster}", "checkpoint_every=2", "output_dir=run"]
+                 "executor=ray", f"ray_address={ray_two_nodes}", "checkpoint_every=2", "output_dir=run"]
     monkeypatch.chdir(tmp_path)  # a relative output_dir must still reach the workers (they run elsewhere)
-    executor = RayExecutor(address=cluster)
+    executor = RayExecutor(address=ray_two_nodes)
 
     def kill_after_first_checkpoint() -> None:
         while latest_checkpoint(tmp_path / "run") is None:
