@@ -86,6 +86,10 @@ class TrainConfig:
     ray_address: str | None = None
     num_gpus: int = 1
     plan_file: str | None = None  # a Plan JSON (e.g. from the planner); default: every role on one group
+    # "auto": the planner's plan for ``cluster``; "manual": ``meshes`` per role, costed by the planner.
+    placement: Literal["default", "auto", "manual"] = "default"
+    cluster: str | None = None  # a planner cluster spec, e.g. "4xA100-80G+2xT4"; default f"{num_gpus}xCPU"
+    meshes: dict[str, list[int]] = field(default_factory=dict)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     actor: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3))
@@ -99,6 +103,11 @@ class TrainConfig:
     reward_cache_size: int = 0  # > 0: an LRU of reward-model scores keyed by prompt + response
 
     def __post_init__(self) -> None:
+        if self.placement != "default" and self.plan_file:
+            raise ValueError(f"config keys 'placement'={self.placement!r} and 'plan_file' conflict: a plan file is "
+                             "executed as it is; drop one of them")
+        if self.meshes and self.placement != "manual":
+            raise ValueError("config key 'meshes' is only read with placement=manual")
         if self.reward_cache_size < 0:
             raise ValueError(f"config key 'reward_cache_size'={self.reward_cache_size} must be >= 0 (0: off)")
         for name in ("steps", "num_gpus"):

@@ -35,7 +35,8 @@ def train(config: TrainConfig, *, resume: bool = False) -> TrainResult:
     data = setup.records(config)
     model_dir, tokenizer = setup.prepare_model(config, run_dir, data)
     graph = setup.build_graph(config)
-    plan = setup.build_plan(config, graph)
+    plan = setup.build_plan(config, graph, setup.max_prompt_tokens(data, tokenizer))
+    (run_dir / "plan.json").write_text(plan.to_json())  # what ran, for `hybridflow report` and reruns
     checkpoint = latest_checkpoint(run_dir) if resume else None
     start = checkpoint_step(checkpoint) if checkpoint else 0
     loader = setup.prompt_loader(config, data, tokenizer)

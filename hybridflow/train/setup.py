@@ -20,6 +20,11 @@ from hybridflow.runtime.service import RoleServices
 from hybridflow.train.config import OptimConfig, RoleConfig, TrainConfig
 
 
+def max_prompt_tokens(data: list[Record], tokenizer: Any) -> int:
+    """The longest prompt in tokens, for the planner's workload."""
+    return max(len(tokenizer(record["prompt"])["input_ids"]) for record in data[:512])
+
+
 def records(config: TrainConfig) -> list[Record]:
     if config.data.path:
         return load_records(config.data.path)
@@ -54,11 +59,17 @@ def build_graph(config: TrainConfig) -> Graph:
     return load_graph(config.algorithm, **options)
 
 
-def build_plan(config: TrainConfig, graph: Graph) -> Plan:
-    """The plan file's plan (or every role on one group), with the backends ``roles.<name>.backend`` picks."""
+def build_plan(config: TrainConfig, graph: Graph, prompt_len: int = 32) -> Plan:
+    """The plan file's, the planner's (``placement``) or the one-group plan, with ``roles.<name>.backend``."""
     _check_roles(config, graph)
-    plan = Plan.from_json(Path(config.plan_file).read_text()) if config.plan_file else default_plan(
-        graph, num_gpus=config.num_gpus)
+    if config.plan_file:
+        plan = Plan.from_json(Path(config.plan_file).read_text())
+    elif config.placement != "default":
+        from hybridflow.train.placement import planned
+
+        plan = planned(config, graph, prompt_len)
+    else:
+        plan = default_plan(graph, num_gpus=config.num_gpus)
     backends = {name: role.backend for name, role in config.roles.items() if role.backend}
     if not backends:
         return plan

@@ -1,0 +1,63 @@
+"""``placement: auto | manual``: plan a run's roles with the planner before it starts.
+
+``auto`` executes the planner's plan for the declared ``cluster``; ``manual`` costs the ``meshes``
+the config gives per role with the same model (and refuses a mapping that does not fit). Plans are
+made for the run's real workload (prompts per step, samples, prompt and response lengths) and
+models (a built-in tiny name or a local HF directory).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hybridflow.graph import Graph, Op, Workload
+from hybridflow.planner import Cluster, ModelSpec, Plan, evaluate_mapping, plan_placement
+from hybridflow.train.config import TrainConfig
+
+
+def role_models(config: TrainConfig, graph: Graph) -> dict[str, ModelSpec]:
+    """A planner spec per GPU role: its own directory if configured, else the policy's model."""
+    policy = config.model.path or config.model.name
+    specs = {}
+    for role in graph.roles:
+        if role.kind.needs_gpu:
+            override = config.roles.get(role.name)
+            model = override.model if override is not None and override.model else policy
+            specs[role.name] = ModelSpec.from_hf_config(model) if Path(model).exists() else ModelSpec.preset(model)
+    return specs
+
+
+def workload(config: TrainConfig, graph: Graph, prompt_len: int) -> Workload:
+    lengths = [int(node.option("max_new_tokens", 32) or 32) for node in graph.nodes if node.op is Op.GENERATE]
+    return Workload(batch_size=config.data.batch_size, prompt_len=prompt_len, response_len=max(lengths, default=32))
+
+
+def planned(config: TrainConfig, graph: Graph, prompt_len: int) -> Plan:
+    """The plan ``config.placement`` asks for; raises naming the key at fault."""
+    cluster = Cluster.parse(config.cluster or f"{config.num_gpus}xCPU")
+    models, work = role_models(config, graph), workload(config, graph, prompt_len)
+    if config.placement == "auto":
+        plan = plan_placement(graph, models, work, cluster)
+    else:
+        gpu_roles = set(models)
+        missing = sorted(gpu_roles - set(config.meshes))
+        if missing:
+            raise KeyError(f"config key 'meshes': placement=manual needs a mesh for every GPU role; missing {missing}")
+        extra = sorted(set(config.meshes) - gpu_roles)
+        if extra:
+            raise KeyError(f"config key 'meshes': {extra} are not GPU roles of the {graph.name} graph "
+                           f"(GPU roles: {sorted(gpu_roles)})")
+        plan = evaluate_mapping(graph, models, work, cluster, config.meshes,
+                                data_parallel_size={role: len(mesh) for role, mesh in config.meshes.items()})
+        if not plan.feasible:
+            raise ValueError(f"config key 'meshes': the mapping does not fit: {'; '.join(plan.problems)}")
+    _check_executable(plan)
+    return plan
+
+
+def _check_executable(plan: Plan) -> None:
+    for group in plan.groups:
+        for layout in group.layouts:
+            if layout.tp != 1:
+                raise ValueError(f"the plan gives role {layout.role!r} tensor parallel size {layout.tp}, which no "
+                                 "installed training backend runs; use placement=manual with data-parallel meshes")
