@@ -44,6 +44,11 @@ class Batch:
         yield from self.tensors.items()
         yield from self.non_tensors.items()
 
+    @property
+    def tensor_bytes(self) -> int:
+        """Bytes of the tensor fields (what a transfer of this batch moves, strings aside)."""
+        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+
     def __len__(self) -> int:
         for _, value in self._items():
             return len(value)

@@ -63,6 +63,7 @@ class Controller:
         self._token = 0
         # (group, dp) -> fields every rank of that group already holds for this step, sharded by dp.
         self._resident: dict[tuple[int, int], set[str]] = {}
+        self._shipped: list[int] = []  # tensor bytes sent to each group this step
 
     def __enter__(self) -> Controller:
         return self
@@ -80,6 +81,7 @@ class Controller:
         state, done = batch, set[str]()
         self._token += 1
         self._resident = {}
+        self._shipped = [0] * len(self.groups)
         pending = list(self.graph.order)
         running: dict[Future[_Outcome], Node] = {}
         expanded = False
@@ -107,6 +109,8 @@ class Controller:
                 done.add(node.name)
         if self.services is not None:
             metrics.update(self.services.metrics())
+        for index, shipped in enumerate(self._shipped):
+            metrics[f"transfer/to_group{index}_bytes"] = float(shipped)
         return StepResult(batch=state, metrics=metrics, node_seconds=seconds)
 
     def _submit(self, node: Node, state: Batch, step: int) -> Future[_Outcome]:
@@ -126,15 +130,18 @@ class Controller:
         wanted = [*node.inputs, *(COMPANIONS[f] for f in node.inputs if f in COMPANIONS and COMPANIONS[f] in state)]
         if served:
             assert self.services is not None
+            self._shipped[index] += state.select(wanted).tensor_bytes
             lock = self.services.group_locks.setdefault(index, threading.Lock()) if group.size > 1 else None
             run = partial(_run_request, locked(lock, _run_on_group), group, node, layout.dp, self.seed + step)
             return self._dispatchers[index].submit(_timed, serve, node, state.select(wanted), run, self.services)
         if not getattr(group, "keeps_step_data", False):
+            self._shipped[index] += state.select(wanted).tensor_bytes
             return self._dispatchers[index].submit(_run_on_group, group, node, state.select(wanted), layout.dp,
                                                    self.seed + step, len(state))
         # A group runs its calls in order, so what this call ships or produces is there for the next one.
         resident = self._resident.setdefault(self._residency_key(node), set())
         send = state.select([name for name in wanted if name not in resident])
+        self._shipped[index] += send.tensor_bytes
         resident.update(wanted)
         return self._dispatchers[index].submit(_run_on_group, group, node, send, layout.dp, self.seed + step,
                                                len(state), {"token": self._token, "fields": tuple(wanted)})

@@ -4,6 +4,11 @@ On a CPU machine, ``ray.init(num_gpus=N)`` declares N logical GPUs so the same p
 Plan host ``h`` maps to the h-th GPU node (the driver's node first, then by node id); bundles are
 pinned to their node with a label selector, so the roles run where the plan put them. Data crosses
 as numpy (:meth:`Batch.to_wire`); a dead actor surfaces as :class:`WorkerFailedError` naming role and rank.
+
+Device types are Ray custom resources named ``gpu_type:<plan device>`` (``gpu_type:A100-80G``), one
+unit per GPU: start real nodes with ``ray start --num-gpus 8 --resources '{"gpu_type:A100-80G": 8}'``.
+A bundle of a GPU group asks for one unit of its type only when the cluster declares at least one
+``gpu_type:`` resource, so clusters started without them still run every plan (unchecked).
 """
 
 from __future__ import annotations
@@ -27,6 +32,9 @@ WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALL
 READY_TIMEOUT_S = 60.0
 # Logical GPUs a locally started CPU-only cluster declares, so later plans in the same process fit too.
 MIN_LOGICAL_GPUS = 8
+# Ray custom resource prefix naming a node's GPU type; Ray's own ``accelerator_type:`` resources use
+# other names (``A100`` for every A100 variant) and count nodes rather than GPUs, so they cannot be used.
+GPU_TYPE_PREFIX = "gpu_type:"
 
 
 def ensure_ray(*, address: str | None, num_gpus: int, num_cpus: int | None = None) -> None:
@@ -66,28 +74,70 @@ def gpu_nodes() -> list[str]:
     return sorted(ids, key=lambda node: (node != here, node))
 
 
+def gpu_type_resource(device: str) -> str | None:
+    """The custom resource a bundle of a ``device`` group asks for; None for ``"cpu"`` groups."""
+    return None if device == "cpu" else f"{GPU_TYPE_PREFIX}{device}"
+
+
+def declared_gpu_types(resources: Mapping[str, float]) -> dict[str, int]:
+    """``{device type: GPU count}`` from Ray resources (a node's or the cluster's)."""
+    return {name.removeprefix(GPU_TYPE_PREFIX): int(count) for name, count in resources.items()
+            if name.startswith(GPU_TYPE_PREFIX)}
+
+
+def check_device_type(index: int, group: GroupPlan, nodes: Sequence[str]) -> str | None:
+    """The type resource each bundle of ``group`` asks for, after checking its planned nodes exist and have it.
+
+    None when the group runs on ``cpu`` or the cluster declares no device types at all. A missing type
+    raises at once, naming the group, the type and what the cluster has, rather than a placement that
+    would never be satisfied.
+    """
+    import ray
+
+    if max(group.hosts) >= len(nodes):
+        raise ValueError(f"plan group {index} uses host {max(group.hosts)} but Ray has {len(nodes)} GPU "
+                         "node(s); add nodes or plan for fewer machines")
+    resource = gpu_type_resource(group.device)
+    cluster = declared_gpu_types(ray.cluster_resources())
+    if resource is None or not cluster:
+        return None
+    fix = (f"start nodes with --resources '{{\"{resource}\": N}}' or plan for the cluster's types "
+           f"{sorted(cluster)}")
+    what = f"plan group {index} ({'/'.join(group.roles)}, {group.size}x {group.device})"
+    if cluster.get(group.device, 0) < group.size:
+        raise ValueError(f"{what} needs {group.size} {resource} but the cluster declares {cluster}; {fix}")
+    if len(nodes) > 1:  # bundles are pinned per host: each planned node must hold its share
+        declared = {n["NodeID"]: declared_gpu_types(n["Resources"]) for n in ray.nodes() if n["Alive"]}
+        for host in sorted(set(group.hosts)):
+            needed, has = group.hosts.count(host), declared.get(nodes[host], {})
+            if has.get(group.device, 0) < needed:
+                raise ValueError(f"{what} needs {needed} {resource} on plan host {host} = Ray node "
+                                 f"{nodes[host][:12]} (hosts are GPU nodes in order, driver's node first), "
+                                 f"which declares {has or 'no device types'}; {fix}")
+    return resource
+
+
 class RayWorkerGroup:
     """The actors of one group; calls go to all ranks at once and failures are mapped to roles and ranks."""
 
     def __init__(self, index: int, group: GroupPlan, specs: Sequence[RoleSpec], nodes: Sequence[str],
-                 cpus_per_worker: float) -> None:
+                 cpus_per_worker: float, type_resource: str | None = None) -> None:
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         self.index, self.size, self.group = index, group.size, group
         self.roles = group.roles
-        if max(group.hosts) >= len(nodes):
-            raise ValueError(f"plan group {index} uses host {max(group.hosts)} but Ray has {len(nodes)} GPU "
-                             "node(s); add nodes or plan for fewer machines")
         selectors = [{"ray.io/node-id": nodes[h]} for h in group.hosts] if len(nodes) > 1 else None
-        bundles = [{"GPU": 1.0, "CPU": cpus_per_worker} for _ in group.gpus]
+        bundles = [{"GPU": 1.0, "CPU": cpus_per_worker} | ({type_resource: 1.0} if type_resource else {})
+                   for _ in group.gpus]
         self.placement_group = placement_group(bundles, strategy="PACK", bundle_label_selector=selectors,
                                                name=f"hybridflow-group{index}-{uuid.uuid4().hex[:8]}")
         try:
             ray.get(self.placement_group.ready(), timeout=READY_TIMEOUT_S)
         except ray.exceptions.GetTimeoutError as err:
-            raise TimeoutError(f"plan group {index} ({group.size} GPU bundles on hosts {sorted(set(group.hosts))}) "
+            raise TimeoutError(f"plan group {index} ({group.size} {group.device} GPU bundles on hosts "
+                               f"{sorted(set(group.hosts))}) "
                                f"was not placed within {READY_TIMEOUT_S:.0f}s; the cluster has "
                                f"{ray.cluster_resources()}") from err
         actor_cls = ray.remote(GroupWorker)
@@ -157,10 +207,13 @@ class RayExecutor:
     def start(self, plan: Plan, specs: Mapping[str, RoleSpec]) -> list[WorkerGroup]:
         ensure_ray(address=self.address, num_gpus=plan.num_gpus, num_cpus=self.num_cpus)
         nodes = gpu_nodes()
+        # Every group is checked against the cluster before any actor starts: a plan the cluster cannot
+        # hold fails in milliseconds, not after the first groups loaded their models.
+        types = [check_device_type(index, group, nodes) for index, group in enumerate(plan.groups)]
         try:
-            for index, group_plan in enumerate(plan.groups):
+            for index, (group_plan, type_resource) in enumerate(zip(plan.groups, types, strict=True)):
                 self.groups.append(RayWorkerGroup(index, group_plan, group_specs(group_plan, specs), nodes,
-                                                  self.cpus_per_worker))
+                                                  self.cpus_per_worker, type_resource))
             for group in self.groups:
                 group.call("setup")
         except BaseException:

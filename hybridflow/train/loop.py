@@ -53,7 +53,7 @@ def train(config: TrainConfig, *, resume: bool = False) -> TrainResult:
         for step in progress:
             began = time.perf_counter()
             result = controller.step(loader.batch(step), step=step)
-            metrics = step_metrics(result, time.perf_counter() - began)
+            metrics = step_metrics(result, time.perf_counter() - began, graph)
             writer.write(step, metrics)
             history.append({"step": step, **metrics})
             progress.show(metrics)

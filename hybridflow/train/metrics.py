@@ -8,10 +8,11 @@ from typing import Any
 
 import torch
 
+from hybridflow.graph import Graph, Op
 from hybridflow.runtime.controller import StepResult
 
 
-def step_metrics(result: StepResult, seconds: float) -> dict[str, float]:
+def step_metrics(result: StepResult, seconds: float, graph: Graph | None = None) -> dict[str, float]:
     """Reward mean/std, KL, entropy, clip fraction, response length, per-node time, tokens/s, memory."""
     batch, out = result.batch, dict(result.metrics)
     if "scores" in batch:
@@ -27,6 +28,40 @@ def step_metrics(result: StepResult, seconds: float) -> dict[str, float]:
     out.update({f"time/{name}": value for name, value in result.node_seconds.items()})
     out["time/step"] = seconds
     out["memory/rss_gb"] = _rss_gb()
+    if graph is not None:
+        out.update(_node_throughput(result, graph))
+    out.update(_gpu_metrics())
+    return out
+
+
+def _node_throughput(result: StepResult, graph: Graph) -> dict[str, float]:
+    """Tokens per second of each role node: decoded tokens for rollout, whole sequences otherwise."""
+    batch, out = result.batch, dict[str, float]()
+    if "response_mask" not in batch:
+        return out
+    responses = float(batch["response_mask"].sum())
+    prompts = float(batch["prompt_mask"].sum()) if "prompt_mask" in batch else 0.0
+    for node in graph.nodes:
+        seconds = result.node_seconds.get(node.name, 0.0)
+        if node.role is None or seconds <= 0:
+            continue
+        tokens = responses if node.op is Op.GENERATE else responses + prompts
+        out[f"throughput/{node.name}_tokens_per_s"] = tokens / seconds
+    return out
+
+
+def _gpu_metrics() -> dict[str, float]:
+    """Memory (torch.cuda) and utilisation (NVML, when installed) of this process's GPUs; empty on CPU."""
+    if not torch.cuda.is_available():
+        return {}
+    out = {"gpu/max_memory_allocated_gb": torch.cuda.max_memory_allocated() / 2**30}
+    try:
+        import pynvml
+    except ImportError:  # utilisation needs the nvidia-ml-py package; memory above does not
+        return out
+    pynvml.nvmlInit()
+    handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+    out["gpu/utilization_pct"] = sum(pynvml.nvmlDeviceGetUtilizationRates(h).gpu for h in handles) / len(handles)
     return out
 
 

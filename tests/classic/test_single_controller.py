@@ -77,6 +77,9 @@ def test_tutorial_mapping_trains_end_to_end_with_cache_and_request_bound(tmp_pat
     # 4 prompts x 1 sample in requests of 2 rows x dp 2 = 4 rows: the bound of 2 is never passed.
     assert all(row["reward/peak_in_flight_requests"] <= 2 for row in rows)
     assert "reward_cache/hit_rate" in rows[-1]
+    # Monitoring: bytes shipped to each group and tokens/s of every role node.
+    assert rows[0]["transfer/to_group0_bytes"] > 0 and rows[0]["transfer/to_group1_bytes"] > 0
+    assert rows[0]["throughput/reward_score_tokens_per_s"] > 0 and rows[0]["throughput/actor_generate_tokens_per_s"] > 0
     saved = ctl.save(tmp_path / "saved")
     assert (saved / "checkpoint" / "trainer.json").is_file() and (saved / "plan.json").is_file()
     ctl.load(saved)
