@@ -14,6 +14,7 @@ A bundle of a GPU group asks for one unit of its type only when the cluster decl
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 import uuid
 from collections.abc import Mapping, Sequence
@@ -35,6 +36,7 @@ MIN_LOGICAL_GPUS = 8
 # Ray custom resource prefix naming a node's GPU type; Ray's own ``accelerator_type:`` resources use
 # other names (``A100`` for every A100 variant) and count nodes rather than GPUs, so they cannot be used.
 GPU_TYPE_PREFIX = "gpu_type:"
+_PLACEMENT_GROUP_RESOURCE = re.compile(r"_group_(\d+_)?[0-9a-f]{16,}$")
 
 
 def ensure_ray(*, address: str | None, num_gpus: int, num_cpus: int | None = None) -> None:
@@ -81,8 +83,9 @@ def gpu_type_resource(device: str) -> str | None:
 
 def declared_gpu_types(resources: Mapping[str, float]) -> dict[str, int]:
     """``{device type: GPU count}`` from Ray resources (a node's or the cluster's)."""
+    # Placed groups add derived resources (``gpu_type:T4_group_<pg id>``) that outlive their removal briefly.
     return {name.removeprefix(GPU_TYPE_PREFIX): int(count) for name, count in resources.items()
-            if name.startswith(GPU_TYPE_PREFIX)}
+            if name.startswith(GPU_TYPE_PREFIX) and not _PLACEMENT_GROUP_RESOURCE.search(name)}
 
 
 def check_device_type(index: int, group: GroupPlan, nodes: Sequence[str]) -> str | None:
