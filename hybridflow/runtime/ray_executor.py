@@ -84,7 +84,8 @@ def gpu_type_resource(device: str) -> str | None:
 def declared_gpu_types(resources: Mapping[str, float]) -> dict[str, int]:
     """``{device type: GPU count}`` from Ray resources (a node's or the cluster's)."""
     # Placed groups add derived resources (``gpu_type:T4_group_<pg id>``) that outlive their removal briefly.
-    return {name.removeprefix(GPU_TYPE_PREFIX): int(count) for name, count in resources.items()
+    # Sorted, so the error messages that quote it read the same whatever order Ray reports.
+    return {name.removeprefix(GPU_TYPE_PREFIX): int(count) for name, count in sorted(resources.items())
             if name.startswith(GPU_TYPE_PREFIX) and not _PLACEMENT_GROUP_RESOURCE.search(name)}
 
 
