@@ -11,7 +11,13 @@ from typing import Any
 import torch
 from hybridflow.backends.deepspeed.config import DeepSpeedOptions, build_config, zero_stage
 from hybridflow.backends.fsdp.distributed import all_ranks_finite, ensure_process_group
-from hybridflow.backends.fsdp.training import ShardedForwardOps, accumulate, run_update, training_outputs
+from hybridflow.backends.fsdp.training import (
+    ShardedForwardOps,
+    accumulate,
+    run_update,
+    training_outputs,
+    with_configured_rollout,
+)
 from hybridflow.backends.torch import modeling
 
 from hybridflow.planner import RoleLayout
@@ -158,12 +164,7 @@ class DeepSpeedBackend:
     name = "deepspeed"
 
     def build_role(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext) -> Any:
-        engine = DeepSpeedRoleEngine(spec, layout, context)
-        if spec.options.get("rollout", "self") == "self":
-            return engine
-        from hybridflow.backends.vllm.hybrid import with_rollout
-
-        return with_rollout(engine, spec, layout, context)
+        return with_configured_rollout(DeepSpeedRoleEngine(spec, layout, context), spec, layout, context)
 
 
 BACKEND = DeepSpeedBackend()

@@ -10,7 +10,13 @@ from typing import Any
 import torch
 from hybridflow.backends.fsdp import checkpoint, parallelize
 from hybridflow.backends.fsdp.distributed import all_ranks_finite, ensure_process_group
-from hybridflow.backends.fsdp.training import ShardedForwardOps, accumulate, run_update, training_outputs
+from hybridflow.backends.fsdp.training import (
+    ShardedForwardOps,
+    accumulate,
+    run_update,
+    training_outputs,
+    with_configured_rollout,
+)
 from hybridflow.backends.torch import modeling
 
 from hybridflow.planner import RoleLayout
@@ -181,12 +187,7 @@ class FsdpBackend:
     name = "fsdp"
 
     def build_role(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext) -> Any:
-        engine = FsdpRoleEngine(spec, layout, context)
-        if spec.options.get("rollout", "self") == "self":
-            return engine
-        from hybridflow.backends.vllm.hybrid import with_rollout
-
-        return with_rollout(engine, spec, layout, context)
+        return with_configured_rollout(FsdpRoleEngine(spec, layout, context), spec, layout, context)
 
 
 BACKEND = FsdpBackend()

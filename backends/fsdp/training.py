@@ -15,8 +15,9 @@ import torch
 from hybridflow.backends.torch import modeling
 
 from hybridflow.graph import RoleKind
+from hybridflow.planner import RoleLayout
 from hybridflow.runtime.batch import Batch
-from hybridflow.runtime.protocols import LossFn, OptimSpec, SamplingParams
+from hybridflow.runtime.protocols import LossFn, OptimSpec, RoleSpec, SamplingParams, WorkerContext
 
 MiniStep = Callable[[Batch], dict[str, float]]
 """Takes one optimizer step on a mini batch; returns its scalar metrics."""
@@ -106,3 +107,12 @@ class ShardedForwardOps:
     def score(self, batch: Batch) -> Batch:
         return forward_role_op(self.model, batch, self.forward_batch_size,
                                lambda model, m: {"scores": modeling.reward_model_scores(model, m)})
+
+
+def with_configured_rollout(engine: Any, spec: RoleSpec, layout: RoleLayout, context: WorkerContext) -> Any:
+    """``engine`` itself, or wrapped in a vLLM hybrid engine when ``spec.options.rollout`` asks for one."""
+    if spec.options.get("rollout", "self") == "self":
+        return engine
+    from hybridflow.backends.vllm.hybrid import with_rollout  # vLLM loads only when a role asks for it
+
+    return with_rollout(engine, spec, layout, context)

@@ -128,16 +128,16 @@ class Controller:
         assert index is not None
         group, layout = self.groups[index], self.plan.layout(str(node.role))
         wanted = [*node.inputs, *(COMPANIONS[f] for f in node.inputs if f in COMPANIONS and COMPANIONS[f] in state)]
-        if served:
+        if served or not getattr(group, "keeps_step_data", False):
+            inputs = state.select(wanted)
+            self._shipped[index] += inputs.tensor_bytes
+            if not served:
+                return self._dispatchers[index].submit(_run_on_group, group, node, inputs, layout.dp,
+                                                       self.seed + step, len(state))
             assert self.services is not None
-            self._shipped[index] += state.select(wanted).tensor_bytes
             lock = self.services.group_locks.setdefault(index, threading.Lock()) if group.size > 1 else None
             run = partial(_run_request, locked(lock, _run_on_group), group, node, layout.dp, self.seed + step)
-            return self._dispatchers[index].submit(_timed, serve, node, state.select(wanted), run, self.services)
-        if not getattr(group, "keeps_step_data", False):
-            self._shipped[index] += state.select(wanted).tensor_bytes
-            return self._dispatchers[index].submit(_run_on_group, group, node, state.select(wanted), layout.dp,
-                                                   self.seed + step, len(state))
+            return self._dispatchers[index].submit(_timed, serve, node, inputs, run, self.services)
         # A group runs its calls in order, so what this call ships or produces is there for the next one.
         resident = self._resident.setdefault(self._residency_key(node), set())
         send = state.select([name for name in wanted if name not in resident])
