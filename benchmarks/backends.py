@@ -245,8 +245,8 @@ def _learn_run(actor_backend: str, steps: int, out: Path, executor: str, gpus: i
     data = setup.records(config)
     model_dir, tokenizer = setup.prepare_model(config, out, data)
     graph = setup.build_graph(config)
-    plan = setup.build_plan(config, graph)
-    specs = setup.role_specs(config, graph, model_dir)
+    plan = setup.build_plan(config, graph, model_dir=model_dir)
+    specs = setup.role_specs(config, graph, model_dir, plan)
     if actor_backend == "fsdp+vllm":
         group = plan.groups[0]
         layouts = tuple(dataclasses.replace(lay, backend="fsdp") if lay.role == "actor" else lay

@@ -12,7 +12,6 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
-from hybridflow.backends.torch.modeling import DTYPES
 from hybridflow.backends.vllm.engine import VllmOptions, sample_seed, start_rollout
 from hybridflow.backends.vllm.weights import SyncStats
 
@@ -20,6 +19,7 @@ from hybridflow.graph import RoleKind
 from hybridflow.planner import RoleLayout
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.protocols import LossFn, RoleEngine, RoleSpec, SamplingParams, WorkerContext
+from hybridflow.runtime.weights import full_weights
 
 
 class HybridEngine:
@@ -37,10 +37,7 @@ class HybridEngine:
     def _trainer_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The trainer's whole weights in the rollout's dtype (fp32 masters travel as bf16 for a bf16 engine,
         one tensor at a time), so bytes per sync match the planner's ``params x dtype`` estimate."""
-        stream = getattr(self.trainer, "iter_full_weights", None)
-        named = stream() if stream is not None else self.trainer.state_dict().items()
-        dtype = DTYPES[self.rollout.config.dtype]
-        return ((name, tensor.to(dtype) if tensor.is_floating_point() else tensor) for name, tensor in named)
+        return full_weights(self.trainer, self.rollout.config.dtype)
 
     def sync_weights(self) -> SyncStats:
         """Copy the trainer's current weights into the rollout engine now."""

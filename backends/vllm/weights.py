@@ -7,7 +7,6 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 BUCKET_BYTES = 256 << 20  # serialized path: one RPC per ~256 MiB keeps each message and copy bounded
@@ -86,29 +85,3 @@ def load_serialized(llm: Any, named: Iterable[tuple[str, torch.Tensor]]) -> Sync
         llm.collective_rpc(_reload_from_bytes, args=(save(bucket),))
     return SyncStats(seconds=time.perf_counter() - start, bytes=counter.bytes, tensors=counter.tensors,
                      largest_tensor_bytes=counter.largest)
-
-
-StateWire = dict[str, tuple[str, np.ndarray]]
-"""A state dict as ``{name: (torch dtype name, numpy array)}``: what Ray's object store ships cheaply."""
-
-
-def state_to_wire(named: Iterable[tuple[str, torch.Tensor]]) -> StateWire:
-    """Whole weights as numpy for another group (bf16 travels as its raw 16-bit words, numpy has no bf16).
-
-    Through Ray's object store numpy is ~20x faster than pickled torch tensors (shared/notes/cpu-stack.md).
-    """
-    wire: StateWire = {}
-    for name, tensor in named:
-        tensor = tensor.detach().cpu().contiguous()
-        raw = tensor.view(torch.int16) if tensor.dtype == torch.bfloat16 else tensor
-        wire[name] = (str(tensor.dtype), raw.numpy())
-    return wire
-
-
-def state_from_wire(wire: StateWire) -> dict[str, torch.Tensor]:
-    """The tensors :func:`state_to_wire` packed (read-only object-store arrays are copied once)."""
-    state = {}
-    for name, (dtype, array) in wire.items():
-        tensor = torch.from_numpy(array if array.flags.writeable else array.copy())
-        state[name] = tensor.view(torch.bfloat16) if dtype == "torch.bfloat16" else tensor
-    return state

@@ -10,7 +10,16 @@ from hybridflow.planner.devices import DEVICES, DeviceSpec, get_device
 from hybridflow.planner.errors import InfeasibleError
 from hybridflow.planner.manual import evaluate_mapping, parse_mapping
 from hybridflow.planner.models import PRESETS, ModelSpec
-from hybridflow.planner.plan import GroupPlan, NodeEstimate, Plan, RoleLayout, SearchStats, Sharding, colocated_plan
+from hybridflow.planner.plan import (
+    GroupPlan,
+    NodeEstimate,
+    Plan,
+    RoleLayout,
+    SearchStats,
+    Sharding,
+    colocated_plan,
+    rollout_role,
+)
 from hybridflow.planner.search import PlannerOptions, plan_placement
 
 __all__ = [
@@ -34,4 +43,5 @@ __all__ = [
     "get_device",
     "parse_mapping",
     "plan_placement",
+    "rollout_role",
 ]

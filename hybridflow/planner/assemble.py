@@ -59,6 +59,7 @@ def build_plan(problem: Problem, groups: Sequence[Placement], *, search: SearchS
     return Plan(algorithm=problem.graph.name, groups=plans, driver_roles=problem.driver_roles, nodes=nodes,
                 step_time_s=step, cross_group_bytes=schedule.cross_group_bytes,
                 weight_sync_bytes=sum(group.layout.weight_sync_bytes for group in groups),
+                weight_sync_seconds=sum(group.layout.weight_sync_seconds for group in groups),
                 bottleneck=bottleneck(nodes, groups, step), feasible=not problems, problems=tuple(problems),
                 search=search, extra=(("idle_fraction", round(idle_fraction(step, groups), 6)),))
 

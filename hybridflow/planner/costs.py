@@ -220,3 +220,17 @@ def weight_sync(model: ModelSpec, layout: RoleLayout, shape: Shape) -> tuple[flo
         return 0.0, 0
     per_gpu = model.params * DTYPE_BYTES[layout.dtype] / layout.rollout_tp
     return ring_seconds(per_gpu, max(2, shape.size), shape.collective_bandwidth), int(per_gpu)
+
+
+def weight_ship(model: ModelSpec, layout: RoleLayout, shape: Shape) -> tuple[float, int]:
+    """Seconds and bytes to send a trainer's whole weights to a rollout on other GPUs after an update.
+
+    The shards are gathered inside the trainer group, then one full copy leaves it, at the inter-node
+    bandwidth (the rollout group may sit on another machine); receivers relay it among themselves
+    (a broadcast tree), so the sender's link carries it once.
+    """
+    full = model.params * DTYPE_BYTES[layout.dtype]
+    gather = 0.0
+    if layout.sharding is not Sharding.NO_SHARD:
+        gather = ring_seconds(full / layout.tp, shard_ranks(layout, shape), shape.collective_bandwidth)
+    return gather + full / shape.inter + COLLECTIVE_LATENCY_S, int(full)

@@ -8,7 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from hybridflow.planner.costs import Shape, forward_cost, generate_cost, static_bytes, update_cost, weight_sync
+from hybridflow.planner.costs import (
+    Shape,
+    forward_cost,
+    generate_cost,
+    static_bytes,
+    update_cost,
+    weight_ship,
+    weight_sync,
+)
 from hybridflow.planner.layouts import (
     Candidate,
     Constraint,
@@ -25,12 +33,16 @@ ShapeKey = tuple[str, tuple[int, ...]]
 
 
 def node_seconds(role: RoleWork, layout: RoleLayout, shape: Shape, prompt_len: int) -> dict[str, float]:
-    """Seconds of each node of ``role``; the rollout weight refresh is charged to its first update."""
+    """Seconds of each node of ``role``; the rollout weight refresh is charged to its first update, the
+    shipment to a detached rollout to its last."""
     seconds = {load.node: generate_cost(role.model, load, prompt_len, layout, shape).seconds for load in role.generate}
     for load in role.forward:
         seconds[load.node] = forward_cost(role.model, role.kind, load, layout, shape).seconds
+    last = len(role.update) - 1
     for index, load in enumerate(role.update):
         extra = weight_sync(role.model, layout, shape)[0] if index == 0 and role.generate else 0.0
+        if index == last and role.ships_to:
+            extra += weight_ship(role.model, layout, shape)[0]
         seconds[load.node] = update_cost(role.model, role.kind, load, layout, shape).seconds + extra
     return seconds
 
@@ -88,13 +100,17 @@ class GroupEvaluator:
     def describe(self, layouts: tuple[RoleLayout, ...], shape: Shape) -> GroupLayout:
         """Node times, memory per GPU and weight-refresh bytes of a group with these layouts."""
         seconds: dict[str, float] = {}
-        static, peak, sync = 0, 0, 0
+        static, peak, sync, sync_seconds = 0, 0, 0, 0.0
         for layout in layouts:
             work = self.problem.role(layout.role)
             seconds.update(node_seconds(work, layout, shape, self.prompt_len))
             static += static_bytes(work.model, work.kind, layout, shape)
             peak = max(peak, transient_bytes(work, layout, shape, self.prompt_len))
             if work.generate and work.update:
-                sync += weight_sync(work.model, layout, shape)[1] * shape.size
+                refresh_s, refresh = weight_sync(work.model, layout, shape)
+                sync, sync_seconds = sync + refresh * shape.size, sync_seconds + refresh_s
+            if work.ships_to:
+                ship_s, ship = weight_ship(work.model, layout, shape)
+                sync, sync_seconds = sync + ship, sync_seconds + ship_s
         return GroupLayout(layouts=layouts, node_seconds=tuple(seconds.items()), busy_seconds=sum(seconds.values()),
-                           memory_bytes=static + peak, weight_sync_bytes=sync)
+                           memory_bytes=static + peak, weight_sync_bytes=sync, weight_sync_seconds=sync_seconds)

@@ -19,6 +19,7 @@ from hybridflow.planner.costs import (
     generate_cost,
     static_bytes,
     update_cost,
+    weight_ship,
     weight_sync,
 )
 from hybridflow.planner.plan import RoleLayout, Sharding
@@ -49,6 +50,7 @@ class GroupLayout:
     busy_seconds: float
     memory_bytes: int
     weight_sync_bytes: int
+    weight_sync_seconds: float = 0.0
 
 
 def replace(layout: RoleLayout, **changes: Any) -> RoleLayout:
@@ -96,7 +98,10 @@ def _update_front(role: RoleWork, base: RoleLayout, shape: Shape, fixed_mbs: int
         for checkpoint in (False, True):
             layout = replace(base, micro_batch_size=mbs, gradient_checkpointing=checkpoint)
             costs = [update_cost(role.model, role.kind, load, layout, shape) for load in role.update]
-            points.append((max(c.transient_bytes for c in costs), sum(c.seconds for c in costs), layout))
+            seconds = sum(c.seconds for c in costs)
+            if role.ships_to:
+                seconds += weight_ship(role.model, layout, shape)[0]
+            points.append((max(c.transient_bytes for c in costs), seconds, layout))
     return _front2(points)
 
 
@@ -170,6 +175,8 @@ def role_candidates(role: RoleWork, shape: Shape, dtype: str, prompt_len: int,
                     constraint: Constraint | None = None) -> list[Candidate]:
     """The Pareto front of one role's layouts on ``shape``: (seconds, resident bytes, transient bytes)."""
     fixed = constraint or Constraint()
+    if not role.update and not role.forward:
+        return _rollout_candidates(role, shape, dtype, prompt_len, fixed)
     candidates = []
     forwards: dict[tuple[int, Sharding | None], Front2] = {}
     rollouts: dict[int, Front2] = {}
@@ -200,6 +207,22 @@ def role_candidates(role: RoleWork, shape: Shape, dtype: str, prompt_len: int,
                 if not role.update:
                     layout = replace(layout, micro_batch_size=max(1, fwd.forward_micro_batch_size))
                 candidates.append(Candidate(layout, seconds, static, transient))
+    return pareto3(candidates)
+
+
+def _rollout_candidates(role: RoleWork, shape: Shape, dtype: str, prompt_len: int,
+                        fixed: Constraint) -> list[Candidate]:
+    """A generate-only role (a detached rollout) holds nothing but its engines' weight shards and KV cache.
+
+    Costs are taken with the training tp equal to the engine's (so the weights are counted once, as the
+    engine's); the layout keeps tp=1, dp=GPUs: every rank takes a share of the rows.
+    """
+    candidates = []
+    for rtp in [fixed.rollout_tp] if fixed.rollout_tp else _tps(role, shape):
+        engine = RoleLayout(role=role.name, dp=shape.size // rtp, tp=rtp, dtype=dtype, rollout_tp=rtp)
+        static = static_bytes(role.model, role.kind, engine, shape)
+        for transient, seconds, layout in _generate_front(role, engine, shape, prompt_len, rtp):
+            candidates.append(Candidate(replace(layout, dp=shape.size, tp=1), seconds, static, transient))
     return pareto3(candidates)
 
 

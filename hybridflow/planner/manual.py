@@ -1,7 +1,9 @@
 """Hand-written mappings: parse them, check them, and cost them with the planner's own model.
 
 A mapping gives each GPU role a list of GPU ids, verl-style (``actor=0-3,critic=0-3,reward=4-5``).
-Roles listing the same GPUs share a group; lists that overlap only partly are rejected.
+Roles listing the same GPUs share a group; lists that overlap only partly are rejected. A policy's
+rollout may get GPUs of its own (``actor:rollout=4-5``, OpenRLHF-style); the same GPUs as the policy
+mean the usual colocated rollout.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from hybridflow.planner.errors import gib
 from hybridflow.planner.groups import GroupEvaluator
 from hybridflow.planner.layouts import Constraint, usable_bytes
 from hybridflow.planner.models import ModelSpec
-from hybridflow.planner.plan import Plan, SearchStats, Sharding
+from hybridflow.planner.plan import ROLLOUT_SUFFIX, Plan, SearchStats, Sharding
 from hybridflow.planner.problem import Problem, build_problem
 
 PerRole = int | Mapping[str, int] | None
@@ -103,6 +105,11 @@ def _constraint(role: str, size: int, data_parallel_size: PerRole, sharding: Sha
                 micro_batch_sizes: PerRole, rollout_tp: PerRole = None) -> Constraint:
     dp = _per_role(data_parallel_size, role, "data_parallel_size")
     rtp = _per_role(rollout_tp, role, "rollout_tp")
+    if role.endswith(ROLLOUT_SUFFIX):  # a detached rollout: its data-parallel size is the engines'
+        if dp is not None and size % dp:
+            raise ValueError(f"data_parallel_size={dp} does not divide rollout {role!r}'s {size} GPUs")
+        rtp = rtp or (size // dp if dp else None)
+        dp = None
     if rtp is not None and size % rtp:
         raise ValueError(f"rollout tensor parallel size {rtp} does not divide role {role!r}'s {size} GPUs")
     if dp is not None and size % dp:
@@ -125,7 +132,12 @@ def evaluate_mapping(graph: Graph, models: Mapping[str, ModelSpec], workload: Wo
     infeasible, with a problem naming the group and the overflow (an OOM risk), instead of raising.
     """
     start = time.perf_counter()
-    problem = build_problem(graph, models, workload, cluster)
+    mapping = dict(mapping)
+    for role in [r for r in mapping if r.endswith(ROLLOUT_SUFFIX)]:
+        if sorted(mapping[role]) == sorted(mapping.get(role.removesuffix(ROLLOUT_SUFFIX), ())):
+            del mapping[role]  # the policy's own GPUs: the colocated rollout
+    detach = [role.removesuffix(ROLLOUT_SUFFIX) for role in mapping if role.endswith(ROLLOUT_SUFFIX)]
+    problem = build_problem(graph, models, workload, cluster, detach=detach)
     evaluator = GroupEvaluator(problem)
     placements, problems = [], []
     for roles, gpus in group_roles(problem, mapping):

@@ -11,6 +11,16 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+ROLLOUT_SUFFIX = ":rollout"
+
+
+def rollout_role(policy: str) -> str:
+    """The plan role of ``policy``'s rollout engine when it runs on its own GPUs (``actor:rollout``).
+
+    Graph role names cannot hold ``:``, so the name never clashes with a user's role.
+    """
+    return policy + ROLLOUT_SUFFIX
+
 
 class Sharding(enum.StrEnum):
     """How a trainable role's parameters, gradients and optimizer states are split over DP ranks."""
@@ -114,6 +124,7 @@ class Plan:
     step_time_s: float = 0.0
     cross_group_bytes: int = 0
     weight_sync_bytes: int = 0
+    weight_sync_seconds: float = 0.0  # modelled seconds of the weight refreshes/shipments of one step
     bottleneck: str = ""
     feasible: bool = True
     problems: tuple[str, ...] = ()
@@ -140,6 +151,17 @@ class Plan:
         if role in self.driver_roles:
             return None
         raise KeyError(f"role {role!r} is not in the plan; roles: {list(self.roles)}")
+
+    @property
+    def detached_rollouts(self) -> dict[str, str]:
+        """``{policy: its rollout role}`` for every policy whose generate nodes run on a separate group."""
+        return {role.removesuffix(ROLLOUT_SUFFIX): role for role in self.roles if role.endswith(ROLLOUT_SUFFIX)}
+
+    def runs_on(self, role: str, *, generates: bool = False) -> str:
+        """The plan role that executes ``role``'s nodes: its detached rollout for generate nodes, else itself."""
+        if generates and rollout_role(role) in self.roles:
+            return rollout_role(role)
+        return role
 
     def layout(self, role: str) -> RoleLayout:
         index = self.group_index(role)
@@ -174,7 +196,8 @@ class Plan:
             algorithm=data["algorithm"], groups=groups, driver_roles=tuple(data.get("driver_roles", ())),
             nodes=tuple(NodeEstimate(**n) for n in data.get("nodes", ())),
             step_time_s=data.get("step_time_s", 0.0), cross_group_bytes=data.get("cross_group_bytes", 0),
-            weight_sync_bytes=data.get("weight_sync_bytes", 0), bottleneck=data.get("bottleneck", ""),
+            weight_sync_bytes=data.get("weight_sync_bytes", 0),
+            weight_sync_seconds=data.get("weight_sync_seconds", 0.0), bottleneck=data.get("bottleneck", ""),
             feasible=data.get("feasible", True), problems=tuple(data.get("problems", ())), search=search,
             extra=tuple(sorted(data.get("extra", {}).items())),
         )

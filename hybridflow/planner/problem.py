@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, replace
 
 from hybridflow.graph import Graph, NodeLoad, Op, RoleKind, Workload, edge_bytes, node_loads
 from hybridflow.planner.cluster import Cluster
 from hybridflow.planner.costs import FORWARD_OPS
 from hybridflow.planner.models import ModelSpec
+from hybridflow.planner.plan import rollout_role
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -22,6 +23,7 @@ class RoleWork:
     update: tuple[NodeLoad, ...]
     generate: tuple[NodeLoad, ...]
     rows: int
+    ships_to: str | None = None  # the detached rollout role this policy sends its weights to after updating
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -39,6 +41,7 @@ class Problem:
     driver_roles: tuple[str, ...]
     edge_bytes: Mapping[tuple[str, str], int]
     node_role: Mapping[str, str | None]  # node -> its GPU role, None for driver-side nodes
+    apart: tuple[tuple[str, str], ...] = ()  # (policy, its rollout): roles that must not share a group
 
     @property
     def role_names(self) -> tuple[str, ...]:
@@ -51,8 +54,13 @@ class Problem:
         raise KeyError(f"{name!r} is not a GPU role of {self.graph.name}; GPU roles: {list(self.role_names)}")
 
 
-def build_problem(graph: Graph, models: Mapping[str, ModelSpec], workload: Workload, cluster: Cluster) -> Problem:
-    """Check the inputs against each other and precompute per-role loads and edge sizes."""
+def build_problem(graph: Graph, models: Mapping[str, ModelSpec], workload: Workload, cluster: Cluster, *,
+                  detach: Collection[str] = ()) -> Problem:
+    """Check the inputs against each other and precompute per-role loads and edge sizes.
+
+    ``detach`` names trainable policies whose rollout runs on GPUs of its own: their generate nodes move
+    to a frozen role ``<policy>:rollout`` (same model) that receives the weights after every update.
+    """
     if not isinstance(graph, Graph):
         raise TypeError(f"graph must be a hybridflow Graph, got {type(graph).__name__}; use load_graph('ppo')")
     if not isinstance(workload, Workload):
@@ -83,5 +91,31 @@ def build_problem(graph: Graph, models: Mapping[str, ModelSpec], workload: Workl
         raise ValueError(f"graph {graph.name!r} has no role that needs a GPU; nothing to place")
     gpu_roles = {role.name for role in roles}
     node_role = {node.name: node.role if node.role in gpu_roles else None for node in graph.nodes}
+    roles, apart = _detach_rollouts(roles, detach, node_role)
     return Problem(graph=graph, workload=workload, cluster=cluster, roles=tuple(roles), driver_roles=tuple(drivers),
-                   edge_bytes=edge_bytes(graph, workload), node_role=node_role)
+                   edge_bytes=edge_bytes(graph, workload), node_role=node_role, apart=apart)
+
+
+def _detach_rollouts(roles: list[RoleWork], detach: Collection[str],
+                     node_role: dict[str, str | None]) -> tuple[list[RoleWork], tuple[tuple[str, str], ...]]:
+    """Split each named policy into its trainer and a generate-only rollout role; moves nodes in ``node_role``."""
+    by_name = {role.name: role for role in roles}
+    for name in detach:
+        work = by_name.get(name)
+        if work is None or not (work.generate and work.update):
+            generating = sorted(r.name for r in roles if r.generate and r.update)
+            raise ValueError(f"cannot give role {name!r} a separate rollout: only a trainable policy that "
+                             f"generates can have one (here: {generating})")
+    split: list[RoleWork] = []
+    apart = []
+    for work in roles:
+        if work.name not in detach:
+            split.append(work)
+            continue
+        rollout = rollout_role(work.name)
+        split.append(replace(work, generate=(), ships_to=rollout))
+        split.append(RoleWork(name=rollout, kind=RoleKind.FROZEN_POLICY, model=work.model, forward=(), update=(),
+                              generate=work.generate, rows=work.rows))
+        node_role.update({load.node: rollout for load in work.generate})
+        apart.append((work.name, rollout))
+    return split, tuple(apart)

@@ -30,11 +30,17 @@ TOLERANCE = 1e-9  # relative: step times this close count as equal and fall to t
 
 @dataclass(frozen=True, kw_only=True)
 class PlannerOptions:
-    """Search settings. ``unit``: "auto" (GPUs up to ``exact_gpu_limit``, machines above), "gpu" or "machine"."""
+    """Search settings. ``unit``: "auto" (GPUs up to ``exact_gpu_limit``, machines above), "gpu" or "machine".
+
+    ``separate_rollout``: also consider giving each trainable policy's rollout GPUs of its own (its
+    weights shipped there after every update, as OpenRLHF does with its vLLM engines), keeping it
+    only when the modelled step is faster. It roughly doubles the search time.
+    """
 
     exact_gpu_limit: int = 16
     unit: str = "auto"
     machine_grid_ratio: float = 1.25
+    separate_rollout: bool = False
 
     def __post_init__(self) -> None:
         if self.unit not in ("auto", "gpu", "machine"):
@@ -101,6 +107,8 @@ class Searcher:
     def run(self) -> list[Placement] | None:
         partitions = []
         for blocks in set_partitions(self.problem.role_names):
+            if any(policy in block and rollout in block for policy, rollout in self.problem.apart for block in blocks):
+                continue  # that is the colocated rollout, which the undetached problem models
             bounds = [self.optimistic(block) for block in blocks]
             if any(b is None for b in bounds):
                 continue
@@ -185,17 +193,25 @@ def plan_placement(graph: Graph, models: Mapping[str, ModelSpec], workload: Work
     Raises :class:`InfeasibleError` naming what does not fit, and by how much, when no plan fits.
     """
     start = time.perf_counter()
-    problem = build_problem(graph, models, workload, cluster)
     opts = options or PlannerOptions()
+    problem = build_problem(graph, models, workload, cluster)
     searcher = Searcher(problem, opts.units(cluster))
     placements = searcher.run()
+    visited = searcher.visited + searcher.evaluator.evaluations
+    detachable = [role.name for role in problem.roles if role.generate and role.update]
+    if opts.separate_rollout and detachable:
+        split = build_problem(graph, models, workload, cluster, detach=detachable)
+        rival = Searcher(split, opts.units(cluster))
+        found = rival.run()
+        visited += rival.visited + rival.evaluator.evaluations
+        if found is not None and (searcher.best.key is None or _better(rival.best.key, searcher.best.key)):  # type: ignore[arg-type]
+            problem, searcher, placements = split, rival, found
     if placements is None:
         raise InfeasibleError(explain_infeasible(problem, searcher.evaluator))
     # Groups in the order of their roles in the graph, so equal inputs print equal plans.
     rank = {role: i for i, role in enumerate(problem.role_names)}
     placements.sort(key=lambda p: rank[p.roles[0]])
-    stats = SearchStats(method=searcher.units.name, candidates=searcher.visited + searcher.evaluator.evaluations,
-                        seconds=round(time.perf_counter() - start, 4))
+    stats = SearchStats(method=searcher.units.name, candidates=visited, seconds=round(time.perf_counter() - start, 4))
     return build_plan(problem, placements, search=stats)
 
 

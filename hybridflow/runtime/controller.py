@@ -4,6 +4,12 @@ Nodes are submitted as soon as their inputs exist. Each group has one dispatcher
 group runs its nodes one at a time in submission order while disjoint groups, and driver-side
 work (compute nodes, reward functions), run concurrently: reward scoring on the driver overlaps
 reference log-probs on a GPU group.
+
+When the plan gives a policy's rollout GPUs of its own (``actor:rollout``), the policy's generate nodes
+run there and the controller ships the trainer's weights to it: once at start, after each update of
+the policy (within the same step, so the next rollout samples the new policy) and after a checkpoint
+load. Each shipment's seconds and bytes are step metrics (``actor/weight_sync/...``), beside the plan's
+estimate (``weight_sync/planned_bytes``, ``weight_sync/planned_seconds``).
 """
 
 from __future__ import annotations
@@ -24,8 +30,10 @@ from hybridflow.planner import Plan
 from hybridflow.registry import COMPUTE_FNS
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.executor import Executor, LocalExecutor, WorkerGroup
+from hybridflow.runtime.placement import with_rollout_specs
 from hybridflow.runtime.protocols import RoleSpec, Scorer
 from hybridflow.runtime.service import RoleServices, locked, serve
+from hybridflow.runtime.weights import ShipStats
 from hybridflow.runtime.worker import COMPANIONS, NodeResult, port_batch
 
 
@@ -57,13 +65,18 @@ class Controller:
         self.driver_roles = dict(driver_roles or {})
         _check_placement(graph, plan, self.driver_roles)
         self.executor = executor or LocalExecutor()
-        self.groups: list[WorkerGroup] = self.executor.start(plan, specs)
+        self.groups: list[WorkerGroup] = self.executor.start(plan, with_rollout_specs(plan, specs))
         self._dispatchers = [ThreadPoolExecutor(1, thread_name_prefix=f"dispatch{g.index}") for g in self.groups]
         self._driver = ThreadPoolExecutor(2, thread_name_prefix="driver")
         self._token = 0
         # (group, dp) -> fields every rank of that group already holds for this step, sharded by dp.
         self._resident: dict[tuple[int, int], set[str]] = {}
         self._shipped: list[int] = []  # tensor bytes sent to each group this step
+        try:
+            self.sync_rollouts()
+        except BaseException:
+            self.shutdown()
+            raise
 
     def __enter__(self) -> Controller:
         return self
@@ -84,6 +97,7 @@ class Controller:
         self._shipped = [0] * len(self.groups)
         pending = list(self.graph.order)
         running: dict[Future[_Outcome], Node] = {}
+        shipments: dict[str, Future[ShipStats]] = {}
         expanded = False
         metrics: dict[str, float] = {}
         seconds: dict[str, float] = {}
@@ -107,6 +121,13 @@ class Controller:
                 prefix = f"{node.role}/" if node.role else f"{node.name}/"
                 metrics.update({prefix + key: value for key, value in outcome.metrics.items()})
                 done.add(node.name)
+                if node.op is Op.UPDATE and str(node.role) in self.plan.detached_rollouts:
+                    shipments[str(node.role)] = self._ship(str(node.role))  # a later update replaces it in order
+        for policy, shipment in shipments.items():
+            metrics.update(shipment.result().metrics(f"{policy}/weight_sync/"))
+        if self.plan.weight_sync_bytes:
+            metrics["weight_sync/planned_bytes"] = float(self.plan.weight_sync_bytes)
+            metrics["weight_sync/planned_seconds"] = self.plan.weight_sync_seconds
         if self.services is not None:
             metrics.update(self.services.metrics())
         for index, shipped in enumerate(self._shipped):
@@ -124,9 +145,9 @@ class Controller:
                 return self._driver.submit(_timed, serve, node, state,
                                            partial(_run_driver_score, node, scorer=scorer), self.services)
             return self._driver.submit(_timed, _run_driver_score, node, state, scorer)
-        index = self.plan.group_index(str(node.role))
+        index = self.plan.group_index(self._placed_role(node))
         assert index is not None
-        group, layout = self.groups[index], self.plan.layout(str(node.role))
+        group, layout = self.groups[index], self.plan.layout(self._placed_role(node))
         wanted = [*node.inputs, *(COMPANIONS[f] for f in node.inputs if f in COMPANIONS and COMPANIONS[f] in state)]
         if served or not getattr(group, "keeps_step_data", False):
             inputs = state.select(wanted)
@@ -146,10 +167,27 @@ class Controller:
         return self._dispatchers[index].submit(_run_on_group, group, node, send, layout.dp, self.seed + step,
                                                len(state), {"token": self._token, "fields": tuple(wanted)})
 
+    def _placed_role(self, node: Node) -> str:
+        return self.plan.runs_on(str(node.role), generates=node.op is Op.GENERATE)
+
     def _residency_key(self, node: Node) -> tuple[int, int]:
-        index = self.plan.group_index(str(node.role))
+        index = self.plan.group_index(self._placed_role(node))
         assert index is not None
-        return index, self.plan.layout(str(node.role)).dp
+        return index, self.plan.layout(self._placed_role(node)).dp
+
+    def _ship(self, policy: str) -> Future[ShipStats]:
+        """Send ``policy``'s weights to its rollout group, in order with both groups' other work."""
+        rollout = self.plan.detached_rollouts[policy]
+        source, target = self.plan.group_index(policy), self.plan.group_index(rollout)
+        assert source is not None and target is not None
+        dtype = self.plan.layout(rollout).dtype
+        exported = self._dispatchers[source].submit(_timed_export, self.groups[source], policy, dtype)
+        return self._dispatchers[target].submit(_import, self.groups[target], rollout, exported)
+
+    def sync_rollouts(self) -> dict[str, ShipStats]:
+        """Ship every policy's weights to its detached rollout now (start, checkpoint load)."""
+        shipments = {policy: self._ship(policy) for policy in self.plan.detached_rollouts}
+        return {policy: shipment.result() for policy, shipment in shipments.items()}
 
     def call(self, method: str, *args: Any) -> list[list[Any]]:
         """A worker method on every rank of every group (``info``, ``save_checkpoint``...)."""
@@ -160,9 +198,16 @@ class Controller:
 
     def load_checkpoint(self, directory: str) -> None:
         self.call("load_checkpoint", directory)
+        self.sync_rollouts()  # a rollout on its own GPUs still holds the weights from before the load
 
 
 def _check_placement(graph: Graph, plan: Plan, driver_roles: Mapping[str, Scorer]) -> None:
+    for policy, rollout in plan.detached_rollouts.items():
+        generating = policy in graph.role_names and graph.role(policy).kind.trainable and any(
+            node.op is Op.GENERATE for node in graph.nodes_of(policy))
+        if not generating:
+            raise ValueError(f"plan role {rollout!r}: only a trainable policy that generates can have a rollout on "
+                             f"GPUs of its own, and {policy!r} is not one in the {graph.name} graph")
     for role in graph.roles:
         if role.kind is RoleKind.REWARD_FUNCTION or role.name in plan.driver_roles:
             if role.name not in driver_roles:
@@ -175,6 +220,18 @@ def _check_placement(graph: Graph, plan: Plan, driver_roles: Mapping[str, Scorer
             if layout.dp * layout.tp != group.size:
                 raise ValueError(f"plan: role {layout.role!r} has dp={layout.dp} x tp={layout.tp} but its group has "
                                  f"{group.size} GPUs; dp * tp must equal the group size")
+
+
+def _timed_export(group: WorkerGroup, role: str, dtype: str) -> tuple[Any, float]:
+    started = time.perf_counter()
+    return group.export_weights(role, dtype), started
+
+
+def _import(group: WorkerGroup, role: str, exported: Future[tuple[Any, float]]) -> ShipStats:
+    weights, started = exported.result()
+    ranks = group.import_weights(role, weights)
+    return ShipStats(seconds=time.perf_counter() - started, bytes=int(ranks[0]["bytes"]),
+                     tensors=int(ranks[0]["tensors"]), receivers=len(ranks))
 
 
 def _timed(fn: Any, *args: Any) -> _Outcome:

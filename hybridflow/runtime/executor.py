@@ -38,6 +38,15 @@ class WorkerGroup(Protocol):
         """Call a :class:`GroupWorker` method on every rank (setup, checkpoints, info)."""
         ...
 
+    def export_weights(self, role: str, dtype: str) -> Any:
+        """``role``'s whole weights in ``dtype`` as an opaque handle another group's :meth:`import_weights`
+        accepts (the packed weights here; an object-store reference under Ray)."""
+        ...
+
+    def import_weights(self, role: str, weights: Any) -> list[dict[str, float]]:
+        """Load exported weights into ``role`` on every rank; each rank's ``bytes``/``tensors``/``seconds``."""
+        ...
+
     def shutdown(self) -> None:
         ...
 
@@ -95,6 +104,12 @@ class LocalWorkerGroup:
 
     def call(self, method: str, *args: Any) -> list[Any]:
         return self._all([(method, args)] * self.size)
+
+    def export_weights(self, role: str, dtype: str) -> Any:
+        return self.call("export_weights", role, dtype)[0]
+
+    def import_weights(self, role: str, weights: Any) -> list[dict[str, float]]:
+        return self.call("import_weights", role, weights)
 
     def shutdown(self) -> None:
         for pool in self._threads:

@@ -1,9 +1,14 @@
-"""Plans the runtime can build without the planner: the trivial colocated plan of a graph."""
+"""Plans the runtime can build without the planner (the trivial colocated plan), and the role specs a plan
+adds (a policy's detached rollout)."""
 
 from __future__ import annotations
 
-from hybridflow.graph import Graph
+from collections.abc import Mapping
+from dataclasses import replace
+
+from hybridflow.graph import Graph, RoleKind
 from hybridflow.planner import Plan, colocated_plan
+from hybridflow.runtime.protocols import RoleSpec
 
 
 def default_plan(graph: Graph, *, num_gpus: int = 1, device: str = "cpu", dtype: str = "fp32") -> Plan:
@@ -11,3 +16,25 @@ def default_plan(graph: Graph, *, num_gpus: int = 1, device: str = "cpu", dtype:
     gpu_roles = [role.name for role in graph.roles if role.kind.needs_gpu]
     driver_roles = [role.name for role in graph.roles if not role.kind.needs_gpu]
     return colocated_plan(graph.name, gpu_roles, driver_roles, num_gpus=num_gpus, device=device, dtype=dtype)
+
+
+def with_rollout_specs(plan: Plan, specs: Mapping[str, RoleSpec]) -> dict[str, RoleSpec]:
+    """``specs`` plus one for each detached rollout in ``plan`` (``actor:rollout``) that has none.
+
+    A rollout is a frozen copy of its policy (same model, seed and options) whose weights the controller
+    replaces after every update. The policy's ``options.rollout`` names the engine that generates for it,
+    so it moves to the rollout's side: the trainer starts no engine of its own (the plan's layout of
+    the rollout names its backend, e.g. ``vllm``).
+    """
+    out = dict(specs)
+    for policy, rollout in plan.detached_rollouts.items():
+        if policy not in specs:
+            raise KeyError(f"the plan gives policy {policy!r} a separate rollout ({rollout!r}) but no RoleSpec "
+                           f"was given for {policy!r}; specs: {sorted(specs)}")
+        trainer = specs[policy]
+        options = {key: value for key, value in trainer.options.items() if key != "rollout"}
+        out[policy] = replace(trainer, options=options)
+        if rollout not in specs:
+            out[rollout] = RoleSpec(name=rollout, kind=RoleKind.FROZEN_POLICY, model=trainer.model, seed=trainer.seed,
+                                    micro_batch_size=trainer.micro_batch_size, options=options)
+    return out

@@ -191,6 +191,16 @@ class RayWorkerGroup:
     def call(self, method: str, *args: Any) -> list[Any]:
         return self._gather([getattr(actor, method).remote(*args) for actor in self.actors], None)
 
+    def export_weights(self, role: str, dtype: str) -> Any:
+        """Rank 0's packed weights as an object reference: they stay in this group's object store until
+        the receivers pull them, and never pass through the controller (only the tensor counts do)."""
+        parts = [actor.export_weights_parts.options(num_returns=2).remote(role, dtype) for actor in self.actors]
+        self._gather([count for count, _ in parts], None)  # a failed or dead rank raises here, by rank
+        return parts[0][1]
+
+    def import_weights(self, role: str, weights: Any) -> list[dict[str, float]]:
+        return self._gather([actor.import_weights.remote(role, weights) for actor in self.actors], None)
+
     def shutdown(self) -> None:
         import ray
         from ray.util.placement_group import remove_placement_group

@@ -195,6 +195,12 @@ class TorchrunWorkerGroup:
         request = Request(kind="call", group=self.index, args=(method, *args))
         return self._exchange(lambda rank: request, local, None)
 
+    def export_weights(self, role: str, dtype: str) -> Any:
+        return self.call("export_weights", role, dtype)[0]  # through the control plane, like any call
+
+    def import_weights(self, role: str, weights: Any) -> list[dict[str, float]]:
+        return self.call("import_weights", role, weights)
+
     def shutdown(self) -> None:
         return None  # the executor stops every rank's worker at once
 

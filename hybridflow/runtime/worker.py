@@ -19,10 +19,18 @@ from typing import Any
 import torch
 
 from hybridflow.graph import Node, Op
-from hybridflow.planner import RoleLayout
+from hybridflow.planner import RoleLayout, rollout_role
 from hybridflow.registry import BACKENDS, LOSSES
 from hybridflow.runtime.batch import Batch, Wire
 from hybridflow.runtime.protocols import Collective, RoleEngine, RoleSpec, SamplingParams, WorkerContext
+from hybridflow.runtime.weights import (
+    StateWire,
+    full_weights,
+    state_from_wire,
+    state_to_wire,
+    tied_aliases,
+    wire_bytes,
+)
 
 # The prompt's attention mask travels with ``prompts`` wherever they go (it is not a graph field).
 COMPANIONS = {"prompts": "prompt_mask"}
@@ -128,13 +136,14 @@ class GroupWorker:
         rank kept earlier in the same step, and the inputs and outputs of this node are kept in turn.
         """
         start = time.perf_counter()
-        dp = self.layouts[node.role].dp if node.role in self.layouts else 1
+        role = self._engine_role(node)
+        dp = self.layouts[role].dp if role in self.layouts else 1
         if token is not None:
             batch = self._with_kept(batch, token, fields, dp)
-        if node.role is None or node.role not in self.engines:
+        if role not in self.engines:
             raise KeyError(f"node {node.name!r}: role {node.role!r} is not on group {self.group}; "
                            f"roles here: {sorted(self.engines)}")
-        engine = self.engines[node.role]
+        engine = self.engines[role]
         metrics: dict[str, float] = {}
         if node.op is Op.UPDATE:
             metrics = engine.train_step(batch, loss=LOSSES.get(str(node.loss)), options=node.options_dict)
@@ -144,6 +153,42 @@ class GroupWorker:
         if token is not None:
             self._store.update({(dp, k): v for k, v in (*outputs.tensors.items(), *outputs.non_tensors.items())})
         return NodeResult(outputs=outputs, metrics=metrics, seconds=time.perf_counter() - start)
+
+    def _engine_role(self, node: Node) -> str:
+        """The engine a node runs on here: a generate node of a policy may run on its detached rollout."""
+        role = str(node.role)
+        if node.op is Op.GENERATE and role not in self.engines and rollout_role(role) in self.engines:
+            return rollout_role(role)
+        return role
+
+    def export_weights(self, role: str, dtype: str) -> StateWire | None:
+        """``role``'s whole weights in ``dtype``: rank 0 returns them packed, the other ranks only take part
+        in the gathers (every rank of a sharded trainer must drain the stream together). A tied copy
+        (``lm_head`` = embeddings) stays home: the receiver re-ties it."""
+        engine = self.engines[role]
+        aliases = tied_aliases(engine)
+        named = full_weights(engine, dtype)
+        if self.rank == 0:
+            return state_to_wire((name, tensor) for name, tensor in named if name not in aliases)
+        for _ in named:
+            pass
+        return None
+
+    def export_weights_parts(self, role: str, dtype: str) -> tuple[int, StateWire | None]:
+        """:meth:`export_weights` as (tensor count, weights): Ray returns the two as separate objects, so the
+        controller can wait on the small one while the weights travel straight to the receivers."""
+        wire = self.export_weights(role, dtype)
+        return (len(wire) if wire is not None else 0), wire
+
+    def import_weights(self, role: str, wire: StateWire) -> dict[str, float]:
+        """Load weights another group exported into ``role``'s engine; returns what arrived."""
+        start = time.perf_counter()
+        engine = self.engines[role]
+        state = state_from_wire(wire)
+        state.update({alias: state[name] for alias, name in tied_aliases(engine).items()
+                      if alias not in state and name in state})
+        engine.load_state_dict(state)
+        return {"bytes": float(wire_bytes(wire)), "tensors": float(len(wire)), "seconds": time.perf_counter() - start}
 
     def _with_kept(self, batch: Batch, token: int, fields: Sequence[str], dp: int) -> Batch:
         if token != self._token:

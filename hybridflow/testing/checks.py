@@ -27,8 +27,13 @@ def check_plan(plan: Plan, *, graph: Graph | None = None, cluster: Cluster | Non
     placed = [role for group in plan.groups for role in group.roles] + list(plan.driver_roles)
     _require(len(placed) == len(set(placed)), f"a role is placed twice: {placed}")
     if graph is not None:
-        _require(set(placed) == set(graph.role_names), f"placed roles {sorted(placed)} != graph roles "
-                                                       f"{sorted(graph.role_names)}")
+        rollouts = plan.detached_rollouts
+        roles = set(placed) - set(rollouts.values())
+        _require(roles == set(graph.role_names), f"placed roles {sorted(roles)} != graph roles "
+                                                 f"{sorted(graph.role_names)}")
+        for policy in rollouts:
+            _require(graph.role(policy).kind.trainable and bool(graph.nodes_of(policy)),
+                     f"detached rollout of {policy!r}, which is not a trainable policy")
         for role in plan.driver_roles:
             _require(not graph.role(role).kind.needs_gpu, f"driver role {role!r} needs a GPU")
     used = [gpu for group in plan.groups for gpu in group.gpus]

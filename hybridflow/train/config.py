@@ -89,7 +89,8 @@ class TrainConfig:
     # "auto": the planner's plan for ``cluster``; "manual": ``meshes`` per role, costed by the planner.
     placement: Literal["default", "auto", "manual"] = "default"
     cluster: str | None = None  # a planner cluster spec, e.g. "4xA100-80G+2xT4"; default f"{num_gpus}xCPU"
-    meshes: dict[str, list[int]] = field(default_factory=dict)
+    meshes: dict[str, list[int]] = field(default_factory=dict)  # role -> GPU ids; "actor:rollout" detaches a rollout
+    separate_rollout: bool = False  # placement=auto: also consider rollout GPUs apart from the trainer's
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     actor: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3))
@@ -108,6 +109,9 @@ class TrainConfig:
                              "executed as it is; drop one of them")
         if self.meshes and self.placement != "manual":
             raise ValueError("config key 'meshes' is only read with placement=manual")
+        if self.separate_rollout and self.placement != "auto":
+            raise ValueError("config key 'separate_rollout' is only read with placement=auto (with placement=manual "
+                             "give the rollout its own mesh, e.g. meshes: {'actor:rollout': [2, 3]})")
         if self.reward_cache_size < 0:
             raise ValueError(f"config key 'reward_cache_size'={self.reward_cache_size} must be >= 0 (0: off)")
         for name in ("steps", "num_gpus"):

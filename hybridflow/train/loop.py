@@ -35,14 +35,14 @@ def train(config: TrainConfig, *, resume: bool = False) -> TrainResult:
     data = setup.records(config)
     model_dir, tokenizer = setup.prepare_model(config, run_dir, data)
     graph = setup.build_graph(config)
-    plan = setup.build_plan(config, graph, setup.max_prompt_tokens(data, tokenizer))
+    plan = setup.build_plan(config, graph, setup.max_prompt_tokens(data, tokenizer), model_dir)
     (run_dir / "plan.json").write_text(plan.to_json())  # what ran, for `hybridflow report` and reruns
     checkpoint = latest_checkpoint(run_dir) if resume else None
     start = checkpoint_step(checkpoint) if checkpoint else 0
     loader = setup.prompt_loader(config, data, tokenizer)
     writer = MetricsWriter(run_dir, tensorboard=config.tensorboard, resume_step=start if resume else None)
     history: list[dict[str, float]] = []
-    with Controller(graph, plan, specs=setup.role_specs(config, graph, model_dir),
+    with Controller(graph, plan, specs=setup.role_specs(config, graph, model_dir, plan),
                     executor=setup.make_executor(config), seed=config.seed, services=setup.services(config, plan),
                     driver_roles={r.name: setup.reward_scorer(config, tokenizer) for r in graph.roles
                                   if not r.kind.needs_gpu}) as controller:

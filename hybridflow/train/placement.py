@@ -11,13 +11,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from hybridflow.graph import Graph, Op, Workload
-from hybridflow.planner import Cluster, ModelSpec, Plan, evaluate_mapping, plan_placement
+from hybridflow.planner import Cluster, ModelSpec, Plan, PlannerOptions, evaluate_mapping, plan_placement, rollout_role
 from hybridflow.train.config import TrainConfig
 
 
-def role_models(config: TrainConfig, graph: Graph) -> dict[str, ModelSpec]:
-    """A planner spec per GPU role: its own directory if configured, else the policy's model."""
-    policy = config.model.path or config.model.name
+def role_models(config: TrainConfig, graph: Graph, model_dir: str | None = None) -> dict[str, ModelSpec]:
+    """A planner spec per GPU role: its own directory if configured, else the policy's model (``model_dir``,
+    the run's starting weights, when known: a built-in tiny model's real vocabulary is the tokenizer's)."""
+    policy = model_dir or config.model.path or config.model.name
     specs = {}
     for role in graph.roles:
         if role.kind.needs_gpu:
@@ -32,21 +33,25 @@ def workload(config: TrainConfig, graph: Graph, prompt_len: int) -> Workload:
     return Workload(batch_size=config.data.batch_size, prompt_len=prompt_len, response_len=max(lengths, default=32))
 
 
-def planned(config: TrainConfig, graph: Graph, prompt_len: int) -> Plan:
+def planned(config: TrainConfig, graph: Graph, prompt_len: int, model_dir: str | None = None) -> Plan:
     """The plan ``config.placement`` asks for; raises naming the key at fault."""
     cluster = Cluster.parse(config.cluster or f"{config.num_gpus}xCPU")
-    models, work = role_models(config, graph), workload(config, graph, prompt_len)
+    models, work = role_models(config, graph, model_dir), workload(config, graph, prompt_len)
     if config.placement == "auto":
-        plan = plan_placement(graph, models, work, cluster)
+        plan = plan_placement(graph, models, work, cluster,
+                              options=PlannerOptions(separate_rollout=config.separate_rollout))
     else:
         gpu_roles = set(models)
         missing = sorted(gpu_roles - set(config.meshes))
         if missing:
             raise KeyError(f"config key 'meshes': placement=manual needs a mesh for every GPU role; missing {missing}")
-        extra = sorted(set(config.meshes) - gpu_roles)
+        rollouts = {rollout_role(role.name) for role in graph.roles if role.kind.trainable and
+                    any(node.op is Op.GENERATE for node in graph.nodes_of(role.name))}
+        extra = sorted(set(config.meshes) - gpu_roles - rollouts)
         if extra:
             raise KeyError(f"config key 'meshes': {extra} are not GPU roles of the {graph.name} graph "
-                           f"(GPU roles: {sorted(gpu_roles)})")
+                           f"(GPU roles: {sorted(gpu_roles)}; a policy's rollout on GPUs of its own: "
+                           f"{sorted(rollouts)})")
         plan = evaluate_mapping(graph, models, work, cluster, config.meshes,
                                 data_parallel_size={role: len(mesh) for role, mesh in config.meshes.items()})
         if not plan.feasible:

@@ -11,7 +11,7 @@ from hybridflow.data import TASKS, PromptLoader, RuleScorer, char_tokenizer, loa
 from hybridflow.data.dataset import Record
 from hybridflow.data.tokenizer import load_tokenizer
 from hybridflow.graph import Graph, RoleKind, load_graph
-from hybridflow.planner import Plan
+from hybridflow.planner import Plan, rollout_role
 from hybridflow.registry import BACKENDS, load_object
 from hybridflow.runtime import OptimSpec, RoleSpec, default_plan
 from hybridflow.runtime.executor import Executor, LocalExecutor
@@ -59,22 +59,35 @@ def build_graph(config: TrainConfig) -> Graph:
     return load_graph(config.algorithm, **options)
 
 
-def build_plan(config: TrainConfig, graph: Graph, prompt_len: int = 32) -> Plan:
-    """The plan file's, the planner's (``placement``) or the one-group plan, with ``roles.<name>.backend``."""
+def build_plan(config: TrainConfig, graph: Graph, prompt_len: int = 32, model_dir: str | None = None) -> Plan:
+    """The plan file's, the planner's (``placement``) or the one-group plan, with ``roles.<name>.backend``.
+
+    ``model_dir``: the run's starting weights, which the planner sizes the models by.
+    """
     _check_roles(config, graph)
     if config.plan_file:
         plan = Plan.from_json(Path(config.plan_file).read_text())
     elif config.placement != "default":
         from hybridflow.train.placement import planned
 
-        plan = planned(config, graph, prompt_len)
+        plan = planned(config, graph, prompt_len, model_dir)
     else:
         plan = default_plan(graph, num_gpus=config.num_gpus)
     backends = {name: role.backend for name, role in config.roles.items() if role.backend}
+    for policy, rollout in plan.detached_rollouts.items():
+        # ``roles.actor.options.rollout: vllm`` asks for vLLM rollouts: on a detached rollout that is its backend.
+        wanted = config.roles.get(policy, RoleConfig()).options.get("rollout")
+        if rollout not in backends and wanted == "vllm":
+            backends[rollout] = "vllm"
+        elif rollout not in backends and policy in backends:
+            backends[rollout] = backends[policy]
     if not backends:
         return plan
     for name, backend in backends.items():
         BACKENDS.get(backend)  # an unknown name lists the installed backends
+        if name not in plan.roles:
+            raise KeyError(f"config key 'roles.{name}': the plan has no role {name!r} (its roles: {list(plan.roles)}); "
+                           "a policy's rollout role exists only when the plan gives it GPUs of its own")
         if plan.group_index(name) is None:
             raise ValueError(f"config key 'roles.{name}.backend': role {name!r} runs on the driver (a reward "
                              "function), so it has no backend; remove the key")
@@ -84,8 +97,9 @@ def build_plan(config: TrainConfig, graph: Graph, prompt_len: int = 32) -> Plan:
 
 
 def _check_roles(config: TrainConfig, graph: Graph) -> None:
+    rollouts = {rollout_role(role.name) for role in graph.roles if role.kind.trainable}
     for name in config.roles:
-        if name not in graph.role_names:
+        if name not in graph.role_names and name not in rollouts:
             raise KeyError(f"config key 'roles.{name}': the {graph.name} graph has no role {name!r}; "
                            f"its roles are {graph.role_names}")
 
@@ -111,8 +125,12 @@ def _optim(cfg: OptimConfig) -> OptimSpec:
                      mini_batches=cfg.mini_batches)
 
 
-def role_specs(config: TrainConfig, graph: Graph, model_dir: str) -> dict[str, RoleSpec]:
-    """A spec per GPU role: trainable policies use ``actor``, value models ``critic`` settings."""
+def role_specs(config: TrainConfig, graph: Graph, model_dir: str, plan: Plan | None = None) -> dict[str, RoleSpec]:
+    """A spec per GPU role: trainable policies use ``actor``, value models ``critic`` settings.
+
+    A detached rollout in ``plan`` with a ``roles.<policy>:rollout`` entry gets its own spec (the policy's
+    model, the entry's options and micro batch); without one the controller derives it from the policy.
+    """
     specs = {}
     for role in graph.roles:
         if not role.kind.needs_gpu:
@@ -123,6 +141,12 @@ def role_specs(config: TrainConfig, graph: Graph, model_dir: str) -> dict[str, R
                                     seed=config.seed, optim=_optim(optim) if role.kind.trainable else None,
                                     micro_batch_size=overrides.micro_batch_size or optim.micro_batch_size,
                                     options=overrides.options)
+    for policy, rollout in (plan.detached_rollouts if plan is not None else {}).items():
+        if rollout in config.roles:
+            entry, trainer = config.roles[rollout], specs[policy]
+            specs[rollout] = RoleSpec(name=rollout, kind=RoleKind.FROZEN_POLICY, model=entry.model or trainer.model,
+                                      seed=config.seed, options=entry.options,
+                                      micro_batch_size=entry.micro_batch_size or trainer.micro_batch_size)
     return specs
 
 

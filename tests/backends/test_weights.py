@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from hybridflow.backends.vllm.weights import state_from_wire, state_to_wire
+
+from hybridflow.runtime.weights import state_from_wire, state_to_wire
 
 
 def test_a_state_dict_survives_the_numpy_wire_in_every_dtype() -> None:

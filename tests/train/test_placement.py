@@ -41,3 +41,14 @@ def test_manual_placement_names_what_is_missing(tmp_path: Path):
         run(tmp_path, "placement=manual", "cluster=2xCPU", "meshes={actor: [0, 1]}")
     with pytest.raises(ValueError, match="only read with placement=manual"):
         load_config(None, ["meshes={actor: [0]}"])
+
+
+def test_manual_placement_can_give_the_rollout_its_own_gpus(tmp_path: Path):
+    plan = run(tmp_path, "placement=manual", "cluster=3xCPU",
+               "meshes={actor: [0], 'actor:rollout': [1], reference: [2]}")
+    assert {tuple(g["gpus"]): tuple(g["roles"]) for g in plan["groups"]} == {
+        (0,): ("actor",), (1,): ("actor:rollout",), (2,): ("reference",)}
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    shipped, planned = metrics[0]["actor/weight_sync/bytes"], metrics[0]["weight_sync/planned_bytes"]
+    assert planned == plan["weight_sync_bytes"] > 0
+    assert abs(shipped - planned) / planned < 0.01  # the planner's params x dtype estimate is what travelled
