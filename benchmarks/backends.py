@@ -10,8 +10,11 @@
   the planner's estimate for the same layout (``hybridflow.planner.costs.weight_sync``).
 - ``memory`` (with ``sync``): peak RSS growth of a sync that streams one gathered tensor at a time vs one
   that first materialises a full state dict (the "second copy" a naive hybrid engine keeps).
+- ``ship``: a rollout on a group of its own: the trainer's weights shipped to it (local executor: in
+  process; Ray: through the object store) on the ~31M model, seconds and bytes vs the planner's estimate.
 - ``learn``: ``configs/grpo_reverse.yaml`` (SFT-warmed tiny Qwen2) for ``--steps`` steps with the actor on
-  the torch backend, then on FSDP with a vLLM rollout: mean reward of the first and last 10 steps.
+  the torch backend, on FSDP with a colocated vLLM rollout, and on FSDP with a vLLM rollout on a group
+  of its own (Ray, weights shipped every step): mean reward of the first and last 10 steps.
 """
 
 from __future__ import annotations
@@ -230,6 +233,48 @@ def _peak_memory(engine: Any) -> list[str]:
             f"| full state dict first (two copies) | {copied.growth / 2**20:.1f} |"]
 
 
+def _detached_plan(roles: dict[str, tuple[str, int]], dtype: str = "fp32") -> Any:
+    """GRPO with ``{role: (backend, group)}``: group 0 the actor's trainer, group 1 its rollout and the reference."""
+    from hybridflow.planner import GroupPlan, Plan
+
+    groups = []
+    for index in (0, 1):
+        mine = [role for role, (_, group) in roles.items() if group == index]
+        layouts = tuple(RoleLayout(role=role, dp=1, dtype=dtype, backend=roles[role][0], micro_batch_size=128)
+                        for role in mine)
+        groups.append(GroupPlan(gpus=(index,), hosts=(0,), device="cpu", roles=tuple(mine), layouts=layouts,
+                                memory_per_gpu_bytes=0, capacity_bytes=0))
+    return Plan(algorithm="grpo", groups=tuple(groups), driver_roles=("reward",))
+
+
+def bench_ship() -> list[str]:
+    """Shipping a torch trainer's weights to a rollout on another group, locally and through Ray's object store."""
+    from hybridflow.graph import Workload, load_graph
+    from hybridflow.planner import Cluster, ModelSpec, evaluate_mapping
+    from hybridflow.runtime import Controller
+    from hybridflow.runtime.ray_executor import RayExecutor
+
+    graph = load_graph("grpo", reward_kind="reward_function")
+    lines = ["| executor | MiB shipped | planner MiB | ms, median of 5 |", "|---|---|---|---|"]
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = _memory_model_dir(tmp)
+        spec = ModelSpec.from_hf_config(model_dir)
+        planned = evaluate_mapping(graph, {"actor": spec, "reference": spec}, Workload(batch_size=16),
+                                   Cluster.parse("2xCPU"), {"actor": [0], "actor:rollout": [1], "reference": [1]},
+                                   dtypes={"actor": "fp32", "actor:rollout": "fp32", "reference": "fp32"})
+        specs = {"actor": RoleSpec(name="actor", kind=RoleKind.POLICY, model=model_dir, optim=OptimSpec()),
+                 "reference": RoleSpec(name="reference", kind=RoleKind.FROZEN_POLICY, model=model_dir)}
+        plan = _detached_plan({"actor": ("torch", 0), "actor:rollout": ("torch", 1), "reference": ("torch", 1)})
+        for name, executor in (("local", None), ("ray", RayExecutor())):
+            with Controller(graph, plan, specs=specs, executor=executor, driver_roles={"reward": lambda b: b}) as ctl:
+                shipped = [ctl.sync_rollouts()["actor"] for _ in range(5)]
+            ms = 1000 * statistics.median(s.seconds for s in shipped)
+            lines.append(f"| {name} | {shipped[-1].bytes / 2**20:.1f} | {planned.weight_sync_bytes / 2**20:.1f} | "
+                         f"{ms:.0f} |")
+    return [f"Model: {spec.params / 1e6:.1f}M parameters (planner count), fp32; planner's seconds for this "
+            f"plan (CPU catalogue entry): {1000 * planned.weight_sync_seconds:.1f} ms.", "", *lines]
+
+
 def _learn_run(actor_backend: str, steps: int, out: Path, executor: str, gpus: int) -> tuple[float, float, float]:
     import dataclasses
 
@@ -254,6 +299,9 @@ def _learn_run(actor_backend: str, steps: int, out: Path, executor: str, gpus: i
         plan = Plan(algorithm=plan.algorithm, groups=(dataclasses.replace(group, layouts=layouts),),
                     driver_roles=plan.driver_roles)
         specs["actor"] = dataclasses.replace(specs["actor"], options={"rollout": "vllm", "rollout_dtype": "fp32"})
+    if actor_backend == "fsdp+vllm detached":
+        plan = _detached_plan({"actor": ("fsdp", 0), "actor:rollout": ("vllm", 1), "reference": ("torch", 1)})
+        specs["actor"] = dataclasses.replace(specs["actor"], options={"rollout_dtype": "fp32"})
     loader = setup.prompt_loader(config, data, tokenizer)
     rewards = []
     start = time.perf_counter()
@@ -270,17 +318,19 @@ def _learn_run(actor_backend: str, steps: int, out: Path, executor: str, gpus: i
 def bench_learn(steps: int, executor: str, gpus: int) -> list[str]:
     lines = ["| actor backend | executor | ranks | reward, first 10 steps | reward, last 10 steps | wall (s) |",
              "|---|---|---|---|---|---|"]
+    runs = [("torch", executor, gpus), ("fsdp+vllm", executor, gpus), ("fsdp+vllm detached", "ray", 2)]
     with tempfile.TemporaryDirectory() as tmp:
-        for backend in ("torch", "fsdp+vllm"):
-            first, last, seconds = _learn_run(backend, steps, Path(tmp) / backend.replace("+", "_"), executor, gpus)
-            lines.append(f"| {backend} | {executor} | {gpus} | {first:.3f} | {last:.3f} | {seconds:.0f} |")
+        for backend, where, ranks in runs:
+            folder = Path(tmp) / backend.replace("+", "_").replace(" ", "_")
+            first, last, seconds = _learn_run(backend, steps, folder, where, ranks)
+            lines.append(f"| {backend} | {where} | {ranks} | {first:.3f} | {last:.3f} | {seconds:.0f} |")
     return lines
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="step,generate,sync,learn", help="comma list of: step, generate, "
-                        "sync, learn")
+    parser.add_argument("--only", default="step,generate,sync,ship,learn", help="comma list of: step, generate, "
+                        "sync, ship, learn")
     parser.add_argument("--steps", type=int, default=60, help="GRPO steps of each learn run")
     parser.add_argument("--executor", default="local", choices=["local", "ray"], help="executor of the learn runs")
     parser.add_argument("--gpus", type=int, default=1, help="ranks (logical GPUs) of the learn runs' one group")
@@ -291,6 +341,7 @@ def main() -> None:
     sections = [("step", "PPO actor step, 2 gloo ranks", bench_step),
                 ("generate", "Generation throughput, one process", bench_generate),
                 ("sync", "Weight sync and hybrid-engine memory", bench_sync_and_memory),
+                ("ship", "Weights shipped to a rollout on its own group", bench_ship),
                 ("learn", "GRPO learning: torch vs FSDP + vLLM",
                  lambda: bench_learn(args.steps, args.executor, args.gpus))]
     for key, title, run in sections:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 ROLES = ("actor", "critic", "reward", "reference")
+ROLLOUT = "actor:rollout"  # the plan role of the actor's rollout on GPUs of its own
 STRATEGIES = ("NO_SHARD", "SHARD_GRAD_OP", "FULL_SHARD")
 _MESH = "{}_model_device_mesh"
 _MICRO = "{}_model_micro_batch_size"
@@ -34,7 +35,10 @@ class DataParallelConfig:
     overlap are an error. As with verl's FSDP workers, every role trains or infers data parallel
     over its whole mesh, sharded by ``fsdp_sharding_strategy``; ``data_parallel_size`` is the
     rollout engine's DP degree, the rest of the actor's mesh (``len(mesh) // data_parallel_size``)
-    its tensor parallelism. ``None`` lets the planner choose the rollout's split. ``cluster`` is a
+    its tensor parallelism. ``None`` lets the planner choose the rollout's split.
+    ``rollout_device_mesh`` gives the actor's rollout GPUs of its own (as OpenRLHF's separate vLLM
+    engines); the actor's weights are shipped there after every update. Then ``data_parallel_size``
+    splits that mesh instead of the actor's. ``cluster`` is a
     planner spec such as ``"8xA100-80G"``; by default whole 8-GPU A100
     machines covering the highest GPU id. Fields may be set after construction and are checked
     again when set.
@@ -44,6 +48,7 @@ class DataParallelConfig:
     critic_model_device_mesh: list[int] | None = None
     reward_model_device_mesh: list[int] | None = None
     reference_model_device_mesh: list[int] | None = None
+    rollout_device_mesh: list[int] | None = None
     data_parallel_size: int | None = None
     fsdp_sharding_strategy: str = "FULL_SHARD"
     actor_model_micro_batch_size: int | None = None
@@ -97,24 +102,30 @@ class DataParallelConfig:
         return {role: mesh for role in ROLES if (mesh := self.mesh(role)) is not None}
 
     @property
+    def placed_meshes(self) -> dict[str, list[int]]:
+        """:attr:`meshes` plus the rollout's own mesh (as ``actor:rollout``) when one is given."""
+        rollout = {ROLLOUT: self.rollout_device_mesh} if self.rollout_device_mesh is not None else {}
+        return {**self.meshes, **rollout}
+
+    @property
     def num_gpus(self) -> int:
         """GPUs in the cluster: from ``cluster`` or whole 8-GPU machines covering the highest id."""
         if self.cluster is not None:
             from hybridflow.planner.cluster import Cluster
 
             return int(Cluster.parse(self.cluster).num_gpus)
-        highest = max(gpu for mesh in self.meshes.values() for gpu in mesh)
+        highest = max(gpu for mesh in self.placed_meshes.values() for gpu in mesh)
         return (highest // 8 + 1) * 8
 
     @property
     def unused_gpus(self) -> list[int]:
-        used = {gpu for mesh in self.meshes.values() for gpu in mesh}
+        used = {gpu for mesh in self.placed_meshes.values() for gpu in mesh}
         return [gpu for gpu in range(self.num_gpus) if gpu not in used]
 
     def colocation_groups(self) -> list[tuple[list[int], list[str]]]:
         """Distinct meshes in order of first use, each with the roles that share it."""
         groups: dict[tuple[int, ...], list[str]] = {}
-        for role, mesh in self.meshes.items():
+        for role, mesh in self.placed_meshes.items():
             groups.setdefault(tuple(sorted(mesh)), []).append(role)
         return [(list(mesh), roles) for mesh, roles in groups.items()]
 
@@ -126,26 +137,30 @@ class DataParallelConfig:
                 shared = sorted(set(mesh_a) & set(mesh_b))
                 if shared:
                     raise ConfigError(
-                        _MESH.format(roles_b[0]),
-                        f"{mesh_b} partially overlaps {_MESH.format(roles_a[0])}={mesh_a} on GPUs {shared}; "
+                        _mesh_field(roles_b[0]),
+                        f"{mesh_b} partially overlaps {_mesh_field(roles_a[0])}={mesh_a} on GPUs {shared}; "
                         "roles either share exactly the same mesh (colocated) or use disjoint GPUs",
                     )
         if self.data_parallel_size is not None:
-            for role, mesh in self.meshes.items():
+            for role, mesh in self.placed_meshes.items():
                 if len(mesh) % self.data_parallel_size:
                     raise ConfigError(
                         "data_parallel_size",
-                        f"{self.data_parallel_size} does not divide {_MESH.format(role)} of {len(mesh)} GPUs; "
-                        "pick a divisor of every mesh size (the rest of the actor's mesh is the rollout's tensor "
+                        f"{self.data_parallel_size} does not divide {_mesh_field(role)} of {len(mesh)} GPUs; "
+                        "pick a divisor of every mesh size (the rest of the rollout's mesh is its tensor "
                         "parallelism)",
                     )
         total = self.num_gpus
-        for role, mesh in self.meshes.items():
+        for role, mesh in self.placed_meshes.items():
             beyond = [gpu for gpu in mesh if gpu >= total]
             if beyond:
                 raise ConfigError(
-                    _MESH.format(role), f"GPU ids {beyond} are out of range for a {total}-GPU cluster ({self.cluster})"
+                    _mesh_field(role), f"GPU ids {beyond} are out of range for a {total}-GPU cluster ({self.cluster})"
                 )
+
+
+def _mesh_field(role: str) -> str:
+    return "rollout_device_mesh" if role == ROLLOUT else _MESH.format(role)
 
 
 def _check_field(name: str, value: Any) -> None:

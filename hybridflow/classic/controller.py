@@ -17,7 +17,15 @@ from typing import Any, Literal
 
 from hybridflow.classic.config import DataParallelConfig
 from hybridflow.graph import Graph, RoleKind, Workload, load_graph
-from hybridflow.planner import Cluster, ModelSpec, Plan, compare_plans, evaluate_mapping, plan_placement
+from hybridflow.planner import (
+    Cluster,
+    ModelSpec,
+    Plan,
+    compare_plans,
+    evaluate_mapping,
+    plan_placement,
+    rollout_role,
+)
 
 ROLE_ARGS = {"actor": "actor_model", "critic": "critic_model", "reward": "reward_model",
              "reference": "reference_model"}
@@ -117,8 +125,12 @@ class SingleController:
         dp = self.config.data_parallel_size
         micro = {role: size for role in meshes if (size := self.config.micro_batch_size(role)) is not None}
         # verl's FSDP workers train every role data parallel over its whole mesh (sharded by the
-        # strategy); data_parallel_size is the rollout's DP degree, the rest of the mesh its TP.
-        rollout_tp = {"actor": len(meshes["actor"]) // dp} if dp else None
+        # strategy); data_parallel_size is the rollout's DP degree, the rest of its mesh its TP.
+        rollout = "actor"
+        if self.config.rollout_device_mesh is not None:
+            rollout = rollout_role("actor")
+            meshes[rollout] = self.config.rollout_device_mesh
+        rollout_tp = {rollout: len(meshes[rollout]) // dp} if dp else None
         return evaluate_mapping(
             graph, self.model_specs(graph), workload or self.settings.workload, self.cluster, meshes,
             data_parallel_size={role: len(mesh) for role, mesh in meshes.items()}, rollout_tp=rollout_tp,

@@ -33,6 +33,11 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--sharding", help="manual mapping: FSDP sharding (default FULL_SHARD; 'auto' lets the "
                                            "planner choose)")
     parser.add_argument("--unit", choices=("auto", "gpu", "machine"), help="search unit (default auto)")
+    parser.add_argument("--max-tp", type=int, help="most tensor parallelism for training and forward passes "
+                                                     "(1 for data-parallel-only backends; rollout not capped)")
+    parser.add_argument("--separate-rollout", action="store_true", default=None,
+                        help="also consider giving the policy's rollout GPUs of its own (weights shipped after each "
+                             "update); kept only when faster. In --manual, name it as actor:rollout=6-7")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.add_argument("--config", help="YAML with any of these options (keys as flags with underscores; "
                                          "models: {role: model}); flags override it")
@@ -90,7 +95,9 @@ def run(args: argparse.Namespace) -> int:
     workload = Workload(batch_size=int(settings["batch_size"]), prompt_len=int(settings["prompt_len"]),
                         response_len=int(settings["response_len"]), n_samples=settings.get("n_samples"))
     try:
-        auto = plan_placement(graph, models, workload, cluster, options=PlannerOptions(unit=settings["unit"]))
+        options = PlannerOptions(unit=settings["unit"], separate_rollout=bool(settings.get("separate_rollout")),
+                                 max_tp=settings.get("max_tp"))
+        auto = plan_placement(graph, models, workload, cluster, options=options)
     except InfeasibleError as err:
         print(f"hybridflow plan: infeasible: {err}", file=sys.stderr)
         return 1

@@ -30,7 +30,7 @@ def explain_infeasible(problem: Problem, evaluator: GroupEvaluator) -> str:
             counts = [m.gpus for m in cluster.machines if m.device.name == device]
             shape = evaluator.shape(device, counts)
             candidates = role_candidates(role, shape, shape.device.preferred_dtype, problem.workload.prompt_len,
-                                         Constraint())
+                                         Constraint(), max_tp=problem.max_tp)
             need = min((c.static + c.transient for c in candidates), default=None)
             if need is None:
                 continue

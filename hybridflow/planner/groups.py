@@ -22,6 +22,7 @@ from hybridflow.planner.layouts import (
     Constraint,
     GroupLayout,
     best_combination,
+    engine_layout,
     role_candidates,
     smallest_combination,
     usable_bytes,
@@ -72,7 +73,8 @@ class GroupEvaluator:
         key = (role, (shape.device.name, shape.counts))
         if key not in self._fronts:
             work = self.problem.role(role)
-            self._fronts[key] = role_candidates(work, shape, shape.device.preferred_dtype, self.prompt_len)
+            self._fronts[key] = role_candidates(work, shape, shape.device.preferred_dtype, self.prompt_len,
+                                                max_tp=self.problem.max_tp)
         return self._fronts[key]
 
     def best(self, roles: tuple[str, ...], shape: Shape) -> GroupLayout | None:
@@ -87,7 +89,8 @@ class GroupEvaluator:
     def constrained(self, roles: tuple[str, ...], shape: Shape, constraints: Mapping[str, Constraint],
                     dtypes: Mapping[str, str]) -> tuple[GroupLayout, bool]:
         """Best layout honouring a user's fixed fields; if nothing fits, the smallest one and False."""
-        fronts = [role_candidates(self.problem.role(role), shape, dtypes[role], self.prompt_len, constraints[role])
+        fronts = [role_candidates(self.problem.role(role), shape, dtypes[role], self.prompt_len, constraints[role],
+                                  max_tp=self.problem.max_tp)
                   for role in roles]
         if any(not front for front in fronts):
             raise ValueError(f"roles {list(roles)}: no layout matches the fixed tp/sharding/micro batch on "
@@ -104,8 +107,9 @@ class GroupEvaluator:
         for layout in layouts:
             work = self.problem.role(layout.role)
             seconds.update(node_seconds(work, layout, shape, self.prompt_len))
-            static += static_bytes(work.model, work.kind, layout, shape)
-            peak = max(peak, transient_bytes(work, layout, shape, self.prompt_len))
+            costed = engine_layout(layout) if work.generates_only else layout  # as _rollout_candidates counts it
+            static += static_bytes(work.model, work.kind, costed, shape)
+            peak = max(peak, transient_bytes(work, costed, shape, self.prompt_len))
             if work.generate and work.update:
                 refresh_s, refresh = weight_sync(work.model, layout, shape)
                 sync, sync_seconds = sync + refresh * shape.size, sync_seconds + refresh_s

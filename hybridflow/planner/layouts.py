@@ -172,15 +172,18 @@ class Constraint:
 
 
 def role_candidates(role: RoleWork, shape: Shape, dtype: str, prompt_len: int,
-                    constraint: Constraint | None = None) -> list[Candidate]:
-    """The Pareto front of one role's layouts on ``shape``: (seconds, resident bytes, transient bytes)."""
+                    constraint: Constraint | None = None, *, max_tp: int | None = None) -> list[Candidate]:
+    """The Pareto front of one role's layouts on ``shape``: (seconds, resident bytes, transient bytes).
+
+    ``max_tp`` caps the tensor parallelism of training and forward passes (not of rollout engines).
+    """
     fixed = constraint or Constraint()
-    if not role.update and not role.forward:
+    if role.generates_only:
         return _rollout_candidates(role, shape, dtype, prompt_len, fixed)
     candidates = []
     forwards: dict[tuple[int, Sharding | None], Front2] = {}
     rollouts: dict[int, Front2] = {}
-    tps = [fixed.tp] if fixed.tp else _tps(role, shape)
+    tps = [fixed.tp] if fixed.tp else [tp for tp in _tps(role, shape) if max_tp is None or tp <= max_tp]
     for tp in tps:
         dp = shape.size // tp
         shardings = _shardings(role, dp, shape)
@@ -224,6 +227,11 @@ def _rollout_candidates(role: RoleWork, shape: Shape, dtype: str, prompt_len: in
         for transient, seconds, layout in _generate_front(role, engine, shape, prompt_len, rtp):
             candidates.append(Candidate(replace(layout, dp=shape.size, tp=1), seconds, static, transient))
     return pareto3(candidates)
+
+
+def engine_layout(layout: RoleLayout) -> RoleLayout:
+    """The layout a detached rollout's costs are taken with: its engines' tensor parallelism as ``tp``."""
+    return replace(layout, dp=layout.dp * layout.tp // layout.rollout_tp, tp=layout.rollout_tp)
 
 
 def pareto3(candidates: Iterable[Candidate]) -> list[Candidate]:

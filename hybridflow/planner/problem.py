@@ -26,6 +26,11 @@ class RoleWork:
     ships_to: str | None = None  # the detached rollout role this policy sends its weights to after updating
 
     @property
+    def generates_only(self) -> bool:
+        """A detached rollout: generate nodes and nothing else."""
+        return bool(self.generate) and not self.forward and not self.update
+
+    @property
     def nodes(self) -> tuple[str, ...]:
         return tuple(load.node for load in (*self.generate, *self.forward, *self.update))
 
@@ -42,6 +47,7 @@ class Problem:
     edge_bytes: Mapping[tuple[str, str], int]
     node_role: Mapping[str, str | None]  # node -> its GPU role, None for driver-side nodes
     apart: tuple[tuple[str, str], ...] = ()  # (policy, its rollout): roles that must not share a group
+    max_tp: int | None = None  # cap on training/forward tensor parallelism (None: up to 8)
 
     @property
     def role_names(self) -> tuple[str, ...]:
@@ -55,7 +61,7 @@ class Problem:
 
 
 def build_problem(graph: Graph, models: Mapping[str, ModelSpec], workload: Workload, cluster: Cluster, *,
-                  detach: Collection[str] = ()) -> Problem:
+                  detach: Collection[str] = (), max_tp: int | None = None) -> Problem:
     """Check the inputs against each other and precompute per-role loads and edge sizes.
 
     ``detach`` names trainable policies whose rollout runs on GPUs of its own: their generate nodes move
@@ -93,7 +99,7 @@ def build_problem(graph: Graph, models: Mapping[str, ModelSpec], workload: Workl
     node_role = {node.name: node.role if node.role in gpu_roles else None for node in graph.nodes}
     roles, apart = _detach_rollouts(roles, detach, node_role)
     return Problem(graph=graph, workload=workload, cluster=cluster, roles=tuple(roles), driver_roles=tuple(drivers),
-                   edge_bytes=edge_bytes(graph, workload), node_role=node_role, apart=apart)
+                   edge_bytes=edge_bytes(graph, workload), node_role=node_role, apart=apart, max_tp=max_tp)
 
 
 def _detach_rollouts(roles: list[RoleWork], detach: Collection[str],

@@ -32,8 +32,9 @@ def render_plan(plan: Plan, title: str) -> None:
                       f"{node.end_s:.3g}", f"{node.seconds:.3g}")
     console.print(nodes)
     console.print(f"bottleneck: {plan.bottleneck}")
+    shipped = f" (shipped to {', '.join(plan.detached_rollouts.values())})" if plan.detached_rollouts else ""
     console.print(f"cross-group bytes/step: {plan.cross_group_bytes / 1e6:.1f} MB; rollout weight refresh: "
-                  f"{gib(plan.weight_sync_bytes)}")
+                  f"{gib(plan.weight_sync_bytes)} in {plan.weight_sync_seconds:.3g} s{shipped}")
     for problem in plan.problems:
         console.print(f"[red]problem:[/red] {problem}")
     if plan.search is not None:

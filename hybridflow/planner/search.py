@@ -32,6 +32,8 @@ TOLERANCE = 1e-9  # relative: step times this close count as equal and fall to t
 class PlannerOptions:
     """Search settings. ``unit``: "auto" (GPUs up to ``exact_gpu_limit``, machines above), "gpu" or "machine".
 
+    ``max_tp``: the most tensor parallelism a training or forward layout may use (1 when the training
+    backends have none, as hybridflow's own); rollout engines are not capped.
     ``separate_rollout``: also consider giving each trainable policy's rollout GPUs of its own (its
     weights shipped there after every update, as OpenRLHF does with its vLLM engines), keeping it
     only when the modelled step is faster. It roughly doubles the search time.
@@ -40,11 +42,14 @@ class PlannerOptions:
     exact_gpu_limit: int = 16
     unit: str = "auto"
     machine_grid_ratio: float = 1.25
+    max_tp: int | None = None
     separate_rollout: bool = False
 
     def __post_init__(self) -> None:
         if self.unit not in ("auto", "gpu", "machine"):
             raise ValueError(f"PlannerOptions.unit={self.unit!r} must be 'auto', 'gpu' or 'machine'")
+        if self.max_tp is not None and self.max_tp < 1:
+            raise ValueError(f"PlannerOptions.max_tp={self.max_tp} must be >= 1 (or None: no cap)")
         if self.machine_grid_ratio <= 1:
             raise ValueError(f"PlannerOptions.machine_grid_ratio={self.machine_grid_ratio} must be > 1")
 
@@ -194,17 +199,19 @@ def plan_placement(graph: Graph, models: Mapping[str, ModelSpec], workload: Work
     """
     start = time.perf_counter()
     opts = options or PlannerOptions()
-    problem = build_problem(graph, models, workload, cluster)
+    problem = build_problem(graph, models, workload, cluster, max_tp=opts.max_tp)
     searcher = Searcher(problem, opts.units(cluster))
     placements = searcher.run()
     visited = searcher.visited + searcher.evaluator.evaluations
     detachable = [role.name for role in problem.roles if role.generate and role.update]
     if opts.separate_rollout and detachable:
-        split = build_problem(graph, models, workload, cluster, detach=detachable)
+        split = build_problem(graph, models, workload, cluster, detach=detachable, max_tp=opts.max_tp)
         rival = Searcher(split, opts.units(cluster))
         found = rival.run()
         visited += rival.visited + rival.evaluator.evaluations
-        if found is not None and (searcher.best.key is None or _better(rival.best.key, searcher.best.key)):  # type: ignore[arg-type]
+        faster = searcher.best.key is None or (
+            rival.best.key is not None and rival.best.key[0] < searcher.best.key[0] * (1 - TOLERANCE))
+        if found is not None and faster:  # a tie keeps the simpler, colocated plan
             problem, searcher, placements = split, rival, found
     if placements is None:
         raise InfeasibleError(explain_infeasible(problem, searcher.evaluator))

@@ -21,6 +21,10 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 StateWire = dict[str, tuple[str, np.ndarray]]
 """A state dict as ``{name: (torch dtype name, numpy array)}``: what Ray's object store ships cheaply."""
 
+Shipment = tuple[StateWire, dict[str, str]]
+"""Weights on their way to another group: the packed tensors and ``{alias: name}`` for tied copies,
+which travel as a name rather than as bytes (the receiver points the alias at the tensor)."""
+
 
 def full_weights(engine: Any, dtype: str) -> Iterator[tuple[str, torch.Tensor]]:
     """An engine's whole weights, one tensor at a time, floating tensors cast to ``dtype`` (a plan dtype).
@@ -40,7 +44,7 @@ def tied_aliases(engine: Any) -> dict[str, str]:
     """``{alias: name}`` for weights an engine's model holds twice under two names (tied embeddings).
 
     A state dict lists a tied ``lm_head.weight`` beside ``embed_tokens.weight``; only one needs to
-    travel. Engines without a ``model`` module (vLLM) re-tie on their own while loading.
+    travel. Engines without a ``model`` module have none to report.
     """
     model = getattr(engine, "model", None)
     if not isinstance(model, torch.nn.Module):

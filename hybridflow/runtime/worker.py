@@ -24,7 +24,7 @@ from hybridflow.registry import BACKENDS, LOSSES
 from hybridflow.runtime.batch import Batch, Wire
 from hybridflow.runtime.protocols import Collective, RoleEngine, RoleSpec, SamplingParams, WorkerContext
 from hybridflow.runtime.weights import (
-    StateWire,
+    Shipment,
     full_weights,
     state_from_wire,
     state_to_wire,
@@ -161,33 +161,32 @@ class GroupWorker:
             return rollout_role(role)
         return role
 
-    def export_weights(self, role: str, dtype: str) -> StateWire | None:
+    def export_weights(self, role: str, dtype: str) -> Shipment | None:
         """``role``'s whole weights in ``dtype``: rank 0 returns them packed, the other ranks only take part
         in the gathers (every rank of a sharded trainer must drain the stream together). A tied copy
-        (``lm_head`` = embeddings) stays home: the receiver re-ties it."""
+        (``lm_head`` = embeddings) travels as its name only."""
         engine = self.engines[role]
         aliases = tied_aliases(engine)
         named = full_weights(engine, dtype)
         if self.rank == 0:
-            return state_to_wire((name, tensor) for name, tensor in named if name not in aliases)
+            return state_to_wire((name, tensor) for name, tensor in named if name not in aliases), aliases
         for _ in named:
             pass
         return None
 
-    def export_weights_parts(self, role: str, dtype: str) -> tuple[int, StateWire | None]:
+    def export_weights_parts(self, role: str, dtype: str) -> tuple[int, Shipment | None]:
         """:meth:`export_weights` as (tensor count, weights): Ray returns the two as separate objects, so the
         controller can wait on the small one while the weights travel straight to the receivers."""
-        wire = self.export_weights(role, dtype)
-        return (len(wire) if wire is not None else 0), wire
+        shipment = self.export_weights(role, dtype)
+        return (len(shipment[0]) if shipment is not None else 0), shipment
 
-    def import_weights(self, role: str, wire: StateWire) -> dict[str, float]:
+    def import_weights(self, role: str, shipment: Shipment) -> dict[str, float]:
         """Load weights another group exported into ``role``'s engine; returns what arrived."""
         start = time.perf_counter()
-        engine = self.engines[role]
+        wire, aliases = shipment
         state = state_from_wire(wire)
-        state.update({alias: state[name] for alias, name in tied_aliases(engine).items()
-                      if alias not in state and name in state})
-        engine.load_state_dict(state)
+        state.update({alias: state[name] for alias, name in aliases.items()})
+        self.engines[role].load_state_dict(state)
         return {"bytes": float(wire_bytes(wire)), "tensors": float(len(wire)), "seconds": time.perf_counter() - start}
 
     def _with_kept(self, batch: Batch, token: int, fields: Sequence[str], dp: int) -> Batch:

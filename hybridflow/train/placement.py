@@ -38,8 +38,9 @@ def planned(config: TrainConfig, graph: Graph, prompt_len: int, model_dir: str |
     cluster = Cluster.parse(config.cluster or f"{config.num_gpus}xCPU")
     models, work = role_models(config, graph, model_dir), workload(config, graph, prompt_len)
     if config.placement == "auto":
+        # The installed training backends are data parallel only: plan what they can run.
         plan = plan_placement(graph, models, work, cluster,
-                              options=PlannerOptions(separate_rollout=config.separate_rollout))
+                              options=PlannerOptions(max_tp=1, separate_rollout=config.separate_rollout))
     else:
         gpu_roles = set(models)
         missing = sorted(gpu_roles - set(config.meshes))

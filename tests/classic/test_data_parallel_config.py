@@ -43,6 +43,8 @@ def test_partially_overlapping_meshes_are_rejected_with_the_reason():
         ({"reward_model_device_mesh": [4, 9], "reference_model_device_mesh": [4, 9], "cluster": "8xA100-80G"},
          "reward_model_device_mesh"),
         ({"data_parallel_size": 3}, "data_parallel_size"),
+        ({"rollout_device_mesh": [3, 6]}, "rollout_device_mesh"),
+        ({"rollout_device_mesh": [6, 7, 8]}, "data_parallel_size"),
         ({"reward_model_micro_batch_size": 0}, "reward_model_micro_batch_size"),
         ({"critic_model_max_concurrent_requests": -2}, "critic_model_max_concurrent_requests"),
         ({"reward_cache_size": None}, "reward_cache_size"),

@@ -85,3 +85,15 @@ def test_tutorial_mapping_trains_end_to_end_with_cache_and_request_bound(tmp_pat
     ctl.load(saved)
     again = ctl.fit(steps=3)
     assert again.start_step == 2 and [row["step"] for row in again.history] == [2]
+
+
+def test_a_rollout_mesh_of_its_own_is_planned_and_trained_with_weights_shipped(tmp_path: Path):
+    ctl = controller(tutorial(rollout_device_mesh=[6, 7]), tmp_path)
+    check = ctl.plan(show=False)
+    assert check.unused_gpus == ()
+    assert check.manual.detached_rollouts == {"actor": "actor:rollout"}
+    assert check.manual.groups[check.manual.group_index("actor:rollout")].gpus == (6, 7)
+    assert check.manual.layout("actor:rollout").rollout_tp == 1  # data_parallel_size=2 engines on 2 GPUs
+    result = ctl.fit(steps=1)
+    row = json.loads(result.metrics_path.read_text().splitlines()[0])
+    assert row["actor/weight_sync/receivers"] == 2 and row["actor/weight_sync/bytes"] > 0
