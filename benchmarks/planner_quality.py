@@ -3,7 +3,8 @@
 Strategies (all costed by the same model; layouts left to the planner's layout policy so only the
 mapping differs): colocate-all (verl's default; every role on one device type, best type taken),
 even split (OpenRLHF-style: each role an equal share, in GPU order within a type), and the seed's
-manual mapping where the cluster has 8 GPUs. Run: ``python benchmarks/planner_quality.py [--json]``.
+manual mapping where the cluster has 8 GPUs. Run: ``python benchmarks/planner_quality.py [--json]
+[--separate-rollout]`` (the latter lets the auto plan give the policy's rollout GPUs of its own).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import sys
 from dataclasses import asdict, dataclass
 
 from hybridflow.graph import Graph, Workload, load_graph
-from hybridflow.planner import Cluster, ModelSpec, Plan, Sharding, plan_placement
+from hybridflow.planner import Cluster, ModelSpec, Plan, PlannerOptions, Sharding, plan_placement
 from hybridflow.planner.manual import evaluate_mapping, even_split_mapping, parse_mapping
 from hybridflow.planner.problem import build_problem
 
@@ -75,12 +76,12 @@ class Row:
     plan_seconds: float | None
 
 
-def run_case(case: Case) -> Row:
+def run_case(case: Case, options: PlannerOptions | None = None) -> Row:
     graph = load_graph(case.algorithm, reward_kind=case.reward_kind)
     models = {role: ModelSpec.preset(name) for role, name in case.models.items()}
     workload = Workload(batch_size=case.batch, prompt_len=512, response_len=512)
     cluster = Cluster.parse(case.cluster)
-    auto = plan_placement(graph, models, workload, cluster)
+    auto = plan_placement(graph, models, workload, cluster, options=options)
     fixed: dict[str, Plan | None] = {"colocate_all": colocate_all(graph, models, workload, cluster)}
     split = even_split_mapping(build_problem(graph, models, workload, cluster))
     fixed["even_split"] = evaluate_mapping(graph, models, workload, cluster, split, sharding=None) if split else None
@@ -106,8 +107,10 @@ def _cell(row: Row, strategy: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--separate-rollout", action="store_true", help="PlannerOptions(separate_rollout=True)")
     args = parser.parse_args(argv)
-    rows = [run_case(case) for case in SUITE]
+    options = PlannerOptions(separate_rollout=args.separate_rollout)
+    rows = [run_case(case, options) for case in SUITE]
     mixed = [r.ratio_vs_best_fixed for r in rows if r.mixed and r.ratio_vs_best_fixed]
     mean_mixed = sum(mixed) / len(mixed) if mixed else float("nan")
     worst = min(r.ratio_vs_best_fixed or 1.0 for r in rows)

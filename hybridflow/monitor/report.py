@@ -10,7 +10,9 @@ from pathlib import Path
 
 # Metric families in the order a reader scans them; anything else is listed after these.
 HEADLINE = ("reward/mean", "reward/std", "kl", "response_length/mean", "time/step", "throughput/tokens_per_s",
-            "memory/rss_gb", "reward_cache/hit_rate", "sync/seconds", "sync/bytes")
+            "memory/rss_gb", "reward_cache/hit_rate")
+# Weight refreshes of every policy (``actor/weight_sync/seconds``...) and the plan's estimate follow them.
+SYNC = ("weight_sync/seconds", "weight_sync/planned_seconds", "weight_sync/bytes", "weight_sync/planned_bytes")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,7 +66,10 @@ def summarize(run_dir: str | Path) -> RunSummary:
 
 
 def _order(name: str) -> tuple[int, str]:
-    return (HEADLINE.index(name) if name in HEADLINE else len(HEADLINE), name)
+    if name in HEADLINE:
+        return HEADLINE.index(name), name
+    sync = [i for i, suffix in enumerate(SYNC) if name.endswith(suffix)]
+    return (len(HEADLINE) + sync[0], name) if sync else (len(HEADLINE) + len(SYNC), name)
 
 
 def render_table(summary: RunSummary) -> str:
@@ -98,6 +103,7 @@ def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
         "node_time.png": sorted({k for row in rows for k in row if k.startswith("time/") and k != "time/step"}),
         "throughput.png": [k for k in rows[0] if k.startswith("throughput/")],
         "memory.png": [k for k in rows[0] if k.startswith("memory/") or k.startswith("gpu/")],
+        "weight_sync.png": sorted({k for row in rows for k in row if k.endswith(SYNC[:2])}),
     }
     written = []
     for filename, keys in panels.items():

@@ -52,3 +52,13 @@ def test_cli_prints_table_and_fails_clearly_without_metrics(tmp_path: Path, caps
     assert "reward/mean" in out and "wrote" in out
     assert main(["report", str(tmp_path / "missing")]) == 2
     assert "metrics.jsonl does not exist" in capsys.readouterr().err
+
+
+def test_weight_sync_is_listed_and_plotted_beside_the_plans_estimate(tmp_path: Path):
+    rows = [{**row, "zeta/other": 1.0, "actor/weight_sync/seconds": 0.1 * (i + 1), "weight_sync/planned_seconds": 0.2,
+             "actor/weight_sync/bytes": 8.0, "weight_sync/planned_bytes": 8.0} for i, row in enumerate(ROWS)]
+    run_dir = write_run(tmp_path / "run", rows)
+    names = [m.name for m in summarize(run_dir).metrics]
+    assert names.index("actor/weight_sync/seconds") < names.index("zeta/other")
+    assert names.index("weight_sync/planned_seconds") == names.index("actor/weight_sync/seconds") + 1
+    assert "weight_sync.png" in {p.name for p in plot_run(run_dir)}

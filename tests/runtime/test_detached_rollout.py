@@ -121,3 +121,20 @@ def test_a_rollout_for_a_role_that_does_not_generate_is_refused(random_model_dir
                 driver_roles=("reward",))
     with pytest.raises(ValueError, match=r"'reference:rollout'.*trainable policy"):
         _controller(random_model_dir, plan)
+
+
+@pytest.mark.gpu
+def test_weights_shipped_between_cuda_groups(random_model_dir: Path) -> None:
+    """Both groups on CUDA (one device is enough: plan GPU ids wrap onto the visible devices)."""
+    def cuda(group: GroupPlan) -> GroupPlan:
+        return GroupPlan(gpus=group.gpus, hosts=group.hosts, device="A100-80G", roles=group.roles,
+                         layouts=group.layouts, memory_per_gpu_bytes=0, capacity_bytes=0)
+
+    plan = _plan()
+    with _controller(random_model_dir, Plan(algorithm="grpo", groups=tuple(cuda(g) for g in plan.groups),
+                                            driver_roles=("reward",))) as controller:
+        result = controller.step(LOADER.batch(0), step=0)
+        trained = _weights(controller, 0, "actor")
+        assert next(iter(trained.values())).is_cuda
+        assert _same(_weights(controller, 1, "actor:rollout"), trained)
+    assert result.metrics["actor/weight_sync/bytes"] > 0

@@ -41,6 +41,11 @@ def test_manual_placement_names_what_is_missing(tmp_path: Path):
         run(tmp_path, "placement=manual", "cluster=2xCPU", "meshes={actor: [0, 1]}")
     with pytest.raises(ValueError, match="only read with placement=manual"):
         load_config(None, ["meshes={actor: [0]}"])
+    with pytest.raises(ValueError, match="'separate_rollout' is only read with placement=auto"):
+        load_config(None, ["separate_rollout=true", "placement=manual"])
+    with pytest.raises(KeyError, match=r"'reference:rollout'.*rollout on GPUs of its own: \['actor:rollout'\]"):
+        run(tmp_path, "placement=manual", "cluster=3xCPU",
+            "meshes={actor: [0], reference: [1], 'reference:rollout': [2]}")
 
 
 def test_manual_placement_can_give_the_rollout_its_own_gpus(tmp_path: Path):
