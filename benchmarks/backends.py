@@ -259,8 +259,9 @@ def bench_ship() -> list[str]:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = _memory_model_dir(tmp)
         spec = ModelSpec.from_hf_config(model_dir)
-        planned = evaluate_mapping(graph, {"actor": spec, "reference": spec}, Workload(batch_size=16),
-                                   Cluster.parse("2xCPU"), {"actor": [0], "actor:rollout": [1], "reference": [1]},
+        work = Workload(batch_size=16, prompt_len=PROMPT, response_len=RESPONSE)
+        mapping = {"actor": [0], "actor:rollout": [1], "reference": [1]}
+        planned = evaluate_mapping(graph, {"actor": spec, "reference": spec}, work, Cluster.parse("2xCPU"), mapping,
                                    dtypes={"actor": "fp32", "actor:rollout": "fp32", "reference": "fp32"})
         specs = {"actor": RoleSpec(name="actor", kind=RoleKind.POLICY, model=model_dir, optim=OptimSpec()),
                  "reference": RoleSpec(name="reference", kind=RoleKind.FROZEN_POLICY, model=model_dir)}
