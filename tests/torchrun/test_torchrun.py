@@ -51,6 +51,22 @@ def test_torchrun_trains_ppo_with_the_actor_data_parallel_over_two_processes(tmp
     assert os.getpid() not in {w["pid"] for w in workers}
 
 
+@pytest.mark.slow
+def test_torchrun_ships_the_actors_weights_to_a_rollout_in_the_other_process(tmp_path: Path) -> None:
+    torchrun = Path(sys.executable).parent / "torchrun"
+    meshes = "meshes={actor: [0], critic: [0], 'actor:rollout': [1], reference: [1]}"
+    command = [str(torchrun), "--standalone", "--nproc_per_node=2", str(ROOT / "examples" / "train_ppo.py"),
+               "--config", str(CONFIG), "steps=2", f"output_dir={tmp_path}", "model.sft_steps=0",
+               "placement=manual", "cluster=2xCPU", meshes]
+    done = subprocess.run(command, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=150)
+    assert done.returncode == 0, _tail(done.stdout + done.stderr)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    workers = json.loads((tmp_path / "torchrun_workers.json").read_text())
+    assert [sorted(w["roles"]) for w in workers] == [["actor", "critic"], ["actor:rollout", "reference"]]
+    for row in rows:  # every step's update reached the rollout: the plan's params x dtype
+        assert abs(row["actor/weight_sync/bytes"] / row["weight_sync/planned_bytes"] - 1) < 0.01
+
+
 def test_a_hand_started_world_keeps_replicas_equal_and_reports_failures_by_rank(tmp_path: Path) -> None:
     """Two plain processes with torchrun's environment (a launcher would end rank 0 once rank 1 is killed)."""
     with socket.socket() as sock:
