@@ -208,6 +208,9 @@ def _check_placement(graph: Graph, plan: Plan, driver_roles: Mapping[str, Scorer
         if not generating:
             raise ValueError(f"plan role {rollout!r}: only a trainable policy that generates can have a rollout on "
                              f"GPUs of its own, and {policy!r} is not one in the {graph.name} graph")
+        if plan.group_index(rollout) == plan.group_index(policy):
+            raise ValueError(f"plan role {rollout!r} shares {policy!r}'s group: a rollout on the policy's own GPUs "
+                             f"is the ordinary colocated one; drop {rollout!r} from the plan")
     for role in graph.roles:
         if role.kind is RoleKind.REWARD_FUNCTION or role.name in plan.driver_roles:
             if role.name not in driver_roles:

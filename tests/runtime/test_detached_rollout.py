@@ -121,6 +121,10 @@ def test_a_rollout_for_a_role_that_does_not_generate_is_refused(random_model_dir
                 driver_roles=("reward",))
     with pytest.raises(ValueError, match=r"'reference:rollout'.*trainable policy"):
         _controller(random_model_dir, plan)
+    same = Plan(algorithm="grpo", groups=(_group((0,), ["actor", "actor:rollout"]), _group((1,), ["reference"])),
+                driver_roles=("reward",))
+    with pytest.raises(ValueError, match=r"'actor:rollout' shares 'actor'.*drop 'actor:rollout'"):
+        _controller(random_model_dir, same)
 
 
 @pytest.mark.gpu
