@@ -18,8 +18,8 @@ from typing import Any
 import torch
 
 from hybridflow.planner import Sharding
+from hybridflow.runtime.weights import DTYPES
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # FSDP has no optimizer-only sharding: a plan that asks ZeRO names of this backend gets the nearest strategy.
 _ZERO_EQUIVALENT = {Sharding.ZERO1: Sharding.SHARD_GRAD_OP, Sharding.ZERO2: Sharding.SHARD_GRAD_OP,
                     Sharding.ZERO3: Sharding.FULL_SHARD}

@@ -11,8 +11,8 @@ from hybridflow.backends.torch import sampling
 
 from hybridflow.graph import RoleKind
 from hybridflow.runtime.batch import Batch
+from hybridflow.runtime.weights import DTYPES
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # HF loading switches process-global state (meta-device init, default dtype): ranks that share a
 # process (local executor) must load one at a time.
 _LOAD_LOCK = threading.Lock()

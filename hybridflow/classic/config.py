@@ -11,8 +11,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from hybridflow.planner.plan import rollout_role
+
 ROLES = ("actor", "critic", "reward", "reference")
-ROLLOUT = "actor:rollout"  # the plan role of the actor's rollout on GPUs of its own
+ROLLOUT = rollout_role("actor")  # the plan role of the actor's rollout on GPUs of its own
 STRATEGIES = ("NO_SHARD", "SHARD_GRAD_OP", "FULL_SHARD")
 _MESH = "{}_model_device_mesh"
 _MICRO = "{}_model_micro_batch_size"

@@ -15,17 +15,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from hybridflow.classic.config import DataParallelConfig
+from hybridflow.classic.config import ROLLOUT, DataParallelConfig
 from hybridflow.graph import Graph, RoleKind, Workload, load_graph
-from hybridflow.planner import (
-    Cluster,
-    ModelSpec,
-    Plan,
-    compare_plans,
-    evaluate_mapping,
-    plan_placement,
-    rollout_role,
-)
+from hybridflow.planner import Cluster, ModelSpec, Plan, compare_plans, evaluate_mapping, plan_placement
 
 ROLE_ARGS = {"actor": "actor_model", "critic": "critic_model", "reward": "reward_model",
              "reference": "reference_model"}
@@ -128,7 +120,7 @@ class SingleController:
         # strategy); data_parallel_size is the rollout's DP degree, the rest of its mesh its TP.
         rollout = "actor"
         if self.config.rollout_device_mesh is not None:
-            rollout = rollout_role("actor")
+            rollout = ROLLOUT
             meshes[rollout] = self.config.rollout_device_mesh
         rollout_tp = {rollout: len(meshes[rollout]) // dp} if dp else None
         return evaluate_mapping(

@@ -18,6 +18,7 @@ from hybridflow.planner.plan import (
     SearchStats,
     Sharding,
     colocated_plan,
+    detachable_policies,
     rollout_role,
 )
 from hybridflow.planner.search import PlannerOptions, plan_placement
@@ -39,6 +40,7 @@ __all__ = [
     "Sharding",
     "colocated_plan",
     "compare_plans",
+    "detachable_policies",
     "evaluate_mapping",
     "get_device",
     "parse_mapping",

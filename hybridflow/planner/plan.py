@@ -9,7 +9,10 @@ import enum
 import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from typing import Any
+
+from hybridflow.graph import Graph, Op
 
 ROLLOUT_SUFFIX = ":rollout"
 
@@ -20,6 +23,12 @@ def rollout_role(policy: str) -> str:
     Graph role names cannot hold ``:``, so the name never clashes with a user's role.
     """
     return policy + ROLLOUT_SUFFIX
+
+
+def detachable_policies(graph: Graph) -> tuple[str, ...]:
+    """The roles whose rollout may run on GPUs of their own: trainable policies with a generate node."""
+    return tuple(role.name for role in graph.roles if role.kind.trainable
+                 and any(node.op is Op.GENERATE for node in graph.nodes_of(role.name)))
 
 
 class Sharding(enum.StrEnum):
@@ -152,16 +161,14 @@ class Plan:
             return None
         raise KeyError(f"role {role!r} is not in the plan; roles: {list(self.roles)}")
 
-    @property
+    @cached_property
     def detached_rollouts(self) -> dict[str, str]:
         """``{policy: its rollout role}`` for every policy whose generate nodes run on a separate group."""
         return {role.removesuffix(ROLLOUT_SUFFIX): role for role in self.roles if role.endswith(ROLLOUT_SUFFIX)}
 
     def runs_on(self, role: str, *, generates: bool = False) -> str:
         """The plan role that executes ``role``'s nodes: its detached rollout for generate nodes, else itself."""
-        if generates and rollout_role(role) in self.roles:
-            return rollout_role(role)
-        return role
+        return self.detached_rollouts.get(role, role) if generates else role
 
     def layout(self, role: str) -> RoleLayout:
         index = self.group_index(role)

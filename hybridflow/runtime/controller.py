@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from hybridflow.graph import Graph, Node, Op, RoleKind
-from hybridflow.planner import Plan
+from hybridflow.planner import Plan, detachable_policies
 from hybridflow.registry import COMPUTE_FNS
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.executor import Executor, LocalExecutor, WorkerGroup
@@ -203,9 +203,7 @@ class Controller:
 
 def _check_placement(graph: Graph, plan: Plan, driver_roles: Mapping[str, Scorer]) -> None:
     for policy, rollout in plan.detached_rollouts.items():
-        generating = policy in graph.role_names and graph.role(policy).kind.trainable and any(
-            node.op is Op.GENERATE for node in graph.nodes_of(policy))
-        if not generating:
+        if policy not in detachable_policies(graph):
             raise ValueError(f"plan role {rollout!r}: only a trainable policy that generates can have a rollout on "
                              f"GPUs of its own, and {policy!r} is not one in the {graph.name} graph")
         if plan.group_index(rollout) == plan.group_index(policy):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any
 
 from hybridflow.graph import Graph, RoleKind
 from hybridflow.planner import Plan, colocated_plan
@@ -31,10 +32,18 @@ def with_rollout_specs(plan: Plan, specs: Mapping[str, RoleSpec]) -> dict[str, R
         if policy not in specs:
             raise KeyError(f"the plan gives policy {policy!r} a separate rollout ({rollout!r}) but no RoleSpec "
                            f"was given for {policy!r}; specs: {sorted(specs)}")
-        trainer = specs[policy]
-        options = {key: value for key, value in trainer.options.items() if key != "rollout"}
-        out[policy] = replace(trainer, options=options)
+        out[policy] = replace(specs[policy], options=_without_rollout(specs[policy]))
         if rollout not in specs:
-            out[rollout] = RoleSpec(name=rollout, kind=RoleKind.FROZEN_POLICY, model=trainer.model, seed=trainer.seed,
-                                    micro_batch_size=trainer.micro_batch_size, options=options)
+            out[rollout] = rollout_spec(specs[policy], rollout)
     return out
+
+
+def rollout_spec(trainer: RoleSpec, name: str, **changes: Any) -> RoleSpec:
+    """The frozen copy of ``trainer`` that serves as its detached rollout ``name``; ``changes`` override fields."""
+    spec = RoleSpec(name=name, kind=RoleKind.FROZEN_POLICY, model=trainer.model, seed=trainer.seed,
+                    micro_batch_size=trainer.micro_batch_size, options=_without_rollout(trainer))
+    return replace(spec, **changes)
+
+
+def _without_rollout(spec: RoleSpec) -> dict[str, Any]:
+    return {key: value for key, value in spec.options.items() if key != "rollout"}

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # plan dtype names -> torch
 
 StateWire = dict[str, tuple[str, np.ndarray]]
 """A state dict as ``{name: (torch dtype name, numpy array)}``: what Ray's object store ships cheaply."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hybridflow.graph import Graph
 from hybridflow.planner.cluster import Cluster
 from hybridflow.planner.devices import DEVICES
-from hybridflow.planner.plan import Plan
+from hybridflow.planner.plan import Plan, detachable_policies
 
 
 class PlanCheckError(AssertionError):
@@ -32,8 +32,8 @@ def check_plan(plan: Plan, *, graph: Graph | None = None, cluster: Cluster | Non
         _require(roles == set(graph.role_names), f"placed roles {sorted(roles)} != graph roles "
                                                  f"{sorted(graph.role_names)}")
         for policy in rollouts:
-            _require(graph.role(policy).kind.trainable and bool(graph.nodes_of(policy)),
-                     f"detached rollout of {policy!r}, which is not a trainable policy")
+            _require(policy in detachable_policies(graph),
+                     f"detached rollout of {policy!r}, which is not a trainable policy that generates")
         for role in plan.driver_roles:
             _require(not graph.role(role).kind.needs_gpu, f"driver role {role!r} needs a GPU")
     used = [gpu for group in plan.groups for gpu in group.gpus]

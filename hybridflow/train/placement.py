@@ -11,7 +11,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from hybridflow.graph import Graph, Op, Workload
-from hybridflow.planner import Cluster, ModelSpec, Plan, PlannerOptions, evaluate_mapping, plan_placement, rollout_role
+from hybridflow.planner import (
+    Cluster,
+    ModelSpec,
+    Plan,
+    PlannerOptions,
+    detachable_policies,
+    evaluate_mapping,
+    plan_placement,
+    rollout_role,
+)
 from hybridflow.train.config import TrainConfig
 
 
@@ -46,8 +55,7 @@ def planned(config: TrainConfig, graph: Graph, prompt_len: int, model_dir: str |
         missing = sorted(gpu_roles - set(config.meshes))
         if missing:
             raise KeyError(f"config key 'meshes': placement=manual needs a mesh for every GPU role; missing {missing}")
-        rollouts = {rollout_role(role.name) for role in graph.roles if role.kind.trainable and
-                    any(node.op is Op.GENERATE for node in graph.nodes_of(role.name))}
+        rollouts = {rollout_role(policy) for policy in detachable_policies(graph)}
         extra = sorted(set(config.meshes) - gpu_roles - rollouts)
         if extra:
             raise KeyError(f"config key 'meshes': {extra} are not GPU roles of the {graph.name} graph "

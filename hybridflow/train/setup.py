@@ -16,6 +16,7 @@ from hybridflow.registry import BACKENDS, load_object
 from hybridflow.runtime import OptimSpec, RoleSpec, default_plan
 from hybridflow.runtime.executor import Executor, LocalExecutor
 from hybridflow.runtime.limits import RequestLimiter, RewardCache
+from hybridflow.runtime.placement import rollout_spec
 from hybridflow.runtime.service import RoleServices
 from hybridflow.train.config import OptimConfig, RoleConfig, TrainConfig
 
@@ -75,11 +76,12 @@ def build_plan(config: TrainConfig, graph: Graph, prompt_len: int = 32, model_di
         plan = default_plan(graph, num_gpus=config.num_gpus)
     backends = {name: role.backend for name, role in config.roles.items() if role.backend}
     for policy, rollout in plan.detached_rollouts.items():
+        if rollout in backends:
+            continue
         # ``roles.actor.options.rollout: vllm`` asks for vLLM rollouts: on a detached rollout that is its backend.
-        wanted = config.roles.get(policy, RoleConfig()).options.get("rollout")
-        if rollout not in backends and wanted == "vllm":
+        if config.roles.get(policy, RoleConfig()).options.get("rollout") == "vllm":
             backends[rollout] = "vllm"
-        elif rollout not in backends and policy in backends:
+        elif policy in backends:
             backends[rollout] = backends[policy]
     if not backends:
         return plan
@@ -144,9 +146,8 @@ def role_specs(config: TrainConfig, graph: Graph, model_dir: str, plan: Plan | N
     for policy, rollout in (plan.detached_rollouts if plan is not None else {}).items():
         if rollout in config.roles:
             entry, trainer = config.roles[rollout], specs[policy]
-            specs[rollout] = RoleSpec(name=rollout, kind=RoleKind.FROZEN_POLICY, model=entry.model or trainer.model,
-                                      seed=config.seed, options=entry.options,
-                                      micro_batch_size=entry.micro_batch_size or trainer.micro_batch_size)
+            specs[rollout] = rollout_spec(trainer, rollout, model=entry.model or trainer.model, options=entry.options,
+                                          micro_batch_size=entry.micro_batch_size or trainer.micro_batch_size)
     return specs
 
 
