@@ -4,6 +4,16 @@ Importing this package registers the graphs (torch-free); ``hybridflow.algorithm
 registers the compute functions and losses (needs torch).
 """
 
-from hybridflow.algorithms.graphs import grpo, ppo, reinforce_pp, reinforce_pp_baseline, remax, rloo
+from hybridflow.algorithms.graphs import (
+    dr_grpo,
+    grpo,
+    grpo_no_ref,
+    gspo,
+    ppo,
+    reinforce_pp,
+    reinforce_pp_baseline,
+    remax,
+    rloo,
+)
 
-__all__ = ["grpo", "ppo", "reinforce_pp", "reinforce_pp_baseline", "remax", "rloo"]
+__all__ = ["dr_grpo", "grpo", "grpo_no_ref", "gspo", "ppo", "reinforce_pp", "reinforce_pp_baseline", "remax", "rloo"]

@@ -10,6 +10,7 @@ the node's options; it returns the scalar loss and a dict of scalar metrics.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 import torch
 from hybridflow.algorithms import core
@@ -39,14 +40,15 @@ def gae(token_rewards: torch.Tensor, values: torch.Tensor, response_mask: torch.
 
 
 @COMPUTE_FNS.register("grpo_advantages")
-def grpo_advantages(scores: torch.Tensor, response_mask: torch.Tensor, *, group_size: int,
-                    norm_by_std: bool = True) -> torch.Tensor:
-    return core.grpo_advantages(scores, response_mask, group_size, norm_by_std)
+def grpo_advantages(scores: torch.Tensor, response_mask: torch.Tensor, uid: torch.Tensor | None = None, *,
+                    group_size: int | None = None, norm_by_std: bool = True) -> torch.Tensor:
+    return core.grpo_advantages(scores, response_mask, group_size, norm_by_std, uid=uid)
 
 
 @COMPUTE_FNS.register("rloo_advantages")
-def rloo_advantages(token_rewards: torch.Tensor, response_mask: torch.Tensor, *, group_size: int) -> torch.Tensor:
-    return core.rloo_advantages(token_rewards, response_mask, group_size)
+def rloo_advantages(token_rewards: torch.Tensor, response_mask: torch.Tensor, uid: torch.Tensor | None = None, *,
+                    group_size: int | None = None) -> torch.Tensor:
+    return core.rloo_advantages(token_rewards, response_mask, group_size, uid=uid)
 
 
 @COMPUTE_FNS.register("remax_advantages")
@@ -62,36 +64,81 @@ def reinforce_pp_advantages(token_rewards: torch.Tensor, response_mask: torch.Te
 
 
 @COMPUTE_FNS.register("reinforce_pp_baseline_advantages")
-def reinforce_pp_baseline_advantages(token_rewards: torch.Tensor, response_mask: torch.Tensor, *,
-                                     group_size: int) -> torch.Tensor:
-    return core.reinforce_pp_baseline_advantages(token_rewards, response_mask, group_size)
+def reinforce_pp_baseline_advantages(token_rewards: torch.Tensor, response_mask: torch.Tensor,
+                                     uid: torch.Tensor | None = None, *, group_size: int | None = None) -> torch.Tensor:
+    return core.reinforce_pp_baseline_advantages(token_rewards, response_mask, group_size, uid=uid)
 
 
-@LOSSES.register("ppo_policy")
-def ppo_policy(*, outputs: Tensors, batch: Tensors, clip_ratio: float = 0.2, clip_ratio_high: float | None = None,
-               dual_clip: float | None = None, kl_coef: float = 0.0, kl_type: core.KLType = "low_var_kl",
-               entropy_coef: float = 0.0, loss_agg: core.LossAgg = "token-mean") -> LossResult:
-    """PPO clipped surrogate, plus a KL-to-reference term (GRPO) and an entropy bonus when asked."""
+@COMPUTE_FNS.register("overlong_penalized_scores")
+def overlong_penalized_scores(scores: torch.Tensor, response_mask: torch.Tensor, *, max_response_len: int,
+                              buffer_len: int, penalty_factor: float = 1.0) -> torch.Tensor:
+    """DAPO's overlong reward shaping: the scores plus :func:`core.overlong_penalty`."""
+    penalty = core.overlong_penalty(response_mask, max_response_len, buffer_len, penalty_factor)
+    return scores + penalty.to(scores.dtype)
+
+
+def _norm(norm: core.LossNorm | None, mask: torch.Tensor, loss_scale_factor: float | None) -> core.LossNorm | None:
+    """The norm with ``loss_scale_factor`` (a constant horizon, verl's name) in place of the padded length."""
+    if loss_scale_factor is None:
+        return norm
+    return replace(norm or core.loss_norm(mask), horizon=float(loss_scale_factor))
+
+
+def _add_kl_and_entropy(loss: torch.Tensor, stats: dict[str, torch.Tensor], outputs: Tensors, batch: Tensors, *,
+                        kl_coef: float, kl_type: core.KLType, entropy_coef: float, loss_agg: core.LossAgg,
+                        norm: core.LossNorm | None) -> LossResult:
     mask = batch["response_mask"]
-    loss, stats = core.ppo_policy_loss(outputs["logprobs"], batch["old_logprobs"], batch["advantages"], mask,
-                                       clip_ratio, clip_ratio_high, dual_clip, loss_agg)
     # approx_kl is computed from the live log-probs: detach it so a logged metric cannot hold the graph.
     metrics = {"pg_loss": loss.detach(), **{name: stat.detach() for name, stat in stats.items()}}
     if kl_coef:
-        kl = core.kl_loss(outputs["logprobs"], batch["ref_logprobs"], mask, kl_type, loss_agg)
+        kl = core.kl_loss(outputs["logprobs"], batch["ref_logprobs"], mask, kl_type, loss_agg, norm=norm)
         loss = loss + kl_coef * kl
         metrics["kl_loss"] = kl.detach()
     if "entropy" in outputs:
-        entropy = core.entropy_bonus(outputs["entropy"], mask, loss_agg)
+        entropy = core.entropy_bonus(outputs["entropy"], mask, loss_agg, norm=norm)
         loss = loss - entropy_coef * entropy
         metrics["entropy"] = entropy.detach()
     return loss, metrics
 
 
+@LOSSES.register("ppo_policy")
+def ppo_policy(*, outputs: Tensors, batch: Tensors, clip_ratio: float = 0.2, clip_ratio_high: float | None = None,
+               dual_clip: float | None = None, kl_coef: float = 0.0, kl_type: core.KLType = "low_var_kl",
+               entropy_coef: float = 0.0, loss_agg: core.LossAgg = "token-mean",
+               loss_scale_factor: float | None = None, norm: core.LossNorm | None = None) -> LossResult:
+    """PPO clipped surrogate, plus a KL-to-reference term (GRPO) and an entropy bonus when asked.
+
+    With ``norm`` (the mini batch's global counts) the loss and the ``pg_loss``, ``kl_loss`` and ``entropy``
+    metrics are this micro batch's additive shares; sum them over micro batches.
+    """
+    mask = batch["response_mask"]
+    norm = _norm(norm, mask, loss_scale_factor)
+    loss, stats = core.ppo_policy_loss(outputs["logprobs"], batch["old_logprobs"], batch["advantages"], mask,
+                                       clip_ratio, clip_ratio_high, dual_clip, loss_agg, norm=norm)
+    return _add_kl_and_entropy(loss, stats, outputs, batch, kl_coef=kl_coef, kl_type=kl_type,
+                               entropy_coef=entropy_coef, loss_agg=loss_agg, norm=norm)
+
+
+@LOSSES.register("gspo_policy")
+def gspo_policy(*, outputs: Tensors, batch: Tensors, clip_ratio: float = 3e-4, clip_ratio_high: float | None = 4e-4,
+                kl_coef: float = 0.0, kl_type: core.KLType = "low_var_kl", entropy_coef: float = 0.0,
+                loss_agg: core.LossAgg = "seq-mean-token-mean", loss_scale_factor: float | None = None,
+                norm: core.LossNorm | None = None) -> LossResult:
+    """GSPO: the clipped surrogate on sequence-level importance ratios; KL and entropy terms as ``ppo_policy``."""
+    mask = batch["response_mask"]
+    norm = _norm(norm, mask, loss_scale_factor)
+    loss, stats = core.gspo_policy_loss(outputs["logprobs"], batch["old_logprobs"], batch["advantages"], mask,
+                                        clip_ratio, clip_ratio_high, loss_agg, norm=norm)
+    return _add_kl_and_entropy(loss, stats, outputs, batch, kl_coef=kl_coef, kl_type=kl_type,
+                               entropy_coef=entropy_coef, loss_agg=loss_agg, norm=norm)
+
+
 @LOSSES.register("value")
 def value(*, outputs: Tensors, batch: Tensors, clip_range: float | None = 0.2,
-          loss_agg: core.LossAgg = "token-mean") -> LossResult:
-    """Clipped value regression of the critic onto the GAE returns."""
-    loss, stats = core.value_loss(outputs["values"], batch["values"], batch["returns"], batch["response_mask"],
-                                  clip_range, loss_agg)
+          loss_agg: core.LossAgg = "token-mean", loss_scale_factor: float | None = None,
+          norm: core.LossNorm | None = None) -> LossResult:
+    """Clipped value regression of the critic onto the GAE returns (``vf_loss`` is a share under ``norm``)."""
+    mask = batch["response_mask"]
+    loss, stats = core.value_loss(outputs["values"], batch["values"], batch["returns"], mask, clip_range, loss_agg,
+                                  norm=_norm(norm, mask, loss_scale_factor))
     return loss, {"vf_loss": loss.detach(), **{name: stat.detach() for name, stat in stats.items()}}

@@ -2,15 +2,23 @@
 
 Every factory takes keyword options and returns a validated :class:`~hybridflow.graph.Graph`.
 ``reward_kind`` chooses a reward model (a network to place on GPUs) or a reward function (a rule).
+The actor's loss options (``clip_ratio_high``, ``loss_agg``, ``entropy_coef``) reach the update node
+only when they differ from the loss's defaults, so a graph built with default options stays as it was.
 This module imports no torch, so listing or planning algorithms stays fast.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+from hybridflow.algorithms.modes import LOSS_AGGS, LossAgg, check_choice
+
 from hybridflow.graph import Graph, GraphBuilder, RoleKind
 from hybridflow.registry import ALGORITHMS
 
 SEQ = ("prompts", "responses", "response_mask")
+# Any, not the graph's Scalar: mypy cannot tell that ** into ``update`` never fills its ``name`` parameter.
+Options = dict[str, Any]
 
 
 def _policy_roles(g: GraphBuilder, reward_kind: RoleKind | str) -> tuple[str, str, str]:
@@ -23,8 +31,51 @@ def _kl_rewards(g: GraphBuilder, kl_coef: float, scores: str = "scores") -> None
               outputs=("token_rewards",), kl_coef=kl_coef)
 
 
+def _actor_options(clip_ratio: float, clip_ratio_high: float | None = None, loss_agg: LossAgg = "token-mean",
+                   entropy_coef: float = 0.0, **extra: str | int | float | bool | None) -> Options:
+    """The actor loss's options, leaving out those at the loss's defaults (see the module docstring)."""
+    check_choice("loss_agg", loss_agg, LOSS_AGGS)
+    options: Options = {"clip_ratio": clip_ratio, **extra}
+    if clip_ratio_high is not None:
+        options["clip_ratio_high"] = clip_ratio_high
+    if loss_agg != "token-mean":
+        options["loss_agg"] = loss_agg
+    if entropy_coef:
+        options["entropy_coef"] = entropy_coef
+    return options
+
+
+def _rollout(name: str, *, n: int, reference: bool, temperature: float, max_new_tokens: int,
+             reward_kind: RoleKind | str) -> tuple[GraphBuilder, str]:
+    """A graph that samples ``n`` responses per prompt, scores them and takes their old (and reference) log-probs."""
+    g = GraphBuilder(name)
+    actor = g.role("actor", RoleKind.POLICY)
+    ref = g.role("reference", RoleKind.FROZEN_POLICY) if reference else None
+    reward = g.role("reward", reward_kind)
+    g.generate(actor, n=n, temperature=temperature, max_new_tokens=max_new_tokens)
+    g.score(reward)
+    if ref is not None:
+        g.ref_logprob(ref)
+    g.logprob(actor)
+    return g, actor
+
+
+def _group_relative(g: GraphBuilder, actor: str, *, n: int, norm_by_std: bool, loss: str, kl_coef: float | None,
+                    options: Options) -> Graph:
+    """GRPO's tail: group-relative advantages, then the actor's update (with a KL term when ``kl_coef`` is set)."""
+    g.compute("advantages", fn="grpo_advantages", inputs=("scores", "response_mask"), outputs=("advantages",),
+              group_size=n, norm_by_std=norm_by_std)
+    if kl_coef is None:
+        g.update(actor, loss=loss, inputs=(*SEQ, "old_logprobs", "advantages"), **options)
+    else:
+        g.update(actor, loss=loss, inputs=(*SEQ, "old_logprobs", "ref_logprobs", "advantages"), **options,
+                 kl_coef=kl_coef, kl_type="low_var_kl")
+    return g.build()
+
+
 @ALGORITHMS.register("ppo")
 def ppo(*, kl_coef: float = 0.05, gamma: float = 1.0, lam: float = 0.95, clip_ratio: float = 0.2,
+        clip_ratio_high: float | None = None, loss_agg: LossAgg = "token-mean", entropy_coef: float = 0.0,
         value_clip: float = 0.2, temperature: float = 1.0, max_new_tokens: int = 32,
         reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
     """PPO with a critic and GAE; KL to the reference enters the token rewards."""
@@ -40,48 +91,84 @@ def ppo(*, kl_coef: float = 0.05, gamma: float = 1.0, lam: float = 0.95, clip_ra
     g.compute("gae", fn="gae", inputs=("token_rewards", "values", "response_mask"),
               outputs=("advantages", "returns"), gamma=gamma, lam=lam)
     g.update(critic, loss="value", inputs=(*SEQ, "values", "returns"), clip_range=value_clip)
-    g.update(actor, loss="ppo_policy", inputs=(*SEQ, "old_logprobs", "advantages"), clip_ratio=clip_ratio)
+    g.update(actor, loss="ppo_policy", inputs=(*SEQ, "old_logprobs", "advantages"),
+             **_actor_options(clip_ratio, clip_ratio_high, loss_agg, entropy_coef))
     return g.build()
 
 
 @ALGORITHMS.register("grpo")
-def grpo(*, n: int = 4, kl_coef: float = 0.04, clip_ratio: float = 0.2, norm_by_std: bool = True,
+def grpo(*, n: int = 4, kl_coef: float = 0.04, clip_ratio: float = 0.2, clip_ratio_high: float | None = None,
+         loss_agg: LossAgg = "token-mean", entropy_coef: float = 0.0, norm_by_std: bool = True,
          temperature: float = 1.0, max_new_tokens: int = 32,
          reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
     """GRPO: group-normalised outcome advantages, KL to the reference as a loss term, no critic."""
-    g = GraphBuilder("grpo")
-    actor, ref, reward = _policy_roles(g, reward_kind)
-    g.generate(actor, n=n, temperature=temperature, max_new_tokens=max_new_tokens)
-    g.score(reward)
-    g.ref_logprob(ref)
-    g.logprob(actor)
-    g.compute("advantages", fn="grpo_advantages", inputs=("scores", "response_mask"), outputs=("advantages",),
-              group_size=n, norm_by_std=norm_by_std)
-    g.update(actor, loss="ppo_policy", inputs=(*SEQ, "old_logprobs", "ref_logprobs", "advantages"),
-             clip_ratio=clip_ratio, kl_coef=kl_coef, kl_type="low_var_kl")
-    return g.build()
+    g, actor = _rollout("grpo", n=n, reference=True, temperature=temperature, max_new_tokens=max_new_tokens,
+                        reward_kind=reward_kind)
+    return _group_relative(g, actor, n=n, norm_by_std=norm_by_std, loss="ppo_policy", kl_coef=kl_coef,
+                           options=_actor_options(clip_ratio, clip_ratio_high, loss_agg, entropy_coef))
+
+
+@ALGORITHMS.register("grpo_no_ref")
+def grpo_no_ref(*, n: int = 4, clip_ratio: float = 0.2, clip_ratio_high: float | None = None,
+                loss_agg: LossAgg = "token-mean", entropy_coef: float = 0.0, norm_by_std: bool = True,
+                temperature: float = 1.0, max_new_tokens: int = 32,
+                reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
+    """GRPO without a reference model: no KL term and no reference role, so nothing is placed for one."""
+    g, actor = _rollout("grpo_no_ref", n=n, reference=False, temperature=temperature, max_new_tokens=max_new_tokens,
+                        reward_kind=reward_kind)
+    return _group_relative(g, actor, n=n, norm_by_std=norm_by_std, loss="ppo_policy", kl_coef=None,
+                           options=_actor_options(clip_ratio, clip_ratio_high, loss_agg, entropy_coef))
+
+
+@ALGORITHMS.register("dr_grpo")
+def dr_grpo(*, n: int = 4, kl_coef: float = 0.0, clip_ratio: float = 0.2, clip_ratio_high: float | None = None,
+            entropy_coef: float = 0.0, temperature: float = 1.0, max_new_tokens: int = 32,
+            reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
+    """Dr.GRPO (https://arxiv.org/abs/2503.20783): GRPO without the std normalisation of advantages and with
+    each response's token sum divided by a constant (``max_new_tokens``), not its length; no KL (and no
+    reference role) unless ``kl_coef`` > 0."""
+    g, actor = _rollout("dr_grpo", n=n, reference=kl_coef > 0, temperature=temperature,
+                        max_new_tokens=max_new_tokens, reward_kind=reward_kind)
+    options = _actor_options(clip_ratio, clip_ratio_high, "seq-mean-token-sum-norm", entropy_coef,
+                             loss_scale_factor=max_new_tokens)
+    return _group_relative(g, actor, n=n, norm_by_std=False, loss="ppo_policy", kl_coef=kl_coef or None,
+                           options=options)
+
+
+@ALGORITHMS.register("gspo")
+def gspo(*, n: int = 4, kl_coef: float = 0.0, clip_ratio: float = 3e-4, clip_ratio_high: float = 4e-4,
+         loss_agg: LossAgg = "seq-mean-token-mean", entropy_coef: float = 0.0, temperature: float = 1.0,
+         max_new_tokens: int = 32, reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
+    """GSPO (https://arxiv.org/abs/2507.18071): GRPO's advantages, importance ratio and clipping per sequence
+    (the paper's clip range 3e-4 / 4e-4); no KL (and no reference role) unless ``kl_coef`` > 0."""
+    check_choice("loss_agg", loss_agg, LOSS_AGGS)
+    g, actor = _rollout("gspo", n=n, reference=kl_coef > 0, temperature=temperature, max_new_tokens=max_new_tokens,
+                        reward_kind=reward_kind)
+    options: Options = {"clip_ratio": clip_ratio, "clip_ratio_high": clip_ratio_high, "loss_agg": loss_agg,
+                        "entropy_coef": entropy_coef}
+    return _group_relative(g, actor, n=n, norm_by_std=True, loss="gspo_policy", kl_coef=kl_coef or None,
+                           options=options)
 
 
 @ALGORITHMS.register("rloo")
-def rloo(*, n: int = 4, kl_coef: float = 0.05, clip_ratio: float = 0.2, temperature: float = 1.0,
+def rloo(*, n: int = 4, kl_coef: float = 0.05, clip_ratio: float = 0.2, clip_ratio_high: float | None = None,
+         loss_agg: LossAgg = "token-mean", entropy_coef: float = 0.0, temperature: float = 1.0,
          max_new_tokens: int = 32, reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
     """RLOO: each sample's baseline is the mean reward of the other samples of its prompt."""
-    g = GraphBuilder("rloo")
-    actor, ref, reward = _policy_roles(g, reward_kind)
-    g.generate(actor, n=n, temperature=temperature, max_new_tokens=max_new_tokens)
-    g.score(reward)
-    g.ref_logprob(ref)
-    g.logprob(actor)
+    g, actor = _rollout("rloo", n=n, reference=True, temperature=temperature, max_new_tokens=max_new_tokens,
+                        reward_kind=reward_kind)
     _kl_rewards(g, kl_coef)
     g.compute("advantages", fn="rloo_advantages", inputs=("token_rewards", "response_mask"),
               outputs=("advantages",), group_size=n)
-    g.update(actor, loss="ppo_policy", inputs=(*SEQ, "old_logprobs", "advantages"), clip_ratio=clip_ratio)
+    g.update(actor, loss="ppo_policy", inputs=(*SEQ, "old_logprobs", "advantages"),
+             **_actor_options(clip_ratio, clip_ratio_high, loss_agg, entropy_coef))
     return g.build()
 
 
 @ALGORITHMS.register("remax")
-def remax(*, kl_coef: float = 0.05, clip_ratio: float = 0.2, temperature: float = 1.0, max_new_tokens: int = 32,
-          reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
+def remax(*, kl_coef: float = 0.05, clip_ratio: float = 0.2, clip_ratio_high: float | None = None,
+          loss_agg: LossAgg = "token-mean", entropy_coef: float = 0.0, temperature: float = 1.0,
+          max_new_tokens: int = 32, reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
     """ReMax: a greedy rollout's reward is the baseline of the sampled one."""
     g = GraphBuilder("remax")
     actor, ref, reward = _policy_roles(g, reward_kind)
@@ -95,18 +182,15 @@ def remax(*, kl_coef: float = 0.05, clip_ratio: float = 0.2, temperature: float 
     _kl_rewards(g, kl_coef)
     g.compute("advantages", fn="remax_advantages", inputs=("token_rewards", "greedy_scores", "response_mask"),
               outputs=("advantages",))
-    g.update(actor, loss="ppo_policy", inputs=(*SEQ, "old_logprobs", "advantages"), clip_ratio=clip_ratio)
+    g.update(actor, loss="ppo_policy", inputs=(*SEQ, "old_logprobs", "advantages"),
+             **_actor_options(clip_ratio, clip_ratio_high, loss_agg, entropy_coef))
     return g.build()
 
 
-def _reinforce_pp(name: str, n: int, kl_coef: float, clip_ratio: float, temperature: float, max_new_tokens: int,
-                  reward_kind: RoleKind | str, gamma: float) -> Graph:
-    g = GraphBuilder(name)
-    actor, ref, reward = _policy_roles(g, reward_kind)
-    g.generate(actor, n=n, temperature=temperature, max_new_tokens=max_new_tokens)
-    g.score(reward)
-    g.ref_logprob(ref)
-    g.logprob(actor)
+def _reinforce_pp(name: str, n: int, kl_coef: float, gamma: float, temperature: float, max_new_tokens: int,
+                  reward_kind: RoleKind | str, options: Options) -> Graph:
+    g, actor = _rollout(name, n=n, reference=True, temperature=temperature, max_new_tokens=max_new_tokens,
+                        reward_kind=reward_kind)
     _kl_rewards(g, kl_coef)
     if n > 1:
         g.compute("advantages", fn="reinforce_pp_baseline_advantages", inputs=("token_rewards", "response_mask"),
@@ -114,20 +198,25 @@ def _reinforce_pp(name: str, n: int, kl_coef: float, clip_ratio: float, temperat
     else:
         g.compute("advantages", fn="reinforce_pp_advantages", inputs=("token_rewards", "response_mask"),
                   outputs=("advantages",), gamma=gamma)
-    g.update(actor, loss="ppo_policy", inputs=(*SEQ, "old_logprobs", "advantages"), clip_ratio=clip_ratio)
+    g.update(actor, loss="ppo_policy", inputs=(*SEQ, "old_logprobs", "advantages"), **options)
     return g.build()
 
 
 @ALGORITHMS.register("reinforce_pp")
-def reinforce_pp(*, kl_coef: float = 0.05, gamma: float = 1.0, clip_ratio: float = 0.2, temperature: float = 1.0,
-                 max_new_tokens: int = 32, reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
+def reinforce_pp(*, kl_coef: float = 0.05, gamma: float = 1.0, clip_ratio: float = 0.2,
+                 clip_ratio_high: float | None = None, loss_agg: LossAgg = "token-mean", entropy_coef: float = 0.0,
+                 temperature: float = 1.0, max_new_tokens: int = 32,
+                 reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
     """REINFORCE++: KL-penalised discounted returns, whitened over the batch; one sample per prompt."""
-    return _reinforce_pp("reinforce_pp", 1, kl_coef, clip_ratio, temperature, max_new_tokens, reward_kind, gamma)
+    return _reinforce_pp("reinforce_pp", 1, kl_coef, gamma, temperature, max_new_tokens, reward_kind,
+                         _actor_options(clip_ratio, clip_ratio_high, loss_agg, entropy_coef))
 
 
 @ALGORITHMS.register("reinforce_pp_baseline")
-def reinforce_pp_baseline(*, n: int = 4, kl_coef: float = 0.05, clip_ratio: float = 0.2, temperature: float = 1.0,
-                          max_new_tokens: int = 32, reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
+def reinforce_pp_baseline(*, n: int = 4, kl_coef: float = 0.05, clip_ratio: float = 0.2,
+                          clip_ratio_high: float | None = None, loss_agg: LossAgg = "token-mean",
+                          entropy_coef: float = 0.0, temperature: float = 1.0, max_new_tokens: int = 32,
+                          reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
     """REINFORCE++ with a group-mean baseline over ``n`` samples per prompt, then batch whitening."""
-    return _reinforce_pp("reinforce_pp_baseline", n, kl_coef, clip_ratio, temperature, max_new_tokens,
-                         reward_kind, 1.0)
+    return _reinforce_pp("reinforce_pp_baseline", n, kl_coef, 1.0, temperature, max_new_tokens, reward_kind,
+                         _actor_options(clip_ratio, clip_ratio_high, loss_agg, entropy_coef))

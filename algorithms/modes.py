@@ -1,0 +1,18 @@
+"""The names of the loss-aggregation modes and KL estimators, torch-free so graphs can check options early."""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+LossAgg = Literal["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-sum-norm", "seq-mean-token-mean"]
+LOSS_AGGS: tuple[str, ...] = get_args(LossAgg)
+
+KLType = Literal["k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl",
+                 "k1+", "kl+", "abs+", "k2+", "mse+", "k3+", "low_var_kl+"]
+KL_TYPES: tuple[str, ...] = get_args(KLType)
+
+
+def check_choice(option: str, value: str, choices: tuple[str, ...]) -> None:
+    """Raise a ValueError naming ``option`` unless ``value`` is one of ``choices``."""
+    if value not in choices:
+        raise ValueError(f"unknown {option} {value!r}; use one of {', '.join(choices)}")
