@@ -45,7 +45,7 @@ def build_plan(problem: Problem, groups: Sequence[Placement], *, search: SearchS
     role_group = {role: index for index, group in enumerate(groups) for role in group.roles}
     schedule = compile_schedule(problem, role_group)
     spans = timeline(schedule, group_seconds(schedule, groups))
-    step = max((end for _, end in spans), default=0.0)
+    step = max((end for _, end in spans), default=0.0) + problem.step_overhead_s
     nodes = tuple(
         NodeEstimate(node=name, group=None if g == DRIVER else g, seconds=end - start, start_s=start, end_s=end,
                      role=problem.node_role[name])

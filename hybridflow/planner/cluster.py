@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hybridflow.planner.devices import GB, DeviceSpec, get_device
+from hybridflow.planner.devices import GB, DeviceSpec, device_from_mapping, get_device
 
 DEFAULT_INTER_NODE_BANDWIDTH = 25 * GB  # one 200 Gb/s InfiniBand NIC per GPU, one direction
 DEFAULT_DRIVER_BANDWIDTH = 10 * GB  # controller <-> worker data path (host memory and NIC)
@@ -68,19 +68,24 @@ class Cluster:
     @classmethod
     def of(cls, parts: list[tuple[int, str, int]] | list[tuple[int, DeviceSpec, int]], *,
            inter_node_bandwidth: float = DEFAULT_INTER_NODE_BANDWIDTH,
-           driver_bandwidth: float = DEFAULT_DRIVER_BANDWIDTH, spec: str = "") -> Cluster:
-        """Machines from ``(host, device, gpus)`` triples, numbered in order."""
+           driver_bandwidth: float = DEFAULT_DRIVER_BANDWIDTH, spec: str = "",
+           devices: Mapping[str, DeviceSpec] | None = None) -> Cluster:
+        """Machines from ``(host, device, gpus)`` triples, numbered in order; ``devices`` adds user devices."""
         machines, first = [], 0
         for host, device, gpus in parts:
-            spec_device = get_device(device) if isinstance(device, str) else device
+            spec_device = get_device(device, devices) if isinstance(device, str) else device
             machines.append(Machine(host=host, device=spec_device, gpus=gpus, first_gpu=first))
             first += gpus
         return cls(machines=tuple(machines), inter_node_bandwidth=inter_node_bandwidth,
                    driver_bandwidth=driver_bandwidth, spec=spec)
 
     @classmethod
-    def parse(cls, spec: str) -> Cluster:
-        """``8xA100-80G``, ``2x8xH100``, ``4xA100-80G+2xT4`` (each ``+`` part is its own machine)."""
+    def parse(cls, spec: str, *, devices: Mapping[str, DeviceSpec] | None = None,
+              inter_node_bandwidth: float = DEFAULT_INTER_NODE_BANDWIDTH) -> Cluster:
+        """``8xA100-80G``, ``2x8xH100``, ``4xA100-80G+2xT4`` (each ``+`` part is its own machine).
+
+        ``devices`` are user-defined devices the spec may name; ``inter_node_bandwidth`` is bytes/s per GPU.
+        """
         if not isinstance(spec, str) or not spec.strip():
             raise ValueError(f"cluster spec {spec!r} is empty; write e.g. 8xA100-80G or 2x8xH100")
         parts: list[tuple[int, str, int]] = []
@@ -93,9 +98,11 @@ class Cluster:
             machines, gpus = (int(first), int(second)) if second else (1, int(first or 1))
             if machines < 1 or gpus < 1:
                 raise ValueError(f"cluster spec part {text.strip()!r}: machine and GPU counts must be >= 1")
-            get_device(device)
+            get_device(device, devices)
             parts.extend((len(parts), device, gpus) for _ in range(machines))
-        return cls.of(parts, spec=spec.strip())
+        if not inter_node_bandwidth > 0:
+            raise ValueError(f"inter-node bandwidth {inter_node_bandwidth!r} must be positive (bytes/s per GPU)")
+        return cls.of(parts, spec=spec.strip(), devices=devices, inter_node_bandwidth=inter_node_bandwidth)
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> Cluster:
@@ -109,6 +116,8 @@ class Cluster:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, name: str = "cluster") -> Cluster:
+        """Nodes as in :meth:`from_yaml`; an optional ``devices:`` list defines devices the nodes may name."""
+        devices = user_devices(data.get("devices"), where=f"{name}: devices")
         parts: list[tuple[int, str, int]] = []
         host = 0
         for index, node in enumerate(data["nodes"]):
@@ -121,9 +130,13 @@ class Cluster:
                                          f"(or gpus: {{TYPE: COUNT}}); got type={device!r} gpus={count!r}")
                     parts.append((host, device, count))
                 host += 1
+        for key in ("inter_node_bandwidth_gbs", "driver_bandwidth_gbs"):
+            value = data.get(key, 1)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise ValueError(f"{name}: {key}={value!r} must be a positive number of GB/s per GPU")
         inter = float(data.get("inter_node_bandwidth_gbs", DEFAULT_INTER_NODE_BANDWIDTH / GB)) * GB
         driver = float(data.get("driver_bandwidth_gbs", DEFAULT_DRIVER_BANDWIDTH / GB)) * GB
-        return cls.of(parts, inter_node_bandwidth=inter, driver_bandwidth=driver, spec=name)
+        return cls.of(parts, inter_node_bandwidth=inter, driver_bandwidth=driver, spec=name, devices=devices)
 
     @property
     def num_gpus(self) -> int:
@@ -158,3 +171,19 @@ class Cluster:
             counts[machine.device.name] = counts.get(machine.device.name, 0) + machine.gpus
         hosts = len({machine.host for machine in self.machines})
         return " + ".join(f"{n}x{name}" for name, n in counts.items()) + f" on {hosts} machine(s)"
+
+
+def user_devices(entries: Any, *, where: str = "devices") -> dict[str, DeviceSpec]:
+    """User-defined devices from a list of mappings (cluster YAML ``devices:``), by name."""
+    if entries is None:
+        return {}
+    if not isinstance(entries, list):
+        raise ValueError(f"{where} must be a list of mappings such as "
+                         "[{name: H20X, memory_gb: 96, bf16_tflops: 148, hbm_gbs: 4000, link_gbs: 450}]")
+    found: dict[str, DeviceSpec] = {}
+    for index, entry in enumerate(entries):
+        if not isinstance(entry, Mapping):
+            raise ValueError(f"{where}[{index}] must be a mapping of device keys, got {entry!r}")
+        device = device_from_mapping(entry, where=f"{where}[{index}]")
+        found[device.name] = device
+    return found

@@ -11,13 +11,13 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from hybridflow.graph import NodeLoad, Op, RoleKind
+from hybridflow.planner.calibration import DEFAULT_CONSTANTS, Constants
 from hybridflow.planner.devices import DTYPE_BYTES, DeviceSpec
 from hybridflow.planner.models import ModelSpec
 from hybridflow.planner.plan import RoleLayout, Sharding
+from hybridflow.planner.settings import DEFAULT_SETTINGS, RunSettings
 
-MFU_MAX = 0.5  # achievable fraction of dense peak FLOP/s for large micro batches (MFU of tuned FSDP/Megatron)
-EFF_HALF_TOKENS = 512  # tokens per micro batch at which efficiency is half of MFU_MAX (small kernels underfill)
-HBM_EFFICIENCY = 0.7  # achievable fraction of HBM bandwidth in memory-bound decode
+# Efficiencies (train MFU, HBM, decode, host link) and overheads are calibrated: see calibration.py.
 COLLECTIVE_LATENCY_S = 20e-6  # fixed cost of one collective call (NCCL launch + hops)
 USABLE_MEMORY = 0.9  # fraction of device memory a plan may use; the rest is CUDA context and fragmentation
 DRIVER_SECONDS_PER_ROW = 1e-6  # driver-side compute nodes and reward functions, per sequence
@@ -34,6 +34,8 @@ class Shape:
     device: DeviceSpec
     counts: tuple[int, ...]  # GPUs per machine, descending
     inter: float = 25e9  # the cluster's inter-node bandwidth per GPU (bytes/s)
+    run: RunSettings = DEFAULT_SETTINGS  # the run's step recipe (lengths, mini-batches, offload...)
+    constants: Constants = DEFAULT_CONSTANTS  # the device's calibrated efficiencies
 
     @cached_property
     def size(self) -> int:
@@ -47,6 +49,11 @@ class Shape:
     def collective_bandwidth(self) -> float:
         """Per-GPU bandwidth of a ring over the whole group: the slowest hop sets it."""
         return self.device.link_bandwidth if self.machines == 1 else min(self.device.link_bandwidth, self.inter)
+
+    def span_bandwidth(self, ranks: int) -> float:
+        """Per-GPU bandwidth of a collective over ``ranks`` consecutive GPUs: NVLink while they share a
+        machine, the inter-node link once they span machines."""
+        return self.device.link_bandwidth if ranks <= self.counts[-1] else min(self.device.link_bandwidth, self.inter)
 
     def tp_allowed(self, tp: int) -> bool:
         """Tensor-parallel shards stay inside a machine: ``tp`` divides the group's count on every machine."""
@@ -65,8 +72,9 @@ class Cost:
     transient_bytes: int
 
 
-def efficiency(tokens_per_micro_batch: float) -> float:
-    return MFU_MAX * tokens_per_micro_batch / (tokens_per_micro_batch + EFF_HALF_TOKENS)
+def efficiency(tokens_per_micro_batch: float, constants: Constants = DEFAULT_CONSTANTS) -> float:
+    """Achieved fraction of peak for a micro batch of this many tokens per GPU: small ones underfill."""
+    return constants.train_mfu * tokens_per_micro_batch / (tokens_per_micro_batch + constants.eff_half_tokens)
 
 
 def ring_seconds(bytes_per_gpu: float, ranks: int, bandwidth: float) -> float:
@@ -83,45 +91,65 @@ def shard_ranks(layout: RoleLayout, shape: Shape) -> int:
     return layout.dp
 
 
-def static_bytes(model: ModelSpec, kind: RoleKind, layout: RoleLayout, shape: Shape) -> int:
-    """Resident weights (+ gradients and Adam states for trainable roles) per GPU, by sharding strategy."""
+def stage_params(model: ModelSpec, layout: RoleLayout) -> float:
+    """Weights one GPU's tensor/pipeline/expert slice holds before data-parallel sharding."""
+    dense = (model.params - model.expert_params) / layout.tp
+    return (dense + model.expert_params / (layout.tp * layout.ep)) / layout.pp
+
+
+def state_bytes(model: ModelSpec, kind: RoleKind, layout: RoleLayout, shape: Shape) -> tuple[float, float, float]:
+    """Resident (weights, gradients, optimizer states) bytes per GPU by sharding strategy, before offload."""
     unit = DTYPE_BYTES[layout.dtype]
-    params = model.params / layout.tp
+    params = stage_params(model, layout)
     shards = shard_ranks(layout, shape)
     if not kind.trainable:
-        return int(params * unit / (shards if layout.sharding in FULL_SHARDS else 1))
+        return params * unit / (shards if layout.sharding in FULL_SHARDS else 1), 0.0, 0.0
     # Mixed precision keeps fp32 master weights and Adam m, v (12 bytes); pure fp32 only m, v (8 bytes).
-    optimizer = 8 if layout.dtype == "fp32" else 12
+    states = params * (8 if layout.dtype == "fp32" else 12)
     weights, grads = params * unit, params * unit
-    states = params * optimizer
     if layout.sharding is Sharding.NO_SHARD:
-        total = weights + grads + states
-    elif layout.sharding is Sharding.ZERO1:
-        total = weights + grads + states / shards
-    elif layout.sharding in (Sharding.ZERO2, Sharding.SHARD_GRAD_OP):
-        total = weights + (grads + states) / shards
-    else:
-        total = (weights + grads + states) / shards
-    return int(total)
+        return weights, grads, states
+    if layout.sharding is Sharding.ZERO1:
+        return weights, grads, states / shards
+    if layout.sharding in (Sharding.ZERO2, Sharding.SHARD_GRAD_OP):
+        return weights, grads / shards, states / shards
+    return weights / shards, grads / shards, states / shards
+
+
+def offloaded_bytes(model: ModelSpec, kind: RoleKind, layout: RoleLayout, shape: Shape) -> float:
+    """Bytes per GPU the role keeps in host memory between its phases (they return for each phase)."""
+    offload = shape.run.offload_of(layout.role)
+    weights, grads, states = state_bytes(model, kind, layout, shape)
+    return weights * offload.params + grads * offload.grads + states * offload.optimizer
+
+
+def static_bytes(model: ModelSpec, kind: RoleKind, layout: RoleLayout, shape: Shape) -> int:
+    """Resident weights (+ gradients and Adam states for trainable roles) per GPU, less what is offloaded."""
+    return int(sum(state_bytes(model, kind, layout, shape)) - offloaded_bytes(model, kind, layout, shape))
+
+
+def host_seconds(nbytes: float, shape: Shape) -> float:
+    """Moving ``nbytes`` per GPU between device and host memory (all GPUs of a machine in parallel)."""
+    return nbytes / (shape.device.host_bandwidth * shape.constants.host_efficiency)
 
 
 def _gather_buffer(model: ModelSpec, layout: RoleLayout) -> int:
     """FSDP holds two unsharded layers at a time (the current and the prefetched one)."""
     if layout.sharding not in FULL_SHARDS:
         return 0
-    return int(2 * model.params / model.layers / layout.tp * DTYPE_BYTES[layout.dtype])
+    return int(2 * stage_params(model, layout) * layout.pp / model.layers * DTYPE_BYTES[layout.dtype])
 
 
-def _activation_layer_bytes(model: ModelSpec, tokens: int, layout: RoleLayout) -> float:
+def _activation_layer_bytes(model: ModelSpec, tokens: float, layout: RoleLayout) -> float:
     return ACTIVATION_BYTES_PER_TOKEN_HIDDEN * tokens * model.hidden * DTYPE_BYTES[layout.dtype] / 2 / layout.tp
 
 
-def _logit_bytes(model: ModelSpec, kind: RoleKind, tokens: int, tp: int) -> float:
+def _logit_bytes(model: ModelSpec, kind: RoleKind, tokens: float, tp: int) -> float:
     """fp32 logits over the vocabulary for policies; value and reward heads emit one number per token."""
     return tokens * model.vocab * 4 / tp if kind in (RoleKind.POLICY, RoleKind.FROZEN_POLICY) else 0.0
 
 
-def _tp_seconds(model: ModelSpec, tokens: int, collectives_per_layer: int, layout: RoleLayout, shape: Shape,
+def _tp_seconds(model: ModelSpec, tokens: float, collectives_per_layer: int, layout: RoleLayout, shape: Shape,
                 tp: int) -> float:
     if tp <= 1:
         return 0.0
@@ -130,88 +158,141 @@ def _tp_seconds(model: ModelSpec, tokens: int, collectives_per_layer: int, layou
     return collectives_per_layer * model.layers * per_call
 
 
-def forward_cost(model: ModelSpec, kind: RoleKind, load: NodeLoad, layout: RoleLayout, shape: Shape) -> Cost:
-    """A forward-only pass (logprob, ref_logprob, values, score): 2·N FLOPs per token."""
-    seq = load.tokens // max(load.sequences, 1)
-    rows = math.ceil(load.sequences / layout.dp)
-    mbs = min(layout.forward_micro_batch_size or layout.micro_batch_size, max(rows, 1))
-    micro_batches = math.ceil(rows / mbs)
+@dataclass(frozen=True)
+class Batching:
+    """How one pass over a step's rows splits on one GPU: optimizer steps, micro batches, tokens."""
+
+    tokens_per_gpu: float  # every token this GPU processes in the pass (all epochs)
+    seq: float  # tokens of one sequence (prompt + response as the pass sees it)
+    micro_tokens: float  # tokens per GPU in one micro batch
+    micro_batches: int  # micro batches per GPU in the pass (all epochs and mini-batches)
+    optimizer_steps: int
+
+
+def sequence_tokens(load: NodeLoad, shape: Shape) -> float:
+    """One sequence as a forward/update pass sees it: the mean response when packed, the max when padded."""
+    rows = max(load.sequences, 1)
+    prompt = load.prompt_tokens / rows
+    lengths = shape.run.lengths
+    if lengths is None:
+        return prompt + load.response_tokens / rows
+    return prompt + (lengths.max if shape.run.padding else lengths.mean)
+
+
+def batching(load: NodeLoad, layout: RoleLayout, shape: Shape, *, train: bool) -> Batching:
+    """Mini-batches x epochs for an update (one optimizer step each), dynamic token budgets or row micro
+    batches; sequence parallel ranks share a sequence, pipeline stages share the layers."""
+    run = shape.run
+    rows = max(load.sequences, 1)
+    seq = sequence_tokens(load, shape)
+    data_ranks = max(1, layout.dp // (layout.sp * layout.pp))
+    mini_rows = min(run.mini_batch_size or rows, rows) if train else rows
+    minis = math.ceil(rows / mini_rows) * (run.epochs if train else 1)
+    rows_rank = math.ceil(mini_rows / data_ranks)  # per data rank per mini-batch
+    tokens_rank = rows_rank * seq / layout.sp  # per GPU of an SP group, per mini-batch
+    budget = run.train_tokens_per_gpu if train else run.forward_tokens_per_gpu
+    if budget:
+        micro = max(1, math.ceil(tokens_rank / budget))
+        micro_tokens = tokens_rank / micro
+    else:
+        rows_micro = min(layout.micro_batch_size if train else
+                         (layout.forward_micro_batch_size or layout.micro_batch_size), rows_rank)
+        micro = math.ceil(rows_rank / max(rows_micro, 1))
+        micro_tokens = rows_micro * seq / layout.sp
+    return Batching(tokens_per_gpu=minis * tokens_rank / layout.pp, seq=seq, micro_tokens=micro_tokens,
+                    micro_batches=minis * micro, optimizer_steps=minis if train else 0)
+
+
+def flops_per_token(model: ModelSpec, seq: float, passes: int) -> float:
+    """``passes`` x (2 x active weights + causal attention ``2·L·heads·head_dim·seq``) per token:
+    1 pass forward, 3 forward + backward, 4 with recomputation."""
+    return passes * (2 * model.active + 2 * model.layers * model.heads * model.head_dim * seq)
+
+
+def _compute_seconds(model: ModelSpec, batch: Batching, layout: RoleLayout, shape: Shape, passes: int) -> float:
     peak = shape.device.peak_flops(layout.dtype)
-    compute = 2 * model.params * rows * seq / layout.tp / (peak * efficiency(mbs * seq))
-    tp_comm = micro_batches * _tp_seconds(model, mbs * seq, 2, layout, shape, layout.tp)
-    gather = 0.0
-    if layout.sharding in FULL_SHARDS:
-        gather = micro_batches * ring_seconds(model.params / layout.tp * DTYPE_BYTES[layout.dtype],
-                                              shard_ranks(layout, shape), shape.collective_bandwidth)
-    transient = 2 * _activation_layer_bytes(model, mbs * seq, layout) + _logit_bytes(model, kind, mbs * seq,
-                                                                                      layout.tp)
-    return Cost(compute + tp_comm + gather, int(transient) + _gather_buffer(model, layout))
+    flops = flops_per_token(model, batch.seq, passes) * batch.tokens_per_gpu / layout.tp
+    bubble = 1.0
+    if layout.pp > 1:  # 1F1B: (micro batches + stages - 1) slots for the micro batches of each mini-batch
+        per_mini = batch.micro_batches / max(batch.optimizer_steps, 1)
+        bubble = (per_mini + layout.pp - 1) / per_mini
+    return flops * bubble / (peak * efficiency(batch.micro_tokens, shape.constants))
+
+
+def _parallel_comm_seconds(model: ModelSpec, batch: Batching, layout: RoleLayout, shape: Shape,
+                           passes: int) -> float:
+    """Tensor-parallel all-reduces, Ulysses all-to-alls and MoE expert all-to-alls over the pass."""
+    unit = DTYPE_BYTES[layout.dtype]
+    seconds = batch.micro_batches * _tp_seconds(model, batch.micro_tokens, 2 * max(passes - 1, 1),
+                                                layout, shape, layout.tp) / layout.pp
+    layers = model.layers / layout.pp
+    if layout.sp > 1:  # q, k, v in and the attention output back, per layer and pass
+        size = 4 * batch.micro_tokens * model.hidden * unit / layout.tp * (layout.sp - 1) / layout.sp
+        seconds += batch.micro_batches * passes * layers * (size / shape.span_bandwidth(layout.sp)
+                                                            + COLLECTIVE_LATENCY_S)
+    if model.is_moe and layout.ep > 1:  # dispatch and combine of each token's k expert copies
+        size = 2 * batch.micro_tokens * model.experts_per_token * model.hidden * unit * (layout.ep - 1) / layout.ep
+        seconds += batch.micro_batches * passes * layers * (size / shape.span_bandwidth(layout.ep * layout.tp)
+                                                            + COLLECTIVE_LATENCY_S)
+    return seconds
+
+
+def _param_gathers(model: ModelSpec, layout: RoleLayout, shape: Shape, count: int) -> float:
+    if layout.sharding not in FULL_SHARDS:
+        return 0.0
+    shard = stage_params(model, layout) * DTYPE_BYTES[layout.dtype]
+    return count * ring_seconds(shard, shard_ranks(layout, shape), shape.collective_bandwidth)
+
+
+def forward_cost(model: ModelSpec, kind: RoleKind, load: NodeLoad, layout: RoleLayout, shape: Shape) -> Cost:
+    """A forward-only pass (logprob, ref_logprob, values, score): 2·N_active FLOPs per token plus attention."""
+    batch = batching(load, layout, shape, train=False)
+    compute = _compute_seconds(model, batch, layout, shape, 1)
+    comm = _parallel_comm_seconds(model, batch, layout, shape, 1)
+    gather = _param_gathers(model, layout, shape, batch.micro_batches)
+    offload = shape.run.offload_of(layout.role)
+    moved = state_bytes(model, kind, layout, shape)[0] * offload.params
+    swap = 2 * host_seconds(moved, shape)  # offloaded weights come in for the pass and leave after it
+    tokens = batch.micro_tokens
+    transient = (2 * _activation_layer_bytes(model, tokens, layout) + _logit_bytes(model, kind, tokens, layout.tp)
+                 + moved)
+    seconds = compute + comm + gather + swap + shape.constants.phase_overhead_s
+    return Cost(seconds, int(transient) + _gather_buffer(model, layout))
 
 
 def update_cost(model: ModelSpec, kind: RoleKind, load: NodeLoad, layout: RoleLayout, shape: Shape) -> Cost:
-    """Forward + backward (6·N FLOPs per token, 8·N with recomputation), gradient sync, optimizer step."""
-    seq = load.tokens // max(load.sequences, 1)
-    rows = math.ceil(load.sequences / layout.dp)
-    mbs = min(layout.micro_batch_size, max(rows, 1))
-    micro_batches = math.ceil(rows / mbs)
-    unit = DTYPE_BYTES[layout.dtype]
-    peak = shape.device.peak_flops(layout.dtype)
-    flops_per_token = (8 if layout.gradient_checkpointing else 6) * model.params
-    compute = flops_per_token * rows * seq / layout.tp / (peak * efficiency(mbs * seq))
-    tp_comm = micro_batches * _tp_seconds(model, mbs * seq, 4, layout, shape, layout.tp)
-    grad_bytes = model.params / layout.tp * unit
+    """Forward + backward (6·N_active FLOPs per token, 8· with recomputation) over every mini-batch and epoch,
+    gradient sync and an optimizer step per mini-batch, offloaded state in and out once per phase."""
+    batch = batching(load, layout, shape, train=True)
+    passes = 4 if layout.gradient_checkpointing else 3
+    compute = _compute_seconds(model, batch, layout, shape, passes)
+    comm = _parallel_comm_seconds(model, batch, layout, shape, passes)
+    grad_bytes = stage_params(model, layout) * DTYPE_BYTES[layout.dtype]
     ranks, bandwidth = shard_ranks(layout, shape), shape.collective_bandwidth
     if layout.sharding in FULL_SHARDS:
-        # Parameters are gathered for every micro batch's forward and backward; gradients reduce-scattered.
-        sync = (2 * micro_batches + 1) * ring_seconds(grad_bytes, ranks, bandwidth)
+        # Parameters gathered for every micro batch's forward and backward; gradients reduce-scattered.
+        sync = _param_gathers(model, layout, shape, 3 * batch.micro_batches)
         if layout.sharding is Sharding.HYBRID_SHARD and layout.dp > ranks:
-            sync += 2 * ring_seconds(grad_bytes / ranks, layout.dp // ranks, shape.inter)
+            sync += batch.optimizer_steps * 2 * ring_seconds(grad_bytes / ranks, layout.dp // ranks, shape.inter)
     else:
-        # One all-reduce (reduce-scatter + all-gather) per step; ZeRO variants gather updated shards instead.
-        sync = 2 * ring_seconds(grad_bytes, layout.dp, bandwidth)
-    optimizer_bytes = static_bytes(model, kind, layout, shape) * 2  # read and write every resident state once
-    optimizer = optimizer_bytes / (shape.device.hbm_bandwidth * HBM_EFFICIENCY)
-    tokens = mbs * seq
+        # One all-reduce (reduce-scatter + all-gather) per optimizer step; ZeRO gathers updated shards instead.
+        data = max(1, layout.dp // layout.pp)
+        sync = batch.optimizer_steps * 2 * ring_seconds(grad_bytes, data, bandwidth)
+    resident = sum(state_bytes(model, kind, layout, shape))
+    optimizer = batch.optimizer_steps * 2 * resident / (shape.device.hbm_bandwidth * shape.constants.hbm_efficiency)
+    moved = offloaded_bytes(model, kind, layout, shape)
+    swap = 2 * host_seconds(moved, shape)
+    tokens = batch.micro_tokens
     layer = _activation_layer_bytes(model, tokens, layout)
+    layers = model.layers / layout.pp
     if layout.gradient_checkpointing:
-        activations = model.layers * tokens * model.hidden * unit + layer
+        activations = layers * tokens * model.hidden * DTYPE_BYTES[layout.dtype] + layer
     else:
-        activations = model.layers * layer
-    transient = activations + 2 * _logit_bytes(model, kind, tokens, layout.tp) + 2 * _gather_buffer(model, layout)
-    return Cost(compute + tp_comm + sync + optimizer, int(transient))
-
-
-def generate_cost(model: ModelSpec, load: NodeLoad, prompt_len: int, layout: RoleLayout, shape: Shape) -> Cost:
-    """Rollout: compute-bound prefill, then decode steps bound by reading weights and the KV cache.
-
-    ``load.prompt_tokens`` counts each prompt once (shared by its samples); every sequence still attends
-    to its whole ``prompt_len`` while decoding.
-    """
-    rtp, unit, device = layout.rollout_tp, DTYPE_BYTES[layout.dtype], shape.device
-    engines = shape.size // rtp
-    rows = max(load.sequences, 1)
-    response = load.response_tokens // rows
-    per_engine = math.ceil(rows / engines)
-    batch = min(layout.rollout_batch_size or per_engine, per_engine)
-    waves = math.ceil(per_engine / batch)
-    peak = device.peak_flops(layout.dtype)
-    prefill_tokens = math.ceil(load.prompt_tokens / engines)
-    prefill = 2 * model.params * prefill_tokens / rtp / (peak * efficiency(batch * prompt_len))
-    kv_split = min(rtp, model.kv_heads)
-    kv_token = model.kv_bytes_per_token(unit) / kv_split
-    context = prompt_len + response / 2
-    weights = model.params * unit / rtp
-    memory_s = (weights + batch * kv_token * context) / (device.hbm_bandwidth * HBM_EFFICIENCY)
-    compute_s = 2 * model.params * batch / rtp / (peak * MFU_MAX)
-    tp_s = 0.0
-    if rtp > 1:
-        size = 2 * batch * model.hidden * unit * (rtp - 1) / rtp
-        tp_s = 2 * model.layers * (size / device.link_bandwidth + COLLECTIVE_LATENCY_S)
-    decode = waves * response * (max(memory_s, compute_s) + tp_s)
-    reuse = layout.sharding is Sharding.NO_SHARD and layout.tp == rtp
-    kv_cache = batch * kv_token * (prompt_len + response)
-    transient = (0 if reuse else weights) + kv_cache + batch * model.vocab * 4 / rtp
-    return Cost(prefill + decode, int(transient))
+        activations = layers * layer
+    transient = (activations + 2 * _logit_bytes(model, kind, tokens, layout.tp) + 2 * _gather_buffer(model, layout)
+                 + moved)
+    seconds = compute + comm + sync + optimizer + swap + shape.constants.phase_overhead_s
+    return Cost(seconds, int(transient))
 
 
 def weight_sync(model: ModelSpec, layout: RoleLayout, shape: Shape) -> tuple[float, int]:
@@ -220,6 +301,18 @@ def weight_sync(model: ModelSpec, layout: RoleLayout, shape: Shape) -> tuple[flo
         return 0.0, 0
     per_gpu = model.params * DTYPE_BYTES[layout.dtype] / layout.rollout_tp
     return ring_seconds(per_gpu, max(2, shape.size), shape.collective_bandwidth), int(per_gpu)
+
+
+def engine_switch(model: ModelSpec, kind: RoleKind, layout: RoleLayout, shape: Shape) -> float:
+    """Seconds a colocated engine's wake and sleep cost per step: the engine's weights go to host memory
+    and back when it sleeps (``RunSettings.rollout_sleep``), and an offloaded trainer's weights come in
+    to be resharded into the engine and leave again."""
+    seconds = 0.0
+    if shape.run.rollout_sleep:
+        seconds += 2 * host_seconds(model.params * DTYPE_BYTES[layout.dtype] / layout.rollout_tp, shape)
+    if kind.trainable and shape.run.offload_of(layout.role).params:
+        seconds += 2 * host_seconds(state_bytes(model, kind, layout, shape)[0], shape)
+    return seconds
 
 
 def weight_ship(model: ModelSpec, layout: RoleLayout, shape: Shape) -> tuple[float, int]:

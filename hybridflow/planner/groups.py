@@ -10,8 +10,8 @@ from collections.abc import Mapping, Sequence
 
 from hybridflow.planner.costs import (
     Shape,
+    engine_switch,
     forward_cost,
-    generate_cost,
     static_bytes,
     update_cost,
     weight_ship,
@@ -29,19 +29,25 @@ from hybridflow.planner.layouts import (
 )
 from hybridflow.planner.plan import RoleLayout
 from hybridflow.planner.problem import Problem, RoleWork
+from hybridflow.planner.rollout import generate_cost
 
 ShapeKey = tuple[str, tuple[int, ...]]
 
 
 def node_seconds(role: RoleWork, layout: RoleLayout, shape: Shape, prompt_len: int) -> dict[str, float]:
-    """Seconds of each node of ``role``; the rollout weight refresh is charged to its first update, the
-    shipment to a detached rollout to its last."""
+    """Seconds of each node of ``role``; the colocated engine's weight refresh and wake/sleep are charged
+    to its first generate node (verl's ``gen`` timer holds them), the shipment to a detached rollout to
+    the policy's last update."""
     seconds = {load.node: generate_cost(role.model, load, prompt_len, layout, shape).seconds for load in role.generate}
+    if role.generate and role.update:
+        first = role.generate[0].node
+        seconds[first] += weight_sync(role.model, layout, shape)[0]
+        seconds[first] += engine_switch(role.model, role.kind, layout, shape)
     for load in role.forward:
         seconds[load.node] = forward_cost(role.model, role.kind, load, layout, shape).seconds
     last = len(role.update) - 1
     for index, load in enumerate(role.update):
-        extra = weight_sync(role.model, layout, shape)[0] if index == 0 and role.generate else 0.0
+        extra = 0.0
         if index == last and role.ships_to:
             extra += weight_ship(role.model, layout, shape)[0]
         seconds[load.node] = update_cost(role.model, role.kind, load, layout, shape).seconds + extra
@@ -67,7 +73,8 @@ class GroupEvaluator:
 
     def shape(self, device: str, counts: Sequence[int]) -> Shape:
         cluster = self.problem.cluster
-        return Shape(cluster.device(device), tuple(sorted(counts, reverse=True)), cluster.inter_node_bandwidth)
+        return Shape(cluster.device(device), tuple(sorted(counts, reverse=True)), cluster.inter_node_bandwidth,
+                     run=self.problem.settings, constants=self.problem.calibration.for_device(device))
 
     def front(self, role: str, shape: Shape) -> list[Candidate]:
         key = (role, (shape.device.name, shape.counts))

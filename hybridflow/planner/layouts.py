@@ -15,8 +15,8 @@ from hybridflow.planner.costs import (
     FULL_SHARDS,
     USABLE_MEMORY,
     Shape,
+    engine_switch,
     forward_cost,
-    generate_cost,
     static_bytes,
     update_cost,
     weight_ship,
@@ -24,6 +24,7 @@ from hybridflow.planner.costs import (
 )
 from hybridflow.planner.plan import RoleLayout, Sharding
 from hybridflow.planner.problem import RoleWork
+from hybridflow.planner.rollout import generate_cost
 
 POWERS = (1, 2, 4, 8, 16, 32, 64)
 ROLLOUT_BATCHES = (8, 32, 128, 512, 2048)
@@ -129,6 +130,7 @@ def _generate_front(role: RoleWork, base: RoleLayout, shape: Shape, prompt_len: 
             seconds = sum(c.seconds for c in costs)
             if role.update:
                 seconds += weight_sync(role.model, layout, shape)[0]
+                seconds += engine_switch(role.model, role.kind, layout, shape)
             points.append((max(c.transient_bytes for c in costs), seconds, layout))
     return _front2(points)
 
@@ -169,6 +171,9 @@ class Constraint:
     sharding: Sharding | None = None
     micro_batch_size: int | None = None
     rollout_tp: int | None = None
+    sp: int = 1
+    pp: int = 1
+    ep: int = 1
 
 
 def role_candidates(role: RoleWork, shape: Shape, dtype: str, prompt_len: int,
@@ -190,7 +195,8 @@ def role_candidates(role: RoleWork, shape: Shape, dtype: str, prompt_len: int,
         if fixed.sharding is not None:
             shardings = (_frozen_equivalent(role, fixed.sharding) if dp > 1 else Sharding.NO_SHARD,)
         for sharding in shardings:
-            base = RoleLayout(role=role.name, dp=dp, tp=tp, sharding=sharding, dtype=dtype)
+            base = RoleLayout(role=role.name, dp=dp, tp=tp, sharding=sharding, dtype=dtype, sp=fixed.sp,
+                              pp=fixed.pp, ep=fixed.ep)
             static = static_bytes(role.model, role.kind, base, shape)
             if static > usable_bytes(shape) and constraint is None:
                 continue

@@ -26,23 +26,61 @@ class ModelSpec:
     vocab: int
     intermediate: int = 0
     tie_embeddings: bool = False
+    # Mixture of experts: FLOPs follow the active weights, memory the total. 0 means dense.
+    active_params: int = 0  # weights one token runs through (0: all of ``params``)
+    experts: int = 0  # routed experts per MoE layer
+    experts_per_token: int = 0
+    expert_params: int = 0  # weights held in routed experts, all layers together
+    attention_head_dim: int = 0  # 0: hidden // heads (Qwen3 and DeepSeek-V3 set their own)
+    kv_latent_dim: int = 0  # multi-head latent attention (DeepSeek-V3): cached width per layer and token
 
     def __post_init__(self) -> None:
         for field_name in ("params", "layers", "hidden", "heads", "kv_heads", "vocab"):
             value = getattr(self, field_name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"ModelSpec({self.name}).{field_name}={value!r} must be a positive integer")
+        for field_name in ("active_params", "experts", "experts_per_token", "expert_params", "attention_head_dim",
+                           "kv_latent_dim"):
+            value = getattr(self, field_name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"ModelSpec({self.name}).{field_name}={value!r} must be an integer >= 0")
         if self.heads % self.kv_heads:
             raise ValueError(f"ModelSpec({self.name}): heads={self.heads} must be a multiple of "
                              f"kv_heads={self.kv_heads}")
+        if self.active_params > self.params or self.expert_params > self.params:
+            raise ValueError(f"ModelSpec({self.name}): active_params={self.active_params} and expert_params="
+                             f"{self.expert_params} cannot exceed params={self.params}")
+        if self.experts and not 0 < self.experts_per_token <= self.experts:
+            raise ValueError(f"ModelSpec({self.name}).experts_per_token={self.experts_per_token} must be in "
+                             f"1..experts={self.experts}")
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.attention_head_dim or self.hidden // self.heads
+
+    @property
+    def active(self) -> int:
+        """Weights each token is multiplied by: all of them for a dense model, the routed few for MoE."""
+        return self.active_params or self.params
+
+    @property
+    def is_moe(self) -> bool:
+        return self.experts > 0
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
-        """K and V of every layer for one token (grouped-query attention stores ``kv_heads`` heads)."""
+        """K and V of every layer for one token (grouped-query attention stores ``kv_heads`` heads;
+        latent attention one compressed vector per layer)."""
+        if self.kv_latent_dim:
+            return self.layers * self.kv_latent_dim * dtype_bytes
         return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes
+
+    def weights_read(self, tokens: float) -> float:
+        """Weights a decode step over ``tokens`` sequences reads: dense parts always, each routed expert
+        when at least one token picks it (uniform routing: ``1 - (1 - k/E)^tokens`` of them)."""
+        if not self.is_moe:
+            return float(self.params)
+        touched = 1.0 - (1.0 - self.experts_per_token / self.experts) ** max(tokens, 1.0)
+        return self.params - self.expert_params + self.expert_params * touched
 
     @classmethod
     def preset(cls, name: str) -> ModelSpec:
@@ -111,7 +149,8 @@ def count_params(*, layers: int, hidden: int, heads: int, kv_heads: int, vocab: 
 
 
 def from_config_dict(config: dict[str, Any], *, name: str) -> ModelSpec:
-    """A :class:`ModelSpec` from HF config keys (Llama/Qwen/Mistral names, GPT-2 names as a fallback)."""
+    """A :class:`ModelSpec` from HF config keys (Llama/Qwen/Mistral names, GPT-2 names as a fallback;
+    Qwen-MoE ``num_experts``/``moe_intermediate_size`` and an explicit ``head_dim``)."""
     hidden = _key(config, name, "hidden_size", "n_embd")
     layers = _key(config, name, "num_hidden_layers", "n_layer")
     heads = _key(config, name, "num_attention_heads", "n_head")
@@ -119,10 +158,28 @@ def from_config_dict(config: dict[str, Any], *, name: str) -> ModelSpec:
     kv_heads = int(config.get("num_key_value_heads") or heads)
     intermediate = int(config.get("intermediate_size") or config.get("n_inner") or 4 * hidden)
     tie = bool(config.get("tie_word_embeddings", False))
+    head_dim = int(config.get("head_dim") or 0)
+    experts = int(config.get("num_experts") or config.get("n_routed_experts") or 0)
+    if head_dim and head_dim * heads != hidden:
+        # Attention projections are heads x head_dim wide, not hidden: count them from a pseudo hidden size.
+        attention_fix = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
+        attention_fix -= hidden * hidden * 2 + 2 * hidden * kv_heads * (hidden // heads)
+    else:
+        attention_fix = 0
+    if experts:
+        top = int(config.get("num_experts_per_tok") or 1)
+        expert_size = 3 * hidden * int(config.get("moe_intermediate_size") or intermediate)
+        dense = count_params(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, vocab=vocab,
+                             intermediate=0, tie_embeddings=tie) + layers * (attention_fix + hidden * experts)
+        params, routed = dense + layers * experts * expert_size, layers * experts * expert_size
+        active = dense + layers * top * expert_size
+        return ModelSpec(name=name, params=params, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
+                         vocab=vocab, intermediate=intermediate, tie_embeddings=tie, active_params=active,
+                         experts=experts, experts_per_token=top, expert_params=routed, attention_head_dim=head_dim)
     params = count_params(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, vocab=vocab,
-                          intermediate=intermediate, tie_embeddings=tie)
+                          intermediate=intermediate, tie_embeddings=tie) + layers * attention_fix
     return ModelSpec(name=name, params=params, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
-                     vocab=vocab, intermediate=intermediate, tie_embeddings=tie)
+                     vocab=vocab, intermediate=intermediate, tie_embeddings=tie, attention_head_dim=head_dim)
 
 
 def _key(config: dict[str, Any], name: str, *keys: str) -> int:
@@ -134,11 +191,20 @@ def _key(config: dict[str, Any], name: str, *keys: str) -> int:
 
 
 def _preset(name: str, layers: int, hidden: int, heads: int, kv_heads: int, vocab: int, intermediate: int,
-            tie: bool = False) -> ModelSpec:
-    config = {"hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
-              "num_key_value_heads": kv_heads, "vocab_size": vocab, "intermediate_size": intermediate,
-              "tie_word_embeddings": tie}
+            tie: bool = False, **extra: int) -> ModelSpec:
+    config: dict[str, Any] = {"hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
+                              "num_key_value_heads": kv_heads, "vocab_size": vocab, "intermediate_size": intermediate,
+                              "tie_word_embeddings": tie, **extra}
     return from_config_dict(config, name=name)
+
+
+# DeepSeek-V3 (config.json + model card): 61 layers (3 dense), hidden 7168, 128 heads with latent attention
+# (kv_lora_rank 512 + rope 64 cached per layer), 256 routed experts of width 2048, 8 per token, 1 shared;
+# 671B weights, 37B active (the card's totals; MLA makes a shape count long for no gain here).
+DEEPSEEK_V3 = ModelSpec(name="deepseek-v3", params=671_000_000_000, layers=61, hidden=7168, heads=128,
+                        kv_heads=128, vocab=129280, intermediate=18432, active_params=37_000_000_000, experts=256,
+                        experts_per_token=8, expert_params=58 * 256 * 3 * 7168 * 2048, attention_head_dim=128,
+                        kv_latent_dim=576)
 
 
 # Shapes from each model's public config.json on the Hugging Face Hub.
@@ -152,6 +218,12 @@ PRESETS: dict[str, ModelSpec] = {
     "qwen2.5-7b": _preset("qwen2.5-7b", 28, 3584, 28, 4, 152064, 18944),
     "qwen2.5-72b": _preset("qwen2.5-72b", 80, 8192, 64, 8, 152064, 29568),
     "mistral-7b": _preset("mistral-7b", 32, 4096, 32, 8, 32000, 14336),
+    "qwen2-7b": _preset("qwen2-7b", 28, 3584, 28, 4, 152064, 18944),
+    "qwen2.5-math-7b": _preset("qwen2.5-math-7b", 28, 3584, 28, 4, 152064, 18944),
+    "qwen3-8b": _preset("qwen3-8b", 36, 4096, 32, 8, 151936, 12288, head_dim=128),
+    "qwen3-30b-a3b": _preset("qwen3-30b-a3b", 48, 2048, 32, 4, 151936, 6144, head_dim=128, num_experts=128,
+                             num_experts_per_tok=8, moe_intermediate_size=768),
+    "deepseek-v3": DEEPSEEK_V3,
     # The runtime's CPU test models (hybridflow.models.tiny): two layers, about 0.6M weights with a
     # 1k vocabulary; plan with ModelSpec.from_hf_config(saved_dir) to use the real tokenizer's vocabulary.
     "tiny": _preset("tiny", 2, 128, 4, 2, 1024, 512, tie=True),

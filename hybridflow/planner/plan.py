@@ -58,15 +58,23 @@ class RoleLayout:
     backend: str = "torch"
     forward_micro_batch_size: int = 0  # rows per forward-only micro batch (logprob, values, score); 0: same as training
     rollout_batch_size: int = 0  # sequences one rollout engine decodes together; 0: all of its share
+    # Splits of the ``dp`` ranks (manual layouts of published runs; the search keeps them 1): Ulysses
+    # sequence parallelism, pipeline stages, and expert parallelism of an MoE model's experts.
+    sp: int = 1
+    pp: int = 1
+    ep: int = 1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sharding", Sharding(self.sharding))
         for name in ("forward_micro_batch_size", "rollout_batch_size"):
             if getattr(self, name) < 0:
                 raise ValueError(f"RoleLayout({self.role}).{name}={getattr(self, name)} must be >= 0 (0: default)")
-        for name in ("dp", "tp", "micro_batch_size", "rollout_tp"):
+        for name in ("dp", "tp", "micro_batch_size", "rollout_tp", "sp", "pp", "ep"):
             if getattr(self, name) < 1:
                 raise ValueError(f"RoleLayout({self.role}).{name}={getattr(self, name)} must be >= 1")
+        if self.dp % (self.sp * self.pp):
+            raise ValueError(f"RoleLayout({self.role}): sp={self.sp} x pp={self.pp} must divide dp={self.dp} "
+                             "(dp counts every rank of a tensor-parallel slice; sp and pp split it)")
         if self.dtype not in ("bf16", "fp16", "fp32"):
             raise ValueError(f"RoleLayout({self.role}).dtype={self.dtype!r} must be bf16, fp16 or fp32")
 

@@ -6,10 +6,12 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 
 from hybridflow.graph import Graph, NodeLoad, Op, RoleKind, Workload, edge_bytes, node_loads
+from hybridflow.planner.calibration import DEFAULT_CALIBRATION, Calibration
 from hybridflow.planner.cluster import Cluster
 from hybridflow.planner.costs import FORWARD_OPS
 from hybridflow.planner.models import ModelSpec
 from hybridflow.planner.plan import rollout_role
+from hybridflow.planner.settings import DEFAULT_SETTINGS, RunSettings
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,6 +50,13 @@ class Problem:
     node_role: Mapping[str, str | None]  # node -> its GPU role, None for driver-side nodes
     apart: tuple[tuple[str, str], ...] = ()  # (policy, its rollout): roles that must not share a group
     max_tp: int | None = None  # cap on training/forward tensor parallelism (None: up to 8)
+    settings: RunSettings = DEFAULT_SETTINGS
+    calibration: Calibration = DEFAULT_CALIBRATION
+
+    @property
+    def step_overhead_s(self) -> float:
+        """Fixed seconds per step (reward, advantages, data loading), from the first device's constants."""
+        return self.calibration.for_device(self.cluster.device_names[0]).step_overhead_s
 
     @property
     def role_names(self) -> tuple[str, ...]:
@@ -61,7 +70,8 @@ class Problem:
 
 
 def build_problem(graph: Graph, models: Mapping[str, ModelSpec], workload: Workload, cluster: Cluster, *,
-                  detach: Collection[str] = (), max_tp: int | None = None) -> Problem:
+                  detach: Collection[str] = (), max_tp: int | None = None, settings: RunSettings | None = None,
+                  calibration: Calibration | None = None) -> Problem:
     """Check the inputs against each other and precompute per-role loads and edge sizes.
 
     ``detach`` names trainable policies whose rollout runs on GPUs of its own: their generate nodes move
@@ -71,6 +81,10 @@ def build_problem(graph: Graph, models: Mapping[str, ModelSpec], workload: Workl
         raise TypeError(f"graph must be a hybridflow Graph, got {type(graph).__name__}; use load_graph('ppo')")
     if not isinstance(workload, Workload):
         raise TypeError(f"workload must be a Workload, got {type(workload).__name__}")
+    if settings is not None and not isinstance(settings, RunSettings):
+        raise TypeError(f"settings must be a RunSettings, got {type(settings).__name__}")
+    if calibration is not None and not isinstance(calibration, Calibration):
+        raise TypeError(f"calibration must be a Calibration (Calibration.load(path)), got {type(calibration).__name__}")
     known = set(graph.role_names)
     for name, model in models.items():
         if name not in known:
@@ -99,7 +113,8 @@ def build_problem(graph: Graph, models: Mapping[str, ModelSpec], workload: Workl
     node_role = {node.name: node.role if node.role in gpu_roles else None for node in graph.nodes}
     roles, apart = _detach_rollouts(roles, detach, node_role)
     return Problem(graph=graph, workload=workload, cluster=cluster, roles=tuple(roles), driver_roles=tuple(drivers),
-                   edge_bytes=edge_bytes(graph, workload), node_role=node_role, apart=apart, max_tp=max_tp)
+                   edge_bytes=edge_bytes(graph, workload), node_role=node_role, apart=apart, max_tp=max_tp,
+                   settings=settings or DEFAULT_SETTINGS, calibration=calibration or DEFAULT_CALIBRATION)
 
 
 def _detach_rollouts(roles: list[RoleWork], detach: Collection[str],

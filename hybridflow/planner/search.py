@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from hybridflow.graph import Graph, Workload
 from hybridflow.planner.assemble import Placement, build_plan, group_seconds, idle_fraction
+from hybridflow.planner.calibration import Calibration
 from hybridflow.planner.cluster import Cluster
 from hybridflow.planner.costs import Shape
 from hybridflow.planner.errors import InfeasibleError, explain_infeasible
@@ -23,6 +24,7 @@ from hybridflow.planner.models import ModelSpec
 from hybridflow.planner.plan import Plan, SearchStats
 from hybridflow.planner.problem import Problem, build_problem
 from hybridflow.planner.schedule import Schedule, compile_schedule, makespan
+from hybridflow.planner.settings import RunSettings
 from hybridflow.planner.units import GpuUnits, MachineUnits, State, Token, Units
 
 TOLERANCE = 1e-9  # relative: step times this close count as equal and fall to the tie-breaks
@@ -192,20 +194,26 @@ def _better(new: Key, old: Key) -> bool:
 
 
 def plan_placement(graph: Graph, models: Mapping[str, ModelSpec], workload: Workload, cluster: Cluster, *,
-                   options: PlannerOptions | None = None) -> Plan:
+                   options: PlannerOptions | None = None, settings: RunSettings | None = None,
+                   calibration: Calibration | None = None) -> Plan:
     """The plan with the least modelled step time (ties: fewer cross-group bytes, then less idle time).
+
+    ``settings`` is the run's step recipe (response lengths, mini-batches, offload...); ``calibration``
+    the cost model's fitted constants (``Calibration.load(path)``, written by ``hybridflow calibrate``).
 
     Raises :class:`InfeasibleError` naming what does not fit, and by how much, when no plan fits.
     """
     start = time.perf_counter()
     opts = options or PlannerOptions()
-    problem = build_problem(graph, models, workload, cluster, max_tp=opts.max_tp)
+    problem = build_problem(graph, models, workload, cluster, max_tp=opts.max_tp, settings=settings,
+                            calibration=calibration)
     searcher = Searcher(problem, opts.units(cluster))
     placements = searcher.run()
     visited = searcher.visited + searcher.evaluator.evaluations
     detachable = [role.name for role in problem.roles if role.generate and role.update]
     if opts.separate_rollout and detachable:
-        split = build_problem(graph, models, workload, cluster, detach=detachable, max_tp=opts.max_tp)
+        split = build_problem(graph, models, workload, cluster, detach=detachable, max_tp=opts.max_tp,
+                              settings=settings, calibration=calibration)
         rival = Searcher(split, opts.units(cluster))
         found = rival.run()
         visited += rival.visited + rival.evaluator.evaluations

@@ -9,7 +9,8 @@ import pytest
 
 from hybridflow.graph import NodeLoad, Op, RoleKind
 from hybridflow.planner import DEVICES, ModelSpec, RoleLayout, Sharding
-from hybridflow.planner.costs import Shape, forward_cost, generate_cost, static_bytes, update_cost
+from hybridflow.planner.costs import Shape, forward_cost, static_bytes, update_cost
+from hybridflow.planner.rollout import generate_cost
 
 LLAMA = ModelSpec.preset("llama3-8b")
 A100 = Shape(DEVICES["A100-80G"], (8,))

@@ -1,0 +1,110 @@
+"""The cost model's efficiency constants, and calibration files holding them per device class.
+
+Every other number in the model is a datasheet figure or a count (FLOPs, bytes); these few say how
+much of the datasheet a real stack achieves. Defaults are priors with a reason each; ``hybridflow
+calibrate`` fits them to measurements (see :mod:`hybridflow.planner.fit`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+FORMAT = "hybridflow-calibration/1"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Constants:
+    """Achieved fractions and fixed overheads. Efficiencies are fractions of peak; overheads seconds."""
+
+    train_mfu: float = 0.5  # dense-matmul MFU of large training/forward micro batches (tuned FSDP/Megatron)
+    eff_half_tokens: float = 512  # tokens per micro batch at which efficiency is half of train_mfu
+    hbm_efficiency: float = 0.7  # achievable fraction of HBM bandwidth in memory-bound decode
+    decode_mfu: float = 0.5  # fraction of peak FLOP/s a compute-bound decode step reaches
+    prefill_mfu: float = 0.5  # fraction of peak FLOP/s of (chunked) prefill
+    host_efficiency: float = 0.5  # fraction of the host link CPU offload achieves (pageable copies)
+    decode_step_overhead_s: float = 0.0  # per engine step: scheduler, sampling, kernel launches
+    phase_overhead_s: float = 0.0  # per role phase: dispatch, data collation, cache clears
+    step_overhead_s: float = 0.0  # per training step: reward, advantages, data loading, logging
+
+    def __post_init__(self) -> None:
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if not isinstance(value, int | float) or isinstance(value, bool) or value != value:
+                raise ValueError(f"Constants.{item.name}={value!r} must be a number")
+            if item.name.endswith("_s"):
+                if value < 0:
+                    raise ValueError(f"Constants.{item.name}={value!r} must be >= 0 seconds")
+            elif item.name == "eff_half_tokens":
+                if value <= 0:
+                    raise ValueError(f"Constants.eff_half_tokens={value!r} must be > 0 tokens")
+            elif not 0 < value <= 1:
+                raise ValueError(f"Constants.{item.name}={value!r} must be a fraction in (0, 1]")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, where: str = "constants") -> Constants:
+        known = {item.name for item in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"{where}: unknown constants {unknown}; known: {sorted(known)}")
+        return cls(**{key: float(value) for key, value in data.items()})
+
+
+DEFAULT_CONSTANTS = Constants()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Calibration:
+    """Constants for every device (``default``), overridden per device class where measured."""
+
+    default: Constants = DEFAULT_CONSTANTS
+    devices: tuple[tuple[str, Constants], ...] = ()
+    source: str = "priors"
+
+    def for_device(self, name: str) -> Constants:
+        for device, constants in self.devices:
+            if device == name:
+                return constants
+        return self.default
+
+    def with_device(self, name: str, constants: Constants) -> Calibration:
+        kept = tuple(item for item in self.devices if item[0] != name)
+        return replace(self, devices=(*kept, (name, constants)))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": FORMAT, "source": self.source, "default": asdict(self.default),
+                "devices": {name: asdict(constants) for name, constants in self.devices}}
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, where: str = "calibration") -> Calibration:
+        if data.get("format") != FORMAT:
+            raise ValueError(f"{where}: 'format' is {data.get('format')!r}, expected {FORMAT!r}; write the file with "
+                             "`hybridflow calibrate`")
+        default = Constants.from_dict(data.get("default", {}), where=f"{where}.default")
+        devices = tuple((str(name), replace(default, **_floats(values, f"{where}.devices.{name}")))
+                        for name, values in sorted((data.get("devices") or {}).items()))
+        return cls(default=default, devices=devices, source=str(data.get("source", where)))
+
+    @classmethod
+    def load(cls, path: str | Path) -> Calibration:
+        file = Path(path)
+        if not file.is_file():
+            raise FileNotFoundError(f"calibration file {file} not found; write one with `hybridflow calibrate`")
+        try:
+            data = json.loads(file.read_text())
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{file}: not JSON ({err}); write the file with `hybridflow calibrate`") from err
+        return cls.from_dict(data, where=str(file))
+
+
+def _floats(values: dict[str, Any], where: str) -> dict[str, float]:
+    Constants.from_dict(values, where=where)  # validates names and ranges
+    return {key: float(value) for key, value in values.items()}
+
+
+DEFAULT_CALIBRATION = Calibration()

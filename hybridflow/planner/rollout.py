@@ -1,0 +1,114 @@
+"""Generation as an engine runs it: continuous batching over a distribution of response lengths.
+
+Each engine (``rollout_tp`` GPUs) owns ``n`` of the step's sequences and keeps up to ``c`` in flight:
+``c`` is bounded by the layout's batch, the engine's ``max_num_seqs`` and the KV cache left after
+the weights (``gpu_memory_utilization``). Prompts are prefilled once (shared by their samples). The
+engine decodes ``(n - c) · mean / c`` steps at full concurrency, then its last cohort of ``c``
+sequences drains: the step ends when the longest of them ends, with fewer sequences in flight at
+every step. A decode step costs ``max(memory, compute) + TP all-reduces + a fixed overhead``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from hybridflow.graph import NodeLoad
+from hybridflow.planner.costs import COLLECTIVE_LATENCY_S, Cost, Shape
+from hybridflow.planner.devices import DTYPE_BYTES
+from hybridflow.planner.lengths import LengthDistribution
+from hybridflow.planner.models import ModelSpec
+from hybridflow.planner.plan import RoleLayout, Sharding
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One rollout engine's per-GPU figures on a shape."""
+
+    model: ModelSpec
+    shape: Shape
+    rtp: int
+    unit: int
+
+    @property
+    def weights(self) -> float:
+        return self.model.params * self.unit / self.rtp
+
+    @property
+    def kv_token(self) -> float:
+        """KV bytes per token on one GPU: heads split over TP (replicated beyond ``kv_heads``); a latent
+        cache is replicated on every TP rank."""
+        if self.model.kv_latent_dim:
+            return float(self.model.kv_bytes_per_token(self.unit))
+        return self.model.kv_bytes_per_token(self.unit) / min(self.rtp, self.model.kv_heads)
+
+    def step_seconds(self, in_flight: float, context: float) -> float:
+        """One decode step with ``in_flight`` sequences of ``context`` tokens each."""
+        model, device, constants = self.model, self.shape.device, self.shape.constants
+        read = model.weights_read(in_flight) * self.unit / self.rtp + in_flight * context * self.kv_token
+        memory = read / (device.hbm_bandwidth * constants.hbm_efficiency)
+        attention = 4 * model.layers * model.heads * model.head_dim * context
+        flops = in_flight * (2 * model.active + attention) / self.rtp
+        compute = flops / (device.peak_flops(_dtype(self.unit, device.dtypes)) * constants.decode_mfu)
+        comm = 0.0
+        if self.rtp > 1:
+            size = 2 * in_flight * model.hidden * self.unit * (self.rtp - 1) / self.rtp
+            comm = 2 * model.layers * (size / self.shape.span_bandwidth(self.rtp) + COLLECTIVE_LATENCY_S)
+        return max(memory, compute) + comm + constants.decode_step_overhead_s
+
+
+def _dtype(unit: int, dtypes: tuple[str, ...]) -> str:
+    """The device dtype of this width (bf16 before fp16 for two bytes)."""
+    for dtype in dtypes:
+        if DTYPE_BYTES[dtype] == unit:
+            return dtype
+    return dtypes[0]
+
+
+def concurrency(engine: Engine, per_engine: int, batch: int, prompt_len: float, lengths: LengthDistribution) -> int:
+    """Sequences in flight: the layout's batch, ``max_num_seqs``, and what the KV cache holds at the mean
+    context of a sequence in flight (prompt + length-biased age)."""
+    run = engine.shape.run
+    cap = min(per_engine, batch, run.max_num_seqs)
+    if run.gpu_memory_utilization is not None:
+        budget = run.gpu_memory_utilization * engine.shape.device.memory_bytes - engine.weights
+        context = prompt_len + lengths.mean_age()
+        cap = min(cap, max(1, int(budget / (engine.kv_token * context))))
+    return max(cap, 1)
+
+
+def decode_seconds(engine: Engine, per_engine: int, in_flight: int, prompt_len: float,
+                   lengths: LengthDistribution) -> float:
+    """Bulk steps at full concurrency, then the last cohort draining until its longest response ends."""
+    cohort = min(per_engine, in_flight)
+    bulk_steps = (per_engine - cohort) * lengths.mean / in_flight
+    seconds = bulk_steps * engine.step_seconds(in_flight, prompt_len + lengths.mean_age())
+    for start, end, alive in lengths.survivors(lengths.expected_max(cohort)):
+        running = max(1.0, cohort * alive)
+        seconds += (end - start) * engine.step_seconds(running, prompt_len + (start + end) / 2)
+    return seconds
+
+
+def generate_cost(model: ModelSpec, load: NodeLoad, prompt_len: int, layout: RoleLayout, shape: Shape) -> Cost:
+    """Rollout: compute-bound prefill, then continuous-batching decode (see the module docstring).
+
+    ``load.prompt_tokens`` counts each prompt once (shared by its samples).
+    """
+    rtp, unit = layout.rollout_tp, DTYPE_BYTES[layout.dtype]
+    engine = Engine(model, shape, rtp, unit)
+    engines = max(1, shape.size // rtp)
+    rows = max(load.sequences, 1)
+    lengths = shape.run.response_lengths(max(1, load.response_tokens // rows))
+    per_engine = math.ceil(rows / engines)
+    in_flight = concurrency(engine, per_engine, layout.rollout_batch_size or per_engine, prompt_len, lengths)
+    peak = shape.device.peak_flops(layout.dtype)
+    prefill_tokens = math.ceil(load.prompt_tokens / engines)
+    prefill = 2 * model.active * prefill_tokens / rtp / (peak * shape.constants.prefill_mfu)
+    decode = decode_seconds(engine, per_engine, in_flight, prompt_len, lengths)
+    reuse = layout.sharding is Sharding.NO_SHARD and layout.tp == rtp
+    if shape.run.gpu_memory_utilization is not None:
+        transient = shape.run.gpu_memory_utilization * shape.device.memory_bytes  # the engine takes its share
+    else:
+        kv_cache = in_flight * engine.kv_token * (prompt_len + lengths.mean_age())
+        transient = (0 if reuse else engine.weights) + kv_cache + in_flight * model.vocab * 4 / rtp
+    return Cost(prefill + decode + shape.constants.phase_overhead_s, int(transient))
