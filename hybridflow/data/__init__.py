@@ -1,9 +1,26 @@
-"""Prompts, built-in verifiable tasks, rule rewards and the offline character tokenizer."""
+"""Prompts (files, chat templates, splits), built-in verifiable tasks, reward functions and the offline tokenizer."""
 
 from hybridflow.data.dataset import PromptLoader, encode_prompts, load_records
-from hybridflow.data.rewards import RuleScorer, decode_responses
+from hybridflow.data.math_reward import answers_equivalent, extract_answer, math_reward
+from hybridflow.data.prompts import PreparedRecords, prepare_records
+from hybridflow.data.records import GroundTruth, Record, render_prompt
+from hybridflow.data.reward_functions import RewardFunction, RewardSignatureError, Sample, reward_function
+from hybridflow.data.rewards import (
+    REWARDS,
+    RewardScorer,
+    RuleScorer,
+    check_reward_configured,
+    decode_responses,
+    load_reward_functions,
+    reward_scorer,
+)
+from hybridflow.data.splits import DataSpec, DataSplits, hold_out, load_splits
 from hybridflow.data.tasks import TASKS, Task, char_accuracy, task_examples
 from hybridflow.data.tokenizer import char_tokenizer, load_tokenizer
 
-__all__ = ["TASKS", "PromptLoader", "RuleScorer", "Task", "char_accuracy", "char_tokenizer", "decode_responses",
-           "encode_prompts", "load_records", "load_tokenizer", "task_examples"]
+__all__ = ["REWARDS", "TASKS", "DataSpec", "DataSplits", "GroundTruth", "PreparedRecords", "PromptLoader", "Record",
+           "RewardFunction", "RewardScorer", "RewardSignatureError", "RuleScorer", "Sample", "Task",
+           "answers_equivalent", "char_accuracy", "char_tokenizer", "check_reward_configured", "decode_responses",
+           "encode_prompts", "extract_answer", "hold_out", "load_records", "load_reward_functions", "load_splits",
+           "load_tokenizer", "math_reward", "prepare_records", "render_prompt", "reward_function", "reward_scorer",
+           "task_examples"]

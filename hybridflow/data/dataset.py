@@ -15,29 +15,44 @@ from typing import Any
 import numpy as np
 import torch
 
+from hybridflow.data.records import GROUND_TRUTH, PROMPT, Record, check_prompt, render_prompt, reward_target
+from hybridflow.data.sources import MissingColumnError, has_key, lookup, read_table
 from hybridflow.runtime.batch import Batch
 
-Record = dict[str, str]
+# Where the ground truth is when ``answer_key`` is not given: our own column, then verl's RL parquet one.
+ANSWER_KEYS = ("ground_truth", "reward_model.ground_truth")
 
 
-def load_records(path: str | Path, *, prompt_key: str = "prompt", answer_key: str = "ground_truth") -> list[Record]:
-    """Records from a ``.jsonl`` or ``.parquet`` file with a prompt and a ground-truth column."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"data.path: no file {path}")
-    if path.suffix == ".jsonl":
-        rows: list[dict[str, Any]] = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    elif path.suffix == ".parquet":
-        import pyarrow.parquet as pq
+def load_records(path: str | Path, *, prompt_key: str = "prompt", answer_key: str | None = None,
+                 split: str = "train", field: str = "data.path") -> list[Record]:
+    """Records from a ``.jsonl`` / ``.parquet`` file or a local HF ``datasets`` directory.
 
-        rows = pq.read_table(path).to_pylist()
-    else:
-        raise ValueError(f"data.path {path}: use a .jsonl or .parquet file")
-    for i, row in enumerate(rows):
-        for key in (prompt_key, answer_key):
-            if key not in row:
-                raise KeyError(f"{path} row {i} has no {key!r} column; columns: {sorted(row)}")
-    return [{"prompt": str(r[prompt_key]), "ground_truth": str(r[answer_key])} for r in rows]
+    ``prompt_key`` / ``answer_key`` name the columns (dotted keys reach nested ones, e.g.
+    ``reward_model.ground_truth``); ``answer_key=None`` tries ``ground_truth`` then verl's
+    ``reward_model.ground_truth``. A prompt may be a string or chat messages. The row's other
+    columns (``data_source``, ``extra_info``...) are kept for reward functions.
+    """
+    table = read_table(path, split=split, field=field)
+    records = []
+    for index, row in enumerate(table.rows):
+        where = table.where(index)
+        prompt = check_prompt(lookup(row, prompt_key, where=where, field="data.prompt_key"), where)
+        key = answer_key or next((k for k in ANSWER_KEYS if has_key(row, k)), None)
+        if key is None:
+            raise MissingColumnError(f"{where}: no {ANSWER_KEYS[0]!r} column (nor verl's {ANSWER_KEYS[1]!r}); columns "
+                                     f"present: {sorted(row)}. Set data.answer_key to the column that holds the "
+                                     "ground truth (dotted keys reach nested columns)")
+        answer = lookup(row, key, where=where, field="data.answer_key")
+        if answer is None:
+            raise ValueError(f"{where}: the ground truth {key!r} is null; every row needs one")
+        extras = {name: value for name, value in row.items() if name not in (prompt_key, GROUND_TRUTH)}
+        records.append({PROMPT: prompt, GROUND_TRUTH: _as_text(answer), **extras})
+    return records
+
+
+def _as_text(answer: Any) -> str:
+    # Structured ground truths (a list of accepted answers...) reach reward functions as JSON they can parse.
+    return answer if isinstance(answer, str) else json.dumps(answer) if isinstance(answer, list | dict) else str(answer)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,8 +80,13 @@ class PromptLoader:
 
 
 def encode_prompts(records: Sequence[Record], tokenizer: Any) -> Batch:
-    """Tokenise prompts into left-padded ``prompts`` / ``prompt_mask`` plus a ``ground_truth`` column."""
-    encoded = tokenizer([r["prompt"] for r in records], add_special_tokens=False, padding=True,
-                        padding_side="left", return_tensors="pt")
+    """Tokenise prompts into left-padded ``prompts`` / ``prompt_mask`` plus a ``ground_truth`` column.
+
+    Chat-message prompts go through the tokenizer's chat template (normally done once, up front, by
+    :func:`~hybridflow.data.prompts.prepare_records`). A record with more than a prompt and a ground
+    truth yields a :class:`~hybridflow.data.records.GroundTruth` carrying the rest to the reward.
+    """
+    texts = [render_prompt(r[PROMPT], tokenizer, f"record {i}") for i, r in enumerate(records)]
+    encoded = tokenizer(texts, add_special_tokens=False, padding=True, padding_side="left", return_tensors="pt")
     return Batch({"prompts": encoded["input_ids"], "prompt_mask": encoded["attention_mask"].to(torch.long)},
-                 {"ground_truth": [r["ground_truth"] for r in records]})
+                 {"ground_truth": [reward_target(r) for r in records]})

@@ -1,39 +1,144 @@
-"""Driver-side reward functions: decode samples, apply a rule, report the sample that broke it."""
+"""Driver-side scorers: decode samples, apply weighted reward functions, report the sample that broke one.
+
+``data.reward`` names one function or a list (``math``, ``path/to/file.py:fn``, ``package.module:fn``),
+``data.reward_weights`` their weights; see :mod:`hybridflow.data.reward_functions` for the signatures.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from hybridflow.data.math_reward import math_reward, math_reward_flexible
+from hybridflow.data.records import GroundTruth
+from hybridflow.data.reward_functions import RewardFunction, RewardSignatureError, Sample, reward_function
+from hybridflow.registry import Registry, RegistryError, load_object
 from hybridflow.runtime.batch import Batch
-from hybridflow.runtime.errors import RewardFunctionError
 
-RewardRule = Callable[[str, str], float]
+RewardRule = Callable[..., float]
+RewardSpec = str | Callable[..., Any]
+
+# Built-in reward functions by name; the built-in tasks' rules are found by task name too.
+REWARDS: Registry[Callable[..., Any]] = Registry("reward function")
+REWARDS.add("math", math_reward)
+REWARDS.add("math_flexible", math_reward_flexible)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RewardScorer:
+    """A :class:`~hybridflow.runtime.protocols.Scorer`: the weighted sum of ``rewards`` over decoded samples."""
+
+    rewards: tuple[RewardFunction, ...]
+    tokenizer: Any
+
+    def __post_init__(self) -> None:
+        if not self.rewards:
+            raise ValueError("RewardScorer needs at least one reward function")
+
+    def __call__(self, batch: Batch) -> Batch:
+        total, _ = self.score(batch_samples(batch, self.tokenizer))
+        return Batch({"scores": torch.tensor(total, dtype=torch.float32)})
+
+    def score(self, samples: Sequence[Sample]) -> tuple[list[float], dict[str, list[float]]]:
+        """The weighted total per sample, and each function's unweighted rewards (for validation tables)."""
+        values = [reward(samples) for reward in self.rewards]
+        total = [sum(r.weight * v[i] for r, v in zip(self.rewards, values, strict=True)) for i in range(len(samples))]
+        parts: dict[str, list[float]] = {}
+        for position, (reward, value) in enumerate(zip(self.rewards, values, strict=True)):
+            parts[reward.name if reward.name not in parts else f"{reward.name}#{position}"] = value
+        return total, parts
 
 
 @dataclass(frozen=True)
 class RuleScorer:
-    """A :class:`~hybridflow.runtime.protocols.Scorer` applying ``rule(response_text, ground_truth)``."""
+    """One reward function as a scorer: ``RuleScorer(rule, tokenizer)``; ``rule`` may take any accepted signature."""
 
     rule: RewardRule
     tokenizer: Any
+    _scorer: RewardScorer = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        name = getattr(self.rule, "__name__", repr(self.rule))
+        object.__setattr__(self, "_scorer", RewardScorer(rewards=(reward_function(self.rule, name=name),),
+                                                         tokenizer=self.tokenizer))
 
     def __call__(self, batch: Batch) -> Batch:
-        texts = decode_responses(batch["responses"], batch["response_mask"], self.tokenizer)
-        scores = []
-        for i, (text, truth) in enumerate(zip(texts, batch["ground_truth"], strict=True)):
-            try:
-                scores.append(float(self.rule(text, truth)))
-            except Exception as err:  # any user error: re-raise naming the sample
-                prompt = self.tokenizer.decode(batch["prompts"][i], skip_special_tokens=True)
-                raise RewardFunctionError(
-                    f"reward function {getattr(self.rule, '__name__', self.rule)!r} raised "
-                    f"{type(err).__name__}: {err} on sample {i} (prompt {prompt!r}, response {text!r}, "
-                    f"ground truth {truth!r})", sample=i) from err
-        return Batch({"scores": torch.tensor(scores, dtype=torch.float32)})
+        return self._scorer(batch)
+
+
+def batch_samples(batch: Batch, tokenizer: Any) -> list[Sample]:
+    """The rows of a score node's batch as :class:`Sample`s (prompts and responses decoded)."""
+    texts = decode_responses(batch["responses"], batch["response_mask"], tokenizer)
+    prompt_mask = batch["prompt_mask"] if "prompt_mask" in batch else torch.ones_like(batch["prompts"])
+    prompts = decode_responses(batch["prompts"], prompt_mask, tokenizer)
+    samples = []
+    for i, (text, truth) in enumerate(zip(texts, batch["ground_truth"], strict=True)):
+        context = truth if isinstance(truth, GroundTruth) else None
+        ids = batch["responses"][i][batch["response_mask"][i].bool()].tolist()
+        samples.append(Sample(index=i, prompt=context.prompt if context and context.prompt else prompts[i],
+                              prompt_text=prompts[i], response=text, ground_truth=str(truth),
+                              data_source=context.data_source if context else None,
+                              extra_info=context.extra_info if context else None,
+                              columns=context.columns if context else None, response_ids=ids))
+    return samples
+
+
+def load_reward_functions(specs: RewardSpec | Sequence[RewardSpec], *,
+                          weights: Sequence[float] | None = None) -> tuple[RewardFunction, ...]:
+    """Reward functions from names (``math``, a task name), ``file.py:fn`` / ``module:fn`` specs or callables.
+
+    Each signature is checked here, at load time. ``weights`` (default all 1.0) must match in length.
+    """
+    items: list[RewardSpec] = [specs] if isinstance(specs, str) or callable(specs) else list(specs)
+    if not items:
+        raise ValueError("data.reward is an empty list; name at least one reward function")
+    if weights is not None and len(weights) != len(items):
+        raise ValueError(f"data.reward_weights has {len(weights)} weights for {len(items)} reward functions "
+                         f"({[_label(s) for s in items]}); give one weight per function")
+    chosen = list(weights) if weights is not None else [1.0] * len(items)
+    return tuple(reward_function(_resolve(spec), name=_label(spec), weight=weight)
+                 for spec, weight in zip(items, chosen, strict=True))
+
+
+def reward_scorer(specs: RewardSpec | Sequence[RewardSpec], tokenizer: Any, *,
+                  weights: Sequence[float] | None = None) -> RewardScorer:
+    """A scorer summing the weighted reward functions ``specs`` name."""
+    return RewardScorer(rewards=load_reward_functions(specs, weights=weights), tokenizer=tokenizer)
+
+
+def check_reward_configured(*, data_path: str | None, reward: object) -> None:
+    """A data file has no built-in rule: refuse ``data.path`` without ``data.reward``, naming the key."""
+    if data_path and not reward:
+        raise ValueError(f"data.path is set ({data_path}) but data.reward is not: rows from a file have no "
+                         "built-in rule, so name one (data.reward: math, or path/to/file.py:function, or a list "
+                         "of them with data.reward_weights)")
+
+
+def _resolve(spec: RewardSpec) -> Callable[..., Any]:
+    if callable(spec):
+        return spec
+    if not isinstance(spec, str):
+        raise RewardSignatureError(f"data.reward entry {spec!r} is a {type(spec).__name__}, not a function or a "
+                                   "'path/to/file.py:function' name")
+    if ":" in spec:
+        found: Callable[..., Any] = load_object(spec)
+        return found
+    from hybridflow.data.tasks import TASKS
+
+    if spec in TASKS:
+        return TASKS.get(spec).reward
+    try:
+        return REWARDS.get(spec)
+    except RegistryError as err:
+        raise KeyError(f"data.reward {spec!r} is neither a built-in reward function {REWARDS.names()}, a task "
+                       f"{TASKS.names()}, nor a 'path/to/file.py:function' or 'module:function' spec") from err
+
+
+def _label(spec: RewardSpec) -> str:
+    return spec if isinstance(spec, str) else getattr(spec, "__name__", repr(spec))
 
 
 def decode_responses(responses: torch.Tensor, mask: torch.Tensor, tokenizer: Any) -> list[str]:

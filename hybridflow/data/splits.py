@@ -1,0 +1,73 @@
+"""Train and validation records from a data config: a separate validation source or a held-out fraction."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from hybridflow.data.dataset import load_records
+from hybridflow.data.records import Record
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataSpec:
+    """Where prompts come from and how to read them.
+
+    ``path``: a ``.jsonl`` / ``.parquet`` file or a ``datasets.save_to_disk`` directory (``split`` picks
+    the split of a ``DatasetDict``). ``prompt_key`` / ``answer_key``: columns, dotted keys reach nested
+    ones (``answer_key=None``: ``ground_truth``, else verl's ``reward_model.ground_truth``).
+    Validation: ``val_path`` (read with ``val_split``) or ``val_fraction`` of ``path`` held out by ``seed``.
+    ``max_prompt_length``: prompts longer than this many tokens are dropped (and counted) by
+    :func:`~hybridflow.data.prompts.prepare_records` once the tokenizer is known.
+    """
+
+    path: str
+    prompt_key: str = "prompt"
+    answer_key: str | None = None
+    split: str = "train"
+    val_path: str | None = None
+    val_split: str = "test"
+    val_fraction: float = 0.0
+    max_prompt_length: int | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_prompt_length is not None and self.max_prompt_length < 1:
+            raise ValueError(f"data.max_prompt_length={self.max_prompt_length} must be a positive number of tokens")
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise ValueError(f"data.val_fraction={self.val_fraction} must be in [0, 1)")
+        if self.val_path and self.val_fraction:
+            raise ValueError("data.val_path and data.val_fraction both set: validate on a separate file or on a "
+                             "held-out fraction, not both")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataSplits:
+    """Training records and validation records (empty when no validation was asked for)."""
+
+    train: list[Record]
+    validation: list[Record]
+
+
+def load_splits(spec: DataSpec) -> DataSplits:
+    """The records ``spec`` names, split into train and validation."""
+    train = load_records(spec.path, prompt_key=spec.prompt_key, answer_key=spec.answer_key, split=spec.split)
+    if spec.val_path:
+        validation = load_records(spec.val_path, prompt_key=spec.prompt_key, answer_key=spec.answer_key,
+                                  split=spec.val_split, field="data.val_path")
+        return DataSplits(train=train, validation=validation)
+    if spec.val_fraction:
+        train, validation = hold_out(train, spec.val_fraction, seed=spec.seed)
+        return DataSplits(train=train, validation=validation)
+    return DataSplits(train=train, validation=[])
+
+
+def hold_out(records: list[Record], fraction: float, *, seed: int = 0) -> tuple[list[Record], list[Record]]:
+    """``(train, validation)``: a seeded ``fraction`` of the records (at least one) held out, order kept."""
+    count = max(1, math.ceil(fraction * len(records)))
+    if count >= len(records):
+        raise ValueError(f"data.val_fraction={fraction} of {len(records)} records leaves no training records")
+    held = set(np.random.default_rng(seed).permutation(len(records))[:count].tolist())
+    return ([r for i, r in enumerate(records) if i not in held], [r for i, r in enumerate(records) if i in held])
