@@ -112,13 +112,14 @@ def ref_remax(rewards: Rows, baselines: list[float], mask: Rows) -> tuple[Rows, 
 
 
 def ref_reinforce_pp(rewards: Rows, mask: Rows, gamma: float) -> tuple[Rows, Rows]:
+    """Current verl: a masked token keeps the running return (holes: ``test_modes_match_verl.py``)."""
     returns = []
     for r, m in zip(rewards, mask, strict=True):
         running, row = 0.0, [0.0] * len(r)
         for t in reversed(range(len(r))):
-            running = r[t] + gamma * running
-            row[t] = running
-            running *= m[t]
+            new = r[t] + gamma * running
+            row[t] = new * m[t]
+            running = new * m[t] + running * (1 - m[t])
         returns.append(row)
     whitened = ref_masked_whiten(returns, mask)
     return [[a * mt for a, mt in zip(row, m, strict=True)] for row, m in zip(whitened, mask, strict=True)], returns
