@@ -1,4 +1,4 @@
-"""``hybridflow report RUN_DIR``: summary table of a run's metrics, and PNG plots beside them."""
+"""``hybridflow report RUN_DIR``: summary table of a run's metrics, PNG plots and one ``report.html``."""
 
 from __future__ import annotations
 
@@ -7,16 +7,20 @@ from typing import Any
 
 
 def add_parser(subparsers: Any) -> None:
-    parser = subparsers.add_parser("report", help="summarise a training run and plot its metrics")
+    parser = subparsers.add_parser("report", help="summarise a training run, plot its metrics, write report.html")
     parser.add_argument("run_dir", help="a run's output_dir (holds metrics.jsonl)")
     parser.add_argument("--plots", default=None, help="folder for the PNG plots (default: RUN_DIR/plots)")
+    parser.add_argument("--html", default=None, help="the page with every plot and the table "
+                                                     "(default: RUN_DIR/report.html)")
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from hybridflow.monitor.report import plot_run, render_table, summarize
+    from hybridflow.monitor.report import render_table, summarize, write_report
 
     print(render_table(summarize(args.run_dir)))
-    for path in plot_run(args.run_dir, args.plots):
+    files = write_report(args.run_dir, plots_dir=args.plots, html_path=args.html)
+    for path in files.plots:
         print(f"wrote {path}")
+    print(f"wrote {files.html} (open it in a browser)")
     return 0

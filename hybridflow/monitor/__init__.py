@@ -1,5 +1,5 @@
-"""Reading a run back: summary tables and plots from ``metrics.jsonl`` (no torch needed)."""
+"""Reading a run back: summary tables, plots and ``report.html`` from ``metrics.jsonl`` (no torch needed)."""
 
-from hybridflow.monitor.report import RunSummary, load_run, plot_run, summarize
+from hybridflow.monitor.report import ReportFiles, RunSummary, load_run, plot_run, summarize, write_report
 
-__all__ = ["RunSummary", "load_run", "plot_run", "summarize"]
+__all__ = ["ReportFiles", "RunSummary", "load_run", "plot_run", "summarize", "write_report"]

@@ -1,10 +1,9 @@
-"""``hybridflow report RUN_DIR``: a summary table of a run's metrics and PNG plots of them."""
+"""``hybridflow report RUN_DIR``: a summary table of a run's metrics, PNG plots and ``report.html``."""
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,39 +88,27 @@ def render_table(summary: RunSummary) -> str:
 
 
 def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:
-    """PNG plots: reward, time per node, throughput and memory. Returns the files written."""
-    import matplotlib
+    """PNG plots of every panel the run has data for (see :mod:`hybridflow.monitor.panels`); the files written."""
+    from hybridflow.monitor.panels import choose_panels
+    from hybridflow.monitor.plots import draw_panels
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = load_run(run_dir)
     target = Path(out_dir) if out_dir else Path(run_dir) / "plots"
-    target.mkdir(parents=True, exist_ok=True)
-    panels = {
-        "reward.png": [k for k in ("reward/mean", "reward_cache/hit_rate") if _has(rows, k)],
-        "node_time.png": sorted({k for row in rows for k in row if k.startswith("time/") and k != "time/step"}),
-        "throughput.png": [k for k in rows[0] if k.startswith("throughput/")],
-        "memory.png": [k for k in rows[0] if k.startswith("memory/") or k.startswith("gpu/")],
-        "weight_sync.png": sorted({k for row in rows for k in row if k.endswith(SYNC[:2])}),
-    }
-    written = []
-    for filename, keys in panels.items():
-        if not keys:
-            continue
-        figure, axis = plt.subplots(figsize=(6, 3.5))
-        for key in keys:
-            points = [(row["step"], row[key]) for row in rows if key in row]
-            axis.plot([p[0] for p in points], [p[1] for p in points], label=key)
-        axis.set_xlabel("step")
-        axis.set_title(filename.removesuffix(".png").replace("_", " "))
-        axis.legend(fontsize="small")
-        figure.tight_layout()
-        figure.savefig(target / filename, dpi=90)
-        plt.close(figure)
-        written.append(target / filename)
-    return written
+    return draw_panels(choose_panels(load_run(run_dir)), target)
 
 
-def _has(rows: Sequence[dict[str, float]], key: str) -> bool:
-    return any(key in row for row in rows)
+@dataclass(frozen=True, kw_only=True)
+class ReportFiles:
+    """What ``hybridflow report`` wrote: the PNGs and the page that embeds them with the summary."""
+
+    plots: tuple[Path, ...]
+    html: Path
+
+
+def write_report(run_dir: str | Path, *, plots_dir: str | Path | None = None,
+                 html_path: str | Path | None = None) -> ReportFiles:
+    """Plots (default ``RUN_DIR/plots``) and ``report.html`` (default ``RUN_DIR/report.html``) for a run."""
+    from hybridflow.monitor.html import write_report_html
+
+    plots = plot_run(run_dir, plots_dir)
+    page = write_report_html(summarize(run_dir), plots, Path(html_path) if html_path else Path(run_dir) / "report.html")
+    return ReportFiles(plots=tuple(plots), html=page)

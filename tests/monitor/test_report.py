@@ -40,7 +40,9 @@ def test_summary_statistics_follow_the_rows(tmp_path: Path):
 
 def test_plots_are_png_files(tmp_path: Path):
     written = plot_run(write_run(tmp_path / "run", ROWS))
-    assert {p.name for p in written} == {"reward.png", "node_time.png", "throughput.png", "memory.png"}
+    # kl holds only NaN: no panel for it; the reward cache gets its own 0..1 axis.
+    assert {p.name for p in written} == {"reward.png", "node_time.png", "throughput.png", "memory.png",
+                                         "reward_cache.png"}
     for path in written:
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -49,7 +51,7 @@ def test_cli_prints_table_and_fails_clearly_without_metrics(tmp_path: Path, caps
     run_dir = write_run(tmp_path / "run", ROWS)
     assert main(["report", str(run_dir)]) == 0
     out = capsys.readouterr().out
-    assert "reward/mean" in out and "wrote" in out
+    assert "reward/mean" in out and "wrote" in out and (run_dir / "report.html").is_file()
     assert main(["report", str(tmp_path / "missing")]) == 2
     assert "metrics.jsonl does not exist" in capsys.readouterr().err
 

@@ -1,0 +1,81 @@
+"""Drawing the panels of :mod:`hybridflow.monitor.panels` as PNG files (matplotlib, Agg backend)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hybridflow.monitor.panels import Panel, Series
+
+# A rolling mean helps only on long, noisy runs; on short ones it hides the few points there are.
+MIN_STEPS_FOR_ROLLING_MEAN = 20
+
+
+def draw_panels(panels: Sequence[Panel], out_dir: Path, *, dpi: int = 90) -> list[Path]:
+    """One PNG per panel in ``out_dir``; returns the files written."""
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for panel in panels:
+        figure = panel_figure(panel)
+        path = out_dir / panel.filename
+        figure.savefig(path, dpi=dpi)
+        plt.close(figure)
+        written.append(path)
+    return written
+
+
+def panel_figure(panel: Panel) -> Any:
+    """The matplotlib figure of one panel (the caller closes it)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(6.4, 3.6))
+    for line in panel.series:
+        axis.plot(line.steps, line.values, label=line.label, marker="." if len(line.values) < 30 else None)
+    if panel.band is not None:
+        _draw_band(axis, panel.series[0], panel.band)
+    if panel.smooth:
+        _draw_rolling_mean(axis, panel.series[0])
+    _set_scale(axis, panel)
+    axis.set_xlabel("step")
+    axis.set_ylabel(panel.ylabel)
+    axis.set_title(panel.title)
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize="small")
+    figure.tight_layout()
+    return figure
+
+
+def _draw_band(axis: Any, mean: Series, spread: Series) -> None:
+    by_step = dict(zip(spread.steps, spread.values, strict=True))
+    points = [(s, m, by_step[s]) for s, m in zip(mean.steps, mean.values, strict=True) if s in by_step]
+    if points:
+        axis.fill_between([p[0] for p in points], [p[1] - p[2] for p in points], [p[1] + p[2] for p in points],
+                          alpha=0.2, label=spread.label)
+
+
+def _draw_rolling_mean(axis: Any, line: Series) -> None:
+    if len(line.values) < MIN_STEPS_FOR_ROLLING_MEAN:
+        return
+    window = max(2, len(line.values) // 10)
+    smooth = [sum(line.values[i - window + 1:i + 1]) / window for i in range(window - 1, len(line.values))]
+    axis.plot(line.steps[window - 1:], smooth, linewidth=2, label=f"rolling mean over {window} steps")
+
+
+def _set_scale(axis: Any, panel: Panel) -> None:
+    values = [v for line in panel.series for v in line.values]
+    top = max(values)
+    if panel.scale == "log" and min(values) > 0:
+        axis.set_yscale("log")  # nodes differ by orders of magnitude (a reward function vs a generation)
+    elif panel.scale == "from_zero":
+        # Autoscaling a near-constant series (memory) magnifies noise into mountains: start at zero.
+        axis.set_ylim(0, top * 1.15 if top > 0 else 1.0)
+    elif panel.scale == "fraction":
+        axis.set_ylim(0, max(1.0, top) * 1.05 if top > 0.5 else max(top * 1.3, 0.05))
+    elif panel.scale == "percent":
+        axis.set_ylim(0, 105)

@@ -1,0 +1,73 @@
+"""The plots a person wants, chosen from the keys the trainer writes, with honest axes and labels."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import pytest
+from run_rows import ppo_rows
+
+from hybridflow.monitor.panels import Panel, choose_panels
+from hybridflow.monitor.plots import panel_figure
+
+
+def panels_by_name(rows: list[dict[str, float]]) -> dict[str, Panel]:
+    return {panel.filename: panel for panel in choose_panels(rows)}
+
+
+def labels(panel: Panel) -> list[str]:
+    return [line.label for line in panel.series]
+
+
+def test_every_training_signal_gets_a_panel() -> None:
+    panels = panels_by_name(ppo_rows())
+    assert list(panels)[:8] == ["reward.png", "kl.png", "entropy.png", "clip_fraction.png", "grad_norm.png",
+                                "loss.png", "response_length.png", "node_time.png"]
+    assert set(labels(panels["kl.png"])) == {"kl", "actor/kl_loss", "actor/approx_kl"}
+    assert set(labels(panels["clip_fraction.png"])) == {"actor/clipfrac", "actor/clipfrac_lower",
+                                                        "critic/vf_clipfrac"}
+    assert set(labels(panels["grad_norm.png"])) == {"actor/grad_norm", "critic/grad_norm"}
+    assert set(labels(panels["loss.png"])) == {"actor/loss", "actor/pg_loss", "critic/loss", "critic/vf_loss"}
+    assert set(labels(panels["response_length.png"])) == {"response_length/mean", "response_length/max"}
+    assert {"memory.png", "throughput.png", "learning_rate.png"} <= set(panels)
+
+
+def test_reward_has_its_spread_and_no_one_step_moving_average() -> None:
+    rows = ppo_rows(steps=8)
+    reward = panels_by_name(rows)["reward.png"]
+    assert reward.band is not None and reward.band.values[0] == pytest.approx(0.3)
+    figure = panel_figure(reward)
+    legend = [text.get_text() for text in figure.axes[0].get_legend().get_texts()]
+    plt.close(figure)
+    assert legend == ["mean reward", "± std over samples"]  # 8 steps: no rolling mean at all
+    figure = panel_figure(panels_by_name(ppo_rows(steps=40))["reward.png"])
+    legend = [text.get_text() for text in figure.axes[0].get_legend().get_texts()]
+    plt.close(figure)
+    assert "rolling mean over 4 steps" in legend
+
+
+def test_node_time_has_units_and_throughput_a_log_axis() -> None:
+    panels = panels_by_name(ppo_rows())
+    times = panels["node_time.png"]
+    assert times.ylabel == "milliseconds per step"  # every node under a second
+    assert dict(zip(labels(times), [line.values[0] for line in times.series], strict=True))["actor_generate"] == 400
+    slow = [{**row, "time/step": 12.0} for row in ppo_rows()]
+    assert panels_by_name(slow)["node_time.png"].ylabel == "seconds per step"
+    assert set(labels(panels["throughput.png"])) == {"whole step", "actor_generate", "reward"}
+    figure = panel_figure(panels["throughput.png"])
+    assert figure.axes[0].get_yscale() == "log"
+    plt.close(figure)
+
+
+def test_memory_axis_starts_at_zero_so_noise_stays_small() -> None:
+    figure = panel_figure(panels_by_name(ppo_rows())["memory.png"])
+    low, high = figure.axes[0].get_ylim()
+    plt.close(figure)
+    assert low == 0 and 2.0 < high < 3.0
+
+
+def test_missing_and_non_finite_values_are_skipped() -> None:
+    rows = [{"step": 0, "reward/mean": 0.1, "kl": float("nan")}, {"step": 1, "reward/mean": 0.2},
+            {"step": 2, "reward/mean": float("inf")}]
+    panels = panels_by_name(rows)
+    assert list(panels) == ["reward.png"] and panels["reward.png"].series[0].steps == (0.0, 1.0)
+    assert panels["reward.png"].band is None
