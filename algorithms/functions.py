@@ -4,7 +4,9 @@ A compute function takes the node's input fields positionally (in ``node.inputs`
 options as keywords, and returns its output fields (a tensor, or a tuple in ``node.outputs`` order).
 A loss takes keyword ``outputs`` (what the model computed for the micro batch: ``logprobs`` and
 ``entropy`` for a policy, ``values`` for a critic), ``batch`` (the update node's input fields) and
-the node's options; it returns the scalar loss and a dict of scalar metrics.
+the node's options, plus keyword ``norm``: the mini batch's :class:`core.LossNorm`, with which the loss
+is the micro batch's additive share of the mini batch's loss (``None``: the micro batch alone). It
+returns the scalar loss and a dict of scalar metrics.
 """
 
 from __future__ import annotations
@@ -77,7 +79,8 @@ def overlong_penalized_scores(scores: torch.Tensor, response_mask: torch.Tensor,
     return scores + penalty.to(scores.dtype)
 
 
-def _norm(norm: core.LossNorm | None, mask: torch.Tensor, loss_scale_factor: float | None) -> core.LossNorm | None:
+def _with_scale_factor(norm: core.LossNorm | None, mask: torch.Tensor,
+                       loss_scale_factor: float | None) -> core.LossNorm | None:
     """The norm with ``loss_scale_factor`` (a constant horizon, verl's name) in place of the padded length."""
     if loss_scale_factor is None:
         return norm
@@ -112,7 +115,7 @@ def ppo_policy(*, outputs: Tensors, batch: Tensors, clip_ratio: float = 0.2, cli
     metrics are this micro batch's additive shares; sum them over micro batches.
     """
     mask = batch["response_mask"]
-    norm = _norm(norm, mask, loss_scale_factor)
+    norm = _with_scale_factor(norm, mask, loss_scale_factor)
     loss, stats = core.ppo_policy_loss(outputs["logprobs"], batch["old_logprobs"], batch["advantages"], mask,
                                        clip_ratio, clip_ratio_high, dual_clip, loss_agg, norm=norm)
     return _add_kl_and_entropy(loss, stats, outputs, batch, kl_coef=kl_coef, kl_type=kl_type,
@@ -126,7 +129,7 @@ def gspo_policy(*, outputs: Tensors, batch: Tensors, clip_ratio: float = 3e-4, c
                 norm: core.LossNorm | None = None) -> LossResult:
     """GSPO: the clipped surrogate on sequence-level importance ratios; KL and entropy terms as ``ppo_policy``."""
     mask = batch["response_mask"]
-    norm = _norm(norm, mask, loss_scale_factor)
+    norm = _with_scale_factor(norm, mask, loss_scale_factor)
     loss, stats = core.gspo_policy_loss(outputs["logprobs"], batch["old_logprobs"], batch["advantages"], mask,
                                         clip_ratio, clip_ratio_high, loss_agg, norm=norm)
     return _add_kl_and_entropy(loss, stats, outputs, batch, kl_coef=kl_coef, kl_type=kl_type,
@@ -140,5 +143,5 @@ def value(*, outputs: Tensors, batch: Tensors, clip_range: float | None = 0.2,
     """Clipped value regression of the critic onto the GAE returns (``vf_loss`` is a share under ``norm``)."""
     mask = batch["response_mask"]
     loss, stats = core.value_loss(outputs["values"], batch["values"], batch["returns"], mask, clip_range, loss_agg,
-                                  norm=_norm(norm, mask, loss_scale_factor))
+                                  norm=_with_scale_factor(norm, mask, loss_scale_factor))
     return loss, {"vf_loss": loss.detach(), **{name: stat.detach() for name, stat in stats.items()}}
