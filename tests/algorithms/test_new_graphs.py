@@ -52,6 +52,7 @@ def test_dr_grpo_and_gspo_set_their_maths():
 def test_actor_loss_options_reach_the_update_and_stay_out_by_default(name):
     _, plain = actor_update(name)
     assert "clip_ratio_high" not in plain.options_dict and "entropy_coef" not in plain.options_dict
+    assert name == "dr_grpo" or "loss_agg" not in plain.options_dict
     options = {k: v for k, v in ACTOR_OPTIONS.items() if not (name == "dr_grpo" and k == "loss_agg")}
     _, update = actor_update(name, **options)
     for key, value in options.items():
