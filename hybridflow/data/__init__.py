@@ -9,6 +9,7 @@ from hybridflow.data.rewards import (
     REWARDS,
     RewardScorer,
     RuleScorer,
+    batch_samples,
     check_reward_configured,
     decode_responses,
     load_reward_functions,
@@ -20,7 +21,7 @@ from hybridflow.data.tokenizer import char_tokenizer, load_tokenizer
 
 __all__ = ["REWARDS", "TASKS", "DataSpec", "DataSplits", "GroundTruth", "PreparedRecords", "PromptLoader", "Record",
            "RewardFunction", "RewardScorer", "RewardSignatureError", "RuleScorer", "Sample", "Task",
-           "answers_equivalent", "char_accuracy", "char_tokenizer", "check_reward_configured", "decode_responses",
-           "encode_prompts", "extract_answer", "hold_out", "load_records", "load_reward_functions", "load_splits",
-           "load_tokenizer", "math_reward", "prepare_records", "render_prompt", "reward_function", "reward_scorer",
-           "task_examples"]
+           "answers_equivalent", "batch_samples", "char_accuracy", "char_tokenizer", "check_reward_configured",
+           "decode_responses", "encode_prompts", "extract_answer", "hold_out", "load_records", "load_reward_functions",
+           "load_splits", "load_tokenizer", "math_reward", "prepare_records", "render_prompt", "reward_function",
+           "reward_scorer", "task_examples"]

@@ -36,7 +36,7 @@ def render_report_html(summary: RunSummary, plots: Sequence[Path]) -> str:
         + "".join(f"<td>{value:.4g}</td>" for value in (m.first, m.last, m.mean, m.minimum, m.maximum)) + "</tr>"
         for m in summary.metrics)
     figures = "\n".join(
-        f'<figure><img alt="{html.escape(path.stem)}" width="576" '
+        f'<figure><img alt="{html.escape(path.stem)}" '
         f'src="data:image/png;base64,{base64.b64encode(path.read_bytes()).decode("ascii")}">'
         f"<figcaption>{html.escape(path.name)}</figcaption></figure>" for path in plots)
     title = html.escape(f"{summary.run_dir} ({summary.steps} steps)")

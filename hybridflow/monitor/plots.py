@@ -33,8 +33,11 @@ def panel_figure(panel: Panel) -> Any:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
-    figure, axis = plt.subplots(figsize=(6.4, 3.6))
+    crowded = len(panel.series) > 4  # many lines: the legend goes beside the plot, not over the data
+    figure, axis = plt.subplots(figsize=(8.2 if crowded else 6.4, 3.6))
+    axis.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     for line in panel.series:
         axis.plot(line.steps, line.values, label=line.label, marker="." if len(line.values) < 30 else None)
     if panel.band is not None:
@@ -46,7 +49,10 @@ def panel_figure(panel: Panel) -> Any:
     axis.set_ylabel(panel.ylabel)
     axis.set_title(panel.title)
     axis.grid(alpha=0.3)
-    axis.legend(fontsize="small")
+    if crowded:
+        axis.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    else:
+        axis.legend(fontsize="small")
     figure.tight_layout()
     return figure
 
