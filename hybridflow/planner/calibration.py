@@ -25,9 +25,10 @@ class Constants:
     decode_mfu: float = 0.5  # fraction of peak FLOP/s a compute-bound decode step reaches
     prefill_mfu: float = 0.5  # fraction of peak FLOP/s of (chunked) prefill
     host_efficiency: float = 0.5  # fraction of the host link CPU offload achieves (pageable copies)
-    decode_step_overhead_s: float = 0.0  # per engine step: scheduler, sampling, kernel launches
+    decode_step_overhead_s: float = 0.002  # per engine step: scheduler, sampling, graph launch (vLLM ~1-3 ms)
     phase_overhead_s: float = 0.0  # per role phase: dispatch, data collation, cache clears
     step_overhead_s: float = 0.0  # per training step: reward, advantages, data loading, logging
+    moe_efficiency: float = 0.5  # expert layers' share of the dense efficiency (small grouped GEMMs)
 
     def __post_init__(self) -> None:
         for item in fields(self):
@@ -53,6 +54,15 @@ class Constants:
 
 
 DEFAULT_CONSTANTS = Constants()
+
+# Physical ranges a fit may move each constant in: an efficiency above what any stack reaches, or an
+# overhead of minutes per decode step, would mean the fit explains something else with this constant.
+RANGES: dict[str, tuple[float, float]] = {
+    "train_mfu": (0.1, 0.75), "eff_half_tokens": (64, 8192), "hbm_efficiency": (0.3, 0.95),
+    "decode_mfu": (0.1, 0.8), "prefill_mfu": (0.1, 0.8), "host_efficiency": (0.1, 0.9),
+    "decode_step_overhead_s": (0.0, 0.05), "phase_overhead_s": (0.0, 60.0), "step_overhead_s": (0.0, 300.0),
+    "moe_efficiency": (0.1, 1.0),
+}
 
 
 @dataclass(frozen=True, kw_only=True)

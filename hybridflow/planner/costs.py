@@ -19,6 +19,8 @@ from hybridflow.planner.settings import DEFAULT_SETTINGS, RunSettings
 
 # Efficiencies (train MFU, HBM, decode, host link) and overheads are calibrated: see calibration.py.
 COLLECTIVE_LATENCY_S = 20e-6  # fixed cost of one collective call (NCCL launch + hops)
+INTER_NODE_LATENCY_S = 50e-6  # a small collective across machines: NIC and switch hops, about 2.5x NVLink's
+EAGER_LAYER_OVERHEAD_S = 250e-6  # per layer and decode step without CUDA graphs: ~20 launches + Python dispatch
 USABLE_MEMORY = 0.9  # fraction of device memory a plan may use; the rest is CUDA context and fragmentation
 DRIVER_SECONDS_PER_ROW = 1e-6  # driver-side compute nodes and reward functions, per sequence
 ACTIVATION_BYTES_PER_TOKEN_HIDDEN = 34  # Korthikanti et al. 2022, per layer, 16-bit, with flash attention
@@ -55,6 +57,10 @@ class Shape:
         machine, the inter-node link once they span machines."""
         return self.device.link_bandwidth if ranks <= self.counts[-1] else min(self.device.link_bandwidth, self.inter)
 
+    def latency(self, ranks: int) -> float:
+        """Fixed cost of one small collective over ``ranks`` consecutive GPUs."""
+        return COLLECTIVE_LATENCY_S if ranks <= self.counts[-1] else INTER_NODE_LATENCY_S
+
     def tp_allowed(self, tp: int) -> bool:
         """Tensor-parallel shards stay inside a machine: ``tp`` divides the group's count on every machine."""
         return all(count % tp == 0 for count in self._distinct)
@@ -87,14 +93,16 @@ def ring_seconds(bytes_per_gpu: float, ranks: int, bandwidth: float) -> float:
 def shard_ranks(layout: RoleLayout, shape: Shape) -> int:
     """How many DP ranks split the parameters: all of them, or one machine's worth for HYBRID_SHARD."""
     if layout.sharding is Sharding.HYBRID_SHARD:
-        return max(1, min(layout.dp, shape.counts[-1] // layout.tp))
+        return max(1, min(layout.dp, layout.shard_size or shape.counts[-1] // layout.tp))
     return layout.dp
 
 
 def stage_params(model: ModelSpec, layout: RoleLayout) -> float:
-    """Weights one GPU's tensor/pipeline/expert slice holds before data-parallel sharding."""
+    """Weights one GPU's tensor/pipeline/expert slice holds before data-parallel sharding: experts split
+    over the expert-parallel ranks (one expert per rank slice, Megatron's ETP=1), else with the dense parts."""
     dense = (model.params - model.expert_params) / layout.tp
-    return (dense + model.expert_params / (layout.tp * layout.ep)) / layout.pp
+    experts = model.expert_params / (layout.ep if layout.ep > 1 else layout.tp)
+    return (dense + experts) / layout.pp
 
 
 def state_bytes(model: ModelSpec, kind: RoleKind, layout: RoleLayout, shape: Shape) -> tuple[float, float, float]:
@@ -209,9 +217,17 @@ def flops_per_token(model: ModelSpec, seq: float, passes: int) -> float:
     return passes * (2 * model.active + 2 * model.layers * model.heads * model.head_dim * seq)
 
 
+def moe_slowdown(model: ModelSpec, shape: Shape) -> float:
+    """How much longer a token's matmuls take when its expert share runs at ``moe_efficiency``."""
+    if not model.is_moe:
+        return 1.0
+    share = model.active_expert_params / model.active
+    return 1 - share + share / shape.constants.moe_efficiency
+
+
 def _compute_seconds(model: ModelSpec, batch: Batching, layout: RoleLayout, shape: Shape, passes: int) -> float:
     peak = shape.device.peak_flops(layout.dtype)
-    flops = flops_per_token(model, batch.seq, passes) * batch.tokens_per_gpu / layout.tp
+    flops = flops_per_token(model, batch.seq, passes) * batch.tokens_per_gpu / layout.tp * moe_slowdown(model, shape)
     bubble = 1.0
     if layout.pp > 1:  # 1F1B: (micro batches + stages - 1) slots for the micro batches of each mini-batch
         per_mini = batch.micro_batches / max(batch.optimizer_steps, 1)
@@ -230,10 +246,13 @@ def _parallel_comm_seconds(model: ModelSpec, batch: Batching, layout: RoleLayout
         size = 4 * batch.micro_tokens * model.hidden * unit / layout.tp * (layout.sp - 1) / layout.sp
         seconds += batch.micro_batches * passes * layers * (size / shape.span_bandwidth(layout.sp)
                                                             + COLLECTIVE_LATENCY_S)
-    if model.is_moe and layout.ep > 1:  # dispatch and combine of each token's k expert copies
-        size = 2 * batch.micro_tokens * model.experts_per_token * model.hidden * unit * (layout.ep - 1) / layout.ep
-        seconds += batch.micro_batches * passes * layers * (size / shape.span_bandwidth(layout.ep * layout.tp)
-                                                            + COLLECTIVE_LATENCY_S)
+    if model.is_moe and layout.ep > 1:
+        # Dispatch and combine: a token goes to each rank holding one of its k experts (at most ep of them);
+        # expert-parallel ranks are consecutive GPUs (Megatron with expert TP 1).
+        copies = min(model.experts_per_token, layout.ep)
+        size = 2 * batch.micro_tokens * copies * model.hidden * unit * (layout.ep - 1) / layout.ep
+        seconds += batch.micro_batches * passes * layers * (size / shape.span_bandwidth(layout.ep)
+                                                            + shape.latency(layout.ep))
     return seconds
 
 
@@ -241,7 +260,8 @@ def _param_gathers(model: ModelSpec, layout: RoleLayout, shape: Shape, count: in
     if layout.sharding not in FULL_SHARDS:
         return 0.0
     shard = stage_params(model, layout) * DTYPE_BYTES[layout.dtype]
-    return count * ring_seconds(shard, shard_ranks(layout, shape), shape.collective_bandwidth)
+    ranks = shard_ranks(layout, shape)
+    return count * ring_seconds(shard, ranks, shape.span_bandwidth(ranks * layout.tp))
 
 
 def forward_cost(model: ModelSpec, kind: RoleKind, load: NodeLoad, layout: RoleLayout, shape: Shape) -> Cost:

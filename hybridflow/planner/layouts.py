@@ -91,12 +91,14 @@ def _frozen_equivalent(role: RoleWork, sharding: Sharding) -> Sharding:
     return Sharding.NO_SHARD
 
 
-def _update_front(role: RoleWork, base: RoleLayout, shape: Shape, fixed_mbs: int | None) -> Front2:
+def _update_front(role: RoleWork, base: RoleLayout, shape: Shape, fixed_mbs: int | None,
+                  fixed_checkpointing: bool | None = None) -> Front2:
     if not role.update:
         return [(0, 0.0, base)]
     points = []
+    checkpointing = (False, True) if fixed_checkpointing is None else (fixed_checkpointing,)
     for mbs in [fixed_mbs] if fixed_mbs else _micro_batches(-(-role.rows // base.dp)):
-        for checkpoint in (False, True):
+        for checkpoint in checkpointing:
             layout = replace(base, micro_batch_size=mbs, gradient_checkpointing=checkpoint)
             costs = [update_cost(role.model, role.kind, load, layout, shape) for load in role.update]
             seconds = sum(c.seconds for c in costs)
@@ -174,6 +176,8 @@ class Constraint:
     sp: int = 1
     pp: int = 1
     ep: int = 1
+    shard_size: int = 0
+    gradient_checkpointing: bool | None = None
 
 
 def role_candidates(role: RoleWork, shape: Shape, dtype: str, prompt_len: int,
@@ -196,7 +200,7 @@ def role_candidates(role: RoleWork, shape: Shape, dtype: str, prompt_len: int,
             shardings = (_frozen_equivalent(role, fixed.sharding) if dp > 1 else Sharding.NO_SHARD,)
         for sharding in shardings:
             base = RoleLayout(role=role.name, dp=dp, tp=tp, sharding=sharding, dtype=dtype, sp=fixed.sp,
-                              pp=fixed.pp, ep=fixed.ep)
+                              pp=fixed.pp, ep=fixed.ep, shard_size=fixed.shard_size)
             static = static_bytes(role.model, role.kind, base, shape)
             if static > usable_bytes(shape) and constraint is None:
                 continue
@@ -208,7 +212,8 @@ def role_candidates(role: RoleWork, shape: Shape, dtype: str, prompt_len: int,
             rollout_key = tp if sharding is Sharding.NO_SHARD else 0
             if rollout_key not in rollouts:
                 rollouts[rollout_key] = _generate_front(role, base, shape, prompt_len, fixed.rollout_tp)
-            parts = [_update_front(role, base, shape, fixed.micro_batch_size), forwards[forward_key],
+            parts = [_update_front(role, base, shape, fixed.micro_batch_size, fixed.gradient_checkpointing),
+                     forwards[forward_key],
                      rollouts[rollout_key]]
             for transient, seconds, (upd, fwd, gen) in _merge(parts):
                 layout = replace(upd, forward_micro_batch_size=fwd.forward_micro_batch_size,

@@ -105,7 +105,7 @@ def _per_role(value: PerRole, role: str, what: str) -> int | None:
 
 def _constraint(role: str, size: int, data_parallel_size: PerRole, sharding: Sharding | str | None,
                 micro_batch_sizes: PerRole, rollout_tp: PerRole = None,
-                splits: Mapping[str, PerRole] | None = None) -> Constraint:
+                splits: Mapping[str, PerRole] | None = None, checkpointing: bool | None = None) -> Constraint:
     dp = _per_role(data_parallel_size, role, "data_parallel_size")
     rtp = _per_role(rollout_tp, role, "rollout_tp")
     if role.endswith(ROLLOUT_SUFFIX):  # a detached rollout: its data-parallel size is the engines'
@@ -118,13 +118,15 @@ def _constraint(role: str, size: int, data_parallel_size: PerRole, sharding: Sha
     if dp is not None and size % dp:
         raise ValueError(f"data_parallel_size={dp} does not divide role {role!r}'s {size} GPUs; "
                          "tensor parallel size = GPUs / data_parallel_size must be whole")
-    parts = {name: _per_role(value, role, name) or 1 for name, value in (splits or {}).items()}
+    parts = {name: _per_role(value, role, name) or 1 for name, value in (splits or {}).items() if name != "fsdp_size"}
     if dp is not None and dp % (parts.get("sequence_parallel", 1) * parts.get("pipeline_parallel", 1)):
         raise ValueError(f"role {role!r}: sequence_parallel x pipeline_parallel must divide data_parallel_size={dp}")
     return Constraint(tp=size // dp if dp else None, sharding=Sharding(sharding) if sharding else None,
                       micro_batch_size=_per_role(micro_batch_sizes, role, "micro_batch_sizes"), rollout_tp=rtp,
                       sp=parts.get("sequence_parallel", 1), pp=parts.get("pipeline_parallel", 1),
-                      ep=parts.get("expert_parallel", 1))
+                      ep=parts.get("expert_parallel", 1), shard_size=_per_role((splits or {}).get("fsdp_size"), role,
+                                                                               "fsdp_size") or 0,
+                      gradient_checkpointing=checkpointing)
 
 
 def evaluate_mapping(graph: Graph, models: Mapping[str, ModelSpec], workload: Workload, cluster: Cluster,
@@ -132,14 +134,17 @@ def evaluate_mapping(graph: Graph, models: Mapping[str, ModelSpec], workload: Wo
                      sharding: Sharding | str | None = Sharding.FULL_SHARD, micro_batch_sizes: PerRole = None,
                      dtypes: Mapping[str, str] | None = None, rollout_tp: PerRole = None,
                      sequence_parallel: PerRole = None, pipeline_parallel: PerRole = None,
-                     expert_parallel: PerRole = None, settings: RunSettings | None = None,
+                     expert_parallel: PerRole = None, fsdp_size: PerRole = None,
+                     gradient_checkpointing: bool | None = None, settings: RunSettings | None = None,
                      calibration: Calibration | None = None) -> Plan:
     """Cost a hand-written mapping with the planner's model; fields left None are chosen by the planner.
 
     ``rollout_tp`` fixes the tensor-parallel size of a policy's rollout engine (verl's
     ``rollout.tensor_model_parallel_size``); training layouts use ``data_parallel_size``; a published
     Megatron or Ulysses run gives ``sequence_parallel``, ``pipeline_parallel`` and ``expert_parallel``
-    (each splits the data-parallel ranks). ``settings`` and ``calibration`` as in ``plan_placement``.
+    (each splits the data-parallel ranks), ``fsdp_size`` the shard group of HYBRID_SHARD, and
+    ``gradient_checkpointing`` fixes recomputation (None: the planner chooses). ``settings`` and
+    ``calibration`` as in ``plan_placement``.
 
     The plan is executable like an auto plan. A group that does not fit memory makes the plan
     infeasible, with a problem naming the group and the overflow (an OOM risk), instead of raising.
@@ -153,7 +158,7 @@ def evaluate_mapping(graph: Graph, models: Mapping[str, ModelSpec], workload: Wo
     problem = build_problem(graph, models, workload, cluster, detach=detach, settings=settings,
                             calibration=calibration)
     splits = {"sequence_parallel": sequence_parallel, "pipeline_parallel": pipeline_parallel,
-              "expert_parallel": expert_parallel}
+              "expert_parallel": expert_parallel, "fsdp_size": fsdp_size}
     evaluator = GroupEvaluator(problem)
     placements, problems = [], []
     for roles, gpus in group_roles(problem, mapping):
@@ -163,7 +168,7 @@ def evaluate_mapping(graph: Graph, models: Mapping[str, ModelSpec], workload: Wo
         device = cluster.machine_of(gpus[0]).device
         shape = evaluator.shape(device.name, list(counts.values()))
         constraints = {role: _constraint(role, len(gpus), data_parallel_size, sharding, micro_batch_sizes,
-                                         rollout_tp, splits) for role in roles}
+                                         rollout_tp, splits, gradient_checkpointing) for role in roles}
         for role, fixed in constraints.items():
             if fixed.tp and not shape.tp_allowed(fixed.tp):
                 raise ValueError(f"role {role!r}: tensor parallel size {fixed.tp} would split across machines "

@@ -67,6 +67,11 @@ class ModelSpec:
     def is_moe(self) -> bool:
         return self.experts > 0
 
+    @property
+    def active_expert_params(self) -> float:
+        """Routed-expert weights one token runs through (``k/E`` of them)."""
+        return self.expert_params * self.experts_per_token / self.experts if self.is_moe else 0.0
+
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """K and V of every layer for one token (grouped-query attention stores ``kv_heads`` heads;
         latent attention one compressed vector per layer)."""

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 
 from hybridflow.graph import NodeLoad
-from hybridflow.planner.costs import COLLECTIVE_LATENCY_S, Cost, Shape
+from hybridflow.planner.costs import EAGER_LAYER_OVERHEAD_S, Cost, Shape, moe_slowdown
 from hybridflow.planner.devices import DTYPE_BYTES
 from hybridflow.planner.lengths import LengthDistribution
 from hybridflow.planner.models import ModelSpec
@@ -45,16 +45,20 @@ class Engine:
     def step_seconds(self, in_flight: float, context: float) -> float:
         """One decode step with ``in_flight`` sequences of ``context`` tokens each."""
         model, device, constants = self.model, self.shape.device, self.shape.constants
-        read = model.weights_read(in_flight) * self.unit / self.rtp + in_flight * context * self.kv_token
+        weights = model.weights_read(in_flight)
+        experts = weights - (model.params - model.expert_params)  # 0 for a dense model
+        read = ((weights - experts + experts / constants.moe_efficiency) * self.unit / self.rtp
+                + in_flight * context * self.kv_token)
         memory = read / (device.hbm_bandwidth * constants.hbm_efficiency)
         attention = 4 * model.layers * model.heads * model.head_dim * context
-        flops = in_flight * (2 * model.active + attention) / self.rtp
+        flops = in_flight * (2 * model.active * moe_slowdown(model, self.shape) + attention) / self.rtp
         compute = flops / (device.peak_flops(_dtype(self.unit, device.dtypes)) * constants.decode_mfu)
         comm = 0.0
         if self.rtp > 1:
             size = 2 * in_flight * model.hidden * self.unit * (self.rtp - 1) / self.rtp
-            comm = 2 * model.layers * (size / self.shape.span_bandwidth(self.rtp) + COLLECTIVE_LATENCY_S)
-        return max(memory, compute) + comm + constants.decode_step_overhead_s
+            comm = 2 * model.layers * (size / self.shape.span_bandwidth(self.rtp) + self.shape.latency(self.rtp))
+        eager = model.layers * EAGER_LAYER_OVERHEAD_S if self.shape.run.enforce_eager else 0.0
+        return max(memory, compute) + comm + eager + constants.decode_step_overhead_s
 
 
 def _dtype(unit: int, dtypes: tuple[str, ...]) -> str:

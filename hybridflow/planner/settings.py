@@ -53,6 +53,8 @@ class RunSettings:
       sequences in flight.
     - ``rollout_sleep``: a colocated engine frees its memory after generating and takes it back before
       the next rollout [``free_cache_engine``]; its weights travel over the host link both ways.
+    - ``enforce_eager``: the engine decodes without CUDA graphs [``enforce_eager``]: every layer's kernels
+      are launched from Python at every step.
     """
 
     lengths: LengthDistribution | None = None
@@ -65,6 +67,7 @@ class RunSettings:
     gpu_memory_utilization: float | None = None
     max_num_seqs: int = 1024
     rollout_sleep: bool = False
+    enforce_eager: bool = False
     notes: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:

@@ -1,0 +1,193 @@
+"""Published runs as planner inputs: a record in the format of ``published_runs.json`` becomes a graph,
+models, workload, cluster, mapping and run settings, costed with :func:`evaluate_mapping`.
+
+What a record leaves out is filled by a documented default (below, ``DEFAULTS``) or by the record's own
+``hybridflow`` mapping of overrides (``prompt_len``, ``response_len_mean``, ``rollout_tp``, ...), which
+is where a benchmark states its assumptions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from hybridflow.graph import Graph, Workload, load_graph
+from hybridflow.planner.calibration import Calibration
+from hybridflow.planner.cluster import Cluster
+from hybridflow.planner.lengths import LengthDistribution
+from hybridflow.planner.manual import evaluate_mapping
+from hybridflow.planner.models import ModelSpec
+from hybridflow.planner.plan import Plan
+from hybridflow.planner.settings import Offload, RunSettings
+
+# What a record does not say, assumed the same way for every run (override per record under "hybridflow").
+DEFAULTS: dict[str, Any] = {
+    "prompt_len": 256,  # mean prompt tokens: math/GSM8K prompts with a template run 100-300 tokens
+    "response_mean_fraction": 0.25,  # mean response / cap when unpublished (reasoning RL runs average far below)
+    "rollout_sleep": True,  # verl frees the engine's memory after generating (free_cache_engine)
+    "gpu_memory_utilization": 0.5,  # verl's default rollout.gpu_memory_utilization
+}
+# verl timing keys -> the planner's node names in the built-in graphs.
+PHASES = {"gen": "actor_generate", "old_log_prob": "actor_logprob", "ref": "reference_ref_logprob",
+          "values": "critic_values", "update_critic": "critic_update", "update_actor": "actor_update"}
+MODEL_NAMES = {"qwen2.5-math-7b": "qwen2.5-math-7b", "qwen3-30b-a3b": "qwen3-30b-a3b", "deepseek-v3": "deepseek-v3",
+               "qwen2-7b": "qwen2-7b", "qwen2.5-7b": "qwen2.5-7b", "qwen3-8b": "qwen3-8b", "llama-3-8b": "llama3-8b"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class PublishedCase:
+    """One published run, ready to cost: planner inputs plus the measured seconds by phase."""
+
+    id: str
+    graph: Graph
+    models: Mapping[str, ModelSpec]
+    workload: Workload
+    cluster: Cluster
+    mapping: Mapping[str, tuple[int, ...]]
+    layout: Mapping[str, Any]  # evaluate_mapping keyword arguments
+    settings: RunSettings
+    measured: Mapping[str, float]  # "step" and verl phase names -> seconds
+
+    @property
+    def device(self) -> str:
+        return self.cluster.device_names[0]
+
+    def plan(self, calibration: Calibration | None = None) -> Plan:
+        return evaluate_mapping(self.graph, self.models, self.workload, self.cluster, self.mapping,
+                                settings=self.settings, calibration=calibration, **self.layout)
+
+    def predict(self, calibration: Calibration | None = None) -> dict[str, float]:
+        """Predicted seconds for every measured key."""
+        return predicted_phases(self.plan(calibration), self.measured)
+
+
+def predicted_phases(plan: Plan, measured: Mapping[str, float]) -> dict[str, float]:
+    seconds = {node.node: node.seconds for node in plan.nodes}
+    out = {}
+    for key in measured:
+        if key == "step":
+            out[key] = plan.step_time_s
+        elif PHASES.get(key) in seconds:
+            out[key] = seconds[PHASES[key]]
+    return out
+
+
+def model_for(record: Mapping[str, Any], override: str | None) -> ModelSpec:
+    if override:
+        return ModelSpec.parse(override)
+    text = str(record.get("model", "")).lower()
+    for needle, preset in MODEL_NAMES.items():
+        if needle in text:
+            return ModelSpec.preset(preset)
+    params = float(record.get("params_b") or 0) * 1e9
+    if params <= 0:
+        raise ValueError(f"record {record.get('id')!r}: unknown model {record.get('model')!r} and no params_b; "
+                         "add hybridflow.model (a preset or config.json path)")
+    return ModelSpec.from_params(params, name=str(record.get("model")))
+
+
+def device_name(record: Mapping[str, Any]) -> str:
+    text = str(record["gpus"]["type"]).replace("NVIDIA", "").replace("AMD", "").strip()
+    return text.split()[0]
+
+
+def measured_times(record: Mapping[str, Any], workload: Workload, samples: int, gpus: int) -> dict[str, float]:
+    """Published seconds; a throughput-only record's step is tokens / (tokens per GPU-second x GPUs)."""
+    timings = {key: float(value) for key, value in (record.get("timings_s") or {}).items()
+               if key == "step" or key in PHASES}
+    rate = (record.get("throughput") or {}).get("perf_throughput_tokens_per_gpu_s")
+    if "step" not in timings and rate:
+        tokens = workload.batch_size * samples * (workload.prompt_len + workload.response_len)
+        timings["step"] = tokens / (float(rate) * gpus)
+    return timings
+
+
+def case_from_record(record: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> PublishedCase:
+    """A :class:`PublishedCase` from one record; ``overrides`` (or the record's "hybridflow") fill gaps."""
+    extra = {**DEFAULTS, **(record.get("hybridflow") or {}), **(overrides or {})}
+    gpus = record["gpus"]
+    cluster = Cluster.parse(f"{gpus['nodes']}x{gpus['gpus_per_node']}x{extra.get('device') or device_name(record)}")
+    graph_name = "ppo" if record.get("critic") else ("grpo" if record.get("reference_model") else "grpo_no_ref")
+    graph = load_graph(graph_name, reward_kind="reward_model" if record.get("reward_model") else "reward_function")
+    samples = int(record.get("n") or 1)
+    cap = int(extra.get("response_len_max") or record["response_len_max"])
+    mean = extra.get("response_len_mean") or record.get("response_len_mean") or cap * extra["response_mean_fraction"]
+    lengths = LengthDistribution.lognormal(mean=float(mean), max=float(cap))
+    workload = Workload(batch_size=int(record["batch_prompts"]), prompt_len=int(extra["prompt_len"]),
+                        response_len=max(1, round(lengths.mean)), n_samples=samples)
+    model = model_for(record, extra.get("model"))
+    roles = [role.name for role in graph.roles if role.kind.needs_gpu]
+    every = tuple(range(cluster.num_gpus))
+    return PublishedCase(id=str(record["id"]), graph=graph, models=dict.fromkeys(roles, model), workload=workload,
+                         cluster=cluster, mapping=dict.fromkeys(roles, every), layout=_layout(record, extra, roles),
+                         settings=_settings(record, extra, lengths, samples),
+                         measured=measured_times(record, workload, samples, cluster.num_gpus))
+
+
+def _layout(record: Mapping[str, Any], extra: Mapping[str, Any], roles: list[str]) -> dict[str, Any]:
+    """evaluate_mapping keywords from the record's parallelism (Megatron tp/pp/ep, Ulysses sp, fsdp_size)."""
+    par = {**(record.get("train_parallelism") or {}), **(extra.get("train_parallelism") or {})}
+    tp, pp = int(par.get("tp") or 1), int(par.get("pp") or 1)
+    sp = int(par.get("ulysses_sp") or par.get("cp") or 1)
+    gpus = int(record["gpus"]["count"])
+    layout: dict[str, Any] = {"data_parallel_size": gpus // tp, "sequence_parallel": sp, "pipeline_parallel": pp,
+                              "expert_parallel": int(par.get("ep") or 1)}
+    rollout_tp = extra.get("rollout_tp") or record.get("rollout_tp")
+    if rollout_tp:
+        layout["rollout_tp"] = {"actor": int(rollout_tp)}
+    backend = str(record.get("train_backend", "")).lower()
+    if par.get("fsdp_size") and int(par["fsdp_size"]) < gpus // tp:
+        layout["sharding"], layout["fsdp_size"] = "HYBRID_SHARD", int(par["fsdp_size"])
+    elif "megatron" in backend:
+        layout["sharding"] = "ZERO1"  # Megatron's distributed optimizer shards optimizer states over DP
+    else:
+        layout["sharding"] = "FULL_SHARD"
+    checkpointing = extra.get("grad_checkpointing", record.get("grad_checkpointing"))
+    layout["gradient_checkpointing"] = None if checkpointing is None else bool(checkpointing)
+    micro = record.get("micro_batch") or {}
+    if not micro.get("use_dynamic_bsz"):
+        sizes = {"actor": micro.get("actor_ppo_micro_batch_size_per_gpu") or micro.get("ppo_micro_batch_size_per_gpu"),
+                 "critic": micro.get("critic_ppo_micro_batch_size_per_gpu")}
+        given = {role: int(size) for role, size in sizes.items() if size and role in roles}
+        if given:
+            layout["micro_batch_sizes"] = given
+    return layout
+
+
+def _settings(record: Mapping[str, Any], extra: Mapping[str, Any], lengths: LengthDistribution,
+              samples: int) -> RunSettings:
+    micro = record.get("micro_batch") or {}
+    offload = record.get("offload") or {}
+    roles = {"actor": "actor", "ref": "reference", "critic": "critic"}
+    chosen = {}
+    for prefix, role in roles.items():
+        flags = {part: bool(offload.get(f"{prefix}_{part}")) for part in ("param", "grad", "optimizer")}
+        if any(flags.values()):
+            chosen[role] = Offload(params=flags["param"], grads=flags["grad"], optimizer=flags["optimizer"])
+    mini = micro.get("ppo_mini_batch_prompts")
+    dynamic = bool(micro.get("use_dynamic_bsz"))
+    train_budget = micro.get("actor_ppo_max_token_len_per_gpu") if dynamic else None
+    forward_budget = micro.get("log_prob_max_token_len_per_gpu") if dynamic else None
+    if dynamic and extra.get("token_budget"):
+        train_budget = train_budget or extra["token_budget"]
+        forward_budget = forward_budget or extra["token_budget"]
+    util = record.get("rollout_gpu_memory_utilization") or extra.get("gpu_memory_utilization")
+    return RunSettings(lengths=lengths, mini_batch_size=int(mini) * samples if mini else None,
+                       train_tokens_per_gpu=int(train_budget) if train_budget else None,
+                       forward_tokens_per_gpu=int(forward_budget) if forward_budget else None,
+                       offload=chosen, gpu_memory_utilization=float(util) if util else None,
+                       rollout_sleep=bool(extra.get("rollout_sleep")), epochs=int(extra.get("epochs", 1)),
+                       enforce_eager=_eager(record))
+
+
+def _eager(record: Mapping[str, Any]) -> bool:
+    """verl's rollout ``enforce_eager=True`` (no CUDA graphs), as the record's engine note states it."""
+    return "enforce_eager=true" in str(record.get("rollout_engine", "")).lower().replace(" ", "")
+
+
+def log_error(predicted: Mapping[str, float], measured: Mapping[str, float]) -> float:
+    """Worst ratio (as ``|log|``) between predicted and measured seconds over the keys both have."""
+    ratios = [abs(math.log(predicted[k] / measured[k])) for k in measured if predicted.get(k, 0) > 0]
+    return max(ratios, default=0.0)
