@@ -33,7 +33,7 @@ from typing import Any
 
 from hybridflow.planner.calibration import Calibration
 from hybridflow.planner.fit import FITTED, fit_calibration
-from hybridflow.planner.published import PublishedCase, case_from_record
+from hybridflow.planner.published import MeasuredCase, case_from_record
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT.parent / "shared" / "calibration" / "published_runs.json"
@@ -97,7 +97,7 @@ def _record(record: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def load_cases(path: Path = RUNS) -> list[PublishedCase]:
+def load_cases(path: Path = RUNS) -> list[MeasuredCase]:
     records = json.loads(path.read_text())
     cases = []
     for record in records:
@@ -107,7 +107,7 @@ def load_cases(path: Path = RUNS) -> list[PublishedCase]:
     return cases
 
 
-def table(cases: list[PublishedCase], calibrations: dict[str, Calibration | None]) -> list[dict[str, Any]]:
+def table(cases: list[MeasuredCase], calibrations: dict[str, Calibration | None]) -> list[dict[str, Any]]:
     rows = []
     for case in cases:
         predictions = {name: case.predict(calibration) for name, calibration in calibrations.items()}

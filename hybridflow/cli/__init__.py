@@ -13,6 +13,7 @@ COMMANDS = {
     "plan": "hybridflow.cli.plan",
     "train": "hybridflow.cli.train",
     "report": "hybridflow.cli.report",
+    "calibrate": "hybridflow.cli.calibrate",
 }
 
 

@@ -10,6 +10,9 @@ from typing import Any
 
 from hybridflow.graph import Workload, load_graph
 from hybridflow.planner import Cluster, InfeasibleError, ModelSpec, Plan, PlannerOptions, plan_placement
+from hybridflow.planner.calibration import Calibration
+from hybridflow.planner.devices import GB, device_from_mapping, parse_device
+from hybridflow.planner.settings import RunSettings, settings_from_dict
 
 DEFAULTS: dict[str, Any] = {"algorithm": "ppo", "batch_size": 1024, "prompt_len": 512, "response_len": 512,
                             "reward_kind": "reward_model", "sharding": "FULL_SHARD", "unit": "auto"}
@@ -38,10 +41,74 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--separate-rollout", action="store_true", default=None,
                         help="also consider giving the policy's rollout GPUs of its own (weights shipped after each "
                              "update); kept only when faster. In --manual, name it as actor:rollout=6-7")
+    add_run_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.add_argument("--config", help="YAML with any of these options (keys as flags with underscores; "
                                          "models: {role: model}); flags override it")
     parser.set_defaults(run=run)
+
+
+def add_run_arguments(parser: Any) -> None:
+    """Devices, network, response lengths and the step recipe (shared with ``hybridflow calibrate``)."""
+    parser.add_argument("--device", action="append", default=None, metavar="KEY=VALUE,...",
+                        help="define a device: name=X,memory_gb=96,bf16_tflops=148,hbm_gbs=4000,link_gbs=450"
+                             "[,host_gbs=50]; repeatable; the cluster spec may then name it")
+    parser.add_argument("--inter-node-gbs", type=float, help="inter-node bandwidth per GPU in GB/s (default 25)")
+    parser.add_argument("--max-response-len", type=int, help="response cap; lengths become a lognormal with mean "
+                                                            "--response-len and this cap")
+    parser.add_argument("--lengths-from", help="a run's metrics.jsonl to take response length mean and max from")
+    parser.add_argument("--mini-batch-size", type=int, help="sequences per optimizer step (ppo_mini_batch_size x n)")
+    parser.add_argument("--epochs", type=int, help="PPO epochs per step (default 1)")
+    parser.add_argument("--train-tokens-per-gpu", type=int, help="dynamic batching budget of updates")
+    parser.add_argument("--forward-tokens-per-gpu", type=int, help="dynamic batching budget of forward passes")
+    parser.add_argument("--offload", action="append", default=None, metavar="ROLE=PARTS",
+                        help="CPU offload of a role, e.g. actor=params+optimizer (parts: params, grads, optimizer)")
+    parser.add_argument("--gpu-memory-utilization", type=float, help="rollout engine's share of device memory")
+    parser.add_argument("--max-num-seqs", type=int, help="rollout engine's cap on sequences in flight")
+    parser.add_argument("--rollout-sleep", action="store_true", default=None,
+                        help="the colocated engine frees its memory between rollouts (verl free_cache_engine)")
+    parser.add_argument("--enforce-eager", action="store_true", default=None, help="engine without CUDA graphs")
+    parser.add_argument("--padding", action="store_true", default=None,
+                        help="forward/update passes pad responses to the max (no remove-padding)")
+    parser.add_argument("--calibration", help="a calibration file written by `hybridflow calibrate`")
+
+
+RUN_KEYS = ("max_response_len", "lengths_from", "mini_batch_size", "epochs", "train_tokens_per_gpu",
+            "forward_tokens_per_gpu", "offload", "gpu_memory_utilization", "max_num_seqs", "rollout_sleep",
+            "enforce_eager", "padding")
+
+
+def run_settings(settings: dict[str, Any], mean_response_len: int) -> RunSettings:
+    """The step recipe from merged config/CLI settings; ``--offload actor=params+optimizer`` as a mapping."""
+    data = {key: settings[key] for key in RUN_KEYS if settings.get(key) is not None}
+    offload = data.get("offload")
+    if isinstance(offload, list):
+        pairs = {}
+        for item in offload:
+            role, sep, parts = str(item).partition("=")
+            if not sep:
+                raise ValueError(f"--offload {item!r}: write ROLE=PARTS, e.g. actor=params+optimizer")
+            pairs[role.strip()] = parts
+        data["offload"] = pairs
+    return settings_from_dict(data, mean_response_len=mean_response_len, where="plan options")
+
+
+def build_cluster(settings: dict[str, Any]) -> Cluster:
+    """The cluster spec or YAML, with ``--device`` definitions and ``--inter-node-gbs``."""
+    spec = str(settings["cluster"])
+    devices = {}
+    for text in settings.get("device") or []:
+        device = parse_device(text) if isinstance(text, str) else device_from_mapping(text, where="devices")
+        devices[device.name] = device
+    inter = settings.get("inter_node_gbs")
+    if inter is not None and (isinstance(inter, bool) or not isinstance(inter, int | float) or not inter > 0):
+        raise ValueError(f"--inter-node-gbs={inter!r} must be a positive number of GB/s per GPU, e.g. 25")
+    if spec.endswith((".yaml", ".yml")):
+        if devices or inter is not None:
+            raise ValueError("--device and --inter-node-gbs do not apply to a cluster YAML; put 'devices:' and "
+                             "'inter_node_bandwidth_gbs:' in the YAML")
+        return Cluster.from_yaml(spec)
+    return Cluster.parse(spec, devices=devices, inter_node_bandwidth=float(inter or 25) * GB)
 
 
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -56,8 +123,13 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         models.update({str(k): str(v) for k, v in (loaded.pop("models", None) or {}).items()})
         settings.update(loaded)
     for key, value in vars(args).items():
-        if value is not None and key not in ("model", "config", "json", "run", "command"):
+        if value is not None and key not in ("model", "config", "json", "run", "command", "device", "offload"):
             settings[key] = value
+    for key in ("device", "offload"):  # repeatable flags add to the config's entries
+        given = getattr(args, key, None)
+        if given:
+            current = settings.get(key) or []
+            settings[key] = [*current, *given] if isinstance(current, list) else [current, *given]
     seen: set[str] = set()
     for item in args.model:
         role, sep, model = item.partition("=")
@@ -88,16 +160,18 @@ def run(args: argparse.Namespace) -> int:
     if not settings.get("cluster"):
         raise ValueError("--cluster is required, e.g. --cluster 8xA100-80G")
     graph = load_graph(str(settings["algorithm"]), reward_kind=settings["reward_kind"])
-    spec = str(settings["cluster"])
-    cluster = Cluster.from_yaml(spec) if spec.endswith((".yaml", ".yml")) else Cluster.parse(spec)
+    cluster = build_cluster(settings)
     gpu_roles = [role.name for role in graph.roles if role.kind.needs_gpu]
     models = _models(graph.role_names, gpu_roles, settings["models"])
     workload = Workload(batch_size=int(settings["batch_size"]), prompt_len=int(settings["prompt_len"]),
                         response_len=int(settings["response_len"]), n_samples=settings.get("n_samples"))
+    steps = run_settings(settings, workload.response_len)
+    calibration = Calibration.load(settings["calibration"]) if settings.get("calibration") else None
     try:
         options = PlannerOptions(unit=settings["unit"], separate_rollout=bool(settings.get("separate_rollout")),
                                  max_tp=settings.get("max_tp"))
-        auto = plan_placement(graph, models, workload, cluster, options=options)
+        auto = plan_placement(graph, models, workload, cluster, options=options, settings=steps,
+                              calibration=calibration)
     except InfeasibleError as err:
         print(f"hybridflow plan: infeasible: {err}", file=sys.stderr)
         return 1
@@ -108,7 +182,8 @@ def run(args: argparse.Namespace) -> int:
         sharding = settings.get("sharding")
         manual = evaluate_mapping(graph, models, workload, cluster, parse_mapping(str(settings["manual"])),
                                   data_parallel_size=settings.get("data_parallel_size"),
-                                  sharding=None if sharding in (None, "auto") else str(sharding).upper())
+                                  sharding=None if sharding in (None, "auto") else str(sharding).upper(),
+                                  settings=steps, calibration=calibration)
     _print(auto, manual, as_json=args.json)
     return 0 if manual is None or manual.feasible else 1
 

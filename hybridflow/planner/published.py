@@ -37,8 +37,8 @@ MODEL_NAMES = {"qwen2.5-math-7b": "qwen2.5-math-7b", "qwen3-30b-a3b": "qwen3-30b
 
 
 @dataclass(frozen=True, kw_only=True)
-class PublishedCase:
-    """One published run, ready to cost: planner inputs plus the measured seconds by phase."""
+class MeasuredCase:
+    """One measured run, ready to cost: planner inputs plus the measured seconds by phase or node."""
 
     id: str
     graph: Graph
@@ -48,7 +48,7 @@ class PublishedCase:
     mapping: Mapping[str, tuple[int, ...]]
     layout: Mapping[str, Any]  # evaluate_mapping keyword arguments
     settings: RunSettings
-    measured: Mapping[str, float]  # "step" and verl phase names -> seconds
+    measured: Mapping[str, float]  # "step", verl phase names or graph node names -> seconds
 
     @property
     def device(self) -> str:
@@ -62,15 +62,20 @@ class PublishedCase:
         """Predicted seconds for every measured key."""
         return predicted_phases(self.plan(calibration), self.measured)
 
+    def worst_ratio(self, calibration: Calibration | None = None) -> float:
+        """The largest predicted/measured ratio or its inverse over the measured keys."""
+        return math.exp(log_error(self.predict(calibration), self.measured))
+
 
 def predicted_phases(plan: Plan, measured: Mapping[str, float]) -> dict[str, float]:
     seconds = {node.node: node.seconds for node in plan.nodes}
     out = {}
     for key in measured:
+        node = PHASES.get(key, key)
         if key == "step":
             out[key] = plan.step_time_s
-        elif PHASES.get(key) in seconds:
-            out[key] = seconds[PHASES[key]]
+        elif node in seconds:
+            out[key] = seconds[node]
     return out
 
 
@@ -104,8 +109,8 @@ def measured_times(record: Mapping[str, Any], workload: Workload, samples: int, 
     return timings
 
 
-def case_from_record(record: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> PublishedCase:
-    """A :class:`PublishedCase` from one record; ``overrides`` (or the record's "hybridflow") fill gaps."""
+def case_from_record(record: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> MeasuredCase:
+    """A :class:`MeasuredCase` from one record; ``overrides`` (or the record's "hybridflow") fill gaps."""
     extra = {**DEFAULTS, **(record.get("hybridflow") or {}), **(overrides or {})}
     gpus = record["gpus"]
     cluster = Cluster.parse(f"{gpus['nodes']}x{gpus['gpus_per_node']}x{extra.get('device') or device_name(record)}")
@@ -120,7 +125,7 @@ def case_from_record(record: Mapping[str, Any], overrides: Mapping[str, Any] | N
     model = model_for(record, extra.get("model"))
     roles = [role.name for role in graph.roles if role.kind.needs_gpu]
     every = tuple(range(cluster.num_gpus))
-    return PublishedCase(id=str(record["id"]), graph=graph, models=dict.fromkeys(roles, model), workload=workload,
+    return MeasuredCase(id=str(record["id"]), graph=graph, models=dict.fromkeys(roles, model), workload=workload,
                          cluster=cluster, mapping=dict.fromkeys(roles, every), layout=_layout(record, extra, roles),
                          settings=_settings(record, extra, lengths, samples),
                          measured=measured_times(record, workload, samples, cluster.num_gpus))
@@ -177,7 +182,7 @@ def _settings(record: Mapping[str, Any], extra: Mapping[str, Any], lengths: Leng
     return RunSettings(lengths=lengths, mini_batch_size=int(mini) * samples if mini else None,
                        train_tokens_per_gpu=int(train_budget) if train_budget else None,
                        forward_tokens_per_gpu=int(forward_budget) if forward_budget else None,
-                       offload=chosen, gpu_memory_utilization=float(util) if util else None,
+                       offload=tuple(sorted(chosen.items())), gpu_memory_utilization=float(util) if util else None,
                        rollout_sleep=bool(extra.get("rollout_sleep")), epochs=int(extra.get("epochs", 1)),
                        enforce_eager=_eager(record))
 

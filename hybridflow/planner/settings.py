@@ -99,3 +99,82 @@ class RunSettings:
 
 
 DEFAULT_SETTINGS = RunSettings()
+
+
+# Keys of a run's step recipe in a plan config or on the CLI (``--max-response-len`` ...), with their meaning.
+SETTING_KEYS = {
+    "max_response_len": "the response length cap in tokens (lengths: lognormal with the mean response_len)",
+    "lengths_from": "a run's metrics.jsonl to take the response length mean and max from",
+    "padding": "true when forward/update passes pad every response to the max",
+    "mini_batch_size": "sequences per optimizer step (verl ppo_mini_batch_size x n)",
+    "epochs": "passes over the batch per step (verl ppo_epochs)",
+    "train_tokens_per_gpu": "dynamic batching budget of update passes (ppo_max_token_len_per_gpu)",
+    "forward_tokens_per_gpu": "dynamic batching budget of forward passes (log_prob_max_token_len_per_gpu)",
+    "offload": "per role, what stays in host memory: {actor: [params, optimizer]} or actor=params+optimizer",
+    "gpu_memory_utilization": "the rollout engine's share of device memory, in (0, 1]",
+    "max_num_seqs": "the rollout engine's cap on sequences in flight",
+    "rollout_sleep": "true when the colocated engine frees its memory between rollouts",
+    "enforce_eager": "true when the engine runs without CUDA graphs",
+}
+_OFFLOAD_PARTS = {"params": "params", "param": "params", "grads": "grads", "grad": "grads",
+                  "optimizer": "optimizer", "optim": "optimizer"}
+
+
+def parse_offload(role: str, parts: Any, where: str) -> Offload:
+    """``[params, optimizer]`` or ``"params+optimizer"`` as an :class:`Offload`."""
+    items = parts.replace("+", ",").split(",") if isinstance(parts, str) else parts
+    if not isinstance(items, list | tuple):
+        raise ValueError(f"{where}.offload.{role}={parts!r}: give a list of {sorted(set(_OFFLOAD_PARTS.values()))}")
+    chosen: dict[str, bool] = {}
+    for item in items:
+        key = _OFFLOAD_PARTS.get(str(item).strip().lower())
+        if key is None:
+            raise ValueError(f"{where}.offload.{role}: unknown part {item!r}; parts: params, grads, optimizer")
+        chosen[key] = True
+    return Offload(**chosen)
+
+
+def _number(data: Mapping[str, Any], key: str, where: str, kind: type) -> Any:
+    value = data[key]
+    try:
+        number = kind(value)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{where}.{key}={value!r} is not a {kind.__name__}: {SETTING_KEYS[key]}") from err
+    if isinstance(value, bool) or number != float(value):
+        raise ValueError(f"{where}.{key}={value!r} must be a {kind.__name__}: {SETTING_KEYS[key]}")
+    return number
+
+
+def settings_from_dict(data: Mapping[str, Any], *, mean_response_len: int, where: str = "settings") -> RunSettings:
+    """A :class:`RunSettings` from plan-config keys (:data:`SETTING_KEYS`); errors name the key and the fix."""
+    unknown = sorted(set(data) - set(SETTING_KEYS))
+    if unknown:
+        raise ValueError(f"{where}: unknown keys {unknown}; known: {sorted(SETTING_KEYS)}")
+    values: dict[str, Any] = {}
+    for key in ("mini_batch_size", "epochs", "train_tokens_per_gpu", "forward_tokens_per_gpu", "max_num_seqs"):
+        if data.get(key) is not None:
+            values[key] = _number(data, key, where, int)
+    if data.get("gpu_memory_utilization") is not None:
+        values["gpu_memory_utilization"] = _number(data, "gpu_memory_utilization", where, float)
+    for key in ("padding", "rollout_sleep", "enforce_eager"):
+        if data.get(key) is not None:
+            if not isinstance(data[key], bool):
+                raise ValueError(f"{where}.{key}={data[key]!r} must be true or false: {SETTING_KEYS[key]}")
+            values[key] = data[key]
+    if data.get("lengths_from"):
+        values["lengths"] = LengthDistribution.from_metrics(str(data["lengths_from"]))
+    elif data.get("max_response_len") is not None:
+        cap = _number(data, "max_response_len", where, int)
+        if cap < mean_response_len:
+            raise ValueError(f"{where}.max_response_len={cap} is below the mean response_len={mean_response_len}; "
+                             "give the cap (the longest response allowed), at least the mean")
+        values["lengths"] = LengthDistribution.lognormal(mean=mean_response_len, max=cap)
+    offload = data.get("offload") or {}
+    if not isinstance(offload, Mapping):
+        raise ValueError(f"{where}.offload must map roles to parts, e.g. {{actor: [params, optimizer]}}")
+    values["offload"] = tuple(sorted((str(role), parse_offload(str(role), parts, where))
+                                     for role, parts in offload.items()))
+    try:
+        return RunSettings(**values)
+    except ValueError as err:
+        raise ValueError(f"{where}: {err}") from err

@@ -1,0 +1,91 @@
+"""``hybridflow calibrate``: fit the planner's efficiency constants to measured runs, write a calibration file.
+
+Inputs: ``--published FILE`` (records in the format of ``published_runs.json``; a record's
+``hybridflow`` mapping states what the record leaves out) and/or ``--run DIR[=PLAN_CONFIG]``
+(a ``hybridflow train`` run directory with ``plan.json`` and ``metrics.jsonl``; its planner inputs come
+from a ``hybridflow plan --config`` YAML, by default ``DIR/plan_inputs.yaml``). Prints each case's worst
+predicted/measured ratio before and after, writes ``--out`` for ``hybridflow plan --calibration``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from hybridflow.planner.calibration import Calibration
+from hybridflow.planner.fit import FITTED, describe, fit_calibration, loss
+from hybridflow.planner.published import MeasuredCase, case_from_record
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser("calibrate", help="fit the planner's cost constants to measured runs")
+    parser.add_argument("--published", action="append", default=[], metavar="FILE",
+                        help="a JSON list of published runs (format of published_runs.json); repeatable")
+    parser.add_argument("--run", action="append", default=[], metavar="DIR[=PLAN_CONFIG]", dest="runs",
+                        help="a hybridflow train run directory; PLAN_CONFIG (a `hybridflow plan --config` YAML "
+                             "with its cluster, models and workload) defaults to DIR/plan_inputs.yaml")
+    parser.add_argument("--skip-steps", type=int, default=1, help="warm-up steps of a run to ignore (default 1)")
+    parser.add_argument("--fit", default=",".join(FITTED), help=f"constants to fit (default {','.join(FITTED)})")
+    parser.add_argument("--per-device", action="store_true",
+                        help="also fit constants per device class with at least 3 cases")
+    parser.add_argument("--start", help="a calibration file to start from (default: the priors)")
+    parser.add_argument("--out", required=True, help="where to write the calibration file")
+    parser.set_defaults(run=run)
+
+
+def _published_cases(path: str) -> list[MeasuredCase]:
+    records = json.loads(Path(path).read_text())
+    if not isinstance(records, list):
+        raise ValueError(f"{path}: expected a JSON list of run records")
+    cases = [case_from_record(record) for record in records]
+    return [case for case in cases if case.measured]
+
+
+def _run_case(spec: str, skip_steps: int) -> MeasuredCase:
+    from hybridflow.cli.plan import _models, build_cluster, run_settings
+    from hybridflow.graph import Workload, load_graph
+    from hybridflow.planner.measured import case_from_run
+
+    folder, sep, config = spec.partition("=")
+    config_path = Path(config) if sep else Path(folder) / "plan_inputs.yaml"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"--run {spec}: no planner inputs at {config_path}; write a `hybridflow plan "
+                                "--config` YAML (cluster, models, batch_size, prompt_len, response_len...)")
+    import yaml
+
+    options = yaml.safe_load(config_path.read_text()) or {}
+    if not isinstance(options, dict) or "cluster" not in options:
+        raise ValueError(f"{config_path}: needs at least 'cluster' and 'models' keys")
+    graph = load_graph(str(options.get("algorithm", "ppo")), reward_kind=options.get("reward_kind", "reward_model"))
+    gpu_roles = [role.name for role in graph.roles if role.kind.needs_gpu]
+    given = {str(k): str(v) for k, v in (options.get("models") or {}).items()}
+    models = _models(graph.role_names, gpu_roles, given)
+    workload = Workload(batch_size=int(options.get("batch_size", 1024)), prompt_len=int(options.get("prompt_len", 512)),
+                        response_len=int(options.get("response_len", 512)), n_samples=options.get("n_samples"))
+    return case_from_run(folder, graph=graph, models=models, workload=workload, cluster=build_cluster(options),
+                         settings=run_settings(options, workload.response_len), skip_steps=skip_steps)
+
+
+def run(args: argparse.Namespace) -> int:
+    cases = [case for path in args.published for case in _published_cases(path)]
+    cases += [_run_case(spec, args.skip_steps) for spec in args.runs]
+    if not cases:
+        raise ValueError("nothing to calibrate on: give --published FILE or --run DIR")
+    names = [name.strip() for name in str(args.fit).split(",") if name.strip()]
+    start = Calibration.load(args.start) if args.start else Calibration()
+    pairs = [(case.predict, case.measured) for case in cases]
+    fitted = fit_calibration(pairs, names=names, start=start.default, source=f"hybridflow calibrate ({len(cases)} "
+                             "cases)", devices=[case.device for case in cases] if args.per_device else None)
+    print(f"{'case':<60} {'worst ratio before':>20} {'after':>10}")
+    for case in cases:
+        print(f"{case.id[:60]:<60} {case.worst_ratio(start):>19.2f}x {case.worst_ratio(fitted):>9.2f}x")
+    print(f"mean squared log error: {loss(pairs, start):.4f} before, {loss(pairs, fitted):.4f} after")
+    print(f"fitted: {describe(fitted.default, names)}")
+    for device, constants in fitted.devices:
+        print(f"  {device}: {describe(constants, names)}")
+    fitted.save(args.out)
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0
