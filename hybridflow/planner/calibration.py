@@ -50,7 +50,10 @@ class Constants:
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"{where}: unknown constants {unknown}; known: {sorted(known)}")
-        return cls(**{key: float(value) for key, value in data.items()})
+        try:
+            return cls(**{key: float(value) for key, value in data.items()})
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{where}: {err}") from err
 
 
 DEFAULT_CONSTANTS = Constants()

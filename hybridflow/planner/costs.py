@@ -235,7 +235,7 @@ def _compute_seconds(model: ModelSpec, batch: Batching, layout: RoleLayout, shap
     return flops * bubble / (peak * efficiency(batch.micro_tokens, shape.constants))
 
 
-def _parallel_comm_seconds(model: ModelSpec, batch: Batching, layout: RoleLayout, shape: Shape,
+def parallel_comm_seconds(model: ModelSpec, batch: Batching, layout: RoleLayout, shape: Shape,
                            passes: int) -> float:
     """Tensor-parallel all-reduces, Ulysses all-to-alls and MoE expert all-to-alls over the pass."""
     unit = DTYPE_BYTES[layout.dtype]
@@ -268,7 +268,7 @@ def forward_cost(model: ModelSpec, kind: RoleKind, load: NodeLoad, layout: RoleL
     """A forward-only pass (logprob, ref_logprob, values, score): 2·N_active FLOPs per token plus attention."""
     batch = batching(load, layout, shape, train=False)
     compute = _compute_seconds(model, batch, layout, shape, 1)
-    comm = _parallel_comm_seconds(model, batch, layout, shape, 1)
+    comm = parallel_comm_seconds(model, batch, layout, shape, 1)
     gather = _param_gathers(model, layout, shape, batch.micro_batches)
     offload = shape.run.offload_of(layout.role)
     moved = state_bytes(model, kind, layout, shape)[0] * offload.params
@@ -286,7 +286,7 @@ def update_cost(model: ModelSpec, kind: RoleKind, load: NodeLoad, layout: RoleLa
     batch = batching(load, layout, shape, train=True)
     passes = 4 if layout.gradient_checkpointing else 3
     compute = _compute_seconds(model, batch, layout, shape, passes)
-    comm = _parallel_comm_seconds(model, batch, layout, shape, passes)
+    comm = parallel_comm_seconds(model, batch, layout, shape, passes)
     grad_bytes = stage_params(model, layout) * DTYPE_BYTES[layout.dtype]
     ranks, bandwidth = shard_ranks(layout, shape), shape.collective_bandwidth
     if layout.sharding in FULL_SHARDS:

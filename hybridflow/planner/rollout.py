@@ -4,8 +4,9 @@ Each engine (``rollout_tp`` GPUs) owns ``n`` of the step's sequences and keeps u
 ``c`` is bounded by the layout's batch, the engine's ``max_num_seqs`` and the KV cache left after
 the weights (``gpu_memory_utilization``). Prompts are prefilled once (shared by their samples). The
 engine decodes ``(n - c) · mean / c`` steps at full concurrency, then its last cohort of ``c``
-sequences drains: the step ends when the longest of them ends, with fewer sequences in flight at
-every step. A decode step costs ``max(memory, compute) + TP all-reduces + a fixed overhead``.
+sequences drains with fewer in flight at every step; a synchronous step waits for the slowest
+engine, the one holding the longest of all the step's responses (the ``rows/(rows+1)`` quantile).
+A decode step costs ``max(memory, compute) + TP all-reduces + a fixed overhead``.
 """
 
 from __future__ import annotations
@@ -82,12 +83,13 @@ def concurrency(engine: Engine, per_engine: int, batch: int, prompt_len: float, 
 
 
 def decode_seconds(engine: Engine, per_engine: int, in_flight: int, prompt_len: float,
-                   lengths: LengthDistribution) -> float:
-    """Bulk steps at full concurrency, then the last cohort draining until its longest response ends."""
+                   lengths: LengthDistribution, rows: int) -> float:
+    """Bulk steps at full concurrency, then the last cohort draining. The step waits for the slowest
+    engine: the one that drew the longest of all ``rows`` responses."""
     cohort = min(per_engine, in_flight)
     bulk_steps = (per_engine - cohort) * lengths.mean / in_flight
     seconds = bulk_steps * engine.step_seconds(in_flight, prompt_len + lengths.mean_age())
-    for start, end, alive in lengths.survivors(lengths.expected_max(cohort)):
+    for start, end, alive in lengths.survivors(lengths.expected_max(rows)):
         running = max(1.0, cohort * alive)
         seconds += (end - start) * engine.step_seconds(running, prompt_len + (start + end) / 2)
     return seconds
@@ -108,7 +110,7 @@ def generate_cost(model: ModelSpec, load: NodeLoad, prompt_len: int, layout: Rol
     peak = shape.device.peak_flops(layout.dtype)
     prefill_tokens = math.ceil(load.prompt_tokens / engines)
     prefill = 2 * model.active * prefill_tokens / rtp / (peak * shape.constants.prefill_mfu)
-    decode = decode_seconds(engine, per_engine, in_flight, prompt_len, lengths)
+    decode = decode_seconds(engine, per_engine, in_flight, prompt_len, lengths, rows)
     reuse = layout.sharding is Sharding.NO_SHARD and layout.tp == rtp
     if shape.run.gpu_memory_utilization is not None:
         transient = shape.run.gpu_memory_utilization * shape.device.memory_bytes  # the engine takes its share

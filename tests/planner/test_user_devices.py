@@ -1,0 +1,84 @@
+"""New catalogue devices, devices defined in cluster YAML or on the CLI, and errors that name the field."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from hybridflow.cli import main
+from hybridflow.planner import DEVICES, Cluster, get_device
+from hybridflow.planner.devices import GB, GIB, TFLOPS, parse_device
+
+NEW = ("H20", "H20-141G", "H800", "B200", "GB200", "MI325X")
+
+
+def test_new_devices_have_datasheet_figures_and_sources():
+    for name in NEW:
+        device = DEVICES[name]
+        assert device.source and device.peak_flops("bf16") > 0 and device.host_bandwidth > 0
+    assert get_device("H20-96GB").name == "H20" and DEVICES["H20"].memory_bytes == 96 * GIB
+    assert DEVICES["H20"].peak_flops("bf16") < DEVICES["H100-80G"].peak_flops("bf16") / 6  # compute-poor Hopper
+    assert DEVICES["H800"].link_bandwidth < DEVICES["H100-80G"].link_bandwidth
+
+
+def test_a_device_from_the_cli_and_its_use_in_a_cluster():
+    device = parse_device("name=X9,memory_gb=64,bf16_tflops=500,hbm_gbs=2000,link_gbs=200")
+    assert device.memory_bytes == 64 * GIB and device.peak_flops("bf16") == 500 * TFLOPS
+    assert device.peak_flops("fp16") == 500 * TFLOPS and device.hbm_bandwidth == 2000 * GB
+    cluster = Cluster.parse("2x4xX9", devices={"X9": device}, inter_node_bandwidth=50 * GB)
+    assert cluster.num_gpus == 8 and cluster.inter_node_bandwidth == 50 * GB
+
+
+def test_a_device_from_cluster_yaml(tmp_path):
+    path = tmp_path / "cluster.yaml"
+    path.write_text("devices:\n  - {name: X9, memory_gb: 64, bf16_tflops: 500, hbm_gbs: 2000, link_gbs: 200}\n"
+                    "nodes: [{type: X9, gpus: 8, count: 2}]\ninter_node_bandwidth_gbs: 50\n")
+    cluster = Cluster.from_yaml(path)
+    assert cluster.device_names == ("X9",) and cluster.num_gpus == 16
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("name=X9,memory_gb=-64,bf16_tflops=500,hbm_gbs=2000,link_gbs=200", r"memory_gb='-64' must be a positive"),
+    ("name=X9,memory_gb=64,bf16_tflops=fast,hbm_gbs=2000,link_gbs=200", r"bf16_tflops='fast' is not a number"),
+    ("name=X9,memory_gb=64,bf16_tflops=500,link_gbs=200", r"hbm_gbs is missing"),
+    ("name=X9,memory_gb=64,hbm_gbs=2000,link_gbs=200", r"give bf16_tflops or fp16_tflops"),
+    ("name=X9,memory=64", r"unknown keys \['memory'\]"),
+])
+def test_bad_cli_devices_name_the_field(text, message):
+    with pytest.raises(ValueError, match=message):
+        parse_device(text)
+
+
+def test_bad_yaml_devices_name_the_entry_and_field(tmp_path):
+    path = tmp_path / "cluster.yaml"
+    path.write_text("devices:\n  - {name: X9, memory_gb: 64, bf16_tflops: 500, hbm_gbs: 0, link_gbs: 200}\n"
+                    "nodes: [{type: X9, gpus: 8}]\n")
+    with pytest.raises(ValueError, match=r"devices\[0\]\[X9\].hbm_gbs=0 must be a positive number"):
+        Cluster.from_yaml(path)
+    path.write_text("nodes: [{type: H100, gpus: 8}]\ninter_node_bandwidth_gbs: fast\n")
+    with pytest.raises(ValueError, match=r"inter_node_bandwidth_gbs='fast' must be a positive number"):
+        Cluster.from_yaml(path)
+
+
+def test_plan_cli_takes_devices_lengths_and_the_step_recipe(capsys):
+    code = main(["plan", "--cluster", "8xX9", "--device", "name=X9,memory_gb=80,bf16_tflops=400,hbm_gbs=3000,"
+                 "link_gbs=300", "--algorithm", "grpo", "--model", "qwen3-30b-a3b", "--batch-size", "64",
+                 "--response-len", "1024", "--max-response-len", "8192", "--mini-batch-size", "64",
+                 "--offload", "actor=params+optimizer", "--rollout-sleep", "--gpu-memory-utilization", "0.6",
+                 "--inter-node-gbs", "50", "--json"])
+    assert code == 0
+    assert '"device": "X9"' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--device", "name=X9,memory_gb=80,bf16_tflops=0,hbm_gbs=3000,link_gbs=300"], r"bf16_tflops='0' must be"),
+    (["--inter-node-gbs", "-5"], r"--inter-node-gbs=-5.0 must be a positive number"),
+    (["--max-response-len", "10"], r"max_response_len=10 is below the mean"),
+    (["--offload", "actor"], r"--offload 'actor': write ROLE=PARTS"),
+    (["--gpu-memory-utilization", "2"], r"gpu_memory_utilization=2.0 must be in"),
+])
+def test_bad_plan_flags_exit_with_the_field_named(flags, message, capsys):
+    code = main(["plan", "--cluster", "8xH100", "--model", "qwen2.5-7b", *flags])
+    assert code == 2
+    assert re.search(message, capsys.readouterr().err)
