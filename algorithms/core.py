@@ -40,15 +40,16 @@ from hybridflow.algorithms.dapo import (
 from hybridflow.algorithms.kl import AdaptiveKLController, FixedKLController, KLController, kl_penalty
 from hybridflow.algorithms.losses import (
     entropy_bonus,
-    entropy_from_logits,
     gspo_policy_loss,
     kl_loss,
-    logprobs_from_logits,
     ppo_policy_loss,
     value_loss,
 )
 from hybridflow.algorithms.masked import masked_mean, masked_sum, masked_var, masked_whiten, on_mask
 from hybridflow.algorithms.modes import KL_TYPES, LOSS_AGGS, KLType, LossAgg
+
+from hybridflow.logits import token_entropy as entropy_from_logits
+from hybridflow.logits import token_logprobs as logprobs_from_logits
 
 __all__ = [
     "DAPO_CLIP_RATIO",

@@ -16,17 +16,6 @@ from hybridflow.algorithms.masked import masked_mean, masked_sum
 from hybridflow.algorithms.modes import KLType, LossAgg
 
 
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of the categorical distribution at each position. (B, T, V) -> (B, T)."""
-    probs = torch.softmax(logits, dim=-1)
-    return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(dim=-1)
-
-
-def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Log-probability of each label. ``logits`` (B, T, V), ``labels`` (B, T) -> (B, T)."""
-    return torch.log_softmax(logits.float(), dim=-1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
-
-
 def ppo_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
                     response_mask: torch.Tensor, clip_ratio: float = 0.2, clip_ratio_high: float | None = None,
                     dual_clip: float | None = None, agg: LossAgg = "token-mean", *,

@@ -116,7 +116,7 @@ def bench_generate(sizes: tuple[int, ...] = (8, 32, 128)) -> list[str]:
 
 
 def _generate_rows(label: str, model_name: str, sizes: tuple[int, ...]) -> list[str]:
-    from hybridflow.backends.torch import modeling
+    from hybridflow.backends.common import modeling
     from hybridflow.backends.vllm.rollout import RolloutConfig, VllmRollout, materialize_model
 
     model = modeling.load_model(RoleKind.POLICY, model_name, dtype="fp32", seed=0).eval()
@@ -233,15 +233,14 @@ def _peak_memory(engine: Any) -> list[str]:
             f"| full state dict first (two copies) | {copied.growth / 2**20:.1f} |"]
 
 
-def _detached_plan(roles: dict[str, tuple[str, int]], dtype: str = "fp32") -> Any:
-    """GRPO with ``{role: (backend, group)}``: group 0 the actor's trainer, group 1 its rollout and the reference."""
+def _detached_plan(roles: dict[str, int], dtype: str = "fp32") -> Any:
+    """GRPO with ``{role: group}``: group 0 the actor's trainer, group 1 its rollout and the reference."""
     from hybridflow.planner import GroupPlan, Plan
 
     groups = []
     for index in (0, 1):
-        mine = [role for role, (_, group) in roles.items() if group == index]
-        layouts = tuple(RoleLayout(role=role, dp=1, dtype=dtype, backend=roles[role][0], micro_batch_size=128)
-                        for role in mine)
+        mine = [role for role, group in roles.items() if group == index]
+        layouts = tuple(RoleLayout(role=role, dp=1, dtype=dtype, micro_batch_size=128) for role in mine)
         groups.append(GroupPlan(gpus=(index,), hosts=(0,), device="cpu", roles=tuple(mine), layouts=layouts,
                                 memory_per_gpu_bytes=0, capacity_bytes=0))
     return Plan(algorithm="grpo", groups=tuple(groups), driver_roles=("reward",))
@@ -265,7 +264,7 @@ def bench_ship() -> list[str]:
                                    dtypes={"actor": "fp32", "actor:rollout": "fp32", "reference": "fp32"})
         specs = {"actor": RoleSpec(name="actor", kind=RoleKind.POLICY, model=model_dir, optim=OptimSpec()),
                  "reference": RoleSpec(name="reference", kind=RoleKind.FROZEN_POLICY, model=model_dir)}
-        plan = _detached_plan({"actor": ("torch", 0), "actor:rollout": ("torch", 1), "reference": ("torch", 1)})
+        plan = _detached_plan({"actor": 0, "actor:rollout": 1, "reference": 1})
         for name, executor in (("local", None), ("ray", RayExecutor())):
             with Controller(graph, plan, specs=specs, executor=executor, driver_roles={"reward": lambda b: b}) as ctl:
                 shipped = [ctl.sync_rollouts()["actor"] for _ in range(5)]
@@ -279,7 +278,6 @@ def bench_ship() -> list[str]:
 def _learn_run(actor_backend: str, steps: int, out: Path, executor: str, gpus: int) -> tuple[float, float, float]:
     import dataclasses
 
-    from hybridflow.planner import Plan
     from hybridflow.runtime import Controller
     from hybridflow.train import setup
     from hybridflow.train.config import load_config
@@ -294,15 +292,12 @@ def _learn_run(actor_backend: str, steps: int, out: Path, executor: str, gpus: i
     plan = setup.build_plan(config, graph, model_dir=model_dir)
     specs = setup.role_specs(config, graph, model_dir, plan)
     if actor_backend == "fsdp+vllm":
-        group = plan.groups[0]
-        layouts = tuple(dataclasses.replace(lay, backend="fsdp") if lay.role == "actor" else lay
-                        for lay in group.layouts)
-        plan = Plan(algorithm=plan.algorithm, groups=(dataclasses.replace(group, layouts=layouts),),
-                    driver_roles=plan.driver_roles)
-        specs["actor"] = dataclasses.replace(specs["actor"], options={"rollout": "vllm", "rollout_dtype": "fp32"})
-    if actor_backend == "fsdp+vllm detached":
-        plan = _detached_plan({"actor": ("fsdp", 0), "actor:rollout": ("vllm", 1), "reference": ("torch", 1)})
-        specs["actor"] = dataclasses.replace(specs["actor"], options={"rollout_dtype": "fp32"})
+        specs["actor"] = dataclasses.replace(specs["actor"], backend="fsdp", rollout="vllm",
+                                             rollout_options={"rollout_dtype": "fp32"})
+    elif actor_backend == "fsdp+vllm detached":
+        plan = _detached_plan({"actor": 0, "actor:rollout": 1, "reference": 1})
+        specs["actor"] = dataclasses.replace(specs["actor"], backend="fsdp", rollout="vllm",
+                                             rollout_options={"rollout_dtype": "fp32"})
     loader = setup.prompt_loader(config, data, tokenizer)
     rewards = []
     start = time.perf_counter()

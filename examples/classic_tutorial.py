@@ -7,7 +7,6 @@ are the built-in tiny Qwen2, SFT-warmed on the string-reversal task before RL st
 """
 
 from hybridflow import DataParallelConfig, SingleController
-from hybridflow.classic import RunSettings
 
 
 def main() -> None:
@@ -27,7 +26,7 @@ def main() -> None:
     controller = SingleController(
         config=dp_config, actor_model="tiny-qwen2", critic_model="tiny-qwen2", reward_model="tiny-qwen2",
         reference_model="tiny-qwen2", use_half_precision=True,
-        settings=RunSettings(steps=5, batch_size=8, output_dir="runs/classic_tutorial"),
+        settings={"steps": 5, "data.batch_size": 8, "output_dir": "runs/classic_tutorial"},
     )
     controller.plan()
     result = controller.fit()

@@ -7,7 +7,10 @@ style API) are imported on first use.
 
 from typing import TYPE_CHECKING, Any
 
+from hybridflow import _source_tree
 from hybridflow._version import __version__
+
+_source_tree.install(__path__[0])
 
 if TYPE_CHECKING:
     from hybridflow.classic import DataParallelConfig, SingleController

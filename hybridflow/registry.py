@@ -123,19 +123,25 @@ def _import_file(path: Path, spec: str) -> ModuleType:
     """Import a user file once per process: the CLI, planner and runtime may each resolve names in it,
     and re-running it would re-run its ``@register`` decorators (a duplicate-name error)."""
     module_name = f"hybridflow_user_{abs(hash(path.resolve()))}"
-    if module_name in sys.modules:
-        return sys.modules[module_name]
-    module_spec = importlib.util.spec_from_file_location(module_name, path)
-    if module_spec is None or module_spec.loader is None:
-        raise ImportError(f"{spec!r}: cannot import {path}")
-    module = importlib.util.module_from_spec(module_spec)
-    sys.modules[module_name] = module
-    try:
-        module_spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[module_name]  # a half-run module must not be reused by the next lookup
-        raise
-    return module
+    # Rank threads of a local worker group resolve the same file at once: one imports, the others wait
+    # (reentrant: a user file may name another one while it loads).
+    with _FILE_IMPORT_LOCK:
+        if module_name in sys.modules:
+            return sys.modules[module_name]
+        module_spec = importlib.util.spec_from_file_location(module_name, path)
+        if module_spec is None or module_spec.loader is None:
+            raise ImportError(f"{spec!r}: cannot import {path}")
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[module_name] = module
+        try:
+            module_spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[module_name]  # a half-run module must not be reused by the next lookup
+            raise
+        return module
+
+
+_FILE_IMPORT_LOCK = threading.RLock()
 
 
 # The project's registries. Built-ins live in ``hybridflow.algorithms`` and are found through the

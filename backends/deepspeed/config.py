@@ -7,17 +7,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hybridflow.planner import RoleLayout, Sharding
-from hybridflow.runtime.protocols import OptimSpec, RoleSpec
+from hybridflow.runtime.protocols import OptimSpec, RoleSpec, parse_options
 
 # FSDP names a plan may carry, mapped to the ZeRO stage that shards the same things.
 ZERO_STAGES = {Sharding.NO_SHARD: 0, Sharding.ZERO1: 1, Sharding.ZERO2: 2, Sharding.SHARD_GRAD_OP: 2,
                Sharding.ZERO3: 3, Sharding.FULL_SHARD: 3, Sharding.HYBRID_SHARD: 3}
-_KEYS = ("offload_optimizer", "init_method", "timeout_s", "ds_config")
 
 
 @dataclass(frozen=True, kw_only=True)
 class DeepSpeedOptions:
-    """Role options (``RoleSpec.options``) of the DeepSpeed backend.
+    """Role options (``RoleSpec.options``) of the DeepSpeed backend; any other key is refused.
 
     ``offload_optimizer``: keep optimizer states (and the step) on the CPU (ZeRO-Offload; stage >= 1). It
     needs DeepSpeed's own CPU Adam, JIT-compiled on first use (~75 s, cached in ``TORCH_EXTENSIONS_DIR``);
@@ -32,7 +31,7 @@ class DeepSpeedOptions:
 
     @classmethod
     def from_spec(cls, spec: RoleSpec) -> DeepSpeedOptions:
-        return cls(**{key: spec.options[key] for key in _KEYS if key in spec.options})
+        return parse_options(cls, spec.options, role=spec.name, owner="deepspeed backend")
 
 
 def zero_stage(layout: RoleLayout) -> int:

@@ -4,26 +4,20 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
+from hybridflow.backends.common import modeling
+from hybridflow.backends.common.distributed import all_ranks_finite, ensure_process_group
+from hybridflow.backends.common.forward import ForwardOps
+from hybridflow.backends.common.rollout import with_configured_rollout
+from hybridflow.backends.common.training import GradientSteps, non_finite
 from hybridflow.backends.deepspeed.config import DeepSpeedOptions, build_config, zero_stage
-from hybridflow.backends.fsdp.distributed import all_ranks_finite, ensure_process_group
-from hybridflow.backends.fsdp.training import (
-    ShardedForwardOps,
-    accumulate,
-    run_update,
-    training_outputs,
-    with_configured_rollout,
-)
-from hybridflow.backends.torch import modeling
 
 from hybridflow.planner import RoleLayout
-from hybridflow.runtime.batch import Batch
-from hybridflow.runtime.errors import NonFiniteLossError
-from hybridflow.runtime.protocols import LossFn, OptimSpec, RoleSpec, WorkerContext
+from hybridflow.runtime.protocols import OptimSpec, RoleSpec, WorkerContext
 
 CHECKPOINT_TAG = "hybridflow"
 
@@ -38,8 +32,8 @@ def import_deepspeed() -> Any:
     return deepspeed
 
 
-class DeepSpeedRoleEngine(ShardedForwardOps):
-    """A :class:`~hybridflow.runtime.protocols.RoleEngine` over a DeepSpeed engine.
+class DeepSpeedRoleEngine(ForwardOps, GradientSteps):
+    """A role engine over a DeepSpeed engine.
 
     Trainable roles run ``deepspeed.initialize`` with a torch AdamW (or DeepSpeed's CPU Adam under
     ZeRO-Offload); frozen roles are ZeRO-3 partitioned for inference at stage 3, plain modules below.
@@ -92,27 +86,21 @@ class DeepSpeedRoleEngine(ShardedForwardOps):
         with import_deepspeed().zero.GatheredParameters(list(self.model.parameters()), modifier_rank=None):
             yield
 
-    def train_step(self, batch: Batch, *, loss: LossFn, options: Mapping[str, Any]) -> dict[str, float]:
-        if not self.spec.kind.trainable:
-            raise TypeError(f"role {self.spec.name!r} ({self.spec.kind}) is frozen and cannot be updated")
-        self.engine.train()
-        try:
-            return run_update(batch, self.spec.optim or OptimSpec(), lambda mini: self._optimizer_step(mini, loss,
-                                                                                                       options))
-        finally:
-            self.engine.eval()
+    def training_module(self) -> Any:
+        return self.engine
 
-    def _optimizer_step(self, mini: Batch, loss: LossFn, options: Mapping[str, Any]) -> dict[str, float]:
-        sums, finite = accumulate(mini, micro_batch_size=self.micro_batch_size,
-                                  forward=lambda micro: training_outputs(self.spec.kind, self.engine, micro),
-                                  loss=loss, options=options,
-                                  backward=lambda value: self.engine.backward(value, scale_wrt_gas=False))
+    def zero_grad(self) -> None:
+        return None  # ``engine.step()`` zeroes what it applied
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.engine.backward(loss, scale_wrt_gas=False)
+
+    def optimizer_step(self, finite: bool, optim: OptimSpec) -> dict[str, float]:
         if not all_ranks_finite(finite):
             self.engine.zero_grad()
-            raise NonFiniteLossError(f"role {self.spec.name!r}: non-finite loss on a rank; the step was aborted "
-                                     "before the optimizer step (lower the learning rate or check the inputs)")
+            raise non_finite(self.spec.name)
         self.engine.step()  # reduces, clips (gradient_clipping) and applies the accumulated micro batches
-        metrics = {**sums, "lr": float(self.engine.get_lr()[0])}
+        metrics = {"lr": float(self.engine.get_lr()[0])}
         grad_norm = self.engine.get_global_grad_norm()  # None at ZeRO stage 0, which clips without reporting
         if grad_norm is not None:
             metrics["grad_norm"] = float(grad_norm)
@@ -129,6 +117,12 @@ class DeepSpeedRoleEngine(ShardedForwardOps):
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {name: tensor.cpu().clone() for name, tensor in self.iter_full_weights()}
+
+    def tied_weights(self) -> Mapping[str, str]:
+        return modeling.tied_weights(self.model)
+
+    def load_weights(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self.load_state_dict(dict(named))
 
     def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
         """Whole weights (every rank gets the same ``state``) into the module and the optimizer's fp32 copy."""
@@ -157,9 +151,14 @@ class DeepSpeedRoleEngine(ShardedForwardOps):
         if path is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint tagged {CHECKPOINT_TAG!r} in {directory!r}")
 
+    def close(self) -> None:
+        """Release DeepSpeed's hooks and partitioned buffers (``DeepSpeedEngine.destroy``)."""
+        if self.engine is not None:
+            self.engine.destroy()
+
 
 class DeepSpeedBackend:
-    """Builds :class:`DeepSpeedRoleEngine` s (wrapped in a vLLM hybrid engine when ``options.rollout`` is ``vllm``)."""
+    """Builds :class:`DeepSpeedRoleEngine` s (in a vLLM hybrid engine for ``rollout: vllm``)."""
 
     name = "deepspeed"
 

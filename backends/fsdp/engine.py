@@ -3,34 +3,28 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from hybridflow.backends.common import modeling
+from hybridflow.backends.common.distributed import all_ranks_finite, ensure_process_group
+from hybridflow.backends.common.forward import ForwardOps
+from hybridflow.backends.common.rollout import with_configured_rollout
+from hybridflow.backends.common.training import GradientSteps, non_finite
 from hybridflow.backends.fsdp import checkpoint, parallelize
-from hybridflow.backends.fsdp.distributed import all_ranks_finite, ensure_process_group
-from hybridflow.backends.fsdp.training import (
-    ShardedForwardOps,
-    accumulate,
-    run_update,
-    training_outputs,
-    with_configured_rollout,
-)
-from hybridflow.backends.torch import modeling
 
 from hybridflow.planner import RoleLayout
-from hybridflow.runtime.batch import Batch
-from hybridflow.runtime.errors import NonFiniteLossError
-from hybridflow.runtime.protocols import LossFn, OptimSpec, RoleSpec, WorkerContext
+from hybridflow.runtime.protocols import OptimSpec, RoleSpec, WorkerContext, parse_options
 
 
 @dataclass(frozen=True, kw_only=True)
 class FsdpOptions:
-    """Role options (``RoleSpec.options``) the FSDP backend reads; other keys are left to other layers.
+    """Role options (``RoleSpec.options``) of the FSDP backend; any other key is refused.
 
     ``shard_size``: ranks sharded together under HYBRID_SHARD (0: ``LOCAL_WORLD_SIZE`` or the group).
-    ``init_method``/``timeout_s``: how to join torch.distributed when nobody did (see ``distributed``).
+    ``init_method``/``timeout_s``: how to join torch.distributed when nobody did (see ``common.distributed``).
     """
 
     shard_size: int = 0
@@ -39,15 +33,14 @@ class FsdpOptions:
 
     @classmethod
     def from_spec(cls, spec: RoleSpec) -> FsdpOptions:
-        known = {key: spec.options[key] for key in ("shard_size", "init_method", "timeout_s") if key in spec.options}
-        options = cls(**known)
+        options = parse_options(cls, spec.options, role=spec.name, owner="fsdp backend")
         if options.shard_size < 0:
             raise ValueError(f"role {spec.name!r}: options.shard_size={options.shard_size} must be >= 0")
         return options
 
 
-class FsdpRoleEngine(ShardedForwardOps):
-    """A :class:`~hybridflow.runtime.protocols.RoleEngine` over an FSDP2-sharded HF model.
+class FsdpRoleEngine(ForwardOps, GradientSteps):
+    """A role engine over an FSDP2-sharded HF model.
 
     Every rank of the group must call the same ops with the same number of rows (the controller pads
     rows to a multiple of ``dp``): forward passes all-gather parameters collectively.
@@ -99,34 +92,25 @@ class FsdpRoleEngine(ShardedForwardOps):
                 keep = module is self.model or not self.setup.reshard_after_forward
                 module.set_reshard_after_forward(not keep, recurse=False)
 
-    def train_step(self, batch: Batch, *, loss: LossFn, options: Mapping[str, Any]) -> dict[str, float]:
-        if self.optimizer is None:
-            raise TypeError(f"role {self.spec.name!r} ({self.spec.kind}) is frozen and cannot be updated")
-        optim = self.spec.optim or OptimSpec()
-        self.model.train()
-        try:
-            return run_update(batch, optim, lambda mini: self._optimizer_step(mini, loss, options, optim.grad_clip))
-        finally:
-            self.model.eval()
+    def training_module(self) -> Any:
+        return self.model
 
-    def _optimizer_step(self, mini: Batch, loss: LossFn, options: Mapping[str, Any],
-                        grad_clip: float) -> dict[str, float]:
+    def zero_grad(self) -> None:
         assert self.optimizer is not None
         self.optimizer.zero_grad(set_to_none=True)
-        sums, finite = accumulate(mini, micro_batch_size=self.micro_batch_size,
-                                  forward=lambda micro: training_outputs(self.spec.kind, self.model, micro),
-                                  loss=loss, options=options, backward=lambda value: value.backward())
+
+    def optimizer_step(self, finite: bool, optim: OptimSpec) -> dict[str, float]:
+        assert self.optimizer is not None
         # Every rank votes, so a bad loss on one rank aborts the step everywhere instead of hanging a collective.
         if not all_ranks_finite(finite):
             self.optimizer.zero_grad(set_to_none=True)
-            raise NonFiniteLossError(f"role {self.spec.name!r}: non-finite loss on a rank; the step was aborted "
-                                     "before the optimizer step (lower the learning rate or check the inputs)")
-        grad_norm = full_value(torch.nn.utils.clip_grad_norm_(self.model.parameters(), grad_clip))
+            raise non_finite(self.spec.name)
+        grad_norm = full_value(torch.nn.utils.clip_grad_norm_(self.model.parameters(), optim.grad_clip))
         if not torch.isfinite(grad_norm):
             self.optimizer.zero_grad(set_to_none=True)
-            raise NonFiniteLossError(f"role {self.spec.name!r}: non-finite gradient norm; step aborted")
+            raise non_finite(self.spec.name, "gradient norm")
         self.optimizer.step()
-        return {**sums, "grad_norm": float(grad_norm), "lr": float(self.optimizer.param_groups[0]["lr"])}
+        return {"grad_norm": float(grad_norm), "lr": float(self.optimizer.param_groups[0]["lr"])}
 
     def iter_full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """(name, whole tensor) one parameter at a time: a collective, every rank must drain it in step.
@@ -142,6 +126,12 @@ class FsdpRoleEngine(ShardedForwardOps):
         live = {local_value(tensor).data_ptr() for tensor in self.model.state_dict().values()}
         return {name: tensor.clone() if tensor.data_ptr() in live else tensor.cpu()
                 for name, tensor in self.iter_full_weights()}
+
+    def tied_weights(self) -> Mapping[str, str]:
+        return modeling.tied_weights(self.model)
+
+    def load_weights(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self.load_state_dict(dict(named))
 
     def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
         """Whole weights (the same on every rank, as the contract's ``state_dict`` gives them): each rank keeps
@@ -166,6 +156,9 @@ class FsdpRoleEngine(ShardedForwardOps):
     def load_checkpoint(self, directory: str) -> None:
         checkpoint.load(directory, self.model, self.optimizer)
 
+    def close(self) -> None:
+        """Nothing to stop: the process group belongs to the worker, shards are plain memory."""
+
 
 def full_value(tensor: torch.Tensor) -> torch.Tensor:
     """The whole tensor behind a DTensor shard (a collective); plain tensors pass through."""
@@ -182,7 +175,7 @@ def local_value(tensor: torch.Tensor) -> torch.Tensor:
 
 
 class FsdpBackend:
-    """Builds :class:`FsdpRoleEngine` s (wrapped in a vLLM hybrid engine when ``options.rollout`` is ``vllm``)."""
+    """Builds :class:`FsdpRoleEngine` s (in a vLLM hybrid engine for ``rollout: vllm``)."""
 
     name = "fsdp"
 

@@ -3,10 +3,10 @@
 Registered under the ``hybridflow.backends`` entry-point group as ``torch``.
 """
 
-from hybridflow.backends.torch.engine import BACKEND, TorchBackend, TorchRoleEngine
+from hybridflow.backends.torch.engine import BACKEND, TorchBackend, TorchOptions, TorchRoleEngine
 
 from hybridflow.registry import BACKENDS
 
 BACKENDS.add("torch", BACKEND)
 
-__all__ = ["BACKEND", "TorchBackend", "TorchRoleEngine"]
+__all__ = ["BACKEND", "TorchBackend", "TorchOptions", "TorchRoleEngine"]

@@ -2,25 +2,24 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from hybridflow.backends.vllm.rollout import RolloutConfig, VllmRollout, materialize_model
-from hybridflow.backends.vllm.weights import SyncStats
 
 from hybridflow.graph import RoleKind
 from hybridflow.planner import RoleLayout
 from hybridflow.runtime.batch import Batch
-from hybridflow.runtime.protocols import LossFn, RoleSpec, SamplingParams, WorkerContext
-
-_KEYS = ("rollout_dtype", "kv_cache_gib", "max_model_len", "gpu_memory_utilization", "sleep_level", "engine_args")
+from hybridflow.runtime.protocols import RoleSpec, SamplingParams, WorkerContext, parse_options
+from hybridflow.runtime.weights import WeightSyncStats
 
 
 @dataclass(frozen=True, kw_only=True)
 class VllmOptions:
-    """Role options (``RoleSpec.options``) of a vLLM rollout.
+    """Options of a vLLM engine: ``RoleSpec.options`` of a ``vllm`` role, ``RoleSpec.rollout_options`` of a
+    trainable policy with ``rollout: vllm``. Any other key is refused.
 
     ``rollout_dtype``: the engine's dtype (default: the layout's). ``sleep_level``: put the engine to sleep
     after each generation (1 offloads weights and drops the KV cache, 2 drops both; 0 never sleeps) so a
@@ -35,11 +34,11 @@ class VllmOptions:
     engine_args: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_spec(cls, spec: RoleSpec) -> VllmOptions:
-        options = cls(**{key: spec.options[key] for key in _KEYS if key in spec.options})
-        if options.sleep_level not in (0, 1, 2):
-            raise ValueError(f"role {spec.name!r}: options.sleep_level={options.sleep_level} must be 0, 1 or 2")
-        return options
+    def parse(cls, options: Mapping[str, Any], role: str) -> VllmOptions:
+        parsed = parse_options(cls, options, role=role, owner="vllm")
+        if parsed.sleep_level not in (0, 1, 2):
+            raise ValueError(f"role {role!r}: vllm option sleep_level={parsed.sleep_level} must be 0, 1 or 2")
+        return parsed
 
     def rollout_config(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext,
                        model_dir: str) -> RolloutConfig:
@@ -50,31 +49,33 @@ class VllmOptions:
                              engine_args=dict(self.engine_args))
 
 
-def start_rollout(spec: RoleSpec, layout: RoleLayout, context: WorkerContext) -> tuple[VllmRollout, VllmOptions, Any]:
-    """A rollout engine for ``spec``'s model; returns it, its options and the owner of any temporary model dir."""
-    options = VllmOptions.from_spec(spec)
+def start_rollout(spec: RoleSpec, options: VllmOptions, layout: RoleLayout,
+                  context: WorkerContext) -> tuple[VllmRollout, Any]:
+    """A rollout engine for ``spec``'s model; returns it and the owner of any temporary model dir."""
     model_dir, holder = materialize_model(spec.model, seed=spec.seed)
-    return VllmRollout(options.rollout_config(spec, layout, context, model_dir)), options, holder
+    return VllmRollout(options.rollout_config(spec, layout, context, model_dir)), holder
 
 
 def sample_seed(sampling: SamplingParams, rank: int) -> int:
     """Base seed of a generate call: ranks and steps sample differently, reruns the same."""
-    return (sampling.seed * 1009 + rank) * 100_003
+    # Row i samples with seed base + i (vLLM seeds per request): spacing the bases keeps ranks apart.
+    return sampling.rank_seed(rank) * 100_003
 
 
 class VllmRoleEngine:
     """A frozen policy (reference, or a rollout fed weights from a trainer on another group) on vLLM.
 
-    Trainable roles need a trainer: use the fsdp/deepspeed/torch backend with ``options.rollout: vllm``.
+    Trainable roles need a trainer: give a trainable policy backend fsdp/deepspeed/torch with ``rollout: vllm``.
     """
 
     def __init__(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext) -> None:
         if spec.kind is not RoleKind.FROZEN_POLICY:
             raise ValueError(f"role {spec.name!r} is a {spec.kind.value}: the vllm backend serves frozen policies "
-                             "only; give a trainable policy backend fsdp/deepspeed/torch with options.rollout: vllm")
+                             "only; give a trainable policy backend fsdp/deepspeed/torch with rollout: vllm")
         self.spec, self.context = spec, context
-        self.rollout, self.options, self._model_dir = start_rollout(spec, layout, context)
-        self.last_sync: SyncStats | None = None
+        self.options = VllmOptions.parse(spec.options, spec.name)
+        self.rollout, self._model_dir = start_rollout(spec, self.options, layout, context)
+        self.last_sync: WeightSyncStats | None = None
 
     def generate(self, batch: Batch, sampling: SamplingParams) -> Batch:
         return self.rollout.generate(batch, sampling, seed=sample_seed(sampling, self.context.rank))
@@ -84,33 +85,19 @@ class VllmRoleEngine:
             raise ValueError(f"role {self.spec.name!r}: vLLM returns no entropy; ask log_probs(with_entropy=False)")
         return self.rollout.log_probs(batch)
 
-    def values(self, batch: Batch) -> Batch:
-        raise TypeError(f"role {self.spec.name!r}: the vllm backend has no value head")
-
-    def score(self, batch: Batch) -> Batch:
-        raise TypeError(f"role {self.spec.name!r}: the vllm backend has no reward head")
-
-    def train_step(self, batch: Batch, *, loss: LossFn, options: Mapping[str, Any]) -> dict[str, float]:
-        raise TypeError(f"role {self.spec.name!r}: vLLM does not train")
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        raise TypeError(f"role {self.spec.name!r}: vLLM holds fused inference weights; take the trainer's state_dict")
-
-    def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
-        """New weights (HF names, e.g. a trainer's full state dict) into the running engine."""
-        self.last_sync = self.rollout.load_weights(state.items())
-
-    def save_checkpoint(self, directory: str) -> None:
-        return None  # frozen: its weights are the model directory's or the trainer's
-
-    def load_checkpoint(self, directory: str) -> None:
-        return None
+    def load_weights(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """New weights (HF names, e.g. a trainer's whole weights) into the running engine."""
+        self.last_sync = self.rollout.load_weights(named)
 
     def sleep(self, level: int = 1) -> None:
         self.rollout.sleep(level)
 
     def wake_up(self) -> None:
         self.rollout.wake_up()
+
+    def close(self) -> None:
+        """Stop the engine (in process this also tears down torch.distributed's default group)."""
+        self.rollout.shutdown()
 
 
 class VllmBackend:

@@ -8,38 +8,38 @@ tensor exists at a time. Sync is lazy: it happens before the first generation af
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
 from hybridflow.backends.vllm.engine import VllmOptions, sample_seed, start_rollout
-from hybridflow.backends.vllm.weights import SyncStats
 
-from hybridflow.graph import RoleKind
 from hybridflow.planner import RoleLayout
 from hybridflow.runtime.batch import Batch
-from hybridflow.runtime.protocols import LossFn, RoleEngine, RoleSpec, SamplingParams, WorkerContext
-from hybridflow.runtime.weights import full_weights
+from hybridflow.runtime.protocols import LossFn, RoleSpec, SamplingParams, WorkerContext
+from hybridflow.runtime.weights import WeightSyncStats, full_weights
 
 
 class HybridEngine:
-    """A :class:`~hybridflow.runtime.protocols.RoleEngine`: ``generate`` on vLLM, everything else on the trainer.
+    """A policy engine that generates on vLLM and does everything else on its trainer.
 
-    ``train_step`` metrics carry the last sync's cost (``weight_sync/seconds``, ``weight_sync/bytes``...).
+    ``trainer`` is a training backend's engine (a generator, log-prob model, trainer and weight source
+    and sink). ``train_step`` metrics carry the last sync's cost (``weight_sync/seconds``, ``bytes``...).
     """
 
-    def __init__(self, trainer: RoleEngine, spec: RoleSpec, layout: RoleLayout, context: WorkerContext) -> None:
+    def __init__(self, trainer: Any, spec: RoleSpec, layout: RoleLayout, context: WorkerContext) -> None:
         self.trainer, self.spec, self.context = trainer, spec, context
-        self.rollout, self.options, self._model_dir = start_rollout(spec, layout, context)
+        self.options = VllmOptions.parse(spec.rollout_options, spec.name)
+        self.rollout, self._model_dir = start_rollout(spec, self.options, layout, context)
         self.stale = False  # both engines start from the same seeded weights
-        self.last_sync: SyncStats | None = None
+        self.last_sync: WeightSyncStats | None = None
 
     def _trainer_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The trainer's whole weights in the rollout's dtype (fp32 masters travel as bf16 for a bf16 engine,
         one tensor at a time), so bytes per sync match the planner's ``params x dtype`` estimate."""
         return full_weights(self.trainer, self.rollout.config.dtype)
 
-    def sync_weights(self) -> SyncStats:
+    def sync_weights(self) -> WeightSyncStats:
         """Copy the trainer's current weights into the rollout engine now."""
         self.last_sync = self.rollout.load_weights(self._trainer_weights())
         self.stale = False
@@ -57,23 +57,23 @@ class HybridEngine:
     def log_probs(self, batch: Batch, *, with_entropy: bool = False) -> Batch:
         return self.trainer.log_probs(batch, with_entropy=with_entropy)
 
-    def values(self, batch: Batch) -> Batch:
-        return self.trainer.values(batch)
-
-    def score(self, batch: Batch) -> Batch:
-        return self.trainer.score(batch)
-
     def train_step(self, batch: Batch, *, loss: LossFn, options: Mapping[str, Any]) -> dict[str, float]:
         metrics = self.trainer.train_step(batch, loss=loss, options=options)
         self.stale = True
         return {**metrics, **(self.last_sync.metrics() if self.last_sync else {})}
 
+    def iter_full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return self.trainer.iter_full_weights()
+
+    def tied_weights(self) -> Mapping[str, str]:
+        return self.trainer.tied_weights()
+
+    def load_weights(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self.trainer.load_weights(named)
+        self.stale = True
+
     def state_dict(self) -> dict[str, torch.Tensor]:
         return self.trainer.state_dict()
-
-    def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
-        self.trainer.load_state_dict(state)
-        self.stale = True
 
     def save_checkpoint(self, directory: str) -> None:
         self.trainer.save_checkpoint(directory)
@@ -82,14 +82,7 @@ class HybridEngine:
         self.trainer.load_checkpoint(directory)
         self.stale = True
 
-
-def with_rollout(trainer: RoleEngine, spec: RoleSpec, layout: RoleLayout, context: WorkerContext) -> HybridEngine:
-    """``trainer`` with generation moved to vLLM (``options.rollout: vllm`` of a policy role)."""
-    rollout = spec.options.get("rollout")
-    if rollout != "vllm":
-        raise ValueError(f"role {spec.name!r}: options.rollout={rollout!r}; valid values are 'self' (the trainer "
-                         "generates) and 'vllm'")
-    if spec.kind is not RoleKind.POLICY:
-        raise ValueError(f"role {spec.name!r} is a {spec.kind.value}: options.rollout applies to policy roles only")
-    VllmOptions.from_spec(spec)  # fail on bad options before starting an engine
-    return HybridEngine(trainer, spec, layout, context)
+    def close(self) -> None:
+        """The trainer first: stopping an in-process vLLM engine tears down torch.distributed's default group."""
+        self.trainer.close()
+        self.rollout.shutdown()

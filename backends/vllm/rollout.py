@@ -123,7 +123,7 @@ class VllmRollout:
                 out[i, t] = _chosen(steps[start + t], row[start + t])
         return Batch({"logprobs": out})
 
-    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> weights.SyncStats:
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> weights.WeightSyncStats:
         """Replace the engine's weights with HF-named tensors (consumed one at a time in process)."""
         self.wake_up()
         if self.config.in_process:
@@ -175,7 +175,7 @@ def materialize_model(model: str, *, seed: int) -> tuple[str, tempfile.Temporary
     """
     if Path(model).is_dir():
         return model, None
-    from hybridflow.backends.torch import modeling
+    from hybridflow.backends.common import modeling
 
     from hybridflow.data import char_tokenizer
     from hybridflow.graph import RoleKind

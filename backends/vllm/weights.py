@@ -4,28 +4,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from hybridflow.runtime.weights import WeightSyncStats
+
 BUCKET_BYTES = 256 << 20  # serialized path: one RPC per ~256 MiB keeps each message and copy bounded
-
-
-@dataclass(frozen=True, kw_only=True)
-class SyncStats:
-    """One weight sync: wall seconds, bytes moved, tensors moved and the largest single tensor (the most
-    memory the in-process path holds beyond the two engines' own weights)."""
-
-    seconds: float
-    bytes: int
-    tensors: int
-    largest_tensor_bytes: int
-
-    def metrics(self, prefix: str = "weight_sync/") -> dict[str, float]:
-        return {prefix + "seconds": self.seconds, prefix + "bytes": float(self.bytes),
-                prefix + "tensors": float(self.tensors),
-                prefix + "largest_tensor_bytes": float(self.largest_tensor_bytes)}
 
 
 class _Counter:
@@ -53,16 +38,16 @@ def _reload_from_bytes(worker: Any, blob: bytes) -> None:
     worker.model_runner.reload_weights(weights_iterator=iter(load(blob).items()))
 
 
-def load_in_process(llm: Any, named: Iterable[tuple[str, torch.Tensor]]) -> SyncStats:
+def load_in_process(llm: Any, named: Iterable[tuple[str, torch.Tensor]]) -> WeightSyncStats:
     """Stream tensors straight into the engine's model (same process: no serialisation, no full copy)."""
     start = time.perf_counter()
     counter = _Counter(named)
     llm.collective_rpc(_reload_from_iterator, args=(counter,))
-    return SyncStats(seconds=time.perf_counter() - start, bytes=counter.bytes, tensors=counter.tensors,
+    return WeightSyncStats(seconds=time.perf_counter() - start, bytes=counter.bytes, tensors=counter.tensors,
                      largest_tensor_bytes=counter.largest)
 
 
-def load_serialized(llm: Any, named: Iterable[tuple[str, torch.Tensor]]) -> SyncStats:
+def load_serialized(llm: Any, named: Iterable[tuple[str, torch.Tensor]]) -> WeightSyncStats:
     """Send safetensors buckets to vLLM's worker processes (tensor-parallel engines)."""
     from safetensors.torch import save
 
@@ -83,5 +68,5 @@ def load_serialized(llm: Any, named: Iterable[tuple[str, torch.Tensor]]) -> Sync
             bucket, size, seen = {}, 0, set()
     if bucket:
         llm.collective_rpc(_reload_from_bytes, args=(save(bucket),))
-    return SyncStats(seconds=time.perf_counter() - start, bytes=counter.bytes, tensors=counter.tensors,
+    return WeightSyncStats(seconds=time.perf_counter() - start, bytes=counter.bytes, tensors=counter.tensors,
                      largest_tensor_bytes=counter.largest)

@@ -11,38 +11,26 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from hybridflow.classic.config import ROLLOUT, DataParallelConfig
-from hybridflow.graph import Graph, RoleKind, Workload, load_graph
+from hybridflow.graph import Graph, Op, RoleKind, Workload, load_graph
 from hybridflow.planner import Cluster, ModelSpec, Plan, compare_plans, evaluate_mapping, plan_placement
+
+if TYPE_CHECKING:
+    from hybridflow.train.config import TrainConfig
 
 ROLE_ARGS = {"actor": "actor_model", "critic": "critic_model", "reward": "reward_model",
              "reference": "reference_model"}
 
 
-@dataclass(frozen=True, kw_only=True)
-class RunSettings:
-    """What to train on: task, sizes and where outputs go. ``algorithm`` defaults to PPO with a
-    critic and GRPO without one."""
-
-    algorithm: str | None = None
-    task: str = "reverse"
-    steps: int = 10
-    batch_size: int = 8
-    max_new_tokens: int = 12
-    prompt_len: int = 16
-    executor: Literal["local", "ray", "torchrun"] = "local"
-    output_dir: str = "runs/classic"
-    seed: int = 0
-    sft_steps: int = 100
-    algorithm_options: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def workload(self) -> Workload:
-        return Workload(batch_size=self.batch_size, prompt_len=self.prompt_len, response_len=self.max_new_tokens)
+# What ``settings`` default to here (dotted keys of the training config, the same schema as ``hybridflow train``).
+CLASSIC_DEFAULTS: dict[str, Any] = {"steps": 10, "output_dir": "runs/classic", "progress": False,
+                                    "data.batch_size": 8, "algorithm_options.max_new_tokens": 12}
+DRY_RUN_PROMPT_LEN = 16  # prompt tokens of the workload plan() costs when no Workload is passed
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,12 +53,18 @@ class SingleController:
 
     def __init__(self, *, config: DataParallelConfig, actor_model: str, critic_model: str | None = None,
                  reward_model: str | None = None, reference_model: str | None = None,
-                 use_half_precision: bool = False, settings: RunSettings | None = None) -> None:
+                 use_half_precision: bool = False, settings: TrainConfig | Mapping[str, Any] | None = None) -> None:
+        from hybridflow.train.config import TrainConfig, config_from_dotted
+
         self.config = config
-        self.settings = settings or RunSettings()
         self.use_half_precision = use_half_precision
         given = {"actor": actor_model, "critic": critic_model, "reward": reward_model, "reference": reference_model}
         self.models = {role: model for role, model in given.items() if model is not None}
+        if isinstance(settings, TrainConfig):
+            self.settings = settings
+        else:  # PPO with a critic, GRPO without one, unless the caller says otherwise
+            algorithm = {"algorithm": "ppo" if "critic" in self.models else "grpo"}
+            self.settings = config_from_dotted(dict(settings or {}), {**CLASSIC_DEFAULTS, **algorithm})
         for role, model in self.models.items():
             if role != "actor" and config.mesh(role) is None:
                 raise ValueError(f"SingleController: {ROLE_ARGS[role]}={model!r} is given but "
@@ -88,12 +82,17 @@ class SingleController:
         return Cluster.parse(self.config.cluster or f"{self.config.num_gpus}xA100-80G")
 
     def graph(self) -> Graph:
-        """PPO (critic present) or GRPO; a reward model when one is given, the task's rule otherwise."""
-        name = self.settings.algorithm or ("ppo" if "critic" in self.models else "grpo")
+        """The settings' algorithm with a reward model when one is given, the task's rule otherwise."""
         kind = RoleKind.REWARD_MODEL if "reward" in self.models else RoleKind.REWARD_FUNCTION
-        options = {"reward_kind": kind, "max_new_tokens": self.settings.max_new_tokens,
-                   **self.settings.algorithm_options}
-        return load_graph(name, **options)
+        return load_graph(self.settings.algorithm, **{**self.settings.algorithm_options, "reward_kind": kind})
+
+    @property
+    def workload(self) -> Workload:
+        """What ``plan()`` costs by default: the settings' prompts per step and response length."""
+        lengths = [int(node.option("max_new_tokens", 32) or 32) for node in self.graph().nodes
+                   if node.op is Op.GENERATE]
+        return Workload(batch_size=self.settings.data.batch_size, prompt_len=DRY_RUN_PROMPT_LEN,
+                        response_len=max(lengths, default=32))
 
     def dtypes(self) -> dict[str, str]:
         """Inference roles in half precision when asked: bf16 where the device has it, else fp16 (T4, V100)."""
@@ -124,7 +123,7 @@ class SingleController:
             meshes[rollout] = self.config.rollout_device_mesh
         rollout_tp = {rollout: len(meshes[rollout]) // dp} if dp else None
         return evaluate_mapping(
-            graph, self.model_specs(graph), workload or self.settings.workload, self.cluster, meshes,
+            graph, self.model_specs(graph), workload or self.workload, self.cluster, meshes,
             data_parallel_size={role: len(mesh) for role, mesh in meshes.items()}, rollout_tp=rollout_tp,
             sharding=self.config.fsdp_sharding_strategy, micro_batch_sizes=micro or None, dtypes=self.dtypes(),
         )
@@ -132,7 +131,7 @@ class SingleController:
     def plan(self, workload: Workload | None = None, *, show: bool = True) -> PlanCheck:
         """A dry run: this mapping next to the planner's own choice for the same cluster and workload."""
         graph = self.graph()
-        work = workload or self.settings.workload
+        work = workload or self.workload
         manual = self.manual_plan(work)
         auto = plan_placement(graph, self.model_specs(graph), work, self.cluster)
         check = PlanCheck(manual=manual, auto=auto, unused_gpus=tuple(self.config.unused_gpus),
@@ -143,34 +142,27 @@ class SingleController:
 
     def fit(self, steps: int | None = None) -> Any:
         """Train on this mapping; returns the run's :class:`~hybridflow.train.loop.TrainResult`."""
-        from hybridflow.train.config import DataConfig, RoleConfig, TrainConfig
+        from hybridflow.train.config import ModelConfig, RoleConfig
         from hybridflow.train.loop import train
 
-        settings = self.settings if steps is None else replace(self.settings, steps=steps)
-        run_dir = Path(settings.output_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
         plan = self.manual_plan()
-        (run_dir / "plan.json").write_text(plan.to_json())
-        graph = self.graph()
         # The run follows the plan: each role's micro batch is the one the mapping was costed with.
         roles = {role: RoleConfig(model=self._role_model(role), micro_batch_size=plan.layout(role).micro_batch_size,
                                   max_concurrent_requests=self.config.max_concurrent_requests(role))
                  for role in self.models if plan.group_index(role) is not None}
-        config = TrainConfig(
-            algorithm=graph.name, seed=settings.seed, steps=settings.steps, executor=settings.executor,
-            num_gpus=self.config.num_gpus, plan_file=str(run_dir / "plan.json"),
-            algorithm_options={"reward_kind": graph.role("reward").kind.value,
-                               "max_new_tokens": settings.max_new_tokens, **settings.algorithm_options},
-            model=_policy_model(self.models["actor"], settings.sft_steps),
-            data=DataConfig(task=settings.task, batch_size=settings.batch_size),
-            roles=roles, output_dir=str(run_dir), checkpoint_every=settings.steps, progress=False,
-            reward_cache_size=self.config.reward_cache_size if self.config.enable_reward_cache else 0,
-        )
+        actor = self.models["actor"]
+        model = ModelConfig(path=actor) if Path(actor).is_dir() else replace(self.settings.model, name=actor)
+        settings = replace(
+            self.settings, steps=steps or self.settings.steps, num_gpus=self.config.num_gpus, model=model,
+            roles={**self.settings.roles, **roles}, checkpoint_every=self.settings.checkpoint_every or (
+                steps or self.settings.steps),
+            reward_cache_size=self.config.reward_cache_size if self.config.enable_reward_cache else 0)
+        run_dir = Path(settings.output_dir)
         resume = self._resume_from is not None
         if resume:
             assert self._resume_from is not None
             _copy_tree(self._resume_from / "checkpoint", run_dir / "checkpoints" / self._resume_name)
-        self.result = train(config, resume=resume)
+        self.result = train(settings, resume=resume, graph=self.graph(), plan=plan)
         return self.result
 
     def _role_model(self, role: str) -> str | None:
@@ -216,14 +208,6 @@ class SingleController:
             raise FileNotFoundError(f"{source} was not written by SingleController.save() (no saved.json)")
         self._resume_from = source
         self._resume_name = json.loads(saved.read_text())["checkpoint"]
-
-
-def _policy_model(model: str, sft_steps: int) -> Any:
-    from hybridflow.train.config import ModelConfig
-
-    if Path(model).is_dir():
-        return ModelConfig(path=model)
-    return ModelConfig(name=model, sft_steps=sft_steps)
 
 
 def _copy_tree(source: Path, target: Path) -> None:

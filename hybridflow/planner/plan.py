@@ -55,7 +55,6 @@ class RoleLayout:
     dtype: str = "bf16"  # "bf16", "fp16" or "fp32"
     gradient_checkpointing: bool = False
     rollout_tp: int = 1  # tensor parallel size of the rollout engine (generate nodes of a policy)
-    backend: str = "torch"
     forward_micro_batch_size: int = 0  # rows per forward-only micro batch (logprob, values, score); 0: same as training
     rollout_batch_size: int = 0  # sequences one rollout engine decodes together; 0: all of its share
     # Splits of the ``dp`` ranks (manual layouts of published runs; the search keeps them 1): Ulysses
@@ -63,6 +62,7 @@ class RoleLayout:
     sp: int = 1
     pp: int = 1
     ep: int = 1
+    shard_size: int = 0  # HYBRID_SHARD: GPUs one copy is sharded over (verl ``fsdp_size``); 0: one machine
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sharding", Sharding(self.sharding))
@@ -201,7 +201,7 @@ class Plan:
         groups = tuple(
             GroupPlan(
                 gpus=tuple(g["gpus"]), hosts=tuple(g["hosts"]), device=g["device"], roles=tuple(g["roles"]),
-                layouts=tuple(RoleLayout(**lay) for lay in g["layouts"]),
+                layouts=tuple(RoleLayout(**_without_backend(lay)) for lay in g["layouts"]),
                 memory_per_gpu_bytes=g["memory_per_gpu_bytes"], capacity_bytes=g["capacity_bytes"],
             )
             for g in data["groups"]
@@ -220,6 +220,11 @@ class Plan:
     @classmethod
     def from_json(cls, text: str) -> Plan:
         return cls.from_dict(json.loads(text))
+
+
+def _without_backend(layout: dict[str, Any]) -> dict[str, Any]:
+    # Plans written before backends became part of a run's role specs named one per layout (``RoleSpec.backend``).
+    return {key: value for key, value in layout.items() if key != "backend"}
 
 
 def colocated_plan(algorithm: str, gpu_roles: Sequence[str], driver_roles: Sequence[str] = (), *,

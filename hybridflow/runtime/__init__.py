@@ -11,14 +11,22 @@ from hybridflow.runtime.placement import default_plan
 from hybridflow.runtime.protocols import (
     Backend,
     Collective,
+    Engine,
+    Generator,
+    LogProbModel,
     OptimSpec,
-    RoleEngine,
+    RewardModel,
     RoleSpec,
     SamplingParams,
     Scorer,
+    Trainer,
+    ValueModel,
+    WeightSink,
+    WeightSource,
     WorkerContext,
 )
 
-__all__ = ["Backend", "Batch", "Collective", "Controller", "Executor", "LocalExecutor", "NonFiniteLossError",
-           "OptimSpec", "RewardFunctionError", "RoleEngine", "RoleSpec", "RuntimeStepError", "SamplingParams",
-           "Scorer", "StepResult", "WorkerContext", "WorkerFailedError", "WorkerGroup", "default_plan"]
+__all__ = ["Backend", "Batch", "Collective", "Controller", "Engine", "Executor", "Generator", "LocalExecutor",
+           "LogProbModel", "NonFiniteLossError", "OptimSpec", "RewardFunctionError", "RewardModel", "RoleSpec",
+           "RuntimeStepError", "SamplingParams", "Scorer", "StepResult", "Trainer", "ValueModel", "WeightSink",
+           "WeightSource", "WorkerContext", "WorkerFailedError", "WorkerGroup", "default_plan"]

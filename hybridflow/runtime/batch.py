@@ -139,7 +139,7 @@ class Batch:
 
     def to_wire(self) -> Wire:
         """Numpy arrays (and dtype names) that Ray's object store ships without pickling torch."""
-        wire: Wire = {k: (str(v.dtype), _to_numpy(v)) for k, v in self.tensors.items()}
+        wire: Wire = {k: (str(v.dtype), to_numpy(v)) for k, v in self.tensors.items()}
         wire.update({k: ("object", v) for k, v in self.non_tensors.items()})
         return wire
 
@@ -150,11 +150,8 @@ class Batch:
         for name, (dtype, array) in wire.items():
             if dtype == "object":
                 non_tensors[name] = array
-            elif dtype == "torch.bfloat16":
-                tensors[name] = torch.from_numpy(np.array(array)).view(torch.bfloat16)
             else:
-                # Arrays from the object store are read-only; torch wants writable memory.
-                tensors[name] = torch.from_numpy(array if array.flags.writeable else array.copy())
+                tensors[name] = from_numpy(dtype, array)
         return cls(tensors, non_tensors)
 
 
@@ -166,11 +163,19 @@ def _object_array(value: Any) -> np.ndarray:
     return array
 
 
-def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
+def to_numpy(tensor: torch.Tensor) -> np.ndarray:
+    """A CPU tensor's data as numpy (bf16 as its raw 16-bit words: numpy has no bfloat16)."""
     tensor = tensor.detach().cpu()
-    if tensor.dtype == torch.bfloat16:  # numpy has no bfloat16: ship the raw 16-bit words
+    if tensor.dtype == torch.bfloat16:
         return tensor.view(torch.int16).numpy()
     return tensor.numpy()
+
+
+def from_numpy(dtype: str, array: np.ndarray) -> torch.Tensor:
+    """The tensor :func:`to_numpy` packed, given its torch dtype name (``str(tensor.dtype)``)."""
+    # Arrays from the object store are read-only; torch wants writable memory.
+    tensor = torch.from_numpy(array if array.flags.writeable else array.copy())
+    return tensor.view(torch.bfloat16) if dtype == "torch.bfloat16" else tensor
 
 
 def _cat_padded(tensors: list[torch.Tensor]) -> torch.Tensor:

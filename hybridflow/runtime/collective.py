@@ -1,8 +1,9 @@
-"""Data-parallel collectives: threads of one process (local executor) or gloo processes (Ray)."""
+"""Data-parallel collectives: threads of one process (local executor) or processes (Ray, torchrun)."""
 
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import torch
 
@@ -36,19 +37,21 @@ class ThreadCollective:
             tensor.copy_(mean)
 
 
-class GlooCollective:
-    """All-reduce over the default torch.distributed (gloo) process group of this worker process."""
+class ProcessGroupCollective:
+    """All-reduce over a torch.distributed process group: the default one (a Ray group's own gloo world)
+    or a subgroup of a larger world (one plan group of a torchrun job)."""
 
-    def __init__(self, *, rank: int, world_size: int) -> None:
-        self.rank, self.world_size = rank, world_size
+    def __init__(self, *, rank: int, world_size: int, group: Any = None, device: str = "cpu") -> None:
+        self.rank, self.world_size, self.group, self.device = rank, world_size, group, device
 
     def all_reduce_mean(self, tensors: list[torch.Tensor]) -> None:
         import torch.distributed as dist
 
         if not tensors:
             return
-        flat = torch.cat([t.detach().reshape(-1).float() for t in tensors])
-        dist.all_reduce(flat)
+        # One flat buffer on the collective's device: a single all-reduce, and CPU flags ride with GPU grads.
+        flat = torch.cat([t.detach().reshape(-1).to(self.device, torch.float32) for t in tensors])
+        dist.all_reduce(flat, group=self.group)
         flat /= self.world_size
         offset = 0
         for tensor in tensors:

@@ -19,22 +19,20 @@ import time
 from collections.abc import Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from functools import partial
 from types import TracebackType
 from typing import Any
-
-import torch
 
 from hybridflow.graph import Graph, Node, Op, RoleKind
 from hybridflow.planner import Plan, detachable_policies
 from hybridflow.registry import COMPUTE_FNS
 from hybridflow.runtime.batch import Batch
+from hybridflow.runtime.dispatch import DriverTarget, GroupTarget, Outcome, Served, Target, timed
 from hybridflow.runtime.executor import Executor, LocalExecutor, WorkerGroup
 from hybridflow.runtime.placement import with_rollout_specs
-from hybridflow.runtime.protocols import RoleSpec, Scorer
-from hybridflow.runtime.service import RoleServices, locked, serve
-from hybridflow.runtime.weights import ShipStats
-from hybridflow.runtime.worker import COMPANIONS, NodeResult, port_batch
+from hybridflow.runtime.protocols import OP_CAPABILITIES, RoleSpec, Scorer, WeightSink, WeightSource
+from hybridflow.runtime.service import RoleServices
+from hybridflow.runtime.step_store import StepLedger
+from hybridflow.runtime.weights import WeightSyncStats
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,14 +42,6 @@ class StepResult:
     batch: Batch
     metrics: dict[str, float] = field(default_factory=dict)
     node_seconds: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class _Outcome:
-    outputs: Batch
-    metrics: Mapping[str, float]
-    seconds: float
-    kept: tuple[str, ...] = ()  # outputs the ranks kept exactly as gathered (same width on every rank)
 
 
 class Controller:
@@ -68,11 +58,10 @@ class Controller:
         self.groups: list[WorkerGroup] = self.executor.start(plan, with_rollout_specs(plan, specs))
         self._dispatchers = [ThreadPoolExecutor(1, thread_name_prefix=f"dispatch{g.index}") for g in self.groups]
         self._driver = ThreadPoolExecutor(2, thread_name_prefix="driver")
-        self._token = 0
-        # (group, dp) -> fields every rank of that group already holds for this step, sharded by dp.
-        self._resident: dict[tuple[int, int], set[str]] = {}
-        self._shipped: list[int] = []  # tensor bytes sent to each group this step
+        self.ledger = StepLedger(len(self.groups))
         try:
+            _check_capabilities(graph, plan, self.groups)
+            self._targets = self._make_targets()
             self.sync_rollouts()
         except BaseException:
             self.shutdown()
@@ -92,12 +81,10 @@ class Controller:
     def step(self, batch: Batch, *, step: int = 0) -> StepResult:
         """Run every node once on ``batch`` (the dataset's prompt rows); return the grown batch."""
         state, done = batch, set[str]()
-        self._token += 1
-        self._resident = {}
-        self._shipped = [0] * len(self.groups)
+        self.ledger.begin_step()
         pending = list(self.graph.order)
-        running: dict[Future[_Outcome], Node] = {}
-        shipments: dict[str, Future[ShipStats]] = {}
+        running: dict[Future[Outcome], Node] = {}
+        shipments: dict[str, Future[WeightSyncStats]] = {}
         expanded = False
         metrics: dict[str, float] = {}
         seconds: dict[str, float] = {}
@@ -107,15 +94,13 @@ class Controller:
                 if node.op is Op.GENERATE and not expanded:
                     # The n samples of a prompt become n adjacent rows before rollout.
                     state, expanded = state.repeat_interleave(self.graph.samples_per_prompt), True
-                    self._resident = {}  # kept shards hold the unexpanded rows
+                    self.ledger.rows_changed()
                 running[self._submit(node, state, step)] = node
                 pending.remove(name)
             finished, _ = wait(list(running), return_when=FIRST_COMPLETED)
             for future in finished:
                 node = running.pop(future)
                 outcome = future.result()  # re-raises the node's error
-                if outcome.kept:
-                    self._resident[self._residency_key(node)].update(outcome.kept)
                 state = state.union(outcome.outputs) if len(outcome.outputs.keys()) else state
                 seconds[node.name] = outcome.seconds
                 prefix = f"{node.role}/" if node.role else f"{node.name}/"
@@ -130,52 +115,35 @@ class Controller:
             metrics["weight_sync/planned_seconds"] = self.plan.weight_sync_seconds
         if self.services is not None:
             metrics.update(self.services.metrics())
-        for index, shipped in enumerate(self._shipped):
+        for index, shipped in enumerate(self.ledger.shipped):
             metrics[f"transfer/to_group{index}_bytes"] = float(shipped)
         return StepResult(batch=state, metrics=metrics, node_seconds=seconds)
 
-    def _submit(self, node: Node, state: Batch, step: int) -> Future[_Outcome]:
+    def _submit(self, node: Node, state: Batch, step: int) -> Future[Outcome]:
         if node.op is Op.COMPUTE:
-            return self._driver.submit(_timed, _run_compute, node, state)
-        served = self.services is not None and self.services.applies(node)
-        if node.role in self.driver_roles:
-            scorer = self.driver_roles[node.role]
-            if served:
-                assert self.services is not None
-                return self._driver.submit(_timed, serve, node, state,
-                                           partial(_run_driver_score, node, scorer=scorer), self.services)
-            return self._driver.submit(_timed, _run_driver_score, node, state, scorer)
-        index = self.plan.group_index(self._placed_role(node))
-        assert index is not None
-        group, layout = self.groups[index], self.plan.layout(self._placed_role(node))
-        wanted = [*node.inputs, *(COMPANIONS[f] for f in node.inputs if f in COMPANIONS and COMPANIONS[f] in state)]
-        if served or not getattr(group, "keeps_step_data", False):
-            inputs = state.select(wanted)
-            self._shipped[index] += inputs.tensor_bytes
-            if not served:
-                return self._dispatchers[index].submit(_run_on_group, group, node, inputs, layout.dp,
-                                                       self.seed + step, len(state))
-            assert self.services is not None
-            lock = self.services.group_locks.setdefault(index, threading.Lock()) if group.size > 1 else None
-            run = partial(_run_request, locked(lock, _run_on_group), group, node, layout.dp, self.seed + step)
-            return self._dispatchers[index].submit(_timed, serve, node, inputs, run, self.services)
-        # A group runs its calls in order, so what this call ships or produces is there for the next one.
-        resident = self._resident.setdefault(self._residency_key(node), set())
-        send = state.select([name for name in wanted if name not in resident])
-        self._shipped[index] += send.tensor_bytes
-        resident.update(wanted)
-        return self._dispatchers[index].submit(_run_on_group, group, node, send, layout.dp, self.seed + step,
-                                               len(state), {"token": self._token, "fields": tuple(wanted)})
+            return self._driver.submit(timed, lambda: _run_compute(node, state))
+        placed = str(node.role) if node.role in self.driver_roles else self._placed_role(node)
+        return self._targets[placed].submit(node, state, self.seed + step)
+
+    def _make_targets(self) -> dict[str, Target]:
+        """A target per placed role (a detached rollout is a role of its own), served when it has limits."""
+        targets: dict[str, Target] = {role: DriverTarget(scorer, self._driver)
+                                      for role, scorer in self.driver_roles.items()}
+        for index, group in enumerate(self.plan.groups):
+            for layout in group.layouts:
+                targets[layout.role] = GroupTarget(self.groups[index], layout.dp, self._dispatchers[index],
+                                                   self.ledger)
+        if self.services is not None:
+            locks = {index: threading.Lock() for index, group in enumerate(self.plan.groups) if group.size > 1}
+            targets = {role: Served(target, self.services,
+                                    locks.get(-1 if role in self.driver_roles else self.plan.group_index(role) or 0))
+                       for role, target in targets.items()}
+        return targets
 
     def _placed_role(self, node: Node) -> str:
         return self.plan.runs_on(str(node.role), generates=node.op is Op.GENERATE)
 
-    def _residency_key(self, node: Node) -> tuple[int, int]:
-        index = self.plan.group_index(self._placed_role(node))
-        assert index is not None
-        return index, self.plan.layout(self._placed_role(node)).dp
-
-    def _ship(self, policy: str) -> Future[ShipStats]:
+    def _ship(self, policy: str) -> Future[WeightSyncStats]:
         """Send ``policy``'s weights to its rollout group, in order with both groups' other work."""
         rollout = self.plan.detached_rollouts[policy]
         source, target = self.plan.group_index(policy), self.plan.group_index(rollout)
@@ -184,20 +152,18 @@ class Controller:
         exported = self._dispatchers[source].submit(_timed_export, self.groups[source], policy, dtype)
         return self._dispatchers[target].submit(_import, self.groups[target], rollout, exported)
 
-    def sync_rollouts(self) -> dict[str, ShipStats]:
+    def sync_rollouts(self) -> dict[str, WeightSyncStats]:
         """Ship every policy's weights to its detached rollout now (start, checkpoint load)."""
         shipments = {policy: self._ship(policy) for policy in self.plan.detached_rollouts}
         return {policy: shipment.result() for policy, shipment in shipments.items()}
 
-    def call(self, method: str, *args: Any) -> list[list[Any]]:
-        """A worker method on every rank of every group (``info``, ``save_checkpoint``...)."""
-        return [group.call(method, *args) for group in self.groups]
-
     def save_checkpoint(self, directory: str) -> None:
-        self.call("save_checkpoint", directory)
+        for group in self.groups:
+            group.save_checkpoint(directory)
 
     def load_checkpoint(self, directory: str) -> None:
-        self.call("load_checkpoint", directory)
+        for group in self.groups:
+            group.load_checkpoint(directory)
         self.sync_rollouts()  # a rollout on its own GPUs still holds the weights from before the load
 
 
@@ -223,22 +189,37 @@ def _check_placement(graph: Graph, plan: Plan, driver_roles: Mapping[str, Scorer
                                  f"{group.size} GPUs; dp * tp must equal the group size")
 
 
+def _check_capabilities(graph: Graph, plan: Plan, groups: list[WorkerGroup]) -> None:
+    """Every engine can do what its role's nodes ask of it (and a detached rollout's weights can travel)."""
+    held: dict[str, set[str]] = {}
+    for group in groups:
+        for rank in group.capabilities():
+            for role, names in rank.items():
+                held[role] = held.get(role, set(names)) & set(names)  # what every rank of the role has
+    needs: list[tuple[str, str, type]] = [(plan.runs_on(str(node.role), generates=node.op is Op.GENERATE),
+                                           node.op.value, OP_CAPABILITIES[node.op])
+                                          for node in graph.nodes if node.op in OP_CAPABILITIES
+                                          and plan.group_index(str(node.role)) is not None]
+    for policy, rollout in plan.detached_rollouts.items():
+        needs += [(policy, "weight shipping", WeightSource), (rollout, "weight shipping", WeightSink)]
+    for role, op, capability in needs:
+        if capability.__name__ not in held.get(role, set()):
+            raise TypeError(f"role {role!r} runs op {op!r}, which needs an engine with the {capability.__name__} "
+                            f"capability (runtime/protocols.py), but its backend built one with "
+                            f"{sorted(held.get(role, set()))}; implement {capability.__name__} or choose "
+                            "another backend")
+
+
 def _timed_export(group: WorkerGroup, role: str, dtype: str) -> tuple[Any, float]:
     started = time.perf_counter()
     return group.export_weights(role, dtype), started
 
 
-def _import(group: WorkerGroup, role: str, exported: Future[tuple[Any, float]]) -> ShipStats:
+def _import(group: WorkerGroup, role: str, exported: Future[tuple[Any, float]]) -> WeightSyncStats:
     weights, started = exported.result()
     ranks = group.import_weights(role, weights)
-    return ShipStats(seconds=time.perf_counter() - started, bytes=int(ranks[0]["bytes"]),
-                     tensors=int(ranks[0]["tensors"]), receivers=len(ranks))
-
-
-def _timed(fn: Any, *args: Any) -> _Outcome:
-    start = time.perf_counter()
-    outputs, metrics = fn(*args)
-    return _Outcome(outputs, metrics, time.perf_counter() - start)
+    return WeightSyncStats(seconds=time.perf_counter() - started, bytes=int(ranks[0]["bytes"]),
+                           tensors=int(ranks[0]["tensors"]), receivers=len(ranks))
 
 
 def _run_compute(node: Node, state: Batch) -> tuple[Batch, dict[str, float]]:
@@ -255,45 +236,3 @@ def _run_compute(node: Node, state: Batch) -> tuple[Batch, dict[str, float]]:
     return Batch.from_fields(dict(zip(node.outputs, values, strict=True))), {}
 
 
-def _run_request(run_on_group: Any, group: WorkerGroup, node: Node, dp: int, seed: int,
-                 rows: Batch) -> tuple[Batch, Mapping[str, float]]:
-    outcome: _Outcome = run_on_group(group, node, rows, dp, seed, len(rows))
-    return outcome.outputs, outcome.metrics
-
-
-def _run_driver_score(node: Node, state: Batch, scorer: Scorer) -> tuple[Batch, dict[str, float]]:
-    result = scorer(port_batch(node, state))
-    try:
-        return result.select(["scores"]).rename({"scores": node.outputs[0]}), {}
-    except KeyError as err:
-        raise KeyError(f"driver scorer for node {node.name!r} returned {result.keys()}, not 'scores'") from err
-
-
-def _run_on_group(group: WorkerGroup, node: Node, inputs: Batch, dp: int, seed: int, rows: int,
-                  keep: Mapping[str, Any] | None = None) -> _Outcome:
-    """Split rows over the data-parallel ranks, run, gather; tensor-parallel peers get the same rows.
-
-    ``inputs`` may hold only some fields (``keep``: the ranks hold the rest); ``rows`` is the row count.
-    """
-    start = time.perf_counter()
-    padded, _ = inputs.pad_to_multiple(dp)
-    chunks = padded.chunk(dp) if len(inputs.keys()) else [inputs] * dp
-    per_dp = group.size // dp
-    shards = [chunks[rank // per_dp] for rank in range(group.size)]
-    results = group.run(node, shards, seed, **keep) if keep else group.run(node, shards, seed)
-    leaders: list[NodeResult] = results[::per_dp]
-    outputs = Batch.concat([r.outputs for r in leaders])
-    # A field the ranks returned at different widths was right-padded by the gather: their kept copies
-    # are narrower than the controller's, so it must be shipped again rather than read from the ranks.
-    names = outputs.keys() if keep else []
-    kept = tuple(name for name in names if len({_width(r.outputs[name]) for r in leaders}) == 1)
-    if len(outputs.keys()):
-        outputs = outputs.slice(0, rows)  # drop the padding rows
-    keys = sorted({key for r in leaders for key in r.metrics})
-    metrics = {key: float(torch.tensor([r.metrics[key] for r in leaders if key in r.metrics]).mean())
-               for key in keys}
-    return _Outcome(outputs, metrics, time.perf_counter() - start, kept)
-
-
-def _width(value: Any) -> tuple[int, ...]:
-    return tuple(value.shape[1:])

@@ -8,9 +8,9 @@ shard of rows per rank; ``run`` blocks until every rank answered or one failed.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from hybridflow.graph import Node
 from hybridflow.planner import GroupPlan, Plan
@@ -19,23 +19,39 @@ from hybridflow.runtime.collective import ThreadGroup
 from hybridflow.runtime.protocols import RoleSpec
 from hybridflow.runtime.worker import GroupWorker, NodeResult
 
+T = TypeVar("T")
+
 
 class WorkerGroup(Protocol):
-    """The ranks of one colocation group, as the controller sees them.
-
-    A group whose ``keeps_step_data`` is true accepts ``token``/``fields`` in :meth:`run`: ranks keep
-    each step's fields, and the controller ships only the fields a group does not hold yet.
-    """
+    """The ranks of one colocation group, as the controller sees them. Each method reaches every rank and
+    returns their answers in rank order, raising the first failure."""
 
     index: int
     size: int
 
-    def run(self, node: Node, shards: Sequence[Batch], seed: int) -> list[NodeResult]:
-        """Run ``node`` with ``shards[rank]`` on each rank; raise the first failure."""
+    def run(self, node: Node, shards: Sequence[Batch], seed: int, *, token: int | None = None,
+            fields: Sequence[str] = ()) -> list[NodeResult]:
+        """Run ``node`` with ``shards[rank]`` on each rank. With a step ``token``, ``fields`` names every input
+        the node reads: those missing from the shards come from what the ranks kept this step
+        (:mod:`~hybridflow.runtime.step_store`)."""
         ...
 
-    def call(self, method: str, *args: Any) -> list[Any]:
-        """Call a :class:`GroupWorker` method on every rank (setup, checkpoints, info)."""
+    def setup(self) -> None:
+        """Build every rank's engines."""
+        ...
+
+    def capabilities(self) -> list[dict[str, list[str]]]:
+        """Each rank's ``{role: capability names}`` (:func:`~hybridflow.runtime.protocols.capabilities_of`)."""
+        ...
+
+    def info(self) -> list[dict[str, Any]]:
+        """Where each rank runs (pid, host, Ray node and GPU ids)."""
+        ...
+
+    def save_checkpoint(self, directory: str) -> None:
+        ...
+
+    def load_checkpoint(self, directory: str) -> None:
         ...
 
     def export_weights(self, role: str, dtype: str) -> Any:
@@ -48,6 +64,7 @@ class WorkerGroup(Protocol):
         ...
 
     def shutdown(self) -> None:
+        """Close every rank's engines and stop the ranks."""
         ...
 
 
@@ -86,41 +103,52 @@ class LocalWorkerGroup:
         ]
         self._threads = [ThreadPoolExecutor(1, thread_name_prefix=f"group{index}-rank{r}") for r in range(self.size)]
 
-    def _all(self, calls: Sequence[tuple[str, tuple[Any, ...]]]) -> list[Any]:
+    def _each(self, calls: Sequence[Callable[[], T]]) -> list[T]:
+        """``calls[rank]()`` on each rank's thread, at once (collectives meet); results in rank order."""
         if self.size == 1:  # no thread hop for the common single-rank case
-            method, args = calls[0]
-            return [_call(self.workers[0], method, args)]
-        futures: list[Future[Any]] = [pool.submit(_call, worker, method, args)
-                                      for pool, worker, (method, args) in zip(self._threads, self.workers, calls,
-                                                                              strict=True)]
+            return [calls[0]()]
+        futures: list[Future[T]] = [pool.submit(call) for pool, call in zip(self._threads, calls, strict=True)]
         wait(futures, return_when=FIRST_EXCEPTION)
         return [future.result() for future in futures]
 
-    keeps_step_data = True
+    def _all(self, method: Callable[[GroupWorker], T]) -> list[T]:
+        return self._each([lambda worker=worker: method(worker) for worker in self.workers])  # type: ignore[misc]
 
     def run(self, node: Node, shards: Sequence[Batch], seed: int, *, token: int | None = None,
             fields: Sequence[str] = ()) -> list[NodeResult]:
-        return list(self._all([("run", (node, shard, seed, token, tuple(fields))) for shard in shards]))
+        return self._each([lambda w=worker, s=shard: w.run(node, s, seed, token=token, fields=fields)  # type: ignore[misc]
+                           for worker, shard in zip(self.workers, shards, strict=True)])
 
-    def call(self, method: str, *args: Any) -> list[Any]:
-        return self._all([(method, args)] * self.size)
+    def setup(self) -> None:
+        self._all(GroupWorker.setup)
+
+    def capabilities(self) -> list[dict[str, list[str]]]:
+        return self._all(GroupWorker.capabilities)
+
+    def info(self) -> list[dict[str, Any]]:
+        return self._all(GroupWorker.info)
+
+    def ping(self) -> list[bool]:
+        return self._all(GroupWorker.ping)
+
+    def save_checkpoint(self, directory: str) -> None:
+        self._all(lambda worker: worker.save_checkpoint(directory))
+
+    def load_checkpoint(self, directory: str) -> None:
+        self._all(lambda worker: worker.load_checkpoint(directory))
 
     def export_weights(self, role: str, dtype: str) -> Any:
-        return self.call("export_weights", role, dtype)[0]
+        return self._all(lambda worker: worker.export_weights(role, dtype))[0]
 
     def import_weights(self, role: str, weights: Any) -> list[dict[str, float]]:
-        return self.call("import_weights", role, weights)
+        return self._all(lambda worker: worker.import_weights(role, weights))
 
     def shutdown(self) -> None:
-        for pool in self._threads:
-            pool.shutdown(wait=False, cancel_futures=True)
-
-
-def _call(worker: GroupWorker, method: str, args: tuple[Any, ...]) -> Any:
-    if method == "run":
-        node, shard, seed, token, fields = args
-        return worker.run(node, shard, seed, token=token, fields=fields)
-    return getattr(worker, method)(*args)
+        try:
+            self._all(GroupWorker.close)
+        finally:
+            for pool in self._threads:
+                pool.shutdown(wait=False, cancel_futures=True)
 
 
 class LocalExecutor:
@@ -132,10 +160,21 @@ class LocalExecutor:
     def start(self, plan: Plan, specs: Mapping[str, RoleSpec]) -> list[WorkerGroup]:
         self.groups = [LocalWorkerGroup(i, group, group_specs(group, specs)) for i, group in enumerate(plan.groups)]
         for group in self.groups:
-            group.call("setup")
+            group.setup()
         return list(self.groups)
 
     def shutdown(self) -> None:
-        for group in self.groups:
+        groups, self.groups = self.groups, []
+        shut_down_all(groups)
+
+
+def shut_down_all(groups: Sequence[WorkerGroup]) -> None:
+    """Shut every group down, even when one fails to; re-raise the first failure afterwards."""
+    failure: BaseException | None = None
+    for group in groups:
+        try:
             group.shutdown()
-        self.groups = []
+        except Exception as err:  # stop the other groups first
+            failure = failure or err
+    if failure is not None:
+        raise failure

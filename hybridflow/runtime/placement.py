@@ -22,17 +22,17 @@ def default_plan(graph: Graph, *, num_gpus: int = 1, device: str = "cpu", dtype:
 def with_rollout_specs(plan: Plan, specs: Mapping[str, RoleSpec]) -> dict[str, RoleSpec]:
     """``specs`` plus one for each detached rollout in ``plan`` (``actor:rollout``) that has none.
 
-    A rollout is a frozen copy of its policy (same model, seed and options) whose weights the controller
-    replaces after every update. The policy's ``options.rollout`` names the engine that generates for it,
-    so it moves to the rollout's side: the trainer starts no engine of its own (the plan's layout of
-    the rollout names its backend, e.g. ``vllm``).
+    A rollout is a frozen copy of its policy (same model and seed) whose weights the controller replaces
+    after every update. The policy's ``rollout`` choice moves to the rollout's side: with ``vllm`` the
+    rollout role runs the ``vllm`` backend with the policy's ``rollout_options``; otherwise it runs the
+    policy's backend and options. The trainer itself then generates nothing.
     """
     out = dict(specs)
     for policy, rollout in plan.detached_rollouts.items():
         if policy not in specs:
             raise KeyError(f"the plan gives policy {policy!r} a separate rollout ({rollout!r}) but no RoleSpec "
                            f"was given for {policy!r}; specs: {sorted(specs)}")
-        out[policy] = replace(specs[policy], options=_without_rollout(specs[policy]))
+        out[policy] = replace(specs[policy], rollout="native", rollout_options={})
         if rollout not in specs:
             out[rollout] = rollout_spec(specs[policy], rollout)
     return out
@@ -40,10 +40,9 @@ def with_rollout_specs(plan: Plan, specs: Mapping[str, RoleSpec]) -> dict[str, R
 
 def rollout_spec(trainer: RoleSpec, name: str, **changes: Any) -> RoleSpec:
     """The frozen copy of ``trainer`` that serves as its detached rollout ``name``; ``changes`` override fields."""
+    vllm = trainer.rollout == "vllm"
     spec = RoleSpec(name=name, kind=RoleKind.FROZEN_POLICY, model=trainer.model, seed=trainer.seed,
-                    micro_batch_size=trainer.micro_batch_size, options=_without_rollout(trainer))
+                    backend="vllm" if vllm else trainer.backend, micro_batch_size=trainer.micro_batch_size,
+                    options=trainer.rollout_options if vllm else trainer.options,
+                    rollout="native" if vllm else trainer.rollout)
     return replace(spec, **changes)
-
-
-def _without_rollout(spec: RoleSpec) -> dict[str, Any]:
-    return {key: value for key, value in spec.options.items() if key != "rollout"}

@@ -2,30 +2,40 @@
 
 A *backend* (torch reference, FSDP, DeepSpeed, vLLM...) is a module registered under the
 ``hybridflow.backends`` entry-point group that exposes ``BACKEND``, an object satisfying
-:class:`Backend`. For each role placed on a worker, the worker asks the backend for a
-:class:`RoleEngine` built from a :class:`RoleSpec`, the role's :class:`~hybridflow.planner.RoleLayout`
-and a :class:`WorkerContext`. Engines see port names only (``prompts``, ``responses``...): the runtime
-renames graph fields to ports before the call and back after it, so engines never know the graph.
+:class:`Backend`. For each role placed on a worker, the worker asks the backend named by the
+role's :class:`RoleSpec` for an engine built from the spec, the role's
+:class:`~hybridflow.planner.RoleLayout` and a :class:`WorkerContext`.
 
-Batches crossing this contract are :class:`~hybridflow.runtime.batch.Batch` objects holding this
-rank's rows. Token layout: ``prompts`` (B, P) left-padded with ``prompt_mask`` (B, P);
-``responses`` / ``response_mask`` (B, T) right-padded; per-token outputs (B, T) aligned with
-``responses``; sequence outputs (B,).
+An engine is an :class:`Engine` (it can be closed) plus the *capabilities* its role needs in the
+graph, one small protocol per op: :class:`Generator` (generate), :class:`LogProbModel` (logprob,
+ref_logprob), :class:`ValueModel` (values), :class:`RewardModel` (score), :class:`Trainer` (update,
+checkpoints), and for a policy whose rollout runs on GPUs of its own :class:`WeightSource` (the
+trainer) and :class:`WeightSink` (the rollout). :data:`OP_CAPABILITIES` is that table; the controller
+checks every engine against it once the engines are built, naming the role, the op and what is missing.
+
+Engines see port names only (``prompts``, ``responses``...): the runtime renames graph fields to
+ports before the call and back after it, so engines never know the graph. Batches crossing this
+contract are :class:`~hybridflow.runtime.batch.Batch` objects holding this rank's rows. Token layout:
+``prompts`` (B, P) left-padded with ``prompt_mask`` (B, P); ``responses`` / ``response_mask`` (B, T)
+right-padded; per-token outputs (B, T) aligned with ``responses``; sequence outputs (B,).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import dataclasses
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
-from hybridflow.graph import RoleKind
+from hybridflow.graph import Op, RoleKind
 
 if TYPE_CHECKING:
     import torch
 
     from hybridflow.planner import RoleLayout
     from hybridflow.runtime.batch import Batch
+
+T = TypeVar("T")
 
 LossFn = Callable[..., "tuple[torch.Tensor, dict[str, torch.Tensor]]"]
 """``loss(outputs={...}, batch={...}, **options) -> (scalar loss, {name: scalar metric})``."""
@@ -50,27 +60,42 @@ class OptimSpec:
                 raise ValueError(f"OptimSpec.{name}={getattr(self, name)} must be >= 1")
 
 
+ROLLOUTS = ("native", "hf_generate", "vllm")
+"""How a policy generates (``RoleSpec.rollout``); docs/backends.md has the table of what each means
+for a colocated and for a detached rollout."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class RoleSpec:
-    """What to build for one role: its kind, the model to load and, if it trains, how.
+    """What to build for one role: the backend, its kind, the model to load and, if it trains, how.
 
     ``model`` is a local HF directory or a built-in tiny config name (``hybridflow.models``).
-    ``micro_batch_size`` of 0 takes the plan layout's value. ``options`` are backend-specific
-    (the torch backend reads ``rollout``: ``"hf_generate"`` to sample with HF ``generate``).
+    ``micro_batch_size`` of 0 takes the plan layout's value. ``options`` are the backend's own, parsed
+    by its typed options class (unknown keys are refused). ``rollout`` chooses the engine a policy
+    generates with (:data:`ROLLOUTS`) and ``rollout_options`` configure it (the vLLM engine's options
+    for ``"vllm"``).
     """
 
     name: str
     kind: RoleKind
     model: str
+    backend: str = "torch"
     optim: OptimSpec | None = None
     micro_batch_size: int = 0
     seed: int = 0
     options: Mapping[str, Any] = field(default_factory=dict)
+    rollout: str = "native"
+    rollout_options: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", RoleKind(self.kind))
         if self.kind.trainable and self.optim is None:
             object.__setattr__(self, "optim", OptimSpec())
+        if self.rollout not in ROLLOUTS:
+            raise ValueError(f"role {self.name!r}: rollout={self.rollout!r} must be one of {list(ROLLOUTS)}")
+        if self.micro_batch_size < 0:
+            raise ValueError(f"role {self.name!r}: micro_batch_size={self.micro_batch_size} must be >= 0 "
+                             "(0: the plan's)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,6 +114,10 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.max_new_tokens={self.max_new_tokens} must be >= 1")
         if not self.greedy and self.temperature <= 0:
             raise ValueError(f"SamplingParams.temperature={self.temperature} must be > 0 (or set greedy=True)")
+
+    def rank_seed(self, rank: int) -> int:
+        """The seed of one rank's generate call: ranks and steps sample differently, reruns the same."""
+        return self.seed * 1009 + rank
 
 
 class Collective(Protocol):
@@ -114,24 +143,53 @@ class WorkerContext:
 
 
 @runtime_checkable
-class RoleEngine(Protocol):
-    """One role's model on one rank. Implement the ops the role's kind allows; the rest may raise."""
+class Engine(Protocol):
+    """What every role engine provides: a way to give its resources back (engines, processes, memory)."""
+
+    def close(self) -> None:
+        """Release everything the engine holds; called once, when the run ends or fails."""
+        ...
+
+
+@runtime_checkable
+class Generator(Protocol):
+    """The ``generate`` op."""
 
     def generate(self, batch: Batch, sampling: SamplingParams) -> Batch:
         """``prompts``, ``prompt_mask`` -> ``responses``, ``response_mask``: one sample per row, EOS-stopped."""
         ...
 
+
+@runtime_checkable
+class LogProbModel(Protocol):
+    """The ``logprob`` and ``ref_logprob`` ops."""
+
     def log_probs(self, batch: Batch, *, with_entropy: bool = False) -> Batch:
         """``prompts``, ``prompt_mask``, ``responses``, ``response_mask`` -> ``logprobs`` (and ``entropy``)."""
         ...
+
+
+@runtime_checkable
+class ValueModel(Protocol):
+    """The ``values`` op of a critic."""
 
     def values(self, batch: Batch) -> Batch:
         """Per-token critic values -> ``values`` (B, T)."""
         ...
 
+
+@runtime_checkable
+class RewardModel(Protocol):
+    """The ``score`` op of a reward model on GPUs (reward functions run on the driver: :class:`Scorer`)."""
+
     def score(self, batch: Batch) -> Batch:
-        """Reward-model scores of whole sequences -> ``scores`` (B,)."""
+        """Scores of whole sequences -> ``scores`` (B,)."""
         ...
+
+
+@runtime_checkable
+class Trainer(Protocol):
+    """The ``update`` op, and the checkpoints of what it trains."""
 
     def train_step(self, batch: Batch, *, loss: LossFn, options: Mapping[str, Any]) -> dict[str, float]:
         """One update over ``batch`` (epochs x mini batches x micro batches), gradients averaged
@@ -139,13 +197,6 @@ class RoleEngine(Protocol):
 
         Raises :class:`~hybridflow.runtime.errors.NonFiniteLossError` before stepping on a NaN/inf loss.
         """
-        ...
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """Full (unsharded) weights, for weight sync to a rollout engine."""
-        ...
-
-    def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
         ...
 
     def save_checkpoint(self, directory: str) -> None:
@@ -156,12 +207,40 @@ class RoleEngine(Protocol):
         ...
 
 
+@runtime_checkable
+class WeightSource(Protocol):
+    """A trainer whose whole weights can leave it (for its rollout on other GPUs, or an export)."""
+
+    def iter_full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(HF name, whole tensor) one at a time. A collective for sharded engines: every rank drains it."""
+        ...
+
+    def tied_weights(self) -> Mapping[str, str]:
+        """``{alias: name}`` for weights held twice under two names (a tied ``lm_head``), so one copy travels."""
+        ...
+
+
+@runtime_checkable
+class WeightSink(Protocol):
+    """An engine that takes whole weights from elsewhere (a detached rollout)."""
+
+    def load_weights(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Replace the engine's weights with HF-named whole tensors (consumed one at a time)."""
+        ...
+
+
+OP_CAPABILITIES: Mapping[Op, type] = {Op.GENERATE: Generator, Op.LOGPROB: LogProbModel,
+                                      Op.REF_LOGPROB: LogProbModel, Op.VALUES: ValueModel, Op.SCORE: RewardModel,
+                                      Op.UPDATE: Trainer}
+"""The capability an engine needs for each op its role runs on a worker."""
+
+
 class Backend(Protocol):
     """A factory of role engines; a backend module exposes one as ``BACKEND``."""
 
     name: str
 
-    def build_role(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext) -> RoleEngine:
+    def build_role(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext) -> Engine:
         ...
 
 
@@ -171,3 +250,21 @@ class Scorer(Protocol):
     def __call__(self, batch: Batch) -> Batch:
         """``prompts``, ``responses``, ``response_mask``, ``ground_truth`` -> ``scores`` (B,)."""
         ...
+
+
+CAPABILITIES: tuple[type, ...] = (Engine, Generator, LogProbModel, ValueModel, RewardModel, Trainer, WeightSource,
+                                  WeightSink)
+
+
+def capabilities_of(engine: object) -> frozenset[str]:
+    """The names of the capability protocols ``engine`` satisfies (what a worker reports for its roles)."""
+    return frozenset(cap.__name__ for cap in CAPABILITIES if isinstance(engine, cap))
+
+
+def parse_options(cls: type[T], options: Mapping[str, Any], *, role: str, owner: str) -> T:
+    """``options`` as the typed dataclass ``cls``; an unknown key is refused with the list of valid ones."""
+    valid = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise ValueError(f"role {role!r}: unknown {owner} option(s) {unknown}; valid options are {valid}")
+    return cls(**options)

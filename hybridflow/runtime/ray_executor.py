@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -24,13 +23,14 @@ from hybridflow.graph import Node
 from hybridflow.planner import GroupPlan, Plan
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.errors import WorkerFailedError
-from hybridflow.runtime.executor import WorkerGroup, group_specs
+from hybridflow.runtime.executor import WorkerGroup, group_specs, shut_down_all
 from hybridflow.runtime.protocols import RoleSpec
-from hybridflow.runtime.worker import GroupWorker, NodeResult
+from hybridflow.runtime.worker import WORKER_CALLS, GroupWorker, NodeResult
 
 WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
               "HF_HUB_OFFLINE": "1"}
 READY_TIMEOUT_S = 60.0
+CLOSE_TIMEOUT_S = 30.0  # engines get this long to stop (vLLM) before their actors are killed
 # Logical GPUs a locally started CPU-only cluster declares, so later plans in the same process fit too.
 MIN_LOGICAL_GPUS = 8
 # Ray custom resource prefix naming a node's GPU type; Ray's own ``accelerator_type:`` resources use
@@ -51,20 +51,12 @@ def ensure_ray(*, address: str | None, num_gpus: int, num_cpus: int | None = Non
         return
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # Ray 2.60 enables token auth by default
     env = {"env_vars": WORKER_ENV}
-    # Ray puts the driver's working directory on the workers' sys.path. From a source checkout that
-    # directory's ``hybridflow/`` (without the mapped ``hybridflow.backends``) would shadow the
-    # installed package, so start Ray from a neutral directory.
-    cwd = os.getcwd()
-    os.chdir(tempfile.gettempdir())
-    try:
-        if address:
-            ray.init(address=address, runtime_env=env, log_to_driver=False)
-        else:
-            logical = None if torch.cuda.is_available() else max(num_gpus, MIN_LOGICAL_GPUS)
-            ray.init(num_cpus=num_cpus or os.cpu_count() or 2, num_gpus=logical, include_dashboard=False,
-                     _node_ip_address="127.0.0.1", runtime_env=env, log_to_driver=False)
-    finally:
-        os.chdir(cwd)
+    if address:
+        ray.init(address=address, runtime_env=env, log_to_driver=False)
+    else:
+        logical = None if torch.cuda.is_available() else max(num_gpus, MIN_LOGICAL_GPUS)
+        ray.init(num_cpus=num_cpus or os.cpu_count() or 2, num_gpus=logical, include_dashboard=False,
+                 _node_ip_address="127.0.0.1", runtime_env=env, log_to_driver=False)
 
 
 def gpu_nodes() -> list[str]:
@@ -179,8 +171,6 @@ class RayWorkerGroup:
                 raise err.as_instanceof_cause() from None
         return [results[rank] for rank in range(len(refs))]
 
-    keeps_step_data = True
-
     def run(self, node: Node, shards: Sequence[Batch], seed: int, *, token: int | None = None,
             fields: Sequence[str] = ()) -> list[NodeResult]:
         refs = [actor.run_wire.remote(node, shard.to_wire(), seed, token=token, fields=tuple(fields))
@@ -188,8 +178,29 @@ class RayWorkerGroup:
         return [NodeResult(outputs=Batch.from_wire(wire), metrics=metrics, seconds=seconds)
                 for wire, metrics, seconds in self._gather(refs, node)]
 
-    def call(self, method: str, *args: Any) -> list[Any]:
+    def _all(self, method: str, *args: Any) -> list[Any]:
+        """``GroupWorker.<method>(*args)`` on every actor (Ray addresses actor methods by name)."""
+        if method not in WORKER_CALLS:
+            raise ValueError(f"{method!r} is not a worker call; worker calls: {sorted(WORKER_CALLS)}")
         return self._gather([getattr(actor, method).remote(*args) for actor in self.actors], None)
+
+    def setup(self) -> None:
+        self._all("setup")
+
+    def capabilities(self) -> list[dict[str, list[str]]]:
+        return self._all("capabilities")
+
+    def info(self) -> list[dict[str, Any]]:
+        return self._all("info")
+
+    def ping(self) -> list[bool]:
+        return self._all("ping")
+
+    def save_checkpoint(self, directory: str) -> None:
+        self._all("save_checkpoint", directory)
+
+    def load_checkpoint(self, directory: str) -> None:
+        self._all("load_checkpoint", directory)
 
     def export_weights(self, role: str, dtype: str) -> Any:
         """Rank 0's packed weights as an object reference: they stay in this group's object store until
@@ -199,15 +210,21 @@ class RayWorkerGroup:
         return parts[0][1]
 
     def import_weights(self, role: str, weights: Any) -> list[dict[str, float]]:
-        return self._gather([actor.import_weights.remote(role, weights) for actor in self.actors], None)
+        return self._all("import_weights", role, weights)
 
     def shutdown(self) -> None:
+        """Close the engines (bounded: a hung rank must not hang the shutdown), then end the actors."""
         import ray
         from ray.util.placement_group import remove_placement_group
 
-        for actor in self.actors:
-            ray.kill(actor)
-        remove_placement_group(self.placement_group)
+        try:
+            ray.get([actor.close.remote() for actor in self.actors], timeout=CLOSE_TIMEOUT_S)
+        except (ray.exceptions.RayError, TimeoutError):
+            pass  # a dead or stuck rank: killing the actors below frees what it held
+        finally:
+            for actor in self.actors:
+                ray.kill(actor)
+            remove_placement_group(self.placement_group)
 
 
 class RayExecutor:
@@ -229,13 +246,12 @@ class RayExecutor:
                 self.groups.append(RayWorkerGroup(index, group_plan, group_specs(group_plan, specs), nodes,
                                                   self.cpus_per_worker, type_resource))
             for group in self.groups:
-                group.call("setup")
+                group.setup()
         except BaseException:
             self.shutdown()  # no half-started actors or placement groups left holding GPUs
             raise
         return list(self.groups)
 
     def shutdown(self) -> None:
-        for group in self.groups:
-            group.shutdown()
-        self.groups = []
+        groups, self.groups = self.groups, []
+        shut_down_all(groups)

@@ -8,11 +8,9 @@ and update nodes are never cut: an update is one optimizer step, and rollout see
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
@@ -32,9 +30,6 @@ class RoleServices:
     reward_cache: RewardCache | None = None
     limiters: dict[str, RequestLimiter] = field(default_factory=dict)
     request_rows: dict[str, int] = field(default_factory=dict)
-    # Multi-rank groups run one request at a time: concurrent submissions could reach ranks in a
-    # different order and deadlock a collective (FSDP all-gathers in forward).
-    group_locks: dict[int, threading.Lock] = field(default_factory=dict)
 
     def applies(self, node: Node) -> bool:
         if node.op not in FORWARD_OPS:
@@ -96,15 +91,3 @@ def _requests(node: Node, rows: Batch, run: Runner, services: RoleServices) -> t
     keys = {key for _, metrics in results for key in metrics}
     merged = {key: sum(m[key] for _, m in results if key in m) / sum(key in m for _, m in results) for key in keys}
     return Batch.concat([outputs for outputs, _ in results]), merged
-
-
-def locked(lock: threading.Lock | None, fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` run under ``lock`` (when given)."""
-    if lock is None:
-        return fn
-
-    def call(*args: Any) -> Any:
-        with lock:
-            return fn(*args)
-
-    return call

@@ -21,11 +21,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from hybridflow.graph import Node
 from hybridflow.planner import GroupPlan, Plan
 from hybridflow.runtime.batch import Batch
+from hybridflow.runtime.collective import ProcessGroupCollective
 from hybridflow.runtime.errors import RuntimeStepError, WorkerFailedError
 from hybridflow.runtime.executor import WorkerGroup, group_specs, rank_device
 from hybridflow.runtime.protocols import RoleSpec
@@ -40,28 +39,7 @@ from hybridflow.runtime.torchrun_protocol import (
     send_reply,
     send_request,
 )
-from hybridflow.runtime.worker import GroupWorker, NodeResult
-
-
-class SubgroupCollective:
-    """All-reduce over one plan group's ranks: a ``torch.distributed`` subgroup of the torchrun world."""
-
-    def __init__(self, *, group: Any, rank: int, world_size: int, device: str) -> None:
-        self.group, self.rank, self.world_size, self.device = group, rank, world_size, device
-
-    def all_reduce_mean(self, tensors: list[torch.Tensor]) -> None:
-        import torch.distributed as dist
-
-        if not tensors:
-            return
-        # One flat buffer on the collective's device: a single all-reduce, and CPU flags ride with GPU grads.
-        flat = torch.cat([t.detach().reshape(-1).to(self.device, torch.float32) for t in tensors])
-        dist.all_reduce(flat, group=self.group)
-        flat /= self.world_size
-        offset = 0
-        for tensor in tensors:
-            tensor.copy_(flat[offset:offset + tensor.numel()].view_as(tensor))
-            offset += tensor.numel()
+from hybridflow.runtime.worker import WORKER_CALLS, GroupWorker, NodeResult
 
 
 def check_plan_fits(plan: Plan, world_size: int) -> None:
@@ -96,8 +74,8 @@ def host_worker(world: TorchrunWorld, plan: Plan, specs: Mapping[str, RoleSpec])
             continue
         rank = group.gpus.index(world.rank)
         device = rank_device(group.device, world.local_rank)
-        collective = (SubgroupCollective(group=subgroups[index], rank=rank, world_size=group.size, device=device)
-                      if group.size > 1 else None)
+        collective = (ProcessGroupCollective(group=subgroups[index], rank=rank, world_size=group.size,
+                                             device=device) if group.size > 1 else None)
         worker = GroupWorker(group=index, rank=rank, world_size=group.size, device=device,
                              specs=group_specs(group, specs), layouts=group.layouts, collective=collective)
         return HostedWorker(group=index, worker=worker)
@@ -182,27 +160,49 @@ class TorchrunWorkerGroup:
         local_value, values = self.control.exchange(remote, local, lost=lost, where=where, node=name)
         return [local_value if gpu == 0 else values[gpu] for gpu in self.ranks]
 
-    def run(self, node: Node, shards: Sequence[Batch], seed: int) -> list[NodeResult]:
-        local = partial(self.local.run, node, shards[self.ranks.index(0)], seed) if self.local is not None else None
+    def run(self, node: Node, shards: Sequence[Batch], seed: int, *, token: int | None = None,
+            fields: Sequence[str] = ()) -> list[NodeResult]:
+        local = (partial(self.local.run, node, shards[self.ranks.index(0)], seed, token=token, fields=tuple(fields))
+                 if self.local is not None else None)
         results = self._exchange(
-            lambda rank: Request(kind="run", group=self.index, args=(node, shards[rank].to_wire(), seed)), local, node)
+            lambda rank: Request(kind="run", group=self.index, args=(node, shards[rank].to_wire(), seed, token,
+                                                                     tuple(fields))), local, node)
         return [result if isinstance(result, NodeResult) else
                 NodeResult(outputs=Batch.from_wire(result[0]), metrics=result[1], seconds=result[2])
                 for result in results]
 
-    def call(self, method: str, *args: Any) -> list[Any]:
+    def _all(self, method: str, *args: Any) -> list[Any]:
+        """``GroupWorker.<method>(*args)`` on every rank: rank 0's in process, the others' over the control plane."""
         local = partial(getattr(self.local, method), *args) if self.local is not None else None
         request = Request(kind="call", group=self.index, args=(method, *args))
         return self._exchange(lambda rank: request, local, None)
 
+    def setup(self) -> None:
+        self._all("setup")
+
+    def capabilities(self) -> list[dict[str, list[str]]]:
+        return self._all("capabilities")
+
+    def info(self) -> list[dict[str, Any]]:
+        return self._all("info")
+
+    def ping(self) -> list[bool]:
+        return self._all("ping")
+
+    def save_checkpoint(self, directory: str) -> None:
+        self._all("save_checkpoint", directory)
+
+    def load_checkpoint(self, directory: str) -> None:
+        self._all("load_checkpoint", directory)
+
     def export_weights(self, role: str, dtype: str) -> Any:
-        return self.call("export_weights", role, dtype)[0]  # through the control plane, like any call
+        return self._all("export_weights", role, dtype)[0]  # through the control plane, like any call
 
     def import_weights(self, role: str, weights: Any) -> list[dict[str, float]]:
-        return self.call("import_weights", role, weights)
+        return self._all("import_weights", role, weights)
 
     def shutdown(self) -> None:
-        return None  # the executor stops every rank's worker at once
+        return None  # the executor closes every rank's engines at once (a ``stop`` request)
 
 
 class TorchrunExecutor:
@@ -235,13 +235,13 @@ class TorchrunExecutor:
                                            hosted.worker if hosted is not None and hosted.group == i else None)
                        for i, group_plan in enumerate(plan.groups)]
         for group in self.groups:
-            group.call("setup")
+            group.setup()
         self._record_workers()
         return list(self.groups)
 
     def _record_workers(self) -> None:
         self.worker_info = [{**info, "global_rank": group.ranks[info["rank"]]}
-                            for group in self.groups for info in group.call("info")]
+                            for group in self.groups for info in group.info()]
         if self.info_path:
             Path(self.info_path).parent.mkdir(parents=True, exist_ok=True)
             Path(self.info_path).write_text(json.dumps(self.worker_info, indent=2))
@@ -269,11 +269,17 @@ class TorchrunExecutor:
 
     def shutdown(self) -> None:
         """Drop every rank's workers; serving ranks keep serving (a new ``start`` may follow)."""
-        plan, self._plan, self.groups = self._plan, None, []
+        plan, self._plan, groups, self.groups = self._plan, None, self.groups, []
+        local = [group.local for group in groups if group.local is not None]
         # After a lost rank the world is unusable: raising here would only hide the error that lost it.
         if plan is not None and self._control is not None and not self._control.lost:
-            self._everyone(plan, Request(kind="stop"), None)
+            self._everyone(plan, Request(kind="stop"), partial(_close_all, local))
         self._control = None
+
+
+def _close_all(workers: Sequence[GroupWorker]) -> None:
+    for worker in workers:
+        worker.close()
 
 
 def serve(world: TorchrunWorld) -> None:
@@ -289,6 +295,8 @@ def serve(world: TorchrunWorld) -> None:
                 plan, specs = request.args
                 hosted = host_worker(world, plan, specs)
             elif request.kind == "stop":
+                if hosted is not None:
+                    hosted.worker.close()
                 hosted = None
             else:
                 value = _handle(world, hosted, request)
@@ -304,10 +312,12 @@ def _handle(world: TorchrunWorld, hosted: HostedWorker | None, request: Request)
         raise RuntimeError(f"torchrun rank {world.rank} holds {held} but got a {request.kind!r} request for group "
                            f"{request.group}; the ranks disagree on the plan")
     if request.kind == "run":
-        node, wire, seed = request.args
-        return hosted.worker.run_wire(node, wire, seed)
+        node, wire, seed, token, fields = request.args
+        return hosted.worker.run_wire(node, wire, seed, token=token, fields=fields)
     if request.kind == "call":
         method, *args = request.args
+        if method not in WORKER_CALLS:
+            raise ValueError(f"torchrun rank {world.rank}: {method!r} is not a worker call ({sorted(WORKER_CALLS)})")
         return getattr(hosted.worker, method)(*args)
     raise ValueError(f"torchrun rank {world.rank}: unknown request kind {request.kind!r}")
 

@@ -22,15 +22,9 @@ from hybridflow.graph import Node, Op
 from hybridflow.planner import RoleLayout, rollout_role
 from hybridflow.registry import BACKENDS, LOSSES
 from hybridflow.runtime.batch import Batch, Wire
-from hybridflow.runtime.protocols import Collective, RoleEngine, RoleSpec, SamplingParams, WorkerContext
-from hybridflow.runtime.weights import (
-    Shipment,
-    full_weights,
-    state_from_wire,
-    state_to_wire,
-    tied_aliases,
-    wire_bytes,
-)
+from hybridflow.runtime.protocols import Collective, RoleSpec, SamplingParams, WorkerContext, capabilities_of
+from hybridflow.runtime.step_store import RankStore
+from hybridflow.runtime.weights import Shipment, full_weights, state_from_wire, state_to_wire, wire_bytes
 
 # The prompt's attention mask travels with ``prompts`` wherever they go (it is not a graph field).
 COMPANIONS = {"prompts": "prompt_mask"}
@@ -79,11 +73,8 @@ class GroupWorker:
         self.specs = {spec.name: spec for spec in specs}
         self.layouts = {layout.role: layout for layout in layouts}
         self.collective: Collective = collective or SoloCollective()
-        self.engines: dict[str, RoleEngine] = {}
-        # Fields this rank received or produced during the current step (``token``), by the dp size they
-        # were sharded for: a later node of a role with that dp reads them here instead of a new copy.
-        self._token: int | None = None
-        self._store: dict[tuple[int, str], Any] = {}
+        self.engines: dict[str, Any] = {}  # role -> Engine with the capabilities its ops need
+        self.store = RankStore(f"group {group} rank {rank}")
 
     def init_collective(self, address: str, port: int) -> None:
         """Join the group's gloo process group (Ray executor; one process per rank)."""
@@ -91,13 +82,13 @@ class GroupWorker:
 
         import torch.distributed as dist
 
-        from hybridflow.runtime.collective import GlooCollective
+        from hybridflow.runtime.collective import ProcessGroupCollective
 
         if self.world_size > 1 and not dist.is_initialized():
             # A short timeout: a dead peer must surface as an error, not a 30-minute hang.
             dist.init_process_group("gloo", init_method=f"tcp://{address}:{port}", rank=self.rank,
                                     world_size=self.world_size, timeout=datetime.timedelta(seconds=60))
-            self.collective = GlooCollective(rank=self.rank, world_size=self.world_size)
+            self.collective = ProcessGroupCollective(rank=self.rank, world_size=self.world_size)
 
     def rendezvous_address(self) -> tuple[str, int]:
         """An address and a free port on this host for the group's process group (asked of rank 0)."""
@@ -107,11 +98,15 @@ class GroupWorker:
         return _node_ip(), port
 
     def setup(self) -> None:
+        """Build every role's engine with the backend its spec names."""
         context = WorkerContext(group=self.group, rank=self.rank, world_size=self.world_size, device=self.device,
                                 collective=self.collective)
         for name, spec in self.specs.items():
-            layout = self.layouts[name]
-            self.engines[name] = BACKENDS.get(layout.backend).build_role(spec, layout, context)
+            self.engines[name] = BACKENDS.get(spec.backend).build_role(spec, self.layouts[name], context)
+
+    def capabilities(self) -> dict[str, list[str]]:
+        """The capability protocols each role's engine satisfies (the controller checks them against the graph)."""
+        return {name: sorted(capabilities_of(engine)) for name, engine in self.engines.items()}
 
     def info(self) -> dict[str, Any]:
         """Where this rank runs: pid, host, Ray node id and GPU ids (when under Ray)."""
@@ -133,16 +128,18 @@ class GroupWorker:
         """Run ``node`` on this rank's rows. ``batch`` holds the node's inputs by graph field name.
 
         With a step ``token``, inputs named in ``fields`` but missing from ``batch`` come from what this
-        rank kept earlier in the same step, and the inputs and outputs of this node are kept in turn.
+        rank kept earlier in the same step, and the inputs and outputs of this node are kept in turn
+        (:class:`~hybridflow.runtime.step_store.RankStore`). Without one (a request of a subset of rows)
+        nothing is read or kept.
         """
         start = time.perf_counter()
         role = self._engine_role(node)
-        dp = self.layouts[role].dp if role in self.layouts else 1
-        if token is not None:
-            batch = self._with_kept(batch, token, fields, dp)
         if role not in self.engines:
             raise KeyError(f"node {node.name!r}: role {node.role!r} is not on group {self.group}; "
                            f"roles here: {sorted(self.engines)}")
+        dp = self.layouts[role].dp
+        if token is not None:
+            batch = self.store.inputs(batch, token=token, fields=fields, dp=dp)
         engine = self.engines[role]
         metrics: dict[str, float] = {}
         if node.op is Op.UPDATE:
@@ -151,7 +148,7 @@ class GroupWorker:
         else:
             outputs = run_role_op(engine, node, batch, seed)
         if token is not None:
-            self._store.update({(dp, k): v for k, v in (*outputs.tensors.items(), *outputs.non_tensors.items())})
+            self.store.keep(outputs, dp)
         return NodeResult(outputs=outputs, metrics=metrics, seconds=time.perf_counter() - start)
 
     def _engine_role(self, node: Node) -> str:
@@ -166,7 +163,7 @@ class GroupWorker:
         in the gathers (every rank of a sharded trainer must drain the stream together). A tied copy
         (``lm_head`` = embeddings) travels as its name only."""
         engine = self.engines[role]
-        aliases = tied_aliases(engine)
+        aliases = dict(engine.tied_weights())
         named = full_weights(engine, dtype)
         if self.rank == 0:
             return state_to_wire((name, tensor) for name, tensor in named if name not in aliases), aliases
@@ -186,20 +183,8 @@ class GroupWorker:
         wire, aliases = shipment
         state = state_from_wire(wire)
         state.update({alias: state[name] for alias, name in aliases.items()})
-        self.engines[role].load_state_dict(state)
+        self.engines[role].load_weights(state.items())
         return {"bytes": float(wire_bytes(wire)), "tensors": float(len(wire)), "seconds": time.perf_counter() - start}
-
-    def _with_kept(self, batch: Batch, token: int, fields: Sequence[str], dp: int) -> Batch:
-        if token != self._token:
-            self._token, self._store = token, {}
-        self._store.update({(dp, k): v for k, v in (*batch.tensors.items(), *batch.non_tensors.items())})
-        missing = [name for name in fields if name not in batch]
-        for name in missing:
-            if (dp, name) not in self._store:
-                raise KeyError(f"group {self.group} rank {self.rank}: field {name!r} was neither sent nor kept "
-                               f"this step; kept: {sorted(self._store)}")
-        kept = {name: self._store[dp, name] for name in missing}
-        return Batch.from_fields({**batch.tensors, **batch.non_tensors, **kept})
 
     def run_wire(self, node: Node, wire: Wire, seed: int = 0, *, token: int | None = None,
                  fields: Sequence[str] = ()) -> tuple[Wire, dict[str, float], float]:
@@ -218,6 +203,23 @@ class GroupWorker:
 
     def ping(self) -> bool:
         return True
+
+    def close(self) -> None:
+        """Close every engine (each at most once), even when one of them fails; re-raise the first failure."""
+        engines, self.engines = list(self.engines.values()), {}
+        failure: BaseException | None = None
+        for engine in engines:
+            try:
+                engine.close()
+            except Exception as err:  # close the others first; the caller sees this one
+                failure = failure or err
+        if failure is not None:
+            raise failure
+
+
+WORKER_CALLS = frozenset({"setup", "capabilities", "info", "ping", "save_checkpoint", "load_checkpoint", "close",
+                          "export_weights", "import_weights"})
+"""The :class:`GroupWorker` methods a worker group calls on every rank (besides ``run``)."""
 
 
 def port_batch(node: Node, batch: Batch) -> Batch:

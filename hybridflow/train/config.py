@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 import yaml
 
+from hybridflow.runtime.protocols import OptimSpec
+
 
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
@@ -40,15 +42,14 @@ class DataConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
-class OptimConfig:
-    """Optimisation of one trainable role (actor or critic)."""
+class OptimConfig(OptimSpec):
+    """Optimisation of one trainable role (actor or critic): the runtime's :class:`OptimSpec` plus the micro
+    batch size its roles default to."""
 
-    lr: float = 1e-4
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    epochs: int = 1
-    mini_batches: int = 1
     micro_batch_size: int = 64
+
+    def spec(self) -> OptimSpec:
+        return OptimSpec(**{f.name: getattr(self, f.name) for f in dataclasses.fields(OptimSpec)})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,14 +57,17 @@ class RoleConfig:
     """Per-role overrides under ``roles.<name>``.
 
     ``model``: a local HF directory for this role (default: the policy's starting weights);
-    ``backend``: the backend that runs it (default: the plan's, ``torch``); ``options``: passed to
-    the backend (e.g. ``rollout: vllm``); ``micro_batch_size``: rows per forward/backward pass;
+    ``backend``: the backend that runs it (default ``torch``); ``options``: the backend's own options;
+    ``rollout``: the engine a policy generates with (``native``, ``hf_generate``, ``vllm``; docs/backends.md)
+    and ``rollout_options`` the vLLM engine's options; ``micro_batch_size``: rows per forward/backward pass;
     ``max_concurrent_requests``: most forward requests in flight to the role's workers.
     """
 
     model: str | None = None
     backend: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
+    rollout: Literal["native", "hf_generate", "vllm"] = "native"
+    rollout_options: dict[str, Any] = field(default_factory=dict)
     micro_batch_size: int | None = None
     max_concurrent_requests: int | None = None
 
@@ -72,6 +76,10 @@ class RoleConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"config key 'roles.*.{name}'={value} must be >= 1 (or unset)")
+        if "rollout" in self.options:
+            raise ValueError("config key 'roles.*.options.rollout' moved: the rollout engine is "
+                             "'roles.<name>.rollout' (native, hf_generate or vllm), its vLLM options "
+                             "'roles.<name>.rollout_options'")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -137,6 +145,14 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
     return from_mapping(TrainConfig, data)
 
 
+def config_from_dotted(items: Mapping[str, Any], base: Mapping[str, Any] | None = None) -> TrainConfig:
+    """A config from ``{"dotted.key": value}`` pairs (Python values, as a caller writes them) over ``base``."""
+    data: dict[str, Any] = {}
+    for key, value in {**(base or {}), **items}.items():
+        _set_dotted(data, key.split("."), value)
+    return from_mapping(TrainConfig, data)
+
+
 def _set_dotted(data: dict[str, Any], keys: list[str], value: Any) -> None:
     for key in keys[:-1]:
         data = data.setdefault(key, {})
@@ -173,6 +189,10 @@ def _check(hint: Any, value: Any, key: str) -> Any:
         if value not in args:
             raise ValueError(f"config key {key!r}={value!r} must be one of {list(args)}")
         return value
+    if origin is tuple and args and args[-1] is not Ellipsis:
+        if not isinstance(value, list | tuple) or len(value) != len(args):
+            raise TypeError(f"config key {key!r}={value!r} must be a list of {len(args)} values")
+        return tuple(_check(arg, item, f"{key}[{i}]") for i, (arg, item) in enumerate(zip(args, value, strict=True)))
     if origin is dict:
         if not isinstance(value, dict):
             raise TypeError(f"config key {key!r} must be a mapping, got {type(value).__name__}")

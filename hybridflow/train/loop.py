@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from hybridflow.runtime import Controller
+from hybridflow.graph import Graph
+from hybridflow.planner import Plan
+from hybridflow.runtime import Controller, RoleSpec
 from hybridflow.train import setup
 from hybridflow.train.checkpoint import checkpoint_step, latest_checkpoint, save_checkpoint
 from hybridflow.train.config import TrainConfig
@@ -27,22 +29,31 @@ class TrainResult:
     start_step: int
 
 
-def train(config: TrainConfig, *, resume: bool = False) -> TrainResult:
-    """Run ``config.steps`` steps (from the latest checkpoint when ``resume``); write metrics and a curve."""
+def train(config: TrainConfig, *, resume: bool = False, graph: Graph | None = None, plan: Plan | None = None,
+          specs: Mapping[str, RoleSpec] | None = None) -> TrainResult:
+    """Run ``config.steps`` steps (from the latest checkpoint when ``resume``); write metrics and a curve.
+
+    ``graph``, ``plan`` and ``specs`` are built from ``config`` unless given: a caller that made them (the
+    classic API, a notebook) passes the values themselves, and the run executes exactly those.
+    """
     run_dir = Path(config.output_dir).resolve()  # Ray workers run elsewhere: every path they see is absolute
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps(asdict(config), indent=2))
     data = setup.records(config)
     model_dir, tokenizer = setup.prepare_model(config, run_dir, data)
-    graph = setup.build_graph(config)
-    plan = setup.build_plan(config, graph, setup.max_prompt_tokens(data, tokenizer), model_dir)
+    graph = graph or setup.build_graph(config)
+    if plan is None:
+        plan = setup.build_plan(config, graph, setup.max_prompt_tokens(data, tokenizer), model_dir)
+    else:
+        setup.check_role_entries(config, graph, plan)
+    specs = specs or setup.role_specs(config, graph, model_dir, plan)
     (run_dir / "plan.json").write_text(plan.to_json())  # what ran, for `hybridflow report` and reruns
     checkpoint = latest_checkpoint(run_dir) if resume else None
     start = checkpoint_step(checkpoint) if checkpoint else 0
     loader = setup.prompt_loader(config, data, tokenizer)
     writer = MetricsWriter(run_dir, tensorboard=config.tensorboard, resume_step=start if resume else None)
     history: list[dict[str, float]] = []
-    with Controller(graph, plan, specs=setup.role_specs(config, graph, model_dir, plan),
+    with Controller(graph, plan, specs=specs,
                     executor=setup.make_executor(config), seed=config.seed, services=setup.services(config, plan),
                     driver_roles={r.name: setup.reward_scorer(config, tokenizer) for r in graph.roles
                                   if not r.kind.needs_gpu}) as controller:

@@ -13,12 +13,12 @@ from hybridflow.data.tokenizer import load_tokenizer
 from hybridflow.graph import Graph, RoleKind, load_graph
 from hybridflow.planner import Plan, rollout_role
 from hybridflow.registry import BACKENDS, load_object
-from hybridflow.runtime import OptimSpec, RoleSpec, default_plan
+from hybridflow.runtime import RoleSpec, default_plan
 from hybridflow.runtime.executor import Executor, LocalExecutor
 from hybridflow.runtime.limits import RequestLimiter, RewardCache
 from hybridflow.runtime.placement import rollout_spec
 from hybridflow.runtime.service import RoleServices
-from hybridflow.train.config import OptimConfig, RoleConfig, TrainConfig
+from hybridflow.train.config import RoleConfig, TrainConfig
 
 
 def max_prompt_tokens(data: list[Record], tokenizer: Any) -> int:
@@ -61,11 +61,10 @@ def build_graph(config: TrainConfig) -> Graph:
 
 
 def build_plan(config: TrainConfig, graph: Graph, prompt_len: int = 32, model_dir: str | None = None) -> Plan:
-    """The plan file's, the planner's (``placement``) or the one-group plan, with ``roles.<name>.backend``.
+    """The plan file's, the planner's (``placement``) or the one-group plan; the run then executes it as it is.
 
     ``model_dir``: the run's starting weights, which the planner sizes the models by.
     """
-    _check_roles(config, graph)
     if config.plan_file:
         plan = Plan.from_json(Path(config.plan_file).read_text())
     elif config.placement != "default":
@@ -74,28 +73,24 @@ def build_plan(config: TrainConfig, graph: Graph, prompt_len: int = 32, model_di
         plan = planned(config, graph, prompt_len, model_dir)
     else:
         plan = default_plan(graph, num_gpus=config.num_gpus)
-    backends = {name: role.backend for name, role in config.roles.items() if role.backend}
-    for policy, rollout in plan.detached_rollouts.items():
-        if rollout in backends:
-            continue
-        # ``roles.actor.options.rollout: vllm`` asks for vLLM rollouts: on a detached rollout that is its backend.
-        if config.roles.get(policy, RoleConfig()).options.get("rollout") == "vllm":
-            backends[rollout] = "vllm"
-        elif policy in backends:
-            backends[rollout] = backends[policy]
-    if not backends:
-        return plan
-    for name, backend in backends.items():
-        BACKENDS.get(backend)  # an unknown name lists the installed backends
+    check_role_entries(config, graph, plan)
+    return plan
+
+
+def check_role_entries(config: TrainConfig, graph: Graph, plan: Plan) -> None:
+    """Each ``roles.<name>`` entry names a role of the graph (or a detached rollout of the plan) that runs on
+    GPUs, and an installed backend."""
+    _check_roles(config, graph)
+    for name, entry in config.roles.items():
         if name not in plan.roles:
             raise KeyError(f"config key 'roles.{name}': the plan has no role {name!r} (its roles: {list(plan.roles)}); "
                            "a policy's rollout role exists only when the plan gives it GPUs of its own")
+        if entry.backend is None:
+            continue
+        BACKENDS.get(entry.backend)  # an unknown name lists the installed backends
         if plan.group_index(name) is None:
             raise ValueError(f"config key 'roles.{name}.backend': role {name!r} runs on the driver (a reward "
                              "function), so it has no backend; remove the key")
-    groups = tuple(replace(group, layouts=tuple(replace(layout, backend=backends.get(layout.role, layout.backend))
-                                                for layout in group.layouts)) for group in plan.groups)
-    return replace(plan, groups=groups)
 
 
 def _check_roles(config: TrainConfig, graph: Graph) -> None:
@@ -122,32 +117,31 @@ def services(config: TrainConfig, plan: Plan) -> RoleServices | None:
     return RoleServices(reward_cache=cache, limiters=limiters, request_rows=rows)
 
 
-def _optim(cfg: OptimConfig) -> OptimSpec:
-    return OptimSpec(lr=cfg.lr, weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip, epochs=cfg.epochs,
-                     mini_batches=cfg.mini_batches)
-
-
 def role_specs(config: TrainConfig, graph: Graph, model_dir: str, plan: Plan | None = None) -> dict[str, RoleSpec]:
     """A spec per GPU role: trainable policies use ``actor``, value models ``critic`` settings.
 
     A detached rollout in ``plan`` with a ``roles.<policy>:rollout`` entry gets its own spec (the policy's
-    model, the entry's options and micro batch); without one the controller derives it from the policy.
+    model, the entry's backend, options and micro batch); without one the controller derives it from the policy.
     """
     specs = {}
     for role in graph.roles:
         if not role.kind.needs_gpu:
             continue
         optim = config.critic if role.kind is RoleKind.VALUE else config.actor
-        overrides = config.roles.get(role.name, RoleConfig())
-        specs[role.name] = RoleSpec(name=role.name, kind=role.kind, model=overrides.model or model_dir,
-                                    seed=config.seed, optim=_optim(optim) if role.kind.trainable else None,
-                                    micro_batch_size=overrides.micro_batch_size or optim.micro_batch_size,
-                                    options=overrides.options)
+        entry = config.roles.get(role.name, RoleConfig())
+        specs[role.name] = RoleSpec(name=role.name, kind=role.kind, model=entry.model or model_dir,
+                                    backend=entry.backend or "torch", seed=config.seed,
+                                    optim=optim.spec() if role.kind.trainable else None,
+                                    micro_batch_size=entry.micro_batch_size or optim.micro_batch_size,
+                                    options=entry.options, rollout=entry.rollout,
+                                    rollout_options=entry.rollout_options)
     for policy, rollout in (plan.detached_rollouts if plan is not None else {}).items():
         if rollout in config.roles:
-            entry, trainer = config.roles[rollout], specs[policy]
-            specs[rollout] = rollout_spec(trainer, rollout, model=entry.model or trainer.model, options=entry.options,
-                                          micro_batch_size=entry.micro_batch_size or trainer.micro_batch_size)
+            entry, derived = config.roles[rollout], rollout_spec(specs[policy], rollout)
+            specs[rollout] = replace(derived, model=entry.model or derived.model,
+                                     backend=entry.backend or derived.backend,
+                                     options=entry.options or derived.options,
+                                     micro_batch_size=entry.micro_batch_size or derived.micro_batch_size)
     return specs
 
 

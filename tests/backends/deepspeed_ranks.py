@@ -20,14 +20,14 @@ def first_step(rank: int, world_size: int, stages: list[str]) -> dict[str, Any]:
     from hybridflow.backends.torch import TorchRoleEngine
 
     batch = rollout_batch(8)
-    reference = TorchRoleEngine(role_spec(), layout(dp=1, backend="torch"), context())
+    reference = TorchRoleEngine(role_spec(), layout(dp=1), context())
     ref_metrics = reference.train_step(batch, loss=LOSSES.get("ppo_policy"), options={})
     ref_state = reference.state_dict()
     out: dict[str, Any] = {"reference": ref_metrics}
     for name in stages:
         stage, _, offload = name.partition("+")  # "ZERO2+offload": optimizer states and step on the CPU
         spec = role_spec(offload_optimizer=bool(offload))
-        engine = DeepSpeedRoleEngine(spec, layout(sharding=Sharding(stage), backend="deepspeed"),
+        engine = DeepSpeedRoleEngine(spec, layout(sharding=Sharding(stage)),
                                      context(rank, world_size))
         metrics = engine.train_step(rank_rows(batch, rank, world_size), loss=LOSSES.get("ppo_policy"), options={})
         state = engine.state_dict()
@@ -41,7 +41,7 @@ def critic_zero3_bf16(rank: int, world_size: int) -> dict[str, Any]:
     from hybridflow.backends.deepspeed import DeepSpeedRoleEngine
 
     spec = role_spec("critic", RoleKind.VALUE, lr=3e-3, grad_clip=1.0)
-    lay = layout("critic", sharding=Sharding.ZERO3, dtype="bf16", backend="deepspeed", gradient_checkpointing=True)
+    lay = layout("critic", sharding=Sharding.ZERO3, dtype="bf16", gradient_checkpointing=True)
     critic = DeepSpeedRoleEngine(spec, lay, context(rank, world_size))
     batch = rank_rows(rollout_batch(8, seed=4), rank, world_size)
     before = critic.state_dict()
@@ -63,7 +63,7 @@ def critic_zero3_bf16(rank: int, world_size: int) -> dict[str, Any]:
         resumed = critic.state_dict()  # equal only if the optimizer's moments were restored too
         out["resume_state_gap"] = max(float((resumed[n].float() - next_state[n].float()).abs().max()) for n in after)
         torch.distributed.barrier()
-    policy = DeepSpeedRoleEngine(role_spec(), layout(sharding=Sharding.ZERO3, backend="deepspeed"),
+    policy = DeepSpeedRoleEngine(role_spec(), layout(sharding=Sharding.ZERO3),
                                  context(rank, world_size))
     generated = policy.generate(batch.select(["prompts", "prompt_mask"]),
                                 SamplingParams(max_new_tokens=10, seed=rank, temperature=1.5))

@@ -37,7 +37,7 @@ def first_step(rank: int, world_size: int, strategies: list[str]) -> dict[str, A
     from hybridflow.backends.torch import TorchRoleEngine
 
     batch = rollout_batch(8)
-    reference = TorchRoleEngine(role_spec(), layout(dp=1, backend="torch"), context())
+    reference = TorchRoleEngine(role_spec(), layout(dp=1), context())
     ref_metrics, ref_grads = step_with_grads(reference, batch, lambda g: g)
     ref_state = reference.state_dict()
     out: dict[str, Any] = {"reference_loss": ref_metrics["loss"]}
@@ -102,7 +102,7 @@ def frozen_ops(rank: int, world_size: int) -> dict[str, Any]:
                             (RoleKind.REWARD_MODEL, "score", "scores")):
         spec = role_spec("role", kind)
         fsdp = FsdpRoleEngine(spec, layout("role"), context(rank, world_size))
-        torch_engine = TorchRoleEngine(spec, layout("role", dp=1, backend="torch"), context())
+        torch_engine = TorchRoleEngine(spec, layout("role", dp=1), context())
         mine = getattr(fsdp, op)(rows)[field]
         theirs = getattr(torch_engine, op)(batch)[field].chunk(world_size)[rank]
         gaps[kind.value] = float((mine - theirs).abs().max())

@@ -41,14 +41,15 @@ def rollout_batch(rows: int = 8, prompt_len: int = 6, response_len: int = 5, see
 
 
 def role_spec(name: str = "actor", kind: RoleKind = RoleKind.POLICY, *, lr: float = 1e-3, grad_clip: float = 1e6,
-              **options: Any) -> RoleSpec:
+              rollout: str = "native", rollout_options: dict[str, Any] | None = None, **options: Any) -> RoleSpec:
     optim = OptimSpec(lr=lr, grad_clip=grad_clip) if kind.trainable else None
-    return RoleSpec(name=name, kind=kind, model=MODEL, optim=optim, micro_batch_size=2, seed=0, options=options)
+    return RoleSpec(name=name, kind=kind, model=MODEL, optim=optim, micro_batch_size=2, seed=0, options=options,
+                    rollout=rollout, rollout_options=rollout_options or {})
 
 
 def layout(role: str = "actor", *, dp: int = 2, sharding: Sharding = Sharding.FULL_SHARD, dtype: str = "fp32",
-           backend: str = "fsdp", **fields: Any) -> RoleLayout:
-    return RoleLayout(role=role, dp=dp, sharding=sharding, dtype=dtype, backend=backend, micro_batch_size=2, **fields)
+           **fields: Any) -> RoleLayout:
+    return RoleLayout(role=role, dp=dp, sharding=sharding, dtype=dtype, micro_batch_size=2, **fields)
 
 
 def context(rank: int = 0, world_size: int = 1) -> WorkerContext:

@@ -58,7 +58,7 @@ def test_offload_needs_a_sharded_stage() -> None:
 
     spec = role_spec(offload_optimizer=True)
     with pytest.raises(ValueError, match="offload_optimizer needs ZeRO stage >= 1"):
-        build_config(spec, layout(sharding=Sharding.NO_SHARD, backend="deepspeed"), DeepSpeedOptions.from_spec(spec),
+        build_config(spec, layout(sharding=Sharding.NO_SHARD), DeepSpeedOptions.from_spec(spec),
                      micro_batch_size=2)
 
 
@@ -66,7 +66,7 @@ def test_config_follows_the_layout() -> None:
     from hybridflow.backends.deepspeed import DeepSpeedOptions, build_config
 
     spec = role_spec(ds_config={"steps_per_print": 10})
-    config = build_config(spec, layout(sharding=Sharding.FULL_SHARD, dtype="bf16", backend="deepspeed"),
+    config = build_config(spec, layout(sharding=Sharding.FULL_SHARD, dtype="bf16"),
                           DeepSpeedOptions.from_spec(spec), micro_batch_size=4)
     assert config["zero_optimization"]["stage"] == 3
     assert config["bf16"] == {"enabled": True}
@@ -78,7 +78,7 @@ def test_a_rank_without_a_process_group_is_told_how_to_join() -> None:
     from hybridflow.backends.deepspeed import DeepSpeedRoleEngine
 
     with pytest.raises(RuntimeError, match="process group"):
-        DeepSpeedRoleEngine(role_spec(), layout(backend="deepspeed"), context(rank=1, world_size=2))
+        DeepSpeedRoleEngine(role_spec(), layout(), context(rank=1, world_size=2))
 
 
 @pytest.mark.gpu
@@ -93,7 +93,6 @@ def test_zero2_bf16_on_one_cuda_device_trains() -> None:
     from hybridflow.runtime.worker import SoloCollective
 
     ctx = WorkerContext(group=0, rank=0, world_size=1, device="cuda:0", collective=SoloCollective())
-    engine = DeepSpeedRoleEngine(role_spec(), layout(dp=1, sharding=Sharding.ZERO2, dtype="bf16",
-                                                     backend="deepspeed"), ctx)
+    engine = DeepSpeedRoleEngine(role_spec(), layout(dp=1, sharding=Sharding.ZERO2, dtype="bf16"), ctx)
     batch = Batch({k: v.cuda() for k, v in rollout_batch(4).tensors.items()})
     assert engine.train_step(batch, loss=LOSSES.get("ppo_policy"), options={})["loss"] != 0

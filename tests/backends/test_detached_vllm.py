@@ -18,13 +18,12 @@ from hybridflow.runtime import Batch, Controller, OptimSpec, RoleSpec  # noqa: E
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 TOKENIZER = char_tokenizer()
-VLLM = {"rollout": "vllm", "rollout_dtype": "fp32", "kv_cache_gib": 1}
+VLLM = {"rollout_dtype": "fp32", "kv_cache_gib": 1}
 
 
 def _plan() -> Plan:
-    actor = RoleLayout(role="actor", dp=2, sharding=Sharding.FULL_SHARD, dtype="fp32", micro_batch_size=4,
-                       backend="fsdp")
-    rollout = RoleLayout(role="actor:rollout", dp=1, dtype="fp32", backend="vllm")
+    actor = RoleLayout(role="actor", dp=2, sharding=Sharding.FULL_SHARD, dtype="fp32", micro_batch_size=4)
+    rollout = RoleLayout(role="actor:rollout", dp=1, dtype="fp32")
     reference = RoleLayout(role="reference", dp=1, dtype="fp32", micro_batch_size=8)
     trainer = GroupPlan(gpus=(0, 1), hosts=(0, 0), device="cpu", roles=("actor",), layouts=(actor,),
                         memory_per_gpu_bytes=0, capacity_bytes=0)
@@ -44,7 +43,7 @@ def test_vllm_rollout_on_its_own_node_follows_the_fsdp_trainer(ray_two_nodes: st
 
     graph = load_graph("grpo", reward_kind="reward_function", n=2, max_new_tokens=6)
     specs = {"actor": RoleSpec(name="actor", kind="policy", model="tiny-qwen2", optim=OptimSpec(lr=2e-2),
-                               micro_batch_size=4, options=VLLM),
+                               micro_batch_size=4, backend="fsdp", rollout="vllm", rollout_options=VLLM),
              "reference": RoleSpec(name="reference", kind="frozen_policy", model="tiny-qwen2")}
     loader = PromptLoader(records=task_examples("reverse", 16), tokenizer=TOKENIZER, batch_size=4)
     nodes = {graph.node(name).op: graph.node(name) for name in graph.order}
@@ -61,7 +60,7 @@ def test_vllm_rollout_on_its_own_node_follows_the_fsdp_trainer(ray_two_nodes: st
             result = controller.step(loader.batch(step), step=step)
         trainer = _run(controller, 0, nodes["logprob"], rows)["old_logprobs"]
         rollout = _run(controller, 1, scored_by_rollout, rows)["old_logprobs"]
-        infos = controller.groups[1].call("info")
+        infos = controller.groups[1].info()
         ray_nodes = gpu_nodes()
     mask = rows["response_mask"].bool()
     assert float((trainer - before)[mask].abs().max()) > 1e-2, "training did not move the policy"

@@ -21,8 +21,8 @@ LAYOUTS = {"actor": ("fsdp", Sharding.FULL_SHARD), "critic": ("deepspeed", Shard
 
 def two_node_plan() -> Plan:
     def group(roles: tuple[str, str], gpus: tuple[int, int], host: int) -> GroupPlan:
-        layouts = tuple(RoleLayout(role=role, dp=2, dtype="fp32", micro_batch_size=4, backend=LAYOUTS[role][0],
-                                   sharding=LAYOUTS[role][1]) for role in roles)
+        layouts = tuple(RoleLayout(role=role, dp=2, dtype="fp32", micro_batch_size=4, sharding=LAYOUTS[role][1])
+                        for role in roles)
         return GroupPlan(gpus=gpus, hosts=(host, host), device="cpu", roles=roles, layouts=layouts,
                          memory_per_gpu_bytes=0, capacity_bytes=0)
 
@@ -34,7 +34,7 @@ def test_ppo_follows_the_plan_with_fsdp_and_deepspeed_roles(ray_two_nodes: str) 
     from hybridflow.runtime.ray_executor import RayExecutor, gpu_nodes
 
     graph = load_graph("ppo", max_new_tokens=6)
-    specs = {role.name: RoleSpec(name=role.name, kind=role.kind, model="tiny-qwen2",
+    specs = {role.name: RoleSpec(name=role.name, kind=role.kind, model="tiny-qwen2", backend=LAYOUTS[role.name][0],
                                  optim=OptimSpec(lr=1e-3) if role.kind.trainable else None)
              for role in graph.roles}
     assert specs["reward"].kind is RoleKind.REWARD_MODEL
@@ -44,7 +44,7 @@ def test_ppo_follows_the_plan_with_fsdp_and_deepspeed_roles(ray_two_nodes: str) 
         assert {"actor/loss", "critic/vf_loss", "critic/grad_norm"} <= set(result.metrics)
         nodes = gpu_nodes()
         for group, host in ((0, 0), (1, 1)):
-            infos = controller.groups[group].call("info")
+            infos = controller.groups[group].info()
             assert [info["node_id"] for info in infos] == [nodes[host]] * 2, f"group {group} is not on host {host}"
             assert len({info["gpu_ids"][0] for info in infos}) == 2, "two ranks share one GPU bundle"
             assert len({info["placement_group"] for info in infos}) == 1

@@ -53,15 +53,15 @@ def test_sleep_wake_and_sampling(hybrid_ranks: list[dict[str, Any]]) -> None:
 def test_trainable_roles_are_refused_with_the_fix() -> None:
     from hybridflow.backends.vllm import VllmRoleEngine
 
-    with pytest.raises(ValueError, match=r"options.rollout: vllm"):
-        VllmRoleEngine(role_spec(), layout(backend="vllm"), context())
+    with pytest.raises(ValueError, match=r"with rollout: vllm"):
+        VllmRoleEngine(role_spec(), layout(), context())
 
 
 def test_bad_rollout_options_name_the_field() -> None:
     from hybridflow.backends.vllm import VllmOptions
 
     with pytest.raises(ValueError, match="sleep_level=3"):
-        VllmOptions.from_spec(role_spec("reference", RoleKind.FROZEN_POLICY, sleep_level=3))
+        VllmOptions.parse({"sleep_level": 3}, "reference")
 
 
 @pytest.mark.gpu
@@ -77,7 +77,7 @@ def test_tensor_parallel_rollout_on_cuda() -> None:
 
     ctx = WorkerContext(group=0, rank=0, world_size=1, device="cuda:0", collective=SoloCollective())
     engine = VllmRoleEngine(role_spec("reference", RoleKind.FROZEN_POLICY),
-                            layout("reference", dp=1, rollout_tp=2, backend="vllm", dtype="bf16"), ctx)
+                            layout("reference", dp=1, rollout_tp=2, dtype="bf16"), ctx)
     prompts = torch.randint(4, 50, (4, 6))
     out = engine.generate(Batch({"prompts": prompts, "prompt_mask": torch.ones_like(prompts)}),
                           SamplingParams(max_new_tokens=4, greedy=True))

@@ -30,7 +30,8 @@ def _agreement(engine: Any, prompts: Batch) -> dict[str, Any]:
 def hybrid_fsdp_vllm(rank: int, world_size: int) -> dict[str, Any]:
     from hybridflow.backends.fsdp import BACKEND
 
-    spec = role_spec(lr=2e-2, grad_clip=1.0, rollout="vllm", rollout_dtype="fp32", kv_cache_gib=1)
+    spec = role_spec(lr=2e-2, grad_clip=1.0, rollout="vllm",
+                     rollout_options={"rollout_dtype": "fp32", "kv_cache_gib": 1})
     engine = BACKEND.build_role(spec, layout(), context(rank, world_size))
     batch = rank_rows(rollout_batch(8, seed=3), rank, world_size)
     prompts = batch.select(["prompts", "prompt_mask"])
@@ -50,5 +51,5 @@ def hybrid_fsdp_vllm(rank: int, world_size: int) -> dict[str, Any]:
     out["distinct_samples"] = len({tuple(r.tolist()) for r in sampled["responses"]})
     out["sampled_logprobs_finite"] = bool(torch.isfinite(sampled["logprobs"]).all())
     torch.distributed.barrier()
-    engine.rollout.shutdown()
+    engine.close()
     return out

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from hybridflow import DataParallelConfig, SingleController
-from hybridflow.classic import RunSettings
 
 TINY = "tiny-qwen2"
 
@@ -24,8 +23,8 @@ def tutorial(**overrides: object) -> DataParallelConfig:
 
 
 def controller(config: DataParallelConfig, tmp: Path, **settings: object) -> SingleController:
-    run = RunSettings(steps=2, batch_size=4, max_new_tokens=6, sft_steps=5, output_dir=str(tmp / "run"),
-                      **settings)  # type: ignore[arg-type]
+    run = {"steps": 2, "data.batch_size": 4, "algorithm_options.max_new_tokens": 6, "model.sft_steps": 5,
+           "output_dir": str(tmp / "run"), **settings}
     return SingleController(config=config, actor_model=TINY, critic_model=TINY, reward_model=TINY,
                             reference_model=TINY, use_half_precision=True, settings=run)
 

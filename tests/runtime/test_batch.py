@@ -80,7 +80,7 @@ def test_char_tokenizer_round_trips_through_save_and_load(tmp_path) -> None:  # 
 
 
 def test_lean_sampler_matches_hf_generate_greedily() -> None:
-    from hybridflow.backends.torch import modeling
+    from hybridflow.backends.common import modeling
 
     from hybridflow.data import char_tokenizer, encode_prompts, task_examples
     from hybridflow.models import build_tiny_causal_lm

@@ -46,7 +46,7 @@ def test_roles_run_on_their_planned_nodes_and_a_killed_worker_fails_fast(ray_two
         nodes = gpu_nodes()
         assert len(nodes) == 2
         for group, host in ((0, 0), (1, 1)):
-            infos = controller.groups[group].call("info")
+            infos = controller.groups[group].info()
             assert [i["node_id"] for i in infos] == [nodes[host]] * 2, f"group {group} is not on host {host}"
             assert all(len(i["gpu_ids"]) == 1 for i in infos)
             assert len({i["gpu_ids"][0] for i in infos}) == 2, "two ranks share one GPU bundle"

@@ -61,7 +61,7 @@ def test_each_group_runs_on_the_node_of_its_device_type(a100_t4_cluster: str, ra
         types = {n["NodeID"]: set(n["Resources"]) for n in ray.nodes() if n["Alive"]}
         assert "gpu_type:A100-80G" in types[nodes[0]] and "gpu_type:T4" in types[nodes[1]]
         for group, node in ((0, nodes[0]), (1, nodes[1])):
-            infos = controller.groups[group].call("info")
+            infos = controller.groups[group].info()
             assert [info["node_id"] for info in infos] == [node, node], f"group {group} left its device's node"
             assert len({info["gpu_ids"][0] for info in infos}) == 2
         bundles = [executor.groups[g].placement_group.bundle_specs for g in (0, 1)]

@@ -80,16 +80,16 @@ def probe(out: Path, world: Any) -> dict[str, Any]:
             group.run(node, [batch.select([*node.inputs, "prompt_mask"]), batch.select(["prompts"])], seed=0)
         except Exception as err:  # the probe records whatever came back
             result["remote_error"] = {"type": type(err).__name__, "notes": getattr(err, "__notes__", [])}
-        result["in_sync_after_error"] = group.call("ping") == [True, True]
+        result["in_sync_after_error"] = group.ping() == [True, True]
         os.kill(result["pids"][1], signal.SIGSTOP)  # rank 1 hangs: alive, but never answers
         start = time.perf_counter()
         try:
-            group.call("ping")
+            group.ping()
         except WorkerFailedError as err:
             result["hung"] = {"seconds": time.perf_counter() - start, "message": str(err), "rank": err.rank}
         os.kill(result["pids"][1], signal.SIGKILL)
         try:
-            group.call("ping")
+            group.ping()
         except RuntimeStepError as err:
             result["after_lost"] = str(err)
     start = time.perf_counter()

@@ -7,9 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from hybridflow.backends.torch import sampling
+from hybridflow.backends.common import sampling
 
 from hybridflow.graph import RoleKind
+from hybridflow.logits import token_entropy, token_logprobs
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.weights import DTYPES
 
@@ -71,17 +72,6 @@ def sequence_inputs(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
     return input_ids, mask, positions
 
 
-def token_logprobs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """(B, T, V), (B, T) -> (B, T) log-probability of each label, in fp32."""
-    return torch.log_softmax(logits.float(), dim=-1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
-
-
-def token_entropy(logits: torch.Tensor) -> torch.Tensor:
-    """(B, T, V) -> (B, T) entropy of each position's next-token distribution."""
-    logits = logits.float()
-    return torch.logsumexp(logits, dim=-1) - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)
-
-
 def policy_outputs(model: Any, batch: Batch, *, with_entropy: bool) -> dict[str, torch.Tensor]:
     """Log-probs (and entropy) of the response tokens. Each (B, T)."""
     input_ids, mask, positions = sequence_inputs(batch)
@@ -139,3 +129,18 @@ def generate(model: Any, batch: Batch, *, max_new_tokens: int, greedy: bool, tem
     width = max(int(mask.sum(dim=1).max()), 1)
     responses = responses.masked_fill(mask == 0, pad)[:, :width].contiguous()
     return {"responses": responses, "response_mask": mask[:, :width].contiguous()}
+
+
+def tied_weights(module: torch.nn.Module) -> dict[str, str]:
+    """``{alias: name}`` for parameters a module holds twice under two names (tied embeddings).
+
+    A state dict lists a tied ``lm_head.weight`` beside ``embed_tokens.weight``; only one needs to travel.
+    """
+    first: dict[int, str] = {}
+    aliases = {}
+    for name, param in module.named_parameters(remove_duplicate=False):
+        if id(param) in first:
+            aliases[name] = first[id(param)]
+        else:
+            first[id(param)] = name
+    return aliases

@@ -1,0 +1,165 @@
+"""Where a node runs and how its rows get there: one target per role placement.
+
+The controller asks a role's target to run a node on the step's state. A :class:`GroupTarget` ships
+the group only the input fields its ranks do not hold yet (:mod:`~hybridflow.runtime.step_store`),
+splits rows over the data-parallel ranks and gathers the outputs; a :class:`DriverTarget` scores in the
+controller's process (reward functions). :class:`Served` wraps either with the role's request bound and
+the reward cache (:mod:`~hybridflow.runtime.service`): it sends whole rows, in requests.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from hybridflow.graph import Node
+from hybridflow.runtime.batch import Batch
+from hybridflow.runtime.executor import WorkerGroup
+from hybridflow.runtime.protocols import Scorer
+from hybridflow.runtime.service import RoleServices, serve
+from hybridflow.runtime.step_store import ShardKey, StepLedger, exact_fields
+from hybridflow.runtime.worker import COMPANIONS, NodeResult, port_batch
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a node produced (graph field names, the step's rows), its metrics and its wall seconds."""
+
+    outputs: Batch
+    metrics: Mapping[str, float]
+    seconds: float
+
+
+class Target(Protocol):
+    """Runs a role's nodes: ``submit`` for a whole step, ``run_rows`` for a request of some rows."""
+
+    def submit(self, node: Node, state: Batch, seed: int) -> Future[Outcome]:
+        ...
+
+    def run_rows(self, node: Node, rows: Batch, seed: int) -> tuple[Batch, Mapping[str, float]]:
+        ...
+
+    @property
+    def pool(self) -> ThreadPoolExecutor:
+        ...
+
+
+def node_inputs(node: Node, state: Batch) -> list[str]:
+    """The fields a worker node reads: its inputs and their companions (``prompt_mask`` with ``prompts``)."""
+    return [*node.inputs, *(COMPANIONS[f] for f in node.inputs if f in COMPANIONS and COMPANIONS[f] in state)]
+
+
+class GroupTarget:
+    """A role on a worker group: rows split over its ``dp`` ranks, tensor-parallel peers get the same rows."""
+
+    def __init__(self, group: WorkerGroup, dp: int, pool: ThreadPoolExecutor, ledger: StepLedger) -> None:
+        self.group, self.dp, self.ledger = group, dp, ledger
+        self._pool = pool
+
+    @property
+    def pool(self) -> ThreadPoolExecutor:
+        return self._pool  # the group's dispatcher: a group runs its nodes one at a time, in order
+
+    @property
+    def key(self) -> ShardKey:
+        return self.group.index, self.dp
+
+    def submit(self, node: Node, state: Batch, seed: int) -> Future[Outcome]:
+        wanted = node_inputs(node, state)
+        send = state.select(self.ledger.to_send(self.key, wanted))
+        self.ledger.record_sent(self.group.index, send)
+        # The group runs its calls in order, so what this call ships is there for the next one.
+        self.ledger.hold(self.key, wanted)
+        return self._pool.submit(self._run_step, node, send, seed, len(state), self.ledger.token, tuple(wanted))
+
+    def _run_step(self, node: Node, send: Batch, seed: int, rows: int, token: int,
+                  fields: tuple[str, ...]) -> Outcome:
+        start = time.perf_counter()
+        leaders = self._run(node, send, seed, token=token, fields=fields)
+        self.ledger.hold(self.key, exact_fields([r.outputs for r in leaders]))
+        outputs, metrics = _gathered(leaders, rows)
+        return Outcome(outputs, metrics, time.perf_counter() - start)
+
+    def run_rows(self, node: Node, rows: Batch, seed: int) -> tuple[Batch, Mapping[str, float]]:
+        self.ledger.record_sent(self.group.index, rows)
+        return _gathered(self._run(node, rows, seed), len(rows))
+
+    def _run(self, node: Node, inputs: Batch, seed: int, *, token: int | None = None,
+             fields: tuple[str, ...] = ()) -> list[NodeResult]:
+        """Each data-parallel shard of ``inputs`` to its ranks; returns one result per shard (its leader's)."""
+        padded, _ = inputs.pad_to_multiple(self.dp)
+        chunks = padded.chunk(self.dp) if len(inputs.keys()) else [inputs] * self.dp
+        per_dp = self.group.size // self.dp
+        shards = [chunks[rank // per_dp] for rank in range(self.group.size)]
+        return self.group.run(node, shards, seed, token=token, fields=fields)[::per_dp]
+
+
+def _gathered(leaders: list[NodeResult], rows: int) -> tuple[Batch, dict[str, float]]:
+    outputs = Batch.concat([r.outputs for r in leaders])
+    if len(outputs.keys()):
+        outputs = outputs.slice(0, rows)  # drop the padding rows
+    keys = sorted({key for r in leaders for key in r.metrics})
+    metrics = {key: float(torch.tensor([r.metrics[key] for r in leaders if key in r.metrics]).mean())
+               for key in keys}
+    return outputs, metrics
+
+
+class DriverTarget:
+    """A reward function scoring in the controller's process."""
+
+    def __init__(self, scorer: Scorer, pool: ThreadPoolExecutor) -> None:
+        self.scorer = scorer
+        self._pool = pool
+
+    @property
+    def pool(self) -> ThreadPoolExecutor:
+        return self._pool
+
+    def submit(self, node: Node, state: Batch, seed: int) -> Future[Outcome]:
+        return self._pool.submit(timed, lambda: self.run_rows(node, state, seed))
+
+    def run_rows(self, node: Node, rows: Batch, seed: int) -> tuple[Batch, Mapping[str, float]]:
+        result = self.scorer(port_batch(node, rows))
+        if "scores" not in result:
+            raise KeyError(f"driver scorer for node {node.name!r} returned {result.keys()}, not 'scores'")
+        return result.select(["scores"]).rename({"scores": node.outputs[0]}), {}
+
+
+class Served:
+    """A target behind its role's limits, for the forward nodes they apply to (:meth:`RoleServices.applies`):
+    reward cache hits first, then requests of at most ``request_rows`` rows, at most
+    ``max_concurrent_requests`` in flight. ``lock`` (one per multi-rank group) lets one request at a time
+    reach the group: concurrent requests could reach ranks in different orders and deadlock a collective."""
+
+    def __init__(self, inner: Target, services: RoleServices, lock: threading.Lock | None = None) -> None:
+        self.inner, self.services, self.lock = inner, services, lock
+
+    @property
+    def pool(self) -> ThreadPoolExecutor:
+        return self.inner.pool
+
+    def submit(self, node: Node, state: Batch, seed: int) -> Future[Outcome]:
+        if not self.services.applies(node):
+            return self.inner.submit(node, state, seed)
+        inputs = state.select(node_inputs(node, state)) if isinstance(self.inner, GroupTarget) else state
+        return self.pool.submit(timed, lambda: serve(node, inputs, lambda rows: self.run_rows(node, rows, seed),
+                                                     self.services))
+
+    def run_rows(self, node: Node, rows: Batch, seed: int) -> tuple[Batch, Mapping[str, float]]:
+        if self.lock is None:
+            return self.inner.run_rows(node, rows, seed)
+        with self.lock:
+            return self.inner.run_rows(node, rows, seed)
+
+
+def timed(run: Callable[[], tuple[Batch, Mapping[str, float]]]) -> Outcome:
+    """``run()``'s (outputs, metrics) with the seconds it took."""
+    start = time.perf_counter()
+    outputs, metrics = run()
+    return Outcome(outputs, metrics, time.perf_counter() - start)
