@@ -1,7 +1,9 @@
 """Planner scale: wall time of ``plan_placement`` for PPO (four Llama-3-8B roles) from 8 to 16,384 GPUs.
 
 The batch grows with the cluster (8 prompts per GPU, at least 1,024) so large clusters have work to
-split. Run: ``OMP_NUM_THREADS=1 python benchmarks/planner_scale.py [--json] [--max-gpus N]``.
+split. Run: ``OMP_NUM_THREADS=1 python benchmarks/planner_scale.py [--json] [--max-gpus N] [--recipe]``;
+``--recipe`` plans with a verl-like step recipe (lognormal lengths, mean 512 and cap 4,096; PPO
+mini-batches of 256; the engine sleeping between rollouts) instead of one response length.
 """
 
 from __future__ import annotations
@@ -16,6 +18,11 @@ from typing import Any
 
 from hybridflow.graph import Workload, load_graph
 from hybridflow.planner import Cluster, ModelSpec, plan_placement
+from hybridflow.planner.lengths import LengthDistribution
+from hybridflow.planner.settings import RunSettings
+
+RECIPE = RunSettings(lengths=LengthDistribution.lognormal(mean=512, max=4096), mini_batch_size=256,
+                     rollout_sleep=True)
 
 TARGETS = {8: 0.2, 1024: 3.0, 16384: 30.0}  # seconds on a 2-core machine (issue 3)
 CASES = (
@@ -26,7 +33,7 @@ CASES = (
 )
 
 
-def time_case(spec: str) -> dict[str, Any]:
+def time_case(spec: str, run: RunSettings | None = None) -> dict[str, Any]:
     graph = load_graph("ppo")
     models = dict.fromkeys(("actor", "critic", "reward", "reference"), ModelSpec.preset("llama3-8b"))
     cluster = Cluster.parse(spec)
@@ -34,7 +41,7 @@ def time_case(spec: str) -> dict[str, Any]:
     runs = []
     for _ in range(2):  # the first run in a process also pays one-off costs (graph caches, lazy imports)
         start = time.perf_counter()
-        plan = plan_placement(graph, models, workload, cluster)
+        plan = plan_placement(graph, models, workload, cluster, settings=run)
         runs.append(time.perf_counter() - start)
     seconds = max(runs)
     target = TARGETS.get(cluster.num_gpus)
@@ -49,8 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--max-gpus", type=int, default=16384)
+    parser.add_argument("--recipe", action="store_true", help="plan with the verl-like step recipe")
     args = parser.parse_args(argv)
-    rows = [time_case(spec) for spec, gpus in CASES if gpus <= args.max_gpus]
+    rows = [time_case(spec, RECIPE if args.recipe else None) for spec, gpus in CASES if gpus <= args.max_gpus]
     machine = f"{platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()}"
     if args.json:
         print(json.dumps({"machine": machine, "rows": rows}, indent=2))

@@ -7,8 +7,9 @@ sources' own. What the sources leave out is assumed below, once per run, with th
 
     .venv/bin/python benchmarks/published_runs.py [--runs PATH] [--fit] [--write-calibration FILE] [--markdown]
 
-``--fit`` fits the calibration on these runs (``hybridflow calibrate --published PATH`` does the same);
-without it the script uses ``benchmarks/calibration_published.json`` when present, else only the priors.
+``--fit`` fits the calibration on these runs (``hybridflow calibrate --published PATH`` fits the same
+way from the records alone); without it the script uses the shipped ``verl-published`` calibration
+(``hybridflow/planner/calibrations.py``, pasted from ``--fit --write-calibration``).
 
 Assumptions shared by every run (also in ``hybridflow.planner.published.DEFAULTS``):
 - Everything is colocated on all GPUs (each source says so) and the reward is a rule on the driver.
@@ -37,7 +38,6 @@ from hybridflow.planner.published import MeasuredCase, case_from_record
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT.parent / "shared" / "calibration" / "published_runs.json"
-CALIBRATION = ROOT / "benchmarks" / "calibration_published.json"
 
 MATH_PROMPT = 200  # DAPO-Math-17k prompts with the DAPO instruction template: ~150-250 tokens
 GSM8K_PROMPT = 130  # GSM8K question with verl's "Let's think step by step ... ####" template
@@ -148,18 +148,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=Path, default=RUNS)
     parser.add_argument("--fit", action="store_true", help="fit the shared calibration on these runs")
     parser.add_argument("--write-calibration", type=Path, help="where --fit writes the calibration")
+    parser.add_argument("--per-device", action="store_true",
+                        help="with --fit: also fit constants per device class with >= 3 runs (H20 here)")
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args(argv)
     cases = load_cases(args.runs)
     calibrations: dict[str, Calibration | None] = {"priors": None}
     if args.fit:
-        fitted = fit_calibration([(case.predict, case.measured) for case in cases], names=FITTED)
+        devices = [case.device for case in cases] if args.per_device else None
+        fitted = fit_calibration([(case.predict, case.measured) for case in cases], names=FITTED, devices=devices,
+                                 source="benchmarks/published_runs.py --fit")
         calibrations["calibrated"] = fitted
         if args.write_calibration:
             fitted.save(args.write_calibration)
-        print("fitted:", json.dumps(fitted.to_dict()["default"]), file=sys.stderr)
-    elif CALIBRATION.is_file():
-        calibrations["calibrated"] = Calibration.load(CALIBRATION)
+        print("fitted:", json.dumps(fitted.to_dict()), file=sys.stderr)
+    else:
+        calibrations["calibrated"] = Calibration.load("verl-published")
     rows = table(cases, calibrations)
     print_table(rows, list(calibrations), markdown=args.markdown)
     for name in calibrations:

@@ -105,9 +105,15 @@ class Calibration:
 
     @classmethod
     def load(cls, path: str | Path) -> Calibration:
+        """A calibration file, or a shipped calibration by name (``verl-published``)."""
+        from hybridflow.planner.calibrations import BUILTIN
+
+        if str(path) in BUILTIN:
+            return cls.from_dict(BUILTIN[str(path)], where=str(path))
         file = Path(path)
         if not file.is_file():
-            raise FileNotFoundError(f"calibration file {file} not found; write one with `hybridflow calibrate`")
+            raise FileNotFoundError(f"calibration file {file} not found; write one with `hybridflow calibrate` "
+                                    f"or name a shipped one: {sorted(BUILTIN)}")
         try:
             data = json.loads(file.read_text())
         except json.JSONDecodeError as err:
