@@ -9,50 +9,13 @@ computed in one pass, whatever the micro batch size or rank count.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
-
 import torch
 from hybridflow.algorithms.masked import masked_mean, masked_sum
 from hybridflow.algorithms.modes import LOSS_AGGS, LossAgg, check_choice
 
+from hybridflow.loss_norm import LossNorm, loss_norm, sum_loss_norms
 
-@dataclass(frozen=True, kw_only=True)
-class LossNorm:
-    """What the whole mini batch's loss is normalised by, counted over all its micro batches and DP ranks.
-
-    ``tokens``: response tokens (the sum of ``response_mask``) in the mini batch. ``seqs``: sequences with
-    at least one response token (rows of padding, e.g. from evening out a batch, do not count, as in verl).
-    ``horizon``: the constant ``seq-mean-token-sum-norm`` divides each sequence's token sum by (Dr.GRPO's
-    maximum response length; verl's ``loss_scale_factor``, which defaults to the padded response length).
-    Build one with :func:`loss_norm` per rank and add the counts over ranks (:func:`sum_loss_norms`).
-    """
-
-    tokens: float
-    seqs: float
-    horizon: float
-
-    def __post_init__(self) -> None:
-        for name in ("tokens", "seqs"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"LossNorm.{name}={getattr(self, name)} must be >= 0")
-        if not self.horizon > 0:
-            raise ValueError(f"LossNorm.horizon={self.horizon} must be > 0")
-
-
-def loss_norm(response_mask: torch.Tensor, horizon: float | None = None) -> LossNorm:
-    """The counts of one (mini batch) ``response_mask`` (B, T); ``horizon`` defaults to T, as in verl."""
-    return LossNorm(tokens=float(response_mask.sum()), seqs=float((response_mask.sum(dim=-1) > 0).sum()),
-                    horizon=float(response_mask.shape[-1] if horizon is None else horizon))
-
-
-def sum_loss_norms(norms: Iterable[LossNorm]) -> LossNorm:
-    """The norm of the union of disjoint batches: counts add up, the horizon is the largest one."""
-    parts = list(norms)
-    if not parts:
-        raise ValueError("sum_loss_norms needs at least one LossNorm")
-    return LossNorm(tokens=sum(n.tokens for n in parts), seqs=sum(n.seqs for n in parts),
-                    horizon=max(n.horizon for n in parts))
+__all__ = ["LossNorm", "aggregate_loss", "loss_norm", "sum_loss_norms"]
 
 
 def aggregate_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: LossAgg = "token-mean",

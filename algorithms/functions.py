@@ -11,7 +11,7 @@ returns the scalar loss and a dict of scalar metrics.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 import torch
@@ -111,15 +111,19 @@ def ppo_policy(*, outputs: Tensors, batch: Tensors, clip_ratio: float = 0.2, cli
                loss_scale_factor: float | None = None, norm: core.LossNorm | None = None) -> LossResult:
     """PPO clipped surrogate, plus a KL-to-reference term (GRPO) and an entropy bonus when asked.
 
-    With ``norm`` (the mini batch's global counts) the loss and the ``pg_loss``, ``kl_loss`` and ``entropy``
-    metrics are this micro batch's additive shares; sum them over micro batches.
+    With ``norm`` (the mini batch's global counts) the loss is this micro batch's additive share; the
+    metrics are the micro batch's own values either way.
     """
     mask = batch["response_mask"]
-    norm = _with_scale_factor(norm, mask, loss_scale_factor)
-    loss, stats = core.ppo_policy_loss(outputs["logprobs"], batch["old_logprobs"], batch["advantages"], mask,
-                                       clip_ratio, clip_ratio_high, dual_clip, loss_agg, norm=norm)
-    return _add_kl_and_entropy(loss, stats, outputs, batch, kl_coef=kl_coef, kl_type=kl_type,
-                               entropy_coef=entropy_coef, loss_agg=loss_agg, norm=norm)
+
+    def compute(norm: core.LossNorm | None) -> LossResult:
+        norm = _with_scale_factor(norm, mask, loss_scale_factor)
+        loss, stats = core.ppo_policy_loss(outputs["logprobs"], batch["old_logprobs"], batch["advantages"], mask,
+                                           clip_ratio, clip_ratio_high, dual_clip, loss_agg, norm=norm)
+        return _add_kl_and_entropy(loss, stats, outputs, batch, kl_coef=kl_coef, kl_type=kl_type,
+                                   entropy_coef=entropy_coef, loss_agg=loss_agg, norm=norm)
+
+    return _share_with_micro_metrics(compute, norm)
 
 
 @LOSSES.register("gspo_policy")
@@ -129,19 +133,39 @@ def gspo_policy(*, outputs: Tensors, batch: Tensors, clip_ratio: float = 3e-4, c
                 norm: core.LossNorm | None = None) -> LossResult:
     """GSPO: the clipped surrogate on sequence-level importance ratios; KL and entropy terms as ``ppo_policy``."""
     mask = batch["response_mask"]
-    norm = _with_scale_factor(norm, mask, loss_scale_factor)
-    loss, stats = core.gspo_policy_loss(outputs["logprobs"], batch["old_logprobs"], batch["advantages"], mask,
-                                        clip_ratio, clip_ratio_high, loss_agg, norm=norm)
-    return _add_kl_and_entropy(loss, stats, outputs, batch, kl_coef=kl_coef, kl_type=kl_type,
-                               entropy_coef=entropy_coef, loss_agg=loss_agg, norm=norm)
+
+    def compute(norm: core.LossNorm | None) -> LossResult:
+        norm = _with_scale_factor(norm, mask, loss_scale_factor)
+        loss, stats = core.gspo_policy_loss(outputs["logprobs"], batch["old_logprobs"], batch["advantages"], mask,
+                                            clip_ratio, clip_ratio_high, loss_agg, norm=norm)
+        return _add_kl_and_entropy(loss, stats, outputs, batch, kl_coef=kl_coef, kl_type=kl_type,
+                                   entropy_coef=entropy_coef, loss_agg=loss_agg, norm=norm)
+
+    return _share_with_micro_metrics(compute, norm)
 
 
 @LOSSES.register("value")
 def value(*, outputs: Tensors, batch: Tensors, clip_range: float | None = 0.2,
           loss_agg: core.LossAgg = "token-mean", loss_scale_factor: float | None = None,
           norm: core.LossNorm | None = None) -> LossResult:
-    """Clipped value regression of the critic onto the GAE returns (``vf_loss`` is a share under ``norm``)."""
+    """Clipped value regression of the critic onto the GAE returns (a share under ``norm``)."""
     mask = batch["response_mask"]
-    loss, stats = core.value_loss(outputs["values"], batch["values"], batch["returns"], mask, clip_range, loss_agg,
-                                  norm=_with_scale_factor(norm, mask, loss_scale_factor))
-    return loss, {"vf_loss": loss.detach(), **{name: stat.detach() for name, stat in stats.items()}}
+
+    def compute(norm: core.LossNorm | None) -> LossResult:
+        loss, stats = core.value_loss(outputs["values"], batch["values"], batch["returns"], mask, clip_range,
+                                      loss_agg, norm=_with_scale_factor(norm, mask, loss_scale_factor))
+        return loss, {"vf_loss": loss.detach(), **{name: stat.detach() for name, stat in stats.items()}}
+
+    return _share_with_micro_metrics(compute, norm)
+
+
+def _share_with_micro_metrics(compute: Callable[[core.LossNorm | None], LossResult],
+                              norm: core.LossNorm | None) -> LossResult:
+    """The loss to differentiate (a share of the mini batch's under ``norm``) with metrics of the micro batch
+    alone, so the update loop averages metrics the same way whether or not it normalises globally."""
+    loss, metrics = compute(norm)
+    if norm is None:
+        return loss, metrics
+    with torch.no_grad():
+        _, metrics = compute(None)
+    return loss, metrics

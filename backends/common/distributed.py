@@ -73,3 +73,12 @@ def all_ranks_finite(finite: bool) -> bool:
         flag = flag.cuda()
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return bool(flag.item() == 0.0)
+
+
+def all_ranks_sum(values: list[float]) -> list[float]:
+    """``values`` summed over every rank of the default group (the group a sharded engine trains over)."""
+    flat = torch.tensor(values, dtype=torch.float64)
+    if dist.get_backend() == "nccl":
+        flat = flat.cuda()
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    return [float(value) for value in flat.cpu()]

@@ -14,28 +14,36 @@ import torch
 from hybridflow.backends.common import modeling
 
 from hybridflow.graph import RoleKind
+from hybridflow.loss_norm import LossNorm, accepts_norm, loss_norm
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.errors import NonFiniteLossError
-from hybridflow.runtime.protocols import LossFn, OptimSpec, RoleSpec
+from hybridflow.runtime.protocols import LossFn, OptimSpec, RoleSpec, WorkerContext
 
 
 def accumulate(mini: Batch, *, micro_batch_size: int, forward: Callable[[Batch], dict[str, torch.Tensor]],
-               loss: LossFn, options: Mapping[str, Any],
-               backward: Callable[[torch.Tensor], None]) -> tuple[dict[str, float], bool]:
-    """Forward and backward every micro batch of ``mini``; returns (row-weighted metrics, all losses finite).
+               loss: LossFn, options: Mapping[str, Any], backward: Callable[[torch.Tensor], None],
+               norm: LossNorm | None = None, ranks: int = 1) -> tuple[dict[str, float], bool]:
+    """Forward and backward every micro batch of ``mini``; returns (metrics, all losses finite).
 
-    Stops at the first non-finite loss without calling ``backward`` on it. ``backward`` receives the
-    micro loss already weighted by the micro batch's share of rows (micro losses are means).
+    With ``norm`` (the counts of the whole mini batch over all ``ranks``) each micro loss is its additive
+    share of the mini batch's loss, so the accumulated gradient is the mini batch's however it is cut;
+    it goes backward times ``ranks``, undoing the mean the gradient all-reduce takes over ranks. Without
+    one (a loss that takes no ``norm``), micro losses are means weighted by their share of rows. The
+    ``loss`` metric is the mini batch's loss on this rank's share, the others are row-weighted means.
+    Stops at the first non-finite loss without calling ``backward`` on it.
     """
     sums: dict[str, float] = {}
+    kwargs = {**options, "norm": norm} if norm is not None else options
     for micro in mini.split(micro_batch_size):
         fields = {name: micro.tensors[name] for name in micro.tensors}
-        value, stats = loss(outputs=forward(micro), batch=fields, **options)
+        value, stats = loss(outputs=forward(micro), batch=fields, **kwargs)
         if not torch.isfinite(value):
             return sums, False
         weight = len(micro) / len(mini)
-        backward(value * weight)
-        for key, stat in {"loss": value, **stats}.items():
+        factor = ranks if norm is not None else weight
+        backward(value * factor)
+        sums["loss"] = sums.get("loss", 0.0) + float(value.detach()) * factor
+        for key, stat in stats.items():
             sums[key] = sums.get(key, 0.0) + float(torch.as_tensor(stat).detach()) * weight
     return sums, True
 
@@ -55,6 +63,7 @@ class GradientSteps:
     """
 
     spec: RoleSpec
+    context: WorkerContext
     micro_batch_size: int
 
     def train_step(self, batch: Batch, *, loss: LossFn, options: Mapping[str, Any]) -> dict[str, float]:
@@ -63,6 +72,7 @@ class GradientSteps:
         optim = self.spec.optim or OptimSpec()
         totals: dict[str, float] = {}
         steps = 0
+        global_norm = accepts_norm(loss)
         self.train_mode(True)
         try:
             for _ in range(optim.epochs):
@@ -71,13 +81,29 @@ class GradientSteps:
                     self.zero_grad()
                     sums, finite = accumulate(mini, micro_batch_size=self.micro_batch_size,
                                               forward=self.training_forward, loss=loss, options=options,
-                                              backward=self.backward)
+                                              backward=self.backward, norm=self.mini_batch_norm(mini) if
+                                              global_norm else None, ranks=self.context.world_size)
                     for key, value in {**sums, **self.optimizer_step(finite, optim)}.items():
                         totals[key] = totals.get(key, 0.0) + value
                     steps += 1
         finally:
             self.train_mode(False)
         return {key: value / steps for key, value in totals.items()}
+
+    def mini_batch_norm(self, mini: Batch) -> LossNorm | None:
+        """The counts of the whole mini batch: this rank's rows plus every other rank's (the same T everywhere:
+        the controller cuts one batch into rows)."""
+        if "response_mask" not in mini:
+            return None
+        local = loss_norm(mini["response_mask"])
+        tokens, seqs = self.sum_over_ranks([local.tokens, local.seqs])
+        return LossNorm(tokens=tokens, seqs=seqs, horizon=local.horizon)
+
+    def sum_over_ranks(self, values: list[float]) -> list[float]:
+        """``values`` summed over the group's ranks (through the context's collective)."""
+        flat = torch.tensor(values, dtype=torch.float64)
+        self.context.collective.all_reduce_mean([flat])
+        return (flat * self.context.world_size).tolist()
 
     def training_forward(self, micro: Batch) -> dict[str, torch.Tensor]:
         """What a trainable role's loss reads: values for a critic, log-probs and entropy for a policy."""

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 from hybridflow.backends.common import modeling
-from hybridflow.backends.common.distributed import all_ranks_finite, ensure_process_group
+from hybridflow.backends.common.distributed import all_ranks_finite, all_ranks_sum, ensure_process_group
 from hybridflow.backends.common.forward import ForwardOps
 from hybridflow.backends.common.rollout import with_configured_rollout
 from hybridflow.backends.common.training import GradientSteps, non_finite
@@ -91,6 +91,9 @@ class DeepSpeedRoleEngine(ForwardOps, GradientSteps):
 
     def zero_grad(self) -> None:
         return None  # ``engine.step()`` zeroes what it applied
+
+    def sum_over_ranks(self, values: list[float]) -> list[float]:
+        return all_ranks_sum(values)  # the default group: the ranks this engine shards and averages over
 
     def backward(self, loss: torch.Tensor) -> None:
         self.engine.backward(loss, scale_wrt_gas=False)

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 from hybridflow.backends.common import modeling
-from hybridflow.backends.common.distributed import all_ranks_finite, ensure_process_group
+from hybridflow.backends.common.distributed import all_ranks_finite, all_ranks_sum, ensure_process_group
 from hybridflow.backends.common.forward import ForwardOps
 from hybridflow.backends.common.rollout import with_configured_rollout
 from hybridflow.backends.common.training import GradientSteps, non_finite
@@ -98,6 +98,9 @@ class FsdpRoleEngine(ForwardOps, GradientSteps):
     def zero_grad(self) -> None:
         assert self.optimizer is not None
         self.optimizer.zero_grad(set_to_none=True)
+
+    def sum_over_ranks(self, values: list[float]) -> list[float]:
+        return all_ranks_sum(values)  # the default group: the ranks this engine shards and averages over
 
     def optimizer_step(self, finite: bool, optim: OptimSpec) -> dict[str, float]:
         assert self.optimizer is not None

@@ -1,0 +1,102 @@
+"""Rank function of the loss-normalisation tests: gradients of one update, however the mini batch is cut."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from harness import context, layout, rank_rows, role_spec, rollout_batch
+
+from hybridflow.planner import Sharding
+from hybridflow.registry import LOSSES
+from hybridflow.runtime.batch import Batch
+from hybridflow.runtime.collective import ProcessGroupCollective
+
+MODES = ("token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+LENGTHS = (5, 1, 3, 0, 2, 4, 5, 1)  # response tokens per row: ragged, one row fully masked
+
+
+def ragged_batch() -> Batch:
+    batch = rollout_batch(len(LENGTHS))
+    mask = (torch.arange(5)[None, :] < torch.tensor(LENGTHS)[:, None]).long()
+    return Batch({**batch.tensors, "response_mask": mask})
+
+
+def legacy_loss(*, outputs: Any, batch: Any, loss_agg: str = "token-mean") -> Any:
+    """A loss without the ``norm`` keyword: the loop weights its micro-batch means by rows, as it used to."""
+    return LOSSES.get("ppo_policy")(outputs=outputs, batch=batch, loss_agg=loss_agg)
+
+
+def _update(engine: Any, batch: Batch, mode: str, full: Any,
+            loss: Any = None) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
+    """One update with ``loss_agg=mode``; whole gradients recorded just before the optimizer applies them."""
+    grads: dict[str, torch.Tensor] = {}
+    optimizer = getattr(engine, "optimizer", None)
+    step = optimizer.step if optimizer is not None else None
+
+    def record(*args: Any, **kwargs: Any) -> Any:
+        for name, param in engine.model.named_parameters():
+            grads[name] = full(param.grad).detach().clone()
+        assert step is not None
+        return step(*args, **kwargs)
+
+    if optimizer is not None:
+        optimizer.step = record
+    metrics = engine.train_step(batch, loss=loss or LOSSES.get("ppo_policy"), options={"loss_agg": mode})
+    return metrics, grads
+
+
+def _gap(grads: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> float:
+    """Largest gradient difference relative to the largest reference gradient."""
+    scale = max(float(g.abs().max()) for g in reference.values())
+    return max(float((grads[n] - reference[n]).abs().max()) for n in reference) / scale
+
+
+def gradient_gaps(rank: int, world_size: int, backend: str) -> dict[str, Any]:
+    """Per mode and (backend, dp, micro batch size): the gradient's gap to one pass over the whole mini batch
+    (torch, one rank), and for DeepSpeed the global gradient norm's relative gap."""
+    from hybridflow.backends.torch import TorchRoleEngine
+
+    batch = ragged_batch()
+    out: dict[str, Any] = {}
+    for mode in MODES:
+        def torch_engine(micro: int, ranks: int) -> Any:
+            collective = ProcessGroupCollective(rank=rank, world_size=world_size) if ranks > 1 else None
+            ctx = context(rank if ranks > 1 else 0, ranks)
+            ctx = dataclasses.replace(ctx, collective=collective) if collective is not None else ctx
+            return TorchRoleEngine(dataclasses.replace(role_spec(), micro_batch_size=micro), layout(dp=ranks), ctx)
+
+        reference_metrics, reference = _update(torch_engine(len(batch), 1), batch, mode, lambda g: g)
+        gaps: dict[str, float] = {}
+        if backend == "torch":
+            for micro in (1, 2, 4, 8):
+                gaps[f"dp1/micro{micro}"] = _gap(_update(torch_engine(micro, 1), batch, mode, lambda g: g)[1],
+                                                 reference)
+            for micro in (1, 2, 4):
+                rows = rank_rows(batch, rank, world_size)
+                gaps[f"dp2/micro{micro}"] = _gap(_update(torch_engine(micro, 2), rows, mode, lambda g: g)[1],
+                                                 reference)
+            out[f"{mode}/legacy_gap"] = _gap(_update(torch_engine(1, 1), batch, mode, lambda g: g,
+                                                     legacy_loss)[1], reference)
+        elif backend == "fsdp":
+            from hybridflow.backends.fsdp import FsdpRoleEngine
+            from hybridflow.backends.fsdp.engine import full_value
+
+            for micro in (1, 2, 4):
+                spec = dataclasses.replace(role_spec(), micro_batch_size=micro)
+                engine = FsdpRoleEngine(spec, layout(sharding=Sharding.FULL_SHARD), context(rank, world_size))
+                gaps[f"dp2/micro{micro}"] = _gap(_update(engine, rank_rows(batch, rank, world_size), mode,
+                                                         full_value)[1], reference)
+        else:
+            from hybridflow.backends.deepspeed import DeepSpeedRoleEngine
+
+            norm = float(torch.sqrt(sum((g.double() ** 2).sum() for g in reference.values())))
+            for micro in (1, 4):
+                spec = dataclasses.replace(role_spec(), micro_batch_size=micro)
+                engine = DeepSpeedRoleEngine(spec, layout(sharding=Sharding.ZERO2), context(rank, world_size))
+                metrics, _ = _update(engine, rank_rows(batch, rank, world_size), mode, lambda g: g)
+                gaps[f"dp2/micro{micro}"] = abs(metrics["grad_norm"] - norm) / norm
+                engine.close()
+        out[mode] = {"gaps": gaps, "reference_loss": reference_metrics["loss"]}
+    return out

@@ -1,0 +1,23 @@
+"""An update's gradient does not depend on how its mini batch is cut: micro batch size, data-parallel ranks
+or backend (torch, FSDP, DeepSpeed), for every loss aggregation mode (issue: global normalisation)."""
+
+from __future__ import annotations
+
+import pytest
+from harness import run_ranks
+from norm_ranks import MODES
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("backend", ["torch", "fsdp", "deepspeed"])
+def test_gradients_equal_one_pass_over_the_mini_batch(backend: str) -> None:
+    for result in run_ranks(__import__("norm_ranks").gradient_gaps, backend):
+        for mode in MODES:
+            gaps = result[mode]["gaps"]
+            assert gaps, mode
+            # fp32 sums in a different order: 1e-5 relative, as the issue asks.
+            assert max(gaps.values()) < 1e-5, (backend, mode, gaps)
+        if backend == "torch":
+            # The check can fail: row-weighted micro-batch means (a loss without ``norm``) are far off.
+            assert result["token-mean/legacy_gap"] > 1e-2
