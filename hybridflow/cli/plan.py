@@ -97,7 +97,7 @@ def build_cluster(settings: dict[str, Any]) -> Cluster:
     """The cluster spec or YAML, with ``--device`` definitions and ``--inter-node-gbs``."""
     spec = str(settings["cluster"])
     devices = {}
-    for text in settings.get("device") or []:
+    for text in [*(settings.get("device") or []), *(settings.get("devices") or [])]:
         device = parse_device(text) if isinstance(text, str) else device_from_mapping(text, where="devices")
         devices[device.name] = device
     inter = settings.get("inter_node_gbs")

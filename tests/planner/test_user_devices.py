@@ -82,3 +82,16 @@ def test_bad_plan_flags_exit_with_the_field_named(flags, message, capsys):
     code = main(["plan", "--cluster", "8xH100", "--model", "qwen2.5-7b", *flags])
     assert code == 2
     assert re.search(message, capsys.readouterr().err)
+
+
+def test_plan_config_yaml_takes_devices_offload_and_lengths(tmp_path, capsys):
+    config = tmp_path / "plan.yaml"
+    config.write_text("cluster: 8xX9\nalgorithm: grpo\nmodels: {'*': qwen2.5-7b}\nbatch_size: 32\n"
+                      "response_len: 1024\nmax_response_len: 8192\nrollout_sleep: true\n"
+                      "offload: {actor: [params, optimizer]}\n"
+                      "devices: [{name: X9, memory_gb: 80, bf16_tflops: 400, hbm_gbs: 3000, link_gbs: 300}]\n")
+    assert main(["plan", "--config", str(config), "--json"]) == 0
+    assert '"device": "X9"' in capsys.readouterr().out
+    config.write_text("cluster: 8xH100\nmodels: {'*': qwen2.5-7b}\noffload: {actor: [weights]}\n")
+    assert main(["plan", "--config", str(config)]) == 2
+    assert "offload.actor: unknown part 'weights'" in capsys.readouterr().err
