@@ -9,12 +9,17 @@ from typing import Any
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
 DEFAULT_ALPHABET = string.digits + string.ascii_lowercase + " +-*=?:,.()"
+# For prompts from files (word problems, chat turns): every printable ASCII character and a newline.
+WIDE_ALPHABET = DEFAULT_ALPHABET + "".join(sorted(set(string.printable) - set(DEFAULT_ALPHABET) - set("\t\r\x0b\x0c")))
+# A template with no role markers, so a character tokenizer can render chat prompts: each turn's text on a line.
+PLAIN_CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}\n{% endfor %}"
 
 
-def char_tokenizer(alphabet: str = DEFAULT_ALPHABET) -> Any:
+def char_tokenizer(alphabet: str = DEFAULT_ALPHABET, *, chat_template: str | None = None) -> Any:
     """A ``PreTrainedTokenizerFast`` with one token per character of ``alphabet`` plus pad/bos/eos/unk.
 
-    It round-trips through ``save_pretrained`` / ``AutoTokenizer.from_pretrained``.
+    It round-trips through ``save_pretrained`` / ``AutoTokenizer.from_pretrained``; ``chat_template``
+    (e.g. :data:`PLAIN_CHAT_TEMPLATE`) lets it render chat-message prompts.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -25,8 +30,11 @@ def char_tokenizer(alphabet: str = DEFAULT_ALPHABET) -> Any:
     core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
     core.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", bos_token="<bos>",
-                                   eos_token="<eos>", unk_token="<unk>", padding_side="left")
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", bos_token="<bos>",
+                                        eos_token="<eos>", unk_token="<unk>", padding_side="left")
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
+    return tokenizer
 
 
 def load_tokenizer(path: str | Path) -> Any:

@@ -18,6 +18,8 @@ import yaml
 
 from hybridflow.runtime.protocols import OptimSpec
 
+TRACKERS = ("jsonl", "tensorboard", "wandb", "mlflow")  # hybridflow/train/trackers.py
+
 
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
@@ -32,11 +34,24 @@ class ModelConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class DataConfig:
-    """Prompts from a built-in ``task`` or a jsonl/parquet ``path``; ``reward`` overrides the task's rule."""
+    """Prompts from a built-in ``task`` or a file (jsonl, parquet, a ``datasets`` directory) at ``path``.
+
+    ``reward``: one reward function or a list (``math``, ``file.py:fn``, ``module:fn``; required with
+    ``path``), weighed by ``reward_weights``. Validation prompts come from ``val_path`` or a held-out
+    ``val_fraction``; prompts over ``max_prompt_length`` tokens are dropped and counted. docs/data_and_rewards.md.
+    """
 
     task: str = "reverse"
     path: str | None = None
-    reward: str | None = None
+    prompt_key: str = "prompt"
+    answer_key: str | None = None
+    split: str = "train"
+    val_path: str | None = None
+    val_split: str = "test"
+    val_fraction: float = 0.0
+    max_prompt_length: int | None = None
+    reward: str | list[str] | None = None
+    reward_weights: list[float] | None = None
     num_examples: int = 2000
     batch_size: int = 8
 
@@ -105,6 +120,11 @@ class TrainConfig:
     critic: OptimConfig = field(default_factory=lambda: OptimConfig(lr=3e-3))
     output_dir: str = "runs/train"
     checkpoint_every: int = 0
+    keep_checkpoints: int = 0  # > 0: only the newest K checkpoints stay on disk
+    validation_every: int = 0  # > 0: a validation pass every N steps (and after the last step)
+    validation_samples: int = 8  # completions per validation pass kept in the samples table
+    # Where metrics go besides metrics.jsonl (always written: `hybridflow report` reads it). docs/configuration.md
+    trackers: list[str] = field(default_factory=lambda: ["tensorboard"])
     tensorboard: bool = True
     progress: bool = True
     plot: bool = True
@@ -127,6 +147,12 @@ class TrainConfig:
                 raise ValueError(f"config key {name!r}={getattr(self, name)} must be >= 1")
         if self.checkpoint_every < 0:
             raise ValueError(f"config key 'checkpoint_every'={self.checkpoint_every} must be >= 0 (0: never)")
+        for name in ("keep_checkpoints", "validation_every"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"config key {name!r}={getattr(self, name)} must be >= 0 (0: off)")
+        unknown = sorted(set(self.trackers) - set(TRACKERS))
+        if unknown:
+            raise ValueError(f"config key 'trackers' has {unknown}; the trackers are {list(TRACKERS)}")
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> TrainConfig:
@@ -184,7 +210,15 @@ def _check(hint: Any, value: Any, key: str) -> Any:
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
-        return _check(next(a for a in args if a is not type(None)), value, key)
+        arms = [a for a in args if a is not type(None)]
+        for arm in arms[1:]:  # ``str | list[str]``: the value may match a later arm
+            if typing.get_origin(arm) is list and isinstance(value, list):
+                return _check(arm, value, key)
+        return _check(arms[0], value, key)
+    if origin is list:
+        if not isinstance(value, list):
+            raise TypeError(f"config key {key!r}={value!r} must be a list")
+        return [_check(args[0], item, f"{key}[{i}]") for i, item in enumerate(value)] if args else value
     if origin is Literal:
         if value not in args:
             raise ValueError(f"config key {key!r}={value!r} must be one of {list(args)}")

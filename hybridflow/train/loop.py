@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,10 @@ from hybridflow.runtime import Controller, RoleSpec
 from hybridflow.train import setup
 from hybridflow.train.checkpoint import checkpoint_step, latest_checkpoint, save_checkpoint
 from hybridflow.train.config import TrainConfig
-from hybridflow.train.metrics import MetricsWriter, plot_rewards, step_metrics
+from hybridflow.train.export import export_policy
+from hybridflow.train.metrics import MetricsWriter, step_metrics
+from hybridflow.train.retention import prune_checkpoints
+from hybridflow.train.validation import TABLE, validate
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -24,9 +29,11 @@ class TrainResult:
 
     run_dir: Path
     metrics_path: Path
-    curve_path: Path | None
+    curve_path: Path | None  # the reward plot (plots/reward.png) of report.html
     history: list[dict[str, float]]
     start_step: int
+    report_path: Path | None = None  # report.html: every plot and the summary table
+    export_path: Path | None = None  # the final policy as an HF directory (RUN_DIR/final)
 
 
 def train(config: TrainConfig, *, resume: bool = False, graph: Graph | None = None, plan: Plan | None = None,
@@ -39,11 +46,15 @@ def train(config: TrainConfig, *, resume: bool = False, graph: Graph | None = No
     run_dir = Path(config.output_dir).resolve()  # Ray workers run elsewhere: every path they see is absolute
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps(asdict(config), indent=2))
-    data = setup.records(config)
-    model_dir, tokenizer = setup.prepare_model(config, run_dir, data)
+    splits = setup.data_splits(config)
+    _note(config, f"preparing the policy ({config.model.path or config.model.name}) and {len(splits.train)} prompts")
+    tokenizer = setup.policy_tokenizer(config)
+    train_data, val_data = setup.prepare_data(config, splits, tokenizer)
+    model_dir, tokenizer = setup.prepare_model(config, run_dir, train_data.records, tokenizer)
+    data = train_data.records
     graph = graph or setup.build_graph(config)
     if plan is None:
-        plan = setup.build_plan(config, graph, setup.max_prompt_tokens(data, tokenizer), model_dir)
+        plan = setup.build_plan(config, graph, train_data.longest_prompt_tokens, model_dir)
     else:
         setup.check_role_entries(config, graph, plan)
     specs = specs or setup.role_specs(config, graph, model_dir, plan)
@@ -51,32 +62,68 @@ def train(config: TrainConfig, *, resume: bool = False, graph: Graph | None = No
     checkpoint = latest_checkpoint(run_dir) if resume else None
     start = checkpoint_step(checkpoint) if checkpoint else 0
     loader = setup.prompt_loader(config, data, tokenizer)
-    writer = MetricsWriter(run_dir, tensorboard=config.tensorboard, resume_step=start if resume else None)
+    writer = MetricsWriter(run_dir, tensorboard=config.tensorboard, resume_step=start if resume else None,
+                           trackers=config.trackers, name=run_dir.name, config=asdict(config))
     history: list[dict[str, float]] = []
+    scorer = setup.reward_scorer(config, tokenizer)
+    data_metrics = {"data/train_prompts": float(train_data.kept), "data/filtered_prompts": float(train_data.filtered)}
+    _note(config, f"starting the workers ({config.executor} executor)")
     with Controller(graph, plan, specs=specs,
                     executor=setup.make_executor(config), seed=config.seed, services=setup.services(config, plan),
-                    driver_roles={r.name: setup.reward_scorer(config, tokenizer) for r in graph.roles
-                                  if not r.kind.needs_gpu}) as controller:
+                    driver_roles={r.name: scorer for r in graph.roles if not r.kind.needs_gpu}) as controller:
         if checkpoint is not None:
             controller.load_checkpoint(str(checkpoint / "roles"))
         progress = _Progress(range(start, config.steps), enabled=config.progress,
                              label=f"{config.algorithm} from step {start}")
         for step in progress:
             began = time.perf_counter()
-            result = controller.step(loader.batch(step), step=step)
+            # A filter's extra rounds draw prompts from beyond the run's own steps, so reruns see the same ones.
+            more = partial(_extra_prompts, loader, config.steps, step)
+            result = controller.step(loader.batch(step), step=step, more=more)
             metrics = step_metrics(result, time.perf_counter() - began, graph)
+            if step == 0:  # once per run (a resumed run keeps step 0's line)
+                metrics.update(data_metrics)
+            if val_data is not None and config.validation_every and (
+                    (step + 1) % config.validation_every == 0 or step + 1 == config.steps):
+                checked = validate(controller, graph, val_data.records, tokenizer, scorer, seed=config.seed,
+                                   batch_size=config.data.batch_size, table_rows=config.validation_samples)
+                metrics.update(checked.metrics)
+                writer.write_table(step, TABLE, checked.samples)
             writer.write(step, metrics)
             history.append({"step": step, **metrics})
             progress.show(metrics)
             if config.checkpoint_every and (step + 1) % config.checkpoint_every == 0:
-                save_checkpoint(run_dir, step + 1, controller.save_checkpoint, {"seed": config.seed})
+                def write_roles(directory: str) -> None:  # role states plus the hf/ view beside them
+                    controller.save_checkpoint(directory)
+                    export_policy(controller, graph, model_dir, tokenizer, Path(directory).parent / "hf")
+
+                save_checkpoint(run_dir, step + 1, write_roles, {"seed": config.seed})
+                prune_checkpoints(run_dir, config.keep_checkpoints)
+        _note(config, f"exporting the final policy to {run_dir / 'final'}")
+        exported = export_policy(controller, graph, model_dir, tokenizer, run_dir / "final")
     writer.close()
-    curve = None
+    curve = report = None
     if config.plot and writer.path.stat().st_size:
-        title = f"{config.algorithm} on {config.data.path or config.data.task}"
-        curve = plot_rewards(writer.path, run_dir / "reward_curve.png", title=title)
+        from hybridflow.monitor import write_report
+
+        report = write_report(run_dir).html
+        curve = run_dir / "plots" / "reward.png" if (run_dir / "plots" / "reward.png").is_file() else None
     return TrainResult(run_dir=run_dir, metrics_path=writer.path, curve_path=curve, history=history,
-                       start_step=start)
+                       start_step=start, report_path=report, export_path=exported)
+
+
+def _note(config: TrainConfig, message: str) -> None:
+    """A progress line for the slow parts before the step bar exists (model load, SFT warm-up, workers)."""
+    if config.progress:
+        print(f"hybridflow: {message}", file=sys.stderr, flush=True)
+
+
+def _extra_prompts(loader: Any, steps: int, step: int, round_index: int) -> Any:
+    """Prompt rows of a filter's extra round ``round_index`` (0-based) of ``step``: batches after the run's own."""
+    return loader.batch(steps + step * EXTRA_ROUNDS_PER_STEP + round_index)
+
+
+EXTRA_ROUNDS_PER_STEP = 16  # room per step in the prompt stream for a filter's extra rounds
 
 
 class _Progress:

@@ -1,8 +1,9 @@
-"""Per-step metrics: derived from the step's batch, written to ``metrics.jsonl`` and TensorBoard."""
+"""Per-step metrics: derived from the step's batch, written to ``metrics.jsonl`` and the configured trackers."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,7 @@ import torch
 
 from hybridflow.graph import Graph, Op
 from hybridflow.runtime.controller import StepResult
+from hybridflow.train.trackers import Table, Tracker, make_trackers
 
 
 def step_metrics(result: StepResult, seconds: float, graph: Graph | None = None) -> dict[str, float]:
@@ -21,6 +23,7 @@ def step_metrics(result: StepResult, seconds: float, graph: Graph | None = None)
     mask = batch["response_mask"].float() if "response_mask" in batch else None
     if mask is not None:
         out["response_length/mean"] = float(mask.sum(dim=1).mean())
+        out["response_length/max"] = float(mask.sum(dim=1).max())
         out["throughput/tokens_per_s"] = float(mask.sum()) / max(seconds, 1e-9)
         if "old_logprobs" in batch and "ref_logprobs" in batch:
             kl = (batch["old_logprobs"] - batch["ref_logprobs"]) * mask
@@ -79,9 +82,13 @@ def _rss_gb() -> float:
 
 
 class MetricsWriter:
-    """Appends one JSON line per step (and TensorBoard scalars); on resume drops lines past the checkpoint."""
+    """Appends one JSON line per step to ``metrics.jsonl`` and logs to the trackers; on resume drops lines past
+    the checkpoint. Tables (validation samples) go to ``RUN_DIR/<name>.jsonl`` and the trackers."""
 
-    def __init__(self, run_dir: Path, *, tensorboard: bool, resume_step: int | None = None) -> None:
+    def __init__(self, run_dir: Path, *, tensorboard: bool = True, resume_step: int | None = None,
+                 trackers: Sequence[str] = ("tensorboard",), name: str = "hybridflow",
+                 config: Mapping[str, Any] | None = None) -> None:
+        self.run_dir = run_dir
         self.path = run_dir / "metrics.jsonl"
         if resume_step is None:
             self.path.write_text("")
@@ -89,48 +96,31 @@ class MetricsWriter:
             kept = [line for line in self.path.read_text().splitlines()
                     if line.strip() and json.loads(line)["step"] < resume_step]
             self.path.write_text("".join(line + "\n" for line in kept))
-        self._tb: Any = None
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._tb = SummaryWriter(str(run_dir / "tensorboard"))
+        self.resume_step = resume_step
+        # ``tensorboard: false`` still turns TensorBoard off, as before ``trackers`` existed.
+        names = [t for t in trackers if t != "tensorboard" or tensorboard]
+        self.trackers: list[Tracker] = make_trackers(names, run_dir, name=name, config=config or {})
 
     def write(self, step: int, metrics: dict[str, float]) -> None:
         with self.path.open("a") as handle:
             handle.write(json.dumps({"step": step, **metrics}) + "\n")
-        if self._tb is not None:
-            for key, value in metrics.items():
-                self._tb.add_scalar(key, value, step)
+        for tracker in self.trackers:
+            tracker.log(step, metrics)
+
+    def write_table(self, step: int, name: str, rows: Table) -> Path:
+        """Rows (e.g. prompt, response, reward) appended to ``RUN_DIR/<name>.jsonl`` with their step."""
+        path = self.run_dir / f"{name}.jsonl"
+        with path.open("a") as handle:
+            for row in rows:
+                handle.write(json.dumps({"step": step, **row}) + "\n")
+        for tracker in self.trackers:
+            tracker.log_table(step, name, rows)
+        return path
 
     def close(self) -> None:
-        if self._tb is not None:
-            self._tb.close()
+        for tracker in self.trackers:
+            tracker.close()
 
 
 def read_metrics(path: Path) -> list[dict[str, float]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def plot_rewards(metrics_path: Path, image_path: Path, *, title: str = "") -> Path:
-    """A PNG of mean reward per step (with a moving average), from ``metrics.jsonl``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = [r for r in read_metrics(metrics_path) if "reward/mean" in r]
-    steps = [r["step"] for r in rows]
-    rewards = torch.tensor([r["reward/mean"] for r in rows])
-    window = max(1, len(rows) // 10)
-    smooth = torch.nn.functional.avg_pool1d(rewards[None, None], window, 1).flatten()
-    figure, axis = plt.subplots(figsize=(6, 3.5))
-    axis.plot(steps, rewards.tolist(), alpha=0.4, label="reward/mean")
-    axis.plot(steps[window - 1:], smooth.tolist(), label=f"moving average ({window})")
-    axis.set_xlabel("step")
-    axis.set_ylabel("mean reward")
-    axis.set_title(title)
-    axis.legend()
-    figure.tight_layout()
-    figure.savefig(image_path, dpi=100)
-    plt.close(figure)
-    return image_path

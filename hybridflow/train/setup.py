@@ -7,12 +7,26 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from hybridflow.data import TASKS, PromptLoader, RuleScorer, char_tokenizer, load_records, task_examples
+from hybridflow.data import (
+    DataSpec,
+    DataSplits,
+    PreparedRecords,
+    PromptLoader,
+    RewardScorer,
+    char_tokenizer,
+    check_reward_configured,
+    hold_out,
+    load_records,
+    load_splits,
+    prepare_records,
+    task_examples,
+)
+from hybridflow.data import reward_scorer as load_reward_scorer
 from hybridflow.data.dataset import Record
-from hybridflow.data.tokenizer import load_tokenizer
+from hybridflow.data.tokenizer import PLAIN_CHAT_TEMPLATE, WIDE_ALPHABET, load_tokenizer
 from hybridflow.graph import Graph, RoleKind, load_graph
 from hybridflow.planner import Plan, rollout_role
-from hybridflow.registry import BACKENDS, load_object
+from hybridflow.registry import BACKENDS
 from hybridflow.runtime import RoleSpec, default_plan
 from hybridflow.runtime.executor import Executor, LocalExecutor
 from hybridflow.runtime.limits import RequestLimiter, RewardCache
@@ -26,30 +40,73 @@ def max_prompt_tokens(data: list[Record], tokenizer: Any) -> int:
     return max(len(tokenizer(record["prompt"])["input_ids"]) for record in data[:512])
 
 
+def data_splits(config: TrainConfig) -> DataSplits:
+    """Train and validation records: a file (``data.path``, which needs ``data.reward``) or a built-in task."""
+    data = config.data
+    if data.path:
+        check_reward_configured(data_path=data.path, reward=data.reward)
+        return load_splits(DataSpec(path=data.path, prompt_key=data.prompt_key, answer_key=data.answer_key,
+                                    split=data.split, val_path=data.val_path, val_split=data.val_split,
+                                    val_fraction=data.val_fraction, max_prompt_length=data.max_prompt_length,
+                                    seed=config.seed))
+    train = task_examples(data.task, data.num_examples, seed=config.seed)
+    if data.val_path:
+        return DataSplits(train=train, validation=load_records(data.val_path, prompt_key=data.prompt_key,
+                                                               answer_key=data.answer_key, split=data.val_split,
+                                                               field="data.val_path"))
+    if data.val_fraction:
+        train, validation = hold_out(train, data.val_fraction, seed=config.seed)
+        return DataSplits(train=train, validation=validation)
+    return DataSplits(train=train, validation=[])
+
+
 def records(config: TrainConfig) -> list[Record]:
-    if config.data.path:
-        return load_records(config.data.path)
-    return task_examples(config.data.task, config.data.num_examples, seed=config.seed)
+    return data_splits(config).train
 
 
-def prepare_model(config: TrainConfig, run_dir: Path, data: list[Record]) -> tuple[str, Any]:
-    """The initial policy directory and its tokenizer: ``model.path``, or a tiny model SFT-warmed once per run."""
+def policy_tokenizer(config: TrainConfig) -> Any:
+    """``model.path``'s tokenizer, or the tiny model's character tokenizer (wide, with a plain chat template,
+    when prompts come from a file: word problems and chat turns use more than the tasks' characters)."""
     if config.model.path:
-        return str(Path(config.model.path).resolve()), load_tokenizer(config.model.path)
+        return load_tokenizer(config.model.path)
+    if config.data.path:
+        return char_tokenizer(WIDE_ALPHABET, chat_template=PLAIN_CHAT_TEMPLATE)
+    return char_tokenizer()
+
+
+def prepare_data(config: TrainConfig, splits: DataSplits, tokenizer: Any) -> tuple[PreparedRecords,
+                                                                                  PreparedRecords | None]:
+    """Chat prompts rendered, over-long prompts dropped and counted, for training and validation."""
+    limit = config.data.max_prompt_length
+    train = prepare_records(splits.train, tokenizer, max_prompt_length=limit)
+    validation = (prepare_records(splits.validation, tokenizer, max_prompt_length=limit, name="validation")
+                  if splits.validation else None)
+    return train, validation
+
+
+def prepare_model(config: TrainConfig, run_dir: Path, data: list[Record],
+                  tokenizer: Any | None = None) -> tuple[str, Any]:
+    """The initial policy directory and its tokenizer: ``model.path``, or a tiny model SFT-warmed once per run.
+
+    ``tokenizer``: the policy's (:func:`policy_tokenizer`), loaded here when not given.
+    """
+    if config.model.path:
+        return str(Path(config.model.path).resolve()), tokenizer or load_tokenizer(config.model.path)
     from hybridflow.models import build_tiny_causal_lm, save_model_dir
     from hybridflow.train.sft import sft_warm_start
 
+    tokenizer = tokenizer or policy_tokenizer(config)
     target = run_dir.resolve() / "init_model"
     recipe = {"name": config.model.name, "sft_steps": config.model.sft_steps, "seed": config.seed,
-              "batch_size": config.model.sft_batch_size, "lr": config.model.sft_lr, "data": data[:4]}
+              "batch_size": config.model.sft_batch_size, "lr": config.model.sft_lr, "vocab": len(tokenizer),
+              "data": json.loads(json.dumps(data[:4], default=str))}
     marker = target / "hybridflow_init.json"
     if marker.is_file() and json.loads(marker.read_text()) == recipe:  # reuse on resume / rerun
         return str(target), load_tokenizer(target)
-    tokenizer = char_tokenizer()
     model = build_tiny_causal_lm(config.model.name, vocab_size=len(tokenizer), seed=config.seed)
     if config.model.sft_steps:
         sft_warm_start(model, tokenizer, data, steps=config.model.sft_steps, batch_size=config.model.sft_batch_size,
-                       lr=config.model.sft_lr, seed=config.seed)
+                       lr=config.model.sft_lr, seed=config.seed, progress=config.progress)
     save_model_dir(model, tokenizer, target)
     marker.write_text(json.dumps(recipe))
     return str(target), tokenizer
@@ -145,9 +202,9 @@ def role_specs(config: TrainConfig, graph: Graph, model_dir: str, plan: Plan | N
     return specs
 
 
-def reward_scorer(config: TrainConfig, tokenizer: Any) -> RuleScorer:
-    rule = load_object(config.data.reward) if config.data.reward else TASKS.get(config.data.task).reward
-    return RuleScorer(rule, tokenizer)
+def reward_scorer(config: TrainConfig, tokenizer: Any) -> RewardScorer:
+    """``data.reward`` (one function or a weighted list), else the built-in task's rule; signatures checked now."""
+    return load_reward_scorer(config.data.reward or config.data.task, tokenizer, weights=config.data.reward_weights)
 
 
 def prompt_loader(config: TrainConfig, data: list[Record], tokenizer: Any) -> PromptLoader:

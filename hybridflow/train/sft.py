@@ -27,13 +27,21 @@ def sft_batch(records: Sequence[Record], tokenizer: Any) -> dict[str, torch.Tens
 
 
 def sft_warm_start(model: Any, tokenizer: Any, records: Sequence[Record], *, steps: int, batch_size: int = 32,
-                   lr: float = 3e-3, seed: int = 0) -> list[float]:
-    """Train ``model`` in place for ``steps`` steps of next-token loss on the answers; returns the losses."""
+                   lr: float = 3e-3, seed: int = 0, progress: bool = False) -> list[float]:
+    """Train ``model`` in place for ``steps`` steps of next-token loss on the answers; returns the losses.
+
+    ``progress``: a bar on stderr (the warm-up runs before the RL steps' bar exists).
+    """
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()
     losses = []
+    bar: Any = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=steps, desc="SFT warm-up", unit="step")
     for _ in range(steps):
         picked = rng.choice(len(records), size=min(batch_size, len(records)), replace=False)
         loss = model(**sft_batch([records[i] for i in picked], tokenizer)).loss
@@ -42,5 +50,10 @@ def sft_warm_start(model: Any, tokenizer: Any, records: Sequence[Record], *, ste
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         losses.append(float(loss.detach()))
+        if bar is not None:
+            bar.set_postfix(loss=f"{losses[-1]:.3f}")
+            bar.update(1)
+    if bar is not None:
+        bar.close()
     model.eval()
     return losses

@@ -26,13 +26,16 @@ def test_cli_trains_and_reports_where_outputs_are(tmp_path: Path, capsys: pytest
     code = main(["train", "--config", str(CONFIG), "steps=2", f"output_dir={tmp_path}", *QUICK,
                  "plot=true", "tensorboard=true"])
     out = capsys.readouterr().out
-    assert code == 0 and "reward curve:" in out and "metrics:" in out
+    assert code == 0 and "metrics:" in out
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1]
     for key in ("reward/mean", "reward/std", "kl", "actor/entropy", "actor/clipfrac", "response_length/mean",
-                "time/actor_generate", "throughput/tokens_per_s", "memory/rss_gb"):
+                "response_length/max", "time/actor_generate", "throughput/tokens_per_s", "memory/rss_gb",
+                "data/filtered_prompts"):
         assert key in rows[0], key
-    assert (tmp_path / "reward_curve.png").stat().st_size > 1000
+    assert (tmp_path / "plots" / "reward.png").stat().st_size > 1000
+    assert "data:image/png;base64," in (tmp_path / "report.html").read_text()
+    assert (tmp_path / "final" / "model.safetensors").is_file()  # exported although checkpoint_every is 0
     assert any((tmp_path / "tensorboard").iterdir())
 
 

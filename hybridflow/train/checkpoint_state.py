@@ -1,0 +1,97 @@
+"""A policy's whole weights read back from a checkpoint on disk, whichever backend wrote it (no workers started).
+
+| backend | files under ``checkpoints/step_N/roles/<role>/`` | read with |
+|---|---|---|
+| torch | ``state.pt`` (``{"model", "optimizer"}``) | ``torch.load(weights_only=True)`` |
+| fsdp | DCP shards and ``.metadata`` | ``dcp_to_torch_save`` (no process group) |
+| deepspeed | ``hybridflow/`` tag with ZeRO shards | DeepSpeed's ``zero_to_fp32`` |
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import torch
+
+DEEPSPEED_TAG = "hybridflow"  # backends/deepspeed/engine.py CHECKPOINT_TAG
+
+
+def role_dir(checkpoint: str | Path, role: str = "actor") -> Path:
+    """The directory holding ``role``'s state: ``CHECKPOINT/roles/<role>``, or ``CHECKPOINT`` itself."""
+    path = Path(checkpoint)
+    if not path.is_dir():
+        raise FileNotFoundError(f"checkpoint {str(path)!r} is not a directory")
+    for candidate in (path / "roles" / role, path):
+        if _format(candidate) is not None:
+            return candidate
+    raise FileNotFoundError(f"{path} holds no {role!r} weights: expected roles/{role}/ with state.pt (torch), "
+                            f".metadata (fsdp, DCP) or {DEEPSPEED_TAG}/ (deepspeed); found "
+                            f"{sorted(p.name for p in path.iterdir())}")
+
+
+def checkpoint_state(directory: str | Path) -> dict[str, torch.Tensor]:
+    """Whole fp32-or-saved-dtype weights from one role's checkpoint directory (see :func:`role_dir`)."""
+    path = Path(directory)
+    kind = _format(path)
+    if kind == "torch":
+        state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
+        return dict(state["model"])
+    if kind == "fsdp":
+        return _dcp_state(path)
+    if kind == "deepspeed":
+        return _deepspeed_state(path)
+    raise FileNotFoundError(f"{path}: not a torch, fsdp or deepspeed role checkpoint")
+
+
+def base_model_dir(checkpoint: str | Path) -> Path:
+    """The model directory a checkpoint's weights fit (config, tokenizer): its ``hf/`` view, else the run's
+    starting model (``model.path`` in the run's ``config.json``, or its SFT-warmed ``init_model``)."""
+    path = Path(checkpoint).resolve()
+    if (path / "hf" / "config.json").is_file():
+        return path / "hf"
+    for run_dir in (path.parent.parent, path.parent.parent.parent.parent):  # step_N/, or step_N/roles/<role>/
+        config = run_dir / "config.json"
+        if config.is_file():
+            model = json.loads(config.read_text()).get("model", {})
+            start = Path(model["path"]) if model.get("path") else run_dir / "init_model"
+            if (start / "config.json").is_file():
+                return start
+    raise FileNotFoundError(f"cannot tell which model {path} belongs to (no hf/ view, no run config.json two "
+                            "levels up); pass --model DIR, the run's starting HF directory")
+
+
+def _format(path: Path) -> str | None:
+    if (path / "state.pt").is_file():
+        return "torch"
+    if (path / ".metadata").is_file():
+        return "fsdp"
+    if (path / DEEPSPEED_TAG).is_dir():
+        return "deepspeed"
+    return None
+
+
+def _dcp_state(path: Path) -> dict[str, torch.Tensor]:
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    with tempfile.TemporaryDirectory() as tmp:
+        target = Path(tmp) / "state.pt"
+        dcp_to_torch_save(str(path), str(target))
+        state = torch.load(target, map_location="cpu", weights_only=False)
+    model = state["model"] if isinstance(state.get("model"), dict) else {
+        key.removeprefix("model."): value for key, value in state.items() if key.startswith("model.")}
+    return {name: tensor for name, tensor in model.items() if isinstance(tensor, torch.Tensor)}
+
+
+def _deepspeed_state(path: Path) -> dict[str, torch.Tensor]:
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    try:
+        state = get_fp32_state_dict_from_zero_checkpoint(str(path), tag=DEEPSPEED_TAG)
+    except (ValueError, FileNotFoundError):  # ZeRO stage 0 keeps whole weights in the model states file
+        files = sorted((path / DEEPSPEED_TAG).glob("mp_rank_*_model_states.pt"))
+        if not files:
+            raise
+        state = torch.load(files[0], map_location="cpu", weights_only=False)["module"]
+    return {name: tensor.float() if tensor.is_floating_point() else tensor for name, tensor in state.items()}

@@ -1,0 +1,65 @@
+"""A validation pass: the policy's completions for held-out prompts, scored by the run's reward functions.
+
+Runs between steps on the policy's generate node (same sampling options as training, one sample per
+prompt, a fixed seed so passes differ only by the weights). Nothing is trained and the step's data
+ledger is untouched: the rows go to the workers as a standalone request.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from hybridflow.data import RewardScorer, batch_samples, encode_prompts
+from hybridflow.data.records import Record
+from hybridflow.graph import Graph, Node, Op
+
+TABLE = "validation_samples"  # RUN_DIR/validation_samples.jsonl and the trackers' table name
+
+
+@dataclass(frozen=True, kw_only=True)
+class ValidationResult:
+    """``val/...`` metrics and the first completions as table rows (prompt, response, ground truth, reward)."""
+
+    metrics: dict[str, float]
+    samples: list[dict[str, Any]]
+
+
+def generate_node(graph: Graph) -> Node:
+    """The policy's sampling node (the first generate node in graph order; ReMax's greedy one comes later)."""
+    for name in graph.order:
+        node = graph.node(name)
+        if node.op is Op.GENERATE:
+            return node
+    raise ValueError(f"the {graph.name} graph has no generate node to validate with")
+
+
+def validate(controller: Any, graph: Graph, records: Sequence[Record], tokenizer: Any, scorer: RewardScorer, *,
+             seed: int, batch_size: int, table_rows: int = 8) -> ValidationResult:
+    """Generate once per validation prompt, score with ``scorer``; mean/std reward and response length."""
+    node = generate_node(graph)
+    # The runtime has no public generate-only call yet: use the role's dispatch target as a step would.
+    target = controller._targets[controller._placed_role(node)]
+    rewards: list[float] = []
+    lengths: list[float] = []
+    parts: dict[str, list[float]] = {}
+    rows: list[dict[str, Any]] = []
+    for start in range(0, len(records), batch_size):
+        prompts = encode_prompts(records[start:start + batch_size], tokenizer)
+        outputs, _ = target.run_rows(node, prompts, seed)
+        samples = batch_samples(prompts.union(outputs), tokenizer)
+        total, by_function = scorer.score(samples)
+        rewards += total
+        lengths += [float(len(sample.response_ids or [])) for sample in samples]
+        for name, values in by_function.items():
+            parts.setdefault(name, []).extend(values)
+        rows += [{"prompt": sample.prompt_text, "response": sample.response, "ground_truth": sample.ground_truth,
+                  "reward": reward} for sample, reward in zip(samples, total, strict=True)]
+    metrics = {"val/reward/mean": statistics.fmean(rewards),
+               "val/reward/std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
+               "val/response_length/mean": statistics.fmean(lengths), "val/prompts": float(len(rewards))}
+    if len(parts) > 1:  # several weighted functions: each one's own mean too
+        metrics.update({f"val/reward/{name}/mean": statistics.fmean(values) for name, values in parts.items()})
+    return ValidationResult(metrics=metrics, samples=rows[:table_rows])
