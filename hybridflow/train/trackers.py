@@ -2,7 +2,8 @@
 
 ``trackers: [tensorboard, wandb, mlflow]`` in the config. None of them reaches the network by default:
 wandb runs offline (``RUN_DIR/wandb``; ``wandb sync`` uploads later, ``WANDB_MODE=online`` logs live) and
-MLflow writes a local file store (``RUN_DIR/mlruns``; ``MLFLOW_TRACKING_URI`` points it at a server).
+MLflow writes a local file store (``RUN_DIR/mlruns``, opted into with ``MLFLOW_ALLOW_FILE_STORE``, which MLflow 3
+asks for; ``MLFLOW_TRACKING_URI`` points it at a server or database instead).
 wandb and mlflow are optional: ``pip install wandb`` / ``pip install mlflow-skinny``.
 """
 
@@ -73,7 +74,12 @@ class MlflowTracker:
     def __init__(self, run_dir: Path, *, name: str, config: Mapping[str, Any]) -> None:
         mlflow = _optional("mlflow", "mlflow-skinny")
         self.mlflow = mlflow
-        uri = os.environ.get("MLFLOW_TRACKING_URI") or (run_dir / "mlruns").resolve().as_uri()
+        uri = os.environ.get("MLFLOW_TRACKING_URI")
+        if not uri:
+            # MLflow 3 keeps the file store (no server, no database driver) behind an opt-in; it is what a run
+            # directory that is copied around wants.
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+            uri = (run_dir / "mlruns").resolve().as_uri()
         self.client = mlflow.tracking.MlflowClient(tracking_uri=uri)
         experiment = self.client.get_experiment_by_name("hybridflow")
         experiment_id = experiment.experiment_id if experiment else self.client.create_experiment("hybridflow")
