@@ -72,6 +72,7 @@ ASSUMPTIONS: dict[str, dict[str, Any]] = {
     },
     "verl_doc_dpsk_deepseek_v3_671b_96xH20": {
         "prompt_len": MATH_PROMPT,  # mean response 1,960 and cap 9,632 are published
+        "gpu_memory_utilization": 0.6,  # in the record's rollout_engine note
     },
     "verl_pr7833_qwen35_9b_gsm8k_8xB200": {
         "prompt_len": GSM8K_PROMPT, "response_len_mean": 400,  # a 2026 9B reasons longer than GSM8K_MEAN

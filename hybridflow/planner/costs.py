@@ -309,8 +309,13 @@ def update_cost(model: ModelSpec, kind: RoleKind, load: NodeLoad, layout: RoleLa
         activations = layers * tokens * model.hidden * DTYPE_BYTES[layout.dtype] + layer
     else:
         activations = layers * layer
-    transient = (activations + 2 * _logit_bytes(model, kind, tokens, layout.tp) + 2 * _gather_buffer(model, layout)
-                 + moved)
+    # Offloaded weights and gradients are back for forward and backward; offloaded optimizer states only for
+    # the optimizer step, when the activations are gone.
+    weights, grads, _ = state_bytes(model, kind, layout, shape)
+    offload = shape.run.offload_of(layout.role)
+    during_passes = weights * offload.params + grads * offload.grads
+    passes_peak = activations + 2 * _logit_bytes(model, kind, tokens, layout.tp) + 2 * _gather_buffer(model, layout)
+    transient = max(passes_peak + during_passes, moved)
     seconds = compute + comm + sync + optimizer + swap + shape.constants.phase_overhead_s
     return Cost(seconds, int(transient))
 

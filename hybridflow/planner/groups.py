@@ -38,7 +38,9 @@ def node_seconds(role: RoleWork, layout: RoleLayout, shape: Shape, prompt_len: i
     """Seconds of each node of ``role``; the colocated engine's weight refresh and wake/sleep are charged
     to its first generate node (verl's ``gen`` timer holds them), the shipment to a detached rollout to
     the policy's last update."""
-    seconds = {load.node: generate_cost(role.model, load, prompt_len, layout, shape).seconds for load in role.generate}
+    resident = static_bytes(role.model, role.kind, engine_layout(layout) if role.generates_only else layout, shape)
+    seconds = {load.node: generate_cost(role.model, load, prompt_len, layout, shape, resident).seconds
+               for load in role.generate}
     if role.generate and role.update:
         first = role.generate[0].node
         seconds[first] += weight_sync(role.model, layout, shape)[0]
@@ -55,7 +57,8 @@ def node_seconds(role: RoleWork, layout: RoleLayout, shape: Shape, prompt_len: i
 
 
 def transient_bytes(role: RoleWork, layout: RoleLayout, shape: Shape, prompt_len: int) -> int:
-    costs = [generate_cost(role.model, load, prompt_len, layout, shape) for load in role.generate]
+    resident = static_bytes(role.model, role.kind, layout, shape)
+    costs = [generate_cost(role.model, load, prompt_len, layout, shape, resident) for load in role.generate]
     costs += [forward_cost(role.model, role.kind, load, layout, shape) for load in role.forward]
     costs += [update_cost(role.model, role.kind, load, layout, shape) for load in role.update]
     return max((cost.transient_bytes for cost in costs), default=0)

@@ -124,11 +124,12 @@ def _generate_front(role: RoleWork, base: RoleLayout, shape: Shape, prompt_len: 
     if not role.generate:
         return [(0, 0.0, base)]
     points = []
+    resident = static_bytes(role.model, role.kind, base, shape)
     for rtp in [fixed_rtp] if fixed_rtp else _tps(role, shape):
         per_engine = -(-role.rows // (shape.size // rtp))
         for batch in sorted({b for b in ROLLOUT_BATCHES if b < per_engine} | {per_engine}):
             layout = replace(base, rollout_tp=rtp, rollout_batch_size=batch)
-            costs = [generate_cost(role.model, load, prompt_len, layout, shape) for load in role.generate]
+            costs = [generate_cost(role.model, load, prompt_len, layout, shape, resident) for load in role.generate]
             seconds = sum(c.seconds for c in costs)
             if role.update:
                 seconds += weight_sync(role.model, layout, shape)[0]
@@ -191,7 +192,7 @@ def role_candidates(role: RoleWork, shape: Shape, dtype: str, prompt_len: int,
         return _rollout_candidates(role, shape, dtype, prompt_len, fixed)
     candidates = []
     forwards: dict[tuple[int, Sharding | None], Front2] = {}
-    rollouts: dict[int, Front2] = {}
+    rollouts: dict[tuple[int, Sharding], Front2] = {}
     tps = [fixed.tp] if fixed.tp else [tp for tp in _tps(role, shape) if max_tp is None or tp <= max_tp]
     for tp in tps:
         dp = shape.size // tp
@@ -209,7 +210,8 @@ def role_candidates(role: RoleWork, shape: Shape, dtype: str, prompt_len: int,
             forward_key = (tp, sharding if sharding in FULL_SHARDS else None)
             if forward_key not in forwards:
                 forwards[forward_key] = _forward_front(role, base, shape, fixed.micro_batch_size)
-            rollout_key = tp if sharding is Sharding.NO_SHARD else 0
+            # Generation depends on the sharding through the weights' reuse and the resident bytes.
+            rollout_key = (tp, sharding)
             if rollout_key not in rollouts:
                 rollouts[rollout_key] = _generate_front(role, base, shape, prompt_len, fixed.rollout_tp)
             parts = [_update_front(role, base, shape, fixed.micro_batch_size, fixed.gradient_checkpointing),

@@ -70,13 +70,16 @@ def _dtype(unit: int, dtypes: tuple[str, ...]) -> str:
     return dtypes[0]
 
 
-def concurrency(engine: Engine, per_engine: int, batch: int, prompt_len: float, lengths: LengthDistribution) -> int:
+def concurrency(engine: Engine, per_engine: int, batch: int, prompt_len: float, lengths: LengthDistribution,
+                resident: float = 0.0) -> int:
     """Sequences in flight: the layout's batch, ``max_num_seqs``, and what the KV cache holds at the mean
-    context of a sequence in flight (prompt + length-biased age)."""
+    context of a sequence in flight (prompt + length-biased age). The engine's memory share
+    (``gpu_memory_utilization``) counts everything on the GPU, so the role's ``resident`` bytes (trainer
+    shards left on the GPU) and the engine's weights come out of it first."""
     run = engine.shape.run
     cap = min(per_engine, batch, run.max_num_seqs)
     if run.gpu_memory_utilization is not None:
-        budget = run.gpu_memory_utilization * engine.shape.device.memory_bytes - engine.weights
+        budget = run.gpu_memory_utilization * engine.shape.device.memory_bytes - engine.weights - resident
         context = prompt_len + lengths.mean_age()
         cap = min(cap, max(1, int(budget / (engine.kv_token * context))))
     return max(cap, 1)
@@ -95,10 +98,12 @@ def decode_seconds(engine: Engine, per_engine: int, in_flight: int, prompt_len: 
     return seconds
 
 
-def generate_cost(model: ModelSpec, load: NodeLoad, prompt_len: int, layout: RoleLayout, shape: Shape) -> Cost:
+def generate_cost(model: ModelSpec, load: NodeLoad, prompt_len: int, layout: RoleLayout, shape: Shape,
+                  resident: float = 0.0) -> Cost:
     """Rollout: compute-bound prefill, then continuous-batching decode (see the module docstring).
 
-    ``load.prompt_tokens`` counts each prompt once (shared by its samples).
+    ``load.prompt_tokens`` counts each prompt once (shared by its samples); ``resident`` is what the role
+    keeps on each GPU meanwhile (its static bytes), which the engine's memory share must hold too.
     """
     rtp, unit = layout.rollout_tp, DTYPE_BYTES[layout.dtype]
     engine = Engine(model, shape, rtp, unit)
@@ -106,14 +111,15 @@ def generate_cost(model: ModelSpec, load: NodeLoad, prompt_len: int, layout: Rol
     rows = max(load.sequences, 1)
     lengths = shape.run.response_lengths(max(1, load.response_tokens // rows))
     per_engine = math.ceil(rows / engines)
-    in_flight = concurrency(engine, per_engine, layout.rollout_batch_size or per_engine, prompt_len, lengths)
+    in_flight = concurrency(engine, per_engine, layout.rollout_batch_size or per_engine, prompt_len, lengths,
+                            resident)
     peak = shape.device.peak_flops(layout.dtype)
     prefill_tokens = math.ceil(load.prompt_tokens / engines)
     prefill = 2 * model.active * prefill_tokens / rtp / (peak * shape.constants.prefill_mfu)
     decode = decode_seconds(engine, per_engine, in_flight, prompt_len, lengths, rows)
     reuse = layout.sharding is Sharding.NO_SHARD and layout.tp == rtp
-    if shape.run.gpu_memory_utilization is not None:
-        transient = shape.run.gpu_memory_utilization * shape.device.memory_bytes  # the engine takes its share
+    if shape.run.gpu_memory_utilization is not None:  # the engine fills its share, resident bytes included
+        transient = max(shape.run.gpu_memory_utilization * shape.device.memory_bytes - resident, engine.weights)
     else:
         kv_cache = in_flight * engine.kv_token * (prompt_len + lengths.mean_age())
         transient = (0 if reuse else engine.weights) + kv_cache + in_flight * model.vocab * 4 / rtp

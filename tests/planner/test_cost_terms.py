@@ -94,7 +94,10 @@ def test_offload_moves_its_bytes_over_the_host_link_and_frees_them():
     offloaded = (2 + 12) * MODEL.params  # bf16 weights and fp32 master + Adam states
     assert static_bytes(MODEL, RoleKind.POLICY, layout, shape(run)) == 16 * MODEL.params - offloaded
     assert moved.seconds - kept.seconds == pytest.approx(2 * offloaded / (10e9 * 0.5), rel=1e-9)
-    assert moved.transient_bytes - kept.transient_bytes == offloaded  # they come back for the pass
+    # Offloaded weights are back for forward and backward; the optimizer states only for the step, when the
+    # activations are gone: the peak is the larger of the two.
+    passes = kept.transient_bytes + 2 * MODEL.params
+    assert moved.transient_bytes == max(passes, offloaded)
 
 
 def test_engine_sleep_and_an_offloaded_trainer_cost_host_transfers():
