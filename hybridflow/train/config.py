@@ -17,6 +17,7 @@ from typing import Any, Literal
 import yaml
 
 from hybridflow.runtime.protocols import OptimSpec
+from hybridflow.train.aliases import translate_foreign_keys
 
 TRACKERS = ("jsonl", "tensorboard", "wandb", "mlflow")  # hybridflow/train/trackers.py
 
@@ -168,7 +169,7 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         if not sep or not key:
             raise ValueError(f"override {item!r} must look like dotted.key=value")
         _set_dotted(data, key.split("."), yaml.safe_load(raw))
-    return from_mapping(TrainConfig, data)
+    return from_mapping(TrainConfig, translate_foreign_keys(data, known_key))
 
 
 def config_from_dotted(items: Mapping[str, Any], base: Mapping[str, Any] | None = None) -> TrainConfig:
@@ -176,7 +177,21 @@ def config_from_dotted(items: Mapping[str, Any], base: Mapping[str, Any] | None 
     data: dict[str, Any] = {}
     for key, value in {**(base or {}), **items}.items():
         _set_dotted(data, key.split("."), value)
-    return from_mapping(TrainConfig, data)
+    return from_mapping(TrainConfig, translate_foreign_keys(data, known_key))
+
+
+def known_key(dotted: str) -> bool:
+    """Whether ``dotted`` names a field of :class:`TrainConfig` (or lies inside a free-form mapping field)."""
+    cls: Any = TrainConfig
+    for part in dotted.split("."):
+        if not (dataclasses.is_dataclass(cls) and isinstance(cls, type)):
+            return True
+        hints = typing.get_type_hints(cls)
+        if part not in hints:
+            return False
+        cls = next((a for a in typing.get_args(hints[part]) if a is not type(None)), hints[part]) \
+            if typing.get_origin(hints[part]) in (typing.Union, types.UnionType) else hints[part]
+    return True
 
 
 def _set_dotted(data: dict[str, Any], keys: list[str], value: Any) -> None:

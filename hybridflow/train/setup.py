@@ -26,12 +26,13 @@ from hybridflow.data.dataset import Record
 from hybridflow.data.tokenizer import PLAIN_CHAT_TEMPLATE, WIDE_ALPHABET, load_tokenizer
 from hybridflow.graph import Graph, RoleKind, load_graph
 from hybridflow.planner import Plan, rollout_role
-from hybridflow.registry import BACKENDS
+from hybridflow.registry import ALGORITHMS, BACKENDS
 from hybridflow.runtime import RoleSpec, default_plan
 from hybridflow.runtime.executor import Executor, LocalExecutor
 from hybridflow.runtime.limits import RequestLimiter, RewardCache
 from hybridflow.runtime.placement import rollout_spec
 from hybridflow.runtime.service import RoleServices
+from hybridflow.train.aliases import check_algorithm_options
 from hybridflow.train.config import RoleConfig, TrainConfig
 
 
@@ -114,6 +115,8 @@ def prepare_model(config: TrainConfig, run_dir: Path, data: list[Record],
 
 def build_graph(config: TrainConfig) -> Graph:
     options = {"reward_kind": RoleKind.REWARD_FUNCTION, **config.algorithm_options}
+    # An option the algorithm does not take (a verl/TRL name...) is named, not the factory's raw TypeError.
+    check_algorithm_options(ALGORITHMS.get(config.algorithm), options, config.algorithm)
     return load_graph(config.algorithm, **options)
 
 

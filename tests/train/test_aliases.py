@@ -1,0 +1,39 @@
+"""verl/TRL names: the same meaning is renamed to our key, a different one is refused saying what to write."""
+
+from __future__ import annotations
+
+import pytest
+
+from hybridflow.train import setup
+from hybridflow.train.config import load_config
+
+
+def test_verl_and_trl_names_with_our_meaning_are_renamed() -> None:
+    config = load_config(None, ["actor_rollout_ref.rollout.n=6", "data.train_batch_size=12",
+                                "actor_rollout_ref.actor.optim.lr=2e-4", "max_completion_length=20"])
+    assert config.algorithm_options == {"n": 6, "max_new_tokens": 20}
+    assert config.data.batch_size == 12 and config.actor.lr == 2e-4
+    assert load_config(None, ["num_generations=3"]).algorithm_options["n"] == 3
+    assert load_config(None, ["data.max_response_length=9"]).algorithm_options["max_new_tokens"] == 9
+
+
+@pytest.mark.parametrize(("override", "advice"), [
+    ("actor_rollout_ref.actor.ppo_mini_batch_size=4", r"actor.mini_batches = data.batch_size / ppo_mini_batch_size"),
+    ("actor_rollout_ref.actor.kl_loss_coef=0.001", r"algorithm_options.kl_coef for grpo"),
+    ("beta=0.04", r"TRL's beta"),
+    ("data.train_files=x.parquet", r"data.path"),
+])
+def test_names_with_another_meaning_are_refused_with_the_fix(override: str, advice: str) -> None:
+    with pytest.raises(KeyError, match=advice):
+        load_config(None, [override])
+
+
+def test_both_spellings_of_one_setting_are_refused() -> None:
+    with pytest.raises(KeyError, match=r"same setting; keep 'algorithm_options.n'"):
+        load_config(None, ["algorithm_options.n=2", "rollout.n=4"])
+
+
+def test_an_option_the_algorithm_does_not_take_is_named_not_a_type_error() -> None:
+    config = load_config(None, ["algorithm_options.kl_loss_coef=0.1"])
+    with pytest.raises(KeyError, match=r"'algorithm_options.kl_loss_coef'.*verl name.*its options are"):
+        setup.build_graph(config)
