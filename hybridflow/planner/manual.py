@@ -15,6 +15,7 @@ from hybridflow.graph import Graph, Workload
 from hybridflow.planner.assemble import Placement, build_plan
 from hybridflow.planner.calibration import Calibration
 from hybridflow.planner.cluster import Cluster
+from hybridflow.planner.devices import DeviceSpec
 from hybridflow.planner.errors import gib
 from hybridflow.planner.groups import GroupEvaluator
 from hybridflow.planner.layouts import Constraint, usable_bytes
@@ -173,11 +174,7 @@ def evaluate_mapping(graph: Graph, models: Mapping[str, ModelSpec], workload: Wo
             if fixed.tp and not shape.tp_allowed(fixed.tp):
                 raise ValueError(f"role {role!r}: tensor parallel size {fixed.tp} would split across machines "
                                  f"(GPUs per machine {list(shape.counts)}); change data_parallel_size")
-        chosen = {role: (dtypes or {}).get(role, device.preferred_dtype) for role in roles}
-        for role, dtype in chosen.items():
-            if not device.supports(dtype):
-                raise ValueError(f"role {role!r}: dtype {dtype} does not run on {device.name} (it runs "
-                                 f"{list(device.dtypes)}); pass dtypes={{{role!r}: {device.preferred_dtype!r}}}")
+        chosen = _dtypes(roles, device, dtypes)
         layout, fits = evaluator.constrained(roles, shape, constraints, chosen)
         if not fits:
             problems.append(f"OOM risk: group {list(roles)} on GPUs {_ranges(gpus)} ({device.name}) needs "
@@ -186,6 +183,16 @@ def evaluate_mapping(graph: Graph, models: Mapping[str, ModelSpec], workload: Wo
         placements.append(Placement(roles, gpus, shape, layout))
     stats = SearchStats(method="manual", candidates=len(placements), seconds=round(time.perf_counter() - start, 4))
     return build_plan(problem, placements, search=stats, problems=problems)
+
+
+def _dtypes(roles: Sequence[str], device: DeviceSpec, given: Mapping[str, str] | None) -> dict[str, str]:
+    """Each role's dtype: the one given, else the device's best; one the device lacks is an error."""
+    chosen = {role: (given or {}).get(role, device.preferred_dtype) for role in roles}
+    for role, dtype in chosen.items():
+        if not device.supports(dtype):
+            raise ValueError(f"role {role!r}: dtype {dtype} does not run on {device.name} (it runs "
+                             f"{list(device.dtypes)}); pass dtypes={{{role!r}: {device.preferred_dtype!r}}}")
+    return chosen
 
 
 def _ranges(gpus: Sequence[int]) -> str:
