@@ -3,9 +3,8 @@
 DAPO is GRPO with four changes: clip-higher (:data:`DAPO_CLIP_RATIO`, :data:`DAPO_CLIP_RATIO_HIGH`),
 the token-level loss (``loss_agg="token-mean"``, already the default), overlong reward shaping
 (:func:`overlong_penalty`) and dynamic sampling, which drops the groups :func:`groups_with_signal`
-rejects and generates more until the batch is full. That last step needs a filter and a bounded
-"generate more" loop in the graph, controller and planner, which do not exist yet, so no ``dapo``
-graph is registered.
+rejects and generates more until the batch is full: the ``dapo`` graph's filter node, which the
+controller runs (a bounded "generate more" loop) and the planner costs.
 """
 
 from __future__ import annotations

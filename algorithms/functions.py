@@ -79,6 +79,12 @@ def overlong_penalized_scores(scores: torch.Tensor, response_mask: torch.Tensor,
     return scores + penalty.to(scores.dtype)
 
 
+@COMPUTE_FNS.register("groups_with_signal")
+def groups_with_signal(scores: torch.Tensor, uid: torch.Tensor) -> torch.Tensor:
+    """DAPO's dynamic-sampling filter: keep the rows of prompts whose samples' scores differ. (B,) -> (B,) bool."""
+    return core.groups_with_signal(scores, uid=uid)
+
+
 def _with_scale_factor(norm: core.LossNorm | None, mask: torch.Tensor,
                        loss_scale_factor: float | None) -> core.LossNorm | None:
     """The norm with ``loss_scale_factor`` (a constant horizon, verl's name) in place of the padded length."""

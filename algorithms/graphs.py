@@ -63,8 +63,8 @@ def _rollout(name: str, *, n: int, reference: bool, temperature: float, max_new_
 def _group_relative(g: GraphBuilder, actor: str, *, n: int, norm_by_std: bool, loss: str, kl_coef: float | None,
                     options: Options) -> Graph:
     """GRPO's tail: group-relative advantages, then the actor's update (with a KL term when ``kl_coef`` is set)."""
-    g.compute("advantages", fn="grpo_advantages", inputs=("scores", "response_mask"), outputs=("advantages",),
-              group_size=n, norm_by_std=norm_by_std)
+    g.compute("advantages", fn="grpo_advantages", inputs=("scores", "response_mask", "uid"),
+              outputs=("advantages",), norm_by_std=norm_by_std)
     if kl_coef is None:
         g.update(actor, loss=loss, inputs=(*SEQ, "old_logprobs", "advantages"), **options)
     else:
@@ -150,6 +150,27 @@ def gspo(*, n: int = 4, kl_coef: float = 0.0, clip_ratio: float = 3e-4, clip_rat
                            options=options)
 
 
+@ALGORITHMS.register("dapo")
+def dapo(*, n: int = 8, clip_ratio: float = 0.2, clip_ratio_high: float = 0.28, entropy_coef: float = 0.0,
+         overlong_buffer: int = 0, overlong_penalty: float = 1.0, max_rounds: int = 3, temperature: float = 1.0,
+         max_new_tokens: int = 32, reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
+    """DAPO (https://arxiv.org/abs/2503.14476): GRPO without KL or reference, clip-higher, the token-level loss,
+    overlong reward shaping over the last ``overlong_buffer`` tokens (0: off) and dynamic sampling: groups whose
+    rewards are all equal are dropped and up to ``max_rounds`` more rollouts refill the batch."""
+    g = GraphBuilder("dapo")
+    actor, reward = g.role("actor", RoleKind.POLICY), g.role("reward", reward_kind)
+    g.generate(actor, n=n, temperature=temperature, max_new_tokens=max_new_tokens)
+    g.score(reward, outputs=("raw_scores",) if overlong_buffer else None)
+    if overlong_buffer:
+        g.compute("overlong_shaping", fn="overlong_penalized_scores", inputs=("raw_scores", "response_mask"),
+                  outputs=("scores",), max_response_len=max_new_tokens, buffer_len=overlong_buffer,
+                  penalty_factor=overlong_penalty)
+    g.filter("dynamic_sampling", fn="groups_with_signal", inputs=("scores", "uid"), max_rounds=max_rounds)
+    g.logprob(actor)
+    return _group_relative(g, actor, n=n, norm_by_std=True, loss="ppo_policy", kl_coef=None,
+                           options=_actor_options(clip_ratio, clip_ratio_high, "token-mean", entropy_coef))
+
+
 @ALGORITHMS.register("rloo")
 def rloo(*, n: int = 4, kl_coef: float = 0.05, clip_ratio: float = 0.2, clip_ratio_high: float | None = None,
          loss_agg: LossAgg = "token-mean", entropy_coef: float = 0.0, temperature: float = 1.0,
@@ -158,8 +179,8 @@ def rloo(*, n: int = 4, kl_coef: float = 0.05, clip_ratio: float = 0.2, clip_rat
     g, actor = _rollout("rloo", n=n, reference=True, temperature=temperature, max_new_tokens=max_new_tokens,
                         reward_kind=reward_kind)
     _kl_rewards(g, kl_coef)
-    g.compute("advantages", fn="rloo_advantages", inputs=("token_rewards", "response_mask"),
-              outputs=("advantages",), group_size=n)
+    g.compute("advantages", fn="rloo_advantages", inputs=("token_rewards", "response_mask", "uid"),
+              outputs=("advantages",))
     g.update(actor, loss="ppo_policy", inputs=(*SEQ, "old_logprobs", "advantages"),
              **_actor_options(clip_ratio, clip_ratio_high, loss_agg, entropy_coef))
     return g.build()
@@ -193,8 +214,8 @@ def _reinforce_pp(name: str, n: int, kl_coef: float, gamma: float, temperature: 
                         reward_kind=reward_kind)
     _kl_rewards(g, kl_coef)
     if n > 1:
-        g.compute("advantages", fn="reinforce_pp_baseline_advantages", inputs=("token_rewards", "response_mask"),
-                  outputs=("advantages",), group_size=n)
+        g.compute("advantages", fn="reinforce_pp_baseline_advantages",
+                  inputs=("token_rewards", "response_mask", "uid"), outputs=("advantages",))
     else:
         g.compute("advantages", fn="reinforce_pp_advantages", inputs=("token_rewards", "response_mask"),
                   outputs=("advantages",), gamma=gamma)

@@ -62,6 +62,15 @@ class GraphBuilder:
         self._nodes.append(node)
         return name
 
+    def filter(self, name: str, *, fn: str, inputs: Sequence[str], max_rounds: int = 3, **options: Scalar) -> str:
+        """Keep the rows ``fn(*input_fields, **options)`` marks True (a bool per row); the nodes this one depends
+        on rerun on fresh prompts, at most ``max_rounds`` more times, until the step's batch is full again.
+        Every other node runs after it, once, on the kept rows."""
+        node = Node(name, Op.FILTER, None, field_names(inputs, node=name, kind="inputs"), (), fn=fn,
+                    options=freeze_options({"max_rounds": max_rounds, **options}, name))
+        self._nodes.append(node)
+        return name
+
     def update(self, role: str, *, loss: str, inputs: Sequence[str], name: str | None = None,
                **options: Scalar) -> str:
         """A train step on ``role`` minimising ``loss`` over the fields in ``inputs``."""

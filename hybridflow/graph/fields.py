@@ -33,6 +33,7 @@ STANDARD_FIELDS: dict[str, FieldSpec] = dict(
     [
         _spec("prompts", Extent.PROMPT_TOKENS, 8),
         _spec("ground_truth", Extent.SEQUENCE, 64),
+        _spec("uid", Extent.SEQUENCE, 8),
         _spec("responses", Extent.RESPONSE_TOKENS, 8),
         _spec("response_mask", Extent.RESPONSE_TOKENS, 1),
         _spec("rollout_logprobs", Extent.RESPONSE_TOKENS, 4),

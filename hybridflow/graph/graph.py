@@ -20,7 +20,9 @@ from hybridflow.graph.errors import (
 from hybridflow.graph.node import Node, freeze_options
 from hybridflow.graph.roles import Op, Role, RoleKind
 
-DEFAULT_INPUTS = ("prompts", "ground_truth")
+DEFAULT_INPUTS = ("prompts", "ground_truth", "uid")
+"""What the dataset rows give every step: prompts, their ground truth and ``uid``, one id per prompt (unique
+in the step) that its n samples share, so group statistics find a prompt's samples wherever they are."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,13 +76,35 @@ class Graph:
 
     @cached_property
     def edges(self) -> tuple[Edge, ...]:
+        """Data edges (the fields a node reads from another), plus a field-less edge from a filter to each node
+        that runs on its kept rows and waits on nothing else after it."""
         grouped: dict[tuple[str, str], list[str]] = {}
         for node in self.nodes:
             for name in dict.fromkeys(node.inputs):  # a field read twice still moves once
                 src = self.producers.get(name)
                 if src is not None:
                     grouped.setdefault((src, node.name), []).append(name)
-        return tuple(Edge(src, dst, tuple(fields)) for (src, dst), fields in grouped.items())
+        data = tuple(Edge(src, dst, tuple(fields)) for (src, dst), fields in grouped.items())
+        filters = [node.name for node in self.nodes if node.op is Op.FILTER]
+        if len(filters) != 1:
+            return data
+        section = _section(self.nodes, data, filters[0])
+        after = [node.name for node in self.nodes if node.name not in section and node.name != filters[0]]
+        control = [Edge(filters[0], name, ()) for name in after
+                   if all(edge.src in section for edge in data if edge.dst == name)]
+        return data + tuple(control)
+
+    @cached_property
+    def filter_node(self) -> Node | None:
+        """The graph's filter node, if it has one (at most one)."""
+        return next((node for node in self.nodes if node.op is Op.FILTER), None)
+
+    @cached_property
+    def sampling_section(self) -> frozenset[str]:
+        """The nodes a filter depends on: they rerun on fresh prompts until the batch is full (empty: no filter)."""
+        if self.filter_node is None:
+            return frozenset()
+        return frozenset(_section(self.nodes, self.edges, self.filter_node.name))
 
     @cached_property
     def dag(self) -> nx.DiGraph:
@@ -133,6 +157,10 @@ class Graph:
         return Graph(self.name, self.roles, nodes, self.inputs)
 
 
+def _section(nodes: Iterable[Node], edges: Iterable[Edge], filter_name: str) -> set[str]:
+    return set(nx.ancestors(_digraph(nodes, edges), filter_name))
+
+
 def _digraph(nodes: Iterable[Node], edges: Iterable[Edge]) -> nx.DiGraph:
     dag = nx.DiGraph()
     for node in nodes:
@@ -149,6 +177,7 @@ def _validate(graph: Graph) -> None:
     _check_roles(graph)
     _check_fields(graph)
     _check_acyclic(graph)
+    _check_filter(graph)
     _check_reaches_update(graph)
     _check_samples(graph)
 
@@ -267,3 +296,15 @@ def _check_samples(graph: Graph) -> None:
             node=max(counts, key=counts.__getitem__),
             field="n",
         )
+
+
+def _check_filter(graph: Graph) -> None:
+    filters = [node.name for node in graph.nodes if node.op is Op.FILTER]
+    if len(filters) > 1:
+        raise NodeSpecError(f"graph {graph.name!r} has filters {filters}; one filter per graph", node=filters[1])
+    if not filters:
+        return
+    # Updates write no fields, so a filter never depends on one: every update runs once, after it.
+    if Op.GENERATE not in {graph.node(name).op for name in graph.sampling_section}:
+        raise NodeSpecError(f"filter {filters[0]!r} depends on no generate node, so rerunning its inputs cannot "
+                            "refill the batch; filter after a rollout", node=filters[0])

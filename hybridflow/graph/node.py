@@ -22,6 +22,9 @@ OP_PORTS: dict[Op, tuple[tuple[str, ...], tuple[str, ...]]] = {
     Op.SCORE: ((*_SEQ_INPUTS, "ground_truth"), ("scores",)),
 }
 
+DRIVER_OPS = frozenset({Op.COMPUTE, Op.FILTER})
+"""Ops the controller runs itself (registry functions on the driver), not a role's workers."""
+
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
 Scalar = str | int | float | bool | None
 
@@ -84,10 +87,13 @@ class Node:
 
     def _check_shape(self) -> None:
         where = f"node {self.name!r} ({self.op})"
-        if self.fn is not None and self.op is not Op.COMPUTE:
-            raise NodeSpecError(f"{where}: only a compute node takes fn=", node=self.name, field="fn")
+        if self.fn is not None and self.op not in DRIVER_OPS:
+            raise NodeSpecError(f"{where}: only a compute or filter node takes fn=", node=self.name, field="fn")
         if self.loss is not None and self.op is not Op.UPDATE:
             raise NodeSpecError(f"{where}: only an update node takes loss=", node=self.name, field="loss")
+        if self.op is Op.FILTER:
+            self._check_filter(where)
+            return
         if self.op is Op.COMPUTE:
             if self.role is not None:
                 raise NodeSpecError(f"{where} runs on the driver and takes no role", node=self.name, field="role")
@@ -140,6 +146,20 @@ class Node:
     def port_outputs(self) -> dict[str, str]:
         ports = OP_PORTS[self.op][1] if self.op in OP_PORTS else self.outputs
         return dict(zip(ports, self.outputs, strict=True))
+
+    def _check_filter(self, where: str) -> None:
+        if self.role is not None:
+            raise NodeSpecError(f"{where} runs on the driver and takes no role", node=self.name, field="role")
+        if not self.fn:
+            raise NodeSpecError(f"{where} needs fn= (a function returning the rows to keep)", node=self.name,
+                                field="fn")
+        if self.outputs:
+            raise NodeSpecError(f"{where} keeps or drops rows and produces no fields, but has outputs "
+                                f"{list(self.outputs)}", node=self.name, field="outputs")
+        rounds = self.option("max_rounds", 0)
+        if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 0:
+            raise NodeSpecError(f"{where}: max_rounds={rounds!r} must be an integer >= 0 (extra rollouts allowed "
+                                "to refill the batch)", node=self.name, field="max_rounds")
 
     @property
     def samples_per_prompt(self) -> int:

@@ -81,7 +81,7 @@ def to_text(graph: Graph) -> str:
 
 def to_mermaid(graph: Graph) -> str:
     lines = ["flowchart TD"]
-    shape = {Op.COMPUTE: ('{{"', '"}}'), Op.UPDATE: ('[/"', '"/]')}
+    shape = {Op.COMPUTE: ('{{"', '"}}'), Op.FILTER: ('>"', '"]'), Op.UPDATE: ('[/"', '"/]')}
     for node in graph.nodes:
         left, right = shape.get(node.op, ('["', '"]'))
         lines.append(f"    {node.name}{left}{_label(node)}{right}")
@@ -91,7 +91,7 @@ def to_mermaid(graph: Graph) -> str:
 
 
 def to_dot(graph: Graph) -> str:
-    shape = {Op.COMPUTE: "hexagon", Op.UPDATE: "parallelogram"}
+    shape = {Op.COMPUTE: "hexagon", Op.FILTER: "invtriangle", Op.UPDATE: "parallelogram"}
     lines = [f'digraph "{graph.name}" {{', "  rankdir=TB;"]
     for node in graph.nodes:
         lines.append(f'  "{node.name}" [label="{_label(node)}", shape={shape.get(node.op, "box")}];')

@@ -7,7 +7,11 @@ from dataclasses import dataclass
 
 
 class Op(enum.StrEnum):
-    """What a node does. Every op but ``compute`` runs on a role's worker group."""
+    """What a node does. Every op but ``compute`` and ``filter`` runs on a role's worker group.
+
+    ``filter`` keeps the rows a driver function marks (e.g. DAPO drops groups whose rewards are all equal);
+    the nodes it depends on rerun on fresh prompts, a bounded number of rounds, until the batch is full.
+    """
 
     GENERATE = "generate"
     LOGPROB = "logprob"
@@ -15,6 +19,7 @@ class Op(enum.StrEnum):
     VALUES = "values"
     SCORE = "score"
     COMPUTE = "compute"
+    FILTER = "filter"
     UPDATE = "update"
 
 

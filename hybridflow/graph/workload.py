@@ -15,7 +15,8 @@ class Workload:
     """One step's data: ``batch_size`` prompts, each answered ``n_samples`` times.
 
     ``n_samples`` overrides the graph's own ``n`` when given. ``token_bytes``/``float_bytes`` size
-    token ids and per-token statistics on the wire.
+    token ids and per-token statistics on the wire. ``filter_keep_rate`` is the expected fraction of
+    prompt groups a graph's filter keeps (DAPO: the groups whose rewards differ; 1: all of them).
     """
 
     batch_size: int
@@ -24,6 +25,7 @@ class Workload:
     n_samples: int | None = None
     token_bytes: int = 8
     float_bytes: int = 4
+    filter_keep_rate: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "prompt_len", "response_len", "token_bytes", "float_bytes"):
@@ -33,6 +35,16 @@ class Workload:
         n = self.n_samples
         if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n <= 0):
             raise ValueError(f"Workload.n_samples={self.n_samples!r} must be a positive integer or None")
+        if not 0 < self.filter_keep_rate <= 1:
+            raise ValueError(f"Workload.filter_keep_rate={self.filter_keep_rate!r} must be in (0, 1]")
+
+    def rounds(self, graph: Graph) -> float:
+        """Expected rollout rounds per step: a filter keeping a fraction ``p`` of the groups needs ``1 / p``
+        rounds to refill the batch (the fluid limit), at most its ``max_rounds`` extra ones."""
+        node = graph.filter_node
+        if node is None:
+            return 1.0
+        return min(1.0 + int(node.option("max_rounds", 0) or 0), 1.0 / self.filter_keep_rate)
 
     def samples(self, graph: Graph) -> int:
         return self.n_samples or graph.samples_per_prompt
@@ -62,8 +74,18 @@ class NodeLoad:
 
 
 def node_load(graph: Graph, node: Node, workload: Workload) -> NodeLoad:
+    """Tokens ``node`` processes in one step; a filter's section counts every expected round."""
+    load = _one_round(graph, node, workload)
+    if node.name not in graph.sampling_section:
+        return load
+    rounds = workload.rounds(graph)
+    return NodeLoad(node.name, node.op, round(load.sequences * rounds), round(load.prompt_tokens * rounds),
+                    round(load.response_tokens * rounds))
+
+
+def _one_round(graph: Graph, node: Node, workload: Workload) -> NodeLoad:
     rows = workload.sequences(graph)
-    if node.op is Op.COMPUTE:
+    if node.op in (Op.COMPUTE, Op.FILTER):
         return NodeLoad(node.name, node.op, rows, 0, 0)
     if node.op is Op.GENERATE:
         # Prompts are prefilled once and shared by their n samples (prefix caching in vLLM).
@@ -91,7 +113,10 @@ def field_bytes(graph: Graph, name: str, workload: Workload) -> int:
 
 def edge_bytes(graph: Graph, workload: Workload) -> dict[tuple[str, str], int]:
     """(src, dst) -> bytes that ``dst`` reads from ``src`` in one step."""
+    rounds = workload.rounds(graph)
     return {
-        (edge.src, edge.dst): sum(field_bytes(graph, name, workload) for name in edge.fields)
+        # Data leaving a filter's section crosses every round (what the section keeps reading, too).
+        (edge.src, edge.dst): round(sum(field_bytes(graph, name, workload) for name in edge.fields)
+                                    * (rounds if edge.src in graph.sampling_section else 1.0))
         for edge in graph.edges
     }

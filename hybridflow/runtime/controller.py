@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -28,6 +28,7 @@ from hybridflow.registry import COMPUTE_FNS
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.dispatch import DriverTarget, GroupTarget, Outcome, Served, Target, timed
 from hybridflow.runtime.executor import Executor, LocalExecutor, WorkerGroup
+from hybridflow.runtime.filtering import GroupPool, keep_mask, with_uids
 from hybridflow.runtime.placement import with_rollout_specs
 from hybridflow.runtime.protocols import OP_CAPABILITIES, RoleSpec, Scorer, WeightSink, WeightSource
 from hybridflow.runtime.service import RoleServices
@@ -78,16 +79,42 @@ class Controller:
             pool.shutdown(wait=False, cancel_futures=True)
         self.executor.shutdown()
 
-    def step(self, batch: Batch, *, step: int = 0) -> StepResult:
-        """Run every node once on ``batch`` (the dataset's prompt rows); return the grown batch."""
-        state, done = batch, set[str]()
+    def step(self, batch: Batch, *, step: int = 0, more: Callable[[int], Batch] | None = None) -> StepResult:
+        """Run every node once on ``batch`` (the dataset's prompt rows); return the grown batch.
+
+        Rows without a ``uid`` get one per prompt (its position), which the n samples of the prompt share.
+        A graph with a filter reruns the filter's section on ``more(round)`` (fresh prompt rows) until the
+        kept groups fill the batch again, at most the filter's ``max_rounds`` times (:mod:`.filtering`).
+        """
         self.ledger.begin_step()
-        pending = list(self.graph.order)
+        record = _StepRecord()
+        state = with_uids(batch, 0)
+        if self.graph.filter_node is None:
+            state = self._run(self.graph.order, state, step, record)
+        else:
+            state = self._sample_until_full(state, step, record, more)
+            after = [name for name in self.graph.order
+                     if name not in self.graph.sampling_section and name != self.graph.filter_node.name]
+            state = self._run(after, state, step, record, expanded=True)
+        metrics = record.metrics
+        for policy, shipment in record.shipments.items():
+            metrics.update(shipment.result().metrics(f"{policy}/weight_sync/"))
+        if self.plan.weight_sync_bytes:
+            metrics["weight_sync/planned_bytes"] = float(self.plan.weight_sync_bytes)
+            metrics["weight_sync/planned_seconds"] = self.plan.weight_sync_seconds
+        if self.services is not None:
+            metrics.update(self.services.metrics())
+        for index, shipped in enumerate(self.ledger.shipped):
+            metrics[f"transfer/to_group{index}_bytes"] = float(shipped)
+        return StepResult(batch=state, metrics=metrics, node_seconds=record.seconds)
+
+    def _run(self, names: Sequence[str], state: Batch, step: int, record: _StepRecord, *,
+             expanded: bool = False) -> Batch:
+        """Run the nodes ``names`` (in dependency order, concurrently where they may) on ``state``; the rest of
+        the graph counts as done."""
+        done = {node.name for node in self.graph.nodes} - set(names)
+        pending = list(names)
         running: dict[Future[Outcome], Node] = {}
-        shipments: dict[str, Future[WeightSyncStats]] = {}
-        expanded = False
-        metrics: dict[str, float] = {}
-        seconds: dict[str, float] = {}
         while pending or running:
             for name in [n for n in pending if set(self.graph.predecessors(n)) <= done]:
                 node = self.graph.node(name)
@@ -102,22 +129,33 @@ class Controller:
                 node = running.pop(future)
                 outcome = future.result()  # re-raises the node's error
                 state = state.union(outcome.outputs) if len(outcome.outputs.keys()) else state
-                seconds[node.name] = outcome.seconds
-                prefix = f"{node.role}/" if node.role else f"{node.name}/"
-                metrics.update({prefix + key: value for key, value in outcome.metrics.items()})
+                record.add(node, outcome)
                 done.add(node.name)
                 if node.op is Op.UPDATE and str(node.role) in self.plan.detached_rollouts:
-                    shipments[str(node.role)] = self._ship(str(node.role))  # a later update replaces it in order
-        for policy, shipment in shipments.items():
-            metrics.update(shipment.result().metrics(f"{policy}/weight_sync/"))
-        if self.plan.weight_sync_bytes:
-            metrics["weight_sync/planned_bytes"] = float(self.plan.weight_sync_bytes)
-            metrics["weight_sync/planned_seconds"] = self.plan.weight_sync_seconds
-        if self.services is not None:
-            metrics.update(self.services.metrics())
-        for index, shipped in enumerate(self.ledger.shipped):
-            metrics[f"transfer/to_group{index}_bytes"] = float(shipped)
-        return StepResult(batch=state, metrics=metrics, node_seconds=seconds)
+                    record.shipments[str(node.role)] = self._ship(str(node.role))  # a later update replaces it
+        return state
+
+    def _sample_until_full(self, prompts: Batch, step: int, record: _StepRecord,
+                           more: Callable[[int], Batch] | None) -> Batch:
+        """The filter's section and the filter, round after round, until the kept groups fill the batch."""
+        node = self.graph.filter_node
+        assert node is not None
+        section = [name for name in self.graph.order if name in self.graph.sampling_section]
+        pool, rounds = GroupPool(len(prompts)), 0
+        max_rounds = int(node.option("max_rounds", 0) or 0)
+        while True:
+            self.ledger.rows_changed()
+            state = self._run(section, prompts, step, record)
+            started = time.perf_counter()
+            pool.add(state, keep_mask(node, state))
+            record.seconds[node.name] = record.seconds.get(node.name, 0.0) + time.perf_counter() - started
+            rounds += 1
+            if pool.full or rounds > max_rounds or more is None:
+                break
+            prompts = with_uids(more(rounds - 1), rounds * len(prompts), replace=True)
+        record.metrics.update(pool.metrics(rounds))
+        self.ledger.rows_changed()
+        return pool.take()
 
     def _submit(self, node: Node, state: Batch, step: int) -> Future[Outcome]:
         if node.op is Op.COMPUTE:
@@ -165,6 +203,20 @@ class Controller:
         for group in self.groups:
             group.load_checkpoint(directory)
         self.sync_rollouts()  # a rollout on its own GPUs still holds the weights from before the load
+
+
+@dataclass
+class _StepRecord:
+    """What a step's nodes reported: metrics, seconds (summed over filter rounds) and weight shipments."""
+
+    metrics: dict[str, float] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    shipments: dict[str, Future[WeightSyncStats]] = field(default_factory=dict)
+
+    def add(self, node: Node, outcome: Outcome) -> None:
+        self.seconds[node.name] = self.seconds.get(node.name, 0.0) + outcome.seconds
+        prefix = f"{node.role}/" if node.role else f"{node.name}/"
+        self.metrics.update({prefix + key: value for key, value in outcome.metrics.items()})
 
 
 def _check_placement(graph: Graph, plan: Plan, driver_roles: Mapping[str, Scorer]) -> None:

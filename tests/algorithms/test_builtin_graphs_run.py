@@ -22,7 +22,8 @@ SPECS = [*sorted(ALGORITHMS.names()), f"{EXAMPLE}:critic_grpo"]
 
 def role_op_outputs(graph: Graph, rows: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
     """Plausible tensors for every field a role op writes (right-padded responses)."""
-    fields: dict[str, torch.Tensor] = {"prompts": torch.randint(0, 50, (PROMPTS, 4), generator=gen)}
+    fields: dict[str, torch.Tensor] = {"prompts": torch.randint(0, 50, (PROMPTS, 4), generator=gen),
+                                       "uid": torch.arange(PROMPTS).repeat_interleave(rows // PROMPTS)}
     for node in graph.nodes:
         out = node.port_outputs()
         if node.op is Op.GENERATE:
