@@ -5,7 +5,8 @@ batching), costed with the priors and with one calibration shared by all runs, a
 published step and per-phase seconds. Nobody on this project measured these runs: the timings are the
 sources' own. What the sources leave out is assumed below, once per run, with the reason.
 
-    .venv/bin/python benchmarks/published_runs.py [--runs PATH] [--fit] [--write-calibration FILE] [--markdown]
+    .venv/bin/python benchmarks/published_runs.py [--runs PATH] [--fit] [--per-device] [--write-calibration FILE]
+        [--markdown] [--export-records FILE]
 
 ``--fit`` fits the calibration on these runs (``hybridflow calibrate --published PATH`` fits the same
 way from the records alone); without it the script uses the shipped ``verl-published`` calibration
@@ -98,14 +99,19 @@ def _record(record: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def load_cases(path: Path = RUNS) -> list[MeasuredCase]:
-    records = json.loads(path.read_text())
-    cases = []
-    for record in records:
+def records_with_assumptions(path: Path = RUNS) -> list[dict[str, Any]]:
+    """The records with this script's assumptions merged in (the planner-only ones under "hybridflow"),
+    so that ``hybridflow calibrate --published`` on them costs exactly what this script costs."""
+    merged = []
+    for record in json.loads(path.read_text()):
         extra = {k: v for k, v in ASSUMPTIONS.get(record["id"], {}).items()
                  if k not in ("offload", "dynamic_bsz", "grad_checkpointing")}
-        cases.append(case_from_record(_record(record), extra))
-    return cases
+        merged.append({**_record(record), "hybridflow": {**(record.get("hybridflow") or {}), **extra}})
+    return merged
+
+
+def load_cases(path: Path = RUNS) -> list[MeasuredCase]:
+    return [case_from_record(record) for record in records_with_assumptions(path)]
 
 
 def table(cases: list[MeasuredCase], calibrations: dict[str, Calibration | None]) -> list[dict[str, Any]]:
@@ -152,7 +158,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-device", action="store_true",
                         help="with --fit: also fit constants per device class with >= 3 runs (H20 here)")
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--export-records", type=Path,
+                        help="write the records with these assumptions merged, for `hybridflow calibrate --published`")
     args = parser.parse_args(argv)
+    if args.export_records:
+        args.export_records.write_text(json.dumps(records_with_assumptions(args.runs), indent=1) + "\n")
     cases = load_cases(args.runs)
     calibrations: dict[str, Calibration | None] = {"priors": None}
     if args.fit:
