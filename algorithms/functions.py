@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import replace
+from typing import Any
 
 import torch
 from hybridflow.algorithms import core
@@ -25,9 +26,33 @@ LossResult = tuple[torch.Tensor, dict[str, torch.Tensor]]
 
 @COMPUTE_FNS.register("kl_penalized_rewards")
 def kl_penalized_rewards(scores: torch.Tensor, logprobs: torch.Tensor, ref_logprobs: torch.Tensor,
-                         response_mask: torch.Tensor, *, kl_coef: float = 0.0,
-                         kl_type: core.KLType = "k1") -> torch.Tensor:
-    return core.kl_penalized_rewards(scores, logprobs, ref_logprobs, response_mask, kl_coef, kl_type)
+                         response_mask: torch.Tensor, *, kl_coef: float = 0.0, kl_type: core.KLType = "k1",
+                         kl_target: float | None = None, kl_horizon: float = 10000.0,
+                         state: core.KLController | None = None) -> torch.Tensor:
+    """The scores as token rewards minus ``kl_coef`` times the KL to the reference (PPO's KL-in-reward).
+
+    With ``kl_target`` the coefficient adapts (verl's ``kl_ctrl.type: adaptive``): ``state`` is the run's
+    :class:`~hybridflow.algorithms.kl.AdaptiveKLController` (made by :func:`_kl_state`), whose value is used
+    and then updated with this batch's mean KL (B, T) -> (B, T).
+    """
+    if state is None:
+        return core.kl_penalized_rewards(scores, logprobs, ref_logprobs, response_mask, kl_coef, kl_type)
+    rewards = core.kl_penalized_rewards(scores, logprobs, ref_logprobs, response_mask, state.value, kl_type)
+    kl = core.kl_penalty(logprobs, ref_logprobs, kl_type)
+    current = float(core.masked_mean(kl, response_mask.float(), dim=-1).mean())  # verl: per sequence, then mean
+    state.update(current, n_steps=len(scores))
+    return rewards
+
+
+def _kl_state(*, kl_coef: float = 0.0, kl_target: float | None = None, kl_horizon: float = 10000.0,
+              **_: Any) -> core.KLController | None:
+    """The state an adaptive ``kl_penalized_rewards`` node keeps across steps (None: a fixed coefficient)."""
+    if kl_target is None:
+        return None
+    return core.AdaptiveKLController(init_kl_coef=kl_coef, target_kl=kl_target, horizon=kl_horizon)
+
+
+kl_penalized_rewards.make_state = _kl_state  # type: ignore[attr-defined]
 
 
 @COMPUTE_FNS.register("token_rewards")

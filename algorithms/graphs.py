@@ -26,9 +26,12 @@ def _policy_roles(g: GraphBuilder, reward_kind: RoleKind | str) -> tuple[str, st
             g.role("reward", reward_kind))
 
 
-def _kl_rewards(g: GraphBuilder, kl_coef: float, scores: str = "scores") -> None:
+def _kl_rewards(g: GraphBuilder, kl_coef: float, scores: str = "scores", kl_target: float | None = None,
+                kl_horizon: float = 10000.0) -> None:
+    """KL-in-reward; with ``kl_target`` the coefficient adapts to keep the KL near it (starting at ``kl_coef``)."""
+    adaptive: Options = {"kl_target": kl_target, "kl_horizon": kl_horizon} if kl_target is not None else {}
     g.compute("kl_rewards", fn="kl_penalized_rewards", inputs=(scores, "old_logprobs", "ref_logprobs", "response_mask"),
-              outputs=("token_rewards",), kl_coef=kl_coef)
+              outputs=("token_rewards",), kl_coef=kl_coef, **adaptive)
 
 
 def _actor_options(clip_ratio: float, clip_ratio_high: float | None = None, loss_agg: LossAgg = "token-mean",
@@ -74,11 +77,12 @@ def _group_relative(g: GraphBuilder, actor: str, *, n: int, norm_by_std: bool, l
 
 
 @ALGORITHMS.register("ppo")
-def ppo(*, kl_coef: float = 0.05, gamma: float = 1.0, lam: float = 0.95, clip_ratio: float = 0.2,
-        clip_ratio_high: float | None = None, loss_agg: LossAgg = "token-mean", entropy_coef: float = 0.0,
-        value_clip: float = 0.2, temperature: float = 1.0, max_new_tokens: int = 32,
+def ppo(*, kl_coef: float = 0.05, kl_target: float | None = None, kl_horizon: float = 10000.0, gamma: float = 1.0,
+        lam: float = 0.95, clip_ratio: float = 0.2, clip_ratio_high: float | None = None,
+        loss_agg: LossAgg = "token-mean", entropy_coef: float = 0.0, value_clip: float = 0.2,
+        temperature: float = 1.0, max_new_tokens: int = 32,
         reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
-    """PPO with a critic and GAE; KL to the reference enters the token rewards."""
+    """PPO with a critic and GAE; KL to the reference enters the token rewards (adaptive with ``kl_target``)."""
     g = GraphBuilder("ppo")
     actor, ref, reward = _policy_roles(g, reward_kind)
     critic = g.role("critic", RoleKind.VALUE)
@@ -87,7 +91,7 @@ def ppo(*, kl_coef: float = 0.05, gamma: float = 1.0, lam: float = 0.95, clip_ra
     g.ref_logprob(ref)
     g.values(critic)
     g.logprob(actor)
-    _kl_rewards(g, kl_coef)
+    _kl_rewards(g, kl_coef, kl_target=kl_target, kl_horizon=kl_horizon)
     g.compute("gae", fn="gae", inputs=("token_rewards", "values", "response_mask"),
               outputs=("advantages", "returns"), gamma=gamma, lam=lam)
     g.update(critic, loss="value", inputs=(*SEQ, "values", "returns"), clip_range=value_clip)

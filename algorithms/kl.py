@@ -83,7 +83,18 @@ class AdaptiveKLController:
 
     def update(self, current_kl: float, n_steps: int) -> float:
         """Move the coefficient towards the target after a step; returns the new coefficient."""
+        self.last_kl = current_kl
         error = min(max(current_kl / self.target - 1, -0.2), 0.2)
         self.value *= 1 + error * n_steps / self.horizon
         return self.value
+
+    # A runtime node state (``hybridflow.runtime.protocols.NodeState``): logged each step, kept in checkpoints.
+    def metrics(self) -> dict[str, float]:
+        return {"kl_coef": self.value, "kl": getattr(self, "last_kl", 0.0), "kl_target": self.target}
+
+    def state_dict(self) -> dict[str, float]:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.value = float(state["value"])
 

@@ -14,11 +14,13 @@ estimate (``weight_sync/planned_bytes``, ``weight_sync/planned_seconds``).
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -30,7 +32,7 @@ from hybridflow.runtime.dispatch import DriverTarget, GroupTarget, Outcome, Serv
 from hybridflow.runtime.executor import Executor, LocalExecutor, WorkerGroup
 from hybridflow.runtime.filtering import GroupPool, keep_mask, with_uids
 from hybridflow.runtime.placement import with_rollout_specs
-from hybridflow.runtime.protocols import OP_CAPABILITIES, RoleSpec, Scorer, WeightSink, WeightSource
+from hybridflow.runtime.protocols import OP_CAPABILITIES, NodeState, RoleSpec, Scorer, WeightSink, WeightSource
 from hybridflow.runtime.service import RoleServices
 from hybridflow.runtime.step_store import StepLedger
 from hybridflow.runtime.weights import WeightSyncStats
@@ -60,6 +62,7 @@ class Controller:
         self._dispatchers = [ThreadPoolExecutor(1, thread_name_prefix=f"dispatch{g.index}") for g in self.groups]
         self._driver = ThreadPoolExecutor(2, thread_name_prefix="driver")
         self.ledger = StepLedger(len(self.groups))
+        self.node_states = _node_states(graph)
         try:
             _check_capabilities(graph, plan, self.groups)
             self._targets = self._make_targets()
@@ -159,7 +162,7 @@ class Controller:
 
     def _submit(self, node: Node, state: Batch, step: int) -> Future[Outcome]:
         if node.op is Op.COMPUTE:
-            return self._driver.submit(timed, lambda: _run_compute(node, state))
+            return self._driver.submit(timed, lambda: _run_compute(node, state, self.node_states.get(node.name)))
         placed = str(node.role) if node.role in self.driver_roles else self._placed_role(node)
         return self._targets[placed].submit(node, state, self.seed + step)
 
@@ -198,10 +201,18 @@ class Controller:
     def save_checkpoint(self, directory: str) -> None:
         for group in self.groups:
             group.save_checkpoint(directory)
+        if self.node_states:
+            Path(directory).mkdir(parents=True, exist_ok=True)
+            states = {name: state.state_dict() for name, state in self.node_states.items()}
+            (Path(directory) / NODE_STATES).write_text(json.dumps(states))
 
     def load_checkpoint(self, directory: str) -> None:
         for group in self.groups:
             group.load_checkpoint(directory)
+        saved = Path(directory) / NODE_STATES
+        if self.node_states and saved.is_file():
+            for name, state in json.loads(saved.read_text()).items():
+                self.node_states[name].load_state_dict(state)
         self.sync_rollouts()  # a rollout on its own GPUs still holds the weights from before the load
 
 
@@ -217,6 +228,9 @@ class _StepRecord:
         self.seconds[node.name] = self.seconds.get(node.name, 0.0) + outcome.seconds
         prefix = f"{node.role}/" if node.role else f"{node.name}/"
         self.metrics.update({prefix + key: value for key, value in outcome.metrics.items()})
+
+
+NODE_STATES = "node_states.json"  # beside the roles' checkpoints: driver-side state (adaptive KL coefficients)
 
 
 def _check_placement(graph: Graph, plan: Plan, driver_roles: Mapping[str, Scorer]) -> None:
@@ -274,10 +288,23 @@ def _import(group: WorkerGroup, role: str, exported: Future[tuple[Any, float]]) 
                            tensors=int(ranks[0]["tensors"]), receivers=len(ranks))
 
 
-def _run_compute(node: Node, state: Batch) -> tuple[Batch, dict[str, float]]:
+def _node_states(graph: Graph) -> dict[str, NodeState]:
+    """The state of each compute node whose function keeps one across steps (``fn.make_state``)."""
+    states = {}
+    for node in graph.nodes:
+        if node.op is Op.COMPUTE:
+            make_state = getattr(COMPUTE_FNS.get(str(node.fn)), "make_state", None)  # optional, see NodeState
+            state = make_state(**node.options_dict) if make_state is not None else None
+            if state is not None:
+                states[node.name] = state
+    return states
+
+
+def _run_compute(node: Node, state: Batch, kept: NodeState | None = None) -> tuple[Batch, dict[str, float]]:
     fn = COMPUTE_FNS.get(str(node.fn))
+    extra = {"state": kept} if kept is not None else {}
     try:
-        result = fn(*(state[name] for name in node.inputs), **node.options_dict)
+        result = fn(*(state[name] for name in node.inputs), **node.options_dict, **extra)
     except Exception as err:
         err.add_note(f"in compute node {node.name!r} (fn={node.fn!r}, inputs={list(node.inputs)})")
         raise
@@ -285,6 +312,6 @@ def _run_compute(node: Node, state: Batch) -> tuple[Batch, dict[str, float]]:
     if len(values) != len(node.outputs):
         raise ValueError(f"compute node {node.name!r}: fn {node.fn!r} returned {len(values)} values for outputs "
                          f"{list(node.outputs)}")
-    return Batch.from_fields(dict(zip(node.outputs, values, strict=True))), {}
+    return Batch.from_fields(dict(zip(node.outputs, values, strict=True))), kept.metrics() if kept else {}
 
 

@@ -244,6 +244,25 @@ class Backend(Protocol):
         ...
 
 
+@runtime_checkable
+class NodeState(Protocol):
+    """What a stateful driver function keeps across steps (e.g. an adaptive KL coefficient).
+
+    A compute function that needs one has a ``make_state(**node_options)`` attribute returning a
+    ``NodeState`` (or None); the controller makes it once, passes it as ``state=`` every step, logs its
+    metrics under the node's name and keeps it in checkpoints.
+    """
+
+    def metrics(self) -> dict[str, float]:
+        ...
+
+    def state_dict(self) -> dict[str, float]:
+        ...
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        ...
+
+
 class Scorer(Protocol):
     """A driver-side reward: scores decoded samples in the controller process (reward functions)."""
 
