@@ -12,4 +12,5 @@ def _mapped(folder: str) -> list[str]:
     return [f"hybridflow.{name}" for name in find_packages(include=[folder, f"{folder}.*"])]
 
 
-setup(packages=find_packages(include=["hybridflow", "hybridflow.*"]) + _mapped("backends") + _mapped("algorithms"))
+setup(packages=find_packages(include=["hybridflow", "hybridflow.*"]) + _mapped("backends") + _mapped("algorithms")
+      + _mapped("configs"))  # the starter YAML files, as package data of hybridflow.configs

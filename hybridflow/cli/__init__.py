@@ -15,6 +15,7 @@ COMMANDS = {
     "report": "hybridflow.cli.report",
     "calibrate": "hybridflow.cli.calibrate",
     "export": "hybridflow.cli.export",
+    "init": "hybridflow.cli.init",
 }
 
 

@@ -1,0 +1,1 @@
+"""Starter configs shipped with hybridflow (installed as ``hybridflow.configs``); ``hybridflow init`` copies one."""
