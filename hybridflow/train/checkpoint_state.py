@@ -85,13 +85,14 @@ def _dcp_state(path: Path) -> dict[str, torch.Tensor]:
 
 
 def _deepspeed_state(path: Path) -> dict[str, torch.Tensor]:
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-    try:
-        state = get_fp32_state_dict_from_zero_checkpoint(str(path), tag=DEEPSPEED_TAG)
-    except (ValueError, FileNotFoundError):  # ZeRO stage 0 keeps whole weights in the model states file
-        files = sorted((path / DEEPSPEED_TAG).glob("mp_rank_*_model_states.pt"))
+    tag = path / DEEPSPEED_TAG
+    if not list(tag.glob("*zero_pp_rank_*")):  # ZeRO stage 0: the model states file holds whole weights
+        files = sorted(tag.glob("mp_rank_*_model_states.pt"))
         if not files:
-            raise
+            raise FileNotFoundError(f"{tag}: no DeepSpeed model states (mp_rank_*_model_states.pt)")
         state = torch.load(files[0], map_location="cpu", weights_only=False)["module"]
+    else:  # stages 1-3: the fp32 master weights, merged from every rank's optimizer shards
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        state = get_fp32_state_dict_from_zero_checkpoint(str(path), tag=DEEPSPEED_TAG)
     return {name: tensor.float() if tensor.is_floating_point() else tensor for name, tensor in state.items()}
