@@ -24,32 +24,47 @@ class ForeignKey:
     advice: str = ""
 
 
-FOREIGN_KEYS = (
-    ForeignKey(source="verl", target="algorithm_options.n"),  # rollout.n
-    ForeignKey(source="TRL", target="algorithm_options.n"),  # num_generations
-    ForeignKey(source="verl", target="algorithm_options.max_new_tokens"),  # max_response_length
-    ForeignKey(source="TRL", target="algorithm_options.max_new_tokens"),  # max_completion_length
-    ForeignKey(source="verl", target="data.batch_size"),  # train_batch_size: prompts per step in both
-    ForeignKey(source="verl", target="algorithm_options.temperature"),
-    ForeignKey(source="verl", target="actor.lr"),  # actor_rollout_ref.actor.optim.lr
-    ForeignKey(source="verl", advice=(
+def _same(source: str, target: str) -> ForeignKey:
+    return ForeignKey(source=source, target=target)
+
+
+# Recognised by their last dotted parts (``actor_rollout_ref.rollout.n`` ends with ``rollout.n``).
+FOREIGN: dict[str, ForeignKey] = {
+    "rollout.n": _same("verl", "algorithm_options.n"),
+    "num_generations": _same("TRL", "algorithm_options.n"),
+    "max_response_length": _same("verl", "algorithm_options.max_new_tokens"),
+    "max_completion_length": _same("TRL", "algorithm_options.max_new_tokens"),
+    "rollout.temperature": _same("verl", "algorithm_options.temperature"),
+    "temperature": _same("TRL", "algorithm_options.temperature"),
+    "train_batch_size": _same("verl", "data.batch_size"),  # prompts per step in both
+    "actor.optim.lr": _same("verl", "actor.lr"),
+    "learning_rate": _same("TRL", "actor.lr"),
+    "ppo_epochs": _same("verl", "actor.epochs"),
+    "num_iterations": _same("TRL", "actor.epochs"),
+    "clip_ratio_high": _same("verl", "algorithm_options.clip_ratio_high"),
+    "loss_agg_mode": _same("verl", "algorithm_options.loss_agg"),
+    "entropy_coeff": _same("verl", "algorithm_options.entropy_coef"),
+    "total_training_steps": _same("verl", "steps"),
+    "max_steps": _same("TRL", "steps"),
+    "test_freq": _same("verl", "validation_every"),
+    "eval_steps": _same("TRL", "validation_every"),
+    "save_freq": _same("verl", "checkpoint_every"),
+    "save_steps": _same("TRL", "checkpoint_every"),
+    "max_actor_ckpt_to_keep": _same("verl", "keep_checkpoints"),
+    "save_total_limit": _same("TRL", "keep_checkpoints"),
+    "ppo_mini_batch_size": ForeignKey(source="verl", advice=(
         "verl's ppo_mini_batch_size counts prompts per mini-batch; here actor.mini_batches is how many "
         "mini-batches a step's batch is cut into: set actor.mini_batches = data.batch_size / ppo_mini_batch_size")),
-    ForeignKey(source="verl", advice=(
+    "kl_loss_coef": ForeignKey(source="verl", advice=(
         "verl's kl_loss_coef weighs a KL term in the actor loss (use_kl_loss: true); here that is "
         "algorithm_options.kl_coef for grpo, dr_grpo, gspo and reinforce_pp (a loss term), while ppo, rloo "
         "and remax use algorithm_options.kl_coef as a reward penalty (verl's algorithm.kl_ctrl.kl_coef)")),
-    ForeignKey(source="TRL", advice=(
+    "beta": ForeignKey(source="TRL", advice=(
         "TRL's beta is the KL coefficient: here algorithm_options.kl_coef (a loss term in grpo, as in TRL)")),
-    ForeignKey(source="verl", advice="verl's data.train_files is data.path here (one file or datasets directory)"),
-    ForeignKey(source="verl", advice="verl's data.val_files is data.val_path here"),
-    ForeignKey(source="verl", advice="verl's trainer.total_training_steps is steps here"),
-)
-# The dotted endings they are recognised by, in the order above.
-FOREIGN_NAMES = ("rollout.n", "num_generations", "max_response_length", "max_completion_length",
-                 "train_batch_size", "rollout.temperature", "actor.optim.lr",
-                 "ppo_mini_batch_size", "kl_loss_coef", "beta", "train_files", "val_files", "total_training_steps")
-FOREIGN = dict(zip(FOREIGN_NAMES, FOREIGN_KEYS, strict=True))
+    "train_files": ForeignKey(source="verl", advice="verl's data.train_files is data.path here (one file or "
+                                                    "a datasets directory)"),
+    "val_files": ForeignKey(source="verl", advice="verl's data.val_files is data.val_path here (one file)"),
+}
 
 FREE_FORM = ("algorithm_options", "meshes", "roles")  # sections whose keys are not ours to judge here
 
@@ -63,7 +78,7 @@ def translate_foreign_keys(data: Mapping[str, Any], known: Callable[[str], bool]
     for key, value in _flatten(data):
         if known(key) or key.split(".")[0] in FREE_FORM:
             continue
-        name = next((n for n in FOREIGN_NAMES if key == n or key.endswith("." + n)), None)
+        name = next((n for n in FOREIGN if key == n or key.endswith("." + n)), None)
         if name is None:
             continue
         foreign = FOREIGN[name]

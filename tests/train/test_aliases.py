@@ -15,6 +15,10 @@ def test_verl_and_trl_names_with_our_meaning_are_renamed() -> None:
     assert config.data.batch_size == 12 and config.actor.lr == 2e-4
     assert load_config(None, ["num_generations=3"]).algorithm_options["n"] == 3
     assert load_config(None, ["data.max_response_length=9"]).algorithm_options["max_new_tokens"] == 9
+    trainer = load_config(None, ["trainer.total_training_steps=7", "trainer.save_freq=3", "trainer.test_freq=2",
+                                 "actor_rollout_ref.actor.ppo_epochs=2", "save_total_limit=1"])
+    assert (trainer.steps, trainer.checkpoint_every, trainer.validation_every) == (7, 3, 2)
+    assert trainer.actor.epochs == 2 and trainer.keep_checkpoints == 1
 
 
 @pytest.mark.parametrize(("override", "advice"), [
