@@ -1,4 +1,5 @@
-"""``hybridflow train --config FILE [dotted.key=value ...] [--resume]``: run RL training."""
+"""``hybridflow train --config FILE [dotted.key=value ...] [--resume | --resume-from PATH | --overwrite]``: run RL
+training."""
 
 from __future__ import annotations
 
@@ -11,14 +12,20 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--config", help="a YAML config (see configs/); keys map onto hybridflow.train.TrainConfig")
     parser.add_argument("overrides", nargs="*", help="dotted.key=value overrides, values parsed as YAML")
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in output_dir")
+    parser.add_argument("--resume-from", metavar="PATH",
+                        help="start from this checkpoint (checkpoints/step_N, possibly of another run)")
+    parser.add_argument("--allow-config-change", action="store_true",
+                        help="resume even though the config or graph differs from the checkpoint's (listed)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the previous run in a non-empty output_dir (its checkpoints and metrics)")
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from hybridflow.train.config import load_config
     from hybridflow.train.loop import train
 
-    result = train(load_config(args.config, args.overrides), resume=args.resume)
+    result = train(_load(args.config, args.overrides), resume=args.resume, overwrite=args.overwrite,
+                   resume_from=args.resume_from, allow_config_change=args.allow_config_change)
     rewards = [row.get("reward/mean", float("nan")) for row in result.history]
     window = max(1, min(10, len(rewards)))
     print(f"trained steps {result.start_step}..{result.start_step + len(rewards) - 1}; mean reward over the first "
@@ -29,3 +36,20 @@ def run(args: argparse.Namespace) -> int:
     if result.curve_path is not None:
         print(f"reward curve: {result.curve_path}")
     return 0
+
+
+def _load(path: str | None, overrides: list[str]) -> Any:
+    """The config, with a YAML syntax error named by file, line and column (yaml's own text spans lines)."""
+    import yaml
+
+    from hybridflow.train.config import load_config
+
+    try:
+        return load_config(path, overrides)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "somewhere"
+        source = f"config file {path!r}" if path and mark is not None and "<unicode string>" in str(mark.name) \
+            else "an override or the config file"
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ValueError(f"{source} is not valid YAML: {where}: {problem}") from err

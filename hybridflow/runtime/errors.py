@@ -12,12 +12,37 @@ class RuntimeStepError(RuntimeError):
 
 
 class WorkerFailedError(RuntimeStepError):
-    """A worker process died (or became unreachable) while running ``role`` on ``rank``."""
+    """A worker process died, hung (no heartbeat) or missed its deadline while running ``role`` on ``rank``.
 
-    def __init__(self, *, role: str, rank: int, group: int, node: str | None = None, cause: str = "") -> None:
-        super().__init__(f"worker of role {role!r} rank {rank} (group {group}) failed while running node "
-                         f"{node!r}: {cause}; resume from the last checkpoint with --resume", node=node)
-        self.role, self.rank, self.group = role, rank, group
+    ``where`` names the machine (host, Ray node, pid) when known; ``step`` is the training step that was
+    running (the loop sets it with :meth:`at_step`), so ``step - 1`` is the last one that completed.
+    """
+
+    def __init__(self, *, role: str, rank: int, group: int, node: str | None = None, cause: str = "",
+                 where: str | None = None, step: int | None = None) -> None:
+        self.role, self.rank, self.group, self.cause, self.where, self.step = role, rank, group, cause, where, step
+        super().__init__(self._message(node), node=node)
+
+    def _message(self, node: str | None) -> str:
+        at = f" on {self.where}" if self.where else ""
+        during = f" during step {self.step} (last completed step: {self.step - 1})" if self.step is not None else ""
+        return (f"worker of role {self.role!r} rank {self.rank} (group {self.group}){at} failed while running node "
+                f"{node!r}{during}: {self.cause}; resume from the last checkpoint with --resume")
+
+    def at_step(self, step: int) -> WorkerFailedError:
+        """Record the training step that was running (the executor does not know it)."""
+        self.step = step
+        self.args = (self._message(self.node),)
+        return self
+
+    def __reduce__(self) -> tuple[object, ...]:  # keyword-only __init__: pickle (Ray, torchrun) needs the fields
+        return (_rebuild_worker_failed, (self.role, self.rank, self.group, self.node, self.cause, self.where,
+                                         self.step))
+
+
+def _rebuild_worker_failed(role: str, rank: int, group: int, node: str | None, cause: str, where: str | None,
+                           step: int | None) -> WorkerFailedError:
+    return WorkerFailedError(role=role, rank=rank, group=group, node=node, cause=cause, where=where, step=step)
 
 
 class NonFiniteLossError(RuntimeStepError):
@@ -30,3 +55,20 @@ class RewardFunctionError(RuntimeStepError):
     def __init__(self, message: str, *, sample: int, node: str | None = None) -> None:
         super().__init__(message, node=node)
         self.sample = sample
+
+
+class StepTracker:
+    """A block that names the training step it was running in a :class:`WorkerFailedError` leaving it.
+
+    The executors do not know steps; the loop sets ``tracker.step`` as each one begins.
+    """
+
+    def __init__(self) -> None:
+        self.step: int | None = None
+
+    def __enter__(self) -> StepTracker:
+        return self
+
+    def __exit__(self, kind: object, err: BaseException | None, trace: object) -> None:
+        if isinstance(err, WorkerFailedError) and err.step is None and self.step is not None:
+            err.at_step(self.step)

@@ -4,6 +4,12 @@ On a CPU machine, ``ray.init(num_gpus=N)`` declares N logical GPUs so the same p
 Plan host ``h`` maps to the h-th GPU node (the driver's node first, then by node id); bundles are
 pinned to their node with a label selector, so the roles run where the plan put them. Data crosses
 as numpy (:meth:`Batch.to_wire`); a dead actor surfaces as :class:`WorkerFailedError` naming role and rank.
+Every wait on the actors has a deadline and a heartbeat (:mod:`~hybridflow.runtime.liveness`): a hung
+(stopped) actor fails the call within ``heartbeat_timeout_s + heartbeat_interval_s``, naming where it ran.
+
+A locally started cluster runs with Ray's token authentication and a fresh random token per process:
+Ray 2.60's gRPC servers listen on every interface whatever ``_node_ip_address`` says, so loopback alone
+cannot keep other machines out (docs/security.md).
 
 Device types are Ray custom resources named ``gpu_type:<plan device>`` (``gpu_type:A100-80G``), one
 unit per GPU: start real nodes with ``ray start --num-gpus 8 --resources '{"gpu_type:A100-80G": 8}'``.
@@ -15,6 +21,8 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -24,6 +32,7 @@ from hybridflow.planner import GroupPlan, Plan
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.errors import WorkerFailedError
 from hybridflow.runtime.executor import WorkerGroup, group_specs, shut_down_all
+from hybridflow.runtime.liveness import Liveness
 from hybridflow.runtime.protocols import RoleSpec
 from hybridflow.runtime.worker import WORKER_CALLS, GroupWorker, NodeResult
 
@@ -37,6 +46,9 @@ MIN_LOGICAL_GPUS = 8
 # other names (``A100`` for every A100 variant) and count nodes rather than GPUs, so they cannot be used.
 GPU_TYPE_PREFIX = "gpu_type:"
 _PLACEMENT_GROUP_RESOURCE = re.compile(r"_group_(\d+_)?[0-9a-f]{16,}$")
+# Actor methods in this concurrency group run on a thread of their own, so a ping is answered while a
+# long node runs in the default group (whose single thread keeps a rank's calls in order).
+HEARTBEAT_GROUP = "heartbeat"
 
 
 def ensure_ray(*, address: str | None, num_gpus: int, num_cpus: int | None = None) -> None:
@@ -49,14 +61,35 @@ def ensure_ray(*, address: str | None, num_gpus: int, num_cpus: int | None = Non
 
     if ray.is_initialized():
         return
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # Ray 2.60 enables token auth by default
     env = {"env_vars": WORKER_ENV}
     if address:
+        # A cluster someone started: its auth mode is theirs (`ray start` with RAY_AUTH_MODE=token is safe).
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         ray.init(address=address, runtime_env=env, log_to_driver=False)
     else:
+        enable_token_auth()
         logical = None if torch.cuda.is_available() else max(num_gpus, MIN_LOGICAL_GPUS)
-        ray.init(num_cpus=num_cpus or os.cpu_count() or 2, num_gpus=logical, include_dashboard=False,
-                 _node_ip_address="127.0.0.1", runtime_env=env, log_to_driver=False)
+        # address="local": always a cluster of our own, never another user's that happens to run here.
+        ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 2, num_gpus=logical,
+                 include_dashboard=False, _node_ip_address="127.0.0.1", runtime_env=env, log_to_driver=False)
+
+
+def enable_token_auth() -> None:
+    """Turn on Ray's token authentication with a fresh random token for the cluster this process starts.
+
+    Ray binds its gRPC servers to every interface, so without a token anyone who can reach this machine
+    could submit code to the cluster. The token lives in this process's environment (inherited by the
+    cluster's processes only), never on disk.
+    """
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+    os.environ.pop("RAY_AUTH_TOKEN_PATH", None)
+    try:  # Ray reads its auth settings when imported: refresh them (Ray 2.60's own test helpers do this)
+        from ray._raylet import AuthenticationTokenLoader, Config  # type: ignore[attr-defined]
+    except ImportError:  # a Ray without token auth: nothing cached to refresh
+        return
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
 
 
 def gpu_nodes() -> list[str]:
@@ -117,13 +150,19 @@ class RayWorkerGroup:
     """The actors of one group; calls go to all ranks at once and failures are mapped to roles and ranks."""
 
     def __init__(self, index: int, group: GroupPlan, specs: Sequence[RoleSpec], nodes: Sequence[str],
-                 cpus_per_worker: float, type_resource: str | None = None) -> None:
+                 cpus_per_worker: float, type_resource: str | None = None, *, liveness: Liveness | None = None,
+                 estimates: Mapping[str, float] | None = None) -> None:
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         self.index, self.size, self.group = index, group.size, group
         self.roles = group.roles
+        self.liveness = liveness or Liveness()
+        self._estimates = dict(estimates or {})  # the plan's seconds per node
+        self._measured: dict[str, float] = {}  # the slowest call of each node so far
+        self._failed = False  # a rank failed or hung: shutdown kills without waiting on it
+        self.where = [f"rank {rank}" for rank in range(group.size)]
         selectors = [{"ray.io/node-id": nodes[h]} for h in group.hosts] if len(nodes) > 1 else None
         bundles = [{"GPU": 1.0, "CPU": cpus_per_worker} | ({type_resource: 1.0} if type_resource else {})
                    for _ in group.gpus]
@@ -136,7 +175,7 @@ class RayWorkerGroup:
                                f"{sorted(set(group.hosts))}) "
                                f"was not placed within {READY_TIMEOUT_S:.0f}s; the cluster has "
                                f"{ray.cluster_resources()}") from err
-        actor_cls = ray.remote(GroupWorker)
+        actor_cls = ray.remote(concurrency_groups={HEARTBEAT_GROUP: 1})(GroupWorker)  # type: ignore[call-overload]
         device = group.device if group.device == "cpu" else f"{group.device}:0"  # Ray sets CUDA_VISIBLE_DEVICES
         self.actors: list[Any] = [
             actor_cls.options(
@@ -147,29 +186,64 @@ class RayWorkerGroup:
                      layouts=group.layouts)
             for rank in range(group.size)
         ]
+        slow = self.liveness.setup_timeout_s
+        # No heartbeat yet: an actor's process may take long to start on a loaded machine.
+        infos = self._gather([a.info.remote() for a in self.actors], None, deadline_s=slow, heartbeat=False)
+        self.where = [_where(info) for info in infos]
         if group.size > 1:
-            address, port = ray.get(self.actors[0].rendezvous_address.remote())
-            self._gather([a.init_collective.remote(address, port) for a in self.actors], None)
+            address, port = self._gather([self.actors[0].rendezvous_address.remote()], None, deadline_s=slow)[0]
+            self._gather([a.init_collective.remote(address, port) for a in self.actors], None, deadline_s=slow)
 
-    def _gather(self, refs: Sequence[Any], node: Node | None) -> list[Any]:
-        """Results in rank order; the first dead actor or failed call raises at once (no waiting on peers)."""
+    def _gather(self, refs: Sequence[Any], node: Node | None, *, deadline_s: float | None = None,
+                heartbeat: bool = True) -> list[Any]:
+        """Results in rank order; the first dead actor or failed call raises at once (no waiting on peers),
+        a rank without a heartbeat or past the deadline raises :class:`WorkerFailedError` naming it."""
         import ray
 
+        started = time.monotonic()
+        if deadline_s is None:
+            name = node.name if node is not None else ""
+            deadline_s = self.liveness.deadline_s(estimate_s=self._estimates.get(name, 0.0),
+                                                  measured_s=self._measured.get(name, 0.0))
         index = {ref: rank for rank, ref in enumerate(refs)}
         results: dict[int, Any] = {}
         remaining = list(refs)
+        beats = _Heartbeats(self.actors, self.liveness)
         while remaining:
-            ready, remaining = ray.wait(remaining, num_returns=1)
-            rank = index[ready[0]]
-            try:
-                results[rank] = ray.get(ready[0])
-            except ray.exceptions.RayActorError as err:
-                role = node.role if node is not None and node.role else "/".join(self.roles)
-                raise WorkerFailedError(role=str(role), rank=rank, group=self.index,
-                                        node=node.name if node else None, cause=type(err).__name__) from err
-            except ray.exceptions.RayTaskError as err:
-                raise err.as_instanceof_cause() from None
+            ready, remaining = ray.wait(remaining, num_returns=1, timeout=self.liveness.heartbeat_interval_s)
+            for ref in ready:
+                results[index[ref]] = self._result(ref, index[ref], node)
+            if not remaining:
+                break
+            pending = sorted(index[ref] for ref in remaining)
+            if heartbeat:
+                beats.check(pending, fail=lambda rank, cause, err=None: self._fail(rank, node, cause, err))
+            waited = time.monotonic() - started
+            if waited > deadline_s:
+                raise self._fail(pending[0], node, f"no result after {waited:.0f}s, past the deadline of "
+                                 f"{deadline_s:.0f}s (set liveness.call_timeout_s to change it)")
+        if node is not None:
+            self._measured[node.name] = max(self._measured.get(node.name, 0.0), time.monotonic() - started)
         return [results[rank] for rank in range(len(refs))]
+
+    def _result(self, ref: Any, rank: int, node: Node | None) -> Any:
+        import ray
+
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RayActorError as err:
+            raise self._fail(rank, node, type(err).__name__, err) from err
+        except ray.exceptions.RayTaskError as err:
+            raise err.as_instanceof_cause() from None
+
+    def _fail(self, rank: int, node: Node | None, cause: str, err: BaseException | None = None) -> WorkerFailedError:
+        self._failed = True
+        role = node.role if node is not None and node.role else "/".join(self.roles)
+        failure = WorkerFailedError(role=str(role), rank=rank, group=self.index, node=node.name if node else None,
+                                    cause=cause, where=self.where[rank] if rank < len(self.where) else None)
+        if err is not None:
+            failure.__cause__ = err
+        return failure
 
     def run(self, node: Node, shards: Sequence[Batch], seed: int, *, token: int | None = None,
             fields: Sequence[str] = ()) -> list[NodeResult]:
@@ -178,14 +252,16 @@ class RayWorkerGroup:
         return [NodeResult(outputs=Batch.from_wire(wire), metrics=metrics, seconds=seconds)
                 for wire, metrics, seconds in self._gather(refs, node)]
 
-    def _all(self, method: str, *args: Any) -> list[Any]:
-        """``GroupWorker.<method>(*args)`` on every actor (Ray addresses actor methods by name)."""
+    def _all(self, method: str, *args: Any, slow: bool = False) -> list[Any]:
+        """``GroupWorker.<method>(*args)`` on every actor (Ray addresses actor methods by name); ``slow``
+        calls (engine building, checkpoint I/O) get ``liveness.setup_timeout_s``."""
         if method not in WORKER_CALLS:
             raise ValueError(f"{method!r} is not a worker call; worker calls: {sorted(WORKER_CALLS)}")
-        return self._gather([getattr(actor, method).remote(*args) for actor in self.actors], None)
+        deadline = self.liveness.setup_timeout_s if slow else None
+        return self._gather([getattr(actor, method).remote(*args) for actor in self.actors], None, deadline_s=deadline)
 
     def setup(self) -> None:
-        self._all("setup")
+        self._all("setup", slow=True)
 
     def capabilities(self) -> list[dict[str, list[str]]]:
         return self._all("capabilities")
@@ -197,10 +273,10 @@ class RayWorkerGroup:
         return self._all("ping")
 
     def save_checkpoint(self, directory: str) -> None:
-        self._all("save_checkpoint", directory)
+        self._all("save_checkpoint", directory, slow=True)
 
     def load_checkpoint(self, directory: str) -> None:
-        self._all("load_checkpoint", directory)
+        self._all("load_checkpoint", directory, slow=True)
 
     def export_weights(self, role: str, dtype: str) -> Any:
         """Rank 0's packed weights as an object reference: they stay in this group's object store until
@@ -218,7 +294,8 @@ class RayWorkerGroup:
         from ray.util.placement_group import remove_placement_group
 
         try:
-            ray.get([actor.close.remote() for actor in self.actors], timeout=CLOSE_TIMEOUT_S)
+            if not self._failed:  # a failed rank's peers may sit in a collective with it: kill at once
+                ray.get([actor.close.remote() for actor in self.actors], timeout=CLOSE_TIMEOUT_S)
         except (ray.exceptions.RayError, TimeoutError):
             pass  # a dead or stuck rank: killing the actors below frees what it held
         finally:
@@ -231,8 +308,9 @@ class RayExecutor:
     """Worker groups as Ray actors. Starts (or joins, with ``address``) a cluster when the plan starts."""
 
     def __init__(self, *, address: str | None = None, cpus_per_worker: float = 0.25,
-                 num_cpus: int | None = None) -> None:
+                 num_cpus: int | None = None, liveness: Liveness | None = None) -> None:
         self.address, self.cpus_per_worker, self.num_cpus = address, cpus_per_worker, num_cpus
+        self.liveness = liveness or Liveness()
         self.groups: list[RayWorkerGroup] = []
 
     def start(self, plan: Plan, specs: Mapping[str, RoleSpec]) -> list[WorkerGroup]:
@@ -241,10 +319,12 @@ class RayExecutor:
         # Every group is checked against the cluster before any actor starts: a plan the cluster cannot
         # hold fails in milliseconds, not after the first groups loaded their models.
         types = [check_device_type(index, group, nodes) for index, group in enumerate(plan.groups)]
+        estimates = {estimate.node: estimate.seconds for estimate in plan.nodes}
         try:
             for index, (group_plan, type_resource) in enumerate(zip(plan.groups, types, strict=True)):
                 self.groups.append(RayWorkerGroup(index, group_plan, group_specs(group_plan, specs), nodes,
-                                                  self.cpus_per_worker, type_resource))
+                                                  self.cpus_per_worker, type_resource, liveness=self.liveness,
+                                                  estimates=estimates))
             for group in self.groups:
                 group.setup()
         except BaseException:
@@ -255,3 +335,41 @@ class RayExecutor:
     def shutdown(self) -> None:
         groups, self.groups = self.groups, []
         shut_down_all(groups)
+
+
+class _Heartbeats:
+    """One outstanding ``ping`` per rank still working on a call, sent every ``heartbeat_interval_s``."""
+
+    def __init__(self, actors: Sequence[Any], liveness: Liveness) -> None:
+        self.actors, self.liveness = actors, liveness
+        self.sent: dict[int, tuple[Any, float]] = {}  # rank -> (ping reference, when sent)
+        self.answered: dict[int, float] = {}
+
+    def check(self, ranks: Sequence[int], *, fail: Any) -> None:
+        """Send due pings to ``ranks``; raise ``fail(rank, cause)`` for a rank silent past the timeout."""
+        import ray
+
+        now = time.monotonic()
+        for rank in ranks:
+            if rank not in self.sent:
+                if now - self.answered.get(rank, float("-inf")) >= self.liveness.heartbeat_interval_s:
+                    ping = self.actors[rank].ping.options(concurrency_group=HEARTBEAT_GROUP).remote()
+                    self.sent[rank] = (ping, now)
+                continue
+            ping, at = self.sent[rank]
+            if ray.wait([ping], timeout=0)[0]:
+                try:
+                    ray.get(ping)
+                except ray.exceptions.RayActorError as err:
+                    raise fail(rank, type(err).__name__, err) from err
+                del self.sent[rank]
+                self.answered[rank] = now
+            elif now - at > self.liveness.heartbeat_timeout_s:
+                raise fail(rank, f"no heartbeat for {now - at:.0f}s (liveness.heartbeat_timeout_s="
+                           f"{self.liveness.heartbeat_timeout_s:g}): the process is stopped, frozen or unreachable")
+
+
+def _where(info: Mapping[str, Any]) -> str:
+    """``host H (Ray node N, pid P)`` from a rank's :meth:`GroupWorker.info`."""
+    node = f"Ray node {str(info['node_id'])[:12]}, " if info.get("node_id") else ""
+    return f"host {info.get('host', '?')} ({node}pid {info.get('pid', '?')})"

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 import yaml
 
+from hybridflow.runtime.liveness import Liveness
 from hybridflow.runtime.protocols import OptimSpec
 from hybridflow.train.aliases import translate_foreign_keys
 
@@ -131,6 +132,7 @@ class TrainConfig:
     plot: bool = True
     roles: dict[str, RoleConfig] = field(default_factory=dict)
     reward_cache_size: int = 0  # > 0: an LRU of reward-model scores keyed by prompt + response
+    liveness: Liveness = field(default_factory=Liveness)  # deadlines and heartbeats of worker calls (Ray)
 
     def __post_init__(self) -> None:
         if self.placement != "default" and self.plan_file:

@@ -14,12 +14,15 @@ from typing import Any
 from hybridflow.graph import Graph
 from hybridflow.planner import Plan
 from hybridflow.runtime import Controller, RoleSpec
+from hybridflow.runtime.errors import StepTracker
 from hybridflow.train import setup
-from hybridflow.train.checkpoint import checkpoint_step, latest_checkpoint, save_checkpoint
+from hybridflow.train.checkpoint import save_checkpoint
 from hybridflow.train.config import TrainConfig
 from hybridflow.train.export import export_policy
 from hybridflow.train.metrics import MetricsWriter, step_metrics
+from hybridflow.train.preflight import check_config
 from hybridflow.train.retention import prune_checkpoints
+from hybridflow.train.rundir import begin_run
 from hybridflow.train.validation import TABLE, validate
 
 
@@ -37,15 +40,19 @@ class TrainResult:
 
 
 def train(config: TrainConfig, *, resume: bool = False, graph: Graph | None = None, plan: Plan | None = None,
-          specs: Mapping[str, RoleSpec] | None = None) -> TrainResult:
+          specs: Mapping[str, RoleSpec] | None = None, overwrite: bool = False, resume_from: str | None = None,
+          allow_config_change: bool = False) -> TrainResult:
     """Run ``config.steps`` steps (from the latest checkpoint when ``resume``); write metrics and a curve.
 
     ``graph``, ``plan`` and ``specs`` are built from ``config`` unless given: a caller that made them (the
     classic API, a notebook) passes the values themselves, and the run executes exactly those.
+    ``overwrite``, ``resume_from`` and ``allow_config_change``: see :mod:`hybridflow.train.rundir`.
     """
     run_dir = Path(config.output_dir).resolve()  # Ray workers run elsewhere: every path they see is absolute
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps(asdict(config), indent=2))
+    graph = graph or setup.build_graph(config)
+    check_config(config, graph, plan)  # before anything is written, loaded or trained
+    begin = begin_run(run_dir, config, graph, resume=resume, overwrite=overwrite, resume_from=resume_from,
+                      allow_config_change=allow_config_change)
     splits = setup.data_splits(config)
     _note(config, f"preparing the policy ({config.model.path or config.model.name}) and {len(splits.train)} prompts")
     tokenizer = setup.policy_tokenizer(config)
@@ -59,8 +66,8 @@ def train(config: TrainConfig, *, resume: bool = False, graph: Graph | None = No
         setup.check_role_entries(config, graph, plan)
     specs = specs or setup.role_specs(config, graph, model_dir, plan)
     (run_dir / "plan.json").write_text(plan.to_json())  # what ran, for `hybridflow report` and reruns
-    checkpoint = latest_checkpoint(run_dir) if resume else None
-    start = checkpoint_step(checkpoint) if checkpoint else 0
+    (run_dir / "config.json").write_text(json.dumps(asdict(config), indent=2))  # only once the run validated
+    checkpoint, start = begin.checkpoint, begin.step
     loader = setup.prompt_loader(config, data, tokenizer)
     writer = MetricsWriter(run_dir, tensorboard=config.tensorboard, resume_step=start if resume else None,
                            trackers=config.trackers, name=run_dir.name, config=asdict(config))
@@ -68,7 +75,7 @@ def train(config: TrainConfig, *, resume: bool = False, graph: Graph | None = No
     scorer = setup.reward_scorer(config, tokenizer)
     data_metrics = {"data/train_prompts": float(train_data.kept), "data/filtered_prompts": float(train_data.filtered)}
     _note(config, f"starting the workers ({config.executor} executor)")
-    with Controller(graph, plan, specs=specs,
+    with StepTracker() as running, Controller(graph, plan, specs=specs,
                     executor=setup.make_executor(config), seed=config.seed, services=setup.services(config, plan),
                     driver_roles={r.name: scorer for r in graph.roles if not r.kind.needs_gpu}) as controller:
         if checkpoint is not None:
@@ -77,6 +84,7 @@ def train(config: TrainConfig, *, resume: bool = False, graph: Graph | None = No
                              label=f"{config.algorithm} from step {start}")
         for step in progress:
             began = time.perf_counter()
+            running.step = step
             # A filter's extra rounds draw prompts from beyond the run's own steps, so reruns see the same ones.
             more = partial(_extra_prompts, loader, config.steps, step)
             result = controller.step(loader.batch(step), step=step, more=more)
@@ -97,7 +105,7 @@ def train(config: TrainConfig, *, resume: bool = False, graph: Graph | None = No
                     controller.save_checkpoint(directory)
                     export_policy(controller, graph, model_dir, tokenizer, Path(directory).parent / "hf")
 
-                save_checkpoint(run_dir, step + 1, write_roles, {"seed": config.seed})
+                save_checkpoint(run_dir, step + 1, write_roles, {"seed": config.seed, "fingerprint": begin.fingerprint})
                 prune_checkpoints(run_dir, config.keep_checkpoints)
         _note(config, f"exporting the final policy to {run_dir / 'final'}")
         exported = export_policy(controller, graph, model_dir, tokenizer, run_dir / "final")

@@ -218,7 +218,7 @@ def make_executor(config: TrainConfig) -> Executor:
     if config.executor == "ray":
         from hybridflow.runtime.ray_executor import RayExecutor
 
-        return RayExecutor(address=config.ray_address)
+        return RayExecutor(address=config.ray_address, liveness=config.liveness)
     if config.executor == "torchrun":
         from hybridflow.runtime.torchrun_executor import TorchrunExecutor
 

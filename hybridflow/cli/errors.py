@@ -1,0 +1,96 @@
+"""One line per failure for the ``hybridflow`` command: exit 2 for bad input, 1 for a run that failed.
+
+The line says what went wrong and, where we know it, the fix; the traceback is printed only with
+``--debug``. Causes buried in a chain (a full disk under a torch serialisation error, a permission error
+under a Hugging Face one) are looked for along ``__cause__``/``__context__`` and named plainly.
+"""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Iterator
+
+BAD_INPUT = 2
+RUN_FAILED = 1
+INTERRUPTED = 130
+
+# Exceptions our validation raises for a config, data file, graph or plan it refuses.
+_BAD_INPUT_TYPES: tuple[type[BaseException], ...] = (ValueError, KeyError, TypeError, AttributeError, ImportError,
+                                                     FileNotFoundError, NotADirectoryError, IsADirectoryError,
+                                                     SyntaxError, LookupError)
+
+
+def describe(err: BaseException) -> tuple[int, str]:
+    """``(exit code, one line)`` for ``err``."""
+    if isinstance(err, KeyboardInterrupt):
+        return INTERRUPTED, "interrupted; a run resumes from its last checkpoint with --resume"
+    chain = list(_chain(err))
+    for link in chain:
+        if _is_disk_full(link):
+            return RUN_FAILED, (f"no space left on device{_where(link)}: free some space or set output_dir to a "
+                                f"disk with room ({_first_line(err)})")
+    if isinstance(err, PermissionError):  # raised by our checks, with the config key in the message
+        return BAD_INPUT, _first_line(err)
+    for link in chain:
+        if isinstance(link, PermissionError):
+            return RUN_FAILED, f"permission denied{_where(link)}: make it writable or choose another path"
+    from hybridflow.runtime.errors import RuntimeStepError
+
+    if isinstance(err, RuntimeStepError):
+        return RUN_FAILED, _first_line(err)
+    if _yaml_error(err):
+        return BAD_INPUT, f"invalid YAML: {_yaml_line(err)}"
+    if isinstance(err, _BAD_INPUT_TYPES):
+        if isinstance(err, SyntaxError):
+            return BAD_INPUT, f"syntax error in {err.filename}, line {err.lineno}: {err.msg}"
+        return BAD_INPUT, _first_line(err)
+    if isinstance(err, MemoryError):
+        return RUN_FAILED, "out of memory; lower data.batch_size or micro_batch_size, or use more GPUs"
+    if isinstance(err, OSError | RuntimeError | TimeoutError):
+        return RUN_FAILED, f"{type(err).__name__}: {_first_line(err)}"
+    return RUN_FAILED, f"unexpected {type(err).__name__}: {_first_line(err)} (rerun with --debug for the traceback)"
+
+
+def _chain(err: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def _is_disk_full(err: BaseException) -> bool:
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(err)
+    # torch.save on a full disk: "PytorchStreamWriter failed writing file ...: file write failed" (inline_container.cc)
+    return "No space left on device" in text or ("inline_container.cc" in text and "write" in text)
+
+
+def _where(err: BaseException) -> str:
+    name = getattr(err, "filename", None)
+    return f" ({name})" if name else ""
+
+
+def _first_line(err: BaseException) -> str:
+    text = err.args[0] if isinstance(err, KeyError) and len(err.args) == 1 and isinstance(err.args[0], str) \
+        else str(err)
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[0] if lines else type(err).__name__
+
+
+def _yaml_error(err: BaseException) -> bool:
+    try:
+        import yaml
+    except ImportError:
+        return False
+    return isinstance(err, yaml.YAMLError)
+
+
+def _yaml_line(err: BaseException) -> str:
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None) or _first_line(err)
+    if mark is None:
+        return str(problem)
+    return f"{mark.name}, line {mark.line + 1}, column {mark.column + 1}: {problem}"

@@ -1,0 +1,112 @@
+"""Checks a run makes before it writes, loads or trains anything (well under a second on a laptop).
+
+Everything here is decidable from the config and the files it names: numeric ranges, that model
+directories and data files exist, the reward functions load and take an accepted signature, the graph
+builds, and (for the default placement and plan files) that the plan holds the graph's roles. What
+needs the data or the model (prompt lengths, tokenizer coverage, planner feasibility) is checked right
+after they load, still before any worker starts. Each error names the config key and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from hybridflow.graph import Graph
+from hybridflow.planner import Plan
+from hybridflow.train import setup
+from hybridflow.train.config import OptimConfig, TrainConfig
+
+
+def check_config(config: TrainConfig, graph: Graph, plan: Plan | None = None) -> None:
+    """Raise ``ValueError``/``FileNotFoundError``/``KeyError`` naming the first bad key of ``config``."""
+    check_ranges(config)
+    check_model_paths(config)
+    check_files(config)
+    setup.reward_scorer(config, tokenizer=None)  # loads each function and checks its signature
+    if plan is not None:
+        setup.check_role_entries(config, graph, plan)
+    elif config.plan_file or config.placement == "default":
+        setup.build_plan(config, graph)
+
+
+def check_ranges(config: TrainConfig) -> None:
+    """Counts are positive, rates positive and finite: a zero or negative value is refused, never replaced."""
+    model, data = config.model, config.data
+    _at_least("model.sft_steps", model.sft_steps, 0)
+    _at_least("model.sft_batch_size", model.sft_batch_size, 1)
+    _positive("model.sft_lr", model.sft_lr)
+    _at_least("data.batch_size", data.batch_size, 1)
+    _at_least("data.num_examples", data.num_examples, 1)
+    _at_least("seed", config.seed, 0)
+    for name, optim in (("actor", config.actor), ("critic", config.critic)):
+        _check_optim(name, optim)
+
+
+def _check_optim(name: str, optim: OptimConfig) -> None:
+    _positive(f"{name}.lr", optim.lr)
+    _at_least(f"{name}.micro_batch_size", optim.micro_batch_size, 1)
+    if optim.weight_decay < 0 or not math.isfinite(optim.weight_decay):
+        raise ValueError(f"config key '{name}.weight_decay'={optim.weight_decay} must be a finite number >= 0")
+    if not optim.grad_clip > 0 or not math.isfinite(optim.grad_clip):
+        raise ValueError(f"config key '{name}.grad_clip'={optim.grad_clip} must be a finite number > 0")
+    if not all(0 <= beta < 1 for beta in optim.betas):
+        raise ValueError(f"config key '{name}.betas'={list(optim.betas)} must be two numbers in [0, 1)")
+
+
+def check_model_paths(config: TrainConfig) -> None:
+    """``model.path`` and ``roles.*.model`` are local HF model directories; ``model.name`` a built-in tiny model."""
+    from hybridflow.models.tiny import TINY_CONFIGS
+
+    if config.model.path:
+        _model_dir("model.path", config.model.path)
+    elif config.model.name not in TINY_CONFIGS:
+        raise ValueError(f"config key 'model.name'={config.model.name!r} is not a built-in tiny model "
+                         f"({sorted(TINY_CONFIGS)}); for another model set model.path to a local HF directory")
+    for role, entry in config.roles.items():
+        if entry.model:
+            _model_dir(f"roles.{role}.model", entry.model)
+
+
+def _model_dir(key: str, value: str) -> None:
+    path = Path(value).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"config key {key!r}={value!r}: no such directory; give a local HF model directory "
+                                "(with config.json; models are never downloaded: download one first, e.g. "
+                                "`huggingface-cli download NAME --local-dir DIR`)")
+    if not path.is_dir() or not (path / "config.json").is_file():
+        raise FileNotFoundError(f"config key {key!r}={value!r} is not an HF model directory (no config.json in it)")
+
+
+def check_files(config: TrainConfig) -> None:
+    """Data and plan files exist and are readable; a plan file is a valid plan."""
+    for key, value in (("data.path", config.data.path), ("data.val_path", config.data.val_path),
+                       ("plan_file", config.plan_file)):
+        if value is None:
+            continue
+        path = Path(value).expanduser()
+        if not path.exists():
+            raise FileNotFoundError(f"config key {key!r}={value!r}: no such file or directory")
+        if path.is_file():
+            try:
+                path.open("rb").close()
+            except PermissionError as err:
+                raise PermissionError(f"config key {key!r}={value!r}: permission denied; make it readable") from err
+    if config.plan_file:
+        try:
+            Plan.from_json(Path(config.plan_file).read_text())
+        except (ValueError, KeyError, TypeError) as err:  # JSONDecodeError is a ValueError
+            what = "not JSON" if isinstance(err, json.JSONDecodeError) else "not a plan"
+            raise ValueError(f"config key 'plan_file'={config.plan_file!r} is {what} ({err}); write one with "
+                             "`hybridflow plan ... --json`") from err
+
+
+def _at_least(key: str, value: int, low: int) -> None:
+    if value < low:
+        raise ValueError(f"config key {key!r}={value} must be >= {low}")
+
+
+def _positive(key: str, value: float) -> None:
+    if not value > 0 or not math.isfinite(value):
+        raise ValueError(f"config key {key!r}={value} must be a finite number > 0")

@@ -1,0 +1,126 @@
+"""A hung (SIGSTOPped) Ray worker ends the step with WorkerFailedError within the heartbeat bound; the
+locally started cluster refuses clients without its token; the stopped worker's process is gone after."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hybridflow.data import TASKS, PromptLoader, RuleScorer, char_tokenizer, task_examples
+from hybridflow.graph import load_graph
+from hybridflow.runtime import Controller, OptimSpec, RoleSpec, WorkerFailedError, default_plan
+from hybridflow.runtime.liveness import Liveness
+
+ray = pytest.importorskip("ray")
+psutil = pytest.importorskip("psutil")
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+TOKENIZER = char_tokenizer()
+FAST = Liveness(heartbeat_interval_s=0.5, heartbeat_timeout_s=3.0)
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[None]:
+    """Our own local cluster (token auth on); the process's Ray settings are restored afterwards."""
+    from hybridflow.runtime.ray_executor import ensure_ray
+
+    saved = {name: os.environ.get(name) for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")}
+    if ray.is_initialized():
+        ray.shutdown()
+    ensure_ray(address=None, num_gpus=2, num_cpus=2)
+    yield
+    ray.shutdown()
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+def _controller(model_dir: Path, liveness: Liveness) -> tuple[Controller, PromptLoader]:
+    from hybridflow.runtime.ray_executor import RayExecutor
+
+    graph = load_graph("grpo", n=2, reward_kind="reward_function", max_new_tokens=6)
+    specs = {name: RoleSpec(name=name, kind=graph.role(name).kind, model=str(model_dir),
+                            optim=OptimSpec(lr=1e-3) if name == "actor" else None) for name in ("actor", "reference")}
+    loader = PromptLoader(records=task_examples("reverse", 32), tokenizer=TOKENIZER, batch_size=4)
+    controller = Controller(graph, default_plan(graph, num_gpus=1), specs=specs,
+                            executor=RayExecutor(liveness=liveness),
+                            driver_roles={"reward": RuleScorer(TASKS.get("reverse").reward, TOKENIZER)})
+    return controller, loader
+
+
+def test_a_stopped_worker_fails_the_step_within_the_heartbeat_bound(local_ray: None, tiny_model_dir: Path) -> None:
+    controller, loader = _controller(tiny_model_dir, FAST)
+    with controller:
+        controller.step(loader.batch(0), step=0)
+        info = controller.groups[0].info()[0]
+        pid = info["pid"]
+        stopper = threading.Timer(0.2, os.kill, (pid, signal.SIGSTOP))  # mid-step, or before the next call
+        stopper.start()
+        began = time.monotonic()
+        try:
+            with pytest.raises(WorkerFailedError) as failed:
+                for step in range(1, 50):
+                    controller.step(loader.batch(step), step=step)
+            detected = time.monotonic() - began
+        finally:
+            stopper.cancel()
+    error = failed.value
+    assert detected < FAST.hang_bound_s + 0.5 + 5, f"hung worker seen after {detected:.1f}s"
+    assert error.rank == 0 and error.role in ("actor", "reference")
+    assert "no heartbeat" in str(error) and f"pid {pid}" in str(error) and info["host"] in str(error)
+    deadline = time.monotonic() + 15  # the controller's exit kills the stopped actor
+    while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, f"stopped worker {pid} still alive 15 s after the failure"
+        time.sleep(0.2)
+    print(f"hung worker detected after {detected:.1f}s (bound {FAST.hang_bound_s:.1f}s + one step)")
+
+
+def test_the_local_cluster_refuses_clients_without_its_token(local_ray: None) -> None:
+    address = ray.get_runtime_context().gcs_address
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")} | {"RAY_AUTH_MODE": "disabled"}
+    probe = f"import ray; ray.init(address={address!r}); print('JOINED')"
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "JOINED" not in done.stdout
+    assert "Authentication" in done.stderr or "auth" in done.stderr.lower()
+
+
+def test_every_socket_the_cluster_opens_beyond_loopback_needs_the_token(local_ray: None) -> None:
+    """Ray 2.60 binds its servers to every interface: each one our cluster opens beyond loopback must be a gRPC
+    server (token-checked, as the test above shows) or a read-only Prometheus metrics page."""
+    import http.client
+
+    token = os.environ["RAY_AUTH_TOKEN"]
+    assert os.environ["RAY_AUTH_MODE"] == "token" and len(token) == 64
+    ours = set()
+    for process in psutil.process_iter():
+        try:
+            if process.environ().get("RAY_AUTH_TOKEN") == token:
+                ours.add(process.pid)
+        except psutil.Error:  # another user's process, or one that just exited
+            continue
+    wide = [conn for conn in psutil.net_connections(kind="tcp") if conn.status == psutil.CONN_LISTEN
+            and conn.pid in ours and conn.laddr.ip not in ("127.0.0.1", "::1")]
+    assert wide, "expected Ray to listen beyond loopback (if it no longer does, docs/security.md can say so)"
+    for conn in wide:
+        host = "127.0.0.1" if conn.laddr.ip in ("0.0.0.0", "::") else conn.laddr.ip
+        client = http.client.HTTPConnection(host, conn.laddr.port, timeout=5)
+        try:
+            client.request("GET", "/")
+            reply = client.getresponse()
+            body = reply.read(200).decode(errors="replace")
+        except (http.client.HTTPException, OSError):
+            continue  # not HTTP/1: a gRPC server, which refuses calls without the token
+        finally:
+            client.close()
+        assert reply.status >= 400 or body.startswith("# HELP"), \
+            f"{conn.laddr} ({psutil.Process(conn.pid).name()}) serves {reply.status} {body[:80]!r} without a token"
