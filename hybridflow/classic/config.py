@@ -19,6 +19,9 @@ STRATEGIES = ("NO_SHARD", "SHARD_GRAD_OP", "FULL_SHARD")
 _MESH = "{}_model_device_mesh"
 _MICRO = "{}_model_micro_batch_size"
 _CONCURRENT = "{}_model_max_concurrent_requests"
+# Without ``cluster`` the cluster is whole 8-GPU machines covering the highest GPU id; an id that would
+# make it larger than this is a typo (10**9), not a cluster: such a size must be declared.
+MAX_IMPLICIT_GPUS = 1024
 
 
 class ConfigError(ValueError):
@@ -72,6 +75,8 @@ class DataParallelConfig:
         self.validate()
 
     def __setattr__(self, name: str, value: Any) -> None:
+        if name.endswith("_device_mesh") and isinstance(value, list | tuple):
+            value = list(value)  # our own copy: a caller changing its list later must not change the mapping
         if getattr(self, "_ready", False):
             if name not in {item.name for item in fields(self)}:
                 raise ConfigError(name, f"unknown parameter; valid ones: {[f.name for f in fields(self)]}")
@@ -88,7 +93,7 @@ class DataParallelConfig:
 
     def mesh(self, role: str) -> list[int] | None:
         mesh: list[int] | None = getattr(self, _MESH.format(role))
-        return mesh
+        return list(mesh) if mesh is not None else None
 
     def micro_batch_size(self, role: str) -> int | None:
         value: int | None = getattr(self, _MICRO.format(role))
@@ -106,7 +111,7 @@ class DataParallelConfig:
     @property
     def placed_meshes(self) -> dict[str, list[int]]:
         """:attr:`meshes` plus the rollout's own mesh (as ``actor:rollout``) when one is given."""
-        rollout = {ROLLOUT: self.rollout_device_mesh} if self.rollout_device_mesh is not None else {}
+        rollout = {ROLLOUT: list(self.rollout_device_mesh)} if self.rollout_device_mesh is not None else {}
         return {**self.meshes, **rollout}
 
     @property
@@ -152,6 +157,13 @@ class DataParallelConfig:
                         "pick a divisor of every mesh size (the rest of the rollout's mesh is its tensor "
                         "parallelism)",
                     )
+        if self.cluster is None:
+            highest = max(gpu for mesh in self.placed_meshes.values() for gpu in mesh)
+            if highest >= MAX_IMPLICIT_GPUS:
+                role = next(r for r, mesh in self.placed_meshes.items() if highest in mesh)
+                raise ConfigError(_mesh_field(role), f"GPU id {highest} implies a cluster of more than "
+                                  f"{MAX_IMPLICIT_GPUS} GPUs; declare the cluster (cluster='NxDEVICE', e.g. "
+                                  "'16xA100-80G') or use ids within it")
         total = self.num_gpus
         for role, mesh in self.placed_meshes.items():
             beyond = [gpu for gpu in mesh if gpu >= total]

@@ -73,6 +73,12 @@ class SingleController:
             if role not in self.models:
                 raise ValueError(f"SingleController: DataParallelConfig.{role}_model_device_mesh is set but "
                                  f"{ROLE_ARGS[role]} is missing")
+        for role, model in self.models.items():  # a missing path fails here, not at plan() or fit()
+            try:
+                ModelSpec.parse(model)
+            except (KeyError, ValueError, OSError) as err:
+                raise ValueError(f"SingleController: {ROLE_ARGS[role]}={model!r} is neither a local HF model "
+                                 f"directory nor a known model name: {err}") from err
         self._resume_from: Path | None = None
         self._resume_name = ""
         self.result: Any = None
