@@ -23,12 +23,18 @@ class ForeignKey:
     target: str | None = None
     advice: str = ""
 
+    @property
+    def nested(self) -> bool:
+        """verl's keys live in sections (``actor_rollout_ref.actor.*``) and match at any depth; TRL's are
+        top-level fields of its config and match only there (``actor.learning_rate`` is just a typo)."""
+        return self.source == "verl"
+
 
 def _same(source: str, target: str) -> ForeignKey:
     return ForeignKey(source=source, target=target)
 
 
-# Recognised by their last dotted parts (``actor_rollout_ref.rollout.n`` ends with ``rollout.n``).
+# verl's are recognised by their last dotted parts (``actor_rollout_ref.rollout.n`` ends with ``rollout.n``).
 FOREIGN: dict[str, ForeignKey] = {
     "rollout.n": _same("verl", "algorithm_options.n"),
     "num_generations": _same("TRL", "algorithm_options.n"),
@@ -78,7 +84,7 @@ def translate_foreign_keys(data: Mapping[str, Any], known: Callable[[str], bool]
     for key, value in _flatten(data):
         if known(key) or key.split(".")[0] in FREE_FORM:
             continue
-        name = next((n for n in FOREIGN if key == n or key.endswith("." + n)), None)
+        name = next((n for n, f in FOREIGN.items() if key == n or (f.nested and key.endswith("." + n))), None)
         if name is None:
             continue
         foreign = FOREIGN[name]
