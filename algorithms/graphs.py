@@ -2,8 +2,9 @@
 
 Every factory takes keyword options and returns a validated :class:`~hybridflow.graph.Graph`.
 ``reward_kind`` chooses a reward model (a network to place on GPUs) or a reward function (a rule).
-The actor's loss options (``clip_ratio_high``, ``loss_agg``, ``entropy_coef``) reach the update node
-only when they differ from the loss's defaults, so a graph built with default options stays as it was.
+The actor's loss options (``clip_ratio_high``, ``loss_agg``, ``entropy_coef``) reach the update node,
+and the sampling options ``top_p``/``top_k`` the generate node, only when they differ from their defaults,
+so a graph built with default options stays as it was.
 This module imports no torch, so listing or planning algorithms stays fast.
 """
 
@@ -48,14 +49,23 @@ def _actor_options(clip_ratio: float, clip_ratio_high: float | None = None, loss
     return options
 
 
+def _top(top_p: float, top_k: int) -> Options:
+    """Nucleus / top-k sampling options for a generate node, left out at their defaults (1.0: off, 0: off)."""
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"algorithm option top_p={top_p} must be in (0, 1] (1.0: off)")
+    if top_k < 0:
+        raise ValueError(f"algorithm option top_k={top_k} must be >= 0 (0: off)")
+    return {**({"top_p": top_p} if top_p != 1.0 else {}), **({"top_k": top_k} if top_k else {})}
+
+
 def _rollout(name: str, *, n: int, reference: bool, temperature: float, max_new_tokens: int,
-             reward_kind: RoleKind | str) -> tuple[GraphBuilder, str]:
+             reward_kind: RoleKind | str, sampling: Options | None = None) -> tuple[GraphBuilder, str]:
     """A graph that samples ``n`` responses per prompt, scores them and takes their old (and reference) log-probs."""
     g = GraphBuilder(name)
     actor = g.role("actor", RoleKind.POLICY)
     ref = g.role("reference", RoleKind.FROZEN_POLICY) if reference else None
     reward = g.role("reward", reward_kind)
-    g.generate(actor, n=n, temperature=temperature, max_new_tokens=max_new_tokens)
+    g.generate(actor, n=n, temperature=temperature, max_new_tokens=max_new_tokens, **(sampling or {}))
     g.score(reward)
     if ref is not None:
         g.ref_logprob(ref)
@@ -80,13 +90,13 @@ def _group_relative(g: GraphBuilder, actor: str, *, n: int, norm_by_std: bool, l
 def ppo(*, kl_coef: float = 0.05, kl_target: float | None = None, kl_horizon: float = 10000.0, gamma: float = 1.0,
         lam: float = 0.95, clip_ratio: float = 0.2, clip_ratio_high: float | None = None,
         loss_agg: LossAgg = "token-mean", entropy_coef: float = 0.0, value_clip: float = 0.2,
-        temperature: float = 1.0, max_new_tokens: int = 32,
+        temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, max_new_tokens: int = 32,
         reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
     """PPO with a critic and GAE; KL to the reference enters the token rewards (adaptive with ``kl_target``)."""
     g = GraphBuilder("ppo")
     actor, ref, reward = _policy_roles(g, reward_kind)
     critic = g.role("critic", RoleKind.VALUE)
-    g.generate(actor, temperature=temperature, max_new_tokens=max_new_tokens)
+    g.generate(actor, temperature=temperature, max_new_tokens=max_new_tokens, **_top(top_p, top_k))
     g.score(reward)
     g.ref_logprob(ref)
     g.values(critic)
@@ -103,11 +113,11 @@ def ppo(*, kl_coef: float = 0.05, kl_target: float | None = None, kl_horizon: fl
 @ALGORITHMS.register("grpo")
 def grpo(*, n: int = 4, kl_coef: float = 0.04, clip_ratio: float = 0.2, clip_ratio_high: float | None = None,
          loss_agg: LossAgg = "token-mean", entropy_coef: float = 0.0, norm_by_std: bool = True,
-         temperature: float = 1.0, max_new_tokens: int = 32,
+         temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, max_new_tokens: int = 32,
          reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
     """GRPO: group-normalised outcome advantages, KL to the reference as a loss term, no critic."""
     g, actor = _rollout("grpo", n=n, reference=True, temperature=temperature, max_new_tokens=max_new_tokens,
-                        reward_kind=reward_kind)
+                        reward_kind=reward_kind, sampling=_top(top_p, top_k))
     return _group_relative(g, actor, n=n, norm_by_std=norm_by_std, loss="ppo_policy", kl_coef=kl_coef,
                            options=_actor_options(clip_ratio, clip_ratio_high, loss_agg, entropy_coef))
 
@@ -115,24 +125,25 @@ def grpo(*, n: int = 4, kl_coef: float = 0.04, clip_ratio: float = 0.2, clip_rat
 @ALGORITHMS.register("grpo_no_ref")
 def grpo_no_ref(*, n: int = 4, clip_ratio: float = 0.2, clip_ratio_high: float | None = None,
                 loss_agg: LossAgg = "token-mean", entropy_coef: float = 0.0, norm_by_std: bool = True,
-                temperature: float = 1.0, max_new_tokens: int = 32,
+                temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, max_new_tokens: int = 32,
                 reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
     """GRPO without a reference model: no KL term and no reference role, so nothing is placed for one."""
     g, actor = _rollout("grpo_no_ref", n=n, reference=False, temperature=temperature, max_new_tokens=max_new_tokens,
-                        reward_kind=reward_kind)
+                        reward_kind=reward_kind, sampling=_top(top_p, top_k))
     return _group_relative(g, actor, n=n, norm_by_std=norm_by_std, loss="ppo_policy", kl_coef=None,
                            options=_actor_options(clip_ratio, clip_ratio_high, loss_agg, entropy_coef))
 
 
 @ALGORITHMS.register("dr_grpo")
 def dr_grpo(*, n: int = 4, kl_coef: float = 0.0, clip_ratio: float = 0.2, clip_ratio_high: float | None = None,
-            entropy_coef: float = 0.0, temperature: float = 1.0, max_new_tokens: int = 32,
+            entropy_coef: float = 0.0, temperature: float = 1.0,
+            top_p: float = 1.0, top_k: int = 0, max_new_tokens: int = 32,
             reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
     """Dr.GRPO (https://arxiv.org/abs/2503.20783): GRPO without the std normalisation of advantages and with
     each response's token sum divided by a constant (``max_new_tokens``), not its length; no KL (and no
     reference role) unless ``kl_coef`` > 0."""
     g, actor = _rollout("dr_grpo", n=n, reference=kl_coef > 0, temperature=temperature,
-                        max_new_tokens=max_new_tokens, reward_kind=reward_kind)
+                        max_new_tokens=max_new_tokens, reward_kind=reward_kind, sampling=_top(top_p, top_k))
     options = _actor_options(clip_ratio, clip_ratio_high, "seq-mean-token-sum-norm", entropy_coef,
                              loss_scale_factor=max_new_tokens)
     return _group_relative(g, actor, n=n, norm_by_std=False, loss="ppo_policy", kl_coef=kl_coef or None,
@@ -142,12 +153,13 @@ def dr_grpo(*, n: int = 4, kl_coef: float = 0.0, clip_ratio: float = 0.2, clip_r
 @ALGORITHMS.register("gspo")
 def gspo(*, n: int = 4, kl_coef: float = 0.0, clip_ratio: float = 3e-4, clip_ratio_high: float = 4e-4,
          loss_agg: LossAgg = "seq-mean-token-mean", entropy_coef: float = 0.0, temperature: float = 1.0,
+         top_p: float = 1.0, top_k: int = 0,
          max_new_tokens: int = 32, reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
     """GSPO (https://arxiv.org/abs/2507.18071): GRPO's advantages, importance ratio and clipping per sequence
     (the paper's clip range 3e-4 / 4e-4); no KL (and no reference role) unless ``kl_coef`` > 0."""
     check_choice("loss_agg", loss_agg, LOSS_AGGS)
     g, actor = _rollout("gspo", n=n, reference=kl_coef > 0, temperature=temperature, max_new_tokens=max_new_tokens,
-                        reward_kind=reward_kind)
+                        reward_kind=reward_kind, sampling=_top(top_p, top_k))
     options: Options = {"clip_ratio": clip_ratio, "clip_ratio_high": clip_ratio_high, "loss_agg": loss_agg,
                         "entropy_coef": entropy_coef}
     return _group_relative(g, actor, n=n, norm_by_std=True, loss="gspo_policy", kl_coef=kl_coef or None,
@@ -157,13 +169,14 @@ def gspo(*, n: int = 4, kl_coef: float = 0.0, clip_ratio: float = 3e-4, clip_rat
 @ALGORITHMS.register("dapo")
 def dapo(*, n: int = 8, clip_ratio: float = 0.2, clip_ratio_high: float = 0.28, entropy_coef: float = 0.0,
          overlong_buffer: int = 0, overlong_penalty: float = 1.0, max_rounds: int = 3, temperature: float = 1.0,
+         top_p: float = 1.0, top_k: int = 0,
          max_new_tokens: int = 32, reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
     """DAPO (https://arxiv.org/abs/2503.14476): GRPO without KL or reference, clip-higher, the token-level loss,
     overlong reward shaping over the last ``overlong_buffer`` tokens (0: off) and dynamic sampling: groups whose
     rewards are all equal are dropped and up to ``max_rounds`` more rollouts refill the batch."""
     g = GraphBuilder("dapo")
     actor, reward = g.role("actor", RoleKind.POLICY), g.role("reward", reward_kind)
-    g.generate(actor, n=n, temperature=temperature, max_new_tokens=max_new_tokens)
+    g.generate(actor, n=n, temperature=temperature, max_new_tokens=max_new_tokens, **_top(top_p, top_k))
     g.score(reward, outputs=("raw_scores",) if overlong_buffer else None)
     if overlong_buffer:
         g.compute("overlong_shaping", fn="overlong_penalized_scores", inputs=("raw_scores", "response_mask"),
@@ -178,10 +191,11 @@ def dapo(*, n: int = 8, clip_ratio: float = 0.2, clip_ratio_high: float = 0.28, 
 @ALGORITHMS.register("rloo")
 def rloo(*, n: int = 4, kl_coef: float = 0.05, clip_ratio: float = 0.2, clip_ratio_high: float | None = None,
          loss_agg: LossAgg = "token-mean", entropy_coef: float = 0.0, temperature: float = 1.0,
+         top_p: float = 1.0, top_k: int = 0,
          max_new_tokens: int = 32, reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
     """RLOO: each sample's baseline is the mean reward of the other samples of its prompt."""
     g, actor = _rollout("rloo", n=n, reference=True, temperature=temperature, max_new_tokens=max_new_tokens,
-                        reward_kind=reward_kind)
+                        reward_kind=reward_kind, sampling=_top(top_p, top_k))
     _kl_rewards(g, kl_coef)
     g.compute("advantages", fn="rloo_advantages", inputs=("token_rewards", "response_mask", "uid"),
               outputs=("advantages",))
@@ -193,12 +207,13 @@ def rloo(*, n: int = 4, kl_coef: float = 0.05, clip_ratio: float = 0.2, clip_rat
 @ALGORITHMS.register("remax")
 def remax(*, kl_coef: float = 0.05, clip_ratio: float = 0.2, clip_ratio_high: float | None = None,
           loss_agg: LossAgg = "token-mean", entropy_coef: float = 0.0, temperature: float = 1.0,
+          top_p: float = 1.0, top_k: int = 0,
           max_new_tokens: int = 32, reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
     """ReMax: a greedy rollout's reward is the baseline of the sampled one."""
     g = GraphBuilder("remax")
     actor, ref, reward = _policy_roles(g, reward_kind)
     greedy = ("greedy_responses", "greedy_response_mask")
-    g.generate(actor, temperature=temperature, max_new_tokens=max_new_tokens)
+    g.generate(actor, temperature=temperature, max_new_tokens=max_new_tokens, **_top(top_p, top_k))
     g.generate(actor, name="greedy_generate", outputs=greedy, greedy=True, max_new_tokens=max_new_tokens)
     g.score(reward)
     g.score(reward, name="greedy_score", inputs=("prompts", *greedy, "ground_truth"), outputs=("greedy_scores",))
@@ -213,9 +228,9 @@ def remax(*, kl_coef: float = 0.05, clip_ratio: float = 0.2, clip_ratio_high: fl
 
 
 def _reinforce_pp(name: str, n: int, kl_coef: float, gamma: float, temperature: float, max_new_tokens: int,
-                  reward_kind: RoleKind | str, options: Options) -> Graph:
+                  reward_kind: RoleKind | str, options: Options, top_p: float = 1.0, top_k: int = 0) -> Graph:
     g, actor = _rollout(name, n=n, reference=True, temperature=temperature, max_new_tokens=max_new_tokens,
-                        reward_kind=reward_kind)
+                        reward_kind=reward_kind, sampling=_top(top_p, top_k))
     _kl_rewards(g, kl_coef)
     if n > 1:
         g.compute("advantages", fn="reinforce_pp_baseline_advantages",
@@ -230,18 +245,19 @@ def _reinforce_pp(name: str, n: int, kl_coef: float, gamma: float, temperature: 
 @ALGORITHMS.register("reinforce_pp")
 def reinforce_pp(*, kl_coef: float = 0.05, gamma: float = 1.0, clip_ratio: float = 0.2,
                  clip_ratio_high: float | None = None, loss_agg: LossAgg = "token-mean", entropy_coef: float = 0.0,
-                 temperature: float = 1.0, max_new_tokens: int = 32,
+                 temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, max_new_tokens: int = 32,
                  reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
     """REINFORCE++: KL-penalised discounted returns, whitened over the batch; one sample per prompt."""
     return _reinforce_pp("reinforce_pp", 1, kl_coef, gamma, temperature, max_new_tokens, reward_kind,
-                         _actor_options(clip_ratio, clip_ratio_high, loss_agg, entropy_coef))
+                         _actor_options(clip_ratio, clip_ratio_high, loss_agg, entropy_coef), top_p, top_k)
 
 
 @ALGORITHMS.register("reinforce_pp_baseline")
 def reinforce_pp_baseline(*, n: int = 4, kl_coef: float = 0.05, clip_ratio: float = 0.2,
                           clip_ratio_high: float | None = None, loss_agg: LossAgg = "token-mean",
-                          entropy_coef: float = 0.0, temperature: float = 1.0, max_new_tokens: int = 32,
+                          entropy_coef: float = 0.0, temperature: float = 1.0,
+                          top_p: float = 1.0, top_k: int = 0, max_new_tokens: int = 32,
                           reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
     """REINFORCE++ with a group-mean baseline over ``n`` samples per prompt, then batch whitening."""
     return _reinforce_pp("reinforce_pp_baseline", n, kl_coef, 1.0, temperature, max_new_tokens, reward_kind,
-                         _actor_options(clip_ratio, clip_ratio_high, loss_agg, entropy_coef))
+                         _actor_options(clip_ratio, clip_ratio_high, loss_agg, entropy_coef), top_p, top_k)

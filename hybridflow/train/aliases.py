@@ -42,6 +42,10 @@ FOREIGN: dict[str, ForeignKey] = {
     "max_completion_length": _same("TRL", "algorithm_options.max_new_tokens"),
     "rollout.temperature": _same("verl", "algorithm_options.temperature"),
     "temperature": _same("TRL", "algorithm_options.temperature"),
+    "rollout.top_p": _same("verl", "algorithm_options.top_p"),
+    "top_p": _same("TRL", "algorithm_options.top_p"),
+    "rollout.top_k": _same("verl", "algorithm_options.top_k"),
+    "top_k": _same("TRL", "algorithm_options.top_k"),
     "train_batch_size": _same("verl", "data.batch_size"),  # prompts per step in both
     "actor.optim.lr": _same("verl", "actor.lr"),
     "learning_rate": _same("TRL", "actor.lr"),

@@ -41,3 +41,24 @@ def test_an_option_the_algorithm_does_not_take_is_named_not_a_type_error() -> No
     config = load_config(None, ["algorithm_options.kl_loss_coef=0.1"])
     with pytest.raises(KeyError, match=r"'algorithm_options.kl_loss_coef'.*verl name.*its options are"):
         setup.build_graph(config)
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo", "rloo", "remax", "reinforce_pp", "dapo", "gspo", "dr_grpo"])
+def test_top_p_and_top_k_reach_the_generate_node_and_defaults_leave_the_graph_as_it_was(algorithm: str) -> None:
+    from hybridflow.graph import Op, load_graph
+
+    def sampling(**options: object) -> dict[str, object]:
+        graph = load_graph(algorithm, reward_kind="reward_function", **options)
+        node = next(n for n in graph.nodes if n.op is Op.GENERATE)
+        return dict(node.options)
+
+    assert {"top_p", "top_k"}.isdisjoint(sampling())
+    assert sampling(top_p=0.9, top_k=20)["top_p"] == 0.9 and sampling(top_k=20)["top_k"] == 20
+
+
+def test_verl_and_trl_sampling_names_reach_the_graph() -> None:
+    config = load_config(None, ["actor_rollout_ref.rollout.top_p=0.8", "actor_rollout_ref.rollout.top_k=5"])
+    assert config.algorithm_options == {"top_p": 0.8, "top_k": 5}
+    assert load_config(None, ["top_p=0.7"]).algorithm_options == {"top_p": 0.7}
+    with pytest.raises(ValueError, match=r"top_p=1.5 must be in \(0, 1\]"):
+        setup.build_graph(load_config(None, ["algorithm_options.top_p=1.5"]))
