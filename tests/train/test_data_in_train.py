@@ -96,3 +96,15 @@ def test_optional_trackers_log_offline(tmp_path: Path, tracker: str, monkeypatch
 def test_unknown_tracker_is_named() -> None:
     with pytest.raises(ValueError, match=r"'trackers' has \['comet'\]"):
         load_config(None, ["trackers=[comet]"])
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_ray_run_validates_checkpoints_and_exports(tmp_path: Path) -> None:
+    """Under Ray the policy's weights come back as an object reference; validation runs on the actors."""
+    result = train(load_config(None, ["executor=ray", "steps=2", "checkpoint_every=1", "keep_checkpoints=1",
+                                      f"output_dir={tmp_path}", "data.num_examples=32", "data.val_fraction=0.25",
+                                      "validation_every=1", *QUICK]))
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_000002"]
+    assert result.export_path is not None and (result.export_path / "model.safetensors").is_file()
+    assert all(row["val/prompts"] == 8 for row in result.history)
