@@ -35,6 +35,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"tensorboard:  {result.run_dir / 'tensorboard'}")
     if result.curve_path is not None:
         print(f"reward curve: {result.curve_path}")
+    if result.report_path is not None:
+        print(f"report:       {result.report_path}")
+    if result.export_path is not None:
+        print(f"final model:  {result.export_path} (Hugging Face format)")
     return 0
 
 

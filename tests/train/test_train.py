@@ -26,7 +26,7 @@ def test_cli_trains_and_reports_where_outputs_are(tmp_path: Path, capsys: pytest
     code = main(["train", "--config", str(CONFIG), "steps=2", f"output_dir={tmp_path}", *QUICK,
                  "plot=true", "tensorboard=true"])
     out = capsys.readouterr().out
-    assert code == 0 and "metrics:" in out
+    assert code == 0 and "metrics:" in out and "final model:" in out and "report:" in out
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1]
     for key in ("reward/mean", "reward/std", "kl", "actor/entropy", "actor/clipfrac", "response_length/mean",
