@@ -98,11 +98,18 @@ def _safetensors(path: Path) -> dict[str, torch.Tensor]:
     return load_file(str(path / "model.safetensors"))
 
 
-@pytest.mark.parametrize("backend", ["torch", "fsdp", pytest.param("deepspeed", marks=pytest.mark.slow)])
-def test_cli_converts_a_checkpoint_to_the_same_weights_as_its_hf_view(tmp_path: Path, backend: str) -> None:
+ZERO3_ON_TWO_RAY_RANKS = ["roles.actor.backend=deepspeed", "executor=ray", "num_gpus=2",
+                          "roles.actor.options={ds_config: {zero_optimization: {stage: 3}}}"]
+
+
+@pytest.mark.parametrize("setting", [
+    ["roles.actor.backend=torch"], ["roles.actor.backend=fsdp"],  # state.pt; DCP shards and .metadata
+    pytest.param(["roles.actor.backend=deepspeed"], marks=pytest.mark.slow, id="deepspeed-zero0"),  # JIT comm op
+    pytest.param(ZERO3_ON_TWO_RAY_RANKS, marks=[pytest.mark.slow, pytest.mark.ray], id="deepspeed-zero3"),
+])
+def test_cli_converts_a_checkpoint_to_the_same_weights_as_its_hf_view(tmp_path: Path, setting: list[str]) -> None:
     run = tmp_path / "run"
-    train(load_config(None, ["steps=1", "checkpoint_every=1", f"output_dir={run}", f"roles.actor.backend={backend}",
-                             *QUICK]))
+    train(load_config(None, ["steps=1", "checkpoint_every=1", f"output_dir={run}", *setting, *QUICK]))
     checkpoint = run / "checkpoints" / "step_000001"
     assert main(["export", str(checkpoint), str(tmp_path / "out")]) == 0
     converted, view, final = (_safetensors(p) for p in (tmp_path / "out", checkpoint / "hf", run / "final"))
