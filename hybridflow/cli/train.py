@@ -24,8 +24,10 @@ def add_parser(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from hybridflow.train.loop import train
 
-    result = train(_load(args.config, args.overrides), resume=args.resume, overwrite=args.overwrite,
-                   resume_from=args.resume_from, allow_config_change=args.allow_config_change)
+    # Scripts that build their own namespace (examples/train_ppo.py under torchrun) may lack the newer flags.
+    result = train(_load(args.config, args.overrides), resume=args.resume, overwrite=getattr(args, "overwrite", False),
+                   resume_from=getattr(args, "resume_from", None),
+                   allow_config_change=getattr(args, "allow_config_change", False))
     rewards = [row.get("reward/mean", float("nan")) for row in result.history]
     window = max(1, min(10, len(rewards)))
     print(f"trained steps {result.start_step}..{result.start_step + len(rewards) - 1}; mean reward over the first "

@@ -34,6 +34,7 @@ from hybridflow.runtime.errors import WorkerFailedError
 from hybridflow.runtime.executor import WorkerGroup, group_specs, shut_down_all
 from hybridflow.runtime.liveness import Liveness
 from hybridflow.runtime.protocols import RoleSpec
+from hybridflow.runtime.ray_reaper import start_reaper
 from hybridflow.runtime.worker import WORKER_CALLS, GroupWorker, NodeResult
 
 WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
@@ -68,6 +69,7 @@ def ensure_ray(*, address: str | None, num_gpus: int, num_cpus: int | None = Non
         ray.init(address=address, runtime_env=env, log_to_driver=False)
     else:
         enable_token_auth()
+        start_reaper(os.environ["RAY_AUTH_TOKEN"])  # a SIGKILLed driver must not leave the cluster running
         logical = None if torch.cuda.is_available() else max(num_gpus, MIN_LOGICAL_GPUS)
         # address="local": always a cluster of our own, never another user's that happens to run here.
         ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 2, num_gpus=logical,

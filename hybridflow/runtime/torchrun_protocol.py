@@ -2,8 +2,10 @@
 
 Under ``torchrun`` every process is one logical GPU (global rank = plan GPU id). Rank 0 runs the
 controller; every other rank waits for :class:`Request` s from rank 0 and answers each with a
-:class:`Reply`. Messages are pickled objects sent point to point over gloo
-(pickled into a uint8 tensor, size first); batches inside them are numpy (:meth:`Batch.to_wire`).
+:class:`Reply`. Messages are :mod:`~hybridflow.runtime.safe_wire` frames (tagged JSON plus raw
+numpy buffers, never pickle: a peer that reaches the port cannot make a rank run code) sent point to
+point over gloo in a uint8 tensor, size first; batches inside them are numpy (:meth:`Batch.to_wire`).
+On one machine the gloo sockets bind to loopback (``GLOO_SOCKET_IFNAME=lo``; docs/security.md).
 
 Two gloo groups over all ranks carry the traffic: ``requests`` (rank 0 -> rank r) and ``replies``
 (rank r -> rank 0). Each op has its own deadline:
@@ -19,10 +21,11 @@ from __future__ import annotations
 
 import datetime
 import os
-import pickle
 import traceback
 from dataclasses import dataclass
 from typing import Any, Literal, NoReturn
+
+from hybridflow.runtime import safe_wire
 
 DEFAULT_TIMEOUT_S = 1800.0
 IDLE_TIMEOUT_S = 7 * 24 * 3600.0
@@ -57,8 +60,9 @@ class Request:
 class RemoteError:
     """An exception raised on a serving rank, carried to rank 0.
 
-    ``exception`` is the original when it survives pickling (so ``except NonFiniteLossError`` still
-    works on rank 0); otherwise None, and rank 0 raises a ``RuntimeStepError`` with the same text.
+    ``exception`` is the original when the control plane can carry it (builtin and hybridflow exceptions,
+    so ``except NonFiniteLossError`` still works on rank 0); otherwise None, and rank 0 raises a
+    ``RuntimeStepError`` with the same text.
     """
 
     exception: BaseException | None
@@ -69,11 +73,7 @@ class RemoteError:
     @classmethod
     def capture(cls, err: BaseException) -> RemoteError:
         text = "".join(traceback.format_exception(err))
-        try:
-            pickle.loads(pickle.dumps(err))
-            exception: BaseException | None = err
-        except Exception:  # any exception class may refuse to round-trip; we keep its text
-            exception = None
+        exception = err if safe_wire.encodable(err) else None  # other classes travel as text
         return cls(exception=exception, type_name=type(err).__qualname__, message=str(err), traceback=text)
 
     def reraise(self, *, where: str, node: str | None) -> NoReturn:
@@ -100,6 +100,11 @@ def under_torchrun() -> bool:
     return all(name in os.environ for name in TORCHRUN_ENV)
 
 
+def single_machine() -> bool:
+    """True when every rank runs on this machine (torchrun's LOCAL_WORLD_SIZE equals WORLD_SIZE)."""
+    return os.environ.get("LOCAL_WORLD_SIZE", "") == os.environ.get("WORLD_SIZE", "-1")
+
+
 _WORLD: TorchrunWorld | None = None
 
 
@@ -118,6 +123,8 @@ def init_world(*, timeout_s: float = DEFAULT_TIMEOUT_S, idle_timeout_s: float = 
                            "`torchrun --nproc_per_node=N examples/train_ppo.py --config FILE`")
     local_rank = int(os.environ["LOCAL_RANK"])
     backend = "gloo"
+    if single_machine() and "GLOO_SOCKET_IFNAME" not in os.environ:
+        os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # one machine: nothing beyond loopback needs these sockets
     if torch.cuda.is_available():
         torch.cuda.set_device(local_rank)
         backend = "cpu:gloo,cuda:nccl"  # control objects on CPU through gloo, gradients on GPU through NCCL
@@ -150,6 +157,10 @@ def recv_request(world: TorchrunWorld) -> Request:
 
 
 def send_reply(world: TorchrunWorld, reply: Reply) -> None:
+    if not safe_wire.encodable(reply):  # say so on rank 0 rather than leave it waiting
+        reply = Reply(error=RemoteError.capture(TypeError(
+            f"torchrun rank {world.rank}: the reply ({type(reply.value).__name__}) holds a value the control "
+            "plane cannot carry (plain values, numpy arrays and hybridflow's own dataclasses only)")))
     _send_object(reply, 0, world.replies, world.timeout_s)
 
 
@@ -163,7 +174,7 @@ def _send_object(message: Any, dst: int, group: Any, timeout_s: float) -> None:
     import torch
     import torch.distributed as dist
 
-    payload = torch.frombuffer(bytearray(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)), dtype=torch.uint8)
+    payload = torch.frombuffer(bytearray(safe_wire.dumps(message)), dtype=torch.uint8)
     for tensor in (torch.tensor([payload.numel()], dtype=torch.int64), payload):
         _wait(dist.isend(tensor, dst, group=group), timeout_s)
 
@@ -176,7 +187,7 @@ def _recv_object(src: int, group: Any, timeout_s: float) -> Any:
     _wait(dist.irecv(size, src, group=group), timeout_s)
     payload = torch.empty(int(size.item()), dtype=torch.uint8)
     _wait(dist.irecv(payload, src, group=group), timeout_s)
-    return pickle.loads(payload.numpy().tobytes())  # only our own ranks write to these groups
+    return safe_wire.loads(payload.numpy().tobytes())  # rebuilds values, never runs code (safe_wire)
 
 
 def _wait(work: Any, timeout_s: float) -> None:
