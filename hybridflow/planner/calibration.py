@@ -27,6 +27,7 @@ class Constants:
     host_efficiency: float = 0.5  # fraction of the host link CPU offload achieves (pageable copies)
     decode_step_overhead_s: float = 0.002  # per engine step: scheduler, sampling, graph launch (vLLM ~1-3 ms)
     phase_overhead_s: float = 0.0  # per role phase: dispatch, data collation, cache clears
+    micro_batch_overhead_s: float = 0.0  # per micro batch pass and optimizer step: launches, Python dispatch
     step_overhead_s: float = 0.0  # per training step: reward, advantages, data loading, logging
     moe_efficiency: float = 0.5  # expert layers' share of the dense efficiency (small grouped GEMMs)
 
@@ -63,7 +64,8 @@ DEFAULT_CONSTANTS = Constants()
 RANGES: dict[str, tuple[float, float]] = {
     "train_mfu": (0.1, 0.75), "eff_half_tokens": (64, 8192), "hbm_efficiency": (0.3, 0.95),
     "decode_mfu": (0.1, 0.8), "prefill_mfu": (0.1, 0.8), "host_efficiency": (0.1, 0.9),
-    "decode_step_overhead_s": (0.0, 0.05), "phase_overhead_s": (0.0, 60.0), "step_overhead_s": (0.0, 300.0),
+    "decode_step_overhead_s": (0.0, 0.05), "phase_overhead_s": (0.0, 60.0),
+    "micro_batch_overhead_s": (0.0, 1.0), "step_overhead_s": (0.0, 300.0),
     "moe_efficiency": (0.1, 1.0),
 }
 

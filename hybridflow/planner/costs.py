@@ -276,8 +276,8 @@ def forward_cost(model: ModelSpec, kind: RoleKind, load: NodeLoad, layout: RoleL
     tokens = batch.micro_tokens
     transient = (2 * _activation_layer_bytes(model, tokens, layout) + _logit_bytes(model, kind, tokens, layout.tp)
                  + moved)
-    seconds = compute + comm + gather + swap + shape.constants.phase_overhead_s
-    return Cost(seconds, int(transient) + _gather_buffer(model, layout))
+    fixed = shape.constants.phase_overhead_s + batch.micro_batches * shape.constants.micro_batch_overhead_s
+    return Cost(compute + comm + gather + swap + fixed, int(transient) + _gather_buffer(model, layout))
 
 
 def update_cost(model: ModelSpec, kind: RoleKind, load: NodeLoad, layout: RoleLayout, shape: Shape) -> Cost:
@@ -316,8 +316,9 @@ def update_cost(model: ModelSpec, kind: RoleKind, load: NodeLoad, layout: RoleLa
     during_passes = weights * offload.params + grads * offload.grads
     passes_peak = activations + 2 * _logit_bytes(model, kind, tokens, layout.tp) + 2 * _gather_buffer(model, layout)
     transient = max(passes_peak + during_passes, moved)
-    seconds = compute + comm + sync + optimizer + swap + shape.constants.phase_overhead_s
-    return Cost(seconds, int(transient))
+    launches = batch.micro_batches * passes + batch.optimizer_steps
+    fixed = shape.constants.phase_overhead_s + launches * shape.constants.micro_batch_overhead_s
+    return Cost(compute + comm + sync + optimizer + swap + fixed, int(transient))
 
 
 def weight_sync(model: ModelSpec, layout: RoleLayout, shape: Shape) -> tuple[float, int]:
