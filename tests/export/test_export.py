@@ -89,7 +89,7 @@ def test_vllm_loads_the_export_and_gives_the_trainers_logprobs(trained: dict[str
                     str(out_path)], check=True, env=env, timeout=400)
     found = json.loads(out_path.read_text())
     for got, expected in zip(found, _trainer_logprobs(trained["batch"]), strict=True):
-        assert got == pytest.approx(expected, abs=1e-3)
+        assert got == pytest.approx(expected, abs=1e-4)  # both fp32: measured 5e-7 here
 
 
 def _safetensors(path: Path) -> dict[str, torch.Tensor]:
