@@ -27,8 +27,10 @@ from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.collective import ProcessGroupCollective
 from hybridflow.runtime.errors import RuntimeStepError, WorkerFailedError
 from hybridflow.runtime.executor import WorkerGroup, group_specs, rank_device
+from hybridflow.runtime.liveness import Liveness
 from hybridflow.runtime.protocols import RoleSpec
 from hybridflow.runtime.torchrun_protocol import (
+    Heartbeats,
     RemoteError,
     Reply,
     Request,
@@ -38,6 +40,7 @@ from hybridflow.runtime.torchrun_protocol import (
     recv_request,
     send_reply,
     send_request,
+    start_heartbeat,
 )
 from hybridflow.runtime.worker import WORKER_CALLS, GroupWorker, NodeResult
 
@@ -85,8 +88,8 @@ def host_worker(world: TorchrunWorld, plan: Plan, specs: Mapping[str, RoleSpec])
 class ControlPlane:
     """Rank 0's side of the protocol: one exchange (requests out, local work, replies in) at a time."""
 
-    def __init__(self, world: TorchrunWorld) -> None:
-        self.world = world
+    def __init__(self, world: TorchrunWorld, heartbeats: Heartbeats | None = None) -> None:
+        self.world, self.heartbeats = world, heartbeats
         self._lock = threading.Lock()
         self._lost: WorkerFailedError | None = None
 
@@ -105,14 +108,14 @@ class ControlPlane:
                 raise RuntimeStepError(f"the torchrun world lost a rank earlier ({self._lost}); restart the "
                                        "job", node=node) from self._lost
             for dst, request in requests.items():
-                self._io(dst, lost, partial(send_request, self.world, dst, request))
+                self._io(dst, lost, partial(send_request, self.world, dst, request, self.heartbeats))
             local_value, local_error = None, None
             if local is not None:
                 try:
                     local_value = local()
                 except Exception as err:  # raised below, once every peer has replied
                     local_error = err
-            replies: dict[int, Reply] = {src: self._io(src, lost, partial(recv_reply, self.world, src))
+            replies: dict[int, Reply] = {src: self._io(src, lost, partial(recv_reply, self.world, src, self.heartbeats))
                                          for src in requests}
         if local_error is not None:
             raise local_error
@@ -212,8 +215,10 @@ class TorchrunExecutor:
     written as JSON to ``info_path`` when given: a record of which process ran which role.
     """
 
-    def __init__(self, world: TorchrunWorld | None = None, *, info_path: str | None = None) -> None:
+    def __init__(self, world: TorchrunWorld | None = None, *, info_path: str | None = None,
+                 liveness: Liveness | None = None) -> None:
         self.world, self.info_path = world, info_path
+        self.liveness = liveness or Liveness()
         self.groups: list[TorchrunWorkerGroup] = []
         self.worker_info: list[dict[str, Any]] = []
         self._control: ControlPlane | None = None
@@ -227,7 +232,7 @@ class TorchrunExecutor:
         check_plan_fits(plan, world.world_size)
         for group_plan in plan.groups:
             group_specs(group_plan, specs)  # a missing spec fails here, before any rank builds anything
-        control = self._control = ControlPlane(world)
+        control = self._control = ControlPlane(world, Heartbeats(self.liveness.heartbeat_timeout_s))
         self._plan = plan
         request = Request(kind="start", args=(plan, dict(specs)))
         hosted, _ = self._everyone(plan, request, partial(host_worker, world, plan, specs))
@@ -285,6 +290,7 @@ def _close_all(workers: Sequence[GroupWorker]) -> None:
 def serve(world: TorchrunWorld) -> None:
     """A non-zero rank's loop: answer rank 0's requests until ``exit`` (or until rank 0 is gone)."""
     hosted: HostedWorker | None = None
+    start_heartbeat(world)
     while True:
         request = recv_request(world)
         if request.kind == "exit":

@@ -13,15 +13,20 @@ Two gloo groups over all ranks carry the traffic: ``requests`` (rank 0 -> rank r
 - a serving rank waits up to ``idle_timeout_s`` for its next request: it may idle as long as the
   controller works elsewhere (SFT warm start, other groups, driver-side rewards);
 - every other op (sending a request, waiting for a reply) and the data-parallel all-reduces wait up
-  to ``timeout_s``: a hung rank surfaces on rank 0 after that long, a dead one at once (gloo sees the
-  closed connection).
+  to ``timeout_s``: a dead rank surfaces on rank 0 at once (gloo sees the closed connection);
+- a serving rank also bumps a heartbeat counter in torchrun's TCP store every ``HEARTBEAT_INTERVAL_S``
+  from a thread of its own; while rank 0 waits on a rank it watches that counter (:class:`Heartbeats`),
+  so a hung rank (stopped, frozen) fails the wait after ``heartbeat_timeout_s`` rather than ``timeout_s``.
 """
 
 from __future__ import annotations
 
 import datetime
 import os
+import threading
+import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, NoReturn
 
@@ -29,6 +34,8 @@ from hybridflow.runtime import safe_wire
 
 DEFAULT_TIMEOUT_S = 1800.0
 IDLE_TIMEOUT_S = 7 * 24 * 3600.0
+HEARTBEAT_INTERVAL_S = 0.5
+_HEARTBEAT_KEY = "hybridflow/heartbeat/{rank}"
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 RequestKind = Literal["start", "run", "call", "stop", "exit"]
@@ -148,8 +155,62 @@ def current_world() -> TorchrunWorld:
     return _WORLD
 
 
-def send_request(world: TorchrunWorld, dst: int, request: Request) -> None:
-    _send_object(request, dst, world.requests, world.timeout_s)
+def _store() -> Any:
+    """A client of torchrun's TCP store of our own (its own connection, so any thread may use it)."""
+    import torch.distributed as dist
+
+    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                         timeout=datetime.timedelta(seconds=60), wait_for_workers=False)
+
+
+def start_heartbeat(world: TorchrunWorld) -> threading.Thread:
+    """Bump this rank's counter in the store every ``HEARTBEAT_INTERVAL_S`` (a daemon thread; it stops
+    when the process is stopped, which is the point)."""
+    store, key = _store(), _HEARTBEAT_KEY.format(rank=world.rank)
+
+    def beat() -> None:
+        count = 0
+        while True:
+            count += 1
+            try:
+                store.set(key, str(count))
+            except RuntimeError:  # the store (rank 0's launcher) is gone: the job is ending
+                return
+            time.sleep(HEARTBEAT_INTERVAL_S)
+
+    thread = threading.Thread(target=beat, name=f"hybridflow-heartbeat-{world.rank}", daemon=True)
+    thread.start()
+    return thread
+
+
+class Heartbeats:
+    """Rank 0's watch on the serving ranks' counters: :meth:`check` raises once one stalls past the timeout."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self._store: Any = None
+        self._seen: dict[int, tuple[bytes, float]] = {}  # rank -> (counter, when it last changed, our clock)
+        self._checked: dict[int, float] = {}
+
+    def check(self, rank: int) -> None:
+        now = time.monotonic()
+        if now - self._checked.get(rank, float("-inf")) < HEARTBEAT_INTERVAL_S / 2:
+            return
+        self._checked[rank] = now
+        if self._store is None:
+            self._store = _store()
+        key = _HEARTBEAT_KEY.format(rank=rank)
+        value = self._store.get(key) if self._store.check([key]) else b""
+        seen = self._seen.get(rank)
+        if seen is None or seen[0] != value:
+            self._seen[rank] = (value, now)
+        elif now - seen[1] > self.timeout_s:
+            raise RuntimeError(f"no heartbeat for {now - seen[1]:.0f}s (heartbeat_timeout_s={self.timeout_s:g}): "
+                               "the process is stopped, frozen or its host is unreachable")
+
+
+def send_request(world: TorchrunWorld, dst: int, request: Request, heartbeats: Heartbeats | None = None) -> None:
+    _send_object(request, dst, world.requests, world.timeout_s, _watch(heartbeats, dst))
 
 
 def recv_request(world: TorchrunWorld) -> Request:
@@ -164,36 +225,64 @@ def send_reply(world: TorchrunWorld, reply: Reply) -> None:
     _send_object(reply, 0, world.replies, world.timeout_s)
 
 
-def recv_reply(world: TorchrunWorld, src: int) -> Reply:
-    return _checked(_recv_object(src, world.replies, world.timeout_s), Reply)
+def recv_reply(world: TorchrunWorld, src: int, heartbeats: Heartbeats | None = None) -> Reply:
+    return _checked(_recv_object(src, world.replies, world.timeout_s, _watch(heartbeats, src)), Reply)
+
+
+def _watch(heartbeats: Heartbeats | None, rank: int) -> Callable[[], None] | None:
+    return None if heartbeats is None else lambda: heartbeats.check(rank)
 
 
 # Our own object p2p rather than send_object_list: gloo completes a send only once the peer has posted
 # the matching recv, so every op needs its own deadline (a stopped peer would block a send forever).
-def _send_object(message: Any, dst: int, group: Any, timeout_s: float) -> None:
+def _send_object(message: Any, dst: int, group: Any, timeout_s: float,
+                 watch: Callable[[], None] | None = None) -> None:
     import torch
     import torch.distributed as dist
 
     payload = torch.frombuffer(bytearray(safe_wire.dumps(message)), dtype=torch.uint8)
     for tensor in (torch.tensor([payload.numel()], dtype=torch.int64), payload):
-        _wait(dist.isend(tensor, dst, group=group), timeout_s)
+        _wait(dist.isend(tensor, dst, group=group), timeout_s, watch)
 
 
-def _recv_object(src: int, group: Any, timeout_s: float) -> Any:
+def _recv_object(src: int, group: Any, timeout_s: float, watch: Callable[[], None] | None = None) -> Any:
     import torch
     import torch.distributed as dist
 
     size = torch.zeros(1, dtype=torch.int64)
-    _wait(dist.irecv(size, src, group=group), timeout_s)
+    _wait(dist.irecv(size, src, group=group), timeout_s, watch)
     payload = torch.empty(int(size.item()), dtype=torch.uint8)
-    _wait(dist.irecv(payload, src, group=group), timeout_s)
+    _wait(dist.irecv(payload, src, group=group), timeout_s, watch)
     return safe_wire.loads(payload.numpy().tobytes())  # rebuilds values, never runs code (safe_wire)
 
 
-def _wait(work: Any, timeout_s: float) -> None:
+def _wait(work: Any, timeout_s: float, watch: Callable[[], None] | None = None) -> None:
+    """Wait for a gloo op; with ``watch`` (rank 0 on a serving rank) check the peer's heartbeat meanwhile.
+
+    gloo's point-to-point works cannot be polled (``is_completed`` stays False until ``wait``) nor safely
+    waited on in slices, so a helper thread does the one blocking wait; when the peer's heartbeat stalls
+    we raise and leave that thread behind (the world is unusable after a lost rank anyway).
+    """
     if work is None:  # torch returns no work for a rank outside the group; the control groups hold every rank
         raise RuntimeError("torchrun control plane: this rank is not in the control group")
-    work.wait(datetime.timedelta(seconds=timeout_s))
+    if watch is None:
+        work.wait(datetime.timedelta(seconds=timeout_s))
+        return
+    done, failure = threading.Event(), list[BaseException]()
+
+    def wait() -> None:
+        try:
+            work.wait(datetime.timedelta(seconds=timeout_s))
+        except BaseException as err:  # handed to the caller's thread below
+            failure.append(err)
+        finally:
+            done.set()
+
+    threading.Thread(target=wait, name="hybridflow-control-wait", daemon=True).start()
+    while not done.wait(HEARTBEAT_INTERVAL_S / 2):
+        watch()
+    if failure:
+        raise failure[0]
 
 
 def _checked(message: Any, kind: type[Any]) -> Any:

@@ -132,7 +132,7 @@ class TrainConfig:
     plot: bool = True
     roles: dict[str, RoleConfig] = field(default_factory=dict)
     reward_cache_size: int = 0  # > 0: an LRU of reward-model scores keyed by prompt + response
-    liveness: Liveness = field(default_factory=Liveness)  # deadlines and heartbeats of worker calls (Ray)
+    liveness: Liveness = field(default_factory=Liveness)  # deadlines and heartbeats of worker calls (Ray, torchrun)
 
     def __post_init__(self) -> None:
         if self.placement != "default" and self.plan_file:

@@ -223,5 +223,6 @@ def make_executor(config: TrainConfig) -> Executor:
         from hybridflow.runtime.torchrun_executor import TorchrunExecutor
 
         # The world torchrun started (examples/train_ppo.py joins it); records which process ran which role.
-        return TorchrunExecutor(info_path=str(Path(config.output_dir) / "torchrun_workers.json"))
+        return TorchrunExecutor(info_path=str(Path(config.output_dir) / "torchrun_workers.json"),
+                                liveness=config.liveness)
     return LocalExecutor()

@@ -25,11 +25,13 @@ from hybridflow.data import PromptLoader, char_tokenizer, task_examples
 from hybridflow.graph import load_graph
 from hybridflow.models import build_tiny_causal_lm, save_model_dir
 from hybridflow.runtime import Batch, Controller, OptimSpec, RoleSpec, RuntimeStepError, WorkerFailedError
+from hybridflow.runtime.liveness import Liveness
 from hybridflow.runtime.placement import default_plan
 from hybridflow.runtime.torchrun_executor import TorchrunExecutor, TorchrunWorkerGroup, serve, stop_serving
 from hybridflow.runtime.torchrun_protocol import init_world
 
 TIMEOUT_S = 8.0  # short, so the hung-rank check is quick; every op here takes well under a second
+HEARTBEAT = Liveness(heartbeat_interval_s=0.5, heartbeat_timeout_s=2.0)  # a stopped rank is seen before TIMEOUT_S
 
 
 def preload() -> None:
@@ -62,7 +64,7 @@ def probe(out: Path, world: Any) -> dict[str, Any]:
                                optim=OptimSpec(lr=1e-2)),
              "reference": RoleSpec(name="reference", kind=graph.role("reference").kind, model=str(model_dir))}
     loader = PromptLoader(records=task_examples("reverse", 64), tokenizer=tokenizer, batch_size=4)
-    executor = TorchrunExecutor(world)
+    executor = TorchrunExecutor(world, liveness=HEARTBEAT)
     result: dict[str, Any] = {}
     controller = Controller(graph, default_plan(graph, num_gpus=2), specs=specs, executor=executor,
                             driver_roles={"reward": alternating_scores})
