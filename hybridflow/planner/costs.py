@@ -298,9 +298,11 @@ def update_cost(model: ModelSpec, kind: RoleKind, load: NodeLoad, layout: RoleLa
         # One all-reduce (reduce-scatter + all-gather) per optimizer step; ZeRO gathers updated shards instead.
         data = max(1, layout.dp // layout.pp)
         sync = batch.optimizer_steps * 2 * ring_seconds(grad_bytes, data, bandwidth)
-    resident = sum(state_bytes(model, kind, layout, shape))
-    optimizer = batch.optimizer_steps * 2 * resident / (shape.device.hbm_bandwidth * shape.constants.hbm_efficiency)
-    moved = offloaded_bytes(model, kind, layout, shape)
+    weights, grads, states = state_bytes(model, kind, layout, shape)
+    offload = shape.run.offload_of(layout.role)
+    optimizer = batch.optimizer_steps * 2 * (weights + grads + states) / (shape.device.hbm_bandwidth
+                                                                          * shape.constants.hbm_efficiency)
+    moved = weights * offload.params + grads * offload.grads + states * offload.optimizer
     swap = 2 * host_seconds(moved, shape)
     tokens = batch.micro_tokens
     layer = _activation_layer_bytes(model, tokens, layout)
@@ -311,8 +313,6 @@ def update_cost(model: ModelSpec, kind: RoleKind, load: NodeLoad, layout: RoleLa
         activations = layers * layer
     # Offloaded weights and gradients are back for forward and backward; offloaded optimizer states only for
     # the optimizer step, when the activations are gone.
-    weights, grads, _ = state_bytes(model, kind, layout, shape)
-    offload = shape.run.offload_of(layout.role)
     during_passes = weights * offload.params + grads * offload.grads
     passes_peak = activations + 2 * _logit_bytes(model, kind, tokens, layout.tp) + 2 * _gather_buffer(model, layout)
     transient = max(passes_peak + during_passes, moved)

@@ -111,6 +111,7 @@ def measured_times(record: Mapping[str, Any], workload: Workload, samples: int, 
 
 def case_from_record(record: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> MeasuredCase:
     """A :class:`MeasuredCase` from one record; ``overrides`` (or the record's "hybridflow") fill gaps."""
+    _check_record(record)
     extra = {**DEFAULTS, **(record.get("hybridflow") or {}), **(overrides or {})}
     gpus = record["gpus"]
     cluster = Cluster.parse(f"{gpus['nodes']}x{gpus['gpus_per_node']}x{extra.get('device') or device_name(record)}")
@@ -129,6 +130,19 @@ def case_from_record(record: Mapping[str, Any], overrides: Mapping[str, Any] | N
                          cluster=cluster, mapping=dict.fromkeys(roles, every), layout=_layout(record, extra, roles),
                          settings=_settings(record, extra, lengths, samples),
                          measured=measured_times(record, workload, samples, cluster.num_gpus))
+
+
+def _check_record(record: Mapping[str, Any]) -> None:
+    """The fields every record needs, named with the record when missing."""
+    name = record.get("id", "<no id>")
+    for key in ("id", "gpus", "batch_prompts", "response_len_max"):
+        if record.get(key) in (None, ""):
+            raise ValueError(f"published run {name!r}: field {key!r} is missing; see the format of "
+                             "published_runs.json (id, gpus{type,count,nodes,gpus_per_node}, batch_prompts, n, "
+                             "response_len_max, timings_s)")
+    for key in ("type", "count", "nodes", "gpus_per_node"):
+        if not (record["gpus"] or {}).get(key):
+            raise ValueError(f"published run {name!r}: field 'gpus.{key}' is missing")
 
 
 def _layout(record: Mapping[str, Any], extra: Mapping[str, Any], roles: list[str]) -> dict[str, Any]:

@@ -107,3 +107,12 @@ def test_the_calibrate_command_writes_what_plan_loads(tmp_path, capsys):
     code = main(["plan", "--cluster", "8xH20", "--model", "qwen2.5-7b", "--algorithm", "grpo", "--batch-size", "32",
                  "--calibration", str(out), "--json"])
     assert code == 0
+
+
+def test_a_published_record_missing_a_field_is_named():
+    with pytest.raises(ValueError, match=r"published run 'x': field 'batch_prompts' is missing"):
+        case_from_record({"id": "x", "gpus": {"type": "H100", "count": 8, "nodes": 1, "gpus_per_node": 8},
+                          "response_len_max": 512})
+    with pytest.raises(ValueError, match=r"field 'gpus.nodes' is missing"):
+        case_from_record({"id": "x", "gpus": {"type": "H100", "count": 8}, "batch_prompts": 8,
+                          "response_len_max": 512})
