@@ -43,7 +43,9 @@ RUNS = ROOT.parent / "shared" / "calibration" / "published_runs.json"
 MATH_PROMPT = 200  # DAPO-Math-17k prompts with the DAPO instruction template: ~150-250 tokens
 GSM8K_PROMPT = 130  # GSM8K question with verl's "Let's think step by step ... ####" template
 # Mean response lengths nobody published. DAPO-style runs lengthen their answers as training goes on and as
-# the cap allows (DAPO paper: ~1K -> ~4K+ tokens); these are our guesses, uncertain by +-50%.
+# the cap allows (DAPO paper: ~1K -> ~4K+ tokens); these are our guesses, uncertain by +-50%. Disclosure:
+# they were chosen after looking at the published old_log_prob times (which, at a plausible MFU, imply the
+# tokens per step), so the forward/update phases of these three runs are not independent checks.
 DAPO_7B_MEAN = 1500  # Qwen2.5-Math-7B, 8K cap, averaged over 100 steps
 DAPO_7B_LONG_MEAN = 3500  # the same model and data with a 28K cap, averaged over 400 steps
 DAPO_30B_MEAN = 2500  # Qwen3-30B-A3B-Base, 8K cap, 400 steps: a stronger base reasons longer; the cap binds
