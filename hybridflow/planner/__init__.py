@@ -4,10 +4,12 @@
 ``compare_plans`` explains the difference. Plans are immutable, JSON-serialisable values.
 """
 
+from hybridflow.planner.calibration import Calibration, Constants
 from hybridflow.planner.cluster import Cluster, Machine
 from hybridflow.planner.compare import compare_plans
 from hybridflow.planner.devices import DEVICES, DeviceSpec, get_device
 from hybridflow.planner.errors import InfeasibleError
+from hybridflow.planner.lengths import LengthDistribution
 from hybridflow.planner.manual import evaluate_mapping, parse_mapping
 from hybridflow.planner.models import PRESETS, ModelSpec
 from hybridflow.planner.plan import (
@@ -22,20 +24,26 @@ from hybridflow.planner.plan import (
     rollout_role,
 )
 from hybridflow.planner.search import PlannerOptions, plan_placement
+from hybridflow.planner.settings import Offload, RunSettings
 
 __all__ = [
     "DEVICES",
     "PRESETS",
+    "Calibration",
     "Cluster",
+    "Constants",
     "DeviceSpec",
     "GroupPlan",
     "InfeasibleError",
+    "LengthDistribution",
     "Machine",
     "ModelSpec",
     "NodeEstimate",
+    "Offload",
     "Plan",
     "PlannerOptions",
     "RoleLayout",
+    "RunSettings",
     "SearchStats",
     "Sharding",
     "colocated_plan",
