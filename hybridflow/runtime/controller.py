@@ -160,6 +160,15 @@ class Controller:
         self.ledger.rows_changed()
         return pool.take()
 
+    def generate(self, node: str, prompts: Batch, *, seed: int) -> Batch:
+        """Run the generate node ``node`` alone on ``prompts`` (one sample per row: validation, evaluation);
+        returns the rows with its outputs. Nothing else of the graph runs and no step state changes."""
+        found = self.graph.node(node)
+        if found.op is not Op.GENERATE:
+            raise ValueError(f"node {node!r} is a {found.op} node; generate() runs generate nodes only")
+        outputs, _ = self._targets[self._placed_role(found)].run_rows(found, prompts, seed)
+        return prompts.union(outputs)
+
     def _submit(self, node: Node, state: Batch, step: int) -> Future[Outcome]:
         if node.op is Op.COMPUTE:
             return self._driver.submit(timed, lambda: _run_compute(node, state, self.node_states.get(node.name)))

@@ -40,16 +40,13 @@ def validate(controller: Any, graph: Graph, records: Sequence[Record], tokenizer
              seed: int, batch_size: int, table_rows: int = 8) -> ValidationResult:
     """Generate once per validation prompt, score with ``scorer``; mean/std reward and response length."""
     node = generate_node(graph)
-    # The runtime has no public generate-only call yet: use the role's dispatch target as a step would.
-    target = controller._targets[controller._placed_role(node)]
     rewards: list[float] = []
     lengths: list[float] = []
     parts: dict[str, list[float]] = {}
     rows: list[dict[str, Any]] = []
     for start in range(0, len(records), batch_size):
         prompts = encode_prompts(records[start:start + batch_size], tokenizer)
-        outputs, _ = target.run_rows(node, prompts, seed)
-        samples = batch_samples(prompts.union(outputs), tokenizer)
+        samples = batch_samples(controller.generate(node.name, prompts, seed=seed), tokenizer)
         total, by_function = scorer.score(samples)
         rewards += total
         lengths += [float(len(sample.response_ids or [])) for sample in samples]
