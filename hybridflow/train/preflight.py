@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 from hybridflow.graph import Graph
 from hybridflow.planner import Plan
@@ -110,3 +111,47 @@ def _at_least(key: str, value: int, low: int) -> None:
 def _positive(key: str, value: float) -> None:
     if not value > 0 or not math.isfinite(value):
         raise ValueError(f"config key {key!r}={value} must be a finite number > 0")
+
+
+COVERAGE_ROWS = 4096  # prompts checked for characters the tokenizer cannot represent (all rows up to this)
+
+
+def model_context(config: TrainConfig) -> int | None:
+    """The policy's context length (``max_position_embeddings``), read without loading weights; None if unknown."""
+    from hybridflow.models.tiny import TINY_CONFIGS
+
+    if config.model.path:
+        path = Path(config.model.path).expanduser() / "config.json"
+        found = json.loads(path.read_text()).get("max_position_embeddings") if path.is_file() else None
+        return int(found) if isinstance(found, int) else None
+    sizes = TINY_CONFIGS.get(config.model.name, ("", {}))[1]
+    return sizes.get("max_position_embeddings")
+
+
+def check_prompts(config: TrainConfig, graph: Graph, records: list[dict[str, Any]], tokenizer: Any,
+                  longest: int) -> None:
+    """Prompts fit the model's context with the longest response, and use only characters the tokenizer knows.
+
+    Over-long prompts are refused (or dropped and counted with ``data.max_prompt_length``, before this check).
+    """
+    from hybridflow.graph import Op
+
+    context = model_context(config)
+    response = max((int(node.option("max_new_tokens", 32) or 32) for node in graph.nodes if node.op is Op.GENERATE),
+                   default=0)
+    if context is not None and longest + response > context:
+        raise ValueError(f"the longest prompt has {longest} tokens; with max_new_tokens={response} that exceeds the "
+                         f"model's context of {context} tokens (max_position_embeddings); set data.max_prompt_length="
+                         f"{max(1, context - response)} to drop longer prompts (they are counted), or lower "
+                         "algorithm_options.max_new_tokens")
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if unk is None:
+        return
+    for index, record in enumerate(records[:COVERAGE_ROWS]):
+        prompt = str(record["prompt"])
+        ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        if unk in ids:
+            missing = sorted({char for char in prompt if unk in tokenizer(char, add_special_tokens=False)["input_ids"]})
+            raise ValueError(f"prompt of row {index} ({prompt[:60]!r}) has characters the tokenizer maps to "
+                             f"{tokenizer.unk_token!r}: {missing[:10]}; the policy cannot read them. Use a model "
+                             "(model.path) whose tokenizer covers them, or clean the data")
