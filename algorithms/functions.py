@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 from hybridflow.algorithms import core
+from hybridflow.algorithms.offpolicy import RolloutCorrection
+from hybridflow.algorithms.offpolicy import rollout_correction as rollout_correction_weights
 
 from hybridflow.registry import COMPUTE_FNS, LOSSES
 
@@ -139,20 +141,30 @@ def _add_kl_and_entropy(loss: torch.Tensor, stats: dict[str, torch.Tensor], outp
 def ppo_policy(*, outputs: Tensors, batch: Tensors, clip_ratio: float = 0.2, clip_ratio_high: float | None = None,
                dual_clip: float | None = None, kl_coef: float = 0.0, kl_type: core.KLType = "low_var_kl",
                entropy_coef: float = 0.0, loss_agg: core.LossAgg = "token-mean",
-               loss_scale_factor: float | None = None, norm: core.LossNorm | None = None) -> LossResult:
+               loss_scale_factor: float | None = None, rollout_correction: RolloutCorrection | None = None,
+               rollout_is_cap: float = 2.0, norm: core.LossNorm | None = None) -> LossResult:
     """PPO clipped surrogate, plus a KL-to-reference term (GRPO) and an entropy bonus when asked.
 
-    With ``norm`` (the mini batch's global counts) the loss is this micro batch's additive share; the
-    metrics are the micro batch's own values either way.
+    ``rollout_correction`` (``tis`` or ``decoupled``, :mod:`hybridflow.algorithms.offpolicy`) weights each token
+    by the trainer's over the rollout engine's probability (``batch["rollout_logprobs"]``), capped at
+    ``rollout_is_cap``. With ``norm`` (the mini batch's global counts) the loss is this micro batch's additive
+    share; the metrics are the micro batch's own values either way.
     """
-    mask = batch["response_mask"]
+    mask, weights = batch["response_mask"], None
+    if rollout_correction is not None:
+        if "rollout_logprobs" not in batch:
+            raise KeyError(f"ppo_policy: rollout_correction={rollout_correction!r} needs the rollout engine's "
+                           "log-probs as an input field 'rollout_logprobs' of the update node")
+        weights, mask = rollout_correction_weights(batch["old_logprobs"], batch["rollout_logprobs"], mask,
+                                                   mode=rollout_correction, cap=rollout_is_cap)
 
     def compute(norm: core.LossNorm | None) -> LossResult:
         norm = _with_scale_factor(norm, mask, loss_scale_factor)
         loss, stats = core.ppo_policy_loss(outputs["logprobs"], batch["old_logprobs"], batch["advantages"], mask,
-                                           clip_ratio, clip_ratio_high, dual_clip, loss_agg, norm=norm)
-        return _add_kl_and_entropy(loss, stats, outputs, batch, kl_coef=kl_coef, kl_type=kl_type,
-                                   entropy_coef=entropy_coef, loss_agg=loss_agg, norm=norm)
+                                           clip_ratio, clip_ratio_high, dual_clip, loss_agg, norm=norm,
+                                           token_weights=weights)
+        return _add_kl_and_entropy(loss, stats, outputs, {**batch, "response_mask": mask}, kl_coef=kl_coef,
+                                   kl_type=kl_type, entropy_coef=entropy_coef, loss_agg=loss_agg, norm=norm)
 
     return _share_with_micro_metrics(compute, norm)
 

@@ -19,10 +19,13 @@ from hybridflow.algorithms.modes import KLType, LossAgg
 def ppo_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
                     response_mask: torch.Tensor, clip_ratio: float = 0.2, clip_ratio_high: float | None = None,
                     dual_clip: float | None = None, agg: LossAgg = "token-mean", *,
-                    norm: LossNorm | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                    norm: LossNorm | None = None,
+                    token_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped surrogate objective, with optional dual clip (``dual_clip`` > 1) for negative advantages.
 
-    All inputs (B, T). Returns the scalar loss and ``clipfrac``, ``clipfrac_lower``, ``approx_kl``.
+    All inputs (B, T). ``token_weights`` (B, T) scale each token's loss (off-policy corrections,
+    :mod:`hybridflow.algorithms.offpolicy`). Returns the scalar loss and ``clipfrac``, ``clipfrac_lower``,
+    ``approx_kl``.
     Deviation from verl: verl always dual-clips (``clip_ratio_c=3.0``); here ``dual_clip=None`` is the
     plain PPO objective of the paper, TRL and OpenRLHF. Pass ``dual_clip=3.0`` for verl's numbers.
     """
@@ -46,6 +49,8 @@ def ppo_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantag
             torch.gt(clipped, losses3).float() * (advantages < 0).float(), response_mask
         )
         clipped = torch.where(advantages < 0, lower, clipped)
+    if token_weights is not None:
+        clipped = clipped * token_weights
     return aggregate_loss(clipped, response_mask, agg, norm), stats
 
 
