@@ -4,6 +4,7 @@ locally started cluster refuses clients without its token; the stopped worker's 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -45,11 +46,11 @@ def local_ray() -> Iterator[None]:
             os.environ[name] = value
 
 
-def _controller(model_dir: Path, liveness: Liveness) -> tuple[Controller, PromptLoader]:
+def _controller(model_dir: Path, liveness: Liveness, backend: str = "torch") -> tuple[Controller, PromptLoader]:
     from hybridflow.runtime.ray_executor import RayExecutor
 
     graph = load_graph("grpo", n=2, reward_kind="reward_function", max_new_tokens=6)
-    specs = {name: RoleSpec(name=name, kind=graph.role(name).kind, model=str(model_dir),
+    specs = {name: RoleSpec(name=name, kind=graph.role(name).kind, model=str(model_dir), backend=backend,
                             optim=OptimSpec(lr=1e-3) if name == "actor" else None) for name in ("actor", "reference")}
     loader = PromptLoader(records=task_examples("reverse", 32), tokenizer=TOKENIZER, batch_size=4)
     controller = Controller(graph, default_plan(graph, num_gpus=1), specs=specs,
@@ -83,6 +84,70 @@ def test_a_stopped_worker_fails_the_step_within_the_heartbeat_bound(local_ray: N
         assert time.monotonic() < deadline, f"stopped worker {pid} still alive 15 s after the failure"
         time.sleep(0.2)
     print(f"hung worker detected after {detected:.1f}s (bound {FAST.hang_bound_s:.1f}s + one step)")
+
+
+def test_a_call_that_never_returns_fails_at_its_deadline(local_ray: None, tiny_model_dir: Path,
+                                                         tmp_path: Path) -> None:
+    """The worker stays alive (its heartbeat answers) but generate never returns: only the deadline ends it."""
+    import shutil
+
+    model = Path(shutil.copytree(tiny_model_dir, tmp_path / "model"))
+    live = Liveness(call_timeout_s=3.0, heartbeat_interval_s=0.5, heartbeat_timeout_s=30.0)
+    controller, loader = _controller(model, live, backend=f"{Path(__file__).with_name('stuck_backend.py')}:BACKEND")
+    with controller:
+        controller.step(loader.batch(0), step=0)
+        (model / "STUCK").touch()
+        began = time.monotonic()
+        with pytest.raises(WorkerFailedError, match=r"past the deadline of 3s") as failed:
+            controller.step(loader.batch(1), step=1)
+        waited = time.monotonic() - began
+    assert failed.value.role == "actor" and failed.value.node == "actor_generate"
+    assert 3.0 <= waited < 3.0 + 5.0, f"deadline of 3 s took {waited:.1f}s"
+
+
+def test_a_hung_worker_ends_a_training_run_naming_the_step(local_ray: None, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """`hybridflow train` on Ray: a worker stopped mid-run ends the run (exit 1) with one line naming the step."""
+    from hybridflow.cli import main
+
+    token = os.environ["RAY_AUTH_TOKEN"]
+    before = set(_group_workers(token))
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    stopped: list[int] = []
+
+    def stop_after_first_step() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            fresh = [pid for pid in _group_workers(token) if pid not in before]
+            if fresh and metrics.is_file() and metrics.read_text().count("\n") >= 1:
+                for pid in fresh:
+                    os.kill(pid, signal.SIGSTOP)
+                stopped.extend(fresh)
+                return
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=stop_after_first_step, daemon=True)
+    watcher.start()
+    code = main(["train", "executor=ray", "steps=200", "model.sft_steps=0", "data.batch_size=4", "data.num_examples=16",
+                 "algorithm_options.n=2", "algorithm_options.max_new_tokens=4", "progress=false", "tensorboard=false",
+                 "plot=false", "trackers=[]", f"output_dir={tmp_path / 'run'}", "liveness.heartbeat_interval_s=0.5",
+                 "liveness.heartbeat_timeout_s=3"])
+    err = capsys.readouterr().err
+    assert stopped, "the run ended before a worker could be stopped"
+    assert code == 1 and "Traceback" not in err
+    assert re.search(r"worker of role '\w+' rank 0 \(group 0\) on host .* pid \d+\).*during step \d+ "
+                     r"\(last completed step: \d+\): no heartbeat", err), err
+
+
+def _group_workers(token: str) -> list[int]:
+    pids = []
+    for process in psutil.process_iter(["name"]):
+        try:
+            if "GroupWorker" in (process.info["name"] or "") and process.environ().get("RAY_AUTH_TOKEN") == token:
+                pids.append(process.pid)
+        except psutil.Error:
+            continue
+    return pids
 
 
 def test_the_local_cluster_refuses_clients_without_its_token(local_ray: None) -> None:
