@@ -259,6 +259,10 @@ def _check_placement(graph: Graph, plan: Plan, driver_roles: Mapping[str, Scorer
             plan.group_index(role.name)  # raises, naming the plan's roles, if it is not placed
     for group in plan.groups:
         for layout in group.layouts:
+            split = {name: getattr(layout, name) for name in ("sp", "pp", "ep") if getattr(layout, name) != 1}
+            if split:
+                raise ValueError(f"plan: role {layout.role!r} has {split}; the runtime's backends run data (and "
+                                 "rollout tensor) parallel layouts only: plan with sp = pp = ep = 1")
             if layout.dp * layout.tp != group.size:
                 raise ValueError(f"plan: role {layout.role!r} has dp={layout.dp} x tp={layout.tp} but its group has "
                                  f"{group.size} GPUs; dp * tp must equal the group size")

@@ -116,6 +116,8 @@ class TrainConfig:
     cluster: str | None = None  # a planner cluster spec, e.g. "4xA100-80G+2xT4"; default f"{num_gpus}xCPU"
     meshes: dict[str, list[int]] = field(default_factory=dict)  # role -> GPU ids; "actor:rollout" detaches a rollout
     separate_rollout: bool = False  # placement=auto: also consider rollout GPUs apart from the trainer's
+    # placement=auto|manual: the cost model's fitted constants (a file from `hybridflow calibrate`, or a shipped name)
+    calibration: str | None = None
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     actor: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3))
@@ -140,6 +142,9 @@ class TrainConfig:
                              "executed as it is; drop one of them")
         if self.meshes and self.placement != "manual":
             raise ValueError("config key 'meshes' is only read with placement=manual")
+        if self.calibration and self.placement == "default":
+            raise ValueError("config key 'calibration' is only read with placement=auto or manual (the planner's "
+                             "cost model); set placement or drop the key")
         if self.separate_rollout and self.placement != "auto":
             raise ValueError("config key 'separate_rollout' is only read with placement=auto (with placement=manual "
                              "give the rollout its own mesh, e.g. meshes: {'actor:rollout': [2, 3]})")

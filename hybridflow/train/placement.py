@@ -12,6 +12,7 @@ from pathlib import Path
 
 from hybridflow.graph import Graph, Op, Workload
 from hybridflow.planner import (
+    Calibration,
     Cluster,
     ModelSpec,
     Plan,
@@ -46,9 +47,10 @@ def planned(config: TrainConfig, graph: Graph, prompt_len: int, model_dir: str |
     """The plan ``config.placement`` asks for; raises naming the key at fault."""
     cluster = Cluster.parse(config.cluster or f"{config.num_gpus}xCPU")
     models, work = role_models(config, graph, model_dir), workload(config, graph, prompt_len)
+    calibration = Calibration.load(config.calibration) if config.calibration else None
     if config.placement == "auto":
         # The installed training backends are data parallel only: plan what they can run.
-        plan = plan_placement(graph, models, work, cluster,
+        plan = plan_placement(graph, models, work, cluster, calibration=calibration,
                               options=PlannerOptions(max_tp=1, separate_rollout=config.separate_rollout))
     else:
         gpu_roles = set(models)
@@ -61,7 +63,7 @@ def planned(config: TrainConfig, graph: Graph, prompt_len: int, model_dir: str |
             raise KeyError(f"config key 'meshes': {extra} are not GPU roles of the {graph.name} graph "
                            f"(GPU roles: {sorted(gpu_roles)}; a policy's rollout on GPUs of its own: "
                            f"{sorted(rollouts)})")
-        plan = evaluate_mapping(graph, models, work, cluster, config.meshes,
+        plan = evaluate_mapping(graph, models, work, cluster, config.meshes, calibration=calibration,
                                 data_parallel_size={role: len(mesh) for role, mesh in config.meshes.items()})
         if not plan.feasible:
             raise ValueError(f"config key 'meshes': the mapping does not fit: {'; '.join(plan.problems)}")

@@ -126,3 +126,15 @@ def test_weights_of_the_minimal_backend_travel_as_numpy() -> None:
 
     state = {"table": torch.randn(4, 4).to(torch.bfloat16)}
     assert torch.equal(state_from_wire(state_to_wire(state.items()))["table"], state["table"])
+
+
+def test_a_plan_with_sequence_or_pipeline_parallel_layouts_is_refused() -> None:
+    import dataclasses
+
+    graph, specs = _grpo()
+    plan = default_plan(graph, num_gpus=2)
+    group = plan.groups[0]
+    layouts = tuple(dataclasses.replace(layout, pp=2) if layout.role == "actor" else layout for layout in group.layouts)
+    odd = dataclasses.replace(plan, groups=(dataclasses.replace(group, layouts=layouts),))
+    with pytest.raises(ValueError, match=r"role 'actor' has \{'pp': 2\}"):
+        Controller(graph, odd, specs=specs, driver_roles={"reward": RuleScorer(TASKS.get("reverse").reward, TOKENIZER)})

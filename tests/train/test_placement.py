@@ -57,3 +57,18 @@ def test_manual_placement_can_give_the_rollout_its_own_gpus(tmp_path: Path):
     shipped, planned = metrics[0]["actor/weight_sync/bytes"], metrics[0]["weight_sync/planned_bytes"]
     assert planned == plan["weight_sync_bytes"] > 0
     assert abs(shipped - planned) / planned < 0.01  # the planner's params x dtype estimate is what travelled
+
+
+def test_placement_uses_the_calibration_the_config_names(tmp_path: Path):
+    from hybridflow.graph import load_graph
+    from hybridflow.train.placement import planned
+
+    base = [*FAST, "placement=manual", "cluster=2xH20", "meshes={actor: [0, 1], reference: [0, 1]}"]
+    graph = load_graph("grpo", n=2, max_new_tokens=4, reward_kind="reward_function")
+    default = planned(load_config(None, base), graph, prompt_len=8)
+    calibrated = planned(load_config(None, [*base, "calibration=verl-published"]), graph, prompt_len=8)
+    assert calibrated.step_time_s != default.step_time_s  # the fitted constants changed the costs
+    with pytest.raises(FileNotFoundError, match="calibrate"):
+        planned(load_config(None, [*base, f"calibration={tmp_path / 'none.json'}"]), graph, prompt_len=8)
+    with pytest.raises(ValueError, match="'calibration' is only read with placement"):
+        load_config(None, [*FAST, "calibration=verl-published"])
