@@ -20,7 +20,7 @@ from hybridflow.train.checkpoint import save_checkpoint
 from hybridflow.train.config import TrainConfig
 from hybridflow.train.export import export_policy
 from hybridflow.train.metrics import MetricsWriter, step_metrics
-from hybridflow.train.preflight import check_config, check_prompts
+from hybridflow.train.preflight import check_config, check_prompts, probe_rewards
 from hybridflow.train.retention import prune_checkpoints
 from hybridflow.train.rundir import begin_run
 from hybridflow.train.validation import TABLE, validate
@@ -58,6 +58,7 @@ def train(config: TrainConfig, *, resume: bool = False, graph: Graph | None = No
     tokenizer = setup.policy_tokenizer(config)
     train_data, val_data = setup.prepare_data(config, splits, tokenizer)
     check_prompts(config, graph, train_data.records, tokenizer, train_data.longest_prompt_tokens)  # before the model
+    probe_rewards(config, train_data.records, tokenizer)
     model_dir, tokenizer = setup.prepare_model(config, run_dir, train_data.records, tokenizer)
     data = train_data.records
     graph = graph or setup.build_graph(config)

@@ -155,3 +155,27 @@ def check_prompts(config: TrainConfig, graph: Graph, records: list[dict[str, Any
             raise ValueError(f"prompt of row {index} ({prompt[:60]!r}) has characters the tokenizer maps to "
                              f"{tokenizer.unk_token!r}: {missing[:10]}; the policy cannot read them. Use a model "
                              "(model.path) whose tokenizer covers them, or clean the data")
+
+
+def probe_rewards(config: TrainConfig, records: list[dict[str, Any]], tokenizer: Any) -> None:
+    """Score the first row once, its ground truth as the response: a reward function that returns a string,
+    None, a list or a non-finite number is refused now (exit 2), not after the model loaded."""
+    from hybridflow.data.records import GroundTruth, reward_target
+    from hybridflow.data.reward_functions import Sample
+    from hybridflow.runtime.errors import RewardFunctionError
+
+    if not records:
+        return
+    record = records[0]
+    truth = reward_target(record)
+    context = truth if isinstance(truth, GroundTruth) else None
+    prompt = str(record["prompt"])
+    sample = Sample(index=0, prompt=context.prompt if context and context.prompt else prompt, prompt_text=prompt,
+                    response=str(truth), ground_truth=str(truth),
+                    data_source=context.data_source if context else None,
+                    extra_info=context.extra_info if context else None, columns=context.columns if context else None,
+                    response_ids=tokenizer(str(truth), add_special_tokens=False)["input_ids"])
+    try:
+        setup.reward_scorer(config, tokenizer).score([sample])
+    except RewardFunctionError as err:
+        raise ValueError(f"{err} (checked before training, on row 0 with its ground truth as the response)") from err

@@ -27,6 +27,8 @@ def as_list(response, ground_truth): return [1.0]
 def no_args(): return 1.0
 def one_arg(response): return 1.0
 def needs_more(response, ground_truth, tokenizer): return 1.0
+def nan_on_wrong(response, ground_truth): return 1.0 if response == ground_truth else math.nan
+def string_on_wrong(response, ground_truth): return 1.0 if response == ground_truth else "0"
 not_callable = 3
 '''
 GRAPHS = '''
@@ -182,13 +184,18 @@ TRAIN: list[tuple[str, str, int, str]] = [
     ("reward not callable", "data.reward={d}/rewards.py:not_callable", 2, r"not a function"),
     ("reward unknown name", "data.reward=maths", 2, r"maths"),
     ("reward import raises", "data.reward={d}/explodes.py:f", 1, r"import-time failure"),
-    # ... or at the first step, as rewards (never as a loss)
-    ("reward a string", "data.reward={d}/rewards.py:as_string", 1, r"returned '0\.5', which is a str.*sample 0"),
-    ("reward nan", "data.reward={d}/rewards.py:nan", 1, r"returned nan, which is not finite.*prompt"),
-    ("reward inf", "data.reward={d}/rewards.py:inf", 1, r"returned -inf, which is not finite.*response"),
-    ("reward raises", "data.reward={d}/rewards.py:raises", 1, r"raised ZeroDivisionError: boom on sample 0"),
-    ("reward none", "data.reward={d}/rewards.py:none", 1, r"returned None"),
-    ("reward list", "data.reward={d}/rewards.py:as_list", 1, r"returned \[1\.0\]"),
+    # ... or by one probe call before the model loads (row 0, its ground truth as the response) ...
+    ("reward a string", "data.reward={d}/rewards.py:as_string", 2, r"returned '0\.5', which is a str.*before training"),
+    ("reward nan", "data.reward={d}/rewards.py:nan", 2, r"returned nan, which is not finite.*prompt"),
+    ("reward inf", "data.reward={d}/rewards.py:inf", 2, r"returned -inf, which is not finite.*response"),
+    ("reward raises", "data.reward={d}/rewards.py:raises", 2, r"raised ZeroDivisionError: boom on sample 0"),
+    ("reward none", "data.reward={d}/rewards.py:none", 2, r"returned None"),
+    ("reward list", "data.reward={d}/rewards.py:as_list", 2, r"returned \[1\.0\]"),
+    # ... or, for values only some responses produce, at the step that scores them: named as rewards, not a loss
+    ("reward nan on wrong answers", "data.reward={d}/rewards.py:nan_on_wrong", 1,
+     r"returned nan, which is not finite, for sample \d+ \(prompt '.*', response '.*', ground truth"),
+    ("reward string on wrong answers", "data.reward={d}/rewards.py:string_on_wrong", 1,
+     r"which is a str, not a number"),
 ]
 
 GRAPH: list[tuple[str, str, int, str]] = [
