@@ -2,7 +2,7 @@
 
 Everything here is decidable from the config and the files it names: numeric ranges, that model
 directories and data files exist, the reward functions load and take an accepted signature, the graph
-builds, and (for the default placement and plan files) that the plan holds the graph's roles. What
+builds, and the plan (a plan file, the default one, or the planner's for ``placement``) holds it. What
 needs the data or the model (prompt lengths, tokenizer coverage, planner feasibility) is checked right
 after they load, still before any worker starts. Each error names the config key and the fix.
 """
@@ -28,8 +28,8 @@ def check_config(config: TrainConfig, graph: Graph, plan: Plan | None = None) ->
     setup.reward_scorer(config, tokenizer=None)  # loads each function and checks its signature
     if plan is not None:
         setup.check_role_entries(config, graph, plan)
-    elif config.plan_file or config.placement == "default":
-        setup.build_plan(config, graph)
+    else:  # placement auto/manual: the planner's checks now; the run plans again with its real prompt lengths
+        setup.build_plan(config, graph, model_dir=config.model.path)
 
 
 def check_ranges(config: TrainConfig) -> None:
