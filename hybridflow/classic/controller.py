@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -212,8 +213,13 @@ class SingleController:
         saved = source / "saved.json"
         if not saved.is_file():
             raise FileNotFoundError(f"{source} was not written by SingleController.save() (no saved.json)")
+        name = json.loads(saved.read_text()).get("checkpoint")
+        # The name becomes a path under the run directory that fit() replaces: only a checkpoint's own name.
+        if not isinstance(name, str) or not re.fullmatch(r"step_\d+", name) or not (source / "checkpoint").is_dir():
+            raise ValueError(f"{saved} does not describe a saved checkpoint (checkpoint={name!r}, expected step_N "
+                             f"and a checkpoint/ folder beside it); save it again with SingleController.save()")
         self._resume_from = source
-        self._resume_name = json.loads(saved.read_text())["checkpoint"]
+        self._resume_name = name
 
 
 def _copy_tree(source: Path, target: Path) -> None:

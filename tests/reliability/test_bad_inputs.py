@@ -295,12 +295,25 @@ CLASSIC: list[tuple[str, Callable[[], Any], str]] = [
      r"critic_model is missing"),
     ("settings unknown key", lambda: _controller(settings={"stepz": 3}), r"stepz"),
     ("settings bad value", lambda: _controller(settings={"steps": 0}), r"'steps'=0"),
+    ("load a directory not saved", lambda: _controller().load("/"), r"not written by SingleController\.save"),
+    ("load a path-escaping name", lambda: _load_saved({"checkpoint": "../../../victim"}), r"does not describe"),
+    ("load a name of another type", lambda: _load_saved({"checkpoint": 3}), r"does not describe"),
 ]
+
+
+def _load_saved(saved: dict[str, Any]) -> None:
+    import json
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp())
+    (folder / "checkpoint").mkdir()
+    (folder / "saved.json").write_text(json.dumps(saved))
+    _controller().load(folder)
 
 
 @pytest.mark.parametrize(("call", "pattern"), [case[1:] for case in CLASSIC], ids=[case[0] for case in CLASSIC])
 def test_classic_api_refuses(call: Callable[[], Any], pattern: str) -> None:
-    with pytest.raises((ValueError, KeyError, TypeError)) as refused:
+    with pytest.raises((ValueError, KeyError, TypeError, FileNotFoundError)) as refused:
         call()
     assert re.search(pattern, str(refused.value)), str(refused.value)
 
