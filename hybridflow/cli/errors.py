@@ -64,8 +64,10 @@ def _is_disk_full(err: BaseException) -> bool:
     if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
         return True
     text = str(err)
-    # torch.save on a full disk: "PytorchStreamWriter failed writing file ...: file write failed" (inline_container.cc)
-    return "No space left on device" in text or ("inline_container.cc" in text and "write" in text)
+    # torch.save on a full disk raises "[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598"
+    # (or "... file write failed"), with no OSError in the chain (tested by saving to /dev/full).
+    return "No space left on device" in text or (
+        "inline_container.cc" in text and ("unexpected pos" in text or "write" in text))
 
 
 def _where(err: BaseException) -> str:

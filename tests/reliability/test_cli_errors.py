@@ -4,6 +4,7 @@ training step a worker failure happened in."""
 from __future__ import annotations
 
 import errno
+import os
 
 import pytest
 
@@ -28,6 +29,16 @@ def test_a_full_disk_under_a_torch_error_is_named() -> None:
     assert code == RUN_FAILED and line.startswith("no space left on device") and "\n" not in line
     code, line = describe(OSError(errno.ENOSPC, "No space left on device", "/runs/x/metrics.jsonl"))
     assert code == RUN_FAILED and "no space left on device (/runs/x/metrics.jsonl)" in line
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+def test_torch_saving_to_a_full_disk_says_so() -> None:
+    import torch
+
+    with pytest.raises(RuntimeError) as failed:
+        torch.save({"weights": torch.ones(1000)}, "/dev/full")  # every write fails with ENOSPC
+    code, line = describe(failed.value)
+    assert code == RUN_FAILED and line.startswith("no space left on device")
 
 
 def test_a_permission_error_names_the_file() -> None:
