@@ -8,6 +8,7 @@ under a Hugging Face one) are looked for along ``__cause__``/``__context__`` and
 from __future__ import annotations
 
 import errno
+import sys
 from collections.abc import Iterator
 
 BAD_INPUT = 2
@@ -34,9 +35,9 @@ def describe(err: BaseException) -> tuple[int, str]:
     for link in chain:
         if isinstance(link, PermissionError):
             return RUN_FAILED, f"permission denied{_where(link)}: make it writable or choose another path"
-    from hybridflow.runtime.errors import RuntimeStepError
-
-    if isinstance(err, RuntimeStepError):
+    # Not imported (it would load torch, via hybridflow.runtime): a step error exists only if a run imported it.
+    runtime_errors = sys.modules.get("hybridflow.runtime.errors")
+    if runtime_errors is not None and isinstance(err, runtime_errors.RuntimeStepError):
         return RUN_FAILED, _first_line(err)
     if _yaml_error(err):
         return BAD_INPUT, f"invalid YAML: {_yaml_line(err)}"
