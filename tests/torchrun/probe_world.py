@@ -70,6 +70,8 @@ def probe(out: Path, world: Any) -> dict[str, Any]:
                             driver_roles={"reward": alternating_scores})
     with controller:
         group = executor.groups[0]
+        result["listening"] = _listening()
+        result["gloo_interface"] = os.environ.get("GLOO_SOCKET_IFNAME")
         result["pids"] = [info["pid"] for info in executor.worker_info]
         batch = controller.step(loader.batch(0), step=0).batch
         node = graph.node("actor_logprob")
@@ -98,6 +100,14 @@ def probe(out: Path, world: Any) -> dict[str, Any]:
     stop_serving(world)  # must not hang on the dead rank
     result["stop_serving_seconds"] = time.perf_counter() - start
     return result
+
+
+def _listening() -> list[list[object]]:
+    """``[ip, port]`` this rank's process listens on: gloo's sockets, and the rendezvous store on rank 0."""
+    import psutil
+
+    return sorted([conn.laddr.ip, conn.laddr.port] for conn in psutil.Process().net_connections(kind="tcp")
+                  if conn.status == psutil.CONN_LISTEN)
 
 
 def main() -> None:

@@ -89,6 +89,11 @@ def test_a_hand_started_world_keeps_replicas_equal_and_reports_failures_by_rank(
     assert len(set(result["pids"])) == 2
     assert result["params_moved"], "the probe's updates did not change the actor"
     assert result["replicas_equal"], "the two ranks' actors diverged: gradients were not averaged"
+    # One machine: gloo binds loopback (GLOO_SOCKET_IFNAME=lo); only torch's rendezvous store (MASTER_PORT, not
+    # ours to bind) listens wider, and it carries no code (docs/security.md).
+    gloo = [ip for ip, listen_port in result["listening"] if listen_port != port]
+    assert gloo and set(gloo) == {"127.0.0.1"}, result["listening"]
+    assert result["gloo_interface"] == "lo"  # set by init_world (here the hostname resolves to loopback anyway)
     assert result["remote_error"]["type"] == "KeyError"
     assert "torchrun rank 1 (role 'actor' rank 1, group 0, node 'actor_logprob')" in result["remote_error"]["notes"][0]
     assert result["in_sync_after_error"]
