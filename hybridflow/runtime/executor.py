@@ -78,6 +78,36 @@ class Executor(Protocol):
         ...
 
 
+class NamedWorkerCalls:
+    """The typed worker calls of a group whose ranks are reached by method name (Ray actors, torchrun ranks):
+    each is :meth:`call` of a :data:`~hybridflow.runtime.worker.WORKER_CALLS` name; ``slow`` marks the calls
+    that build engines or touch checkpoints (a group may give them a longer deadline)."""
+
+    def call(self, method: str, *args: Any, slow: bool = False) -> list[Any]:
+        raise NotImplementedError
+
+    def setup(self) -> None:
+        self.call("setup", slow=True)
+
+    def capabilities(self) -> list[dict[str, list[str]]]:
+        return self.call("capabilities")
+
+    def info(self) -> list[dict[str, Any]]:
+        return self.call("info")
+
+    def ping(self) -> list[bool]:
+        return self.call("ping")
+
+    def save_checkpoint(self, directory: str) -> None:
+        self.call("save_checkpoint", directory, slow=True)
+
+    def load_checkpoint(self, directory: str) -> None:
+        self.call("load_checkpoint", directory, slow=True)
+
+    def import_weights(self, role: str, weights: Any) -> list[dict[str, float]]:
+        return self.call("import_weights", role, weights)
+
+
 def group_specs(group: GroupPlan, specs: Mapping[str, RoleSpec]) -> list[RoleSpec]:
     missing = [role for role in group.roles if role not in specs]
     if missing:

@@ -31,7 +31,7 @@ from hybridflow.graph import Node
 from hybridflow.planner import GroupPlan, Plan
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.errors import WorkerFailedError
-from hybridflow.runtime.executor import WorkerGroup, group_specs, shut_down_all
+from hybridflow.runtime.executor import NamedWorkerCalls, WorkerGroup, group_specs, shut_down_all
 from hybridflow.runtime.liveness import Liveness
 from hybridflow.runtime.protocols import RoleSpec
 from hybridflow.runtime.ray_reaper import start_reaper
@@ -148,7 +148,7 @@ def check_device_type(index: int, group: GroupPlan, nodes: Sequence[str]) -> str
     return resource
 
 
-class RayWorkerGroup:
+class RayWorkerGroup(NamedWorkerCalls):
     """The actors of one group; calls go to all ranks at once and failures are mapped to roles and ranks."""
 
     def __init__(self, index: int, group: GroupPlan, specs: Sequence[RoleSpec], nodes: Sequence[str],
@@ -254,7 +254,7 @@ class RayWorkerGroup:
         return [NodeResult(outputs=Batch.from_wire(wire), metrics=metrics, seconds=seconds)
                 for wire, metrics, seconds in self._gather(refs, node)]
 
-    def _all(self, method: str, *args: Any, slow: bool = False) -> list[Any]:
+    def call(self, method: str, *args: Any, slow: bool = False) -> list[Any]:
         """``GroupWorker.<method>(*args)`` on every actor (Ray addresses actor methods by name); ``slow``
         calls (engine building, checkpoint I/O) get ``liveness.setup_timeout_s``."""
         if method not in WORKER_CALLS:
@@ -262,33 +262,12 @@ class RayWorkerGroup:
         deadline = self.liveness.setup_timeout_s if slow else None
         return self._gather([getattr(actor, method).remote(*args) for actor in self.actors], None, deadline_s=deadline)
 
-    def setup(self) -> None:
-        self._all("setup", slow=True)
-
-    def capabilities(self) -> list[dict[str, list[str]]]:
-        return self._all("capabilities")
-
-    def info(self) -> list[dict[str, Any]]:
-        return self._all("info")
-
-    def ping(self) -> list[bool]:
-        return self._all("ping")
-
-    def save_checkpoint(self, directory: str) -> None:
-        self._all("save_checkpoint", directory, slow=True)
-
-    def load_checkpoint(self, directory: str) -> None:
-        self._all("load_checkpoint", directory, slow=True)
-
     def export_weights(self, role: str, dtype: str) -> Any:
         """Rank 0's packed weights as an object reference: they stay in this group's object store until
         the receivers pull them, and never pass through the controller (only the tensor counts do)."""
         parts = [actor.export_weights_parts.options(num_returns=2).remote(role, dtype) for actor in self.actors]
         self._gather([count for count, _ in parts], None)  # a failed or dead rank raises here, by rank
         return parts[0][1]
-
-    def import_weights(self, role: str, weights: Any) -> list[dict[str, float]]:
-        return self._all("import_weights", role, weights)
 
     def shutdown(self) -> None:
         """Close the engines (bounded: a hung rank must not hang the shutdown), then end the actors."""

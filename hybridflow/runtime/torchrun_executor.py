@@ -26,7 +26,7 @@ from hybridflow.planner import GroupPlan, Plan
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.collective import ProcessGroupCollective
 from hybridflow.runtime.errors import RuntimeStepError, WorkerFailedError
-from hybridflow.runtime.executor import WorkerGroup, group_specs, rank_device
+from hybridflow.runtime.executor import NamedWorkerCalls, WorkerGroup, group_specs, rank_device
 from hybridflow.runtime.liveness import Liveness
 from hybridflow.runtime.protocols import RoleSpec
 from hybridflow.runtime.torchrun_protocol import (
@@ -137,7 +137,7 @@ def _cause(rank: int, err: BaseException, timeout_s: float) -> str:
     return f"torchrun rank {rank} unreachable (dead, or no reply within timeout_s={timeout_s:.0f}): {first_line}"
 
 
-class TorchrunWorkerGroup:
+class TorchrunWorkerGroup(NamedWorkerCalls):
     """One plan group as rank 0 sees it: remote ranks over the control plane, rank 0's own worker in-process."""
 
     def __init__(self, index: int, group: GroupPlan, control: ControlPlane, local: GroupWorker | None) -> None:
@@ -174,35 +174,15 @@ class TorchrunWorkerGroup:
                 NodeResult(outputs=Batch.from_wire(result[0]), metrics=result[1], seconds=result[2])
                 for result in results]
 
-    def _all(self, method: str, *args: Any) -> list[Any]:
-        """``GroupWorker.<method>(*args)`` on every rank: rank 0's in process, the others' over the control plane."""
+    def call(self, method: str, *args: Any, slow: bool = False) -> list[Any]:
+        """``GroupWorker.<method>(*args)`` on every rank: rank 0's in process, the others' over the control plane
+        (whose own timeout bounds every call, slow or not)."""
         local = partial(getattr(self.local, method), *args) if self.local is not None else None
         request = Request(kind="call", group=self.index, args=(method, *args))
         return self._exchange(lambda rank: request, local, None)
 
-    def setup(self) -> None:
-        self._all("setup")
-
-    def capabilities(self) -> list[dict[str, list[str]]]:
-        return self._all("capabilities")
-
-    def info(self) -> list[dict[str, Any]]:
-        return self._all("info")
-
-    def ping(self) -> list[bool]:
-        return self._all("ping")
-
-    def save_checkpoint(self, directory: str) -> None:
-        self._all("save_checkpoint", directory)
-
-    def load_checkpoint(self, directory: str) -> None:
-        self._all("load_checkpoint", directory)
-
     def export_weights(self, role: str, dtype: str) -> Any:
-        return self._all("export_weights", role, dtype)[0]  # through the control plane, like any call
-
-    def import_weights(self, role: str, weights: Any) -> list[dict[str, float]]:
-        return self._all("import_weights", role, weights)
+        return self.call("export_weights", role, dtype)[0]  # through the control plane, like any call
 
     def shutdown(self) -> None:
         return None  # the executor closes every rank's engines at once (a ``stop`` request)
