@@ -86,7 +86,13 @@ def enable_token_auth() -> None:
     os.environ["RAY_AUTH_MODE"] = "token"
     os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
     os.environ.pop("RAY_AUTH_TOKEN_PATH", None)
-    try:  # Ray reads its auth settings when imported: refresh them (Ray 2.60's own test helpers do this)
+    refresh_auth_settings()
+
+
+def refresh_auth_settings() -> None:
+    """Make Ray re-read ``RAY_AUTH_*`` from the environment (it caches them when first used), e.g. after a
+    caller restored them to join another cluster from the same process."""
+    try:  # Ray 2.60's own test helpers refresh them the same way
         from ray._raylet import AuthenticationTokenLoader, Config  # type: ignore[attr-defined]
     except ImportError:  # a Ray without token auth: nothing cached to refresh
         return

@@ -31,7 +31,7 @@ FAST = Liveness(heartbeat_interval_s=0.5, heartbeat_timeout_s=3.0)
 @pytest.fixture(scope="module")
 def local_ray() -> Iterator[None]:
     """Our own local cluster (token auth on); the process's Ray settings are restored afterwards."""
-    from hybridflow.runtime.ray_executor import ensure_ray
+    from hybridflow.runtime.ray_executor import ensure_ray, refresh_auth_settings
 
     saved = {name: os.environ.get(name) for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")}
     if ray.is_initialized():
@@ -44,6 +44,7 @@ def local_ray() -> Iterator[None]:
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
+    refresh_auth_settings()  # later modules' hand-started clusters run without auth
 
 
 def _controller(model_dir: Path, liveness: Liveness, backend: str = "torch") -> tuple[Controller, PromptLoader]:
