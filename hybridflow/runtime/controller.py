@@ -31,6 +31,7 @@ from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.dispatch import DriverTarget, GroupTarget, Outcome, Served, Target, timed
 from hybridflow.runtime.executor import Executor, LocalExecutor, WorkerGroup
 from hybridflow.runtime.filtering import GroupPool, keep_mask, with_uids
+from hybridflow.runtime.pipeline import OneStepOff, check_pipeline
 from hybridflow.runtime.placement import with_rollout_specs
 from hybridflow.runtime.protocols import OP_CAPABILITIES, NodeState, RoleSpec, Scorer, WeightSink, WeightSource
 from hybridflow.runtime.service import RoleServices
@@ -52,11 +53,12 @@ class Controller:
 
     def __init__(self, graph: Graph, plan: Plan, *, specs: Mapping[str, RoleSpec],
                  executor: Executor | None = None, driver_roles: Mapping[str, Scorer] | None = None,
-                 seed: int = 0, services: RoleServices | None = None) -> None:
+                 seed: int = 0, services: RoleServices | None = None, pipeline: str = "sync") -> None:
         self.graph, self.plan, self.seed = graph, plan, seed
         self.services = services
         self.driver_roles = dict(driver_roles or {})
         _check_placement(graph, plan, self.driver_roles)
+        overlapped = check_pipeline(pipeline, graph, plan)
         self.executor = executor or LocalExecutor()
         self.groups: list[WorkerGroup] = self.executor.start(plan, with_rollout_specs(plan, specs))
         self._dispatchers = [ThreadPoolExecutor(1, thread_name_prefix=f"dispatch{g.index}") for g in self.groups]
@@ -66,6 +68,10 @@ class Controller:
         try:
             _check_capabilities(graph, plan, self.groups)
             self._targets = self._make_targets()
+            self._overlap = None if overlapped is None else OneStepOff(
+                overlapped, self._targets[self._placed_role(overlapped)],
+                self._dispatchers[self.plan.group_index(self._placed_role(overlapped)) or 0],
+                graph.samples_per_prompt)
             self.sync_rollouts()
         except BaseException:
             self.shutdown()
@@ -82,17 +88,22 @@ class Controller:
             pool.shutdown(wait=False, cancel_futures=True)
         self.executor.shutdown()
 
-    def step(self, batch: Batch, *, step: int = 0, more: Callable[[int], Batch] | None = None) -> StepResult:
+    def step(self, batch: Batch, *, step: int = 0, more: Callable[[int], Batch] | None = None,
+             upcoming: Batch | None = None) -> StepResult:
         """Run every node once on ``batch`` (the dataset's prompt rows); return the grown batch.
 
         Rows without a ``uid`` get one per prompt (its position), which the n samples of the prompt share.
         A graph with a filter reruns the filter's section on ``more(round)`` (fresh prompt rows) until the
         kept groups fill the batch again, at most the filter's ``max_rounds`` times (:mod:`.filtering`).
+        With ``pipeline=one_step_off``, ``upcoming`` (the next step's prompt rows) starts generating now and
+        this step trains on what the previous step prefetched (:mod:`.pipeline`).
         """
         self.ledger.begin_step()
         record = _StepRecord()
         state = with_uids(batch, 0)
-        if self.graph.filter_node is None:
+        if self._overlap is not None:
+            state = self._step_overlapped(state, step, record, upcoming)
+        elif self.graph.filter_node is None:
             state = self._run(self.graph.order, state, step, record)
         else:
             state = self._sample_until_full(state, step, record, more)
@@ -136,6 +147,28 @@ class Controller:
                 done.add(node.name)
                 if node.op is Op.UPDATE and str(node.role) in self.plan.detached_rollouts:
                     record.shipments[str(node.role)] = self._ship(str(node.role))  # a later update replaces it
+        return state
+
+    def _step_overlapped(self, prompts: Batch, step: int, record: _StepRecord, upcoming: Batch | None) -> Batch:
+        """One ``one_step_off`` step: take (or make) this step's samples, start the next step's, run the rest."""
+        assert self._overlap is not None
+        node = self._overlap.node
+        started = time.perf_counter()
+        taken = self._overlap.take()
+        if taken is None:  # the run's first step: nothing was prefetched
+            rows = self._run([node.name], prompts, step, record)
+            version = self._overlap.updates
+        else:
+            (rows, version), waited = taken, time.perf_counter() - started
+            record.seconds[node.name] = waited  # only what the step still waited for: the rest overlapped
+        if upcoming is not None:  # queued on the rollout group before this step's weights
+            self._overlap.submit(upcoming, self.seed + step + 1)
+        rows, metrics = self._overlap.stamp(rows, version, prefetched=taken is not None)
+        record.metrics.update(metrics)
+        self.ledger.rows_changed()
+        state = self._run([name for name in self.graph.order if name != node.name], rows, step, record,
+                          expanded=True)
+        self._overlap.updates += 1
         return state
 
     def _sample_until_full(self, prompts: Batch, step: int, record: _StepRecord,

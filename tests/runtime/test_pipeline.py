@@ -1,0 +1,66 @@
+"""``one_step_off``: the rollout group generates step t+1 while the trainer works on step t (staleness 1)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from hybridflow.data import TASKS, PromptLoader, RuleScorer, char_tokenizer, task_examples
+from hybridflow.graph import RoleKind, load_graph
+from hybridflow.planner import GroupPlan, Plan, RoleLayout
+from hybridflow.runtime import Controller, OptimSpec, RoleSpec, default_plan
+
+BACKEND = f"{Path(__file__).with_name('minimal_backend.py')}:BACKEND"
+TOKENIZER = char_tokenizer()
+GRAPH = load_graph("grpo_no_ref", n=4, max_new_tokens=5, reward_kind="reward_function")
+LOADER = PromptLoader(records=task_examples("reverse", 64), tokenizer=TOKENIZER, batch_size=4)
+SCORER = RuleScorer(TASKS.get("reverse").reward, TOKENIZER)
+
+
+def _group(gpu: int, role: str) -> GroupPlan:
+    return GroupPlan(gpus=(gpu,), hosts=(0,), device="cpu", roles=(role,),
+                     layouts=(RoleLayout(role=role, dp=1, dtype="fp32", micro_batch_size=16),),
+                     memory_per_gpu_bytes=0, capacity_bytes=0)
+
+
+SPLIT = Plan(algorithm="grpo_no_ref", groups=(_group(0, "actor"), _group(1, "actor:rollout")), driver_roles=("reward",))
+
+
+def _controller(plan: Plan, pipeline: str) -> Controller:
+    # A large learning rate, so one update visibly changes what the bigram policy samples.
+    specs = {"actor": RoleSpec(name="actor", kind=RoleKind.POLICY, model="unused", backend=BACKEND,
+                               optim=OptimSpec(lr=100.0), options={"vocab_size": len(TOKENIZER)})}
+    return Controller(GRAPH, plan, specs=specs, driver_roles={"reward": SCORER}, pipeline=pipeline)
+
+
+def _run(pipeline: str, steps: int) -> list[Any]:
+    with _controller(SPLIT, pipeline) as controller:
+        return [controller.step(LOADER.batch(s), step=s, upcoming=LOADER.batch(s + 1) if s + 1 < steps else None)
+                for s in range(steps)]
+
+
+def test_each_step_trains_on_samples_one_update_old() -> None:
+    results = _run("one_step_off", 4)
+    assert [r.metrics["pipeline/prefetched"] for r in results] == [0.0, 1.0, 1.0, 1.0]
+    assert [r.metrics["pipeline/staleness_max"] for r in results] == [0.0, 1.0, 1.0, 1.0]
+    assert [int(r.batch["policy_version"][0]) for r in results] == [0, 0, 1, 2]  # updates behind each batch
+    assert all("actor/loss" in r.metrics for r in results)
+
+
+def test_the_prefetched_samples_come_from_the_weights_before_the_update() -> None:
+    overlapped = _run("one_step_off", 2)[1].batch
+    synced = _run("sync", 2)[1].batch
+    with _controller(SPLIT, "sync") as fresh:  # the initial weights: what step 1 sampled with, one step off
+        again = fresh.generate("actor_generate", overlapped.select(["prompts", "prompt_mask", "uid"]), seed=1)
+    assert torch.equal(overlapped["responses"], again["responses"])
+    assert not torch.equal(overlapped["responses"], synced["responses"])  # on-policy step 1 samples differ
+
+
+def test_one_step_off_needs_a_rollout_on_gpus_of_its_own() -> None:
+    with pytest.raises(ValueError, match="on GPUs of its own"):
+        _controller(default_plan(GRAPH), "one_step_off")
+    with pytest.raises(ValueError, match=r"pipeline='async' must be one of \['sync', 'one_step_off'\]"):
+        _controller(SPLIT, "async")
