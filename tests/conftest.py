@@ -10,6 +10,8 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+# Ray waits ~20 s for a starting GCS; on a loaded 2-core machine that is not always enough.
+os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "90")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
