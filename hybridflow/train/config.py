@@ -118,6 +118,8 @@ class TrainConfig:
     separate_rollout: bool = False  # placement=auto: also consider rollout GPUs apart from the trainer's
     # placement=auto|manual: the cost model's fitted constants (a file from `hybridflow calibrate`, or a shipped name)
     calibration: str | None = None
+    # "one_step_off": a rollout on GPUs of its own generates step t+1 while the trainer trains on step t
+    pipeline: Literal["sync", "one_step_off"] = "sync"
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     actor: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3))

@@ -79,7 +79,8 @@ def train(config: TrainConfig, *, resume: bool = False, graph: Graph | None = No
     _note(config, f"starting the workers ({config.executor} executor)")
     with StepTracker() as running, Controller(graph, plan, specs=specs,
                     executor=setup.make_executor(config), seed=config.seed, services=setup.services(config, plan),
-                    driver_roles={r.name: scorer for r in graph.roles if not r.kind.needs_gpu}) as controller:
+                    driver_roles={r.name: scorer for r in graph.roles if not r.kind.needs_gpu},
+                    pipeline=config.pipeline) as controller:
         if checkpoint is not None:
             controller.load_checkpoint(str(checkpoint / "roles"))
         progress = _Progress(range(start, config.steps), enabled=config.progress,
@@ -89,7 +90,8 @@ def train(config: TrainConfig, *, resume: bool = False, graph: Graph | None = No
             running.step = step
             # A filter's extra rounds draw prompts from beyond the run's own steps, so reruns see the same ones.
             more = partial(_extra_prompts, loader, config.steps, step)
-            result = controller.step(loader.batch(step), step=step, more=more)
+            upcoming = loader.batch(step + 1) if config.pipeline != "sync" and step + 1 < config.steps else None
+            result = controller.step(loader.batch(step), step=step, more=more, upcoming=upcoming)
             metrics = step_metrics(result, time.perf_counter() - began, graph)
             if step == 0:  # once per run (a resumed run keeps step 0's line)
                 metrics.update(data_metrics)

@@ -64,3 +64,16 @@ def test_one_step_off_needs_a_rollout_on_gpus_of_its_own() -> None:
         _controller(default_plan(GRAPH), "one_step_off")
     with pytest.raises(ValueError, match=r"pipeline='async' must be one of \['sync', 'one_step_off'\]"):
         _controller(SPLIT, "async")
+
+
+@pytest.mark.slow
+def test_hybridflow_train_runs_one_step_off_on_a_detached_rollout(tmp_path: Path) -> None:
+    from hybridflow.train.config import load_config
+    from hybridflow.train.loop import train
+
+    config = load_config(None, ["algorithm=grpo_no_ref", "algorithm_options={n: 2, max_new_tokens: 4}", "steps=3",
+                                "model.sft_steps=5", "data.batch_size=4", "data.num_examples=32", "placement=manual",
+                                "cluster=2xCPU", "meshes={actor: [0], 'actor:rollout': [1]}", "pipeline=one_step_off",
+                                f"output_dir={tmp_path}", "progress=false", "tensorboard=false", "plot=false"])
+    history = train(config).history
+    assert [row["pipeline/staleness_max"] for row in history] == [0.0, 1.0, 1.0]
