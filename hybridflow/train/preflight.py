@@ -23,6 +23,7 @@ from hybridflow.train.config import OptimConfig, TrainConfig
 def check_config(config: TrainConfig, graph: Graph, plan: Plan | None = None) -> None:
     """Raise ``ValueError``/``FileNotFoundError``/``KeyError`` naming the first bad key of ``config``."""
     check_ranges(config)
+    check_node_options(graph)
     check_model_paths(config)
     check_files(config)
     setup.reward_scorer(config, tokenizer=None)  # loads each function and checks its signature
@@ -41,6 +42,8 @@ def check_ranges(config: TrainConfig) -> None:
     _at_least("data.batch_size", data.batch_size, 1)
     _at_least("data.num_examples", data.num_examples, 1)
     _at_least("seed", config.seed, 0)
+    if not 0 <= data.val_fraction < 1:
+        raise ValueError(f"config key 'data.val_fraction'={data.val_fraction} must be in [0, 1) (0: none held out)")
     for name, optim in (("actor", config.actor), ("critic", config.critic)):
         _check_optim(name, optim)
 
@@ -54,6 +57,34 @@ def _check_optim(name: str, optim: OptimConfig) -> None:
         raise ValueError(f"config key '{name}.grad_clip'={optim.grad_clip} must be a finite number > 0")
     if not all(0 <= beta < 1 for beta in optim.betas):
         raise ValueError(f"config key '{name}.betas'={list(optim.betas)} must be two numbers in [0, 1)")
+
+
+# Node options that are a count, a weight or a ratio whatever the algorithm: a negative value is a typo.
+NON_NEGATIVE_OPTIONS = ("kl_coef", "clip_ratio", "clip_ratio_high", "clip_ratio_low", "max_new_tokens", "n", "top_k")
+
+
+def check_node_options(graph: Graph) -> None:
+    """Numeric node options are finite, the non-negative ones non-negative, and each generate node's sampling
+    options make valid :class:`SamplingParams` (checked here, not first on a worker after the model loaded)."""
+    import dataclasses
+
+    from hybridflow.graph import Op
+    from hybridflow.runtime.protocols import SamplingParams
+
+    sampling = {f.name for f in dataclasses.fields(SamplingParams)} - {"seed"}
+    for node in graph.nodes:
+        options = node.options_dict
+        for name, value in options.items():
+            key = f"algorithm_options.{name} (node {node.name!r})"
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{key}={value} must be a finite number")
+            if name in NON_NEGATIVE_OPTIONS and isinstance(value, int | float) and value < 0:
+                raise ValueError(f"{key}={value} must be >= 0")
+        if node.op is Op.GENERATE:
+            try:
+                SamplingParams(**{name: value for name, value in options.items() if name in sampling})  # type: ignore[arg-type]
+            except ValueError as err:
+                raise ValueError(f"node {node.name!r}: {err} (algorithm_options)") from err
 
 
 def check_model_paths(config: TrainConfig) -> None:
