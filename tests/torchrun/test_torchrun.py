@@ -101,6 +101,7 @@ def test_a_hand_started_world_keeps_replicas_equal_and_reports_failures_by_rank(
     assert hung["rank"] == 1 and "torchrun rank 1 unreachable" in hung["message"] and "no heartbeat" in hung["message"]
     # heartbeat_timeout_s=2 (+ a poll) in the probe: well before the ops' own 8 s timeout
     assert 1.5 < hung["seconds"] < 6.0, "a stopped rank must fail the call once its heartbeat stalls"
+    print(f"stopped torchrun rank seen after {hung['seconds']:.1f}s (heartbeat_timeout_s=2)")
     assert "lost a rank earlier" in result["after_lost"]
     assert result["stop_serving_seconds"] < 2.0
 
