@@ -36,8 +36,10 @@ def save_checkpoint(run_dir: Path, step: int, write_roles: Callable[[str], None]
 def latest_checkpoint(run_dir: Path) -> Path | None:
     """The newest complete checkpoint of a run, or None."""
     root = run_dir / "checkpoints"
-    found = sorted(p for p in root.glob(f"{_PREFIX}*") if (p / "trainer.json").is_file()) if root.is_dir() else []
-    return found[-1] if found else None
+    found = [p for p in root.glob(f"{_PREFIX}*") if p.name[len(_PREFIX):].isdigit() and (p / "trainer.json").is_file()
+             ] if root.is_dir() else []
+    # By step number, not name: step_1000000 (7 digits) comes after step_999999.
+    return max(found, key=lambda p: int(p.name[len(_PREFIX):])) if found else None
 
 
 def checkpoint_step(path: Path) -> int:

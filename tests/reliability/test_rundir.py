@@ -130,3 +130,13 @@ def test_repair_metrics_keeps_whole_rows(tmp_path: Path) -> None:
     path.write_text('{"step": 0}\n[1, 2]\n{"step": 1}\n{"ste')
     assert repair_metrics(path) == 2
     assert path.read_text() == '{"step": 0}\n{"step": 1}\n'
+
+
+def test_the_latest_checkpoint_is_the_highest_step_not_the_last_name(tmp_path: Path) -> None:
+    from hybridflow.train.checkpoint import latest_checkpoint
+
+    for name in ("step_999999", "step_1000000", "step_notes", ".step_2000000.tmp"):
+        (tmp_path / "checkpoints" / name).mkdir(parents=True)
+        (tmp_path / "checkpoints" / name / "trainer.json").write_text("{}")
+    latest = latest_checkpoint(tmp_path)
+    assert latest is not None and latest.name == "step_1000000"
