@@ -61,7 +61,8 @@ def build_plan(problem: Problem, groups: Sequence[Placement], *, search: SearchS
                 weight_sync_bytes=sum(group.layout.weight_sync_bytes for group in groups),
                 weight_sync_seconds=sum(group.layout.weight_sync_seconds for group in groups),
                 bottleneck=bottleneck(nodes, groups, step), feasible=not problems, problems=tuple(problems),
-                search=search, extra=(("idle_fraction", round(idle_fraction(step, groups), 6)),))
+                search=search, extra=(("idle_fraction", round(idle_fraction(step, groups), 6)),),
+                pipeline=problem.pipeline)
 
 
 def bottleneck(nodes: Sequence[NodeEstimate], groups: Sequence[Placement], step: float) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from hybridflow.planner.errors import gib
+from hybridflow.planner.modes import describe_mode
 from hybridflow.planner.plan import Plan, RoleLayout
 
 
@@ -39,6 +40,8 @@ def compare_plans(auto: Plan, manual: Plan, *, names: tuple[str, str] = ("auto",
     lines.append(f"step time: {a} {auto.step_time_s:.3g} s, {m} {manual.step_time_s:.3g} s ({verdict})")
     for name, plan in ((a, auto), (m, manual)):
         lines.append(f"{name}: " + "; ".join(describe_groups(plan)) + f" - GPUs used {plan.num_gpus}")
+    if (auto.pipeline, bool(auto.detached_rollouts)) != (manual.pipeline, bool(manual.detached_rollouts)):
+        lines.append(f"execution modes: {a} {describe_mode(auto)}; {m} {describe_mode(manual)}")
     for name, plan in ((a, auto), (m, manual)):
         lines.append(f"{name} bottleneck: {plan.bottleneck}; idle GPU time {_idle(plan):.0%}")
     lines.extend(_node_differences(auto, manual, names))

@@ -353,3 +353,9 @@ def weight_ship(model: ModelSpec, layout: RoleLayout, shape: Shape) -> tuple[flo
     if layout.sharding is not Sharding.NO_SHARD:
         gather = ring_seconds(full / layout.tp, shard_ranks(layout, shape), shape.collective_bandwidth)
     return gather + full / shape.inter + COLLECTIVE_LATENCY_S, int(full)
+
+
+def weight_load(model: ModelSpec, layout: RoleLayout, shape: Shape) -> float:
+    """Seconds a detached rollout engine spends taking in the full weights shipped to it (``one_step_off``:
+    the rollout's GPUs receive the copy after generating, so it adds to that pool's busy time)."""
+    return model.params * DTYPE_BYTES[layout.dtype] / shape.inter + COLLECTIVE_LATENCY_S

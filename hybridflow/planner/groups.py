@@ -14,6 +14,7 @@ from hybridflow.planner.costs import (
     forward_cost,
     static_bytes,
     update_cost,
+    weight_load,
     weight_ship,
     weight_sync,
 )
@@ -34,10 +35,12 @@ from hybridflow.planner.rollout import generate_cost
 ShapeKey = tuple[str, tuple[int, ...]]
 
 
-def node_seconds(role: RoleWork, layout: RoleLayout, shape: Shape, prompt_len: int) -> dict[str, float]:
+def node_seconds(role: RoleWork, layout: RoleLayout, shape: Shape, prompt_len: int, *,
+                 pipeline: str = "sync") -> dict[str, float]:
     """Seconds of each node of ``role``; the colocated engine's weight refresh and wake/sleep are charged
     to its first generate node (verl's ``gen`` timer holds them), the shipment to a detached rollout to
-    the policy's last update."""
+    the policy's last update, and in ``one_step_off`` the detached engine's loading of those weights to its
+    first generate node (the pool's own work, overlapped with training)."""
     resident = static_bytes(role.model, role.kind, engine_layout(layout) if role.generates_only else layout, shape)
     seconds = {load.node: generate_cost(role.model, load, prompt_len, layout, shape, resident).seconds
                for load in role.generate}
@@ -45,6 +48,8 @@ def node_seconds(role: RoleWork, layout: RoleLayout, shape: Shape, prompt_len: i
         first = role.generate[0].node
         seconds[first] += weight_sync(role.model, layout, shape)[0]
         seconds[first] += engine_switch(role.model, role.kind, layout, shape)
+    if role.generates_only and pipeline == "one_step_off":
+        seconds[role.generate[0].node] += weight_load(role.model, layout, shape)
     for load in role.forward:
         seconds[load.node] = forward_cost(role.model, role.kind, load, layout, shape).seconds
     last = len(role.update) - 1
@@ -116,7 +121,7 @@ class GroupEvaluator:
         static, peak, sync, sync_seconds = 0, 0, 0, 0.0
         for layout in layouts:
             work = self.problem.role(layout.role)
-            seconds.update(node_seconds(work, layout, shape, self.prompt_len))
+            seconds.update(node_seconds(work, layout, shape, self.prompt_len, pipeline=self.problem.pipeline))
             costed = engine_layout(layout) if work.generates_only else layout  # as _rollout_candidates counts it
             static += static_bytes(work.model, work.kind, costed, shape)
             peak = max(peak, transient_bytes(work, costed, shape, self.prompt_len))
@@ -126,5 +131,7 @@ class GroupEvaluator:
             if work.ships_to:
                 ship_s, ship = weight_ship(work.model, layout, shape)
                 sync, sync_seconds = sync + ship, sync_seconds + ship_s
+            if work.generates_only and self.problem.pipeline == "one_step_off":
+                sync_seconds += weight_load(work.model, layout, shape)
         return GroupLayout(layouts=layouts, node_seconds=tuple(seconds.items()), busy_seconds=sum(seconds.values()),
                            memory_bytes=static + peak, weight_sync_bytes=sync, weight_sync_seconds=sync_seconds)

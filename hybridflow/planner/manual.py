@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from hybridflow.graph import Graph, Workload
 from hybridflow.planner.assemble import Placement, build_plan
@@ -20,6 +21,7 @@ from hybridflow.planner.errors import gib
 from hybridflow.planner.groups import GroupEvaluator
 from hybridflow.planner.layouts import Constraint, usable_bytes
 from hybridflow.planner.models import ModelSpec
+from hybridflow.planner.modes import CHOICES, explain_choice, overlap_blocker
 from hybridflow.planner.plan import ROLLOUT_SUFFIX, Plan, SearchStats, Sharding
 from hybridflow.planner.problem import Problem, build_problem
 from hybridflow.planner.settings import RunSettings
@@ -137,7 +139,7 @@ def evaluate_mapping(graph: Graph, models: Mapping[str, ModelSpec], workload: Wo
                      sequence_parallel: PerRole = None, pipeline_parallel: PerRole = None,
                      expert_parallel: PerRole = None, fsdp_size: PerRole = None,
                      gradient_checkpointing: bool | None = None, settings: RunSettings | None = None,
-                     calibration: Calibration | None = None) -> Plan:
+                     calibration: Calibration | None = None, pipeline: str = "sync") -> Plan:
     """Cost a hand-written mapping with the planner's model; fields left None are chosen by the planner.
 
     ``rollout_tp`` fixes the tensor-parallel size of a policy's rollout engine (verl's
@@ -145,7 +147,9 @@ def evaluate_mapping(graph: Graph, models: Mapping[str, ModelSpec], workload: Wo
     Megatron or Ulysses run gives ``sequence_parallel``, ``pipeline_parallel`` and ``expert_parallel``
     (each splits the data-parallel ranks), ``fsdp_size`` the shard group of HYBRID_SHARD, and
     ``gradient_checkpointing`` fixes recomputation (None: the planner chooses). ``settings`` and
-    ``calibration`` as in ``plan_placement``.
+    ``calibration`` as in ``plan_placement``. ``pipeline`` is the execution mode costed: "sync",
+    "one_step_off" (the mapping must give the policy's rollout GPUs of its own, else a ValueError names the
+    fix) or "auto" (the faster of the two the mapping can run; a tie keeps sync).
 
     The plan is executable like an auto plan. A group that does not fit memory makes the plan
     infeasible, with a problem naming the group and the overflow (an OOM risk), instead of raising.
@@ -156,10 +160,44 @@ def evaluate_mapping(graph: Graph, models: Mapping[str, ModelSpec], workload: Wo
         if sorted(mapping[role]) == sorted(mapping.get(role.removesuffix(ROLLOUT_SUFFIX), ())):
             del mapping[role]  # the policy's own GPUs: the colocated rollout
     detach = [role.removesuffix(ROLLOUT_SUFFIX) for role in mapping if role.endswith(ROLLOUT_SUFFIX)]
-    problem = build_problem(graph, models, workload, cluster, detach=detach, settings=settings,
-                            calibration=calibration)
-    splits = {"sequence_parallel": sequence_parallel, "pipeline_parallel": pipeline_parallel,
-              "expert_parallel": expert_parallel, "fsdp_size": fsdp_size}
+    if pipeline not in CHOICES:
+        raise ValueError(f"pipeline={pipeline!r} must be one of {list(CHOICES)}")
+    modes = [pipeline] if pipeline != "auto" else ["sync"] + (
+        ["one_step_off"] if detach and overlap_blocker(graph) is None else [])
+    plans = []
+    for mode in modes:
+        problem = build_problem(graph, models, workload, cluster, detach=detach, settings=settings,
+                                calibration=calibration, pipeline=mode)
+        splits = {"sequence_parallel": sequence_parallel, "pipeline_parallel": pipeline_parallel,
+                  "expert_parallel": expert_parallel, "fsdp_size": fsdp_size}
+        fixed = _Fixed(data_parallel_size, sharding, micro_batch_sizes, rollout_tp, splits, gradient_checkpointing,
+                       dtypes)
+        placements, problems = _place(problem, mapping, fixed)
+        stats = SearchStats(method="manual", candidates=len(placements), seconds=round(time.perf_counter() - start, 4))
+        plans.append(build_plan(problem, placements, search=stats, problems=problems))
+    if pipeline != "auto":
+        return plans[0]
+    best = min(range(len(plans)), key=lambda i: (plans[i].step_time_s, i))
+    why = explain_choice(plans[best], [plan for i, plan in enumerate(plans) if i != best])
+    return replace(plans[best], extra=tuple(sorted((*plans[best].extra, ("pipeline_choice", why)))))
+
+
+@dataclass(frozen=True)
+class _Fixed:
+    """The fields a user fixed for a manual mapping (None: the planner's layout policy chooses)."""
+
+    data_parallel_size: PerRole
+    sharding: Sharding | str | None
+    micro_batch_sizes: PerRole
+    rollout_tp: PerRole
+    splits: Mapping[str, PerRole]
+    gradient_checkpointing: bool | None
+    dtypes: Mapping[str, str] | None
+
+
+def _place(problem: Problem, mapping: Mapping[str, Sequence[int]], fixed: _Fixed) -> tuple[list[Placement], list[str]]:
+    """Each mapped group with the best layout honouring ``fixed``; an overflow is a problem, not an error."""
+    cluster = problem.cluster
     evaluator = GroupEvaluator(problem)
     placements, problems = [], []
     for roles, gpus in group_roles(problem, mapping):
@@ -168,21 +206,21 @@ def evaluate_mapping(graph: Graph, models: Mapping[str, ModelSpec], workload: Wo
             counts[cluster.machine_index(gpu)] = counts.get(cluster.machine_index(gpu), 0) + 1
         device = cluster.machine_of(gpus[0]).device
         shape = evaluator.shape(device.name, list(counts.values()))
-        constraints = {role: _constraint(role, len(gpus), data_parallel_size, sharding, micro_batch_sizes,
-                                         rollout_tp, splits, gradient_checkpointing) for role in roles}
-        for role, fixed in constraints.items():
-            if fixed.tp and not shape.tp_allowed(fixed.tp):
-                raise ValueError(f"role {role!r}: tensor parallel size {fixed.tp} would split across machines "
+        constraints = {role: _constraint(role, len(gpus), fixed.data_parallel_size, fixed.sharding,
+                                         fixed.micro_batch_sizes, fixed.rollout_tp, fixed.splits,
+                                         fixed.gradient_checkpointing) for role in roles}
+        for role, constraint in constraints.items():
+            if constraint.tp and not shape.tp_allowed(constraint.tp):
+                raise ValueError(f"role {role!r}: tensor parallel size {constraint.tp} would split across machines "
                                  f"(GPUs per machine {list(shape.counts)}); change data_parallel_size")
-        chosen = _dtypes(roles, device, dtypes)
+        chosen = _dtypes(roles, device, fixed.dtypes)
         layout, fits = evaluator.constrained(roles, shape, constraints, chosen)
         if not fits:
             problems.append(f"OOM risk: group {list(roles)} on GPUs {_ranges(gpus)} ({device.name}) needs "
                             f"{gib(layout.memory_bytes)} per GPU, {gib(usable_bytes(shape))} usable: over by "
                             f"{gib(layout.memory_bytes - usable_bytes(shape))}")
         placements.append(Placement(roles, gpus, shape, layout))
-    stats = SearchStats(method="manual", candidates=len(placements), seconds=round(time.perf_counter() - start, 4))
-    return build_plan(problem, placements, search=stats, problems=problems)
+    return placements, problems
 
 
 def _dtypes(roles: Sequence[str], device: DeviceSpec, given: Mapping[str, str] | None) -> dict[str, str]:

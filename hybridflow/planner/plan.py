@@ -15,6 +15,7 @@ from typing import Any
 from hybridflow.graph import Graph, Op
 
 ROLLOUT_SUFFIX = ":rollout"
+PIPELINES = ("sync", "one_step_off")  # execution modes a plan may record (the runtime's ``pipeline``)
 
 
 def rollout_role(policy: str) -> str:
@@ -131,7 +132,9 @@ class SearchStats:
 class Plan:
     """Roles placed on GPU groups, with the cost model's estimates for one step.
 
-    ``driver_roles`` run beside the controller and hold no GPU (reward functions).
+    ``driver_roles`` run beside the controller and hold no GPU (reward functions). ``pipeline`` is the
+    execution mode the step time was costed for: ``sync`` or ``one_step_off`` (a detached rollout
+    generates the next step's batch while the trainer works on this one).
     """
 
     algorithm: str
@@ -147,8 +150,11 @@ class Plan:
     problems: tuple[str, ...] = ()
     search: SearchStats | None = None
     extra: tuple[tuple[str, Any], ...] = field(default=())
+    pipeline: str = "sync"
 
     def __post_init__(self) -> None:
+        if self.pipeline not in PIPELINES:
+            raise ValueError(f"Plan.pipeline={self.pipeline!r} must be one of {list(PIPELINES)}")
         placed = [role for group in self.groups for role in group.roles] + list(self.driver_roles)
         if len(placed) != len(set(placed)):
             raise ValueError(f"Plan: a role is placed twice: {placed}")
@@ -215,6 +221,7 @@ class Plan:
             weight_sync_seconds=data.get("weight_sync_seconds", 0.0), bottleneck=data.get("bottleneck", ""),
             feasible=data.get("feasible", True), problems=tuple(data.get("problems", ())), search=search,
             extra=tuple(sorted(data.get("extra", {}).items())),
+            pipeline=data.get("pipeline", "sync"),  # plans written before execution modes were costed
         )
 
     @classmethod

@@ -10,6 +10,7 @@ from hybridflow.planner.calibration import DEFAULT_CALIBRATION, Calibration
 from hybridflow.planner.cluster import Cluster
 from hybridflow.planner.costs import FORWARD_OPS
 from hybridflow.planner.models import ModelSpec
+from hybridflow.planner.modes import check_pipeline
 from hybridflow.planner.plan import rollout_role
 from hybridflow.planner.settings import DEFAULT_SETTINGS, RunSettings
 
@@ -52,6 +53,7 @@ class Problem:
     max_tp: int | None = None  # cap on training/forward tensor parallelism (None: up to 8)
     settings: RunSettings = DEFAULT_SETTINGS
     calibration: Calibration = DEFAULT_CALIBRATION
+    pipeline: str = "sync"  # "one_step_off": detached generate nodes overlap the rest of the step
 
     @property
     def step_overhead_s(self) -> float:
@@ -71,11 +73,13 @@ class Problem:
 
 def build_problem(graph: Graph, models: Mapping[str, ModelSpec], workload: Workload, cluster: Cluster, *,
                   detach: Collection[str] = (), max_tp: int | None = None, settings: RunSettings | None = None,
-                  calibration: Calibration | None = None) -> Problem:
+                  calibration: Calibration | None = None, pipeline: str = "sync") -> Problem:
     """Check the inputs against each other and precompute per-role loads and edge sizes.
 
     ``detach`` names trainable policies whose rollout runs on GPUs of its own: their generate nodes move
     to a frozen role ``<policy>:rollout`` (same model) that receives the weights after every update.
+    ``pipeline="one_step_off"`` costs those generate nodes as overlapping the rest of the step
+    (``hybridflow.planner.modes``); it needs a detached rollout.
     """
     if not isinstance(graph, Graph):
         raise TypeError(f"graph must be a hybridflow Graph, got {type(graph).__name__}; use load_graph('ppo')")
@@ -112,9 +116,11 @@ def build_problem(graph: Graph, models: Mapping[str, ModelSpec], workload: Workl
     gpu_roles = {role.name for role in roles}
     node_role = {node.name: node.role if node.role in gpu_roles else None for node in graph.nodes}
     roles, apart = _detach_rollouts(roles, detach, node_role)
+    check_pipeline(pipeline, graph, detached=bool(apart))
     return Problem(graph=graph, workload=workload, cluster=cluster, roles=tuple(roles), driver_roles=tuple(drivers),
                    edge_bytes=edge_bytes(graph, workload), node_role=node_role, apart=apart, max_tp=max_tp,
-                   settings=settings or DEFAULT_SETTINGS, calibration=calibration or DEFAULT_CALIBRATION)
+                   settings=settings or DEFAULT_SETTINGS, calibration=calibration or DEFAULT_CALIBRATION,
+                   pipeline=pipeline)
 
 
 def _detach_rollouts(roles: list[RoleWork], detach: Collection[str],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from hybridflow.planner.compare import describe_layout
 from hybridflow.planner.errors import gib
+from hybridflow.planner.modes import describe_mode
 from hybridflow.planner.plan import Plan
 
 
@@ -32,6 +33,7 @@ def render_plan(plan: Plan, title: str) -> None:
                       f"{node.end_s:.3g}", f"{node.seconds:.3g}")
     console.print(nodes)
     console.print(f"bottleneck: {plan.bottleneck}")
+    console.print(f"execution mode: {dict(plan.extra).get('pipeline_choice') or describe_mode(plan)}")
     shipped = f" (shipped to {', '.join(plan.detached_rollouts.values())})" if plan.detached_rollouts else ""
     console.print(f"cross-group bytes/step: {plan.cross_group_bytes / 1e6:.1f} MB; rollout weight refresh: "
                   f"{gib(plan.weight_sync_bytes)} in {plan.weight_sync_seconds:.3g} s{shipped}")

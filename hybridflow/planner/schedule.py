@@ -5,6 +5,10 @@ overlap when the graph allows; driver-side nodes never wait for a group. Data cr
 or between a group and the driver, travels through the single controller at ``driver_bandwidth``.
 Every start and end time is a max or sum of durations, so the makespan never falls when a node slows:
 that monotonicity is what makes the search's lower bounds valid.
+
+In ``one_step_off`` (``modes.py``) a detached generate node is *overlapped*: it starts as soon as its group
+is free, without waiting for its inputs (those are the next step's prompts), and its consumers wait only
+for the transfer of the batch it generated during the previous step.
 """
 
 from __future__ import annotations
@@ -12,7 +16,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from hybridflow.graph import Op
 from hybridflow.planner.costs import DRIVER_SECONDS_PER_ROW
+from hybridflow.planner.plan import ROLLOUT_SUFFIX
 from hybridflow.planner.problem import Problem
 
 DRIVER = -1
@@ -28,6 +34,7 @@ class Schedule:
     driver_seconds: tuple[float, ...]  # duration of driver nodes (0 for group nodes)
     cross_group_bytes: int
     num_groups: int
+    overlapped: tuple[bool, ...] = ()  # per node: generates the next step's batch (one_step_off); () none
 
     def index(self) -> dict[str, int]:
         return {name: i for i, name in enumerate(self.nodes)}
@@ -50,18 +57,24 @@ def compile_schedule(problem: Problem, role_group: Mapping[str, int]) -> Schedul
             cross += size
         preds[position[dst]].append((position[src], size / problem.cluster.driver_bandwidth if moves else 0.0))
     driver = tuple(rows * DRIVER_SECONDS_PER_ROW if group == DRIVER else 0.0 for group in group_of)
+    overlapped: tuple[bool, ...] = ()
+    if problem.pipeline == "one_step_off":
+        overlapped = tuple(str(problem.node_role[name]).endswith(ROLLOUT_SUFFIX) and graph.node(name).op is Op.GENERATE
+                           for name in nodes)
     return Schedule(nodes=nodes, group_of=group_of, preds=tuple(tuple(p) for p in preds), driver_seconds=driver,
-                    cross_group_bytes=cross, num_groups=max(role_group.values(), default=-1) + 1)
+                    cross_group_bytes=cross, num_groups=max(role_group.values(), default=-1) + 1,
+                    overlapped=overlapped)
 
 
 def timeline(schedule: Schedule, seconds: Sequence[float]) -> list[tuple[float, float]]:
     """(start, end) of every node, given each group node's ``seconds`` (driver entries are ignored)."""
     free = [0.0] * schedule.num_groups
+    ahead = schedule.overlapped or (False,) * len(schedule.nodes)
     spans: list[tuple[float, float]] = []
     for i, group in enumerate(schedule.group_of):
         start = 0.0
-        for pred, transfer in schedule.preds[i]:
-            start = max(start, spans[pred][1] + transfer)
+        for pred, transfer in schedule.preds[i] if not ahead[i] else ():
+            start = max(start, (0.0 if ahead[pred] else spans[pred][1]) + transfer)
         if group == DRIVER:
             spans.append((start, start + schedule.driver_seconds[i]))
         else:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hybridflow.graph import Graph, Workload
 from hybridflow.planner.assemble import Placement, build_plan, group_seconds, idle_fraction
@@ -21,7 +21,8 @@ from hybridflow.planner.errors import InfeasibleError, explain_infeasible
 from hybridflow.planner.groups import GroupEvaluator
 from hybridflow.planner.layouts import GroupLayout
 from hybridflow.planner.models import ModelSpec
-from hybridflow.planner.plan import Plan, SearchStats
+from hybridflow.planner.modes import CHOICES, explain_choice, overlap_blocker
+from hybridflow.planner.plan import Plan, SearchStats, detachable_policies
 from hybridflow.planner.problem import Problem, build_problem
 from hybridflow.planner.schedule import Schedule, compile_schedule, makespan
 from hybridflow.planner.settings import RunSettings
@@ -39,6 +40,11 @@ class PlannerOptions:
     ``separate_rollout``: also consider giving each trainable policy's rollout GPUs of its own (its
     weights shipped there after every update, as OpenRLHF does with its vLLM engines), keeping it
     only when the modelled step is faster. It roughly doubles the search time.
+    ``pipeline``: the execution mode costed. "sync" (every node of a step in turn); "one_step_off" (only
+    split plans, their rollout generating the next step's batch while the trainer trains: ``modes.py``);
+    "auto" (sync colocated, sync split and one_step_off split plans compared, the fastest kept; ties go to
+    the simpler, in that order). The plan records the mode and, when modes were compared, why
+    (``extra["pipeline_choice"]``).
     """
 
     exact_gpu_limit: int = 16
@@ -46,8 +52,11 @@ class PlannerOptions:
     machine_grid_ratio: float = 1.25
     max_tp: int | None = None
     separate_rollout: bool = False
+    pipeline: str = "sync"
 
     def __post_init__(self) -> None:
+        if self.pipeline not in CHOICES:
+            raise ValueError(f"PlannerOptions.pipeline={self.pipeline!r} must be one of {list(CHOICES)}")
         if self.unit not in ("auto", "gpu", "machine"):
             raise ValueError(f"PlannerOptions.unit={self.unit!r} must be 'auto', 'gpu' or 'machine'")
         if self.max_tp is not None and self.max_tp < 1:
@@ -205,29 +214,59 @@ def plan_placement(graph: Graph, models: Mapping[str, ModelSpec], workload: Work
     """
     start = time.perf_counter()
     opts = options or PlannerOptions()
-    problem = build_problem(graph, models, workload, cluster, max_tp=opts.max_tp, settings=settings,
-                            calibration=calibration)
-    searcher = Searcher(problem, opts.units(cluster))
-    placements = searcher.run()
-    visited = searcher.visited + searcher.evaluator.evaluations
-    detachable = [role.name for role in problem.roles if role.generate and role.update]
-    if opts.separate_rollout and detachable:
-        split = build_problem(graph, models, workload, cluster, detach=detachable, max_tp=opts.max_tp,
-                              settings=settings, calibration=calibration)
-        rival = Searcher(split, opts.units(cluster))
-        found = rival.run()
-        visited += rival.visited + rival.evaluator.evaluations
-        faster = searcher.best.key is None or (
-            rival.best.key is not None and rival.best.key[0] < searcher.best.key[0] * (1 - TOLERANCE))
-        if found is not None and faster:  # a tie keeps the simpler, colocated plan
-            problem, searcher, placements = split, rival, found
-    if placements is None:
+    found: list[tuple[Problem, Searcher, list[Placement]]] = []
+    visited = 0
+    fallback: tuple[Problem, Searcher] | None = None
+    for detach, pipeline in _modes(opts, graph):
+        problem = build_problem(graph, models, workload, cluster, detach=detach, max_tp=opts.max_tp,
+                                settings=settings, calibration=calibration, pipeline=pipeline)
+        searcher = Searcher(problem, opts.units(cluster))
+        placements = searcher.run()
+        visited += searcher.visited + searcher.evaluator.evaluations
+        fallback = fallback or (problem, searcher)
+        if placements is not None:
+            found.append((problem, searcher, placements))
+    if not found:
+        assert fallback is not None
+        if opts.pipeline == "one_step_off" and cluster.num_gpus < 2:
+            raise InfeasibleError("pipeline='one_step_off' needs the rollout on GPUs of its own: at least 2 GPUs, "
+                                  f"the cluster has {cluster.num_gpus}; use pipeline='sync'")
+        problem, searcher = fallback
         raise InfeasibleError(explain_infeasible(problem, searcher.evaluator))
+    stats = SearchStats(method=found[0][1].units.name, candidates=visited,
+                        seconds=round(time.perf_counter() - start, 4))
+    plans = [_assemble(problem, placements, stats) for problem, _, placements in found]
+    best = 0
+    for index, plan in enumerate(plans):  # a tie keeps the earlier, simpler mode
+        if plan.step_time_s < plans[best].step_time_s * (1 - TOLERANCE):
+            best = index
+    chosen = plans[best]
+    if len(plans) > 1 or opts.pipeline != "sync":
+        why = explain_choice(chosen, [plan for i, plan in enumerate(plans) if i != best])
+        chosen = replace(chosen, extra=tuple(sorted((*chosen.extra, ("pipeline_choice", why)))))
+    return chosen
+
+
+def _modes(options: PlannerOptions, graph: Graph) -> list[tuple[tuple[str, ...], str]]:
+    """The (detached policies, pipeline) problems to search, simplest first."""
+    detachable = detachable_policies(graph)
+    if options.pipeline == "one_step_off":
+        blocker = overlap_blocker(graph)
+        if blocker is not None:
+            raise ValueError(f"PlannerOptions.pipeline='one_step_off': {blocker}; use pipeline='sync'")
+        return [(detachable, "one_step_off")]
+    modes: list[tuple[tuple[str, ...], str]] = [((), "sync")]
+    if detachable and (options.separate_rollout or options.pipeline == "auto"):
+        modes.append((detachable, "sync"))
+    if detachable and options.pipeline == "auto" and overlap_blocker(graph) is None:
+        modes.append((detachable, "one_step_off"))
+    return modes
+
+
+def _assemble(problem: Problem, placements: list[Placement], stats: SearchStats) -> Plan:
     # Groups in the order of their roles in the graph, so equal inputs print equal plans.
     rank = {role: i for i, role in enumerate(problem.role_names)}
-    placements.sort(key=lambda p: rank[p.roles[0]])
-    stats = SearchStats(method=searcher.units.name, candidates=visited, seconds=round(time.perf_counter() - start, 4))
-    return build_plan(problem, placements, search=stats)
+    return build_plan(problem, sorted(placements, key=lambda p: rank[p.roles[0]]), search=stats)
 
 
 def solve(problem: Problem, units: Units) -> list[Placement] | None:

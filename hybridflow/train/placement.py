@@ -51,7 +51,8 @@ def planned(config: TrainConfig, graph: Graph, prompt_len: int, model_dir: str |
     if config.placement == "auto":
         # The installed training backends are data parallel only: plan what they can run.
         plan = plan_placement(graph, models, work, cluster, calibration=calibration,
-                              options=PlannerOptions(max_tp=1, separate_rollout=config.separate_rollout))
+                              options=PlannerOptions(max_tp=1, separate_rollout=config.separate_rollout,
+                                                     pipeline=config.pipeline))
     else:
         gpu_roles = set(models)
         missing = sorted(gpu_roles - set(config.meshes))
