@@ -78,7 +78,7 @@ def _dcp_state(path: Path) -> dict[str, torch.Tensor]:
     with tempfile.TemporaryDirectory() as tmp:
         target = Path(tmp) / "state.pt"
         dcp_to_torch_save(str(path), str(target))
-        state = torch.load(target, map_location="cpu", weights_only=False)
+        state = torch.load(target, map_location="cpu", weights_only=True)
     model = state["model"] if isinstance(state.get("model"), dict) else {
         key.removeprefix("model."): value for key, value in state.items() if key.startswith("model.")}
     return {name: tensor for name, tensor in model.items() if isinstance(tensor, torch.Tensor)}
