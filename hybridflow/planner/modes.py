@@ -43,10 +43,11 @@ def check_pipeline(pipeline: str, graph: Graph, *, detached: bool) -> None:
         raise ValueError(f"pipeline='one_step_off': {blocker}; use pipeline='sync'")
     if not detached:
         policy = detachable_policies(graph)[0]
-        raise ValueError(f"pipeline='one_step_off' needs {policy!r}'s rollout on GPUs of its own, so that "
+        raise ValueError(f"pipeline='one_step_off' needs the rollout of {policy!r} on GPUs of its own, so that "
                          f"generation can overlap training; this mapping colocates it. Add "
                          f"'{policy}{ROLLOUT_SUFFIX}=<GPUs not shared with {policy}>' to the mapping (or let the "
-                         "search split the pool: PlannerOptions(pipeline='one_step_off')), or use pipeline='sync'")
+                         "search split the pool: PlannerOptions(pipeline='one_step_off'), `hybridflow plan "
+                         "--pipeline one_step_off` without --manual), or use pipeline='sync'")
 
 
 def pool_seconds(plan: Plan) -> tuple[float, float]:

@@ -118,8 +118,8 @@ def test_default_options_cost_sync_exactly_as_before(grpo: Graph) -> None:
 
 def test_colocated_mapping_with_one_step_off_is_refused_naming_the_fix(grpo: Graph) -> None:
     workload = Workload(batch_size=64, prompt_len=256, response_len=64)
-    with pytest.raises(ValueError, match=r"needs 'actor''s rollout on GPUs of its own.*'actor:rollout=.*"
-                                         r"pipeline='sync'"):
+    with pytest.raises(ValueError, match=r"needs the rollout of 'actor' on GPUs of its own.*"
+                                         r"'actor:rollout=.*pipeline='sync'"):
         evaluate_mapping(grpo, small_models(grpo), workload, cluster(), parse_mapping("actor=0-3,reference=0-3"),
                          pipeline="one_step_off")
     # The policy's own GPUs named as its rollout are the colocated engine too.
