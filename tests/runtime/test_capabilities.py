@@ -88,6 +88,8 @@ def test_capabilities_of_a_reference_engine() -> None:
 
 @pytest.mark.parametrize("backend", ["torch", "fsdp", "deepspeed"])
 def test_unknown_backend_options_are_refused_with_the_valid_ones(backend: str) -> None:
+    if backend == "deepspeed":
+        pytest.importorskip("deepspeed", reason="the deepspeed extra is not installed")
     graph, _ = _grpo()
     specs = {name: RoleSpec(name=name, kind=graph.role(name).kind, model="tiny-qwen2", backend=backend,
                             options={"shard_sise": 2}) for name in ("actor", "reference")}
