@@ -12,18 +12,16 @@ from hybridflow.data.records import Record
 
 
 @dataclass(frozen=True, kw_only=True)
-class DataSpec:
-    """Where prompts come from and how to read them.
+class DataFiles:
+    """How prompt files are read and split: the keys a data config and a :class:`DataSpec` share.
 
-    ``path``: a ``.jsonl`` / ``.parquet`` file or a ``datasets.save_to_disk`` directory (``split`` picks
-    the split of a ``DatasetDict``). ``prompt_key`` / ``answer_key``: columns, dotted keys reach nested
-    ones (``answer_key=None``: ``ground_truth``, else verl's ``reward_model.ground_truth``).
-    Validation: ``val_path`` (read with ``val_split``) or ``val_fraction`` of ``path`` held out by ``seed``.
+    ``prompt_key`` / ``answer_key``: columns, dotted keys reach nested ones (``answer_key=None``:
+    ``ground_truth``, else verl's ``reward_model.ground_truth``); ``split`` picks the split of a
+    ``DatasetDict``. Validation: ``val_path`` (read with ``val_split``) or ``val_fraction`` held out.
     ``max_prompt_length``: prompts longer than this many tokens are dropped (and counted) by
     :func:`~hybridflow.data.prompts.prepare_records` once the tokenizer is known.
     """
 
-    path: str
     prompt_key: str = "prompt"
     answer_key: str | None = None
     split: str = "train"
@@ -31,16 +29,25 @@ class DataSpec:
     val_split: str = "test"
     val_fraction: float = 0.0
     max_prompt_length: int | None = None
-    seed: int = 0
 
     def __post_init__(self) -> None:
         if self.max_prompt_length is not None and self.max_prompt_length < 1:
-            raise ValueError(f"data.max_prompt_length={self.max_prompt_length} must be a positive number of tokens")
+            raise ValueError(f"config key 'data.max_prompt_length'={self.max_prompt_length} must be a positive "
+                             "number of tokens")
         if not 0.0 <= self.val_fraction < 1.0:
-            raise ValueError(f"data.val_fraction={self.val_fraction} must be in [0, 1)")
+            raise ValueError(f"config key 'data.val_fraction'={self.val_fraction} must be in [0, 1) (0: none held out)")
         if self.val_path and self.val_fraction:
             raise ValueError("data.val_path and data.val_fraction both set: validate on a separate file or on a "
                              "held-out fraction, not both")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataSpec(DataFiles):
+    """Where prompts come from: ``path`` (a ``.jsonl`` / ``.parquet`` file or a ``datasets.save_to_disk``
+    directory), read as :class:`DataFiles` says; ``seed`` picks a held-out validation fraction."""
+
+    path: str
+    seed: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)

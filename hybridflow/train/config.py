@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 import yaml
 
+from hybridflow.data.splits import DataFiles
 from hybridflow.runtime.liveness import Liveness
 from hybridflow.runtime.protocols import OptimSpec
 from hybridflow.train.aliases import translate_foreign_keys
@@ -35,23 +36,16 @@ class ModelConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
-class DataConfig:
-    """Prompts from a built-in ``task`` or a file (jsonl, parquet, a ``datasets`` directory) at ``path``.
+class DataConfig(DataFiles):
+    """Prompts from a built-in ``task`` or a file (jsonl, parquet, a ``datasets`` directory) at ``path``, read as
+    :class:`~hybridflow.data.splits.DataFiles` says (column keys, splits, validation, prompt length).
 
     ``reward``: one reward function or a list (``math``, ``file.py:fn``, ``module:fn``; required with
-    ``path``), weighed by ``reward_weights``. Validation prompts come from ``val_path`` or a held-out
-    ``val_fraction``; prompts over ``max_prompt_length`` tokens are dropped and counted. docs/data_and_rewards.md.
+    ``path``), weighed by ``reward_weights``. docs/data_and_rewards.md.
     """
 
     task: str = "reverse"
     path: str | None = None
-    prompt_key: str = "prompt"
-    answer_key: str | None = None
-    split: str = "train"
-    val_path: str | None = None
-    val_split: str = "test"
-    val_fraction: float = 0.0
-    max_prompt_length: int | None = None
     reward: str | list[str] | None = None
     reward_weights: list[float] | None = None
     num_examples: int = 2000

@@ -42,8 +42,6 @@ def check_ranges(config: TrainConfig) -> None:
     _at_least("data.batch_size", data.batch_size, 1)
     _at_least("data.num_examples", data.num_examples, 1)
     _at_least("seed", config.seed, 0)
-    if not 0 <= data.val_fraction < 1:
-        raise ValueError(f"config key 'data.val_fraction'={data.val_fraction} must be in [0, 1) (0: none held out)")
     for name, optim in (("actor", config.actor), ("critic", config.critic)):
         _check_optim(name, optim)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -23,6 +24,7 @@ from hybridflow.data import (
 )
 from hybridflow.data import reward_scorer as load_reward_scorer
 from hybridflow.data.dataset import Record
+from hybridflow.data.splits import DataFiles
 from hybridflow.data.tokenizer import PLAIN_CHAT_TEMPLATE, WIDE_ALPHABET, load_tokenizer
 from hybridflow.graph import Graph, RoleKind, load_graph
 from hybridflow.planner import Plan, rollout_role
@@ -46,10 +48,8 @@ def data_splits(config: TrainConfig) -> DataSplits:
     data = config.data
     if data.path:
         check_reward_configured(data_path=data.path, reward=data.reward)
-        return load_splits(DataSpec(path=data.path, prompt_key=data.prompt_key, answer_key=data.answer_key,
-                                    split=data.split, val_path=data.val_path, val_split=data.val_split,
-                                    val_fraction=data.val_fraction, max_prompt_length=data.max_prompt_length,
-                                    seed=config.seed))
+        files = {f.name: getattr(data, f.name) for f in dataclasses.fields(DataFiles)}
+        return load_splits(DataSpec(path=data.path, seed=config.seed, **files))
     train = task_examples(data.task, data.num_examples, seed=config.seed)
     if data.val_path:
         return DataSplits(train=train, validation=load_records(data.val_path, prompt_key=data.prompt_key,
