@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -74,6 +75,11 @@ def _entry(rank: int, fn: Callable[..., Any], world_size: int, init_file: str, o
     finally:
         if dist.is_initialized():  # an in-process vLLM engine's shutdown already destroyed it
             dist.destroy_process_group()
+    # The result is on disk: leave without interpreter teardown, where a native thread of a library (seen once
+    # with DeepSpeed: "terminate called without an active exception") can abort a rank that already succeeded.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def run_ranks(fn: Callable[..., Any], *args: Any, world_size: int = 2) -> list[Any]:
