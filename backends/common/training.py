@@ -53,6 +53,18 @@ def non_finite(role: str, what: str = "loss on a rank") -> NonFiniteLossError:
                               "(lower the learning rate or check the inputs)")
 
 
+def clip_and_step(role: str, model: Any, optimizer: torch.optim.Optimizer, grad_clip: float, *, set_to_none: bool,
+                  whole: Callable[[torch.Tensor], torch.Tensor] = lambda norm: norm) -> dict[str, float]:
+    """Clip the gradients to ``grad_clip`` and take the optimizer step; a non-finite norm zeroes the gradients and
+    raises instead. ``whole`` turns a sharded norm into the whole one (FSDP's DTensor)."""
+    grad_norm = whole(torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip))
+    if not torch.isfinite(grad_norm):
+        optimizer.zero_grad(set_to_none=set_to_none)
+        raise non_finite(role, "gradient norm")
+    optimizer.step()
+    return {"grad_norm": float(grad_norm), "lr": float(optimizer.param_groups[0]["lr"])}
+
+
 class GradientSteps:
     """``train_step`` for an engine: the shared loop over the hooks below.
 

@@ -12,7 +12,7 @@ from hybridflow.backends.common import modeling
 from hybridflow.backends.common.distributed import all_ranks_finite, all_ranks_sum, ensure_process_group
 from hybridflow.backends.common.forward import ForwardOps
 from hybridflow.backends.common.rollout import with_configured_rollout
-from hybridflow.backends.common.training import GradientSteps, non_finite
+from hybridflow.backends.common.training import GradientSteps, clip_and_step, non_finite
 from hybridflow.backends.fsdp import checkpoint, parallelize
 
 from hybridflow.planner import RoleLayout
@@ -108,12 +108,8 @@ class FsdpRoleEngine(ForwardOps, GradientSteps):
         if not all_ranks_finite(finite):
             self.optimizer.zero_grad(set_to_none=True)
             raise non_finite(self.spec.name)
-        grad_norm = full_value(torch.nn.utils.clip_grad_norm_(self.model.parameters(), optim.grad_clip))
-        if not torch.isfinite(grad_norm):
-            self.optimizer.zero_grad(set_to_none=True)
-            raise non_finite(self.spec.name, "gradient norm")
-        self.optimizer.step()
-        return {"grad_norm": float(grad_norm), "lr": float(self.optimizer.param_groups[0]["lr"])}
+        return clip_and_step(self.spec.name, self.model, self.optimizer, optim.grad_clip, set_to_none=True,
+                             whole=full_value)
 
     def iter_full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """(name, whole tensor) one parameter at a time: a collective, every rank must drain it in step.

@@ -11,7 +11,7 @@ import torch
 from hybridflow.backends.common import modeling
 from hybridflow.backends.common.forward import ForwardOps
 from hybridflow.backends.common.rollout import with_configured_rollout
-from hybridflow.backends.common.training import GradientSteps, non_finite
+from hybridflow.backends.common.training import GradientSteps, clip_and_step, non_finite
 
 from hybridflow.planner import RoleLayout
 from hybridflow.runtime.protocols import OptimSpec, RoleSpec, WorkerContext, parse_options
@@ -63,12 +63,7 @@ class TorchRoleEngine(ForwardOps, GradientSteps):
         if flag.item() > 0:
             self.optimizer.zero_grad(set_to_none=False)
             raise non_finite(self.spec.name)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), optim.grad_clip)
-        if not torch.isfinite(grad_norm):
-            self.optimizer.zero_grad(set_to_none=False)
-            raise non_finite(self.spec.name, "gradient norm")
-        self.optimizer.step()
-        return {"grad_norm": float(grad_norm), "lr": float(self.optimizer.param_groups[0]["lr"])}
+        return clip_and_step(self.spec.name, self.model, self.optimizer, optim.grad_clip, set_to_none=False)
 
     def iter_full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         for name, tensor in self.model.state_dict().items():
