@@ -61,7 +61,7 @@ demo: $(STAMP)
 	$(BIN)/hybridflow plan --algorithm grpo --cluster 8xA100-80G --model llama3-8b
 	@echo
 	@echo "GRPO on string reversal, tiny Qwen2 on CPU, Ray executor (a local Ray starts by itself; ~2 min):"
-	$(BIN)/hybridflow train --config configs/grpo_reverse.yaml executor=ray steps=300 output_dir=runs/demo
+	$(BIN)/hybridflow train --config configs/grpo_reverse.yaml executor=ray steps=300 output_dir=runs/demo --overwrite
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .pytest_cache .ruff_cache
