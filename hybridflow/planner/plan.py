@@ -15,7 +15,7 @@ from typing import Any
 from hybridflow.graph import Graph, Op
 
 ROLLOUT_SUFFIX = ":rollout"
-PIPELINES = ("sync", "one_step_off")  # execution modes a plan may record (the runtime's ``pipeline``)
+PIPELINES = ("sync", "one_step_off", "async")  # execution modes a plan may record (the runtime's ``pipeline``)
 
 
 def rollout_role(policy: str) -> str:
@@ -133,8 +133,10 @@ class Plan:
     """Roles placed on GPU groups, with the cost model's estimates for one step.
 
     ``driver_roles`` run beside the controller and hold no GPU (reward functions). ``pipeline`` is the
-    execution mode the step time was costed for: ``sync`` or ``one_step_off`` (a detached rollout
-    generates the next step's batch while the trainer works on this one).
+    execution mode the step time was costed for: ``sync``, ``one_step_off`` (a detached rollout
+    generates the next step's batch while the trainer works on this one) or ``async`` (the detached rollout
+    generates continuously, at most ``max_staleness`` policy updates ahead of the trainer, and finishes
+    in-flight responses under new weights). ``max_staleness`` is 0 for ``sync`` and 1 for ``one_step_off``.
     """
 
     algorithm: str
@@ -151,10 +153,17 @@ class Plan:
     search: SearchStats | None = None
     extra: tuple[tuple[str, Any], ...] = field(default=())
     pipeline: str = "sync"
+    max_staleness: int = 0
 
     def __post_init__(self) -> None:
         if self.pipeline not in PIPELINES:
             raise ValueError(f"Plan.pipeline={self.pipeline!r} must be one of {list(PIPELINES)}")
+        implied = {"sync": 0, "one_step_off": 1}.get(self.pipeline)
+        if implied is not None and self.max_staleness not in (0, implied):
+            raise ValueError(f"Plan.max_staleness={self.max_staleness} with pipeline={self.pipeline!r}: that mode's "
+                             f"staleness is {implied}; use pipeline='async' for another bound")
+        if self.max_staleness < 0:
+            raise ValueError(f"Plan.max_staleness={self.max_staleness} must be >= 0")
         placed = [role for group in self.groups for role in group.roles] + list(self.driver_roles)
         if len(placed) != len(set(placed)):
             raise ValueError(f"Plan: a role is placed twice: {placed}")
@@ -222,6 +231,7 @@ class Plan:
             feasible=data.get("feasible", True), problems=tuple(data.get("problems", ())), search=search,
             extra=tuple(sorted(data.get("extra", {}).items())),
             pipeline=data.get("pipeline", "sync"),  # plans written before execution modes were costed
+            max_staleness=data.get("max_staleness", 0),
         )
 
     @classmethod
