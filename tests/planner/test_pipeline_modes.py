@@ -139,9 +139,9 @@ def test_graphs_the_runtime_cannot_overlap_are_refused() -> None:
 
 
 def test_bad_pipeline_values_name_the_field(grpo: Graph) -> None:
-    with pytest.raises(ValueError, match=r"PlannerOptions.pipeline='async' must be one of"):
-        PlannerOptions(pipeline="async")
-    with pytest.raises(ValueError, match=r"Plan.pipeline='auto' must be one of \['sync', 'one_step_off'\]"):
+    with pytest.raises(ValueError, match=r"PlannerOptions.pipeline='fully_async' must be one of"):
+        PlannerOptions(pipeline="fully_async")
+    with pytest.raises(ValueError, match=r"Plan.pipeline='auto' must be one of \['sync', 'one_step_off', 'async'\]"):
         Plan(algorithm="grpo", groups=(), pipeline="auto")
     with pytest.raises(ValueError, match="pipeline='k2' must be one of"):
         evaluate_mapping(grpo, small_models(grpo), Workload(batch_size=8, prompt_len=8, response_len=8), cluster(),
