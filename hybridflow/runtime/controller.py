@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -31,9 +32,10 @@ from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.dispatch import DriverTarget, GroupTarget, Outcome, Served, Target, timed
 from hybridflow.runtime.executor import Executor, LocalExecutor, WorkerGroup
 from hybridflow.runtime.filtering import GroupPool, keep_mask, with_uids
-from hybridflow.runtime.pipeline import OneStepOff, check_pipeline
+from hybridflow.runtime.pipeline import OneStepOff, Upcoming, check_pipeline, upcoming_rows
 from hybridflow.runtime.placement import with_rollout_specs
 from hybridflow.runtime.protocols import OP_CAPABILITIES, NodeState, RoleSpec, Scorer, WeightSink, WeightSource
+from hybridflow.runtime.rollouter import Rollouter, pool_metrics, staleness_metrics, stats_copy
 from hybridflow.runtime.service import RoleServices
 from hybridflow.runtime.step_store import StepLedger
 from hybridflow.runtime.weights import WeightSyncStats
@@ -53,8 +55,11 @@ class Controller:
 
     def __init__(self, graph: Graph, plan: Plan, *, specs: Mapping[str, RoleSpec],
                  executor: Executor | None = None, driver_roles: Mapping[str, Scorer] | None = None,
-                 seed: int = 0, services: RoleServices | None = None, pipeline: str = "sync") -> None:
+                 seed: int = 0, services: RoleServices | None = None, pipeline: str = "sync",
+                 max_staleness: int = 1, segment_tokens: int | None = None,
+                 eos_token_id: int | None = None) -> None:
         self.graph, self.plan, self.seed = graph, plan, seed
+        self.pipeline, self.max_staleness = pipeline, max_staleness if pipeline == "async" else int(pipeline != "sync")
         self.services = services
         self.driver_roles = dict(driver_roles or {})
         _check_placement(graph, plan, self.driver_roles)
@@ -68,10 +73,16 @@ class Controller:
         try:
             _check_capabilities(graph, plan, self.groups)
             self._targets = self._make_targets()
-            self._overlap = None if overlapped is None else OneStepOff(
+            self._overlap = None if overlapped is None or pipeline != "one_step_off" else OneStepOff(
                 overlapped, self._targets[self._placed_role(overlapped)],
                 self._dispatchers[self.plan.group_index(self._placed_role(overlapped)) or 0],
                 graph.samples_per_prompt)
+            # With k = 0 no update can land while a batch generates, so it generates whole (as sync does).
+            self._rollouter = None if overlapped is None or pipeline != "async" else Rollouter(
+                overlapped, self._targets[self._placed_role(overlapped)], samples=graph.samples_per_prompt,
+                max_staleness=max_staleness, seed=seed, segment_tokens=segment_tokens if max_staleness else None,
+                eos_token_id=eos_token_id)
+            self.version = 0  # the policy's updates so far (async: counted from step 0, set at the first step)
             self.sync_rollouts()
         except BaseException:
             self.shutdown()
@@ -84,25 +95,31 @@ class Controller:
         self.shutdown()
 
     def shutdown(self) -> None:
+        if getattr(self, "_rollouter", None) is not None:
+            self._rollouter.close()  # type: ignore[union-attr]
         for pool in [*self._dispatchers, self._driver]:
             pool.shutdown(wait=False, cancel_futures=True)
         self.executor.shutdown()
 
     def step(self, batch: Batch, *, step: int = 0, more: Callable[[int], Batch] | None = None,
-             upcoming: Batch | None = None) -> StepResult:
+             upcoming: Upcoming = None) -> StepResult:
         """Run every node once on ``batch`` (the dataset's prompt rows); return the grown batch.
 
         Rows without a ``uid`` get one per prompt (its position), which the n samples of the prompt share.
         A graph with a filter reruns the filter's section on ``more(round)`` (fresh prompt rows) until the
         kept groups fill the batch again, at most the filter's ``max_rounds`` times (:mod:`.filtering`).
         With ``pipeline=one_step_off``, ``upcoming`` (the next step's prompt rows) starts generating now and
-        this step trains on what the previous step prefetched (:mod:`.pipeline`).
+        this step trains on what the previous step prefetched (:mod:`.pipeline`). With ``pipeline=async``,
+        ``upcoming`` is a function from a later step to its prompt rows (None past the run's end): the
+        rollout generates up to ``max_staleness`` steps ahead (:mod:`.rollouter`).
         """
         self.ledger.begin_step()
         record = _StepRecord()
         state = with_uids(batch, 0)
-        if self._overlap is not None:
-            state = self._step_overlapped(state, step, record, upcoming)
+        if self._rollouter is not None:
+            state = self._step_async(batch, step, record, upcoming)
+        elif self._overlap is not None:
+            state = self._step_overlapped(state, step, record, upcoming_rows(upcoming, step + 1, current=step))
         elif self.graph.filter_node is None:
             state = self._run(self.graph.order, state, step, record)
         else:
@@ -146,7 +163,10 @@ class Controller:
                 record.add(node, outcome)
                 done.add(node.name)
                 if node.op is Op.UPDATE and str(node.role) in self.plan.detached_rollouts:
-                    record.shipments[str(node.role)] = self._ship(str(node.role))  # a later update replaces it
+                    shipment = self._ship(str(node.role))  # a later update replaces it
+                    if self._rollouter is not None:  # the rollout samples with these weights once they land
+                        shipment.add_done_callback(partial(_landed, self._rollouter, self.version + 1))
+                    record.shipments[str(node.role)] = shipment
         return state
 
     def _step_overlapped(self, prompts: Batch, step: int, record: _StepRecord, upcoming: Batch | None) -> Batch:
@@ -169,6 +189,33 @@ class Controller:
         state = self._run([name for name in self.graph.order if name != node.name], rows, step, record,
                           expanded=True)
         self._overlap.updates += 1
+        return state
+
+    def _step_async(self, prompts: Batch, step: int, record: _StepRecord, upcoming: Upcoming) -> Batch:
+        """One ``async`` step: offer this and the next ``max_staleness`` steps' prompts, take this step's
+        samples when all are done, run the rest of the graph (whose update ships weights to the rollout)."""
+        rollouter = self._rollouter
+        assert rollouter is not None
+        node = rollouter.node
+        if not rollouter.started:  # the weights shipped at start (or after a checkpoint load) are this step's
+            self.version = step
+            rollouter.start(step)
+        started, before = time.perf_counter(), stats_copy(rollouter.stats)
+        for ahead in range(step, step + self.max_staleness + 1):
+            rows = prompts if ahead == step else upcoming_rows(upcoming, ahead, current=step)
+            if rows is not None and not rollouter.offered(ahead):
+                rollouter.offer(ahead, with_uids(rows, 0).repeat_interleave(self.graph.samples_per_prompt))
+        rows, depth = rollouter.take(step)
+        waited = time.perf_counter() - started
+        record.seconds[node.name] = waited  # what the trainer waited for; the rest overlapped
+        record.metrics.update(staleness_metrics(rows, self.version, self.max_staleness))
+        self.ledger.rows_changed()
+        state = self._run([name for name in self.graph.order if name != node.name], rows, step, record,
+                          expanded=True)
+        self.version += 1
+        record.metrics.update(pool_metrics(before, stats_copy(rollouter.stats), seconds=time.perf_counter() - started,
+                                           waited=waited, trained_tokens=int(rows["response_mask"].sum()),
+                                           depth=depth))
         return state
 
     def _sample_until_full(self, prompts: Batch, step: int, record: _StepRecord,
@@ -199,7 +246,9 @@ class Controller:
         found = self.graph.node(node)
         if found.op is not Op.GENERATE:
             raise ValueError(f"node {node!r} is a {found.op} node; generate() runs generate nodes only")
-        outputs, _ = self._targets[self._placed_role(found)].run_rows(found, prompts, seed)
+        target = self._targets[self._placed_role(found)]
+        # On the role's queue: an async rollout may be generating there right now.
+        outputs, _ = target.pool.submit(target.run_rows, found, prompts, seed).result()
         return prompts.union(outputs)
 
     def _submit(self, node: Node, state: Batch, step: int) -> Future[Outcome]:
@@ -241,8 +290,10 @@ class Controller:
         return {policy: shipment.result() for policy, shipment in shipments.items()}
 
     def save_checkpoint(self, directory: str) -> None:
-        for group in self.groups:
-            group.save_checkpoint(directory)
+        # Each group on its own queue, behind its queued work (an async rollout keeps generating meanwhile).
+        saves = [self._dispatchers[i].submit(group.save_checkpoint, directory) for i, group in enumerate(self.groups)]
+        for save in saves:
+            save.result()
         if self.node_states:
             Path(directory).mkdir(parents=True, exist_ok=True)
             states = {name: state.state_dict() for name, state in self.node_states.items()}
@@ -332,6 +383,11 @@ def _import(group: WorkerGroup, role: str, exported: Future[tuple[Any, float]]) 
     ranks = group.import_weights(role, weights)
     return WeightSyncStats(seconds=time.perf_counter() - started, bytes=int(ranks[0]["bytes"]),
                            tensors=int(ranks[0]["tensors"]), receivers=len(ranks))
+
+
+def _landed(rollouter: Rollouter, version: int, shipment: Future[WeightSyncStats]) -> None:
+    if shipment.exception() is None:  # a failed shipment is raised by the step that waits for it
+        rollouter.weights_loaded(version)
 
 
 def _node_states(graph: Graph) -> dict[str, NodeState]:

@@ -12,6 +12,7 @@ generates on the spot.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -23,23 +24,35 @@ from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.dispatch import Target, node_inputs
 from hybridflow.runtime.filtering import with_uids
 
-PIPELINES = ("sync", "one_step_off")
+PIPELINES = ("sync", "one_step_off", "async")
+
+# What ``Controller.step`` is told of later steps: the next step's prompt rows (one_step_off), or a function
+# from a step to its prompt rows, None past the run's end (async, which looks up to ``max_staleness`` ahead).
+Upcoming = Batch | Callable[[int], Batch | None] | None
+
+
+def upcoming_rows(upcoming: Upcoming, step: int, *, current: int) -> Batch | None:
+    """The prompt rows of ``step`` from what the caller gave at step ``current`` (a Batch: the next step's)."""
+    if upcoming is None or isinstance(upcoming, Batch):
+        return upcoming if step == current + 1 else None
+    return upcoming(step)
 
 
 def check_pipeline(pipeline: str, graph: Graph, plan: Plan) -> Node | None:
-    """The generate node a ``one_step_off`` run prefetches (None for ``sync``); raises naming what is missing."""
+    """The generate node a ``one_step_off`` or ``async`` run overlaps (None for ``sync``); raises naming what is
+    missing."""
     if pipeline not in PIPELINES:
         raise ValueError(f"pipeline={pipeline!r} must be one of {list(PIPELINES)}")
     if pipeline == "sync":
         return None
     generates = [node for node in graph.nodes if node.op is Op.GENERATE]
     if len(generates) != 1 or graph.filter_node is not None:
-        raise ValueError(f"pipeline=one_step_off overlaps one generate node with the rest of the step; the "
+        raise ValueError(f"pipeline={pipeline} overlaps one generate node with the rest of the step; the "
                          f"{graph.name} graph has {len(generates)} generate node(s)"
                          f"{' and a filter' if graph.filter_node is not None else ''}: use pipeline=sync")
     policy = str(generates[0].role)
     if policy not in plan.detached_rollouts:
-        raise ValueError(f"pipeline=one_step_off needs the rollout of {policy!r} on GPUs of its own (a plan role "
+        raise ValueError(f"pipeline={pipeline} needs the rollout of {policy!r} on GPUs of its own (a plan role "
                          f"'{policy}:rollout', e.g. meshes: {{'{policy}:rollout': [...]}}); this plan colocates it, "
                          "so generation could not overlap training: use pipeline=sync or detach the rollout")
     return generates[0]

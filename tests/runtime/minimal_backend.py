@@ -6,6 +6,7 @@ from the protocols and their docstrings. Use it as ``RoleSpec(backend="<this fil
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,8 @@ class BigramOptions:
     vocab_size: int = 64
     trains: bool = True  # False: build an engine without the Trainer capability
     closed_log: str = ""  # a file each engine appends its role name to when closed
+    generate_delay_s: float = 0.0  # seconds each generate call sleeps (a slow rollout, for pipeline tests)
+    train_delay_s: float = 0.0  # seconds each train step sleeps (a slow trainer)
 
 
 class BigramEngine:
@@ -39,6 +42,7 @@ class BigramEngine:
 
     def generate(self, batch: Batch, sampling: SamplingParams) -> Batch:
         generator = torch.Generator().manual_seed(sampling.rank_seed(self.context.rank))
+        time.sleep(self.options.generate_delay_s)
         token, tokens = batch["prompts"][:, -1], []
         for _ in range(sampling.max_new_tokens):
             probs = torch.softmax(self.table.detach()[token] / sampling.temperature, dim=-1)
@@ -82,6 +86,7 @@ class TrainableBigram(BigramEngine):
         self.optimizer = torch.optim.SGD([self.table], lr=spec.optim.lr if spec.optim else 0.1)
 
     def train_step(self, batch: Batch, *, loss: LossFn, options: Mapping[str, Any]) -> dict[str, float]:
+        time.sleep(self.options.train_delay_s)
         self.optimizer.zero_grad()
         value, stats = loss(outputs=self._outputs(batch), batch=dict(batch.tensors), **options)
         value.backward()

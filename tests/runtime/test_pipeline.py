@@ -62,8 +62,10 @@ def test_the_prefetched_samples_come_from_the_weights_before_the_update() -> Non
 def test_one_step_off_needs_a_rollout_on_gpus_of_its_own() -> None:
     with pytest.raises(ValueError, match="on GPUs of its own"):
         _controller(default_plan(GRAPH), "one_step_off")
-    with pytest.raises(ValueError, match=r"pipeline='async' must be one of \['sync', 'one_step_off'\]"):
-        _controller(SPLIT, "async")
+    with pytest.raises(ValueError, match=r"pipeline='fully_async' must be one of \['sync', 'one_step_off', 'async'\]"):
+        _controller(SPLIT, "fully_async")
+    with pytest.raises(ValueError, match="pipeline=async needs the rollout of 'actor' on GPUs of its own"):
+        _controller(default_plan(GRAPH), "async")
 
 
 @pytest.mark.slow
