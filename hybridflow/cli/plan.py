@@ -41,10 +41,14 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--separate-rollout", action="store_true", default=None,
                         help="also consider giving the policy's rollout GPUs of its own (weights shipped after each "
                              "update); kept only when faster. In --manual, name it as actor:rollout=6-7")
-    parser.add_argument("--pipeline", choices=("sync", "one_step_off", "auto"),
+    parser.add_argument("--pipeline", choices=("sync", "one_step_off", "async", "auto"),
                         help="execution mode costed (default sync): one_step_off overlaps a detached rollout's "
-                             "generation of the next step with training; auto compares sync colocated, sync split "
-                             "and one_step_off split plans and keeps the fastest")
+                             "generation of the next step with training; async streams generation continuously, "
+                             "at most --max-staleness updates ahead; auto compares sync colocated, sync split, "
+                             "one_step_off split and async split plans and keeps the fastest")
+    parser.add_argument("--max-staleness", type=int, metavar="K",
+                        help="async: policy updates the rollout may run ahead of the trainer (default: compare 1 "
+                             "and 2)")
     add_run_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.add_argument("--config", help="YAML with any of these options (keys as flags with underscores; "
@@ -173,7 +177,8 @@ def run(args: argparse.Namespace) -> int:
     calibration = Calibration.load(settings["calibration"]) if settings.get("calibration") else None
     try:
         options = PlannerOptions(unit=settings["unit"], separate_rollout=bool(settings.get("separate_rollout")),
-                                 max_tp=settings.get("max_tp"), pipeline=str(settings.get("pipeline") or "sync"))
+                                 max_tp=settings.get("max_tp"), pipeline=str(settings.get("pipeline") or "sync"),
+                                 max_staleness=settings.get("max_staleness"))
         auto = plan_placement(graph, models, workload, cluster, options=options, settings=steps,
                               calibration=calibration)
     except InfeasibleError as err:
@@ -188,7 +193,8 @@ def run(args: argparse.Namespace) -> int:
                                   data_parallel_size=settings.get("data_parallel_size"),
                                   sharding=None if sharding in (None, "auto") else str(sharding).upper(),
                                   settings=steps, calibration=calibration,
-                                  pipeline=str(settings.get("pipeline") or "sync"))
+                                  pipeline=str(settings.get("pipeline") or "sync"),
+                                  max_staleness=settings.get("max_staleness"))
     _print(auto, manual, as_json=args.json)
     return 0 if manual is None or manual.feasible else 1
 

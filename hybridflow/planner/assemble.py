@@ -9,7 +9,7 @@ from hybridflow.planner.costs import Shape
 from hybridflow.planner.layouts import GroupLayout
 from hybridflow.planner.plan import GroupPlan, NodeEstimate, Plan, SearchStats
 from hybridflow.planner.problem import Problem
-from hybridflow.planner.schedule import DRIVER, Schedule, compile_schedule, timeline
+from hybridflow.planner.schedule import DRIVER, Schedule, compile_schedule, step_span, timeline
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,11 @@ def build_plan(problem: Problem, groups: Sequence[Placement], *, search: SearchS
     role_group = {role: index for index, group in enumerate(groups) for role in group.roles}
     schedule = compile_schedule(problem, role_group)
     spans = timeline(schedule, group_seconds(schedule, groups))
-    step = max((end for _, end in spans), default=0.0) + problem.step_overhead_s
+    latency = sum(group.layout.batch_latency_s for group in groups)
+    step = step_span(schedule, spans, latency) + problem.step_overhead_s
+    extra: dict[str, float] = {"idle_fraction": round(idle_fraction(step, groups), 6)}
+    if problem.pipeline == "async":
+        extra["batch_latency_s"] = latency  # what modes.describe_mode explains the async step with
     nodes = tuple(
         NodeEstimate(node=name, group=None if g == DRIVER else g, seconds=end - start, start_s=start, end_s=end,
                      role=problem.node_role[name])
@@ -61,8 +65,8 @@ def build_plan(problem: Problem, groups: Sequence[Placement], *, search: SearchS
                 weight_sync_bytes=sum(group.layout.weight_sync_bytes for group in groups),
                 weight_sync_seconds=sum(group.layout.weight_sync_seconds for group in groups),
                 bottleneck=bottleneck(nodes, groups, step), feasible=not problems, problems=tuple(problems),
-                search=search, extra=(("idle_fraction", round(idle_fraction(step, groups), 6)),),
-                pipeline=problem.pipeline)
+                search=search, extra=tuple(sorted(extra.items())),
+                pipeline=problem.pipeline, max_staleness=problem.max_staleness)
 
 
 def bottleneck(nodes: Sequence[NodeEstimate], groups: Sequence[Placement], step: float) -> str:

@@ -28,6 +28,7 @@ from hybridflow.planner.layouts import (
     smallest_combination,
     usable_bytes,
 )
+from hybridflow.planner.modes import OVERLAPPED, streamed_generate_seconds
 from hybridflow.planner.plan import RoleLayout
 from hybridflow.planner.problem import Problem, RoleWork
 from hybridflow.planner.rollout import generate_cost
@@ -40,15 +41,17 @@ def node_seconds(role: RoleWork, layout: RoleLayout, shape: Shape, prompt_len: i
     """Seconds of each node of ``role``; the colocated engine's weight refresh and wake/sleep are charged
     to its first generate node (verl's ``gen`` timer holds them), the shipment to a detached rollout to
     the policy's last update, and in ``one_step_off`` the detached engine's loading of those weights to its
-    first generate node (the pool's own work, overlapped with training)."""
+    first generate node (the pool's own work, overlapped with training). In ``async`` a detached rollout's
+    generate nodes take the pool's streamed seconds (``modes.streamed_generate_seconds``)."""
     resident = static_bytes(role.model, role.kind, engine_layout(layout) if role.generates_only else layout, shape)
-    seconds = {load.node: generate_cost(role.model, load, prompt_len, layout, shape, resident).seconds
+    seconds = {load.node: streamed_generate_seconds(role.model, load, prompt_len, layout, shape, resident)[0]
+               if role.streams else generate_cost(role.model, load, prompt_len, layout, shape, resident).seconds
                for load in role.generate}
     if role.generate and role.update:
         first = role.generate[0].node
         seconds[first] += weight_sync(role.model, layout, shape)[0]
         seconds[first] += engine_switch(role.model, role.kind, layout, shape)
-    if role.generates_only and pipeline == "one_step_off":
+    if role.generates_only and pipeline in OVERLAPPED:
         seconds[role.generate[0].node] += weight_load(role.model, layout, shape)
     for load in role.forward:
         seconds[load.node] = forward_cost(role.model, role.kind, load, layout, shape).seconds
@@ -118,7 +121,7 @@ class GroupEvaluator:
     def describe(self, layouts: tuple[RoleLayout, ...], shape: Shape) -> GroupLayout:
         """Node times, memory per GPU and weight-refresh bytes of a group with these layouts."""
         seconds: dict[str, float] = {}
-        static, peak, sync, sync_seconds = 0, 0, 0, 0.0
+        static, peak, sync, sync_seconds, latency = 0, 0, 0, 0.0, 0.0
         for layout in layouts:
             work = self.problem.role(layout.role)
             seconds.update(node_seconds(work, layout, shape, self.prompt_len, pipeline=self.problem.pipeline))
@@ -131,7 +134,12 @@ class GroupEvaluator:
             if work.ships_to:
                 ship_s, ship = weight_ship(work.model, layout, shape)
                 sync, sync_seconds = sync + ship, sync_seconds + ship_s
-            if work.generates_only and self.problem.pipeline == "one_step_off":
+            if work.generates_only and self.problem.pipeline in OVERLAPPED:
                 sync_seconds += weight_load(work.model, layout, shape)
+            if work.streams:
+                resident = static_bytes(work.model, work.kind, costed, shape)
+                latency += sum(streamed_generate_seconds(work.model, load, self.prompt_len, layout, shape, resident)[1]
+                               for load in work.generate)
         return GroupLayout(layouts=layouts, node_seconds=tuple(seconds.items()), busy_seconds=sum(seconds.values()),
-                           memory_bytes=static + peak, weight_sync_bytes=sync, weight_sync_seconds=sync_seconds)
+                           memory_bytes=static + peak, weight_sync_bytes=sync, weight_sync_seconds=sync_seconds,
+                           batch_latency_s=latency)

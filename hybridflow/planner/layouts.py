@@ -52,6 +52,7 @@ class GroupLayout:
     memory_bytes: int
     weight_sync_bytes: int
     weight_sync_seconds: float = 0.0
+    batch_latency_s: float = 0.0  # async: a batch's synchronous generation time on this (rollout) group
 
 
 def replace(layout: RoleLayout, **changes: Any) -> RoleLayout:

@@ -21,7 +21,7 @@ from hybridflow.planner.errors import gib
 from hybridflow.planner.groups import GroupEvaluator
 from hybridflow.planner.layouts import Constraint, usable_bytes
 from hybridflow.planner.models import ModelSpec
-from hybridflow.planner.modes import CHOICES, explain_choice, overlap_blocker
+from hybridflow.planner.modes import CHOICES, DEFAULT_STALENESS, explain_choice, overlap_blocker, staleness
 from hybridflow.planner.plan import ROLLOUT_SUFFIX, Plan, SearchStats, Sharding
 from hybridflow.planner.problem import Problem, build_problem
 from hybridflow.planner.settings import RunSettings
@@ -139,7 +139,8 @@ def evaluate_mapping(graph: Graph, models: Mapping[str, ModelSpec], workload: Wo
                      sequence_parallel: PerRole = None, pipeline_parallel: PerRole = None,
                      expert_parallel: PerRole = None, fsdp_size: PerRole = None,
                      gradient_checkpointing: bool | None = None, settings: RunSettings | None = None,
-                     calibration: Calibration | None = None, pipeline: str = "sync") -> Plan:
+                     calibration: Calibration | None = None, pipeline: str = "sync",
+                     max_staleness: int | None = None) -> Plan:
     """Cost a hand-written mapping with the planner's model; fields left None are chosen by the planner.
 
     ``rollout_tp`` fixes the tensor-parallel size of a policy's rollout engine (verl's
@@ -148,8 +149,9 @@ def evaluate_mapping(graph: Graph, models: Mapping[str, ModelSpec], workload: Wo
     (each splits the data-parallel ranks), ``fsdp_size`` the shard group of HYBRID_SHARD, and
     ``gradient_checkpointing`` fixes recomputation (None: the planner chooses). ``settings`` and
     ``calibration`` as in ``plan_placement``. ``pipeline`` is the execution mode costed: "sync",
-    "one_step_off" (the mapping must give the policy's rollout GPUs of its own, else a ValueError names the
-    fix) or "auto" (the faster of the two the mapping can run; a tie keeps sync).
+    "one_step_off" or "async" (both need the policy's rollout on GPUs of its own, else a ValueError names
+    the fix; ``max_staleness`` is async's bound k, default 1) or "auto" (the fastest mode the mapping can
+    run, async with k = 1 and 2 unless ``max_staleness`` is given; a tie keeps the simpler).
 
     The plan is executable like an auto plan. A group that does not fit memory makes the plan
     infeasible, with a problem naming the group and the overflow (an OOM risk), instead of raising.
@@ -162,12 +164,16 @@ def evaluate_mapping(graph: Graph, models: Mapping[str, ModelSpec], workload: Wo
     detach = [role.removesuffix(ROLLOUT_SUFFIX) for role in mapping if role.endswith(ROLLOUT_SUFFIX)]
     if pipeline not in CHOICES:
         raise ValueError(f"pipeline={pipeline!r} must be one of {list(CHOICES)}")
-    modes = [pipeline] if pipeline != "auto" else ["sync"] + (
-        ["one_step_off"] if detach and overlap_blocker(graph) is None else [])
+    staleness("async" if pipeline == "auto" else pipeline, max_staleness)
+    modes: list[tuple[str, int | None]] = [(pipeline, max_staleness)]
+    if pipeline == "auto":
+        bounds = DEFAULT_STALENESS if max_staleness is None else (max_staleness,)
+        overlaps = bool(detach) and overlap_blocker(graph) is None
+        modes = [("sync", None)] + ([("one_step_off", None)] + [("async", k) for k in bounds] if overlaps else [])
     plans = []
-    for mode in modes:
+    for mode, bound in modes:
         problem = build_problem(graph, models, workload, cluster, detach=detach, settings=settings,
-                                calibration=calibration, pipeline=mode)
+                                calibration=calibration, pipeline=mode, max_staleness=bound)
         splits = {"sequence_parallel": sequence_parallel, "pipeline_parallel": pipeline_parallel,
                   "expert_parallel": expert_parallel, "fsdp_size": fsdp_size}
         fixed = _Fixed(data_parallel_size, sharding, micro_batch_sizes, rollout_tp, splits, gradient_checkpointing,

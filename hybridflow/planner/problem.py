@@ -10,7 +10,7 @@ from hybridflow.planner.calibration import DEFAULT_CALIBRATION, Calibration
 from hybridflow.planner.cluster import Cluster
 from hybridflow.planner.costs import FORWARD_OPS
 from hybridflow.planner.models import ModelSpec
-from hybridflow.planner.modes import check_pipeline
+from hybridflow.planner.modes import check_pipeline, staleness
 from hybridflow.planner.plan import rollout_role
 from hybridflow.planner.settings import DEFAULT_SETTINGS, RunSettings
 
@@ -27,6 +27,7 @@ class RoleWork:
     generate: tuple[NodeLoad, ...]
     rows: int
     ships_to: str | None = None  # the detached rollout role this policy sends its weights to after updating
+    streams: bool = False  # async: a detached rollout generating continuously across steps (``modes.py``)
 
     @property
     def generates_only(self) -> bool:
@@ -53,7 +54,8 @@ class Problem:
     max_tp: int | None = None  # cap on training/forward tensor parallelism (None: up to 8)
     settings: RunSettings = DEFAULT_SETTINGS
     calibration: Calibration = DEFAULT_CALIBRATION
-    pipeline: str = "sync"  # "one_step_off": detached generate nodes overlap the rest of the step
+    pipeline: str = "sync"  # "one_step_off", "async": detached generate nodes overlap the rest of the step
+    max_staleness: int = 0  # updates the rollout may run ahead: 0 sync, 1 one_step_off, k async
 
     @property
     def step_overhead_s(self) -> float:
@@ -73,13 +75,15 @@ class Problem:
 
 def build_problem(graph: Graph, models: Mapping[str, ModelSpec], workload: Workload, cluster: Cluster, *,
                   detach: Collection[str] = (), max_tp: int | None = None, settings: RunSettings | None = None,
-                  calibration: Calibration | None = None, pipeline: str = "sync") -> Problem:
+                  calibration: Calibration | None = None, pipeline: str = "sync",
+                  max_staleness: int | None = None) -> Problem:
     """Check the inputs against each other and precompute per-role loads and edge sizes.
 
     ``detach`` names trainable policies whose rollout runs on GPUs of its own: their generate nodes move
     to a frozen role ``<policy>:rollout`` (same model) that receives the weights after every update.
-    ``pipeline="one_step_off"`` costs those generate nodes as overlapping the rest of the step
-    (``hybridflow.planner.modes``); it needs a detached rollout.
+    ``pipeline="one_step_off"`` costs those generate nodes as overlapping the rest of the step, and
+    ``"async"`` as a pool generating continuously at most ``max_staleness`` updates ahead (default 1)
+    (``hybridflow.planner.modes``); both need a detached rollout.
     """
     if not isinstance(graph, Graph):
         raise TypeError(f"graph must be a hybridflow Graph, got {type(graph).__name__}; use load_graph('ppo')")
@@ -115,16 +119,16 @@ def build_problem(graph: Graph, models: Mapping[str, ModelSpec], workload: Workl
         raise ValueError(f"graph {graph.name!r} has no role that needs a GPU; nothing to place")
     gpu_roles = {role.name for role in roles}
     node_role = {node.name: node.role if node.role in gpu_roles else None for node in graph.nodes}
-    roles, apart = _detach_rollouts(roles, detach, node_role)
-    check_pipeline(pipeline, graph, detached=bool(apart))
+    roles, apart = _detach_rollouts(roles, detach, node_role, streams=pipeline == "async")
+    check_pipeline(pipeline, graph, detached=bool(apart), max_staleness=max_staleness)
     return Problem(graph=graph, workload=workload, cluster=cluster, roles=tuple(roles), driver_roles=tuple(drivers),
                    edge_bytes=edge_bytes(graph, workload), node_role=node_role, apart=apart, max_tp=max_tp,
                    settings=settings or DEFAULT_SETTINGS, calibration=calibration or DEFAULT_CALIBRATION,
-                   pipeline=pipeline)
+                   pipeline=pipeline, max_staleness=staleness(pipeline, max_staleness))
 
 
-def _detach_rollouts(roles: list[RoleWork], detach: Collection[str],
-                     node_role: dict[str, str | None]) -> tuple[list[RoleWork], tuple[tuple[str, str], ...]]:
+def _detach_rollouts(roles: list[RoleWork], detach: Collection[str], node_role: dict[str, str | None], *,
+                     streams: bool = False) -> tuple[list[RoleWork], tuple[tuple[str, str], ...]]:
     """Split each named policy into its trainer and a generate-only rollout role; moves nodes in ``node_role``."""
     by_name = {role.name: role for role in roles}
     for name in detach:
@@ -142,7 +146,7 @@ def _detach_rollouts(roles: list[RoleWork], detach: Collection[str],
         rollout = rollout_role(work.name)
         split.append(replace(work, generate=(), ships_to=rollout))
         split.append(RoleWork(name=rollout, kind=RoleKind.FROZEN_POLICY, model=work.model, forward=(), update=(),
-                              generate=work.generate, rows=work.rows))
+                              generate=work.generate, rows=work.rows, streams=streams))
         node_role.update({load.node: rollout for load in work.generate})
         apart.append((work.name, rollout))
     return split, tuple(apart)

@@ -6,9 +6,10 @@ or between a group and the driver, travels through the single controller at ``dr
 Every start and end time is a max or sum of durations, so the makespan never falls when a node slows:
 that monotonicity is what makes the search's lower bounds valid.
 
-In ``one_step_off`` (``modes.py``) a detached generate node is *overlapped*: it starts as soon as its group
-is free, without waiting for its inputs (those are the next step's prompts), and its consumers wait only
-for the transfer of the batch it generated during the previous step.
+In ``one_step_off`` and ``async`` (``modes.py``) a detached generate node is *overlapped*: it starts as soon
+as its group is free, without waiting for its inputs (those are the next step's prompts), and its consumers
+wait only for the transfer of the batch it generated before. In ``async`` the step is also at least a
+batch's latency plus the trainer's span, over ``max_staleness + 1`` (``step_span``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 
 from hybridflow.graph import Op
 from hybridflow.planner.costs import DRIVER_SECONDS_PER_ROW
+from hybridflow.planner.modes import OVERLAPPED, async_step
 from hybridflow.planner.plan import ROLLOUT_SUFFIX
 from hybridflow.planner.problem import Problem
 
@@ -34,7 +36,8 @@ class Schedule:
     driver_seconds: tuple[float, ...]  # duration of driver nodes (0 for group nodes)
     cross_group_bytes: int
     num_groups: int
-    overlapped: tuple[bool, ...] = ()  # per node: generates the next step's batch (one_step_off); () none
+    overlapped: tuple[bool, ...] = ()  # per node: generates a later step's batch (one_step_off, async); () none
+    max_staleness: int | None = None  # async: the staleness bound of the batch-latency term; None otherwise
 
     def index(self) -> dict[str, int]:
         return {name: i for i, name in enumerate(self.nodes)}
@@ -58,12 +61,12 @@ def compile_schedule(problem: Problem, role_group: Mapping[str, int]) -> Schedul
         preds[position[dst]].append((position[src], size / problem.cluster.driver_bandwidth if moves else 0.0))
     driver = tuple(rows * DRIVER_SECONDS_PER_ROW if group == DRIVER else 0.0 for group in group_of)
     overlapped: tuple[bool, ...] = ()
-    if problem.pipeline == "one_step_off":
+    if problem.pipeline in OVERLAPPED:
         overlapped = tuple(str(problem.node_role[name]).endswith(ROLLOUT_SUFFIX) and graph.node(name).op is Op.GENERATE
                            for name in nodes)
     return Schedule(nodes=nodes, group_of=group_of, preds=tuple(tuple(p) for p in preds), driver_seconds=driver,
                     cross_group_bytes=cross, num_groups=max(role_group.values(), default=-1) + 1,
-                    overlapped=overlapped)
+                    overlapped=overlapped, max_staleness=problem.max_staleness if problem.pipeline == "async" else None)
 
 
 def timeline(schedule: Schedule, seconds: Sequence[float]) -> list[tuple[float, float]]:
@@ -85,4 +88,15 @@ def timeline(schedule: Schedule, seconds: Sequence[float]) -> list[tuple[float, 
 
 
 def makespan(schedule: Schedule, seconds: Sequence[float]) -> float:
+    """The latest end: the step without its overhead, except for ``async``'s latency term (a lower bound)."""
     return max((end for _, end in timeline(schedule, seconds)), default=0.0)
+
+
+def step_span(schedule: Schedule, spans: Sequence[tuple[float, float]], latency_s: float = 0.0) -> float:
+    """The step without its overhead, from ``timeline``'s spans; ``latency_s`` is an ``async`` batch's
+    latency on the rollout pool (``GroupLayout.batch_latency_s``), ignored in the other modes."""
+    end = max((stop for _, stop in spans), default=0.0)
+    if schedule.max_staleness is None:
+        return end
+    trainer = max((stop for (_, stop), ahead in zip(spans, schedule.overlapped, strict=True) if not ahead), default=0.0)
+    return async_step(end, trainer, latency_s, schedule.max_staleness)

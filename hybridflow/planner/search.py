@@ -21,10 +21,10 @@ from hybridflow.planner.errors import InfeasibleError, explain_infeasible
 from hybridflow.planner.groups import GroupEvaluator
 from hybridflow.planner.layouts import GroupLayout
 from hybridflow.planner.models import ModelSpec
-from hybridflow.planner.modes import CHOICES, explain_choice, overlap_blocker
+from hybridflow.planner.modes import CHOICES, DEFAULT_STALENESS, OVERLAPPED, explain_choice, overlap_blocker, staleness
 from hybridflow.planner.plan import Plan, SearchStats, detachable_policies
 from hybridflow.planner.problem import Problem, build_problem
-from hybridflow.planner.schedule import Schedule, compile_schedule, makespan
+from hybridflow.planner.schedule import Schedule, compile_schedule, makespan, step_span, timeline
 from hybridflow.planner.settings import RunSettings
 from hybridflow.planner.units import GpuUnits, MachineUnits, State, Token, Units
 
@@ -42,9 +42,11 @@ class PlannerOptions:
     only when the modelled step is faster. It roughly doubles the search time.
     ``pipeline``: the execution mode costed. "sync" (every node of a step in turn); "one_step_off" (only
     split plans, their rollout generating the next step's batch while the trainer trains: ``modes.py``);
-    "auto" (sync colocated, sync split and one_step_off split plans compared, the fastest kept; ties go to
-    the simpler, in that order). The plan records the mode and, when modes were compared, why
-    (``extra["pipeline_choice"]``).
+    "async" (only split plans, their rollout pool generating continuously at most ``max_staleness``
+    updates ahead); "auto" (sync colocated, sync split, one_step_off split and async split plans compared,
+    the fastest kept; ties go to the simpler, in that order). ``max_staleness``: the async bound k; None
+    compares k = 1 and 2 (a tie keeps 1). The plan records the mode and k and, when modes were compared,
+    why (``extra["pipeline_choice"]``).
     """
 
     exact_gpu_limit: int = 16
@@ -53,10 +55,13 @@ class PlannerOptions:
     max_tp: int | None = None
     separate_rollout: bool = False
     pipeline: str = "sync"
+    max_staleness: int | None = None
 
     def __post_init__(self) -> None:
         if self.pipeline not in CHOICES:
             raise ValueError(f"PlannerOptions.pipeline={self.pipeline!r} must be one of {list(CHOICES)}")
+        staleness("async" if self.pipeline == "auto" else self.pipeline, self.max_staleness,
+                  field="PlannerOptions.max_staleness")
         if self.unit not in ("auto", "gpu", "machine"):
             raise ValueError(f"PlannerOptions.unit={self.unit!r} must be 'auto', 'gpu' or 'machine'")
         if self.max_tp is not None and self.max_tp < 1:
@@ -183,11 +188,13 @@ class Searcher:
         return [i for i, name in enumerate(schedule.nodes) if name in nodes]
 
     def _finish(self, schedule: Schedule, chosen: list[tuple[Placement, Token] | None]) -> None:
+        # The step may exceed the makespan the bounds use (async's batch-latency term only adds), so they stay valid.
         picks = [c for c in chosen if c is not None]
         gpu_lists = self.units.realise([token for _, token in picks])
         placements = [Placement(p.roles, gpus, p.shape, p.layout) for (p, _), gpus in zip(picks, gpu_lists,
                                                                                           strict=True)]
-        step = makespan(schedule, group_seconds(schedule, placements))
+        latency = sum(p.layout.batch_latency_s for p in placements)
+        step = step_span(schedule, timeline(schedule, group_seconds(schedule, placements)), latency)
         key = (step, schedule.cross_group_bytes, round(idle_fraction(step, placements), 9),
                sum(len(p.gpus) for p in placements))
         if self.best.key is None or _better(key, self.best.key):
@@ -217,9 +224,10 @@ def plan_placement(graph: Graph, models: Mapping[str, ModelSpec], workload: Work
     found: list[tuple[Problem, Searcher, list[Placement]]] = []
     visited = 0
     fallback: tuple[Problem, Searcher] | None = None
-    for detach, pipeline in _modes(opts, graph):
+    for detach, pipeline, bound in _modes(opts, graph):
         problem = build_problem(graph, models, workload, cluster, detach=detach, max_tp=opts.max_tp,
-                                settings=settings, calibration=calibration, pipeline=pipeline)
+                                settings=settings, calibration=calibration, pipeline=pipeline,
+                                max_staleness=bound)
         searcher = Searcher(problem, opts.units(cluster))
         placements = searcher.run()
         visited += searcher.visited + searcher.evaluator.evaluations
@@ -228,9 +236,9 @@ def plan_placement(graph: Graph, models: Mapping[str, ModelSpec], workload: Work
             found.append((problem, searcher, placements))
     if not found:
         assert fallback is not None
-        if opts.pipeline == "one_step_off" and cluster.num_gpus < 2:
-            raise InfeasibleError("pipeline='one_step_off' needs the rollout on GPUs of its own: at least 2 GPUs, "
-                                  f"the cluster has {cluster.num_gpus}; use pipeline='sync'")
+        if opts.pipeline in OVERLAPPED and cluster.num_gpus < 2:
+            raise InfeasibleError(f"PlannerOptions.pipeline={opts.pipeline!r} needs the rollout on GPUs of its own: "
+                                  f"at least 2 GPUs, the cluster has {cluster.num_gpus}; use pipeline='sync'")
         problem, searcher = fallback
         raise InfeasibleError(explain_infeasible(problem, searcher.evaluator))
     stats = SearchStats(method=found[0][1].units.name, candidates=visited,
@@ -247,21 +255,24 @@ def plan_placement(graph: Graph, models: Mapping[str, ModelSpec], workload: Work
     return chosen
 
 
-def _modes(options: PlannerOptions, graph: Graph) -> list[tuple[tuple[str, ...], str]]:
-    """The (detached policies, pipeline) problems to search, simplest first."""
+Mode = tuple[tuple[str, ...], str, int | None]  # (detached policies, pipeline, max_staleness)
+
+
+def _modes(options: PlannerOptions, graph: Graph) -> list[Mode]:
+    """The (detached policies, pipeline, staleness) problems to search, simplest first."""
     detachable = detachable_policies(graph)
-    if options.pipeline == "one_step_off":
-        blocker = overlap_blocker(graph)
+    bounds = (options.max_staleness,) if options.max_staleness is not None else DEFAULT_STALENESS
+    overlapped: list[Mode] = [(detachable, "one_step_off", None)] + [(detachable, "async", k) for k in bounds]
+    if options.pipeline in OVERLAPPED:
+        blocker = overlap_blocker(graph, options.pipeline)
         if blocker is not None:
-            raise ValueError(f"PlannerOptions.pipeline='one_step_off': {blocker}; use pipeline='sync'")
-        return [(detachable, "one_step_off")]
-    if options.pipeline == "async":
-        raise NotImplementedError("PlannerOptions.pipeline='async' is not costed yet; plan with 'one_step_off'")
-    modes: list[tuple[tuple[str, ...], str]] = [((), "sync")]
+            raise ValueError(f"PlannerOptions.pipeline={options.pipeline!r}: {blocker}; use pipeline='sync'")
+        return [mode for mode in overlapped if mode[1] == options.pipeline]
+    modes: list[Mode] = [((), "sync", None)]
     if detachable and (options.separate_rollout or options.pipeline == "auto"):
-        modes.append((detachable, "sync"))
+        modes.append((detachable, "sync", None))
     if detachable and options.pipeline == "auto" and overlap_blocker(graph) is None:
-        modes.append((detachable, "one_step_off"))
+        modes.extend(overlapped)
     return modes
 
 
