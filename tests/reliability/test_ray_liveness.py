@@ -10,7 +10,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,25 +25,6 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 TOKENIZER = char_tokenizer()
 FAST = Liveness(heartbeat_interval_s=0.5, heartbeat_timeout_s=3.0)
-
-
-@pytest.fixture(scope="module")
-def local_ray() -> Iterator[None]:
-    """Our own local cluster (token auth on); the process's Ray settings are restored afterwards."""
-    from hybridflow.runtime.ray_executor import ensure_ray, refresh_auth_settings
-
-    saved = {name: os.environ.get(name) for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")}
-    if ray.is_initialized():
-        ray.shutdown()
-    ensure_ray(address=None, num_gpus=2, num_cpus=2)
-    yield
-    ray.shutdown()
-    for name, value in saved.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
-    refresh_auth_settings()  # later modules' hand-started clusters run without auth
 
 
 def _controller(model_dir: Path, liveness: Liveness, backend: str = "torch") -> tuple[Controller, PromptLoader]:
