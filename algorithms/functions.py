@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 from hybridflow.algorithms import core
-from hybridflow.algorithms.offpolicy import RolloutCorrection
+from hybridflow.algorithms.masked import masked_mean
+from hybridflow.algorithms.modes import RolloutCorrection
 from hybridflow.algorithms.offpolicy import rollout_correction as rollout_correction_weights
 
 from hybridflow.registry import COMPUTE_FNS, LOSSES
@@ -147,14 +148,17 @@ def ppo_policy(*, outputs: Tensors, batch: Tensors, clip_ratio: float = 0.2, cli
 
     ``rollout_correction`` (``tis`` or ``decoupled``, :mod:`hybridflow.algorithms.offpolicy`) weights each token
     by the trainer's over the rollout engine's probability (``batch["rollout_logprobs"]``), capped at
-    ``rollout_is_cap``. With ``norm`` (the mini batch's global counts) the loss is this micro batch's additive
+    ``rollout_is_cap``; the metrics then add ``rollout_is_mean``/``_min``/``_max`` (the weights of the kept
+    tokens), ``rollout_is_kept_fraction`` and ``rollout_logprob_gap_max`` (the largest ``|old - rollout|``; float
+    noise on-policy). With ``norm`` (the mini batch's global counts) the loss is this micro batch's additive
     share; the metrics are the micro batch's own values either way.
     """
     mask, weights = batch["response_mask"], None
     if rollout_correction is not None:
         if "rollout_logprobs" not in batch:
             raise KeyError(f"ppo_policy: rollout_correction={rollout_correction!r} needs the rollout engine's "
-                           "log-probs as an input field 'rollout_logprobs' of the update node")
+                           "log-probs as an input field 'rollout_logprobs' of the update node (a generate node "
+                           "with logprobs=True writes it)")
         weights, mask = rollout_correction_weights(batch["old_logprobs"], batch["rollout_logprobs"], mask,
                                                    mode=rollout_correction, cap=rollout_is_cap)
 
@@ -163,10 +167,26 @@ def ppo_policy(*, outputs: Tensors, batch: Tensors, clip_ratio: float = 0.2, cli
         loss, stats = core.ppo_policy_loss(outputs["logprobs"], batch["old_logprobs"], batch["advantages"], mask,
                                            clip_ratio, clip_ratio_high, dual_clip, loss_agg, norm=norm,
                                            token_weights=weights)
+        if weights is not None:
+            stats.update(_correction_metrics(weights, mask, batch))
         return _add_kl_and_entropy(loss, stats, outputs, {**batch, "response_mask": mask}, kl_coef=kl_coef,
                                    kl_type=kl_type, entropy_coef=entropy_coef, loss_agg=loss_agg, norm=norm)
 
     return _share_with_micro_metrics(compute, norm)
+
+
+def _correction_metrics(weights: torch.Tensor, kept: torch.Tensor, batch: Tensors) -> dict[str, torch.Tensor]:
+    """How far the rollout's log-probs are from the trainer's: the weights applied on the ``kept`` tokens (1 on-policy)
+    and the largest log-prob gap over all response tokens. All inputs (B, T); neutral values without tokens."""
+    mask = batch["response_mask"]
+    on, tokens = kept != 0, mask != 0
+    gap = (batch["old_logprobs"] - batch["rollout_logprobs"]).abs()
+    one = weights.new_ones(())
+    return {"rollout_is_mean": masked_mean(weights, kept) if on.any() else one,
+            "rollout_is_min": weights[on].min() if on.any() else one,
+            "rollout_is_max": weights[on].max() if on.any() else one,
+            "rollout_is_kept_fraction": on.sum() / tokens.sum() if tokens.any() else one,
+            "rollout_logprob_gap_max": gap[tokens].max() if tokens.any() else 0 * one}
 
 
 @LOSSES.register("gspo_policy")

@@ -4,15 +4,18 @@ Every factory takes keyword options and returns a validated :class:`~hybridflow.
 ``reward_kind`` chooses a reward model (a network to place on GPUs) or a reward function (a rule).
 The actor's loss options (``clip_ratio_high``, ``loss_agg``, ``entropy_coef``) reach the update node,
 and the sampling options ``top_p``/``top_k`` the generate node, only when they differ from their defaults,
-so a graph built with default options stays as it was.
+so a graph built with default options stays as it was. ``rollout_correction`` (``tis`` or ``decoupled``, capped at
+``rollout_is_cap``) asks the sampling generate node for ``logprobs`` and feeds its ``rollout_logprobs`` to the
+actor's ``ppo_policy`` update (:mod:`hybridflow.algorithms.offpolicy`).
 This module imports no torch, so listing or planning algorithms stays fast.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
-from hybridflow.algorithms.modes import LOSS_AGGS, LossAgg, check_choice
+from hybridflow.algorithms.modes import LOSS_AGGS, ROLLOUT_CORRECTIONS, LossAgg, RolloutCorrection, check_choice
 
 from hybridflow.graph import Graph, GraphBuilder, RoleKind
 from hybridflow.registry import ALGORITHMS
@@ -49,6 +52,42 @@ def _actor_options(clip_ratio: float, clip_ratio_high: float | None = None, loss
     return options
 
 
+@dataclass(frozen=True)
+class _Correction:
+    """What an off-policy correction adds to a graph (nothing without one): ``logprobs`` on the sampling generate
+    node, ``rollout_logprobs`` to the actor update's inputs and the loss options to that update."""
+
+    sampling: Options = field(default_factory=dict)
+    inputs: tuple[str, ...] = ()
+    options: Options = field(default_factory=dict)
+
+
+DEFAULT_IS_CAP = 2.0
+
+
+def _correction(rollout_correction: RolloutCorrection | None, rollout_is_cap: float) -> _Correction:
+    if rollout_correction is None:
+        if rollout_is_cap != DEFAULT_IS_CAP:
+            raise ValueError(f"algorithm option rollout_is_cap={rollout_is_cap} applies only with rollout_correction "
+                             f"({' or '.join(ROLLOUT_CORRECTIONS)})")
+        return _Correction()
+    check_choice("rollout_correction", rollout_correction, ROLLOUT_CORRECTIONS)
+    if not rollout_is_cap > 0:
+        raise ValueError(f"algorithm option rollout_is_cap={rollout_is_cap} must be > 0")
+    return _Correction({"logprobs": True}, ("rollout_logprobs",),
+                       {"rollout_correction": rollout_correction, "rollout_is_cap": rollout_is_cap})
+
+
+def check_rollout_correction(graph: Graph) -> None:
+    """Raise a ValueError naming the node and option when an update asks for ``rollout_correction`` but does not read
+    ``rollout_logprobs`` (the field a generate node with ``logprobs=True`` writes)."""
+    for node in graph.nodes:
+        mode = node.option("rollout_correction")
+        if mode is not None and "rollout_logprobs" not in node.inputs:
+            raise ValueError(f"node {node.name!r}: rollout_correction={mode!r} needs the rollout engine's log-probs: "
+                             "add 'rollout_logprobs' to its inputs and logprobs=True to the generate node")
+
+
 def _top(top_p: float, top_k: int) -> Options:
     """Nucleus / top-k sampling options for a generate node, left out at their defaults (1.0: off, 0: off)."""
     if not 0.0 < top_p <= 1.0:
@@ -74,15 +113,17 @@ def _rollout(name: str, *, n: int, reference: bool, temperature: float, max_new_
 
 
 def _group_relative(g: GraphBuilder, actor: str, *, n: int, norm_by_std: bool, loss: str, kl_coef: float | None,
-                    options: Options) -> Graph:
+                    options: Options, correction: _Correction | None = None) -> Graph:
     """GRPO's tail: group-relative advantages, then the actor's update (with a KL term when ``kl_coef`` is set)."""
+    correction = correction or _Correction()
     g.compute("advantages", fn="grpo_advantages", inputs=("scores", "response_mask", "uid"),
               outputs=("advantages",), norm_by_std=norm_by_std)
+    options = {**options, **correction.options}
     if kl_coef is None:
-        g.update(actor, loss=loss, inputs=(*SEQ, "old_logprobs", "advantages"), **options)
+        g.update(actor, loss=loss, inputs=(*SEQ, "old_logprobs", *correction.inputs, "advantages"), **options)
     else:
-        g.update(actor, loss=loss, inputs=(*SEQ, "old_logprobs", "ref_logprobs", "advantages"), **options,
-                 kl_coef=kl_coef, kl_type="low_var_kl")
+        g.update(actor, loss=loss, inputs=(*SEQ, "old_logprobs", *correction.inputs, "ref_logprobs", "advantages"),
+                 **options, kl_coef=kl_coef, kl_type="low_var_kl")
     return g.build()
 
 
@@ -91,12 +132,15 @@ def ppo(*, kl_coef: float = 0.05, kl_target: float | None = None, kl_horizon: fl
         lam: float = 0.95, clip_ratio: float = 0.2, clip_ratio_high: float | None = None,
         loss_agg: LossAgg = "token-mean", entropy_coef: float = 0.0, value_clip: float = 0.2,
         temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, max_new_tokens: int = 32,
+        rollout_correction: RolloutCorrection | None = None, rollout_is_cap: float = DEFAULT_IS_CAP,
         reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
     """PPO with a critic and GAE; KL to the reference enters the token rewards (adaptive with ``kl_target``)."""
     g = GraphBuilder("ppo")
     actor, ref, reward = _policy_roles(g, reward_kind)
     critic = g.role("critic", RoleKind.VALUE)
-    g.generate(actor, temperature=temperature, max_new_tokens=max_new_tokens, **_top(top_p, top_k))
+    correction = _correction(rollout_correction, rollout_is_cap)
+    g.generate(actor, temperature=temperature, max_new_tokens=max_new_tokens, **_top(top_p, top_k),
+               **correction.sampling)
     g.score(reward)
     g.ref_logprob(ref)
     g.values(critic)
@@ -105,8 +149,8 @@ def ppo(*, kl_coef: float = 0.05, kl_target: float | None = None, kl_horizon: fl
     g.compute("gae", fn="gae", inputs=("token_rewards", "values", "response_mask"),
               outputs=("advantages", "returns"), gamma=gamma, lam=lam)
     g.update(critic, loss="value", inputs=(*SEQ, "values", "returns"), clip_range=value_clip)
-    g.update(actor, loss="ppo_policy", inputs=(*SEQ, "old_logprobs", "advantages"),
-             **_actor_options(clip_ratio, clip_ratio_high, loss_agg, entropy_coef))
+    g.update(actor, loss="ppo_policy", inputs=(*SEQ, "old_logprobs", *correction.inputs, "advantages"),
+             **_actor_options(clip_ratio, clip_ratio_high, loss_agg, entropy_coef), **correction.options)
     return g.build()
 
 
@@ -114,40 +158,49 @@ def ppo(*, kl_coef: float = 0.05, kl_target: float | None = None, kl_horizon: fl
 def grpo(*, n: int = 4, kl_coef: float = 0.04, clip_ratio: float = 0.2, clip_ratio_high: float | None = None,
          loss_agg: LossAgg = "token-mean", entropy_coef: float = 0.0, norm_by_std: bool = True,
          temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, max_new_tokens: int = 32,
+         rollout_correction: RolloutCorrection | None = None, rollout_is_cap: float = DEFAULT_IS_CAP,
          reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
     """GRPO: group-normalised outcome advantages, KL to the reference as a loss term, no critic."""
+    correction = _correction(rollout_correction, rollout_is_cap)
     g, actor = _rollout("grpo", n=n, reference=True, temperature=temperature, max_new_tokens=max_new_tokens,
-                        reward_kind=reward_kind, sampling=_top(top_p, top_k))
+                        reward_kind=reward_kind, sampling={**_top(top_p, top_k), **correction.sampling})
     return _group_relative(g, actor, n=n, norm_by_std=norm_by_std, loss="ppo_policy", kl_coef=kl_coef,
-                           options=_actor_options(clip_ratio, clip_ratio_high, loss_agg, entropy_coef))
+                           options=_actor_options(clip_ratio, clip_ratio_high, loss_agg, entropy_coef),
+                           correction=correction)
 
 
 @ALGORITHMS.register("grpo_no_ref")
 def grpo_no_ref(*, n: int = 4, clip_ratio: float = 0.2, clip_ratio_high: float | None = None,
                 loss_agg: LossAgg = "token-mean", entropy_coef: float = 0.0, norm_by_std: bool = True,
                 temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, max_new_tokens: int = 32,
+                rollout_correction: RolloutCorrection | None = None, rollout_is_cap: float = DEFAULT_IS_CAP,
                 reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
     """GRPO without a reference model: no KL term and no reference role, so nothing is placed for one."""
+    correction = _correction(rollout_correction, rollout_is_cap)
     g, actor = _rollout("grpo_no_ref", n=n, reference=False, temperature=temperature, max_new_tokens=max_new_tokens,
-                        reward_kind=reward_kind, sampling=_top(top_p, top_k))
+                        reward_kind=reward_kind, sampling={**_top(top_p, top_k), **correction.sampling})
     return _group_relative(g, actor, n=n, norm_by_std=norm_by_std, loss="ppo_policy", kl_coef=None,
-                           options=_actor_options(clip_ratio, clip_ratio_high, loss_agg, entropy_coef))
+                           options=_actor_options(clip_ratio, clip_ratio_high, loss_agg, entropy_coef),
+                           correction=correction)
 
 
 @ALGORITHMS.register("dr_grpo")
 def dr_grpo(*, n: int = 4, kl_coef: float = 0.0, clip_ratio: float = 0.2, clip_ratio_high: float | None = None,
             entropy_coef: float = 0.0, temperature: float = 1.0,
             top_p: float = 1.0, top_k: int = 0, max_new_tokens: int = 32,
+            rollout_correction: RolloutCorrection | None = None, rollout_is_cap: float = DEFAULT_IS_CAP,
             reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
     """Dr.GRPO (https://arxiv.org/abs/2503.20783): GRPO without the std normalisation of advantages and with
     each response's token sum divided by a constant (``max_new_tokens``), not its length; no KL (and no
     reference role) unless ``kl_coef`` > 0."""
+    correction = _correction(rollout_correction, rollout_is_cap)
     g, actor = _rollout("dr_grpo", n=n, reference=kl_coef > 0, temperature=temperature,
-                        max_new_tokens=max_new_tokens, reward_kind=reward_kind, sampling=_top(top_p, top_k))
+                        max_new_tokens=max_new_tokens, reward_kind=reward_kind,
+                        sampling={**_top(top_p, top_k), **correction.sampling})
     options = _actor_options(clip_ratio, clip_ratio_high, "seq-mean-token-sum-norm", entropy_coef,
                              loss_scale_factor=max_new_tokens)
     return _group_relative(g, actor, n=n, norm_by_std=False, loss="ppo_policy", kl_coef=kl_coef or None,
-                           options=options)
+                           options=options, correction=correction)
 
 
 @ALGORITHMS.register("gspo")
@@ -170,13 +223,16 @@ def gspo(*, n: int = 4, kl_coef: float = 0.0, clip_ratio: float = 3e-4, clip_rat
 def dapo(*, n: int = 8, clip_ratio: float = 0.2, clip_ratio_high: float = 0.28, entropy_coef: float = 0.0,
          overlong_buffer: int = 0, overlong_penalty: float = 1.0, max_rounds: int = 3, temperature: float = 1.0,
          top_p: float = 1.0, top_k: int = 0,
-         max_new_tokens: int = 32, reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
+         max_new_tokens: int = 32, rollout_correction: RolloutCorrection | None = None,
+         rollout_is_cap: float = DEFAULT_IS_CAP, reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
     """DAPO (https://arxiv.org/abs/2503.14476): GRPO without KL or reference, clip-higher, the token-level loss,
     overlong reward shaping over the last ``overlong_buffer`` tokens (0: off) and dynamic sampling: groups whose
     rewards are all equal are dropped and up to ``max_rounds`` more rollouts refill the batch."""
     g = GraphBuilder("dapo")
     actor, reward = g.role("actor", RoleKind.POLICY), g.role("reward", reward_kind)
-    g.generate(actor, n=n, temperature=temperature, max_new_tokens=max_new_tokens, **_top(top_p, top_k))
+    correction = _correction(rollout_correction, rollout_is_cap)
+    g.generate(actor, n=n, temperature=temperature, max_new_tokens=max_new_tokens, **_top(top_p, top_k),
+               **correction.sampling)
     g.score(reward, outputs=("raw_scores",) if overlong_buffer else None)
     if overlong_buffer:
         g.compute("overlong_shaping", fn="overlong_penalized_scores", inputs=("raw_scores", "response_mask"),
@@ -185,22 +241,25 @@ def dapo(*, n: int = 8, clip_ratio: float = 0.2, clip_ratio_high: float = 0.28, 
     g.filter("dynamic_sampling", fn="groups_with_signal", inputs=("scores", "uid"), max_rounds=max_rounds)
     g.logprob(actor)
     return _group_relative(g, actor, n=n, norm_by_std=True, loss="ppo_policy", kl_coef=None,
-                           options=_actor_options(clip_ratio, clip_ratio_high, "token-mean", entropy_coef))
+                           options=_actor_options(clip_ratio, clip_ratio_high, "token-mean", entropy_coef),
+                           correction=correction)
 
 
 @ALGORITHMS.register("rloo")
 def rloo(*, n: int = 4, kl_coef: float = 0.05, clip_ratio: float = 0.2, clip_ratio_high: float | None = None,
          loss_agg: LossAgg = "token-mean", entropy_coef: float = 0.0, temperature: float = 1.0,
          top_p: float = 1.0, top_k: int = 0,
-         max_new_tokens: int = 32, reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
+         max_new_tokens: int = 32, rollout_correction: RolloutCorrection | None = None,
+         rollout_is_cap: float = DEFAULT_IS_CAP, reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
     """RLOO: each sample's baseline is the mean reward of the other samples of its prompt."""
+    correction = _correction(rollout_correction, rollout_is_cap)
     g, actor = _rollout("rloo", n=n, reference=True, temperature=temperature, max_new_tokens=max_new_tokens,
-                        reward_kind=reward_kind, sampling=_top(top_p, top_k))
+                        reward_kind=reward_kind, sampling={**_top(top_p, top_k), **correction.sampling})
     _kl_rewards(g, kl_coef)
     g.compute("advantages", fn="rloo_advantages", inputs=("token_rewards", "response_mask", "uid"),
               outputs=("advantages",))
-    g.update(actor, loss="ppo_policy", inputs=(*SEQ, "old_logprobs", "advantages"),
-             **_actor_options(clip_ratio, clip_ratio_high, loss_agg, entropy_coef))
+    g.update(actor, loss="ppo_policy", inputs=(*SEQ, "old_logprobs", *correction.inputs, "advantages"),
+             **_actor_options(clip_ratio, clip_ratio_high, loss_agg, entropy_coef), **correction.options)
     return g.build()
 
 
@@ -208,12 +267,15 @@ def rloo(*, n: int = 4, kl_coef: float = 0.05, clip_ratio: float = 0.2, clip_rat
 def remax(*, kl_coef: float = 0.05, clip_ratio: float = 0.2, clip_ratio_high: float | None = None,
           loss_agg: LossAgg = "token-mean", entropy_coef: float = 0.0, temperature: float = 1.0,
           top_p: float = 1.0, top_k: int = 0,
-          max_new_tokens: int = 32, reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
+          max_new_tokens: int = 32, rollout_correction: RolloutCorrection | None = None,
+          rollout_is_cap: float = DEFAULT_IS_CAP, reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
     """ReMax: a greedy rollout's reward is the baseline of the sampled one."""
     g = GraphBuilder("remax")
     actor, ref, reward = _policy_roles(g, reward_kind)
     greedy = ("greedy_responses", "greedy_response_mask")
-    g.generate(actor, temperature=temperature, max_new_tokens=max_new_tokens, **_top(top_p, top_k))
+    correction = _correction(rollout_correction, rollout_is_cap)
+    g.generate(actor, temperature=temperature, max_new_tokens=max_new_tokens, **_top(top_p, top_k),
+               **correction.sampling)
     g.generate(actor, name="greedy_generate", outputs=greedy, greedy=True, max_new_tokens=max_new_tokens)
     g.score(reward)
     g.score(reward, name="greedy_score", inputs=("prompts", *greedy, "ground_truth"), outputs=("greedy_scores",))
@@ -222,15 +284,17 @@ def remax(*, kl_coef: float = 0.05, clip_ratio: float = 0.2, clip_ratio_high: fl
     _kl_rewards(g, kl_coef)
     g.compute("advantages", fn="remax_advantages", inputs=("token_rewards", "greedy_scores", "response_mask"),
               outputs=("advantages",))
-    g.update(actor, loss="ppo_policy", inputs=(*SEQ, "old_logprobs", "advantages"),
-             **_actor_options(clip_ratio, clip_ratio_high, loss_agg, entropy_coef))
+    g.update(actor, loss="ppo_policy", inputs=(*SEQ, "old_logprobs", *correction.inputs, "advantages"),
+             **_actor_options(clip_ratio, clip_ratio_high, loss_agg, entropy_coef), **correction.options)
     return g.build()
 
 
 def _reinforce_pp(name: str, n: int, kl_coef: float, gamma: float, temperature: float, max_new_tokens: int,
-                  reward_kind: RoleKind | str, options: Options, top_p: float = 1.0, top_k: int = 0) -> Graph:
+                  reward_kind: RoleKind | str, options: Options, top_p: float = 1.0, top_k: int = 0,
+                  correction: _Correction | None = None) -> Graph:
+    correction = correction or _Correction()
     g, actor = _rollout(name, n=n, reference=True, temperature=temperature, max_new_tokens=max_new_tokens,
-                        reward_kind=reward_kind, sampling=_top(top_p, top_k))
+                        reward_kind=reward_kind, sampling={**_top(top_p, top_k), **correction.sampling})
     _kl_rewards(g, kl_coef)
     if n > 1:
         g.compute("advantages", fn="reinforce_pp_baseline_advantages",
@@ -238,7 +302,8 @@ def _reinforce_pp(name: str, n: int, kl_coef: float, gamma: float, temperature: 
     else:
         g.compute("advantages", fn="reinforce_pp_advantages", inputs=("token_rewards", "response_mask"),
                   outputs=("advantages",), gamma=gamma)
-    g.update(actor, loss="ppo_policy", inputs=(*SEQ, "old_logprobs", "advantages"), **options)
+    g.update(actor, loss="ppo_policy", inputs=(*SEQ, "old_logprobs", *correction.inputs, "advantages"), **options,
+             **correction.options)
     return g.build()
 
 
@@ -246,10 +311,12 @@ def _reinforce_pp(name: str, n: int, kl_coef: float, gamma: float, temperature: 
 def reinforce_pp(*, kl_coef: float = 0.05, gamma: float = 1.0, clip_ratio: float = 0.2,
                  clip_ratio_high: float | None = None, loss_agg: LossAgg = "token-mean", entropy_coef: float = 0.0,
                  temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, max_new_tokens: int = 32,
+                 rollout_correction: RolloutCorrection | None = None, rollout_is_cap: float = DEFAULT_IS_CAP,
                  reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
     """REINFORCE++: KL-penalised discounted returns, whitened over the batch; one sample per prompt."""
     return _reinforce_pp("reinforce_pp", 1, kl_coef, gamma, temperature, max_new_tokens, reward_kind,
-                         _actor_options(clip_ratio, clip_ratio_high, loss_agg, entropy_coef), top_p, top_k)
+                         _actor_options(clip_ratio, clip_ratio_high, loss_agg, entropy_coef), top_p, top_k,
+                         _correction(rollout_correction, rollout_is_cap))
 
 
 @ALGORITHMS.register("reinforce_pp_baseline")
@@ -257,7 +324,9 @@ def reinforce_pp_baseline(*, n: int = 4, kl_coef: float = 0.05, clip_ratio: floa
                           clip_ratio_high: float | None = None, loss_agg: LossAgg = "token-mean",
                           entropy_coef: float = 0.0, temperature: float = 1.0,
                           top_p: float = 1.0, top_k: int = 0, max_new_tokens: int = 32,
+                          rollout_correction: RolloutCorrection | None = None, rollout_is_cap: float = DEFAULT_IS_CAP,
                           reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
     """REINFORCE++ with a group-mean baseline over ``n`` samples per prompt, then batch whitening."""
     return _reinforce_pp("reinforce_pp_baseline", n, kl_coef, 1.0, temperature, max_new_tokens, reward_kind,
-                         _actor_options(clip_ratio, clip_ratio_high, loss_agg, entropy_coef), top_p, top_k)
+                         _actor_options(clip_ratio, clip_ratio_high, loss_agg, entropy_coef), top_p, top_k,
+                         _correction(rollout_correction, rollout_is_cap))

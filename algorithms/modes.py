@@ -1,4 +1,5 @@
-"""The names of the loss-aggregation modes and KL estimators, torch-free so graphs can check options early."""
+"""The names of the loss-aggregation modes, KL estimators and off-policy corrections, torch-free so graphs can check
+options early."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ LOSS_AGGS: tuple[str, ...] = get_args(LossAgg)
 KLType = Literal["k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl",
                  "k1+", "kl+", "abs+", "k2+", "mse+", "k3+", "low_var_kl+"]
 KL_TYPES: tuple[str, ...] = get_args(KLType)
+
+RolloutCorrection = Literal["tis", "decoupled"]
+ROLLOUT_CORRECTIONS: tuple[str, ...] = get_args(RolloutCorrection)
 
 
 def check_choice(option: str, value: str, choices: tuple[str, ...]) -> None:

@@ -15,12 +15,11 @@ The weights are constants (no gradient flows through them), as in both reference
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
+from hybridflow.algorithms.modes import ROLLOUT_CORRECTIONS as CORRECTIONS
+from hybridflow.algorithms.modes import RolloutCorrection
 
-RolloutCorrection = Literal["tis", "decoupled"]
-CORRECTIONS = ("tis", "decoupled")
+__all__ = ["CORRECTIONS", "RolloutCorrection", "rollout_correction"]
 
 
 def rollout_correction(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, response_mask: torch.Tensor, *,

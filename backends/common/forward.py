@@ -45,7 +45,7 @@ class ForwardOps:
             out = modeling.generate(self.model, batch, max_new_tokens=sampling.max_new_tokens,
                                     greedy=sampling.greedy, temperature=sampling.temperature, top_p=sampling.top_p,
                                     top_k=sampling.top_k, seed=sampling.rank_seed(self.context.rank),
-                                    use_hf_generate=self.spec.rollout == "hf_generate")
+                                    use_hf_generate=self.spec.rollout == "hf_generate", logprobs=sampling.logprobs)
         return Batch(out)
 
     def log_probs(self, batch: Batch, *, with_entropy: bool = False) -> Batch:

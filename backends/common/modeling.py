@@ -101,34 +101,58 @@ def reward_model_scores(model: Any, batch: Batch) -> torch.Tensor:
 
 
 def generate(model: Any, batch: Batch, *, max_new_tokens: int, greedy: bool, temperature: float, top_p: float,
-             top_k: int, seed: int, use_hf_generate: bool = False) -> dict[str, torch.Tensor]:
+             top_k: int, seed: int, use_hf_generate: bool = False, logprobs: bool = False) -> dict[str, torch.Tensor]:
     """One sample per prompt row; responses trimmed to the longest and masked after the first EOS.
 
     The lean cached loop (:func:`sampling.sample`) is the default; ``use_hf_generate`` runs HF
     ``generate`` instead (same options, same greedy output; for models with custom generation code).
+    With ``logprobs`` the result also holds ``rollout_logprobs`` (B, T), float32, 0 where ``response_mask``
+    is 0: each sampled token's log-prob under the trainer's definition (:func:`policy_outputs`: the
+    log-softmax of the raw logits, whatever the temperature, top-k or top-p that sampled it).
     """
     config = model.config
     eos, pad = config.eos_token_id, config.pad_token_id
     prompts = batch["prompts"]
     if use_hf_generate:
-        from transformers import GenerationConfig
-
-        options = {} if greedy else {"temperature": temperature, "top_p": top_p, "top_k": top_k}
-        gen_config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=not greedy, eos_token_id=eos,
-                                      pad_token_id=pad, bos_token_id=config.bos_token_id, **options)
-        torch.manual_seed(seed)
-        out = model.generate(input_ids=prompts, attention_mask=batch["prompt_mask"], generation_config=gen_config)
-        responses = out[:, prompts.shape[1]:]
+        responses, chosen = _hf_generate(model, batch, max_new_tokens=max_new_tokens, greedy=greedy,
+                                         temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+                                         logprobs=logprobs)
     else:
-        responses = sampling.sample(model, prompts, batch["prompt_mask"], max_new_tokens=max_new_tokens,
-                                    greedy=greedy, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
-                                    eos=eos, pad=pad)
+        responses, chosen = sampling.sample(model, prompts, batch["prompt_mask"], max_new_tokens=max_new_tokens,
+                                            greedy=greedy, temperature=temperature, top_p=top_p, top_k=top_k,
+                                            seed=seed, eos=eos, pad=pad, logprobs=logprobs)
     is_eos = (responses == eos).long()
     # Keep tokens up to and including the first EOS: no EOS strictly before the position.
     mask = (is_eos.cumsum(dim=1) - is_eos == 0).long()
     width = max(int(mask.sum(dim=1).max()), 1)
     responses = responses.masked_fill(mask == 0, pad)[:, :width].contiguous()
-    return {"responses": responses, "response_mask": mask[:, :width].contiguous()}
+    out = {"responses": responses, "response_mask": mask[:, :width].contiguous()}
+    if chosen is not None:
+        out["rollout_logprobs"] = chosen.masked_fill(mask == 0, 0.0)[:, :width].contiguous()
+    return out
+
+
+def _hf_generate(model: Any, batch: Batch, *, max_new_tokens: int, greedy: bool, temperature: float, top_p: float,
+                 top_k: int, seed: int, logprobs: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """HF ``generate``: the continuations (B, T') and, with ``logprobs``, the sampled tokens' log-probs (B, T').
+
+    The log-probs come from ``output_logits`` (the unprocessed logits of every step): exact, but held as
+    (B, T', V) float32 until ``generate`` returns; the native loop keeps one step's.
+    """
+    from transformers import GenerationConfig
+
+    config, prompts = model.config, batch["prompts"]
+    options = {} if greedy else {"temperature": temperature, "top_p": top_p, "top_k": top_k}
+    gen_config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=not greedy, eos_token_id=config.eos_token_id,
+                                  pad_token_id=config.pad_token_id, bos_token_id=config.bos_token_id,
+                                  return_dict_in_generate=logprobs, output_logits=logprobs, **options)
+    torch.manual_seed(seed)
+    out = model.generate(input_ids=prompts, attention_mask=batch["prompt_mask"], generation_config=gen_config)
+    if not logprobs:
+        return out[:, prompts.shape[1]:], None
+    responses = out.sequences[:, prompts.shape[1]:]
+    logits = torch.stack(out.logits, dim=1)  # (B, T', V): step t's logits sampled token t
+    return responses, token_logprobs(logits, responses).float()
 
 
 def tied_weights(module: torch.nn.Module) -> dict[str, str]:

@@ -2,7 +2,8 @@
 
 On tiny models the per-token bookkeeping of ``generate`` (logits processors, stopping criteria,
 cache bookkeeping) costs more than the forward pass itself; this loop keeps only what the
-rollout needs: temperature, top-k, top-p, greedy, EOS stop.
+rollout needs: temperature, top-k, top-p, greedy, EOS stop, and (when asked) each sampled token's
+log-prob under the trainer's definition.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
+from hybridflow.logits import token_logprobs
 
 
 def _filter(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -26,8 +29,14 @@ def _filter(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
 
 
 def sample(model: Any, prompts: torch.Tensor, prompt_mask: torch.Tensor, *, max_new_tokens: int, greedy: bool,
-           temperature: float, top_p: float, top_k: int, seed: int, eos: int, pad: int) -> torch.Tensor:
-    """Sampled continuations (B, <= max_new_tokens), ``pad`` after each row's EOS; stops when all ended."""
+           temperature: float, top_p: float, top_k: int, seed: int, eos: int, pad: int,
+           logprobs: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Sampled continuations (B, <= max_new_tokens), ``pad`` after each row's EOS; stops when all ended.
+
+    With ``logprobs`` also each sampled token's log-prob (B, <= max_new_tokens), float32: the log-softmax of
+    the raw logits (no temperature, top-k or top-p), :func:`hybridflow.logits.token_logprobs` as the
+    trainer's ``logprob`` op computes it; else None.
+    """
     generator = torch.Generator(device=prompts.device).manual_seed(seed)
     mask = prompt_mask.long()
     positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
@@ -35,7 +44,7 @@ def sample(model: Any, prompts: torch.Tensor, prompt_mask: torch.Tensor, *, max_
     past, logits = out.past_key_values, out.logits[:, -1]
     position = positions[:, -1:] + 1
     finished = torch.zeros(len(prompts), dtype=torch.bool, device=prompts.device)
-    tokens = []
+    tokens, chosen = [], []
     for _ in range(max_new_tokens):
         if greedy:
             token = logits.argmax(dim=-1)
@@ -44,6 +53,8 @@ def sample(model: Any, prompts: torch.Tensor, prompt_mask: torch.Tensor, *, max_
             token = torch.multinomial(probs, 1, generator=generator).squeeze(1)
         token = token.masked_fill(finished, pad)
         tokens.append(token)
+        if logprobs:
+            chosen.append(token_logprobs(logits[:, None], token[:, None])[:, 0].float())  # (B,)
         finished |= token == eos
         if bool(finished.all()) or len(tokens) == max_new_tokens:
             break
@@ -51,4 +62,4 @@ def sample(model: Any, prompts: torch.Tensor, prompt_mask: torch.Tensor, *, max_
         out = model(input_ids=token[:, None], attention_mask=mask, position_ids=position, past_key_values=past,
                     use_cache=True)
         past, logits, position = out.past_key_values, out.logits[:, -1], position + 1
-    return torch.stack(tokens, dim=1)
+    return torch.stack(tokens, dim=1), torch.stack(chosen, dim=1) if logprobs else None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from hybridflow.graph.graph import DEFAULT_INPUTS, Graph
-from hybridflow.graph.node import OP_PORTS, Node, Scalar, field_names, freeze_options
+from hybridflow.graph.node import Node, Scalar, field_names, freeze_options, op_ports
 from hybridflow.graph.roles import Op, Role, RoleKind
 
 Fields = Sequence[str] | None
@@ -31,7 +31,8 @@ class GraphBuilder:
 
     def generate(self, role: str, *, n: int = 1, name: str | None = None, inputs: Fields = None,
                  outputs: Fields = None, **sampling: Scalar) -> str:
-        """Roll out ``n`` responses per prompt; options: temperature, top_p, top_k, max_new_tokens, greedy."""
+        """Roll out ``n`` responses per prompt; options: temperature, top_p, top_k, max_new_tokens, greedy, and
+        ``logprobs=True``, which adds the output ``rollout_logprobs`` (each sampled token's behaviour log-prob)."""
         return self._role_op(Op.GENERATE, role, name, inputs, outputs, {"n": n, **sampling})
 
     def logprob(self, role: str, *, name: str | None = None, inputs: Fields = None, outputs: Fields = None,
@@ -85,7 +86,7 @@ class GraphBuilder:
 
     def _role_op(self, op: Op, role: str, name: str | None, inputs: Fields, outputs: Fields,
                  options: Mapping[str, Scalar]) -> str:
-        in_ports, out_ports = OP_PORTS[op]
+        in_ports, out_ports = op_ports(op, options)
         node_name = name or f"{role}_{op.value}"
         node = Node(node_name, op, role, field_names(inputs or in_ports, node=node_name, kind="inputs"),
                     field_names(outputs or out_ports, node=node_name, kind="outputs"),

@@ -22,6 +22,18 @@ OP_PORTS: dict[Op, tuple[tuple[str, ...], tuple[str, ...]]] = {
     Op.SCORE: ((*_SEQ_INPUTS, "ground_truth"), ("scores",)),
 }
 
+# Output ports an op adds when a node sets the option True: ``generate(logprobs=True)`` also writes each
+# sampled token's behaviour log-prob, which the off-policy corrections of the policy loss read.
+OPTIONAL_OUTPUT_PORTS: dict[Op, tuple[tuple[str, str], ...]] = {Op.GENERATE: (("logprobs", "rollout_logprobs"),)}
+
+
+def op_ports(op: Op, options: Mapping[str, Any]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The input and output ports of a role op for a node with these options (see ``OPTIONAL_OUTPUT_PORTS``)."""
+    in_ports, out_ports = OP_PORTS[op]
+    extra = tuple(port for option, port in OPTIONAL_OUTPUT_PORTS.get(op, ()) if options.get(option) is True)
+    return in_ports, out_ports + extra
+
+
 DRIVER_OPS = frozenset({Op.COMPUTE, Op.FILTER})
 """Ops the controller runs itself (registry functions on the driver), not a role's workers."""
 
@@ -118,7 +130,11 @@ class Node:
             n = self.option("n", 1)
             if not isinstance(n, int) or isinstance(n, bool) or n < 1:
                 raise NodeSpecError(f"{where}: n={n!r} must be a positive integer", node=self.name, field="n")
-        in_ports, out_ports = OP_PORTS[self.op]
+        for option, _ in OPTIONAL_OUTPUT_PORTS.get(self.op, ()):
+            if not isinstance(self.option(option, False), bool):
+                raise NodeSpecError(f"{where}: {option}={self.option(option)!r} must be True or False",
+                                    node=self.name, field=option)
+        in_ports, out_ports = op_ports(self.op, self.options_dict)
         for kind, ports, bound in (("inputs", in_ports, self.inputs), ("outputs", out_ports, self.outputs)):
             if len(bound) != len(ports):
                 raise NodeSpecError(
@@ -144,7 +160,7 @@ class Node:
         return dict(zip(ports, self.inputs, strict=True))
 
     def port_outputs(self) -> dict[str, str]:
-        ports = OP_PORTS[self.op][1] if self.op in OP_PORTS else self.outputs
+        ports = op_ports(self.op, self.options_dict)[1] if self.op in OP_PORTS else self.outputs
         return dict(zip(ports, self.outputs, strict=True))
 
     def _check_filter(self, where: str) -> None:

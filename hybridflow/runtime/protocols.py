@@ -100,13 +100,15 @@ class RoleSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class SamplingParams:
-    """Rollout options of a generate node. ``greedy`` overrides temperature/top-p/top-k."""
+    """Rollout options of a generate node. ``greedy`` overrides temperature/top-p/top-k. ``logprobs`` asks for
+    each sampled token's behaviour log-prob too (``rollout_logprobs``, see :class:`Generator`)."""
 
     max_new_tokens: int = 32
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
     greedy: bool = False
+    logprobs: bool = False
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -156,7 +158,13 @@ class Generator(Protocol):
     """The ``generate`` op."""
 
     def generate(self, batch: Batch, sampling: SamplingParams) -> Batch:
-        """``prompts``, ``prompt_mask`` -> ``responses``, ``response_mask``: one sample per row, EOS-stopped."""
+        """``prompts``, ``prompt_mask`` -> ``responses``, ``response_mask``: one sample per row, EOS-stopped.
+
+        With ``sampling.logprobs`` also ``rollout_logprobs`` (B, T) float32, aligned with ``responses`` and 0
+        where ``response_mask`` is 0: each sampled token's log-prob under the trainer's definition (the
+        log-softmax of the raw logits, as ``log_probs`` computes it; no temperature, top-k or top-p), so that
+        on the same weights it equals the ``logprob`` op's value up to float noise.
+        """
         ...
 
 

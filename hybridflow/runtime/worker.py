@@ -28,7 +28,7 @@ from hybridflow.runtime.weights import Shipment, full_weights, state_from_wire, 
 
 # The prompt's attention mask travels with ``prompts`` wherever they go (it is not a graph field).
 COMPANIONS = {"prompts": "prompt_mask"}
-_SAMPLING_KEYS = ("max_new_tokens", "temperature", "top_p", "top_k", "greedy")
+_SAMPLING_KEYS = ("max_new_tokens", "temperature", "top_p", "top_k", "greedy", "logprobs")
 
 
 @dataclass(frozen=True, kw_only=True)
