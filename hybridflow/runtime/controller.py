@@ -35,7 +35,7 @@ from hybridflow.runtime.filtering import GroupPool, keep_mask, with_uids
 from hybridflow.runtime.pipeline import OneStepOff, Upcoming, check_pipeline, upcoming_rows
 from hybridflow.runtime.placement import with_rollout_specs
 from hybridflow.runtime.protocols import OP_CAPABILITIES, NodeState, RoleSpec, Scorer, WeightSink, WeightSource
-from hybridflow.runtime.rollouter import Rollouter, pool_metrics, staleness_metrics, stats_copy
+from hybridflow.runtime.rollouter import Rollouter, RolloutStats, pool_metrics, staleness_metrics, stats_copy
 from hybridflow.runtime.service import RoleServices
 from hybridflow.runtime.step_store import StepLedger
 from hybridflow.runtime.weights import WeightSyncStats
@@ -83,6 +83,7 @@ class Controller:
                 max_staleness=max_staleness, seed=seed, segment_tokens=segment_tokens if max_staleness else None,
                 eos_token_id=eos_token_id)
             self.version = 0  # the policy's updates so far (async: counted from step 0, set at the first step)
+            self._pool_mark: tuple[float, RolloutStats] | None = None  # async: when the last step ended
             self.sync_rollouts()
         except BaseException:
             self.shutdown()
@@ -200,7 +201,8 @@ class Controller:
         if not rollouter.started:  # the weights shipped at start (or after a checkpoint load) are this step's
             self.version = step
             rollouter.start(step)
-        started, before = time.perf_counter(), stats_copy(rollouter.stats)
+        started = time.perf_counter()
+        since, before = self._pool_mark or (started, stats_copy(rollouter.stats))  # the pools' time runs on
         for ahead in range(step, step + self.max_staleness + 1):
             rows = prompts if ahead == step else upcoming_rows(upcoming, ahead, current=step)
             if rows is not None and not rollouter.offered(ahead):
@@ -213,7 +215,8 @@ class Controller:
         state = self._run([name for name in self.graph.order if name != node.name], rows, step, record,
                           expanded=True)
         self.version += 1
-        record.metrics.update(pool_metrics(before, stats_copy(rollouter.stats), seconds=time.perf_counter() - started,
+        self._pool_mark = (time.perf_counter(), stats_copy(rollouter.stats))
+        record.metrics.update(pool_metrics(before, self._pool_mark[1], seconds=self._pool_mark[0] - since,
                                            waited=waited, trained_tokens=int(rows["response_mask"].sum()),
                                            depth=depth))
         return state

@@ -332,7 +332,8 @@ def staleness_metrics(rows: Batch, trainer_version: int, max_staleness: int) -> 
 
 def pool_metrics(before: RolloutStats, after: RolloutStats, *, seconds: float, waited: float,
                  trained_tokens: int, depth: int) -> dict[str, float]:
-    """Idle fraction and tokens/s of each pool over one step of ``seconds``."""
+    """Idle fraction and tokens/s of each pool over ``seconds``: since the previous step ended, so generation
+    between steps (checkpoints, validation) counts too."""
     span = max(seconds, 1e-9)
     return {"pipeline/rollout_idle_fraction": min(max(1 - (after.busy_s - before.busy_s) / span, 0.0), 1.0),
             "pipeline/trainer_idle_fraction": min(waited / span, 1.0),

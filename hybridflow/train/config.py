@@ -112,8 +112,13 @@ class TrainConfig:
     separate_rollout: bool = False  # placement=auto: also consider rollout GPUs apart from the trainer's
     # placement=auto|manual: the cost model's fitted constants (a file from `hybridflow calibrate`, or a shipped name)
     calibration: str | None = None
-    # "one_step_off": a rollout on GPUs of its own generates step t+1 while the trainer trains on step t
-    pipeline: Literal["sync", "one_step_off"] = "sync"
+    # "one_step_off": a rollout on GPUs of its own generates step t+1 while the trainer trains on step t;
+    # "async": it generates continuously, at most ``max_staleness`` updates ahead (docs/runtime.md);
+    # "auto": the mode the plan was costed for (placement=auto chooses it, a plan file records it)
+    pipeline: Literal["sync", "one_step_off", "async", "auto"] = "sync"
+    max_staleness: int = 1  # pipeline=async: how many policy updates a sample's oldest token may lag
+    partial_rollout: bool = True  # pipeline=async: weight updates land mid-response (generation in segments)
+    segment_tokens: int = 0  # partial rollouts: new tokens per segment (0: a quarter of max_new_tokens)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     actor: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3))
@@ -144,6 +149,14 @@ class TrainConfig:
         if self.separate_rollout and self.placement != "auto":
             raise ValueError("config key 'separate_rollout' is only read with placement=auto (with placement=manual "
                              "give the rollout its own mesh, e.g. meshes: {'actor:rollout': [2, 3]})")
+        if self.pipeline == "auto" and self.placement != "auto" and not self.plan_file:
+            raise ValueError("config key 'pipeline'='auto' takes the mode a plan was costed for: set placement=auto "
+                             "(or a plan_file), or name the mode (sync, one_step_off, async)")
+        if self.max_staleness < 0:
+            raise ValueError(f"config key 'max_staleness'={self.max_staleness} must be >= 0 (0: the sync schedule)")
+        if self.segment_tokens < 0:
+            raise ValueError(f"config key 'segment_tokens'={self.segment_tokens} must be >= 0 (0: a quarter of the "
+                             "generate node's max_new_tokens)")
         if self.reward_cache_size < 0:
             raise ValueError(f"config key 'reward_cache_size'={self.reward_cache_size} must be >= 0 (0: off)")
         for name in ("steps", "num_gpus"):

@@ -11,7 +11,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from hybridflow.graph import Graph
+from hybridflow.graph import Graph, Op
 from hybridflow.planner import Plan
 from hybridflow.runtime import Controller, RoleSpec
 from hybridflow.runtime.errors import StepTracker
@@ -80,7 +80,7 @@ def train(config: TrainConfig, *, resume: bool = False, graph: Graph | None = No
     with StepTracker() as running, Controller(graph, plan, specs=specs,
                     executor=setup.make_executor(config), seed=config.seed, services=setup.services(config, plan),
                     driver_roles={r.name: scorer for r in graph.roles if not r.kind.needs_gpu},
-                    pipeline=config.pipeline) as controller:
+                    **pipeline_options(config, graph, plan, tokenizer)) as controller:
         if checkpoint is not None:
             controller.load_checkpoint(str(checkpoint / "roles"))
         progress = _Progress(range(start, config.steps), enabled=config.progress,
@@ -90,7 +90,7 @@ def train(config: TrainConfig, *, resume: bool = False, graph: Graph | None = No
             running.step = step
             # A filter's extra rounds draw prompts from beyond the run's own steps, so reruns see the same ones.
             more = partial(_extra_prompts, loader, config.steps, step)
-            upcoming = loader.batch(step + 1) if config.pipeline != "sync" and step + 1 < config.steps else None
+            upcoming = partial(_upcoming, loader, config.steps)
             result = controller.step(loader.batch(step), step=step, more=more, upcoming=upcoming)
             metrics = step_metrics(result, time.perf_counter() - began, graph)
             if step == 0:  # once per run (a resumed run keeps step 0's line)
@@ -122,6 +122,21 @@ def train(config: TrainConfig, *, resume: bool = False, graph: Graph | None = No
         curve = run_dir / "plots" / "reward.png" if (run_dir / "plots" / "reward.png").is_file() else None
     return TrainResult(run_dir=run_dir, metrics_path=writer.path, curve_path=curve, history=history,
                        start_step=start, report_path=report, export_path=exported)
+
+
+def pipeline_options(config: TrainConfig, graph: Graph, plan: Plan, tokenizer: Any) -> dict[str, Any]:
+    """The controller's execution-mode arguments: the config's mode, or the plan's for ``pipeline: auto``."""
+    mode = plan.pipeline if config.pipeline == "auto" else config.pipeline
+    staleness = plan.max_staleness if config.pipeline == "auto" and mode == "async" else config.max_staleness
+    budget = max((int(n.option("max_new_tokens", 32) or 32) for n in graph.nodes if n.op is Op.GENERATE), default=32)
+    segment = (config.segment_tokens or max(budget // 4, 1)) if config.partial_rollout else None
+    return {"pipeline": mode, "max_staleness": staleness, "segment_tokens": segment,
+            "eos_token_id": tokenizer.eos_token_id}
+
+
+def _upcoming(loader: Any, steps: int, step: int) -> Any:
+    """The prompt rows of a later ``step`` for a pipelined run (None past the run's last step)."""
+    return loader.batch(step) if step < steps else None
 
 
 def _note(config: TrainConfig, message: str) -> None:

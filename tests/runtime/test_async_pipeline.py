@@ -125,3 +125,31 @@ def test_bad_async_settings_name_the_field() -> None:
         specs = {"actor": RoleSpec(name="actor", kind=RoleKind.POLICY, model="unused", backend=BACKEND,
                                    options={"vocab_size": len(TOKENIZER)})}
         Controller(GRAPH, SPLIT, specs=specs, driver_roles={"reward": SCORER}, pipeline="async", segment_tokens=2)
+
+
+@pytest.mark.slow
+def test_hybridflow_train_runs_async_on_a_detached_rollout(tmp_path: Path) -> None:
+    from hybridflow.train.config import load_config
+    from hybridflow.train.loop import train
+
+    config = load_config(None, ["algorithm=grpo_no_ref", "algorithm_options={n: 2, max_new_tokens: 8}", "steps=4",
+                                "model.sft_steps=5", "data.batch_size=4", "data.num_examples=32", "placement=manual",
+                                "cluster=2xCPU", "meshes={actor: [0], 'actor:rollout': [1]}", "pipeline=async",
+                                "max_staleness=2", "segment_tokens=3", f"output_dir={tmp_path}", "progress=false",
+                                "tensorboard=false", "plot=false"])
+    history = train(config).history
+    assert [row["step"] for row in history] == [0, 1, 2, 3]
+    assert all(row["pipeline/staleness_max"] <= 2 for row in history)
+    assert {"pipeline/rollout_idle_fraction", "pipeline/trainer_idle_fraction", "pipeline/buffer_depth",
+            "pipeline/staleness_hist/2", "pipeline/partial_fraction"} <= set(history[-1])
+
+
+def test_bad_pipeline_config_keys_name_the_key() -> None:
+    from hybridflow.train.config import load_config
+
+    with pytest.raises(ValueError, match="'max_staleness'=-1 must be >= 0"):
+        load_config(None, ["max_staleness=-1"])
+    with pytest.raises(ValueError, match="'pipeline'='auto' takes the mode a plan was costed for"):
+        load_config(None, ["pipeline=auto"])
+    with pytest.raises(ValueError, match="'segment_tokens'=-2 must be >= 0"):
+        load_config(None, ["segment_tokens=-2"])
