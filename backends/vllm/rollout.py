@@ -1,4 +1,4 @@
-"""A vLLM engine as a rollout: token-id batches in and out, per-token log-probs, weight reload, sleep/wake.
+"""A vLLM engine as a rollout: token-id batches in and out, behaviour log-probs, weight reload, sleep/wake.
 
 The engine runs inside this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) when its tensor-parallel size
 is 1: new weights then go straight from the trainer into the model one tensor at a time, with no
@@ -73,8 +73,11 @@ class VllmRollout:
         if not config.device.startswith("cuda"):
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.kv_cache_gib))
         vllm = import_vllm()
+        # raw_logprobs (vLLM's default, stated so engine_args show what to keep): sampled tokens' log-probs of the raw
+        # logits, the trainer's definition, whatever the temperature.
         args: dict[str, Any] = {"model": config.model_dir, "dtype": VLLM_DTYPES[config.dtype], "seed": config.seed,
-                                "tensor_parallel_size": config.tensor_parallel_size, "enforce_eager": True}
+                                "tensor_parallel_size": config.tensor_parallel_size, "enforce_eager": True,
+                                "logprobs_mode": "raw_logprobs"}
         if config.max_model_len:
             args["max_model_len"] = config.max_model_len
         if config.device.startswith("cuda"):
@@ -85,25 +88,34 @@ class VllmRollout:
         self.asleep_level = 0
 
     def generate(self, batch: Batch, sampling: SamplingParams, *, seed: int) -> Batch:
-        """``prompts``/``prompt_mask`` (B, P) -> ``responses``, ``response_mask`` and the sampled tokens'
-        ``logprobs`` (B, T), right-padded; row ``i`` samples with seed ``seed + i`` so repeated prompts differ."""
+        """``prompts``/``prompt_mask`` (B, P) -> ``responses``, ``response_mask`` (B, T), right-padded, and with
+        ``sampling.logprobs`` the sampled tokens' ``rollout_logprobs`` (B, T, 0 on padding); row ``i`` samples with
+        seed ``seed + i`` so repeated prompts differ.
+
+        The log-probs are vLLM's ``raw_logprobs`` (the engine's ``logprobs_mode``): the log-softmax of the raw
+        logits before temperature, top-k and top-p, the trainer's definition of a token's log-prob.
+        """
         vllm = import_vllm()
         prompts = [_tokens(row, mask) for row, mask in zip(batch["prompts"], batch["prompt_mask"], strict=True)]
-        params = [vllm.SamplingParams(max_tokens=sampling.max_new_tokens, logprobs=0, detokenize=False,
+        asked = 0 if sampling.logprobs else None  # 0: the sampled token's log-prob only
+        params = [vllm.SamplingParams(max_tokens=sampling.max_new_tokens, logprobs=asked, detokenize=False,
                                       seed=seed + i, **_sampling_knobs(sampling)) for i in range(len(prompts))]
         outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         tokens = [list(out.outputs[0].token_ids) for out in outputs]
-        logprobs = [[_chosen(step, tok) for step, tok in zip(out.outputs[0].logprobs or [], toks, strict=False)]
-                    for out, toks in zip(outputs, tokens, strict=True)]
         width = max(1, *(len(t) for t in tokens))
         responses = torch.full((len(tokens), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(tokens), width), dtype=torch.long)
-        token_logprobs = torch.zeros((len(tokens), width), dtype=torch.float32)
-        for i, (toks, lps) in enumerate(zip(tokens, logprobs, strict=True)):
+        for i, toks in enumerate(tokens):
             responses[i, :len(toks)] = torch.tensor(toks, dtype=torch.long)
             mask[i, :len(toks)] = 1
-            token_logprobs[i, :len(lps)] = torch.tensor(lps, dtype=torch.float32)
-        return Batch({"responses": responses, "response_mask": mask, "logprobs": token_logprobs})
+        out = {"responses": responses, "response_mask": mask}
+        if sampling.logprobs:
+            out["rollout_logprobs"] = torch.zeros((len(tokens), width), dtype=torch.float32)
+            for i, (result, toks) in enumerate(zip(outputs, tokens, strict=True)):
+                steps = result.outputs[0].logprobs or []
+                out["rollout_logprobs"][i, :len(toks)] = torch.tensor(
+                    [_chosen(step, tok) for step, tok in zip(steps, toks, strict=True)], dtype=torch.float32)
+        return Batch(out)
 
     def log_probs(self, batch: Batch) -> Batch:
         """Log-probs (B, T) of given responses, from vLLM's prompt log-probs over prompt + response."""

@@ -24,10 +24,13 @@ def hybrid_ranks() -> list[dict[str, Any]]:
 def test_rollout_agrees_with_the_trainer_before_and_after_a_weight_sync(hybrid_ranks: list[dict[str, Any]]) -> None:
     for result in hybrid_ranks:
         for phase in ("before", "after"):
-            # Greedy tokens equal the trainer's own HF generate; log-probs agree to fp32 noise (both fp32).
+            # Greedy tokens equal the trainer's own HF generate; log-probs agree to fp32 noise (both fp32), also
+            # for tokens sampled at temperature 0.7 with top-k (vLLM's raw_logprobs: the trainer's definition).
             assert result[phase]["same_tokens"], phase
             assert result[phase]["logprob_gap"] < 1e-4, phase
+            assert result[phase]["sampled_gap"] < 1e-4, phase
             assert result[phase]["scored_gap"] < 1e-4, phase
+            assert result[phase]["padding_zero"], phase
         # The update changed what greedy decoding produces, and the rollout followed it.
         assert not torch.equal(result["before"]["responses"], result["after"]["responses"])
 
@@ -48,6 +51,7 @@ def test_sleep_wake_and_sampling(hybrid_ranks: list[dict[str, Any]]) -> None:
         assert result["after_sleep_same"]  # a level-2 sleep drops weights; the next generate reloads them
         assert result["distinct_samples"] > 1  # the n samples of one prompt get different seeds
         assert result["sampled_logprobs_finite"]
+        assert result["plain_fields"] == ["response_mask", "responses"]  # rollout_logprobs only when asked
 
 
 def test_trainable_roles_are_refused_with_the_fix() -> None:

@@ -12,19 +12,31 @@ from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.protocols import SamplingParams
 
 GREEDY = SamplingParams(max_new_tokens=8, greedy=True)
+# Sampled with temperature and top-k: the behaviour log-probs must still be the raw logits' (the trainer's).
+SAMPLED = SamplingParams(max_new_tokens=8, temperature=0.7, top_k=12, seed=5, logprobs=True)
+
+
+def _gap(engine: Any, prompts: Batch, rollout: Batch) -> float:
+    """Largest |vLLM's behaviour log-prob - the trainer's log-prob| over the response tokens."""
+    rows = prompts.union(rollout.select(["responses", "response_mask"]))
+    trainer_lp = engine.trainer.log_probs(rows)["logprobs"]
+    mask = rollout["response_mask"].bool()
+    return float((rollout["rollout_logprobs"] - trainer_lp)[mask].abs().max())
 
 
 def _agreement(engine: Any, prompts: Batch) -> dict[str, Any]:
     """vLLM vs the trainer on the same prompts: greedy tokens and the sampled tokens' log-probs."""
-    rollout = engine.generate(prompts, GREEDY)
+    rollout = engine.generate(prompts, SamplingParams(**{**vars(GREEDY), "logprobs": True}))
     trainer = engine.trainer.generate(prompts, GREEDY)
     rows = prompts.union(rollout.select(["responses", "response_mask"]))
     trainer_lp = engine.trainer.log_probs(rows)["logprobs"]
     mask = rollout["response_mask"].bool()
     scored = engine.rollout.log_probs(rows)["logprobs"]  # vLLM prompt log-probs of given responses
     return {"responses": rollout["responses"], "same_tokens": torch.equal(rollout["responses"], trainer["responses"]),
-            "logprob_gap": float((rollout["logprobs"] - trainer_lp)[mask].abs().max()),
-            "scored_gap": float((scored - trainer_lp)[mask].abs().max())}
+            "logprob_gap": _gap(engine, prompts, rollout), "sampled_gap": _gap(engine, prompts,
+                                                                               engine.generate(prompts, SAMPLED)),
+            "scored_gap": float((scored - trainer_lp)[mask].abs().max()),
+            "padding_zero": bool((rollout["rollout_logprobs"][~mask] == 0).all())}
 
 
 def hybrid_fsdp_vllm(rank: int, world_size: int) -> dict[str, Any]:
@@ -47,9 +59,10 @@ def hybrid_fsdp_vllm(rank: int, world_size: int) -> dict[str, Any]:
     out["after_sleep_same"] = torch.equal(engine.generate(prompts, GREEDY)["responses"],
                                           engine.trainer.generate(prompts, GREEDY)["responses"])
     repeated = prompts.slice(0, 1).repeat_interleave(4)
-    sampled = engine.generate(repeated, SamplingParams(max_new_tokens=8, temperature=1.0, seed=7))
+    out["plain_fields"] = sorted(engine.generate(repeated, GREEDY).keys())  # no log-probs unless asked
+    sampled = engine.generate(repeated, SamplingParams(max_new_tokens=8, temperature=1.0, seed=7, logprobs=True))
     out["distinct_samples"] = len({tuple(r.tolist()) for r in sampled["responses"]})
-    out["sampled_logprobs_finite"] = bool(torch.isfinite(sampled["logprobs"]).all())
+    out["sampled_logprobs_finite"] = bool(torch.isfinite(sampled["rollout_logprobs"]).all())
     torch.distributed.barrier()
     engine.close()
     return out
