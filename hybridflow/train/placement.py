@@ -52,7 +52,7 @@ def planned(config: TrainConfig, graph: Graph, prompt_len: int, model_dir: str |
         # The installed training backends are data parallel only: plan what they can run.
         plan = plan_placement(graph, models, work, cluster, calibration=calibration,
                               options=PlannerOptions(max_tp=1, separate_rollout=config.separate_rollout,
-                                                     pipeline=config.pipeline))
+                                                     pipeline=config.pipeline, max_staleness=_bound(config)))
     else:
         gpu_roles = set(models)
         missing = sorted(gpu_roles - set(config.meshes))
@@ -65,11 +65,17 @@ def planned(config: TrainConfig, graph: Graph, prompt_len: int, model_dir: str |
                            f"(GPU roles: {sorted(gpu_roles)}; a policy's rollout on GPUs of its own: "
                            f"{sorted(rollouts)})")
         plan = evaluate_mapping(graph, models, work, cluster, config.meshes, calibration=calibration,
-                                data_parallel_size={role: len(mesh) for role, mesh in config.meshes.items()})
+                                data_parallel_size={role: len(mesh) for role, mesh in config.meshes.items()},
+                                pipeline=config.pipeline, max_staleness=_bound(config))
         if not plan.feasible:
             raise ValueError(f"config key 'meshes': the mapping does not fit: {'; '.join(plan.problems)}")
     _check_executable(plan)
     return plan
+
+
+def _bound(config: TrainConfig) -> int | None:
+    """The async bound the planner costs: the config's for pipeline=async, its choice (1 or 2) for auto."""
+    return config.max_staleness if config.pipeline == "async" else None
 
 
 def _check_executable(plan: Plan) -> None:
