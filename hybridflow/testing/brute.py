@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from hybridflow.planner.groups import GroupEvaluator
 from hybridflow.planner.layouts import GroupLayout
 from hybridflow.planner.problem import Problem
-from hybridflow.planner.schedule import DRIVER, compile_schedule, makespan
+from hybridflow.planner.schedule import DRIVER, compile_schedule, step_span, timeline
 
 
 def _partitions(items: Sequence[str]) -> Iterator[list[list[str]]]:
@@ -44,6 +44,8 @@ def brute_force_step_time(problem: Problem) -> float | None:
     capacity = tuple(m.gpus for m in problem.cluster.machines)
     best: float | None = None
     for blocks in _partitions(list(problem.role_names)):
+        if any(policy in block and rollout in block for policy, rollout in problem.apart for block in blocks):
+            continue  # a policy beside its own detached rollout is the colocated problem
         schedule = compile_schedule(problem, {role: i for i, block in enumerate(blocks) for role in block})
         options: list[list[tuple[tuple[int, ...], GroupLayout]]] = []
         for block in blocks:
@@ -60,7 +62,8 @@ def brute_force_step_time(problem: Problem) -> float | None:
             seconds: dict[str, float] = {}
             for _, group in combo:
                 seconds.update(group.node_seconds)
-            step = makespan(schedule, [0.0 if g == DRIVER else seconds[name]
-                                       for name, g in zip(schedule.nodes, schedule.group_of, strict=True)])
+            spans = timeline(schedule, [0.0 if g == DRIVER else seconds[name]
+                                        for name, g in zip(schedule.nodes, schedule.group_of, strict=True)])
+            step = step_span(schedule, spans, sum(group.batch_latency_s for _, group in combo))
             best = step if best is None or step < best else best
     return best
