@@ -65,6 +65,9 @@ class Controller:
         _check_placement(graph, plan, self.driver_roles)
         overlapped = check_pipeline(pipeline, graph, plan)
         self.executor = executor or LocalExecutor()
+        if pipeline != "sync" and not getattr(self.executor, "runs_pipelines", True):
+            raise ValueError(f"pipeline={pipeline!r}: the {type(self.executor).__name__} runs pipeline='sync' only; "
+                             "use the Ray or local executor for overlapped modes")
         self.groups: list[WorkerGroup] = self.executor.start(plan, with_rollout_specs(plan, specs))
         self._dispatchers = [ThreadPoolExecutor(1, thread_name_prefix=f"dispatch{g.index}") for g in self.groups]
         self._driver = ThreadPoolExecutor(2, thread_name_prefix="driver")

@@ -195,6 +195,8 @@ class TorchrunExecutor:
     written as JSON to ``info_path`` when given: a record of which process ran which role.
     """
 
+    runs_pipelines = False  # one call stream to the ranks: overlapped modes would interleave two
+
     def __init__(self, world: TorchrunWorld | None = None, *, info_path: str | None = None,
                  liveness: Liveness | None = None) -> None:
         self.world, self.info_path = world, info_path

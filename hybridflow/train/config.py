@@ -152,6 +152,9 @@ class TrainConfig:
         if self.pipeline == "auto" and self.placement != "auto" and not self.plan_file:
             raise ValueError("config key 'pipeline'='auto' takes the mode a plan was costed for: set placement=auto "
                              "(or a plan_file), or name the mode (sync, one_step_off, async)")
+        if self.executor == "torchrun" and self.pipeline != "sync":
+            raise ValueError(f"config key 'pipeline'={self.pipeline!r}: the torchrun executor runs pipeline=sync only "
+                             "(its ranks answer one call stream); use executor=ray or local for overlapped modes")
         if self.max_staleness < 0:
             raise ValueError(f"config key 'max_staleness'={self.max_staleness} must be >= 0 (0: the sync schedule)")
         if self.segment_tokens < 0:

@@ -153,3 +153,10 @@ def test_bad_pipeline_config_keys_name_the_key() -> None:
         load_config(None, ["pipeline=auto"])
     with pytest.raises(ValueError, match="'segment_tokens'=-2 must be >= 0"):
         load_config(None, ["segment_tokens=-2"])
+
+
+def test_torchrun_refuses_overlapped_modes_naming_the_key() -> None:
+    from hybridflow.train.config import load_config
+
+    with pytest.raises(ValueError, match="the torchrun executor runs pipeline=sync only"):
+        load_config(None, ["executor=torchrun", "pipeline=async"])
