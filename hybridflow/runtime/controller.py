@@ -38,6 +38,7 @@ from hybridflow.runtime.protocols import OP_CAPABILITIES, NodeState, RoleSpec, S
 from hybridflow.runtime.rollouter import Rollouter, RolloutStats, pool_metrics, staleness_metrics, stats_copy
 from hybridflow.runtime.service import RoleServices
 from hybridflow.runtime.step_store import StepLedger
+from hybridflow.runtime.streaming import run_streamed, streamed_section
 from hybridflow.runtime.weights import WeightSyncStats
 
 
@@ -57,13 +58,14 @@ class Controller:
                  executor: Executor | None = None, driver_roles: Mapping[str, Scorer] | None = None,
                  seed: int = 0, services: RoleServices | None = None, pipeline: str = "sync",
                  max_staleness: int = 1, segment_tokens: int | None = None,
-                 eos_token_id: int | None = None) -> None:
+                 eos_token_id: int | None = None, stream_chunks: int = 1) -> None:
         self.graph, self.plan, self.seed = graph, plan, seed
         self.pipeline, self.max_staleness = pipeline, max_staleness if pipeline == "async" else int(pipeline != "sync")
         self.services = services
         self.driver_roles = dict(driver_roles or {})
         _check_placement(graph, plan, self.driver_roles)
         overlapped = check_pipeline(pipeline, graph, plan)
+        self.stream_chunks, self._streamed = stream_chunks, _check_streaming(graph, pipeline, stream_chunks)
         self.executor = executor or LocalExecutor()
         if pipeline != "sync" and not getattr(self.executor, "runs_pipelines", True):
             raise ValueError(f"pipeline={pipeline!r}: the {type(self.executor).__name__} runs pipeline='sync' only; "
@@ -124,6 +126,8 @@ class Controller:
             state = self._step_async(batch, step, record, upcoming)
         elif self._overlap is not None:
             state = self._step_overlapped(state, step, record, upcoming_rows(upcoming, step + 1, current=step))
+        elif self._streamed:
+            state = self._step_streamed(state, step, record)
         elif self.graph.filter_node is None:
             state = self._run(self.graph.order, state, step, record)
         else:
@@ -172,6 +176,18 @@ class Controller:
                         shipment.add_done_callback(partial(_landed, self._rollouter, self.version + 1))
                     record.shipments[str(node.role)] = shipment
         return state
+
+    def _step_streamed(self, prompts: Batch, step: int, record: _StepRecord) -> Batch:
+        """A ``sync`` step whose generate node hands its rows on in chunks (:mod:`.streaming`)."""
+        rows = prompts.repeat_interleave(self.graph.samples_per_prompt)
+        self.ledger.rows_changed()
+        streamed = run_streamed(self.graph, rows, self.stream_chunks, target_of=self._target, seed=self.seed + step,
+                                samples=self.graph.samples_per_prompt)
+        for name, outcome in streamed.outcomes.items():
+            record.add(self.graph.node(name), outcome)
+        self.ledger.rows_changed()
+        rest = [name for name in self.graph.order if name not in streamed.outcomes]
+        return self._run(rest, streamed.rows, step, record, expanded=True)
 
     def _step_overlapped(self, prompts: Batch, step: int, record: _StepRecord, upcoming: Batch | None) -> Batch:
         """One ``one_step_off`` step: take (or make) this step's samples, start the next step's, run the rest."""
@@ -260,8 +276,11 @@ class Controller:
     def _submit(self, node: Node, state: Batch, step: int) -> Future[Outcome]:
         if node.op is Op.COMPUTE:
             return self._driver.submit(timed, lambda: _run_compute(node, state, self.node_states.get(node.name)))
-        placed = str(node.role) if node.role in self.driver_roles else self._placed_role(node)
-        return self._targets[placed].submit(node, state, self.seed + step)
+        return self._target(node).submit(node, state, self.seed + step)
+
+    def _target(self, node: Node) -> Target:
+        """Where ``node`` runs: its driver scorer, or its role's (or detached rollout's) group."""
+        return self._targets[str(node.role) if node.role in self.driver_roles else self._placed_role(node)]
 
     def _make_targets(self) -> dict[str, Target]:
         """A target per placed role (a detached rollout is a role of its own), served when it has limits."""
@@ -356,6 +375,22 @@ def _check_placement(graph: Graph, plan: Plan, driver_roles: Mapping[str, Scorer
             if layout.dp * layout.tp != group.size:
                 raise ValueError(f"plan: role {layout.role!r} has dp={layout.dp} x tp={layout.tp} but its group has "
                                  f"{group.size} GPUs; dp * tp must equal the group size")
+
+
+def _check_streaming(graph: Graph, pipeline: str, chunks: int) -> bool:
+    """Whether steps stream (``chunks`` > 1); raises naming what stands in the way."""
+    if chunks < 1:
+        raise ValueError(f"stream_chunks={chunks} must be >= 1 (1: no streaming)")
+    if chunks == 1:
+        return False
+    if pipeline != "sync":
+        raise ValueError(f"stream_chunks={chunks} streams within a sync step; pipeline={pipeline!r} already overlaps "
+                         "generation with the rest of the step: use stream_chunks=1")
+    section = streamed_section(graph)
+    if section is None or graph.predecessors(section[0].name):
+        raise ValueError(f"stream_chunks={chunks}: the {graph.name} graph has no single generate node fed by the "
+                         "step's inputs (or has a filter), so there is nothing to stream: use stream_chunks=1")
+    return True
 
 
 def _check_capabilities(graph: Graph, plan: Plan, groups: list[WorkerGroup]) -> None:

@@ -119,6 +119,7 @@ class TrainConfig:
     max_staleness: int = 1  # pipeline=async: how many policy updates a sample's oldest token may lag
     partial_rollout: bool = True  # pipeline=async: weight updates land mid-response (generation in segments)
     segment_tokens: int = 0  # partial rollouts: new tokens per segment (0: a quarter of max_new_tokens)
+    stream_chunks: int = 1  # pipeline=sync: > 1 hands generated rows on in that many chunks (runtime/streaming.py)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     actor: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3))
@@ -157,6 +158,11 @@ class TrainConfig:
                              "(its ranks answer one call stream); use executor=ray or local for overlapped modes")
         if self.max_staleness < 0:
             raise ValueError(f"config key 'max_staleness'={self.max_staleness} must be >= 0 (0: the sync schedule)")
+        if self.stream_chunks < 1:
+            raise ValueError(f"config key 'stream_chunks'={self.stream_chunks} must be >= 1 (1: no streaming)")
+        if self.stream_chunks > 1 and self.pipeline != "sync":
+            raise ValueError(f"config key 'stream_chunks'={self.stream_chunks} streams within a sync step; "
+                             f"pipeline={self.pipeline!r} overlaps generation already: set stream_chunks=1")
         if self.segment_tokens < 0:
             raise ValueError(f"config key 'segment_tokens'={self.segment_tokens} must be >= 0 (0: a quarter of the "
                              "generate node's max_new_tokens)")

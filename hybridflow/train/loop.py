@@ -131,7 +131,7 @@ def pipeline_options(config: TrainConfig, graph: Graph, plan: Plan, tokenizer: A
     budget = max((int(n.option("max_new_tokens", 32) or 32) for n in graph.nodes if n.op is Op.GENERATE), default=32)
     segment = (config.segment_tokens or max(budget // 4, 1)) if config.partial_rollout else None
     return {"pipeline": mode, "max_staleness": staleness, "segment_tokens": segment,
-            "eos_token_id": tokenizer.eos_token_id}
+            "eos_token_id": tokenizer.eos_token_id, "stream_chunks": config.stream_chunks}
 
 
 def _upcoming(loader: Any, steps: int, step: int) -> Any:
