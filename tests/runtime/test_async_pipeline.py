@@ -160,3 +160,21 @@ def test_torchrun_refuses_overlapped_modes_naming_the_key() -> None:
 
     with pytest.raises(ValueError, match="the torchrun executor runs pipeline=sync only"):
         load_config(None, ["executor=torchrun", "pipeline=async"])
+
+
+def test_pipeline_auto_runs_the_mode_and_bound_the_plan_records() -> None:
+    from dataclasses import replace
+
+    from hybridflow.train.config import load_config
+    from hybridflow.train.loop import pipeline_options
+
+    chosen = replace(SPLIT, pipeline="async", max_staleness=2)
+    config = load_config(None, ["placement=auto", "pipeline=auto", "segment_tokens=3"])
+    options = pipeline_options(config, GRAPH, chosen, TOKENIZER)
+    assert options == {"pipeline": "async", "max_staleness": 2, "segment_tokens": 3,
+                       "eos_token_id": TOKENIZER.eos_token_id, "stream_chunks": 1}
+    assert pipeline_options(config, GRAPH, replace(SPLIT, pipeline="one_step_off"), TOKENIZER)["pipeline"] == \
+        "one_step_off"
+    named = load_config(None, ["pipeline=async", "max_staleness=3", "partial_rollout=false"])
+    assert pipeline_options(named, GRAPH, chosen, TOKENIZER)["max_staleness"] == 3
+    assert pipeline_options(named, GRAPH, chosen, TOKENIZER)["segment_tokens"] is None
