@@ -30,6 +30,7 @@ class Constants:
     micro_batch_overhead_s: float = 0.0  # per micro batch pass and optimizer step: launches, Python dispatch
     step_overhead_s: float = 0.0  # per training step: reward, advantages, data loading, logging
     moe_efficiency: float = 0.5  # expert layers' share of the dense efficiency (small grouped GEMMs)
+    controller_gbs: float = 1.0  # GB/s a single controller ships whole padded batches at (serialise + object store)
 
     def __post_init__(self) -> None:
         for item in fields(self):
@@ -39,9 +40,10 @@ class Constants:
             if item.name.endswith("_s"):
                 if value < 0:
                     raise ValueError(f"Constants.{item.name}={value!r} must be >= 0 seconds")
-            elif item.name == "eff_half_tokens":
+            elif item.name in ("eff_half_tokens", "controller_gbs"):
                 if value <= 0:
-                    raise ValueError(f"Constants.eff_half_tokens={value!r} must be > 0 tokens")
+                    unit = "tokens" if item.name == "eff_half_tokens" else "GB/s"
+                    raise ValueError(f"Constants.{item.name}={value!r} must be > 0 {unit}")
             elif not 0 < value <= 1:
                 raise ValueError(f"Constants.{item.name}={value!r} must be a fraction in (0, 1]")
 
@@ -66,7 +68,7 @@ RANGES: dict[str, tuple[float, float]] = {
     "decode_mfu": (0.1, 0.8), "prefill_mfu": (0.1, 0.8), "host_efficiency": (0.1, 0.9),
     "decode_step_overhead_s": (0.0, 0.05), "phase_overhead_s": (0.0, 60.0),
     "micro_batch_overhead_s": (0.0, 1.0), "step_overhead_s": (0.0, 300.0),
-    "moe_efficiency": (0.1, 1.0),
+    "moe_efficiency": (0.1, 1.0), "controller_gbs": (0.1, 10.0),
 }
 
 

@@ -20,10 +20,19 @@ from hybridflow.planner.settings import DEFAULT_SETTINGS, RunSettings
 # Efficiencies (train MFU, HBM, decode, host link) and overheads are calibrated: see calibration.py.
 COLLECTIVE_LATENCY_S = 20e-6  # fixed cost of one collective call (NCCL launch + hops)
 INTER_NODE_LATENCY_S = 50e-6  # a small collective across machines: NIC and switch hops, about 2.5x NVLink's
+WEIGHT_TENSOR_S = 1e-3  # per weight tensor refreshed: its gather/broadcast call, conversion and engine load
 EAGER_LAYER_OVERHEAD_S = 250e-6  # per layer and decode step without CUDA graphs: ~20 launches + Python dispatch
 USABLE_MEMORY = 0.9  # fraction of device memory a plan may use; the rest is CUDA context and fragmentation
 DRIVER_SECONDS_PER_ROW = 1e-6  # driver-side compute nodes and reward functions, per sequence
 ACTIVATION_BYTES_PER_TOKEN_HIDDEN = 34  # Korthikanti et al. 2022, per layer, 16-bit, with flash attention
+
+TOKEN_ID_BYTES = 8  # verl's DataProto holds token ids, masks and positions as int64
+SCORE_BYTES = 4  # and per-token log-probs, entropies, advantages, returns as fp32
+# fp32 per-token fields a call carries in (beside the token tensors) and returns, by op: a forward returns its
+# log-probs (the policy's old_log_prob also its entropy); the update takes old log-probs, advantages,
+# returns, token-level scores and rewards.
+CONTROLLER_FIELDS = {Op.GENERATE: (0, 0), Op.LOGPROB: (0, 2), Op.REF_LOGPROB: (1, 1), Op.VALUES: (1, 1),
+                     Op.SCORE: (1, 1), Op.UPDATE: (5, 0)}
 
 FULL_SHARDS = (Sharding.FULL_SHARD, Sharding.ZERO3, Sharding.HYBRID_SHARD)
 FORWARD_OPS = (Op.LOGPROB, Op.REF_LOGPROB, Op.VALUES, Op.SCORE)
@@ -175,6 +184,7 @@ class Batching:
     micro_tokens: float  # tokens per GPU in one micro batch
     micro_batches: int  # micro batches per GPU in the pass (all epochs and mini-batches)
     optimizer_steps: int
+    attention_seq: float = 0.0  # the sequence length a token attends over, token-weighted (0: ``seq``)
 
 
 def sequence_tokens(load: NodeLoad, shape: Shape) -> float:
@@ -185,6 +195,17 @@ def sequence_tokens(load: NodeLoad, shape: Shape) -> float:
     if lengths is None:
         return prompt + load.response_tokens / rows
     return prompt + (lengths.max if shape.run.padding else lengths.mean)
+
+
+def attention_tokens(load: NodeLoad, shape: Shape) -> float:
+    """The length of the sequence a token belongs to, averaged over tokens: ``E[s²]/E[s]`` with ``s = prompt +
+    response``. Packed sequences attend only within themselves, and a long sequence holds more of the tokens,
+    so causal attention costs ``2·L·H`` FLOPs per token times this, not times the mean length."""
+    lengths = shape.run.lengths
+    if lengths is None or shape.run.padding:
+        return sequence_tokens(load, shape)
+    prompt = load.prompt_tokens / max(load.sequences, 1)
+    return (prompt * prompt + 2 * prompt * lengths.mean + lengths.second_moment) / (prompt + lengths.mean)
 
 
 def batching(load: NodeLoad, layout: RoleLayout, shape: Shape, *, train: bool) -> Batching:
@@ -208,7 +229,29 @@ def batching(load: NodeLoad, layout: RoleLayout, shape: Shape, *, train: bool) -
         micro = math.ceil(rows_rank / max(rows_micro, 1))
         micro_tokens = rows_micro * seq / layout.sp
     return Batching(tokens_per_gpu=minis * tokens_rank / layout.pp, seq=seq, micro_tokens=micro_tokens,
-                    micro_batches=minis * micro, optimizer_steps=minis if train else 0)
+                    micro_batches=minis * micro, optimizer_steps=minis if train else 0,
+                    attention_seq=attention_tokens(load, shape))
+
+
+def controller_seconds(load: NodeLoad, shape: Shape, prompt_len: float | None = None) -> float:
+    """verl's single-controller data path: every worker call ships the step's whole batch from the
+    controller and returns its outputs there, padded to the length caps (``RunSettings.controller_batches``).
+
+    A row carries prompts (``P``), responses and the response mask (``R`` each), input ids, attention mask
+    and positions (``P + R`` each) as int64, plus the op's fp32 per-token fields (``CONTROLLER_FIELDS``);
+    a generate call returns the token tensors. ``P`` is ``max_prompt_len`` (else the mean prompt), ``R``
+    the response cap. The controller serialises and ships them at ``controller_gbs``.
+    """
+    run = shape.run
+    if not run.controller_batches:
+        return 0.0
+    rows = max(load.sequences, 1)
+    prompt = run.max_prompt_len or (prompt_len if prompt_len is not None else load.prompt_tokens / rows)
+    response = run.lengths.max if run.lengths is not None else load.response_tokens / rows
+    tokens = TOKEN_ID_BYTES * (prompt + 2 * response + 3 * (prompt + response))
+    fields_in, fields_out = CONTROLLER_FIELDS.get(load.op, (0, 0))
+    per_row = tokens + SCORE_BYTES * response * (fields_in + fields_out)
+    return rows * per_row / (shape.constants.controller_gbs * 1e9)
 
 
 def flops_per_token(model: ModelSpec, seq: float, passes: int) -> float:
@@ -227,7 +270,8 @@ def moe_slowdown(model: ModelSpec, shape: Shape) -> float:
 
 def _compute_seconds(model: ModelSpec, batch: Batching, layout: RoleLayout, shape: Shape, passes: int) -> float:
     peak = shape.device.peak_flops(layout.dtype)
-    flops = flops_per_token(model, batch.seq, passes) * batch.tokens_per_gpu / layout.tp * moe_slowdown(model, shape)
+    per_token = flops_per_token(model, batch.attention_seq or batch.seq, passes)
+    flops = per_token * batch.tokens_per_gpu / layout.tp * moe_slowdown(model, shape)
     bubble = 1.0
     if layout.pp > 1:  # 1F1B: (micro batches + stages - 1) slots for the micro batches of each mini-batch
         per_mini = batch.micro_batches / max(batch.optimizer_steps, 1)
@@ -277,6 +321,7 @@ def forward_cost(model: ModelSpec, kind: RoleKind, load: NodeLoad, layout: RoleL
     transient = (2 * _activation_layer_bytes(model, tokens, layout) + _logit_bytes(model, kind, tokens, layout.tp)
                  + moved)
     fixed = shape.constants.phase_overhead_s + batch.micro_batches * shape.constants.micro_batch_overhead_s
+    fixed += controller_seconds(load, shape)
     return Cost(compute + comm + gather + swap + fixed, int(transient) + _gather_buffer(model, layout))
 
 
@@ -318,15 +363,18 @@ def update_cost(model: ModelSpec, kind: RoleKind, load: NodeLoad, layout: RoleLa
     transient = max(passes_peak + during_passes, moved)
     launches = batch.micro_batches * passes + batch.optimizer_steps
     fixed = shape.constants.phase_overhead_s + launches * shape.constants.micro_batch_overhead_s
+    fixed += controller_seconds(load, shape)
     return Cost(compute + comm + sync + optimizer + swap + fixed, int(transient))
 
 
 def weight_sync(model: ModelSpec, layout: RoleLayout, shape: Shape) -> tuple[float, int]:
-    """Seconds and bytes per GPU to refresh the rollout engine's weights after an update (in place)."""
+    """Seconds and bytes per GPU to refresh the rollout engine's weights after an update (in place): a ring of
+    the engine's shard, and ``WEIGHT_TENSOR_S`` for each weight tensor (the refresh moves them one by one)."""
     if layout.sharding is Sharding.NO_SHARD and layout.tp == layout.rollout_tp:
         return 0.0, 0
     per_gpu = model.params * DTYPE_BYTES[layout.dtype] / layout.rollout_tp
-    return ring_seconds(per_gpu, max(2, shape.size), shape.collective_bandwidth), int(per_gpu)
+    seconds = ring_seconds(per_gpu, max(2, shape.size), shape.collective_bandwidth)
+    return seconds + model.weight_tensors * WEIGHT_TENSOR_S, int(per_gpu)
 
 
 def engine_switch(model: ModelSpec, kind: RoleKind, layout: RoleLayout, shape: Shape) -> float:

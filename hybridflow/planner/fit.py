@@ -17,7 +17,7 @@ from hybridflow.planner.calibration import DEFAULT_CONSTANTS, RANGES, Calibratio
 
 # What ``hybridflow calibrate`` fits by default: one efficiency per kind of work and the fixed overheads.
 FITTED = ("train_mfu", "decode_mfu", "hbm_efficiency", "moe_efficiency", "decode_step_overhead_s",
-          "phase_overhead_s", "step_overhead_s")
+          "phase_overhead_s", "step_overhead_s", "controller_gbs")
 Predict = Callable[[Calibration], Mapping[str, float]]
 Case = tuple[Predict, Mapping[str, float]]
 

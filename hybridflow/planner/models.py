@@ -68,6 +68,13 @@ class ModelSpec:
         return self.experts > 0
 
     @property
+    def weight_tensors(self) -> int:
+        """Named weight tensors, which a weight refresh moves one by one: per layer the attention's q, k, v, o,
+        the MLP's gate, up, down and two norms, plus gate, up, down per routed expert; embeddings, the final
+        norm and the head."""
+        return self.layers * (9 + 3 * self.experts) + 3
+
+    @property
     def active_expert_params(self) -> float:
         """Routed-expert weights one token runs through (``k/E`` of them)."""
         return self.expert_params * self.experts_per_token / self.experts if self.is_moe else 0.0

@@ -198,7 +198,13 @@ def _settings(record: Mapping[str, Any], extra: Mapping[str, Any], lengths: Leng
                        forward_tokens_per_gpu=int(forward_budget) if forward_budget else None,
                        offload=tuple(sorted(chosen.items())), gpu_memory_utilization=float(util) if util else None,
                        rollout_sleep=bool(extra.get("rollout_sleep")), epochs=int(extra.get("epochs", 1)),
-                       enforce_eager=_eager(record))
+                       enforce_eager=_eager(record), controller_batches=_verl(record),
+                       max_prompt_len=int(record["prompt_len_max"]) if record.get("prompt_len_max") else None)
+
+
+def _verl(record: Mapping[str, Any]) -> bool:
+    """verl's trainer ships every call's whole padded batch through its single controller (DataProto)."""
+    return "verl" in str(record.get("framework", "")).lower()
 
 
 def _eager(record: Mapping[str, Any]) -> bool:

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 
 from hybridflow.graph import NodeLoad
-from hybridflow.planner.costs import EAGER_LAYER_OVERHEAD_S, Cost, Shape, moe_slowdown
+from hybridflow.planner.costs import EAGER_LAYER_OVERHEAD_S, Cost, Shape, controller_seconds, moe_slowdown
 from hybridflow.planner.devices import DTYPE_BYTES
 from hybridflow.planner.lengths import LengthDistribution
 from hybridflow.planner.models import ModelSpec
@@ -123,4 +123,5 @@ def generate_cost(model: ModelSpec, load: NodeLoad, prompt_len: int, layout: Rol
     else:
         kv_cache = in_flight * engine.kv_token * (prompt_len + lengths.mean_age())
         transient = (0 if reuse else engine.weights) + kv_cache + in_flight * model.vocab * 4 / rtp
-    return Cost(prefill + decode + shape.constants.phase_overhead_s, int(transient))
+    dispatch = controller_seconds(load, shape, prompt_len)
+    return Cost(prefill + decode + shape.constants.phase_overhead_s + dispatch, int(transient))

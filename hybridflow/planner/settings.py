@@ -55,6 +55,10 @@ class RunSettings:
       the next rollout [``free_cache_engine``]; its weights travel over the host link both ways.
     - ``enforce_eager``: the engine decodes without CUDA graphs [``enforce_eager``]: every layer's kernels
       are launched from Python at every step.
+    - ``controller_batches``: every worker call ships the step's whole batch from a single controller and
+      returns its outputs there, padded to the length caps (verl's ``DataProto`` dispatch); hybridflow's own
+      runtime keeps a step's fields on the ranks and ships only what a group lacks. ``max_prompt_len``: the
+      prompt cap those padded batches carry [``data.max_prompt_length``] (None: the mean prompt).
     """
 
     lengths: LengthDistribution | None = None
@@ -68,13 +72,15 @@ class RunSettings:
     max_num_seqs: int = 1024
     rollout_sleep: bool = False
     enforce_eager: bool = False
+    controller_batches: bool = False
+    max_prompt_len: int | None = None
     notes: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         owner = "RunSettings"
         if isinstance(self.offload, Mapping):
             object.__setattr__(self, "offload", tuple(sorted(self.offload.items())))
-        for name in ("mini_batch_size", "train_tokens_per_gpu", "forward_tokens_per_gpu"):
+        for name in ("mini_batch_size", "train_tokens_per_gpu", "forward_tokens_per_gpu", "max_prompt_len"):
             _positive_int(owner, name, getattr(self, name))
         _positive_int(owner, "epochs", self.epochs, allow_none=False)
         _positive_int(owner, "max_num_seqs", self.max_num_seqs, allow_none=False)
@@ -115,6 +121,8 @@ SETTING_KEYS = {
     "max_num_seqs": "the rollout engine's cap on sequences in flight",
     "rollout_sleep": "true when the colocated engine frees its memory between rollouts",
     "enforce_eager": "true when the engine runs without CUDA graphs",
+    "controller_batches": "true when every call ships its whole padded batch through one controller (verl)",
+    "max_prompt_len": "the prompt cap padded batches carry, in tokens (verl data.max_prompt_length)",
 }
 _OFFLOAD_PARTS = {"params": "params", "param": "params", "grads": "grads", "grad": "grads",
                   "optimizer": "optimizer", "optim": "optimizer"}
@@ -151,12 +159,13 @@ def settings_from_dict(data: Mapping[str, Any], *, mean_response_len: int, where
     if unknown:
         raise ValueError(f"{where}: unknown keys {unknown}; known: {sorted(SETTING_KEYS)}")
     values: dict[str, Any] = {}
-    for key in ("mini_batch_size", "epochs", "train_tokens_per_gpu", "forward_tokens_per_gpu", "max_num_seqs"):
+    for key in ("mini_batch_size", "epochs", "train_tokens_per_gpu", "forward_tokens_per_gpu", "max_num_seqs",
+                "max_prompt_len"):
         if data.get(key) is not None:
             values[key] = _number(data, key, where, int)
     if data.get("gpu_memory_utilization") is not None:
         values["gpu_memory_utilization"] = _number(data, "gpu_memory_utilization", where, float)
-    for key in ("padding", "rollout_sleep", "enforce_eager"):
+    for key in ("padding", "rollout_sleep", "enforce_eager", "controller_batches"):
         if data.get(key) is not None:
             if not isinstance(data[key], bool):
                 raise ValueError(f"{where}.{key}={data[key]!r} must be true or false: {SETTING_KEYS[key]}")

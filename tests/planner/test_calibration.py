@@ -91,6 +91,8 @@ def test_calibration_files_round_trip_and_bad_ones_name_the_field(tmp_path):
         Calibration.load(path)
     with pytest.raises(ValueError, match=r"Constants.step_overhead_s=-1 must be >= 0"):
         Constants(step_overhead_s=-1)
+    with pytest.raises(ValueError, match=r"Constants.controller_gbs=0 must be > 0 GB/s"):
+        Constants(controller_gbs=0)
 
 
 def test_the_calibrate_command_writes_what_plan_loads(tmp_path, capsys):

@@ -11,15 +11,20 @@ from hybridflow.planner import ModelSpec, RoleLayout, Sharding
 from hybridflow.planner.calibration import Constants
 from hybridflow.planner.costs import (
     COLLECTIVE_LATENCY_S,
+    WEIGHT_TENSOR_S,
     Shape,
+    attention_tokens,
     batching,
+    controller_seconds,
     efficiency,
     engine_switch,
     flops_per_token,
     forward_cost,
     parallel_comm_seconds,
+    ring_seconds,
     static_bytes,
     update_cost,
+    weight_sync,
 )
 from hybridflow.planner.devices import GB, GIB, TFLOPS, DeviceSpec
 from hybridflow.planner.lengths import LengthDistribution
@@ -222,3 +227,57 @@ def test_hybrid_shard_size_sets_the_shard_group():
     layout = RoleLayout(role="actor", dp=16, sharding=Sharding.HYBRID_SHARD, shard_size=2)
     sixteen = Shape(ROUND, (8, 8), 25e9, constants=PLAIN)
     assert static_bytes(MODEL, RoleKind.POLICY, layout, sixteen) == 8 * MODEL.params  # 16 bytes over 2 GPUs
+
+
+def test_packed_attention_sees_the_token_weighted_sequence_length():
+    lengths = LengthDistribution.from_lengths([100, 300, 800])  # mean 400, E[L^2] = 743,333
+    run = shape(RunSettings(lengths=lengths))
+    # A token's sequence has length s = PROMPT + L with probability proportional to s: E[s^2] / E[s].
+    expected = sum((PROMPT + x) ** 2 for x in (100, 300, 800)) / sum(PROMPT + x for x in (100, 300, 800))
+    assert attention_tokens(load(Op.LOGPROB), run) == pytest.approx(expected, rel=1e-12)
+    assert expected > PROMPT + 400  # the long sequence holds more of the tokens
+    padded = shape(RunSettings(lengths=lengths, padding=True))
+    assert attention_tokens(load(Op.LOGPROB), padded) == pytest.approx(PROMPT + 800)
+    layout = RoleLayout(role="ref", dp=1, micro_batch_size=8, forward_micro_batch_size=8)
+    batch = batching(load(Op.REF_LOGPROB), layout, run, train=False)
+    cost = forward_cost(MODEL, RoleKind.FROZEN_POLICY, load(Op.REF_LOGPROB), layout, run)
+    by_hand = (batch.tokens_per_gpu * flops_per_token(MODEL, expected, 1)
+               / (100e12 * efficiency(batch.micro_tokens, PLAIN)))
+    assert cost.seconds == pytest.approx(by_hand, rel=1e-9)
+
+
+def test_a_single_controller_ships_every_call_padded_to_the_caps():
+    lengths = LengthDistribution.from_lengths([100, 300, 800])  # cap (max) 800
+    constants = Constants(**{**PLAIN.__dict__, "controller_gbs": 2.0})
+    run = RunSettings(lengths=lengths, controller_batches=True, max_prompt_len=256)
+    verl = shape(run, constants=constants)
+    assert controller_seconds(load(Op.LOGPROB), shape(RunSettings(lengths=lengths), constants=constants)) == 0.0
+    # int64 prompts, responses, response mask, input ids, attention mask, positions; fp32 per-token fields.
+    tokens = 8 * (256 + 2 * 800 + 3 * (256 + 800))
+    policy = ROWS * (tokens + 4 * 800 * 2) / 2e9  # old log-probs and entropies come back
+    update = ROWS * (tokens + 4 * 800 * 5) / 2e9  # old log-probs, advantages, returns, scores, rewards go in
+    assert controller_seconds(load(Op.LOGPROB), verl) == pytest.approx(policy, rel=1e-12)
+    assert controller_seconds(load(Op.UPDATE), verl) == pytest.approx(update, rel=1e-12)
+    layout = RoleLayout(role="actor", dp=1, micro_batch_size=8)
+    plain = update_cost(MODEL, RoleKind.POLICY, load(Op.UPDATE), layout, shape(RunSettings(lengths=lengths),
+                                                                              constants=constants))
+    shipped = update_cost(MODEL, RoleKind.POLICY, load(Op.UPDATE), layout, verl)
+    assert shipped.seconds - plain.seconds == pytest.approx(update, rel=1e-9)
+    gen = NodeLoad("g", Op.GENERATE, ROWS, 8 * PROMPT, ROWS * 400)
+    rollout = RoleLayout(role="actor", dp=1, rollout_batch_size=ROWS)
+    kept = shape(RunSettings(lengths=lengths), constants=constants)
+    extra = generate_cost(MODEL, gen, PROMPT, rollout, verl).seconds - generate_cost(MODEL, gen, PROMPT, rollout,
+                                                                                    kept).seconds
+    assert extra == pytest.approx(ROWS * tokens / 2e9, rel=1e-9)  # a generate call returns the token tensors
+
+
+def test_a_weight_refresh_pays_per_tensor_as_well_as_per_byte():
+    assert MODEL.weight_tensors == 10 * 9 + 3
+    moe = ModelSpec.preset("qwen3-30b-a3b")
+    assert moe.weight_tensors == 48 * (9 + 3 * 128) + 3
+    layout = RoleLayout(role="actor", dp=2, rollout_tp=2, sharding=Sharding.FULL_SHARD)
+    two = shape(gpus=2)
+    seconds, per_gpu = weight_sync(MODEL, layout, two)
+    assert per_gpu == MODEL.params * 2 / 2
+    assert seconds == pytest.approx(ring_seconds(per_gpu, 2, ROUND.link_bandwidth)
+                                    + MODEL.weight_tensors * WEIGHT_TENSOR_S, rel=1e-12)
