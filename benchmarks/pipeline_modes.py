@@ -6,7 +6,9 @@
 ``throughput``: on the Ray executor with 3 logical GPUs, GRPO without a reference on a tiny Qwen2 from random
 weights (8 prompts x 8 samples per step, temperature 1.2, up to ``--new-tokens`` tokens): a random model
 samples EOS now and then, so response lengths are skewed with a long tail up to the cap, and generation
-dominates the step. Modes: sync colocated (actor and its rollout on all 3 GPUs), and on the split
+dominates the step. The learning rate is 1e-9, so every mode samples from the same (stationary) length
+distribution: with learning on, 14 steps moved the mean length between modes by 2x, which says nothing
+about the modes' speed. Modes: sync colocated (actor and its rollout on all 3 GPUs), and on the split
 [0] trainer + [1, 2] rollout: sync, sync streamed in 4 chunks, one_step_off, async k=1 and k=2 (partial
 rollouts, segments of a quarter of the budget). Every run is placed with ``placement=manual``, so its
 plan.json holds the planner's predicted step time for that mapping and mode, printed beside the measured
@@ -56,7 +58,7 @@ LEARNING_MODES = {
 def throughput(overrides: list[str], steps: int, new_tokens: int, out: Path) -> dict[str, float]:
     config = load_config(None, [
         "algorithm=grpo_no_ref", f"algorithm_options={{n: 8, max_new_tokens: {new_tokens}, temperature: 1.2}}",
-        f"steps={steps}", "model.sft_steps=0", "data.batch_size=8", "actor.lr=1e-3", "executor=ray",
+        f"steps={steps}", "model.sft_steps=0", "data.batch_size=8", "actor.lr=1e-9", "executor=ray",
         "cluster=3xCPU", f"output_dir={out}", "progress=false", "tensorboard=false", "plot=false",
         "trackers=[jsonl]", *overrides])
     result = train(config)
