@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from plans import split_plan
 
 from hybridflow.data import TASKS, PromptLoader, RuleScorer, char_tokenizer, task_examples
 from hybridflow.graph import RoleKind, load_graph
-from hybridflow.planner import GroupPlan, Plan, RoleLayout
 from hybridflow.runtime import Controller, OptimSpec, RoleSpec
 from hybridflow.runtime.batch import Batch
 
@@ -21,14 +21,9 @@ LOADER = PromptLoader(records=task_examples("reverse", 64), tokenizer=TOKENIZER,
 SCORER = RuleScorer(TASKS.get("reverse").reward, TOKENIZER)
 
 
-def _group(gpu: int, role: str) -> GroupPlan:
-    return GroupPlan(gpus=(gpu,), hosts=(0,), device="cpu", roles=(role,),
-                     layouts=(RoleLayout(role=role, dp=1, dtype="fp32", micro_batch_size=16),),
-                     memory_per_gpu_bytes=0, capacity_bytes=0)
-
 
 NO_STOP = -1
-SPLIT = Plan(algorithm="grpo_no_ref", groups=(_group(0, "actor"), _group(1, "actor:rollout")), driver_roles=("reward",))
+SPLIT = split_plan()
 
 
 def _bigram(pipeline: str, *, delay: float = 0.0, train_delay: float = 0.0, **options: object) -> Controller:

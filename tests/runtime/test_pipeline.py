@@ -7,10 +7,11 @@ from typing import Any
 
 import pytest
 import torch
+from plans import split_plan
 
 from hybridflow.data import TASKS, PromptLoader, RuleScorer, char_tokenizer, task_examples
 from hybridflow.graph import RoleKind, load_graph
-from hybridflow.planner import GroupPlan, Plan, RoleLayout
+from hybridflow.planner import Plan
 from hybridflow.runtime import Controller, OptimSpec, RoleSpec, default_plan
 
 BACKEND = f"{Path(__file__).with_name('minimal_backend.py')}:BACKEND"
@@ -20,13 +21,8 @@ LOADER = PromptLoader(records=task_examples("reverse", 64), tokenizer=TOKENIZER,
 SCORER = RuleScorer(TASKS.get("reverse").reward, TOKENIZER)
 
 
-def _group(gpu: int, role: str) -> GroupPlan:
-    return GroupPlan(gpus=(gpu,), hosts=(0,), device="cpu", roles=(role,),
-                     layouts=(RoleLayout(role=role, dp=1, dtype="fp32", micro_batch_size=16),),
-                     memory_per_gpu_bytes=0, capacity_bytes=0)
 
-
-SPLIT = Plan(algorithm="grpo_no_ref", groups=(_group(0, "actor"), _group(1, "actor:rollout")), driver_roles=("reward",))
+SPLIT = split_plan()
 
 
 def _controller(plan: Plan, pipeline: str) -> Controller:

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from plans import split_plan
 
 from hybridflow.data import TASKS, PromptLoader, RuleScorer, char_tokenizer, task_examples
 from hybridflow.graph import RoleKind, load_graph
-from hybridflow.planner import GroupPlan, Plan, RoleLayout
 from hybridflow.runtime import Controller, OptimSpec, RoleSpec, default_plan
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.streaming import streamed_section
@@ -63,8 +63,7 @@ def test_scoring_starts_while_later_chunks_still_generate() -> None:
             calls.append(time.perf_counter())
             return SCORER(batch)
 
-    plan = Plan(algorithm="grpo_no_ref", groups=(_group(0, "actor"), _group(1, "actor:rollout")),
-                driver_roles=("reward",))
+    plan = split_plan()
     specs = {"actor": RoleSpec(name="actor", kind=RoleKind.POLICY, model="unused", backend=BACKEND,
                                optim=OptimSpec(lr=1.0), options={"vocab_size": len(TOKENIZER),
                                                                  "generate_delay_s": 0.3})}
@@ -81,14 +80,8 @@ def test_streaming_is_refused_where_it_cannot_apply() -> None:
     graph = load_graph("grpo_no_ref", n=2, max_new_tokens=4, reward_kind="reward_function")
     with pytest.raises(ValueError, match="stream_chunks=0 must be >= 1"):
         Controller(graph, default_plan(graph), specs=specs, driver_roles={"reward": SCORER}, stream_chunks=0)
-    split = Plan(algorithm="grpo_no_ref", groups=(_group(0, "actor"), _group(1, "actor:rollout")),
-                 driver_roles=("reward",))
+    split = split_plan()
     with pytest.raises(ValueError, match="streams within a sync step"):
         Controller(graph, split, specs=specs, driver_roles={"reward": SCORER}, stream_chunks=2,
                    pipeline="one_step_off")
 
-
-def _group(gpu: int, role: str) -> GroupPlan:
-    return GroupPlan(gpus=(gpu,), hosts=(0,), device="cpu", roles=(role,),
-                     layouts=(RoleLayout(role=role, dp=1, dtype="fp32", micro_batch_size=16),),
-                     memory_per_gpu_bytes=0, capacity_bytes=0)
