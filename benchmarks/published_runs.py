@@ -28,9 +28,11 @@ Assumptions shared by every run (also in ``hybridflow.planner.published.DEFAULTS
   ``controller_gbs``. Every run here is verl's, so every run pays it; it matters at the 28K cap (10 GB a call).
 
 ``--companions`` costs each record's ``companion_split_run`` (the same experiment on split pools, run
-asynchronously) as ``one_step_off`` on its split (``SPLITS``), with the colocated arm's layouts and
-assumptions, beside the colocated arm costed ``sync``. verl's fully-async runs (staleness up to 1, partial
-rollouts) are costed as one-step-off: to first order both are paced by the slower pool.
+asynchronously) in its own mode on its published split with its own script's settings, beside the colocated
+arm costed ``sync`` and ``hybridflow plan --pipeline auto``'s choice: it prints ``benchmarks/published_pairs.py``
+(``PAIRS`` there states each split arm's settings and sources). The one-step-off arm is costed
+``one_step_off``, verl's fully-async arms ``async`` with staleness 1 (``docs/planner.md``, "Asynchronous mode"),
+their update taking the rollout's log-probs as verl's ``use_rollout_log_probs`` does (no old_log_prob pass).
 """
 
 from __future__ import annotations
@@ -42,12 +44,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hybridflow.planner import PlannerOptions, plan_placement
 from hybridflow.planner.calibration import Calibration
 from hybridflow.planner.fit import FITTED, fit_calibration
-from hybridflow.planner.manual import evaluate_mapping
-from hybridflow.planner.modes import describe_mode
-from hybridflow.planner.plan import rollout_role
 from hybridflow.planner.published import MeasuredCase, case_from_record
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -133,16 +131,6 @@ def load_cases(path: Path = RUNS) -> list[MeasuredCase]:
     return [case_from_record(record) for record in records_with_assumptions(path)]
 
 
-# Per record with a companion split run: (rollout GPUs, trainer GPUs, rollout engine tensor parallelism).
-# The one-step-off doc's split is "4 rollout + 12 training"; verl's fully-async "32:32" and "96:32" are
-# rollout:trainer. The engines' tp is the colocated arm's (assumed for it above).
-SPLITS: dict[str, tuple[int, int, int]] = {
-    "verl_doc_onestepoff_colocate_fsdp2_16xH20": (4, 12, 2),
-    "verl_doc_fullyasync_colocate_64xH20": (32, 32, 4),
-    "verl_doc_fullyasync_colocate_qwen3_30b_a3b_128xH20": (96, 32, 4),
-}
-
-
 # Held out from the fit: the same doc table's other colocated arms (verl docs/advance/fully_async.md,
 # "Asynchronous Training on 7B Model", doc commit b25bb7d4f), the 64-GPU run's experiment on 32 and 128 H20s.
 # They are costed with the 64-GPU run's record and assumptions, only the GPU count changed. Their own total
@@ -166,55 +154,6 @@ def held_out_cases(path: Path = RUNS) -> list[MeasuredCase]:
                    "gpus": {**record["gpus"], "count": gpus, "nodes": nodes}}
             cases.append(case_from_record(arm))
     return cases
-
-
-def companion_rows(path: Path = RUNS, calibration: Calibration | None = None) -> list[dict[str, Any]]:
-    """Each companion split run costed one_step_off on its split, beside its colocated arm costed sync."""
-    rows = []
-    for record in records_with_assumptions(path):
-        split = SPLITS.get(record["id"])
-        if split is None or "companion_split_run" not in record:
-            continue
-        rollout_gpus, trainer_gpus, engine_tp = split
-        case = case_from_record(record)
-        colocated = case.plan(calibration)
-        trainer, rollout = tuple(range(trainer_gpus)), tuple(range(trainer_gpus, trainer_gpus + rollout_gpus))
-        mapping = {**dict.fromkeys(case.mapping, trainer), rollout_role("actor"): rollout}
-        tp = int(record["gpus"]["count"]) // int(case.layout["data_parallel_size"])  # training tensor parallelism
-        layout = {**case.layout, "data_parallel_size": dict.fromkeys(case.mapping, trainer_gpus // tp),
-                  "rollout_tp": {rollout_role("actor"): engine_tp}}
-        plans = {mode: evaluate_mapping(case.graph, case.models, case.workload, case.cluster, mapping,
-                                        settings=case.settings, calibration=calibration, pipeline=mode, **layout)
-                 for mode in ("sync", "one_step_off")}
-        overlapped = plans["one_step_off"]
-        auto = plan_placement(case.graph, case.models, case.workload, case.cluster, settings=case.settings,
-                              calibration=calibration, options=PlannerOptions(pipeline="auto"))
-        published = record["companion_split_run"]["timings_s"]
-        rows.append({"run": record["id"], "split": f"{rollout_gpus}+{trainer_gpus}",
-                     "published_split_s": float(published["step"]), "one_step_off_s": overlapped.step_time_s,
-                     "sync_split_s": plans["sync"].step_time_s,
-                     "published_colocated_s": float(record["timings_s"]["step"]),
-                     "colocated_s": colocated.step_time_s, "feasible": overlapped.feasible,
-                     "mode": describe_mode(overlapped),
-                     "auto_picks_split": overlapped.feasible and overlapped.step_time_s < colocated.step_time_s,
-                     "auto": dict(auto.extra)["pipeline_choice"]})
-    return rows
-
-
-def print_companions(rows: list[dict[str, Any]], name: str) -> None:
-    print(f"\n{name}: split pools costed one_step_off vs published, and the colocated arm (sync)\n")
-    print("| run | split (rollout+trainer) | published split s | one_step_off s (ratio) | sync split s | "
-          "published colocated s | colocated sync s | split beats colocated | pools |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for row in rows:
-        ratio = row["one_step_off_s"] / row["published_split_s"]
-        fits = "" if row["feasible"] else " (OOM risk)"
-        print(f"| {row['run']} | {row['split']} | {row['published_split_s']:.0f} | {row['one_step_off_s']:.0f} "
-              f"({ratio:.2f}x){fits} | {row['sync_split_s']:.0f} | {row['published_colocated_s']:.0f} | "
-              f"{row['colocated_s']:.0f} | {'yes' if row['auto_picks_split'] else 'no'} | {row['mode']} |")
-    print("\n`plan --pipeline auto` on each workload (the planner's own layouts):\n")
-    for row in rows:
-        print(f"- {row['run']}: {row['auto']}")
 
 
 def table(cases: list[MeasuredCase], calibrations: dict[str, Calibration | None]) -> list[dict[str, Any]]:
@@ -264,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--export-records", type=Path,
                         help="write the records with these assumptions merged, for `hybridflow calibrate --published`")
     parser.add_argument("--companions", action="store_true",
-                        help="cost the companion split runs as one_step_off on their splits (docs/benchmarks.md)")
+                        help="cost the companion split runs in their own modes (benchmarks/published_pairs.py)")
     parser.add_argument("--held-out", action="store_true",
                         help="cost the held-out arms (HELD_OUT) with the shipped calibration; nothing is fitted")
     args = parser.parse_args(argv)
@@ -274,8 +213,10 @@ def main(argv: list[str] | None = None) -> int:
                     ["priors", "calibrated"], markdown=args.markdown)
         return 0
     if args.companions:
+        from published_pairs import main as pairs_main  # imports this module: only on demand
+
         for name in ("priors", "verl-published"):
-            print_companions(companion_rows(args.runs, None if name == "priors" else Calibration.load(name)), name)
+            pairs_main(["--runs", str(args.runs), "--calibration", name])
         return 0
     if args.export_records:
         args.export_records.write_text(json.dumps(records_with_assumptions(args.runs), indent=1) + "\n")

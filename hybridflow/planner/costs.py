@@ -374,7 +374,7 @@ def weight_sync(model: ModelSpec, layout: RoleLayout, shape: Shape) -> tuple[flo
         return 0.0, 0
     per_gpu = model.params * DTYPE_BYTES[layout.dtype] / layout.rollout_tp
     seconds = ring_seconds(per_gpu, max(2, shape.size), shape.collective_bandwidth)
-    return seconds + model.weight_tensors * WEIGHT_TENSOR_S, int(per_gpu)
+    return seconds + tensor_seconds(model), int(per_gpu)
 
 
 def engine_switch(model: ModelSpec, kind: RoleKind, layout: RoleLayout, shape: Shape) -> float:
@@ -394,16 +394,24 @@ def weight_ship(model: ModelSpec, layout: RoleLayout, shape: Shape) -> tuple[flo
 
     The shards are gathered inside the trainer group, then one full copy leaves it, at the inter-node
     bandwidth (the rollout group may sit on another machine); receivers relay it among themselves
-    (a broadcast tree), so the sender's link carries it once.
+    (a broadcast tree), so the sender's link carries it once. The copy goes tensor by tensor (verl's
+    one-step-off and fully-async syncs gather, broadcast and load each weight tensor in turn, without the
+    checkpoint engine), so each tensor also costs ``WEIGHT_TENSOR_S``, as a colocated refresh does.
     """
     full = model.params * DTYPE_BYTES[layout.dtype]
     gather = 0.0
     if layout.sharding is not Sharding.NO_SHARD:
         gather = ring_seconds(full / layout.tp, shard_ranks(layout, shape), shape.collective_bandwidth)
-    return gather + full / shape.inter + COLLECTIVE_LATENCY_S, int(full)
+    return gather + full / shape.inter + COLLECTIVE_LATENCY_S + tensor_seconds(model), int(full)
 
 
 def weight_load(model: ModelSpec, layout: RoleLayout, shape: Shape) -> float:
-    """Seconds a detached rollout engine spends taking in the full weights shipped to it (``one_step_off``:
-    the rollout's GPUs receive the copy after generating, so it adds to that pool's busy time)."""
-    return model.params * DTYPE_BYTES[layout.dtype] / shape.inter + COLLECTIVE_LATENCY_S
+    """Seconds a detached rollout engine spends taking in the full weights shipped to it (``one_step_off``,
+    ``async``: the rollout's GPUs receive the copy, so it adds to that pool's busy time). The same
+    tensor-by-tensor loop as :func:`weight_ship` holds the engine: each tensor's ``load_weights`` call."""
+    return model.params * DTYPE_BYTES[layout.dtype] / shape.inter + COLLECTIVE_LATENCY_S + tensor_seconds(model)
+
+
+def tensor_seconds(model: ModelSpec) -> float:
+    """``WEIGHT_TENSOR_S`` per weight tensor a refresh or shipment moves one by one (``ModelSpec.weight_tensors``)."""
+    return model.weight_tensors * WEIGHT_TENSOR_S

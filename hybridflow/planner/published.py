@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hybridflow.graph import Graph, Workload, load_graph
+from hybridflow.graph import Graph, GraphBuilder, RoleKind, Workload, load_graph
 from hybridflow.planner.calibration import Calibration
 from hybridflow.planner.cluster import Cluster
 from hybridflow.planner.lengths import LengthDistribution
@@ -115,8 +115,7 @@ def case_from_record(record: Mapping[str, Any], overrides: Mapping[str, Any] | N
     extra = {**DEFAULTS, **(record.get("hybridflow") or {}), **(overrides or {})}
     gpus = record["gpus"]
     cluster = Cluster.parse(f"{gpus['nodes']}x{gpus['gpus_per_node']}x{extra.get('device') or device_name(record)}")
-    graph_name = "ppo" if record.get("critic") else ("grpo" if record.get("reference_model") else "grpo_no_ref")
-    graph = load_graph(graph_name, reward_kind="reward_model" if record.get("reward_model") else "reward_function")
+    graph = _graph(record, bool(extra.get("rollout_logprobs")))
     samples = int(record.get("n") or 1)
     cap = int(extra.get("response_len_max") or record["response_len_max"])
     mean = extra.get("response_len_mean") or record.get("response_len_mean") or cap * extra["response_mean_fraction"]
@@ -130,6 +129,32 @@ def case_from_record(record: Mapping[str, Any], overrides: Mapping[str, Any] | N
                          cluster=cluster, mapping=dict.fromkeys(roles, every), layout=_layout(record, extra, roles),
                          settings=_settings(record, extra, lengths, samples),
                          measured=measured_times(record, workload, samples, cluster.num_gpus))
+
+
+def _graph(record: Mapping[str, Any], rollout_logprobs: bool) -> Graph:
+    """The record's algorithm: PPO with a critic, else GRPO with or without a reference. With ``rollout_logprobs``
+    (verl's ``use_rollout_log_probs``, the fully-async default) GRPO's update takes the engine's log-probs of the
+    sampled tokens as its old log-probs, so there is no old_log_prob pass."""
+    reward_kind = "reward_model" if record.get("reward_model") else "reward_function"
+    if record.get("critic"):
+        if rollout_logprobs:
+            raise ValueError(f"published run {record.get('id')!r}: hybridflow.rollout_logprobs is for GRPO records "
+                             "(no critic)")
+        return load_graph("ppo", reward_kind=reward_kind)
+    reference = bool(record.get("reference_model"))
+    if not rollout_logprobs:
+        return load_graph("grpo" if reference else "grpo_no_ref", reward_kind=reward_kind)
+    g = GraphBuilder("grpo_rollout_logprobs" if reference else "grpo_no_ref_rollout_logprobs")
+    actor, reward = g.role("actor", RoleKind.POLICY), g.role("reward", reward_kind)
+    g.generate(actor, n=int(record.get("n") or 1), logprobs=True)
+    g.score(reward)
+    inputs: tuple[str, ...] = ("prompts", "responses", "response_mask", "rollout_logprobs")
+    if reference:
+        g.ref_logprob(g.role("reference", RoleKind.FROZEN_POLICY))
+        inputs += ("ref_logprobs",)
+    g.compute("advantages", fn="grpo_advantages", inputs=("scores", "response_mask", "uid"), outputs=("advantages",))
+    g.update(actor, loss="ppo_policy", inputs=(*inputs, "advantages"))
+    return g.build()
 
 
 def _check_record(record: Mapping[str, Any]) -> None:

@@ -24,7 +24,7 @@ from hybridflow.planner import (
     rollout_role,
 )
 from hybridflow.planner.calibration import DEFAULT_CONSTANTS
-from hybridflow.planner.costs import COLLECTIVE_LATENCY_S, Shape
+from hybridflow.planner.costs import COLLECTIVE_LATENCY_S, WEIGHT_TENSOR_S, Shape
 from hybridflow.planner.devices import get_device
 from hybridflow.planner.manual import evaluate_mapping, parse_mapping
 from hybridflow.planner.modes import streamed_generate_seconds
@@ -84,7 +84,8 @@ def test_async_step_by_hand(grpo: Graph, max_staleness: int) -> None:
     latency = seconds(sync, "actor_generate")  # the synchronous generation time of one batch on the pool
     streamed = latency - (tail_bound - steady)
     assert steady < tail_bound / 2  # this long tail is most of a synchronous rollout
-    load = models["actor"].params * 2 / hardware.inter_node_bandwidth + COLLECTIVE_LATENCY_S
+    load = (models["actor"].params * 2 / hardware.inter_node_bandwidth + COLLECTIVE_LATENCY_S
+            + models["actor"].weight_tensors * WEIGHT_TENSOR_S)  # the tensor-by-tensor loop
     assert seconds(plan, "actor_generate") == pytest.approx(streamed + load, rel=1e-9)
     assert dict(plan.extra)["batch_latency_s"] == pytest.approx(latency, rel=1e-9)
     trainer = (seconds(sync, "reference_ref_logprob") + seconds(sync, "actor_logprob")

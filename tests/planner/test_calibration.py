@@ -118,3 +118,22 @@ def test_a_published_record_missing_a_field_is_named():
     with pytest.raises(ValueError, match=r"field 'gpus.nodes' is missing"):
         case_from_record({"id": "x", "gpus": {"type": "H100", "count": 8}, "batch_prompts": 8,
                           "response_len_max": 512})
+
+
+def test_a_record_whose_update_takes_the_rollouts_log_probs_has_no_old_log_prob_pass():
+    # verl's fully-async trainer (use_rollout_log_probs): the engine returns each sampled token's log-prob
+    # and the update takes them as its old log-probs; the reference's pass stays.
+    base = record("fa", model="Qwen2.5-7B", device="NVIDIA H20", nodes=1, prompts=64, n=4, cap=1024, mean=300,
+                  rollout_tp=1, reference=True)
+    recomputed = case_from_record(base)
+    streamed = case_from_record({**base, "hybridflow": {**base["hybridflow"], "rollout_logprobs": True}})
+    ops = {node.name: node.op.value for node in streamed.graph.nodes}
+    assert "actor_logprob" in {node.name for node in recomputed.graph.nodes} and "actor_logprob" not in ops
+    assert ops["actor_generate"] == "generate" and ops["reference_ref_logprob"] == "ref_logprob"
+    update = next(node for node in streamed.graph.nodes if node.name == "actor_update")
+    assert "rollout_logprobs" in update.inputs and "old_logprobs" not in update.inputs
+    plan, before = streamed.plan(), recomputed.plan()
+    assert "actor_logprob" not in {node.node for node in plan.nodes}
+    assert plan.step_time_s < before.step_time_s  # one forward pass fewer
+    with pytest.raises(ValueError, match="rollout_logprobs is for GRPO records"):
+        case_from_record({**base, "critic": True, "hybridflow": {"rollout_logprobs": True}})

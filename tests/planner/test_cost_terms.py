@@ -24,6 +24,8 @@ from hybridflow.planner.costs import (
     ring_seconds,
     static_bytes,
     update_cost,
+    weight_load,
+    weight_ship,
     weight_sync,
 )
 from hybridflow.planner.devices import GB, GIB, TFLOPS, DeviceSpec
@@ -281,3 +283,20 @@ def test_a_weight_refresh_pays_per_tensor_as_well_as_per_byte():
     assert per_gpu == MODEL.params * 2 / 2
     assert seconds == pytest.approx(ring_seconds(per_gpu, 2, ROUND.link_bandwidth)
                                     + MODEL.weight_tensors * WEIGHT_TENSOR_S, rel=1e-12)
+
+
+def test_weights_shipped_to_a_detached_rollout_pay_per_tensor_on_both_pools():
+    # A FULL_SHARD trainer on 4 GPUs of one machine: gather the shards (a ring of N·b over 4 ranks at the
+    # 100 GB/s link), one full bf16 copy out at the 25 GB/s inter-node link, and 1 ms for each of the 93
+    # tensors the sync sends one by one (verl's NCCL loop: gather, broadcast, load_weights per tensor).
+    trainer = RoleLayout(role="actor", dp=4, sharding=Sharding.FULL_SHARD)
+    full = MODEL.params * 2  # 2 GB
+    gather = full * 3 / 4 / (100 * GB) + COLLECTIVE_LATENCY_S  # 15 ms
+    per_tensor = 93 * 1e-3
+    seconds, shipped = weight_ship(MODEL, trainer, shape(gpus=4))
+    assert shipped == full
+    assert seconds == pytest.approx(gather + full / 25e9 + COLLECTIVE_LATENCY_S + per_tensor, rel=1e-12)
+    assert seconds == pytest.approx(0.015 + 0.08 + 0.093 + 2 * COLLECTIVE_LATENCY_S, rel=1e-12)
+    # The engine on the rollout's GPUs is held by the same loop: the copy's arrival plus each tensor's load.
+    engine = RoleLayout(role="actor:rollout", dp=2, rollout_tp=1)
+    assert weight_load(MODEL, engine, shape(gpus=2)) == pytest.approx(0.08 + COLLECTIVE_LATENCY_S + 0.093, rel=1e-12)

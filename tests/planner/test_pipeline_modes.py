@@ -10,7 +10,7 @@ import pytest
 from hybridflow.cli import main
 from hybridflow.graph import Graph, Workload, load_graph
 from hybridflow.planner import Cluster, ModelSpec, Plan, PlannerOptions, plan_placement, rollout_role
-from hybridflow.planner.costs import COLLECTIVE_LATENCY_S, DRIVER_SECONDS_PER_ROW
+from hybridflow.planner.costs import COLLECTIVE_LATENCY_S, DRIVER_SECONDS_PER_ROW, WEIGHT_TENSOR_S
 from hybridflow.planner.manual import evaluate_mapping, parse_mapping
 from hybridflow.testing import check_plan
 
@@ -47,7 +47,8 @@ def test_one_step_off_step_is_the_slower_pool_by_hand(grpo: Graph, response_len:
     overlapped = evaluate_mapping(grpo, models, workload, hardware, mapping, pipeline="one_step_off")
     assert (sync.pipeline, overlapped.pipeline) == ("sync", "one_step_off")
     # The rollout pool generates and then takes in the weights: one bf16 copy at the inter-node bandwidth.
-    load = models["actor"].params * 2 / hardware.inter_node_bandwidth + COLLECTIVE_LATENCY_S
+    load = (models["actor"].params * 2 / hardware.inter_node_bandwidth + COLLECTIVE_LATENCY_S
+            + models["actor"].weight_tensors * WEIGHT_TENSOR_S)  # the tensor-by-tensor loop
     generate = seconds(sync, "actor_generate") + load
     assert seconds(overlapped, "actor_generate") == pytest.approx(generate, rel=1e-9)
     # The trainer pool runs its nodes in turn on the batch generated during the step before; the driver's
