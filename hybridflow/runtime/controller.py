@@ -32,7 +32,7 @@ from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.dispatch import DriverTarget, GroupTarget, Outcome, Served, Target, timed
 from hybridflow.runtime.executor import Executor, LocalExecutor, WorkerGroup
 from hybridflow.runtime.filtering import GroupPool, keep_mask, with_uids
-from hybridflow.runtime.pipeline import OneStepOff, Upcoming, check_pipeline, upcoming_rows
+from hybridflow.runtime.pipeline import Upcoming, check_pipeline, upcoming_rows
 from hybridflow.runtime.placement import with_rollout_specs
 from hybridflow.runtime.protocols import OP_CAPABILITIES, NodeState, RoleSpec, Scorer, WeightSink, WeightSource
 from hybridflow.runtime.rollouter import Rollouter, RolloutStats, pool_metrics, staleness_metrics, stats_copy
@@ -78,14 +78,12 @@ class Controller:
         try:
             _check_capabilities(graph, plan, self.groups)
             self._targets = self._make_targets()
-            self._overlap = None if overlapped is None or pipeline != "one_step_off" else OneStepOff(
-                overlapped, self._targets[self._placed_role(overlapped)],
-                self._dispatchers[self.plan.group_index(self._placed_role(overlapped)) or 0],
-                graph.samples_per_prompt)
-            # With k = 0 no update can land while a batch generates, so it generates whole (as sync does).
-            self._rollouter = None if overlapped is None or pipeline != "async" else Rollouter(
+            # one_step_off is the rollouter one update ahead on whole batches; with k = 0 no update can land
+            # while a batch generates, so it generates whole too (as sync does).
+            self._rollouter = None if overlapped is None else Rollouter(
                 overlapped, self._targets[self._placed_role(overlapped)], samples=graph.samples_per_prompt,
-                max_staleness=max_staleness, seed=seed, segment_tokens=segment_tokens if max_staleness else None,
+                max_staleness=self.max_staleness, seed=seed,
+                segment_tokens=segment_tokens if pipeline == "async" and max_staleness else None,
                 eos_token_id=eos_token_id)
             self.version = 0  # the policy's updates so far (async: counted from step 0, set at the first step)
             self._pool_mark: tuple[float, RolloutStats] | None = None  # async: when the last step ended
@@ -114,18 +112,16 @@ class Controller:
         Rows without a ``uid`` get one per prompt (its position), which the n samples of the prompt share.
         A graph with a filter reruns the filter's section on ``more(round)`` (fresh prompt rows) until the
         kept groups fill the batch again, at most the filter's ``max_rounds`` times (:mod:`.filtering`).
-        With ``pipeline=one_step_off``, ``upcoming`` (the next step's prompt rows) starts generating now and
-        this step trains on what the previous step prefetched (:mod:`.pipeline`). With ``pipeline=async``,
-        ``upcoming`` is a function from a later step to its prompt rows (None past the run's end): the
-        rollout generates up to ``max_staleness`` steps ahead (:mod:`.rollouter`).
+        With ``pipeline=one_step_off`` or ``async``, ``upcoming`` gives later steps' prompt rows: a function from
+        a step to its rows (None past the run's end), or the next step's Batch. The rollout generates up to
+        ``max_staleness`` steps ahead (1 for one_step_off) and this step trains on what it generated
+        (:mod:`.pipeline`, :mod:`.rollouter`).
         """
         self.ledger.begin_step()
         record = _StepRecord()
         state = with_uids(batch, 0)
         if self._rollouter is not None:
-            state = self._step_async(batch, step, record, upcoming)
-        elif self._overlap is not None:
-            state = self._step_overlapped(state, step, record, upcoming_rows(upcoming, step + 1, current=step))
+            state = self._step_overlapped(batch, step, record, upcoming)
         elif self._streamed:
             state = self._step_streamed(state, step, record)
         elif self.graph.filter_node is None:
@@ -189,31 +185,9 @@ class Controller:
         rest = [name for name in self.graph.order if name not in streamed.outcomes]
         return self._run(rest, streamed.rows, step, record, expanded=True)
 
-    def _step_overlapped(self, prompts: Batch, step: int, record: _StepRecord, upcoming: Batch | None) -> Batch:
-        """One ``one_step_off`` step: take (or make) this step's samples, start the next step's, run the rest."""
-        assert self._overlap is not None
-        node = self._overlap.node
-        started = time.perf_counter()
-        taken = self._overlap.take()
-        if taken is None:  # the run's first step: nothing was prefetched
-            rows = self._run([node.name], prompts, step, record)
-            version = self._overlap.updates
-        else:
-            (rows, version), waited = taken, time.perf_counter() - started
-            record.seconds[node.name] = waited  # only what the step still waited for: the rest overlapped
-        if upcoming is not None:  # queued on the rollout group before this step's weights
-            self._overlap.submit(upcoming, self.seed + step + 1)
-        rows, metrics = self._overlap.stamp(rows, version, prefetched=taken is not None)
-        record.metrics.update(metrics)
-        self.ledger.rows_changed()
-        state = self._run([name for name in self.graph.order if name != node.name], rows, step, record,
-                          expanded=True)
-        self._overlap.updates += 1
-        return state
-
-    def _step_async(self, prompts: Batch, step: int, record: _StepRecord, upcoming: Upcoming) -> Batch:
-        """One ``async`` step: offer this and the next ``max_staleness`` steps' prompts, take this step's
-        samples when all are done, run the rest of the graph (whose update ships weights to the rollout)."""
+    def _step_overlapped(self, prompts: Batch, step: int, record: _StepRecord, upcoming: Upcoming) -> Batch:
+        """One ``one_step_off`` or ``async`` step: offer this and the next ``max_staleness`` steps' prompts, take
+        this step's samples when all are done, run the rest of the graph (whose update ships weights on)."""
         rollouter = self._rollouter
         assert rollouter is not None
         node = rollouter.node
