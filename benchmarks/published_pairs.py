@@ -12,13 +12,14 @@ experiment on split pools, run asynchronously, and faster than colocated. Each p
   arm's graph and recipe, what ``hybridflow plan --pipeline auto`` prints: sync colocated, sync split,
   one_step_off split and async split with k = 1 and 2 compared, pool sizes and layouts its own.
 
-Both with the shipped ``verl-published`` calibration (fitted on colocated runs only; nothing is fitted on
-the split arms) or the priors. ``--hold decode_mfu`` refits the shared calibration on the colocated runs with
-the named constants held at their priors (``published_runs.py``'s cases and targets) and costs the pairs with
-it. Nobody on this project measured these runs: the timings are the sources'.
+Both with the shipped ``verl-published`` calibration (fitted on colocated runs only, ``decode_mfu`` held at
+its prior; nothing is fitted on the split arms) or the priors. ``--hold NAMES`` refits the shared calibration
+on the colocated runs with exactly the named constants held at their priors (``--hold ''``: none held;
+``published_runs.py``'s cases and targets) and costs the pairs with it. Nobody on this project measured these
+runs: the timings are the sources'.
 
     .venv/bin/python benchmarks/published_pairs.py [--runs PATH] [--calibration verl-published|priors|FILE]
-        [--hold decode_mfu,...]
+        [--hold NAME,...]
 """
 
 from __future__ import annotations
@@ -222,21 +223,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=Path, default=RUNS)
     parser.add_argument("--calibration", default="verl-published",
                         help="a shipped calibration name, a calibration file, or 'priors' (none)")
-    parser.add_argument("--hold", default="",
-                        help="refit the shared calibration on the colocated runs with these constants at their priors")
+    parser.add_argument("--hold", default=None,
+                        help="refit the shared calibration on the colocated runs with exactly these constants at "
+                             "their priors ('' holds none)")
     args = parser.parse_args(argv)
     calibration = None if args.calibration == "priors" else Calibration.load(args.calibration)
     name = args.calibration
-    if args.hold:
+    if args.hold is not None:
         held = [item.strip() for item in args.hold.split(",") if item.strip()]
         unknown = sorted(set(held) - set(FITTED))
         if unknown:
             parser.error(f"--hold {','.join(unknown)}: not fitted constants; choose from {', '.join(FITTED)}")
         cases = load_cases(args.runs)
         calibration = fit_calibration([(case.predict, case.measured) for case in cases],
-                                      names=[item for item in FITTED if item not in held],
+                                      names=FITTED, held=held,
                                       source=f"benchmarks/published_pairs.py --hold {args.hold}")
-        name = f"refit, {args.hold} at the prior"
+        name = f"refit, {args.hold or 'nothing'} held at the prior"
         rows = table(cases, {name: calibration})
         constants = calibration.to_dict()["default"]
         print(f"{name}: " + json.dumps({key: round(value, 4) for key, value in constants.items()}))

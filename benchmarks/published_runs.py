@@ -9,8 +9,10 @@ sources' own. What the sources leave out is assumed below, once per run, with th
         [--markdown] [--export-records FILE] [--companions]
 
 ``--fit`` fits the calibration on these runs (``hybridflow calibrate --published PATH`` fits the same
-way from the records alone); without it the script uses the shipped ``verl-published`` calibration
-(``hybridflow/planner/calibrations.py``, pasted from ``--fit --write-calibration``).
+way from the records alone), with ``fit.HELD`` (``decode_mfu``) held at its prior: these colocated runs
+cannot tell it apart from the drain to the longest response (``docs/planner.md``, "Calibration"); without
+it the script uses the shipped ``verl-published`` calibration (``hybridflow/planner/calibrations.py``,
+pasted from ``--fit --write-calibration``).
 
 Assumptions shared by every run (also in ``hybridflow.planner.published.DEFAULTS``):
 - Everything is colocated on all GPUs (each source says so) and the reward is a rule on the driver.
@@ -45,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from hybridflow.planner.calibration import Calibration
-from hybridflow.planner.fit import FITTED, fit_calibration
+from hybridflow.planner.fit import FITTED, HELD, fit_calibration
 from hybridflow.planner.published import MeasuredCase, case_from_record
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -224,8 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     calibrations: dict[str, Calibration | None] = {"priors": None}
     if args.fit:
         devices = [case.device for case in cases] if args.per_device else None
-        fitted = fit_calibration([(case.predict, case.measured) for case in cases], names=FITTED, devices=devices,
-                                 source="benchmarks/published_runs.py --fit")
+        fitted = fit_calibration([(case.predict, case.measured) for case in cases], names=FITTED, held=HELD,
+                                 devices=devices, source="benchmarks/published_runs.py --fit")
         calibrations["calibrated"] = fitted
         if args.write_calibration:
             fitted.save(args.write_calibration)

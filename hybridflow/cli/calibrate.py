@@ -4,7 +4,8 @@ Inputs: ``--published FILE`` (records in the format of ``published_runs.json``; 
 ``hybridflow`` mapping states what the record leaves out) and/or ``--run DIR[=PLAN_CONFIG]``
 (a ``hybridflow train`` run directory with ``plan.json`` and ``metrics.jsonl``; its planner inputs come
 from a ``hybridflow plan --config`` YAML, by default ``DIR/plan_inputs.yaml``). Prints each case's worst
-predicted/measured ratio before and after, writes ``--out`` for ``hybridflow plan --calibration``.
+predicted/measured ratio before and after and the constants held at their starting values (``--hold``,
+default ``fit.HELD``: constants such runs do not constrain), writes ``--out`` for ``hybridflow plan --calibration``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hybridflow.planner.calibration import Calibration
-from hybridflow.planner.fit import FITTED, describe, fit_calibration, loss
+from hybridflow.planner.fit import FITTED, HELD, describe, fit_calibration, loss
 from hybridflow.planner.published import MeasuredCase, case_from_record
 
 
@@ -29,6 +30,9 @@ def add_parser(subparsers: Any) -> None:
                              "with its cluster, models and workload) defaults to DIR/plan_inputs.yaml")
     parser.add_argument("--skip-steps", type=int, default=1, help="warm-up steps of a run to ignore (default 1)")
     parser.add_argument("--fit", default=",".join(FITTED), help=f"constants to fit (default {','.join(FITTED)})")
+    parser.add_argument("--hold", default=",".join(HELD),
+                        help=f"constants kept at their starting values, not fitted: ones the runs cannot constrain "
+                             f"(default {','.join(HELD)}; '' fits every --fit constant)")
     parser.add_argument("--per-device", action="store_true",
                         help="also fit constants per device class with at least 3 cases")
     parser.add_argument("--start", help="a calibration file to start from (default: the priors)")
@@ -74,16 +78,20 @@ def run(args: argparse.Namespace) -> int:
     cases += [_run_case(spec, args.skip_steps) for spec in args.runs]
     if not cases:
         raise ValueError("nothing to calibrate on: give --published FILE or --run DIR")
-    names = [name.strip() for name in str(args.fit).split(",") if name.strip()]
+    held = [name.strip() for name in str(args.hold).split(",") if name.strip()]
+    names = [name.strip() for name in str(args.fit).split(",") if name.strip() and name.strip() not in held]
     start = Calibration.load(args.start) if args.start else Calibration()
     pairs = [(case.predict, case.measured) for case in cases]
-    fitted = fit_calibration(pairs, names=names, start=start.default, source=f"hybridflow calibrate ({len(cases)} "
-                             "cases)", devices=[case.device for case in cases] if args.per_device else None)
+    fitted = fit_calibration(pairs, names=names, held=held, start=start.default,
+                             source=f"hybridflow calibrate ({len(cases)} cases)",
+                             devices=[case.device for case in cases] if args.per_device else None)
     print(f"{'case':<60} {'worst ratio before':>20} {'after':>10}")
     for case in cases:
         print(f"{case.id[:60]:<60} {case.worst_ratio(start):>19.2f}x {case.worst_ratio(fitted):>9.2f}x")
     print(f"mean squared log error: {loss(pairs, start):.4f} before, {loss(pairs, fitted):.4f} after")
     print(f"fitted: {describe(fitted.default, names)}")
+    if held:
+        print(f"held at {'--start' if args.start else 'the priors'} (not fitted): {describe(fitted.default, held)}")
     for device, constants in fitted.devices:
         print(f"  {device}: {describe(constants, names)}")
     fitted.save(args.out)

@@ -74,11 +74,13 @@ RANGES: dict[str, tuple[float, float]] = {
 
 @dataclass(frozen=True, kw_only=True)
 class Calibration:
-    """Constants for every device (``default``), overridden per device class where measured."""
+    """Constants for every device (``default``), overridden per device class where measured. ``held``
+    names the constants the fit left at their starting values (the measurements did not constrain them)."""
 
     default: Constants = DEFAULT_CONSTANTS
     devices: tuple[tuple[str, Constants], ...] = ()
     source: str = "priors"
+    held: tuple[str, ...] = ()
 
     def for_device(self, name: str) -> Constants:
         for device, constants in self.devices:
@@ -91,7 +93,7 @@ class Calibration:
         return replace(self, devices=(*kept, (name, constants)))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format": FORMAT, "source": self.source, "default": asdict(self.default),
+        return {"format": FORMAT, "source": self.source, "held": list(self.held), "default": asdict(self.default),
                 "devices": {name: asdict(constants) for name, constants in self.devices}}
 
     def save(self, path: str | Path) -> None:
@@ -105,7 +107,12 @@ class Calibration:
         default = Constants.from_dict(data.get("default", {}), where=f"{where}.default")
         devices = tuple((str(name), replace(default, **_floats(values, f"{where}.devices.{name}")))
                         for name, values in sorted((data.get("devices") or {}).items()))
-        return cls(default=default, devices=devices, source=str(data.get("source", where)))
+        held = data.get("held") or []
+        known = {item.name for item in fields(Constants)}
+        if not isinstance(held, list) or any(name not in known for name in held):
+            raise ValueError(f"{where}.held: {held!r} must be a list of constant names; known: {sorted(known)}")
+        return cls(default=default, devices=devices, source=str(data.get("source", where)),
+                   held=tuple(str(name) for name in held))
 
     @classmethod
     def load(cls, path: str | Path) -> Calibration:

@@ -2,8 +2,9 @@
 
 ``verl-published``: one set of constants fitted by ``benchmarks/published_runs.py --fit`` to the six
 published verl runs of ``../shared/calibration/published_runs.json`` (H20, B200, H100; 8-128 GPUs),
-shared by every device. Refit and paste when the cost model changes; ``docs/benchmarks.md`` shows how
-far it leaves each run.
+shared by every device, with ``decode_mfu`` held at its prior (``fit.HELD``: those colocated runs cannot
+identify it). Refit and paste when the cost model changes; ``docs/benchmarks.md`` shows how far it leaves
+each run.
 """
 
 from __future__ import annotations
@@ -14,18 +15,19 @@ BUILTIN: dict[str, dict[str, Any]] = {
     "verl-published": {
         "format": "hybridflow-calibration/1",
         "source": "benchmarks/published_runs.py --fit (six published verl runs, shared constants)",
+        "held": ["decode_mfu"],
         "default": {
             "train_mfu": 0.75,
             "eff_half_tokens": 512.0,
             "hbm_efficiency": 0.3,
-            "decode_mfu": 0.267,
+            "decode_mfu": 0.5,
             "prefill_mfu": 0.5,
             "host_efficiency": 0.5,
-            "decode_step_overhead_s": 0.0,
+            "decode_step_overhead_s": 0.000493,
             "phase_overhead_s": 0.0,
-            "step_overhead_s": 47.58,
-            "moe_efficiency": 0.31,
-            "controller_gbs": 0.8166,
+            "step_overhead_s": 47.64,
+            "moe_efficiency": 0.3148,
+            "controller_gbs": 0.7514,
         },
         "devices": {},
     },

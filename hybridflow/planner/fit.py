@@ -5,6 +5,11 @@ and step: a run twice too slow weighs as much as one twice too fast, and a long 
 a short one. Few constants are fitted (``FITTED``), shared by every case (or per device class), never
 one per run. The search is Nelder-Mead over unbounded coordinates, each mapped logistically into the
 constant's physical range (``calibration.RANGES``); it needs no gradient and no SciPy.
+
+A constant the measurements cannot constrain is not fitted but *held* at its starting value (the prior
+unless ``--start`` says otherwise): a fit left free on such a constant moves it to absorb whatever the
+model misses elsewhere, and the constant then mis-prices the plans where it does bind. The held names are
+recorded in the calibration (``Calibration.held``) and printed by ``hybridflow calibrate``.
 """
 
 from __future__ import annotations
@@ -15,9 +20,17 @@ from dataclasses import asdict, fields, replace
 
 from hybridflow.planner.calibration import DEFAULT_CONSTANTS, RANGES, Calibration, Constants
 
-# What ``hybridflow calibrate`` fits by default: one efficiency per kind of work and the fixed overheads.
+# What ``hybridflow calibrate`` may fit: one efficiency per kind of work and the fixed overheads.
 FITTED = ("train_mfu", "decode_mfu", "hbm_efficiency", "moe_efficiency", "decode_step_overhead_s",
           "phase_overhead_s", "step_overhead_s", "controller_gbs")
+# Held at their priors by default. The criterion: a constant is held when the usual calibration runs cannot
+# tell its term apart from another one, so a free fit would move it to absorb that other term's error.
+# decode_mfu prices compute-bound decode steps, an engine near its full concurrency. Colocated runs, what
+# calibrations are usually fitted on, spread the batch over every GPU (a few hundred sequences an engine)
+# and their generation time is mostly the drain to the longest response, bound by weight/KV reads and the
+# per-step overhead; fitted there, decode_mfu fell to 0.27 to stand in for a dearer drain and made a small
+# rollout pool at full concurrency 2x too slow (docs/benchmarks.md, "Split pools, one step off").
+HELD = ("decode_mfu",)
 Predict = Callable[[Calibration], Mapping[str, float]]
 Case = tuple[Predict, Mapping[str, float]]
 
@@ -103,13 +116,19 @@ def fit_constants(cases: Sequence[Case], *, names: Sequence[str] = FITTED, start
     return _constants(start, names, point)
 
 
-def fit_calibration(cases: Sequence[Case], *, names: Sequence[str] = FITTED, start: Constants = DEFAULT_CONSTANTS,
-                    devices: Sequence[str] | None = None, min_cases_per_device: int = 3,
-                    source: str = "hybridflow calibrate") -> Calibration:
+def fit_calibration(cases: Sequence[Case], *, names: Sequence[str] = FITTED, held: Sequence[str] = (),
+                    start: Constants = DEFAULT_CONSTANTS, devices: Sequence[str] | None = None,
+                    min_cases_per_device: int = 3, source: str = "hybridflow calibrate") -> Calibration:
     """One set of constants for every case; with ``devices`` (one per case), also one per device class
-    that has at least ``min_cases_per_device`` cases."""
+    that has at least ``min_cases_per_device`` cases. ``names`` less ``held`` are fitted; ``held`` stay at
+    ``start`` and are recorded as held in the calibration."""
+    known = {item.name for item in fields(Constants)}
+    unknown = sorted(set(held) - known)
+    if unknown:
+        raise ValueError(f"cannot hold unknown constants {unknown}; known: {sorted(known)}")
+    names = [name for name in names if name not in held]
     shared = fit_constants(cases, names=names, start=start)
-    calibration = Calibration(default=shared, source=source)
+    calibration = Calibration(default=shared, source=source, held=tuple(held))
     if devices is not None:
         if len(devices) != len(cases):
             raise ValueError(f"devices has {len(devices)} entries for {len(cases)} cases")

@@ -11,7 +11,7 @@ import pytest
 
 from hybridflow.cli import main
 from hybridflow.planner.calibration import Calibration, Constants
-from hybridflow.planner.fit import fit_calibration, fit_constants, loss
+from hybridflow.planner.fit import HELD, fit_calibration, fit_constants, loss
 from hybridflow.planner.published import MeasuredCase, case_from_record
 
 TRUTH = Constants(train_mfu=0.42, decode_mfu=0.3, hbm_efficiency=0.62, moe_efficiency=0.4,
@@ -75,6 +75,31 @@ def test_per_device_constants_apply_to_their_device_only():
     assert [name for name, _ in fitted.devices] == ["H20"]
 
 
+def test_held_constants_stay_at_their_start_and_are_recorded(tmp_path):
+    # decode_mfu moved from its truth: fitting it would recover 0.3; holding it must leave the start's 0.45.
+    cases = synthetic_cases(TRUTH)
+    start = replace(TRUTH, decode_mfu=0.45, train_mfu=0.3)
+    fitted = fit_calibration([(case.predict, case.measured) for case in cases], names=("train_mfu", "decode_mfu"),
+                             held=("decode_mfu",), start=start)
+    assert fitted.default.decode_mfu == 0.45 and fitted.held == ("decode_mfu",)
+    assert fitted.default.train_mfu != 0.3  # the rest is still fitted
+    path = tmp_path / "calibration.json"
+    fitted.save(path)
+    assert json.loads(path.read_text())["held"] == ["decode_mfu"]
+    assert Calibration.load(path) == fitted
+    with pytest.raises(ValueError, match=r"cannot hold unknown constants \['decode_mfu_typo'\]"):
+        fit_calibration([(case.predict, case.measured) for case in cases], held=("decode_mfu_typo",))
+    path.write_text(json.dumps({**fitted.to_dict(), "held": ["nope"]}))
+    with pytest.raises(ValueError, match=r"held: \['nope'\] must be a list of constant names"):
+        Calibration.load(path)
+
+
+def test_the_shipped_calibration_holds_decode_mfu_at_its_prior():
+    shipped = Calibration.load("verl-published")
+    assert shipped.held == HELD == ("decode_mfu",)
+    assert shipped.default.decode_mfu == Constants().decode_mfu
+
+
 def test_calibration_files_round_trip_and_bad_ones_name_the_field(tmp_path):
     calibration = Calibration(default=TRUTH, source="test").with_device("H20", replace(TRUTH, train_mfu=0.6))
     path = tmp_path / "calibration.json"
@@ -105,6 +130,7 @@ def test_the_calibrate_command_writes_what_plan_loads(tmp_path, capsys):
     assert main(["calibrate", "--published", str(runs), "--fit", "train_mfu,step_overhead_s", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "before" in printed and "after" in printed
+    assert "held at the priors (not fitted): decode_mfu=0.5" in printed
     assert Calibration.load(out).default.train_mfu != Constants().train_mfu
     code = main(["plan", "--cluster", "8xH20", "--model", "qwen2.5-7b", "--algorithm", "grpo", "--batch-size", "32",
                  "--calibration", str(out), "--json"])
