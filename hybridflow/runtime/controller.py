@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from types import TracebackType
@@ -35,7 +35,7 @@ from hybridflow.runtime.filtering import GroupPool, keep_mask, with_uids
 from hybridflow.runtime.pipeline import Upcoming, check_pipeline, upcoming_rows
 from hybridflow.runtime.placement import with_rollout_specs
 from hybridflow.runtime.protocols import OP_CAPABILITIES, NodeState, RoleSpec, Scorer, WeightSink, WeightSource
-from hybridflow.runtime.rollouter import Rollouter, RolloutStats, pool_metrics, staleness_metrics, stats_copy
+from hybridflow.runtime.rollouter import Rollouter, RolloutStats, pool_metrics, staleness_metrics
 from hybridflow.runtime.service import RoleServices
 from hybridflow.runtime.step_store import StepLedger
 from hybridflow.runtime.streaming import run_streamed, streamed_section
@@ -60,7 +60,7 @@ class Controller:
                  max_staleness: int = 1, segment_tokens: int | None = None,
                  eos_token_id: int | None = None, stream_chunks: int = 1) -> None:
         self.graph, self.plan, self.seed = graph, plan, seed
-        self.pipeline, self.max_staleness = pipeline, max_staleness if pipeline == "async" else int(pipeline != "sync")
+        self.max_staleness = max_staleness if pipeline == "async" else int(pipeline != "sync")
         self.services = services
         self.driver_roles = dict(driver_roles or {})
         _check_placement(graph, plan, self.driver_roles)
@@ -81,8 +81,7 @@ class Controller:
             # one_step_off is the rollouter one update ahead on whole batches; with k = 0 no update can land
             # while a batch generates, so it generates whole too (as sync does).
             self._rollouter = None if overlapped is None else Rollouter(
-                overlapped, self._targets[self._placed_role(overlapped)], samples=graph.samples_per_prompt,
-                max_staleness=self.max_staleness, seed=seed,
+                overlapped, self._targets[self._placed_role(overlapped)], max_staleness=self.max_staleness, seed=seed,
                 segment_tokens=segment_tokens if pipeline == "async" and max_staleness else None,
                 eos_token_id=eos_token_id)
             self.version = 0  # the policy's updates so far (async: counted from step 0, set at the first step)
@@ -195,7 +194,7 @@ class Controller:
             self.version = step
             rollouter.start(step)
         started = time.perf_counter()
-        since, before = self._pool_mark or (started, stats_copy(rollouter.stats))  # the pools' time runs on
+        since, before = self._pool_mark or (started, replace(rollouter.stats))  # the pools' time runs on
         for ahead in range(step, step + self.max_staleness + 1):
             rows = prompts if ahead == step else upcoming_rows(upcoming, ahead, current=step)
             if rows is not None and not rollouter.offered(ahead):
@@ -208,7 +207,7 @@ class Controller:
         state = self._run([name for name in self.graph.order if name != node.name], rows, step, record,
                           expanded=True)
         self.version += 1
-        self._pool_mark = (time.perf_counter(), stats_copy(rollouter.stats))
+        self._pool_mark = (time.perf_counter(), replace(rollouter.stats))
         record.metrics.update(pool_metrics(before, self._pool_mark[1], seconds=self._pool_mark[0] - since,
                                            waited=waited, trained_tokens=int(rows["response_mask"].sum()),
                                            depth=depth))

@@ -32,6 +32,13 @@ def upcoming_rows(upcoming: Upcoming, step: int, *, current: int) -> Batch | Non
     return upcoming(step)
 
 
+def lone_generate(graph: Graph) -> Node | None:
+    """The graph's generate node when it has exactly one and no filter (whose rounds regenerate within the
+    step): the node an overlapped mode or a streamed step can take apart from the rest; else None."""
+    generates = [node for node in graph.nodes if node.op is Op.GENERATE]
+    return generates[0] if len(generates) == 1 and graph.filter_node is None else None
+
+
 def check_pipeline(pipeline: str, graph: Graph, plan: Plan) -> Node | None:
     """The generate node a ``one_step_off`` or ``async`` run overlaps (None for ``sync``); raises naming what is
     missing."""
@@ -39,14 +46,15 @@ def check_pipeline(pipeline: str, graph: Graph, plan: Plan) -> Node | None:
         raise ValueError(f"pipeline={pipeline!r} must be one of {list(PIPELINES)}")
     if pipeline == "sync":
         return None
-    generates = [node for node in graph.nodes if node.op is Op.GENERATE]
-    if len(generates) != 1 or graph.filter_node is not None:
+    generate = lone_generate(graph)
+    if generate is None:
+        count = sum(node.op is Op.GENERATE for node in graph.nodes)
         raise ValueError(f"pipeline={pipeline} overlaps one generate node with the rest of the step; the "
-                         f"{graph.name} graph has {len(generates)} generate node(s)"
+                         f"{graph.name} graph has {count} generate node(s)"
                          f"{' and a filter' if graph.filter_node is not None else ''}: use pipeline=sync")
-    policy = str(generates[0].role)
+    policy = str(generate.role)
     if policy not in plan.detached_rollouts:
         raise ValueError(f"pipeline={pipeline} needs the rollout of {policy!r} on GPUs of its own (a plan role "
                          f"'{policy}:rollout', e.g. meshes: {{'{policy}:rollout': [...]}}); this plan colocates it, "
                          "so generation could not overlap training: use pipeline=sync or detach the rollout")
-    return generates[0]
+    return generate

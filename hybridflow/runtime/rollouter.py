@@ -83,20 +83,23 @@ class RolloutStats:
 class Rollouter:
     """Generates the offered steps' batches on a detached rollout (see the module docstring)."""
 
-    def __init__(self, node: Node, target: Target, *, samples: int, max_staleness: int, seed: int,
+    def __init__(self, node: Node, target: Target, *, max_staleness: int, seed: int,
                  segment_tokens: int | None = None, eos_token_id: int | None = None,
                  capacity: int | None = None) -> None:
         if max_staleness < 0:
             raise ValueError(f"max_staleness={max_staleness} must be >= 0")
+        self.max_new_tokens = int(node.option("max_new_tokens", 32) or 32)
+        if segment_tokens == 0:  # the default: a quarter of the response budget
+            segment_tokens = max(self.max_new_tokens // 4, 1)
         if segment_tokens is not None:
             if segment_tokens < 1:
-                raise ValueError(f"segment_tokens={segment_tokens} must be >= 1 (or None: whole batches)")
+                raise ValueError(f"segment_tokens={segment_tokens} must be >= 1 (0: a quarter of max_new_tokens; "
+                                 "None: whole batches)")
             if eos_token_id is None:
                 raise ValueError("partial rollouts need the policy's eos_token_id to tell a finished response from "
                                  "one cut at a segment's end; pass eos_token_id= or segment_tokens=None")
-        self.node, self.target, self.samples, self.k, self.seed = node, target, samples, max_staleness, seed
+        self.node, self.target, self.k, self.seed = node, target, max_staleness, seed
         self.segment_tokens, self.eos, self.capacity = segment_tokens, eos_token_id, capacity
-        self.max_new_tokens = int(node.option("max_new_tokens", 32) or 32)
         self.weights_version = 0
         self.stats = RolloutStats()
         self._offered: dict[int, _Pending] = {}
@@ -107,19 +110,17 @@ class Rollouter:
         self._stopped = False
         self._cv = threading.Condition()
         self._thread = threading.Thread(target=self._loop, name="rollouter", daemon=True)
-        self._started = False
 
     # ---- the controller's side ----------------------------------------------------------------------
     def start(self, version: int) -> None:
         """Begin generating; the rollout holds weights of ``version`` (the step the run starts at)."""
         with self._cv:
             self.weights_version = version
-        self._started = True
         self._thread.start()
 
     @property
     def started(self) -> bool:
-        return self._started
+        return self._thread.ident is not None
 
     def offered(self, step: int) -> bool:
         with self._cv:
@@ -153,7 +154,7 @@ class Rollouter:
         with self._cv:
             self._stopped = True
             self._cv.notify_all()
-        if self._started:
+        if self.started:
             self._thread.join(timeout=30)
 
     # ---- the generating thread ----------------------------------------------------------------------
@@ -341,6 +342,3 @@ def pool_metrics(before: RolloutStats, after: RolloutStats, *, seconds: float, w
             "pipeline/trainer_tokens_per_s": trained_tokens / span,
             "pipeline/buffer_depth": float(depth)}
 
-
-def stats_copy(stats: RolloutStats) -> RolloutStats:
-    return RolloutStats(busy_s=stats.busy_s, tokens=stats.tokens, segments=stats.segments)

@@ -25,6 +25,7 @@ import torch
 from hybridflow.graph import Graph, Node, Op
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.dispatch import GroupTarget, Outcome, Served, Target, node_inputs
+from hybridflow.runtime.pipeline import lone_generate
 
 ROW_WISE = (Op.SCORE, Op.REF_LOGPROB, Op.LOGPROB, Op.VALUES)
 CHUNK_SEED_STRIDE = 1_000_003
@@ -34,15 +35,15 @@ def streamed_section(graph: Graph) -> tuple[Node, list[Node]] | None:
     """The generate node a step can stream from and the row-wise nodes that follow it chunk by chunk (their
     inputs come from graph inputs, the generate node or each other); None when the graph has no single
     generate node (or has a filter, whose rounds regenerate)."""
-    generates = [node for node in graph.nodes if node.op is Op.GENERATE]
-    if len(generates) != 1 or graph.filter_node is not None:
+    generate = lone_generate(graph)
+    if generate is None:
         return None
-    streamed = {generates[0].name}
+    streamed = {generate.name}
     for name in graph.order:
         node = graph.node(name)
         if node.op in ROW_WISE and set(graph.predecessors(name)) <= streamed:
             streamed.add(name)
-    return generates[0], [graph.node(name) for name in graph.order if name in streamed - {generates[0].name}]
+    return generate, [graph.node(name) for name in graph.order if name in streamed - {generate.name}]
 
 
 @dataclass

@@ -11,7 +11,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from hybridflow.graph import Graph, Op
+from hybridflow.graph import Graph
 from hybridflow.planner import Plan
 from hybridflow.runtime import Controller, RoleSpec
 from hybridflow.runtime.errors import StepTracker
@@ -80,7 +80,7 @@ def train(config: TrainConfig, *, resume: bool = False, graph: Graph | None = No
     with StepTracker() as running, Controller(graph, plan, specs=specs,
                     executor=setup.make_executor(config), seed=config.seed, services=setup.services(config, plan),
                     driver_roles={r.name: scorer for r in graph.roles if not r.kind.needs_gpu},
-                    **pipeline_options(config, graph, plan, tokenizer)) as controller:
+                    **pipeline_options(config, plan, tokenizer)) as controller:
         if checkpoint is not None:
             controller.load_checkpoint(str(checkpoint / "roles"))
         progress = _Progress(range(start, config.steps), enabled=config.progress,
@@ -124,12 +124,11 @@ def train(config: TrainConfig, *, resume: bool = False, graph: Graph | None = No
                        start_step=start, report_path=report, export_path=exported)
 
 
-def pipeline_options(config: TrainConfig, graph: Graph, plan: Plan, tokenizer: Any) -> dict[str, Any]:
+def pipeline_options(config: TrainConfig, plan: Plan, tokenizer: Any) -> dict[str, Any]:
     """The controller's execution-mode arguments: the config's mode, or the plan's for ``pipeline: auto``."""
     mode = plan.pipeline if config.pipeline == "auto" else config.pipeline
     staleness = plan.max_staleness if config.pipeline == "auto" and mode == "async" else config.max_staleness
-    budget = max((int(n.option("max_new_tokens", 32) or 32) for n in graph.nodes if n.op is Op.GENERATE), default=32)
-    segment = (config.segment_tokens or max(budget // 4, 1)) if config.partial_rollout else None
+    segment = config.segment_tokens if config.partial_rollout else None  # 0: the rollouter's default
     return {"pipeline": mode, "max_staleness": staleness, "segment_tokens": segment,
             "eos_token_id": tokenizer.eos_token_id, "stream_chunks": config.stream_chunks}
 

@@ -165,11 +165,11 @@ def test_pipeline_auto_runs_the_mode_and_bound_the_plan_records() -> None:
 
     chosen = replace(SPLIT, pipeline="async", max_staleness=2)
     config = load_config(None, ["placement=auto", "pipeline=auto", "segment_tokens=3"])
-    options = pipeline_options(config, GRAPH, chosen, TOKENIZER)
+    options = pipeline_options(config, chosen, TOKENIZER)
     assert options == {"pipeline": "async", "max_staleness": 2, "segment_tokens": 3,
                        "eos_token_id": TOKENIZER.eos_token_id, "stream_chunks": 1}
-    assert pipeline_options(config, GRAPH, replace(SPLIT, pipeline="one_step_off"), TOKENIZER)["pipeline"] == \
+    assert pipeline_options(config, replace(SPLIT, pipeline="one_step_off"), TOKENIZER)["pipeline"] == \
         "one_step_off"
     named = load_config(None, ["pipeline=async", "max_staleness=3", "partial_rollout=false"])
-    assert pipeline_options(named, GRAPH, chosen, TOKENIZER)["max_staleness"] == 3
-    assert pipeline_options(named, GRAPH, chosen, TOKENIZER)["segment_tokens"] is None
+    assert pipeline_options(named, chosen, TOKENIZER)["max_staleness"] == 3
+    assert pipeline_options(named, chosen, TOKENIZER)["segment_tokens"] is None
