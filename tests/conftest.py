@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -44,3 +45,14 @@ def ray_two_nodes() -> Iterator[str]:
     yield sim.address
     ray.shutdown()
     sim.shutdown()
+
+
+@pytest.fixture(scope="session")
+def random_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random-init tiny Qwen2 with the character tokenizer."""
+    from hybridflow.data import char_tokenizer
+    from hybridflow.models import build_tiny_causal_lm, save_model_dir
+
+    tokenizer = char_tokenizer()
+    model = build_tiny_causal_lm("tiny-qwen2", vocab_size=len(tokenizer), seed=0)
+    return save_model_dir(model, tokenizer, tmp_path_factory.mktemp("random_model"))

@@ -1,22 +1,11 @@
-"""A tiny random model, built once per session (never downloaded), and a local Ray cluster per module."""
+"""A local Ray cluster per module, with token auth (the tiny random model: tests/conftest.py)."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-
-
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from hybridflow.data import char_tokenizer
-    from hybridflow.models import build_tiny_causal_lm, save_model_dir
-
-    tokenizer = char_tokenizer()
-    model = build_tiny_causal_lm("tiny-qwen2", vocab_size=len(tokenizer), seed=0)
-    return save_model_dir(model, tokenizer, tmp_path_factory.mktemp("tiny_model"))
 
 
 @pytest.fixture(scope="module")

@@ -40,8 +40,8 @@ def _controller(model_dir: Path, liveness: Liveness, backend: str = "torch") -> 
     return controller, loader
 
 
-def test_a_stopped_worker_fails_the_step_within_the_heartbeat_bound(local_ray: None, tiny_model_dir: Path) -> None:
-    controller, loader = _controller(tiny_model_dir, FAST)
+def test_a_stopped_worker_fails_the_step_within_the_heartbeat_bound(local_ray: None, random_model_dir: Path) -> None:
+    controller, loader = _controller(random_model_dir, FAST)
     with controller:
         controller.step(loader.batch(0), step=0)
         info = controller.groups[0].info()[0]
@@ -67,12 +67,12 @@ def test_a_stopped_worker_fails_the_step_within_the_heartbeat_bound(local_ray: N
     print(f"hung worker detected after {detected:.1f}s (bound {FAST.hang_bound_s:.1f}s + one step)")
 
 
-def test_a_call_that_never_returns_fails_at_its_deadline(local_ray: None, tiny_model_dir: Path,
+def test_a_call_that_never_returns_fails_at_its_deadline(local_ray: None, random_model_dir: Path,
                                                          tmp_path: Path) -> None:
     """The worker stays alive (its heartbeat answers) but generate never returns: only the deadline ends it."""
     import shutil
 
-    model = Path(shutil.copytree(tiny_model_dir, tmp_path / "model"))
+    model = Path(shutil.copytree(random_model_dir, tmp_path / "model"))
     live = Liveness(call_timeout_s=3.0, heartbeat_interval_s=0.5, heartbeat_timeout_s=30.0)
     controller, loader = _controller(model, live, backend=f"{Path(__file__).with_name('stuck_backend.py')}:BACKEND")
     with controller:

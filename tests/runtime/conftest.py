@@ -1,4 +1,4 @@
-"""Tiny models shared by the runtime tests: built (and SFT-warmed) once per session."""
+"""The SFT-warmed tiny model of the runtime tests, built once per session (the random one: tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,6 @@ from hybridflow.data import char_tokenizer, task_examples
 from hybridflow.models import build_tiny_causal_lm, save_model_dir
 
 SFT_STEPS = 60
-
-
-@pytest.fixture(scope="session")
-def random_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A random-init tiny Qwen2 with the character tokenizer."""
-    tokenizer = char_tokenizer()
-    model = build_tiny_causal_lm("tiny-qwen2", vocab_size=len(tokenizer), seed=0)
-    return save_model_dir(model, tokenizer, tmp_path_factory.mktemp("random_model"))
 
 
 @pytest.fixture(scope="session")
