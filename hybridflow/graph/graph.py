@@ -100,6 +100,13 @@ class Graph:
         return next((node for node in self.nodes if node.op is Op.FILTER), None)
 
     @cached_property
+    def lone_generate(self) -> Node | None:
+        """The generate node when the graph has exactly one and no filter (whose rounds regenerate within a
+        step): the node an overlapped rollout or a streamed step can take apart from the rest; else None."""
+        generates = [node for node in self.nodes if node.op is Op.GENERATE]
+        return generates[0] if len(generates) == 1 and self.filter_node is None else None
+
+    @cached_property
     def sampling_section(self) -> frozenset[str]:
         """The nodes a filter depends on: they rerun on fresh prompts until the batch is full (empty: no filter)."""
         if self.filter_node is None:

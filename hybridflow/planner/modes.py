@@ -63,9 +63,9 @@ def overlap_blocker(graph: Graph, pipeline: str = "one_step_off") -> str | None:
     """Why ``graph`` cannot run ``pipeline`` with an overlapped rollout (None when it can): the runtime
     overlaps one generate node of a detachable policy, and no filter (its resampling loop regenerates
     within the step)."""
-    generates = [node for node in graph.nodes if node.op is Op.GENERATE]
-    if len(generates) != 1 or graph.filter_node is not None:
-        return (f"the {graph.name} graph has {len(generates)} generate node(s)"
+    if graph.lone_generate is None:
+        count = sum(node.op is Op.GENERATE for node in graph.nodes)
+        return (f"the {graph.name} graph has {count} generate node(s)"
                 f"{' and a filter' if graph.filter_node is not None else ''}; {pipeline} overlaps exactly one "
                 "generate node with the rest of the step")
     if not detachable_policies(graph):

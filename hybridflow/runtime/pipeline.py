@@ -32,13 +32,6 @@ def upcoming_rows(upcoming: Upcoming, step: int, *, current: int) -> Batch | Non
     return upcoming(step)
 
 
-def lone_generate(graph: Graph) -> Node | None:
-    """The graph's generate node when it has exactly one and no filter (whose rounds regenerate within the
-    step): the node an overlapped mode or a streamed step can take apart from the rest; else None."""
-    generates = [node for node in graph.nodes if node.op is Op.GENERATE]
-    return generates[0] if len(generates) == 1 and graph.filter_node is None else None
-
-
 def check_pipeline(pipeline: str, graph: Graph, plan: Plan) -> Node | None:
     """The generate node a ``one_step_off`` or ``async`` run overlaps (None for ``sync``); raises naming what is
     missing."""
@@ -46,7 +39,7 @@ def check_pipeline(pipeline: str, graph: Graph, plan: Plan) -> Node | None:
         raise ValueError(f"pipeline={pipeline!r} must be one of {list(PIPELINES)}")
     if pipeline == "sync":
         return None
-    generate = lone_generate(graph)
+    generate = graph.lone_generate
     if generate is None:
         count = sum(node.op is Op.GENERATE for node in graph.nodes)
         raise ValueError(f"pipeline={pipeline} overlaps one generate node with the rest of the step; the "

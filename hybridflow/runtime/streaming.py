@@ -25,7 +25,6 @@ import torch
 from hybridflow.graph import Graph, Node, Op
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.dispatch import GroupTarget, Outcome, Served, Target, node_inputs
-from hybridflow.runtime.pipeline import lone_generate
 
 ROW_WISE = (Op.SCORE, Op.REF_LOGPROB, Op.LOGPROB, Op.VALUES)
 CHUNK_SEED_STRIDE = 1_000_003
@@ -35,7 +34,7 @@ def streamed_section(graph: Graph) -> tuple[Node, list[Node]] | None:
     """The generate node a step can stream from and the row-wise nodes that follow it chunk by chunk (their
     inputs come from graph inputs, the generate node or each other); None when the graph has no single
     generate node (or has a filter, whose rounds regenerate)."""
-    generate = lone_generate(graph)
+    generate = graph.lone_generate
     if generate is None:
         return None
     streamed = {generate.name}
