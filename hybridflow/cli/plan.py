@@ -62,6 +62,8 @@ def add_run_arguments(parser: Any) -> None:
                         help="define a device: name=X,memory_gb=96,bf16_tflops=148,hbm_gbs=4000,link_gbs=450"
                              "[,host_gbs=50]; repeatable; the cluster spec may then name it")
     parser.add_argument("--inter-node-gbs", type=float, help="inter-node bandwidth per GPU in GB/s (default 25)")
+    parser.add_argument("--host-cores", type=int, help="logical CPU GPUs: the cores each host gives them, shared "
+                                                      "when more GPUs are busy (default: a core each)")
     parser.add_argument("--max-response-len", type=int, help="response cap; lengths become a lognormal with mean "
                                                             "--response-len and this cap")
     parser.add_argument("--lengths-from", help="a run's metrics.jsonl to take response length mean and max from")
@@ -102,7 +104,7 @@ def run_settings(settings: dict[str, Any], mean_response_len: int) -> RunSetting
 
 
 def build_cluster(settings: dict[str, Any]) -> Cluster:
-    """The cluster spec or YAML, with ``--device`` definitions and ``--inter-node-gbs``."""
+    """The cluster spec or YAML, with ``--device`` definitions, ``--inter-node-gbs`` and ``--host-cores``."""
     spec = str(settings["cluster"])
     devices = {}
     for text in [*(settings.get("device") or []), *(settings.get("devices") or [])]:
@@ -111,12 +113,13 @@ def build_cluster(settings: dict[str, Any]) -> Cluster:
     inter = settings.get("inter_node_gbs")
     if inter is not None and (isinstance(inter, bool) or not isinstance(inter, int | float) or not inter > 0):
         raise ValueError(f"--inter-node-gbs={inter!r} must be a positive number of GB/s per GPU, e.g. 25")
+    cores = settings.get("host_cores")
     if spec.endswith((".yaml", ".yml")):
-        if devices or inter is not None:
-            raise ValueError("--device and --inter-node-gbs do not apply to a cluster YAML; put 'devices:' and "
-                             "'inter_node_bandwidth_gbs:' in the YAML")
+        if devices or inter is not None or cores is not None:
+            raise ValueError("--device, --inter-node-gbs and --host-cores do not apply to a cluster YAML; put "
+                             "'devices:', 'inter_node_bandwidth_gbs:' and 'host_cores:' in the YAML")
         return Cluster.from_yaml(spec)
-    return Cluster.parse(spec, devices=devices, inter_node_bandwidth=float(inter or 25) * GB)
+    return Cluster.parse(spec, devices=devices, inter_node_bandwidth=float(inter or 25) * GB, host_cores=cores)
 
 
 def _settings(args: argparse.Namespace) -> dict[str, Any]:

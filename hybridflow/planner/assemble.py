@@ -9,7 +9,7 @@ from hybridflow.planner.costs import Shape
 from hybridflow.planner.layouts import GroupLayout
 from hybridflow.planner.plan import GroupPlan, NodeEstimate, Plan, SearchStats
 from hybridflow.planner.problem import Problem
-from hybridflow.planner.schedule import DRIVER, Schedule, compile_schedule, step_span, timeline
+from hybridflow.planner.schedule import DRIVER, Schedule, Sharing, compile_schedule, shared_step
 
 
 @dataclass(frozen=True)
@@ -44,9 +44,10 @@ def build_plan(problem: Problem, groups: Sequence[Placement], *, search: SearchS
     """The plan for ``groups`` with node timings, totals and the bottleneck the schedule shows."""
     role_group = {role: index for index, group in enumerate(groups) for role in group.roles}
     schedule = compile_schedule(problem, role_group)
-    spans = timeline(schedule, group_seconds(schedule, groups))
     latency = sum(group.layout.batch_latency_s for group in groups)
-    step = step_span(schedule, spans, latency) + problem.step_overhead_s
+    sharing = Sharing.of(problem.cluster, [group.gpus for group in groups])
+    spans, span = shared_step(schedule, group_seconds(schedule, groups), latency, sharing)
+    step = span + problem.step_overhead_s
     extra: dict[str, float] = {"idle_fraction": round(idle_fraction(step, groups), 6)}
     if problem.pipeline == "async":
         extra["batch_latency_s"] = latency  # what modes.describe_mode explains the async step with

@@ -3,6 +3,10 @@
 ``Cluster.parse("8xA100-80G")`` is one machine of eight; ``"2x8xH100"`` two machines of eight;
 ``"4xA100-80G+2xT4"`` two machines (one per ``+`` part). YAML lists nodes explicitly; a node with two
 GPU types becomes two :class:`Machine` entries on the same host.
+
+``host_cores`` is for logical GPUs that are processes on a CPU (tests, the CPU benchmarks): the cores each
+host gives its logical GPUs. With more logical GPUs busy than cores, they share the cores (the schedule
+slows every busy one alike: ``schedule.Sharing``). None, the default, gives every GPU its own compute.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ class Cluster:
     inter_node_bandwidth: float = DEFAULT_INTER_NODE_BANDWIDTH
     driver_bandwidth: float = DEFAULT_DRIVER_BANDWIDTH
     spec: str = ""
+    host_cores: int | None = None  # cores each host gives its logical GPUs (CPU runs); None: no sharing
     _gpu_machine: tuple[int, ...] = field(default=(), repr=False, compare=False)
     _num_gpus: int = field(default=0, repr=False, compare=False)
 
@@ -61,6 +66,10 @@ class Cluster:
             expected += machine.gpus
         if self.inter_node_bandwidth <= 0 or self.driver_bandwidth <= 0:
             raise ValueError("Cluster: inter_node_bandwidth and driver_bandwidth must be positive")
+        if self.host_cores is not None and (isinstance(self.host_cores, bool) or not isinstance(self.host_cores, int)
+                                            or self.host_cores < 1):
+            raise ValueError(f"Cluster: host_cores={self.host_cores!r} must be a positive integer (the cores each "
+                             "host gives its logical GPUs) or None (every GPU computes on its own)")
         owner = tuple(index for index, machine in enumerate(self.machines) for _ in range(machine.gpus))
         object.__setattr__(self, "_gpu_machine", owner)
         object.__setattr__(self, "_num_gpus", len(owner))
@@ -69,7 +78,7 @@ class Cluster:
     def of(cls, parts: list[tuple[int, str, int]] | list[tuple[int, DeviceSpec, int]], *,
            inter_node_bandwidth: float = DEFAULT_INTER_NODE_BANDWIDTH,
            driver_bandwidth: float = DEFAULT_DRIVER_BANDWIDTH, spec: str = "",
-           devices: Mapping[str, DeviceSpec] | None = None) -> Cluster:
+           devices: Mapping[str, DeviceSpec] | None = None, host_cores: int | None = None) -> Cluster:
         """Machines from ``(host, device, gpus)`` triples, numbered in order; ``devices`` adds user devices."""
         machines, first = [], 0
         for host, device, gpus in parts:
@@ -77,14 +86,15 @@ class Cluster:
             machines.append(Machine(host=host, device=spec_device, gpus=gpus, first_gpu=first))
             first += gpus
         return cls(machines=tuple(machines), inter_node_bandwidth=inter_node_bandwidth,
-                   driver_bandwidth=driver_bandwidth, spec=spec)
+                   driver_bandwidth=driver_bandwidth, spec=spec, host_cores=host_cores)
 
     @classmethod
     def parse(cls, spec: str, *, devices: Mapping[str, DeviceSpec] | None = None,
-              inter_node_bandwidth: float = DEFAULT_INTER_NODE_BANDWIDTH) -> Cluster:
+              inter_node_bandwidth: float = DEFAULT_INTER_NODE_BANDWIDTH, host_cores: int | None = None) -> Cluster:
         """``8xA100-80G``, ``2x8xH100``, ``4xA100-80G+2xT4`` (each ``+`` part is its own machine).
 
-        ``devices`` are user-defined devices the spec may name; ``inter_node_bandwidth`` is bytes/s per GPU.
+        ``devices`` are user-defined devices the spec may name; ``inter_node_bandwidth`` is bytes/s per GPU;
+        ``host_cores`` the cores each host gives its logical GPUs (module docstring).
         """
         if not isinstance(spec, str) or not spec.strip():
             raise ValueError(f"cluster spec {spec!r} is empty; write e.g. 8xA100-80G or 2x8xH100")
@@ -102,7 +112,8 @@ class Cluster:
             parts.extend((len(parts), device, gpus) for _ in range(machines))
         if not inter_node_bandwidth > 0:
             raise ValueError(f"inter-node bandwidth {inter_node_bandwidth!r} must be positive (bytes/s per GPU)")
-        return cls.of(parts, spec=spec.strip(), devices=devices, inter_node_bandwidth=inter_node_bandwidth)
+        return cls.of(parts, spec=spec.strip(), devices=devices, inter_node_bandwidth=inter_node_bandwidth,
+                      host_cores=host_cores)
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> Cluster:
@@ -116,7 +127,8 @@ class Cluster:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, name: str = "cluster") -> Cluster:
-        """Nodes as in :meth:`from_yaml`; an optional ``devices:`` list defines devices the nodes may name."""
+        """Nodes as in :meth:`from_yaml`; an optional ``devices:`` list defines devices the nodes may name, and
+        ``host_cores:`` the cores each host gives its logical GPUs (CPU runs)."""
         devices = user_devices(data.get("devices"), where=f"{name}: devices")
         parts: list[tuple[int, str, int]] = []
         host = 0
@@ -136,7 +148,8 @@ class Cluster:
                 raise ValueError(f"{name}: {key}={value!r} must be a positive number of GB/s per GPU")
         inter = float(data.get("inter_node_bandwidth_gbs", DEFAULT_INTER_NODE_BANDWIDTH / GB)) * GB
         driver = float(data.get("driver_bandwidth_gbs", DEFAULT_DRIVER_BANDWIDTH / GB)) * GB
-        return cls.of(parts, inter_node_bandwidth=inter, driver_bandwidth=driver, spec=name, devices=devices)
+        return cls.of(parts, inter_node_bandwidth=inter, driver_bandwidth=driver, spec=name, devices=devices,
+                      host_cores=data.get("host_cores"))
 
     @property
     def num_gpus(self) -> int:
@@ -162,6 +175,15 @@ class Cluster:
         self.machine_of(gpu)
         return self._gpu_machine[gpu]
 
+    def shared_hosts(self) -> dict[int, int]:
+        """Hosts whose logical GPUs outnumber ``host_cores``: host -> cores (empty when none share)."""
+        if self.host_cores is None:
+            return {}
+        gpus: dict[int, int] = {}
+        for machine in self.machines:
+            gpus[machine.host] = gpus.get(machine.host, 0) + machine.gpus
+        return {host: self.host_cores for host, count in gpus.items() if count > self.host_cores}
+
     def __iter__(self) -> Iterator[Machine]:
         return iter(self.machines)
 
@@ -170,7 +192,8 @@ class Cluster:
         for machine in self.machines:
             counts[machine.device.name] = counts.get(machine.device.name, 0) + machine.gpus
         hosts = len({machine.host for machine in self.machines})
-        return " + ".join(f"{n}x{name}" for name, n in counts.items()) + f" on {hosts} machine(s)"
+        cores = f", {self.host_cores} core(s) per host" if self.host_cores is not None else ""
+        return " + ".join(f"{n}x{name}" for name, n in counts.items()) + f" on {hosts} machine(s){cores}"
 
 
 def user_devices(entries: Any, *, where: str = "devices") -> dict[str, DeviceSpec]:

@@ -10,14 +10,22 @@ In ``one_step_off`` and ``async`` (``modes.py``) a detached generate node is *ov
 as its group is free, without waiting for its inputs (those are the next step's prompts), and its consumers
 wait only for the transfer of the batch it generated before. In ``async`` the step is also at least a
 batch's latency plus the trainer's span, over ``max_staleness + 1`` (``step_span``).
+
+Logical GPUs that are processes on a CPU host share its cores (``Cluster.host_cores``, :class:`Sharing`):
+when the busy GPUs of a host outnumber its cores, each busy node advances at ``cores / busy`` of its own
+speed (processor sharing), so colocating three workers on two cores, or overlapping a two-GPU rollout
+with a one-GPU trainer there, costs what it does on the machine. A node's rate never exceeds 1, so every
+start and end is at least its unshared one: the unshared makespan stays a lower bound for the search.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from hybridflow.graph import Op
+from hybridflow.planner.cluster import Cluster
 from hybridflow.planner.costs import DRIVER_SECONDS_PER_ROW
 from hybridflow.planner.modes import OVERLAPPED, async_step
 from hybridflow.planner.plan import ROLLOUT_SUFFIX
@@ -100,3 +108,101 @@ def step_span(schedule: Schedule, spans: Sequence[tuple[float, float]], latency_
         return end
     trainer = max((stop for (_, stop), ahead in zip(spans, schedule.overlapped, strict=True) if not ahead), default=0.0)
     return async_step(end, trainer, latency_s, schedule.max_staleness)
+
+
+@dataclass(frozen=True)
+class Sharing:
+    """Groups' logical GPUs on hosts with fewer cores than GPUs: ``cores`` per shared host, and per group its
+    GPUs on each of those hosts (``devices[group][k]`` on the host of ``cores[k]``)."""
+
+    cores: tuple[int, ...]
+    devices: tuple[tuple[int, ...], ...]
+
+    @classmethod
+    def of(cls, cluster: Cluster, group_gpus: Sequence[Sequence[int]]) -> Sharing | None:
+        """The sharing of groups placed on ``group_gpus`` (GPU ids per group); None when no host shares."""
+        shared = cluster.shared_hosts()
+        if not shared:
+            return None
+        hosts = sorted(shared)
+        devices = tuple(tuple(sum(cluster.machine_of(gpu).host == host for gpu in gpus) for host in hosts)
+                        for gpus in group_gpus)
+        return cls(cores=tuple(shared[host] for host in hosts), devices=devices)
+
+    @classmethod
+    def of_counts(cls, cluster: Cluster, group_counts: Sequence[Sequence[int]]) -> Sharing | None:
+        """As :meth:`of`, from GPUs taken per machine (``group_counts[group][machine]``)."""
+        shared = cluster.shared_hosts()
+        if not shared:
+            return None
+        hosts = sorted(shared)
+        devices = tuple(tuple(sum(count for machine, count in zip(cluster.machines, counts, strict=True)
+                                  if machine.host == host) for host in hosts) for counts in group_counts)
+        return cls(cores=tuple(shared[host] for host in hosts), devices=devices)
+
+    def rates(self, busy_groups: Sequence[int]) -> dict[int, float]:
+        """Each busy group's speed (<= 1) while ``busy_groups`` (one entry per running node) compute."""
+        busy = [sum(self.devices[g][k] for g in busy_groups) for k in range(len(self.cores))]
+        return {g: min([1.0] + [self.cores[k] / busy[k] for k in range(len(self.cores)) if self.devices[g][k]])
+                for g in busy_groups}
+
+
+def shared_timeline(schedule: Schedule, seconds: Sequence[float], sharing: Sharing | None) -> list[tuple[float, float]]:
+    """``timeline`` with the groups' GPUs sharing their hosts' cores (processor sharing; module docstring).
+
+    Events are node starts and ends: between two, every running node advances at its group's rate.
+    Driver nodes and transfers take no GPU core.
+    """
+    if sharing is None:
+        return timeline(schedule, seconds)
+    count = len(schedule.nodes)
+    ahead = schedule.overlapped or (False,) * count
+    work = [schedule.driver_seconds[i] if g == DRIVER else float(seconds[i]) for i, g in enumerate(schedule.group_of)]
+    before: list[int | None] = []  # the node a group node waits for on its group (the previous one in order)
+    last: dict[int, int] = {}
+    for i, group in enumerate(schedule.group_of):
+        before.append(last.get(group) if group != DRIVER else None)
+        if group != DRIVER:
+            last[group] = i
+    start, end = [math.nan] * count, [math.nan] * count  # nan: not yet
+    left = list(work)
+    now = 0.0
+
+    def ready(i: int) -> float | None:
+        """When node i may start, or None while something it waits for has not ended."""
+        # An overlapped predecessor made this step's input during the step before: only its transfer is waited for.
+        times = [(0.0 if ahead[pred] else end[pred]) + transfer for pred, transfer in schedule.preds[i] if not ahead[i]]
+        previous = before[i]
+        if previous is not None:  # the group runs its nodes one at a time, overlapped ones included
+            times.append(end[previous])
+        return None if any(math.isnan(t) for t in times) else max([0.0, *times])
+
+    while any(math.isnan(e) for e in end):
+        for i in range(count):
+            if math.isnan(start[i]) and (at := ready(i)) is not None and at <= now:
+                start[i] = now
+        running = [i for i in range(count) if not math.isnan(start[i]) and math.isnan(end[i])]
+        rates = sharing.rates([schedule.group_of[i] for i in running if schedule.group_of[i] != DRIVER])
+        speed = {i: rates.get(schedule.group_of[i], 1.0) for i in running}
+        finished = [i for i in running if left[i] <= 1e-9 * max(1.0, work[i])]
+        for i in finished:
+            end[i] = now
+        if finished:
+            continue
+        pending = [at for i in range(count) if math.isnan(start[i]) and (at := ready(i)) is not None]
+        step = min([left[i] / speed[i] for i in running] + [at - now for at in pending if at > now])
+        for i in running:
+            left[i] -= speed[i] * step
+        now += step
+    return list(zip(start, end, strict=True))
+
+
+def shared_step(schedule: Schedule, seconds: Sequence[float], latency_s: float,
+                sharing: Sharing | None) -> tuple[list[tuple[float, float]], float]:
+    """(spans, step without its overhead) with shared cores: ``async``'s batch latency on the rollout pool
+    stretches as its overlapped generation does (the same cores run both)."""
+    spans = shared_timeline(schedule, seconds, sharing)
+    ahead = schedule.overlapped or (False,) * len(spans)
+    stretch = max([1.0] + [(end - begin) / seconds[i] for i, (begin, end) in enumerate(spans)
+                           if ahead[i] and seconds[i] > 0])
+    return spans, step_span(schedule, spans, latency_s * stretch)

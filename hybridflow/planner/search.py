@@ -24,7 +24,7 @@ from hybridflow.planner.models import ModelSpec
 from hybridflow.planner.modes import CHOICES, DEFAULT_STALENESS, OVERLAPPED, explain_choice, overlap_blocker, staleness
 from hybridflow.planner.plan import Plan, SearchStats, detachable_policies
 from hybridflow.planner.problem import Problem, build_problem
-from hybridflow.planner.schedule import Schedule, compile_schedule, makespan, step_span, timeline
+from hybridflow.planner.schedule import Schedule, Sharing, compile_schedule, makespan, shared_step
 from hybridflow.planner.settings import RunSettings
 from hybridflow.planner.units import GpuUnits, MachineUnits, State, Token, Units
 
@@ -188,13 +188,15 @@ class Searcher:
         return [i for i, name in enumerate(schedule.nodes) if name in nodes]
 
     def _finish(self, schedule: Schedule, chosen: list[tuple[Placement, Token] | None]) -> None:
-        # The step may exceed the makespan the bounds use (async's batch-latency term only adds), so they stay valid.
+        # The step may exceed the makespan the bounds use (async's batch-latency term and shared cores only add),
+        # so they stay valid.
         picks = [c for c in chosen if c is not None]
         gpu_lists = self.units.realise([token for _, token in picks])
         placements = [Placement(p.roles, gpus, p.shape, p.layout) for (p, _), gpus in zip(picks, gpu_lists,
                                                                                           strict=True)]
         latency = sum(p.layout.batch_latency_s for p in placements)
-        step = step_span(schedule, timeline(schedule, group_seconds(schedule, placements)), latency)
+        sharing = Sharing.of(self.problem.cluster, gpu_lists)
+        _, step = shared_step(schedule, group_seconds(schedule, placements), latency, sharing)
         key = (step, schedule.cross_group_bytes, round(idle_fraction(step, placements), 9),
                sum(len(p.gpus) for p in placements))
         if self.best.key is None or _better(key, self.best.key):

@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from hybridflow.planner.groups import GroupEvaluator
 from hybridflow.planner.layouts import GroupLayout
 from hybridflow.planner.problem import Problem
-from hybridflow.planner.schedule import DRIVER, compile_schedule, step_span, timeline
+from hybridflow.planner.schedule import DRIVER, Sharing, compile_schedule, shared_step
 
 
 def _partitions(items: Sequence[str]) -> Iterator[list[list[str]]]:
@@ -62,8 +62,9 @@ def brute_force_step_time(problem: Problem) -> float | None:
             seconds: dict[str, float] = {}
             for _, group in combo:
                 seconds.update(group.node_seconds)
-            spans = timeline(schedule, [0.0 if g == DRIVER else seconds[name]
-                                        for name, g in zip(schedule.nodes, schedule.group_of, strict=True)])
-            step = step_span(schedule, spans, sum(group.batch_latency_s for _, group in combo))
+            times = [0.0 if g == DRIVER else seconds[name] for name, g in zip(schedule.nodes, schedule.group_of,
+                                                                                strict=True)]
+            sharing = Sharing.of_counts(problem.cluster, [take for take, _ in combo])
+            _, step = shared_step(schedule, times, sum(group.batch_latency_s for _, group in combo), sharing)
             best = step if best is None or step < best else best
     return best

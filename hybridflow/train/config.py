@@ -112,6 +112,12 @@ class TrainConfig:
     separate_rollout: bool = False  # placement=auto: also consider rollout GPUs apart from the trainer's
     # placement=auto|manual: the cost model's fitted constants (a file from `hybridflow calibrate`, or a shipped name)
     calibration: str | None = None
+    # placement=auto|manual: the step recipe the planner costs beyond the mapping (planner.settings.SETTING_KEYS,
+    # plus mean_response_len: the lengths become a lognormal with that mean, capped at max_new_tokens), e.g.
+    # {lengths_from: runs/previous/metrics.jsonl}
+    planner_settings: dict[str, Any] = field(default_factory=dict)
+    # placement=auto|manual on logical CPU GPUs: the cores they share ("auto": this machine's); None: one each
+    host_cores: int | Literal["auto"] | None = None
     # "one_step_off": a rollout on GPUs of its own generates step t+1 while the trainer trains on step t;
     # "async": it generates continuously, at most ``max_staleness`` updates ahead (docs/runtime.md);
     # "auto": the mode the plan was costed for (placement=auto chooses it, a plan file records it)
@@ -147,6 +153,14 @@ class TrainConfig:
         if self.calibration and self.placement == "default":
             raise ValueError("config key 'calibration' is only read with placement=auto or manual (the planner's "
                              "cost model); set placement or drop the key")
+        for key in ("planner_settings", "host_cores"):
+            if getattr(self, key) and self.placement == "default":
+                raise ValueError(f"config key {key!r} is only read with placement=auto or manual (the planner's cost "
+                                 "model); set placement or drop the key")
+        if self.host_cores is not None and self.host_cores != "auto" and (
+                isinstance(self.host_cores, bool) or not isinstance(self.host_cores, int) or self.host_cores < 1):
+            raise ValueError(f"config key 'host_cores'={self.host_cores!r} must be a positive integer, 'auto' (this "
+                             "machine's cores) or null (a core per logical GPU)")
         if self.separate_rollout and self.placement != "auto":
             raise ValueError("config key 'separate_rollout' is only read with placement=auto (with placement=manual "
                              "give the rollout its own mesh, e.g. meshes: {'actor:rollout': [2, 3]})")
@@ -254,7 +268,15 @@ def _check(hint: Any, value: Any, key: str) -> Any:
         for arm in arms[1:]:  # ``str | list[str]``: the value may match a later arm
             if typing.get_origin(arm) is list and isinstance(value, list):
                 return _check(arm, value, key)
-        return _check(arms[0], value, key)
+        if len(arms) == 1:
+            return _check(arms[0], value, key)
+        refusals = []
+        for arm in arms:  # ``int | Literal["auto"]``: the first arm that takes the value
+            try:
+                return _check(arm, value, key)
+            except (TypeError, ValueError) as err:
+                refusals.append(str(err).removeprefix(f"config key {key!r}={value!r} "))
+        raise TypeError(f"config key {key!r}={value!r}: " + "; or ".join(refusals))
     if origin is list:
         if not isinstance(value, list):
             raise TypeError(f"config key {key!r}={value!r} must be a list")

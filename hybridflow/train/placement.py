@@ -8,6 +8,8 @@ models (a built-in tiny name or a local HF directory).
 
 from __future__ import annotations
 
+import os
+from dataclasses import replace
 from pathlib import Path
 
 from hybridflow.graph import Graph, Op, Workload
@@ -22,6 +24,7 @@ from hybridflow.planner import (
     plan_placement,
     rollout_role,
 )
+from hybridflow.planner.settings import RunSettings, settings_from_dict
 from hybridflow.train.config import TrainConfig
 
 
@@ -38,19 +41,57 @@ def role_models(config: TrainConfig, graph: Graph, model_dir: str | None = None)
     return specs
 
 
-def workload(config: TrainConfig, graph: Graph, prompt_len: int) -> Workload:
+def workload(config: TrainConfig, graph: Graph, prompt_len: int, settings: RunSettings | None = None) -> Workload:
+    """The run's workload; responses as long as ``max_new_tokens`` unless ``settings`` give a length distribution
+    (then its mean, which the graph sizes its edges with)."""
+    response = max_new_tokens(graph)
+    if settings is not None and settings.lengths is not None:
+        response = max(1, round(settings.lengths.mean))
+    return Workload(batch_size=config.data.batch_size, prompt_len=prompt_len, response_len=response)
+
+
+def max_new_tokens(graph: Graph) -> int:
     lengths = [int(node.option("max_new_tokens", 32) or 32) for node in graph.nodes if node.op is Op.GENERATE]
-    return Workload(batch_size=config.data.batch_size, prompt_len=prompt_len, response_len=max(lengths, default=32))
+    return max(lengths, default=32)
+
+
+def run_settings(config: TrainConfig, graph: Graph) -> RunSettings:
+    """``planner_settings`` as the planner's step recipe; ``mean_response_len`` becomes a lognormal capped at the
+    graph's ``max_new_tokens``. Errors name the config key."""
+    data = dict(config.planner_settings)
+    mean = data.pop("mean_response_len", None)
+    where = "config key 'planner_settings'"
+    if mean is not None:
+        if "lengths_from" in data or "max_response_len" in data:
+            raise ValueError(f"{where}: give mean_response_len or lengths_from, not both (max_response_len is the "
+                             "generate node's max_new_tokens)")
+        if isinstance(mean, bool) or not isinstance(mean, int | float) or not 0 < mean <= max_new_tokens(graph):
+            raise ValueError(f"{where}.mean_response_len={mean!r} must be a number of tokens in (0, max_new_tokens="
+                             f"{max_new_tokens(graph)}]")
+        data["max_response_len"] = max_new_tokens(graph)
+    return settings_from_dict(data, mean_response_len=round(mean or max_new_tokens(graph)), where=where)
+
+
+def host_cores(config: TrainConfig, cluster: Cluster) -> int | None:
+    """The cores the logical GPUs share: the config's, or this machine's for ``auto`` (CPU clusters only)."""
+    if config.host_cores != "auto":
+        return config.host_cores
+    if any(machine.device.name != "CPU" for machine in cluster.machines):
+        raise ValueError(f"config key 'host_cores'='auto' counts this machine's cores for logical CPU GPUs; the "
+                         f"cluster {cluster.spec!r} has {list(cluster.device_names)}: drop the key")
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def planned(config: TrainConfig, graph: Graph, prompt_len: int, model_dir: str | None = None) -> Plan:
     """The plan ``config.placement`` asks for; raises naming the key at fault."""
     cluster = Cluster.parse(config.cluster or f"{config.num_gpus}xCPU")
-    models, work = role_models(config, graph, model_dir), workload(config, graph, prompt_len)
+    cluster = replace(cluster, host_cores=host_cores(config, cluster))
+    settings = run_settings(config, graph)
+    models, work = role_models(config, graph, model_dir), workload(config, graph, prompt_len, settings)
     calibration = Calibration.load(config.calibration) if config.calibration else None
     if config.placement == "auto":
         # The installed training backends are data parallel only: plan what they can run.
-        plan = plan_placement(graph, models, work, cluster, calibration=calibration,
+        plan = plan_placement(graph, models, work, cluster, calibration=calibration, settings=settings,
                               options=PlannerOptions(max_tp=1, separate_rollout=config.separate_rollout,
                                                      pipeline=config.pipeline, max_staleness=_bound(config)))
     else:
@@ -64,7 +105,7 @@ def planned(config: TrainConfig, graph: Graph, prompt_len: int, model_dir: str |
             raise KeyError(f"config key 'meshes': {extra} are not GPU roles of the {graph.name} graph "
                            f"(GPU roles: {sorted(gpu_roles)}; a policy's rollout on GPUs of its own: "
                            f"{sorted(rollouts)})")
-        plan = evaluate_mapping(graph, models, work, cluster, config.meshes, calibration=calibration,
+        plan = evaluate_mapping(graph, models, work, cluster, config.meshes, calibration=calibration, settings=settings,
                                 data_parallel_size={role: len(mesh) for role, mesh in config.meshes.items()},
                                 pipeline=config.pipeline, max_staleness=_bound(config))
         if not plan.feasible:

@@ -72,3 +72,43 @@ def test_placement_uses_the_calibration_the_config_names(tmp_path: Path):
         planned(load_config(None, [*base, f"calibration={tmp_path / 'none.json'}"]), graph, prompt_len=8)
     with pytest.raises(ValueError, match="'calibration' is only read with placement"):
         load_config(None, [*FAST, "calibration=verl-published"])
+
+
+def plan_for(*overrides: str):
+    from hybridflow.train import setup
+
+    config = load_config(None, ["algorithm=grpo_no_ref", "algorithm_options={n: 8, max_new_tokens: 160}",
+                                "data.batch_size=8", *overrides])
+    return setup.build_plan(config, setup.build_graph(config), 16)
+
+
+def test_planner_settings_give_the_planner_the_response_lengths(tmp_path: Path):
+    manual = ["placement=manual", "cluster=3xCPU", "meshes={actor: [0], 'actor:rollout': [1, 2]}",
+              "pipeline=async", "max_staleness=2"]
+    capped = plan_for(*manual)  # every response at max_new_tokens
+    skewed = plan_for(*manual, "planner_settings={mean_response_len: 40}")
+    assert skewed.step_time_s < capped.step_time_s
+    metrics = tmp_path / "metrics.jsonl"  # an earlier run's lengths, as a user passes them
+    metrics.write_text("".join(json.dumps({"step": i, "response_length/mean": 40.0, "response_length/max": 160.0})
+                               + "\n" for i in range(3)))
+    observed = plan_for(*manual, f"planner_settings={{lengths_from: '{metrics}'}}")
+    assert observed.step_time_s < capped.step_time_s
+    with pytest.raises(ValueError, match=r"'planner_settings': unknown keys \['mean_len'\]"):
+        plan_for(*manual, "planner_settings={mean_len: 40}")
+    with pytest.raises(ValueError, match=r"'planner_settings'.mean_response_len=400 must be .* max_new_tokens=160"):
+        plan_for(*manual, "planner_settings={mean_response_len: 400}")
+    with pytest.raises(ValueError, match="'planner_settings' is only read with placement=auto or manual"):
+        load_config(None, ["planner_settings={mean_response_len: 40}"])
+
+
+def test_host_cores_make_logical_gpus_share_the_machine():
+    colocated = ["placement=manual", "cluster=3xCPU", "meshes={actor: [0, 1, 2]}"]
+    assert plan_for(*colocated, "host_cores=2").step_time_s > plan_for(*colocated).step_time_s
+    assert plan_for(*colocated, "host_cores=3").step_time_s == plan_for(*colocated).step_time_s
+    assert plan_for(*colocated, "host_cores=auto").feasible  # this machine's cores
+    with pytest.raises(ValueError, match="'host_cores'='auto' counts this machine's cores for logical CPU GPUs"):
+        plan_for("placement=auto", "cluster=2xA100-80G", "host_cores=auto")
+    with pytest.raises(ValueError, match="'host_cores'=0 must be a positive integer, 'auto'"):
+        load_config(None, ["placement=auto", "host_cores=0"])
+    with pytest.raises(TypeError, match=r"'host_cores'='many': must be a int, got str; or must be one of \['auto'\]"):
+        load_config(None, ["placement=auto", "host_cores=many"])

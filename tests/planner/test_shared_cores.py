@@ -1,0 +1,155 @@
+"""Logical CPU GPUs sharing their host's cores (``Cluster.host_cores``): processor sharing in the schedule."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hybridflow.cli import main
+from hybridflow.graph import Graph, Workload, load_graph
+from hybridflow.planner import Cluster, LengthDistribution, ModelSpec, PlannerOptions, RunSettings, plan_placement
+from hybridflow.planner.manual import evaluate_mapping
+from hybridflow.planner.problem import build_problem
+from hybridflow.planner.schedule import DRIVER, Schedule, Sharing, shared_step, shared_timeline, timeline
+from hybridflow.testing import brute_force_step_time, check_plan
+
+TINY = "tiny-qwen2"
+
+
+def schedule(groups: list[int], preds: list[list[tuple[int, float]]], *, overlapped: tuple[bool, ...] = (),
+             max_staleness: int | None = None) -> Schedule:
+    return Schedule(nodes=tuple(f"n{i}" for i in range(len(groups))), group_of=tuple(groups),
+                    preds=tuple(tuple(p) for p in preds), driver_seconds=tuple(0.5 if g == DRIVER else 0.0
+                                                                                for g in groups),
+                    cross_group_bytes=0, num_groups=max(groups) + 1, overlapped=overlapped,
+                    max_staleness=max_staleness)
+
+
+def test_sharing_is_only_built_where_a_host_has_more_gpus_than_cores() -> None:
+    assert Sharing.of(Cluster.parse("3xCPU"), [[0, 1, 2]]) is None  # no host_cores: a core each
+    assert Sharing.of(Cluster.parse("3xCPU", host_cores=3), [[0, 1, 2]]) is None
+    shared = Sharing.of(Cluster.parse("3xCPU", host_cores=2), [[0], [1, 2]])
+    assert shared == Sharing(cores=(2,), devices=((1,), (2,)))
+    assert Sharing.of_counts(Cluster.parse("3xCPU", host_cores=2), [[1], [2]]) == shared
+    assert shared.rates([0, 1]) == {0: pytest.approx(2 / 3), 1: pytest.approx(2 / 3)}
+    assert shared.rates([1]) == {1: 1.0}
+
+
+def test_concurrent_groups_share_two_cores_by_hand() -> None:
+    """A (2 GPUs, 3 s) and B (1 GPU, 1 s) start together on 2 cores: both run at 2/3 until B ends at 1.5 s,
+    when A has 2 s of work left at full speed: A ends at 3.5 s. C (after A, on B's GPU, 1 s) runs alone."""
+    plan = schedule([0, 1, 1], [[], [], [(0, 0.25)]])
+    sharing = Sharing(cores=(2,), devices=((2,), (1,)))
+    spans = shared_timeline(plan, [3.0, 1.0, 1.0], sharing)
+    assert spans == [pytest.approx((0.0, 3.5)), pytest.approx((0.0, 1.5)), pytest.approx((3.75, 4.75))]
+    assert timeline(plan, [3.0, 1.0, 1.0]) == [(0.0, 3.0), (0.0, 1.0), (3.25, 4.25)]
+    assert shared_timeline(plan, [3.0, 1.0, 1.0], None) == timeline(plan, [3.0, 1.0, 1.0])
+
+
+def test_one_group_of_three_on_two_cores_runs_at_two_thirds() -> None:
+    plan = schedule([0, DRIVER, 0], [[], [(0, 0.0)], [(1, 0.0)]])
+    spans = shared_timeline(plan, [2.0, 0.0, 1.0], Sharing(cores=(2,), devices=((3,),)))
+    assert spans == [pytest.approx((0.0, 3.0)), pytest.approx((3.0, 3.5)), pytest.approx((3.5, 5.0))]
+
+
+def test_async_latency_stretches_with_its_overlapped_generation() -> None:
+    """The overlapped generate (group 1, 2 GPUs, 2 s) shares 2 cores with the trainer's 2 s node: both at 2/3
+    until 3 s. The batch latency (4 s alone) stretches by the generation's 1.5x: (6 + 3) / 2 = 4.5."""
+    plan = schedule([1, 0], [[], [(0, 0.0)]], overlapped=(True, False), max_staleness=1)
+    sharing = Sharing(cores=(2,), devices=((0,), (2,)))
+    sharing = Sharing(cores=(2,), devices=((1,), (2,)))
+    spans, step = shared_step(plan, [2.0, 2.0], 4.0, sharing)
+    assert spans == [pytest.approx((0.0, 3.0)), pytest.approx((0.0, 3.0))]
+    assert step == pytest.approx(max(3.0, 3.0, (4.0 * 1.5 + 3.0) / 2))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(-1, 2), st.floats(0.0, 5.0), st.booleans()), min_size=1, max_size=8),
+       st.integers(1, 4), st.lists(st.integers(0, 3), min_size=3, max_size=3))
+def test_shared_times_are_never_below_the_unshared_ones(nodes: list[tuple[int, float, bool]], cores: int,
+                                                        sizes: list[int]) -> None:
+    """The search prunes with the unshared makespan: it must stay a lower bound of every node's shared times."""
+    groups = [g for g, _, _ in nodes]
+    if max(groups) < 0:
+        groups[0] = 0
+    preds = [[(j, 0.1) for j in range(i) if nodes[i][2] and (i + j) % 2] for i in range(len(nodes))]
+    plan = schedule(groups, preds)
+    sharing = Sharing(cores=(cores,), devices=tuple((size,) for size in sizes))
+    seconds = [s for _, s, _ in nodes]
+    for (s0, e0), (s1, e1) in zip(timeline(plan, seconds), shared_timeline(plan, seconds, sharing), strict=True):
+        assert s1 >= s0 - 1e-9 and e1 >= e0 - 1e-9
+
+
+@pytest.fixture(scope="module")
+def grpo() -> Graph:
+    return load_graph("grpo_no_ref", reward_kind="reward_function")
+
+
+def cpu_case() -> tuple[dict[str, ModelSpec], Workload, RunSettings]:
+    models = {"actor": ModelSpec.preset(TINY)}
+    return models, Workload(batch_size=8, prompt_len=16, response_len=56, n_samples=8), RunSettings(
+        lengths=LengthDistribution.lognormal(mean=56, max=160))
+
+
+def test_three_logical_gpus_on_two_cores_cost_what_they_share(grpo: Graph) -> None:
+    models, workload, recipe = cpu_case()
+    own, shared = Cluster.parse("3xCPU"), Cluster.parse("3xCPU", host_cores=2)
+    colocated = {"actor": [0, 1, 2]}
+    alone = evaluate_mapping(grpo, models, workload, own, colocated, settings=recipe)
+    sharing = evaluate_mapping(grpo, models, workload, shared, colocated, settings=recipe)
+    busy = sum(n.seconds for n in alone.nodes if n.group is not None)  # one group: its nodes run in turn
+    assert sharing.step_time_s == pytest.approx(alone.step_time_s + busy / 2, rel=1e-9)  # GPU nodes at 2/3
+    # Split over 1 + 2 GPUs, sync: never more than two GPUs busy at once, so nothing to share.
+    split = {"actor": [0], "actor:rollout": [1, 2]}
+    assert evaluate_mapping(grpo, models, workload, shared, split, settings=recipe).step_time_s == pytest.approx(
+        evaluate_mapping(grpo, models, workload, own, split, settings=recipe).step_time_s)
+    # Overlapped, all three are busy while both pools run: dearer than with a core each.
+    for mode in ("one_step_off", "async"):
+        assert (evaluate_mapping(grpo, models, workload, shared, split, settings=recipe, pipeline=mode).step_time_s
+                > evaluate_mapping(grpo, models, workload, own, split, settings=recipe, pipeline=mode).step_time_s)
+
+
+@pytest.mark.parametrize("pipeline", ["sync", "one_step_off", "async"])
+def test_search_with_shared_cores_equals_brute_force(grpo: Graph, pipeline: str) -> None:
+    models, workload, recipe = cpu_case()
+    cluster = Cluster.parse("3xCPU", host_cores=2)
+    detach = () if pipeline == "sync" else ("actor",)
+    problem = build_problem(grpo, models, workload, cluster, detach=detach, settings=recipe, pipeline=pipeline,
+                            max_staleness=2 if pipeline == "async" else None)
+    plan = plan_placement(grpo, models, workload, cluster, settings=recipe,
+                          options=PlannerOptions(pipeline=pipeline, max_staleness=2 if pipeline == "async" else None))
+    assert plan.step_time_s == pytest.approx(brute_force_step_time(problem), rel=1e-9)
+    check_plan(plan, graph=grpo, cluster=cluster)
+
+
+def test_bad_host_cores_name_the_field(tmp_path: object) -> None:
+    with pytest.raises(ValueError, match="host_cores=0 must be a positive integer"):
+        Cluster.parse("3xCPU", host_cores=0)
+    with pytest.raises(ValueError, match="host_cores=True"):
+        dataclasses.replace(Cluster.parse("3xCPU"), host_cores=True)
+
+
+def test_cli_plan_takes_host_cores(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["plan", "--algorithm", "grpo_no_ref", "--model", TINY, "--batch-size", "8", "--prompt-len", "16",
+            "--response-len", "56", "--max-response-len", "160", "--n-samples", "8", "--json",
+            "--reward-kind", "reward_function", "--manual", "actor=0-2"]
+    assert main([*args, "--cluster", "3xCPU"]) == 0
+    alone = capsys.readouterr().out
+    assert main([*args, "--cluster", "3xCPU", "--host-cores", "2"]) == 0
+    shared = capsys.readouterr().out
+    # GPU nodes at 2/3 speed; the step overhead and the driver's work do not share.
+    assert json.loads(alone)["step_time_s"] < json.loads(shared)["step_time_s"] < 1.5 * json.loads(alone)["step_time_s"]
+
+
+def test_a_node_after_an_overlapped_generate_on_its_group_waits_for_it() -> None:
+    """One_step_off with another node on the rollout's GPUs: it runs after the generation, not beside it."""
+    plan = schedule([1, 0, 1], [[], [(0, 0.0)], [(1, 0.0)]], overlapped=(True, False, False))
+    seconds = [2.0, 1.0, 1.0]
+    assert timeline(plan, seconds) == [(0.0, 2.0), (0.0, 1.0), (2.0, 3.0)]
+    spans = shared_timeline(plan, seconds, Sharing(cores=(2,), devices=((1,), (2,))))
+    # 0 and 1 share 2 cores at 2/3 until 1 ends at 1.5 s; 0 then has 1 s left alone: ends at 2.5 s.
+    assert spans == [pytest.approx((0.0, 2.5)), pytest.approx((0.0, 1.5)), pytest.approx((2.5, 3.5))]
