@@ -46,7 +46,7 @@ def build_plan(problem: Problem, groups: Sequence[Placement], *, search: SearchS
     schedule = compile_schedule(problem, role_group)
     latency = sum(group.layout.batch_latency_s for group in groups)
     sharing = Sharing.of(problem.cluster, [group.gpus for group in groups])
-    spans, span = shared_step(schedule, group_seconds(schedule, groups), latency, sharing)
+    spans, span, latency = shared_step(schedule, group_seconds(schedule, groups), latency, sharing)
     step = span + problem.step_overhead_s
     extra: dict[str, float] = {"idle_fraction": round(idle_fraction(step, groups), 6)}
     if problem.pipeline == "async":

@@ -198,11 +198,11 @@ def shared_timeline(schedule: Schedule, seconds: Sequence[float], sharing: Shari
 
 
 def shared_step(schedule: Schedule, seconds: Sequence[float], latency_s: float,
-                sharing: Sharing | None) -> tuple[list[tuple[float, float]], float]:
-    """(spans, step without its overhead) with shared cores: ``async``'s batch latency on the rollout pool
-    stretches as its overlapped generation does (the same cores run both)."""
+                sharing: Sharing | None) -> tuple[list[tuple[float, float]], float, float]:
+    """(spans, step without its overhead, ``async``'s batch latency) with shared cores: the latency on the
+    rollout pool stretches as its overlapped generation does (the same cores run both)."""
     spans = shared_timeline(schedule, seconds, sharing)
     ahead = schedule.overlapped or (False,) * len(spans)
     stretch = max([1.0] + [(end - begin) / seconds[i] for i, (begin, end) in enumerate(spans)
                            if ahead[i] and seconds[i] > 0])
-    return spans, step_span(schedule, spans, latency_s * stretch)
+    return spans, step_span(schedule, spans, latency_s * stretch), latency_s * stretch

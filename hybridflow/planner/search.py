@@ -196,7 +196,7 @@ class Searcher:
                                                                                           strict=True)]
         latency = sum(p.layout.batch_latency_s for p in placements)
         sharing = Sharing.of(self.problem.cluster, gpu_lists)
-        _, step = shared_step(schedule, group_seconds(schedule, placements), latency, sharing)
+        _, step, _ = shared_step(schedule, group_seconds(schedule, placements), latency, sharing)
         key = (step, schedule.cross_group_bytes, round(idle_fraction(step, placements), 9),
                sum(len(p.gpus) for p in placements))
         if self.best.key is None or _better(key, self.best.key):

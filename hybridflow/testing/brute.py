@@ -65,6 +65,6 @@ def brute_force_step_time(problem: Problem) -> float | None:
             times = [0.0 if g == DRIVER else seconds[name] for name, g in zip(schedule.nodes, schedule.group_of,
                                                                                 strict=True)]
             sharing = Sharing.of_counts(problem.cluster, [take for take, _ in combo])
-            _, step = shared_step(schedule, times, sum(group.batch_latency_s for _, group in combo), sharing)
+            _, step, _ = shared_step(schedule, times, sum(group.batch_latency_s for _, group in combo), sharing)
             best = step if best is None or step < best else best
     return best

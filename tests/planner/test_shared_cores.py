@@ -60,9 +60,9 @@ def test_async_latency_stretches_with_its_overlapped_generation() -> None:
     """The overlapped generate (group 1, 2 GPUs, 2 s) shares 2 cores with the trainer's 2 s node: both at 2/3
     until 3 s. The batch latency (4 s alone) stretches by the generation's 1.5x: (6 + 3) / 2 = 4.5."""
     plan = schedule([1, 0], [[], [(0, 0.0)]], overlapped=(True, False), max_staleness=1)
-    sharing = Sharing(cores=(2,), devices=((0,), (2,)))
     sharing = Sharing(cores=(2,), devices=((1,), (2,)))
-    spans, step = shared_step(plan, [2.0, 2.0], 4.0, sharing)
+    spans, step, latency = shared_step(plan, [2.0, 2.0], 4.0, sharing)
+    assert latency == pytest.approx(6.0)
     assert spans == [pytest.approx((0.0, 3.0)), pytest.approx((0.0, 3.0))]
     assert step == pytest.approx(max(3.0, 3.0, (4.0 * 1.5 + 3.0) / 2))
 

