@@ -11,7 +11,17 @@ from hypothesis import strategies as st
 
 from hybridflow.cli import main
 from hybridflow.graph import Graph, Workload, load_graph
-from hybridflow.planner import Cluster, LengthDistribution, ModelSpec, PlannerOptions, RunSettings, plan_placement
+from hybridflow.planner import (
+    Calibration,
+    Cluster,
+    LengthDistribution,
+    ModelSpec,
+    Plan,
+    PlannerOptions,
+    RunSettings,
+    plan_placement,
+)
+from hybridflow.planner.calibration import Constants
 from hybridflow.planner.manual import evaluate_mapping
 from hybridflow.planner.problem import build_problem
 from hybridflow.planner.schedule import DRIVER, Schedule, Sharing, shared_step, shared_timeline, timeline
@@ -153,3 +163,29 @@ def test_a_node_after_an_overlapped_generate_on_its_group_waits_for_it() -> None
     spans = shared_timeline(plan, seconds, Sharing(cores=(2,), devices=((1,), (2,))))
     # 0 and 1 share 2 cores at 2/3 until 1 ends at 1.5 s; 0 then has 1 s left alone: ends at 2.5 s.
     assert spans == [pytest.approx((0.0, 2.5)), pytest.approx((0.0, 1.5)), pytest.approx((2.5, 3.5))]
+
+
+# The CPU calibration benchmarks/pipeline_modes.py fitted to its sync runs (docs/benchmarks.md, pooled).
+CPU_CALIBRATION = Calibration(default=Constants(train_mfu=0.157, eff_half_tokens=290.0, decode_mfu=0.1,
+                                                decode_step_overhead_s=0.00227), source="pipeline_modes (sync runs)")
+
+
+def test_auto_picks_the_mode_and_split_measured_fastest_on_three_cpu_gpus(grpo: Graph) -> None:
+    """The benchmark's workload on 3 logical GPUs sharing 2 cores: measured, async k=2 with the trainer on 2
+    GPUs and the rollout on 1 was fastest, then async k=1, one_step_off, and sync last."""
+    models = {"actor": ModelSpec.preset(TINY)}
+    workload = Workload(batch_size=8, prompt_len=10, response_len=56, n_samples=8)
+    recipe = RunSettings(lengths=LengthDistribution.lognormal(mean=56, max=160))
+    cluster = Cluster.parse("3xCPU", host_cores=2)
+
+    def best(pipeline: str, max_staleness: int | None = None) -> Plan:
+        return plan_placement(grpo, models, workload, cluster, settings=recipe, calibration=CPU_CALIBRATION,
+                              options=PlannerOptions(pipeline=pipeline, max_staleness=max_staleness,
+                                                     separate_rollout=True, max_tp=1))
+
+    auto = best("auto")
+    assert (auto.pipeline, auto.max_staleness) == ("async", 2)
+    assert {group.roles: len(group.gpus) for group in auto.groups} == {("actor",): 2, ("actor:rollout",): 1}
+    steps = [best("async", 2).step_time_s, best("async", 1).step_time_s, best("one_step_off").step_time_s,
+             best("sync").step_time_s]
+    assert steps == sorted(steps) and steps[0] < 0.85 * steps[-1]
