@@ -25,20 +25,21 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from hybridflow.graph import Graph, Node, Op, RoleKind
-from hybridflow.planner import Plan, detachable_policies
+from hybridflow.graph import Graph, Node, Op
+from hybridflow.planner import Plan
 from hybridflow.registry import COMPUTE_FNS
 from hybridflow.runtime.batch import Batch
+from hybridflow.runtime.checks import check_capabilities, check_placement, check_streaming
 from hybridflow.runtime.dispatch import DriverTarget, GroupTarget, Outcome, Served, Target, timed
 from hybridflow.runtime.executor import Executor, LocalExecutor, WorkerGroup
 from hybridflow.runtime.filtering import GroupPool, keep_mask, with_uids
 from hybridflow.runtime.pipeline import Upcoming, check_pipeline, upcoming_rows
 from hybridflow.runtime.placement import with_rollout_specs
-from hybridflow.runtime.protocols import OP_CAPABILITIES, NodeState, RoleSpec, Scorer, WeightSink, WeightSource
+from hybridflow.runtime.protocols import NodeState, RoleSpec, Scorer
 from hybridflow.runtime.rollouter import Rollouter, RolloutStats, pool_metrics, staleness_metrics
 from hybridflow.runtime.service import RoleServices
 from hybridflow.runtime.step_store import StepLedger
-from hybridflow.runtime.streaming import run_streamed, streamed_section
+from hybridflow.runtime.streaming import run_streamed
 from hybridflow.runtime.weights import WeightSyncStats
 
 
@@ -63,9 +64,9 @@ class Controller:
         self.max_staleness = max_staleness if pipeline == "async" else int(pipeline != "sync")
         self.services = services
         self.driver_roles = dict(driver_roles or {})
-        _check_placement(graph, plan, self.driver_roles)
+        check_placement(graph, plan, self.driver_roles)
         overlapped = check_pipeline(pipeline, graph, plan)
-        self.stream_chunks, self._streamed = stream_chunks, _check_streaming(graph, pipeline, stream_chunks)
+        self.stream_chunks, self._streamed = stream_chunks, check_streaming(graph, pipeline, stream_chunks)
         self.executor = executor or LocalExecutor()
         if pipeline != "sync" and not getattr(self.executor, "runs_pipelines", True):
             raise ValueError(f"pipeline={pipeline!r}: the {type(self.executor).__name__} runs pipeline='sync' only; "
@@ -76,7 +77,7 @@ class Controller:
         self.ledger = StepLedger(len(self.groups))
         self.node_states = _node_states(graph)
         try:
-            _check_capabilities(graph, plan, self.groups)
+            check_capabilities(graph, plan, self.groups)
             self._targets = self._make_targets()
             # one_step_off is the rollouter one update ahead on whole batches; with k = 0 no update can land
             # while a batch generates, so it generates whole too (as sync does).
@@ -322,69 +323,6 @@ class _StepRecord:
 
 
 NODE_STATES = "node_states.json"  # beside the roles' checkpoints: driver-side state (adaptive KL coefficients)
-
-
-def _check_placement(graph: Graph, plan: Plan, driver_roles: Mapping[str, Scorer]) -> None:
-    for policy, rollout in plan.detached_rollouts.items():
-        if policy not in detachable_policies(graph):
-            raise ValueError(f"plan role {rollout!r}: only a trainable policy that generates can have a rollout on "
-                             f"GPUs of its own, and {policy!r} is not one in the {graph.name} graph")
-        if plan.group_index(rollout) == plan.group_index(policy):
-            raise ValueError(f"plan role {rollout!r} shares {policy!r}'s group: a rollout on the policy's own GPUs "
-                             f"is the ordinary colocated one; drop {rollout!r} from the plan")
-    for role in graph.roles:
-        if role.kind is RoleKind.REWARD_FUNCTION or role.name in plan.driver_roles:
-            if role.name not in driver_roles:
-                raise KeyError(f"role {role.name!r} runs on the driver but no scorer was given for it; pass "
-                               f"driver_roles={{{role.name!r}: scorer}}")
-        else:
-            plan.group_index(role.name)  # raises, naming the plan's roles, if it is not placed
-    for group in plan.groups:
-        for layout in group.layouts:
-            split = {name: getattr(layout, name) for name in ("sp", "pp", "ep") if getattr(layout, name) != 1}
-            if split:
-                raise ValueError(f"plan: role {layout.role!r} has {split}; the runtime's backends run data (and "
-                                 "rollout tensor) parallel layouts only: plan with sp = pp = ep = 1")
-            if layout.dp * layout.tp != group.size:
-                raise ValueError(f"plan: role {layout.role!r} has dp={layout.dp} x tp={layout.tp} but its group has "
-                                 f"{group.size} GPUs; dp * tp must equal the group size")
-
-
-def _check_streaming(graph: Graph, pipeline: str, chunks: int) -> bool:
-    """Whether steps stream (``chunks`` > 1); raises naming what stands in the way."""
-    if chunks < 1:
-        raise ValueError(f"stream_chunks={chunks} must be >= 1 (1: no streaming)")
-    if chunks == 1:
-        return False
-    if pipeline != "sync":
-        raise ValueError(f"stream_chunks={chunks} streams within a sync step; pipeline={pipeline!r} already overlaps "
-                         "generation with the rest of the step: use stream_chunks=1")
-    section = streamed_section(graph)
-    if section is None or graph.predecessors(section[0].name):
-        raise ValueError(f"stream_chunks={chunks}: the {graph.name} graph has no single generate node fed by the "
-                         "step's inputs (or has a filter), so there is nothing to stream: use stream_chunks=1")
-    return True
-
-
-def _check_capabilities(graph: Graph, plan: Plan, groups: list[WorkerGroup]) -> None:
-    """Every engine can do what its role's nodes ask of it (and a detached rollout's weights can travel)."""
-    held: dict[str, set[str]] = {}
-    for group in groups:
-        for rank in group.capabilities():
-            for role, names in rank.items():
-                held[role] = held.get(role, set(names)) & set(names)  # what every rank of the role has
-    needs: list[tuple[str, str, type]] = [(plan.runs_on(str(node.role), generates=node.op is Op.GENERATE),
-                                           node.op.value, OP_CAPABILITIES[node.op])
-                                          for node in graph.nodes if node.op in OP_CAPABILITIES
-                                          and plan.group_index(str(node.role)) is not None]
-    for policy, rollout in plan.detached_rollouts.items():
-        needs += [(policy, "weight shipping", WeightSource), (rollout, "weight shipping", WeightSink)]
-    for role, op, capability in needs:
-        if capability.__name__ not in held.get(role, set()):
-            raise TypeError(f"role {role!r} runs op {op!r}, which needs an engine with the {capability.__name__} "
-                            f"capability (runtime/protocols.py), but its backend built one with "
-                            f"{sorted(held.get(role, set()))}; implement {capability.__name__} or choose "
-                            "another backend")
 
 
 def _timed_export(group: WorkerGroup, role: str, dtype: str) -> tuple[Any, float]:

@@ -1,0 +1,77 @@
+"""What the controller refuses before it runs a step, each with the fix: a plan it cannot place, streaming
+the graph cannot do, and an engine that lacks a capability its role's nodes need."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from hybridflow.graph import Graph, Op, RoleKind
+from hybridflow.planner import Plan, detachable_policies
+from hybridflow.runtime.executor import WorkerGroup
+from hybridflow.runtime.protocols import OP_CAPABILITIES, Scorer, WeightSink, WeightSource
+from hybridflow.runtime.streaming import streamed_section
+
+
+def check_placement(graph: Graph, plan: Plan, driver_roles: Mapping[str, Scorer]) -> None:
+    """Every role is placed once (or scored on the driver), detached rollouts belong to a trainable policy on
+    GPUs of their own, and every layout is one the backends run."""
+    for policy, rollout in plan.detached_rollouts.items():
+        if policy not in detachable_policies(graph):
+            raise ValueError(f"plan role {rollout!r}: only a trainable policy that generates can have a rollout on "
+                             f"GPUs of its own, and {policy!r} is not one in the {graph.name} graph")
+        if plan.group_index(rollout) == plan.group_index(policy):
+            raise ValueError(f"plan role {rollout!r} shares {policy!r}'s group: a rollout on the policy's own GPUs "
+                             f"is the ordinary colocated one; drop {rollout!r} from the plan")
+    for role in graph.roles:
+        if role.kind is RoleKind.REWARD_FUNCTION or role.name in plan.driver_roles:
+            if role.name not in driver_roles:
+                raise KeyError(f"role {role.name!r} runs on the driver but no scorer was given for it; pass "
+                               f"driver_roles={{{role.name!r}: scorer}}")
+        else:
+            plan.group_index(role.name)  # raises, naming the plan's roles, if it is not placed
+    for group in plan.groups:
+        for layout in group.layouts:
+            split = {name: getattr(layout, name) for name in ("sp", "pp", "ep") if getattr(layout, name) != 1}
+            if split:
+                raise ValueError(f"plan: role {layout.role!r} has {split}; the runtime's backends run data (and "
+                                 "rollout tensor) parallel layouts only: plan with sp = pp = ep = 1")
+            if layout.dp * layout.tp != group.size:
+                raise ValueError(f"plan: role {layout.role!r} has dp={layout.dp} x tp={layout.tp} but its group has "
+                                 f"{group.size} GPUs; dp * tp must equal the group size")
+
+
+def check_streaming(graph: Graph, pipeline: str, chunks: int) -> bool:
+    """Whether steps stream (``chunks`` > 1); raises naming what stands in the way."""
+    if chunks < 1:
+        raise ValueError(f"stream_chunks={chunks} must be >= 1 (1: no streaming)")
+    if chunks == 1:
+        return False
+    if pipeline != "sync":
+        raise ValueError(f"stream_chunks={chunks} streams within a sync step; pipeline={pipeline!r} already overlaps "
+                         "generation with the rest of the step: use stream_chunks=1")
+    section = streamed_section(graph)
+    if section is None or graph.predecessors(section[0].name):
+        raise ValueError(f"stream_chunks={chunks}: the {graph.name} graph has no single generate node fed by the "
+                         "step's inputs (or has a filter), so there is nothing to stream: use stream_chunks=1")
+    return True
+
+
+def check_capabilities(graph: Graph, plan: Plan, groups: list[WorkerGroup]) -> None:
+    """Every engine can do what its role's nodes ask of it (and a detached rollout's weights can travel)."""
+    held: dict[str, set[str]] = {}
+    for group in groups:
+        for rank in group.capabilities():
+            for role, names in rank.items():
+                held[role] = held.get(role, set(names)) & set(names)  # what every rank of the role has
+    needs: list[tuple[str, str, type]] = [(plan.runs_on(str(node.role), generates=node.op is Op.GENERATE),
+                                           node.op.value, OP_CAPABILITIES[node.op])
+                                          for node in graph.nodes if node.op in OP_CAPABILITIES
+                                          and plan.group_index(str(node.role)) is not None]
+    for policy, rollout in plan.detached_rollouts.items():
+        needs += [(policy, "weight shipping", WeightSource), (rollout, "weight shipping", WeightSink)]
+    for role, op, capability in needs:
+        if capability.__name__ not in held.get(role, set()):
+            raise TypeError(f"role {role!r} runs op {op!r}, which needs an engine with the {capability.__name__} "
+                            f"capability (runtime/protocols.py), but its backend built one with "
+                            f"{sorted(held.get(role, set()))}; implement {capability.__name__} or choose "
+                            "another backend")
