@@ -24,8 +24,8 @@ The planner's prediction of each mode is the plan the trainer makes for that run
 its mapping and mode), with what a user gives it: the response lengths of an earlier run
 (``planner_settings.lengths_from``, here the first sync colocated run), the machine's cores shared by the
 logical GPUs (``host_cores: auto``), and a calibration fitted to the two sync runs (``CALIBRATION_MODES``,
-every node time and the step, ``hybridflow calibrate``'s code path). The overlapped modes and the 2+1 split
-are predictions; the ranking is compared by Kendall tau, calibrated and with the priors.
+every node time and the step, ``hybridflow calibrate``'s code path). The overlapped modes, the streamed step and
+the 2+1 split are predictions; the ranking is compared by Kendall tau, calibrated and with the priors.
 
 ``learning``: the learning tests' GRPO run (SFT-warmed tiny Qwen2 on string reversal, 50 steps, local
 executor) on a split [0] trainer + [1] rollout mapping, per mode and seed: the reward gain (mean of the last
@@ -75,15 +75,15 @@ THROUGHPUT_MODES = {
     "async k=1, split 2+1": [*SPLIT_21, "pipeline=async", "max_staleness=1"],
     "async k=2, split 2+1": [*SPLIT_21, "pipeline=async", "max_staleness=2"],
 }
-# The modes the planner ranks (streaming is measured beside them, not costed)
-RANKED = tuple(name for name in THROUGHPUT_MODES if "streamed" not in name)
+# The modes the planner ranks: every one
+RANKED = tuple(THROUGHPUT_MODES)
 # The planner's CPU constants are fitted to these runs (every node time and the step); every other mode is predicted
 CALIBRATION_MODES = ("sync, colocated on 3 GPUs", "sync, split 1+2")
 # What the calibration fits: as benchmarks/planner_ranking.py (the CPU's training efficiency and the overheads),
 # plus decode_mfu. A CPU core is far from its peak on a tiny model's decode step of 20-60 sequences, so the
 # per-sequence work of a step is not negligible beside its fixed overhead; the two sync runs decode 21 and 32
 # sequences an engine, which tells the two apart (fit.HELD holds decode_mfu for GPU calibrations, whose
-# colocated runs cannot). Held at its prior instead, the pooled ranking's tau is 0.81 (docs/benchmarks.md).
+# colocated runs cannot). Held at its prior instead, the pooled ranking's tau is 0.84, not 0.93 (docs/benchmarks.md).
 FITTED = ("train_mfu", "eff_half_tokens", "decode_mfu", "decode_step_overhead_s", "phase_overhead_s",
           "micro_batch_overhead_s", "step_overhead_s")
 LEARNING_MODES = {

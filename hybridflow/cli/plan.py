@@ -49,6 +49,8 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--max-staleness", type=int, metavar="K",
                         help="async: policy updates the rollout may run ahead of the trainer (default: compare 1 "
                              "and 2)")
+    parser.add_argument("--stream-chunks", type=int, metavar="M",
+                        help="with --manual and sync: cost the step streamed in M chunks (the search does not stream)")
     add_run_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.add_argument("--config", help="YAML with any of these options (keys as flags with underscores; "
@@ -197,7 +199,11 @@ def run(args: argparse.Namespace) -> int:
                                   sharding=None if sharding in (None, "auto") else str(sharding).upper(),
                                   settings=steps, calibration=calibration,
                                   pipeline=str(settings.get("pipeline") or "sync"),
-                                  max_staleness=settings.get("max_staleness"))
+                                  max_staleness=settings.get("max_staleness"),
+                                  stream_chunks=int(settings.get("stream_chunks") or 1))
+    elif settings.get("stream_chunks") not in (None, 1):
+        raise ValueError("--stream-chunks costs a hand-written mapping's streamed step: add --manual (the search "
+                         "plans unstreamed steps)")
     _print(auto, manual, as_json=args.json)
     return 0 if manual is None or manual.feasible else 1
 

@@ -21,6 +21,8 @@ from hybridflow.graph.node import Node, freeze_options
 from hybridflow.graph.roles import Op, Role, RoleKind
 
 DEFAULT_INPUTS = ("prompts", "ground_truth", "uid")
+# Ops that work row by row on generated rows, so a streamed step can run them on each finished chunk
+ROW_WISE_OPS = (Op.SCORE, Op.REF_LOGPROB, Op.LOGPROB, Op.VALUES)
 """What the dataset rows give every step: prompts, their ground truth and ``uid``, one id per prompt (unique
 in the step) that its n samples share, so group statistics find a prompt's samples wherever they are."""
 
@@ -105,6 +107,20 @@ class Graph:
         step): the node an overlapped rollout or a streamed step can take apart from the rest; else None."""
         generates = [node for node in self.nodes if node.op is Op.GENERATE]
         return generates[0] if len(generates) == 1 and self.filter_node is None else None
+
+    @cached_property
+    def streamed_followers(self) -> tuple[str, ...]:
+        """The row-wise nodes (score, reference / actor log-probs, values) a streamed step runs chunk by chunk
+        after :attr:`lone_generate`, in order: their inputs come from graph inputs, that node or each other.
+        Empty when the graph has no lone generate node."""
+        generate = self.lone_generate
+        if generate is None:
+            return ()
+        streamed = {generate.name}
+        for name in self.order:
+            if self.node(name).op in ROW_WISE_OPS and set(self.predecessors(name)) <= streamed:
+                streamed.add(name)
+        return tuple(name for name in self.order if name in streamed - {generate.name})
 
     @cached_property
     def sampling_section(self) -> frozenset[str]:

@@ -9,7 +9,7 @@ from hybridflow.planner.costs import Shape
 from hybridflow.planner.layouts import GroupLayout
 from hybridflow.planner.plan import GroupPlan, NodeEstimate, Plan, SearchStats
 from hybridflow.planner.problem import Problem
-from hybridflow.planner.schedule import DRIVER, Schedule, Sharing, compile_schedule, shared_step
+from hybridflow.planner.schedule import DRIVER, Schedule, Sharing, compile_schedule, shared_step, stream_schedule
 
 
 @dataclass(frozen=True)
@@ -40,15 +40,34 @@ def idle_fraction(step: float, groups: Sequence[Placement]) -> float:
 
 
 def build_plan(problem: Problem, groups: Sequence[Placement], *, search: SearchStats | None = None,
-               problems: Sequence[str] = ()) -> Plan:
-    """The plan for ``groups`` with node timings, totals and the bottleneck the schedule shows."""
+               problems: Sequence[str] = (), streamed: tuple[int, Sequence[Placement]] | None = None) -> Plan:
+    """The plan for ``groups`` with node timings, totals and the bottleneck the schedule shows.
+
+    ``streamed``: a sync step streamed in that many chunks, with the same groups costed on one chunk's rows
+    (``schedule.stream_schedule``); a streamed node's estimate spans its first chunk's start to its last's end.
+    """
     role_group = {role: index for index, group in enumerate(groups) for role in group.roles}
     schedule = compile_schedule(problem, role_group)
     latency = sum(group.layout.batch_latency_s for group in groups)
     sharing = Sharing.of(problem.cluster, [group.gpus for group in groups])
-    spans, span, latency = shared_step(schedule, group_seconds(schedule, groups), latency, sharing)
+    seconds = group_seconds(schedule, groups)
+    extra: dict[str, float] = {}
+    if streamed is None:
+        spans, span, latency = shared_step(schedule, seconds, latency, sharing)
+    else:
+        chunks, chunk_groups = streamed
+        generate = problem.graph.lone_generate
+        assert generate is not None and problem.pipeline == "sync", "streaming needs a lone generate node, sync"
+        expanded, origin = stream_schedule(schedule, generate.name, problem.graph.streamed_followers, chunks)
+        per_chunk = group_seconds(schedule, chunk_groups)
+        pieces, span, _ = shared_step(expanded, [per_chunk[i] if chunk >= 0 else seconds[i] for i, chunk in origin],
+                                      0.0, sharing)
+        spans = [(min(a for (j, _), (a, _) in zip(origin, pieces, strict=True) if j == i),
+                  max(b for (j, _), (_, b) in zip(origin, pieces, strict=True) if j == i))
+                 for i in range(len(schedule.nodes))]
+        extra["stream_chunks"] = chunks
     step = span + problem.step_overhead_s
-    extra: dict[str, float] = {"idle_fraction": round(idle_fraction(step, groups), 6)}
+    extra["idle_fraction"] = round(idle_fraction(step, groups), 6)
     if problem.pipeline == "async":
         extra["batch_latency_s"] = latency  # what modes.describe_mode explains the async step with
     nodes = tuple(

@@ -140,7 +140,7 @@ def evaluate_mapping(graph: Graph, models: Mapping[str, ModelSpec], workload: Wo
                      expert_parallel: PerRole = None, fsdp_size: PerRole = None,
                      gradient_checkpointing: bool | None = None, settings: RunSettings | None = None,
                      calibration: Calibration | None = None, pipeline: str = "sync",
-                     max_staleness: int | None = None) -> Plan:
+                     max_staleness: int | None = None, stream_chunks: int = 1) -> Plan:
     """Cost a hand-written mapping with the planner's model; fields left None are chosen by the planner.
 
     ``rollout_tp`` fixes the tensor-parallel size of a policy's rollout engine (verl's
@@ -165,6 +165,7 @@ def evaluate_mapping(graph: Graph, models: Mapping[str, ModelSpec], workload: Wo
     if pipeline not in CHOICES:
         raise ValueError(f"pipeline={pipeline!r} must be one of {list(CHOICES)}")
     staleness("async" if pipeline == "auto" else pipeline, max_staleness)
+    _check_streaming(graph, pipeline, stream_chunks)
     modes: list[tuple[str, int | None]] = [(pipeline, max_staleness)]
     if pipeline == "auto":
         bounds = DEFAULT_STALENESS if max_staleness is None else (max_staleness,)
@@ -180,7 +181,13 @@ def evaluate_mapping(graph: Graph, models: Mapping[str, ModelSpec], workload: Wo
                        dtypes)
         placements, problems = _place(problem, mapping, fixed)
         stats = SearchStats(method="manual", candidates=len(placements), seconds=round(time.perf_counter() - start, 4))
-        plans.append(build_plan(problem, placements, search=stats, problems=problems))
+        streamed = None
+        if stream_chunks > 1:
+            chunk = replace(workload, batch_size=-(-workload.batch_size // stream_chunks))
+            chunk_problem = build_problem(graph, models, chunk, cluster, detach=detach, settings=settings,
+                                          calibration=calibration, pipeline=mode, max_staleness=bound)
+            streamed = (stream_chunks, _place(chunk_problem, mapping, _pinned(fixed, placements))[0])
+        plans.append(build_plan(problem, placements, search=stats, problems=problems, streamed=streamed))
     if pipeline != "auto":
         return plans[0]
     best = min(range(len(plans)), key=lambda i: (plans[i].step_time_s, i))
@@ -199,6 +206,26 @@ class _Fixed:
     splits: Mapping[str, PerRole]
     gradient_checkpointing: bool | None
     dtypes: Mapping[str, str] | None
+
+
+def _check_streaming(graph: Graph, pipeline: str, chunks: int) -> None:
+    if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
+        raise ValueError(f"stream_chunks={chunks!r} must be an integer >= 1 (1: no streaming)")
+    if chunks > 1 and pipeline != "sync":
+        raise ValueError(f"stream_chunks={chunks} streams within a sync step; pipeline={pipeline!r} overlaps "
+                         "generation already: use stream_chunks=1 or pipeline='sync'")
+    if chunks > 1 and graph.lone_generate is None:
+        raise ValueError(f"stream_chunks={chunks}: the {graph.name} graph has no single generate node without a "
+                         "filter, so there is nothing to stream: use stream_chunks=1")
+
+
+def _pinned(fixed: _Fixed, placements: Sequence[Placement]) -> _Fixed:
+    """``fixed`` with every role's parallel sizes and dtype as ``placements`` chose them (a streamed chunk runs
+    on the same engines and shards; only its rows, so its micro batches, differ)."""
+    layouts = [layout for placement in placements for layout in placement.layout.layouts]
+    trained = {lay.role: lay.dp for lay in layouts if not lay.role.endswith(ROLLOUT_SUFFIX)}
+    return replace(fixed, data_parallel_size=trained, rollout_tp={lay.role: lay.rollout_tp for lay in layouts},
+                   dtypes={lay.role: lay.dtype for lay in layouts})
 
 
 def _place(problem: Problem, mapping: Mapping[str, Sequence[int]], fixed: _Fixed) -> tuple[list[Placement], list[str]]:

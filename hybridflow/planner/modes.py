@@ -133,7 +133,9 @@ def describe_mode(plan: Plan) -> str:
     """``one_step_off on 4+4 GPUs: generation 120 s overlaps training 95 s`` or ``sync colocated on 8 GPUs``."""
     if plan.pipeline not in OVERLAPPED:
         layout = "split" if plan.detached_rollouts else "colocated"
-        return f"sync {layout} on {plan.num_gpus} GPUs: {plan.step_time_s:.3g} s"
+        chunks = int(dict(plan.extra).get("stream_chunks", 1))
+        streamed = f", streamed in {chunks} chunks" if chunks > 1 else ""
+        return f"sync {layout} on {plan.num_gpus} GPUs{streamed}: {plan.step_time_s:.3g} s"
     rollout, trainer = pool_seconds(plan)
     rollout_gpus = sum(plan.groups[i].size for i in {plan.group_index(r) for r in plan.detached_rollouts.values()}
                        if i is not None)

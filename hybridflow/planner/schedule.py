@@ -11,6 +11,9 @@ as its group is free, without waiting for its inputs (those are the next step's 
 wait only for the transfer of the batch it generated before. In ``async`` the step is also at least a
 batch's latency plus the trainer's span, over ``max_staleness + 1`` (``step_span``).
 
+A ``sync`` step streamed in chunks (``runtime/streaming.py``) is the same schedule with the generate node
+and its row-wise followers split into one node per chunk (``stream_schedule``).
+
 Logical GPUs that are processes on a CPU host share its cores (``Cluster.host_cores``, :class:`Sharing`):
 when the busy GPUs of a host outnumber its cores, each busy node advances at ``cores / busy`` of its own
 speed (processor sharing), so colocating three workers on two cores, or overlapping a two-GPU rollout
@@ -121,13 +124,11 @@ class Sharing:
     @classmethod
     def of(cls, cluster: Cluster, group_gpus: Sequence[Sequence[int]]) -> Sharing | None:
         """The sharing of groups placed on ``group_gpus`` (GPU ids per group); None when no host shares."""
-        shared = cluster.shared_hosts()
-        if not shared:
+        if not cluster.shared_hosts():  # GPUs: nothing to count (the search asks at every leaf)
             return None
-        hosts = sorted(shared)
-        devices = tuple(tuple(sum(cluster.machine_of(gpu).host == host for gpu in gpus) for host in hosts)
-                        for gpus in group_gpus)
-        return cls(cores=tuple(shared[host] for host in hosts), devices=devices)
+        machines = range(len(cluster.machines))
+        return cls.of_counts(cluster, [[sum(cluster.machine_index(gpu) == m for gpu in gpus) for m in machines]
+                                       for gpus in group_gpus])
 
     @classmethod
     def of_counts(cls, cluster: Cluster, group_counts: Sequence[Sequence[int]]) -> Sharing | None:
@@ -206,3 +207,45 @@ def shared_step(schedule: Schedule, seconds: Sequence[float], latency_s: float,
     stretch = max([1.0] + [(end - begin) / seconds[i] for i, (begin, end) in enumerate(spans)
                            if ahead[i] and seconds[i] > 0])
     return spans, step_span(schedule, spans, latency_s * stretch), latency_s * stretch
+
+
+def stream_schedule(schedule: Schedule, generate: str, followers: Sequence[str],
+                    chunks: int) -> tuple[Schedule, tuple[tuple[int, int], ...]]:
+    """The schedule of a sync step streamed in ``chunks`` (``runtime/streaming.py``), and each of its nodes'
+    origin: (index in ``schedule``, chunk, or -1 for a node that runs once).
+
+    The generate node and its row-wise ``followers`` become one node per chunk. Every generate chunk comes
+    first (the runtime queues them on the rollout at once, so a follower on the rollout's own group runs
+    after all of them), then the followers chunk by chunk: a follower's chunk waits only for its own chunk of
+    its inputs, and a node that needs the whole batch for every chunk. Each chunk moves its share of the
+    bytes; a driver node's chunk takes its share of the driver's seconds. Group nodes' chunk seconds are the
+    caller's (the layouts costed on a chunk's rows).
+    """
+    index = schedule.index()
+    section = {generate, *followers}
+    origin: list[tuple[int, int]] = []
+    for name in schedule.nodes:
+        if name == generate:
+            origin += [(index[name], chunk) for chunk in range(chunks)]
+        elif followers and name == followers[0]:
+            origin += [(index[follower], chunk) for chunk in range(chunks) for follower in followers]
+        elif name not in section:
+            origin.append((index[name], -1))
+    position = {item: k for k, item in enumerate(origin)}
+    preds: list[tuple[tuple[int, float], ...]] = []
+    for node, chunk in origin:
+        waits: list[tuple[int, float]] = []
+        for pred, transfer in schedule.preds[node]:
+            if schedule.nodes[pred] not in section:
+                waits.append((position[(pred, -1)], transfer))
+            elif chunk >= 0:
+                waits.append((position[(pred, chunk)], transfer / chunks))
+            else:
+                waits += [(position[(pred, c)], transfer / chunks) for c in range(chunks)]
+        preds.append(tuple(waits))
+    expanded = Schedule(
+        nodes=tuple(schedule.nodes[node] if chunk < 0 else f"{schedule.nodes[node]}#{chunk}" for node, chunk in origin),
+        group_of=tuple(schedule.group_of[node] for node, _ in origin), preds=tuple(preds),
+        driver_seconds=tuple(schedule.driver_seconds[node] / (chunks if chunk >= 0 else 1) for node, chunk in origin),
+        cross_group_bytes=schedule.cross_group_bytes, num_groups=schedule.num_groups)
+    return expanded, tuple(origin)

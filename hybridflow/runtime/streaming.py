@@ -22,27 +22,21 @@ from dataclasses import dataclass
 
 import torch
 
-from hybridflow.graph import Graph, Node, Op
+from hybridflow.graph import Graph, Node
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.dispatch import GroupTarget, Outcome, Served, Target, node_inputs
 
-ROW_WISE = (Op.SCORE, Op.REF_LOGPROB, Op.LOGPROB, Op.VALUES)
 CHUNK_SEED_STRIDE = 1_000_003
 
 
 def streamed_section(graph: Graph) -> tuple[Node, list[Node]] | None:
-    """The generate node a step can stream from and the row-wise nodes that follow it chunk by chunk (their
-    inputs come from graph inputs, the generate node or each other); None when the graph has no single
-    generate node (or has a filter, whose rounds regenerate)."""
+    """The generate node a step can stream from and the row-wise nodes that follow it chunk by chunk
+    (``Graph.streamed_followers``, the rule the planner costs too); None when the graph has no single generate
+    node (or has a filter, whose rounds regenerate)."""
     generate = graph.lone_generate
     if generate is None:
         return None
-    streamed = {generate.name}
-    for name in graph.order:
-        node = graph.node(name)
-        if node.op in ROW_WISE and set(graph.predecessors(name)) <= streamed:
-            streamed.add(name)
-    return generate, [graph.node(name) for name in graph.order if name in streamed - {generate.name}]
+    return generate, [graph.node(name) for name in graph.streamed_followers]
 
 
 @dataclass

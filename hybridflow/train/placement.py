@@ -107,7 +107,8 @@ def planned(config: TrainConfig, graph: Graph, prompt_len: int, model_dir: str |
                            f"{sorted(rollouts)})")
         plan = evaluate_mapping(graph, models, work, cluster, config.meshes, calibration=calibration, settings=settings,
                                 data_parallel_size={role: len(mesh) for role, mesh in config.meshes.items()},
-                                pipeline=config.pipeline, max_staleness=_bound(config))
+                                pipeline=config.pipeline, max_staleness=_bound(config),
+                                stream_chunks=config.stream_chunks)
         if not plan.feasible:
             raise ValueError(f"config key 'meshes': the mapping does not fit: {'; '.join(plan.problems)}")
     _check_executable(plan)
