@@ -136,11 +136,18 @@ class VllmRollout:
         return Batch({"logprobs": out})
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> weights.WeightSyncStats:
-        """Replace the engine's weights with HF-named tensors (consumed one at a time in process)."""
+        """Replace the engine's weights with HF-named tensors (consumed one at a time in process).
+
+        The prefix cache is emptied after: its blocks hold keys and values the old weights computed, and a later
+        prompt sharing a prefix (a system prompt, the same prompt next epoch, a partial rollout's continuation)
+        would otherwise decode on them (verl resets it after every weight update too)."""
         self.wake_up()
         if self.config.in_process:
-            return weights.load_in_process(self.llm, named_tensors)
-        return weights.load_serialized(self.llm, named_tensors)
+            stats = weights.load_in_process(self.llm, named_tensors)
+        else:
+            stats = weights.load_serialized(self.llm, named_tensors)
+        self.llm.reset_prefix_cache()
+        return stats
 
     def sleep(self, level: int = 1) -> None:
         """Give memory back (level 1: offload weights, drop KV cache; level 2: drop both)."""
