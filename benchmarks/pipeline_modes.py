@@ -37,18 +37,16 @@ truncated importance sampling of the rollout-vs-trainer mismatch (``rollout_corr
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from hybridflow.planner import Cluster, Plan
+from hybridflow.planner import Plan
 from hybridflow.planner.fit import describe, fit_calibration
 from hybridflow.planner.measured import case_from_run
 from hybridflow.planner.modes import describe_mode
@@ -58,6 +56,7 @@ from hybridflow.train.loop import train
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests" / "runtime"))
 from learning_configs import LEARNING_RUNS, WINDOW, reward_rise
+from planner_ranking import kendall_tau, prompt_tokens, train_at_driver_priority
 
 SKIP_STEPS = 2  # Ray start-up and the first, unoverlapped step
 PROMPTS, SAMPLES = 8, 8
@@ -108,15 +107,7 @@ def throughput_config(overrides: list[str], steps: int, new_tokens: int, out: Pa
 def run(name: str, overrides: list[str], repeat: int, steps: int, new_tokens: int, root: Path) -> Path:
     """One measured run in a process of its own (reused when finished), Ray workers at the driver's priority."""
     out = root / f"{slug(name)}-r{repeat}"
-    if (out / "metrics.jsonl").is_file():
-        return out
-    path = root / f"{out.name}.json"
-    path.write_text(json.dumps(throughput_config(overrides, steps, new_tokens, out)))
-    # Ray starts its workers 15 nice levels below the driver, below every other process of a shared machine.
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_worker_niceness": "0"}
-    subprocess.run([sys.executable, "-m", "hybridflow.cli", "train", "--config", str(path)], check=True,
-                   stdout=subprocess.DEVNULL, timeout=900, env=env)
-    return out
+    return train_at_driver_priority(throughput_config(overrides, steps, new_tokens, out), out)
 
 
 def slug(name: str) -> str:
@@ -143,25 +134,25 @@ def measured(folders: list[Path]) -> dict[str, float]:
             "rollout_idle": statistics.mean(r.get("pipeline/rollout_idle_fraction", float("nan")) for r in every)}
 
 
+def saved_config(folder: Path) -> Path:
+    """The config file ``train_at_driver_priority`` wrote beside the run in ``folder``."""
+    return folder.parent / f"{folder.name}.json"
+
+
 def planner_config(folder: Path, lengths_from: Path, calibration: Path | None = None, *overrides: str) -> TrainConfig:
     """The config of the run in ``folder`` as the planner sees it: the response lengths of the run at
     ``lengths_from`` (``planner_settings.lengths_from``: an earlier run's metrics, as a user gives them), the
     machine's cores shared by the logical GPUs (``host_cores: auto``), and ``calibration`` when given."""
     extra = [f"calibration={calibration}"] if calibration is not None else []
-    return load_config(folder.parent / f"{folder.name}.json",
+    return load_config(saved_config(folder),
                        [f"planner_settings={{lengths_from: '{lengths_from}'}}", "host_cores=auto", *extra, *overrides])
-
-
-def prompt_tokens(config: TrainConfig) -> int:
-    """The longest prompt in tokens, as the trainer measures it for its own plan."""
-    prepared, _ = setup.prepare_data(config, setup.data_splits(config), setup.policy_tokenizer(config))
-    return int(prepared.longest_prompt_tokens)
 
 
 def predicted(folder: Path, lengths_from: Path, calibration: Path | None, *overrides: str) -> Plan:
     """The plan the trainer makes for the run in ``folder`` (its mapping and mode; ``planner_config``)."""
     config = planner_config(folder, lengths_from, calibration, *overrides)
-    return setup.build_plan(config, setup.build_graph(config), prompt_tokens(config), str(folder / "init_model"))
+    return setup.build_plan(config, setup.build_graph(config), prompt_tokens(saved_config(folder)),
+                            str(folder / "init_model"))
 
 
 def calibrate(folders: list[Path], lengths_from: Path, out: Path) -> Path:
@@ -172,25 +163,16 @@ def calibrate(folders: list[Path], lengths_from: Path, out: Path) -> Path:
         config = planner_config(folder, lengths_from)
         graph = setup.build_graph(config)
         settings = placement.run_settings(config, graph)
-        cluster = Cluster.parse(str(config.cluster))
-        cluster = replace(cluster, host_cores=placement.host_cores(config, cluster))
         models = placement.role_models(config, graph, str(folder / "init_model"))
-        case = case_from_run(folder, graph=graph, models=models, cluster=cluster, settings=settings,
-                             workload=placement.workload(config, graph, prompt_tokens(config), settings),
-                             skip_steps=SKIP_STEPS)
+        work = placement.workload(config, graph, prompt_tokens(saved_config(folder)), settings)
+        case = case_from_run(folder, graph=graph, models=models, workload=work, settings=settings,
+                             cluster=placement.planner_cluster(config), skip_steps=SKIP_STEPS)
         cases.append((case.predict, case.measured))
     fitted = fit_calibration(cases, names=FITTED, source="benchmarks/pipeline_modes.py (the sync runs)")
     print(f"fitted on the sync runs: {describe(fitted.default, FITTED)}", file=sys.stderr)
     path = out / "calibration.json"
     fitted.save(path)
     return path
-
-
-def kendall_tau(xs: list[float], ys: list[float]) -> float:
-    pairs = list(itertools.combinations(range(len(xs)), 2))
-    score = sum((xs[i] - xs[j]) * (ys[i] - ys[j]) > 0 for i, j in pairs)
-    score -= sum((xs[i] - xs[j]) * (ys[i] - ys[j]) < 0 for i, j in pairs)
-    return score / len(pairs)
 
 
 def throughput(args: argparse.Namespace) -> None:

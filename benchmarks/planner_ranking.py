@@ -104,12 +104,20 @@ def slug(name: str) -> str:
 
 def run(workload: str, name: str, meshes: dict[str, list[int]], repeat: int, steps: int, root: Path) -> Path:
     out = root / f"{workload}-{slug(name)}-r{repeat}"
+    return train_at_driver_priority(config(WORKLOADS[workload], meshes, steps, out), out)
+
+
+def train_at_driver_priority(settings: dict[str, Any], out: Path) -> Path:
+    """``hybridflow train`` on ``settings`` (whose ``output_dir`` is ``out``) in a process of its own, its config
+    saved beside the run as ``out.json``; a finished run (its metrics written) is reused.
+
+    Ray starts its workers 15 nice levels below the driver: on a shared machine every other process then
+    preempts the logical GPUs. The benchmarks measure workers at the driver's priority.
+    """
     if (out / "metrics.jsonl").is_file():
-        return out  # reuse a finished run
-    path = root / f"{out.name}.json"
-    path.write_text(json.dumps(config(WORKLOADS[workload], meshes, steps, out)))  # JSON is YAML
-    # Ray starts its workers 15 nice levels below the driver: on a shared machine every other process then
-    # preempts the logical GPUs. The benchmark measures workers at the driver's priority.
+        return out
+    path = out.parent / f"{out.name}.json"
+    path.write_text(json.dumps(settings))  # JSON is YAML
     env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_worker_niceness": "0"}
     subprocess.run([sys.executable, "-m", "hybridflow.cli", "train", "--config", str(path)], check=True,
                    stdout=subprocess.DEVNULL, timeout=900, env=env)

@@ -21,7 +21,14 @@ from hybridflow.planner.errors import gib
 from hybridflow.planner.groups import GroupEvaluator
 from hybridflow.planner.layouts import Constraint, usable_bytes
 from hybridflow.planner.models import ModelSpec
-from hybridflow.planner.modes import CHOICES, DEFAULT_STALENESS, explain_choice, overlap_blocker, staleness
+from hybridflow.planner.modes import (
+    CHOICES,
+    DEFAULT_STALENESS,
+    check_stream_chunks,
+    explain_choice,
+    overlap_blocker,
+    staleness,
+)
 from hybridflow.planner.plan import ROLLOUT_SUFFIX, Plan, SearchStats, Sharding
 from hybridflow.planner.problem import Problem, build_problem
 from hybridflow.planner.settings import RunSettings
@@ -165,7 +172,7 @@ def evaluate_mapping(graph: Graph, models: Mapping[str, ModelSpec], workload: Wo
     if pipeline not in CHOICES:
         raise ValueError(f"pipeline={pipeline!r} must be one of {list(CHOICES)}")
     staleness("async" if pipeline == "auto" else pipeline, max_staleness)
-    _check_streaming(graph, pipeline, stream_chunks)
+    check_stream_chunks(graph, pipeline, stream_chunks)
     modes: list[tuple[str, int | None]] = [(pipeline, max_staleness)]
     if pipeline == "auto":
         bounds = DEFAULT_STALENESS if max_staleness is None else (max_staleness,)
@@ -206,17 +213,6 @@ class _Fixed:
     splits: Mapping[str, PerRole]
     gradient_checkpointing: bool | None
     dtypes: Mapping[str, str] | None
-
-
-def _check_streaming(graph: Graph, pipeline: str, chunks: int) -> None:
-    if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
-        raise ValueError(f"stream_chunks={chunks!r} must be an integer >= 1 (1: no streaming)")
-    if chunks > 1 and pipeline != "sync":
-        raise ValueError(f"stream_chunks={chunks} streams within a sync step; pipeline={pipeline!r} overlaps "
-                         "generation already: use stream_chunks=1 or pipeline='sync'")
-    if chunks > 1 and graph.lone_generate is None:
-        raise ValueError(f"stream_chunks={chunks}: the {graph.name} graph has no single generate node without a "
-                         "filter, so there is nothing to stream: use stream_chunks=1")
 
 
 def _pinned(fixed: _Fixed, placements: Sequence[Placement]) -> _Fixed:

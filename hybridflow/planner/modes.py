@@ -93,6 +93,22 @@ def check_pipeline(pipeline: str, graph: Graph, *, detached: bool, max_staleness
                          f"--pipeline {pipeline}` without --manual), or use pipeline='sync'")
 
 
+def check_stream_chunks(graph: Graph, pipeline: str, chunks: int) -> None:
+    """Refuse a streamed step (``stream_chunks``) the runtime cannot run, naming the fix: chunks are an integer
+    >= 1, streaming is within a ``sync`` step, and it needs one generate node fed by the step's inputs only."""
+    if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
+        raise ValueError(f"stream_chunks={chunks!r} must be >= 1 (an integer; 1: no streaming)")
+    if chunks == 1:
+        return
+    if pipeline != "sync":
+        raise ValueError(f"stream_chunks={chunks} streams within a sync step; pipeline={pipeline!r} already overlaps "
+                         "generation with the rest of the step: use stream_chunks=1 or pipeline='sync'")
+    generate = graph.lone_generate
+    if generate is None or graph.predecessors(generate.name):
+        raise ValueError(f"stream_chunks={chunks}: the {graph.name} graph has no single generate node fed by the "
+                         "step's inputs (or has a filter), so there is nothing to stream: use stream_chunks=1")
+
+
 def streamed_generate_seconds(model: ModelSpec, load: NodeLoad, prompt_len: int, layout: RoleLayout, shape: Shape,
                               resident: float = 0.0) -> tuple[float, float]:
     """(pool seconds per batch in ``async``, the synchronous generation time of the batch) on a detached pool.

@@ -7,9 +7,9 @@ from collections.abc import Mapping
 
 from hybridflow.graph import Graph, Op, RoleKind
 from hybridflow.planner import Plan, detachable_policies
+from hybridflow.planner.modes import check_stream_chunks
 from hybridflow.runtime.executor import WorkerGroup
 from hybridflow.runtime.protocols import OP_CAPABILITIES, Scorer, WeightSink, WeightSource
-from hybridflow.runtime.streaming import streamed_section
 
 
 def check_placement(graph: Graph, plan: Plan, driver_roles: Mapping[str, Scorer]) -> None:
@@ -41,19 +41,10 @@ def check_placement(graph: Graph, plan: Plan, driver_roles: Mapping[str, Scorer]
 
 
 def check_streaming(graph: Graph, pipeline: str, chunks: int) -> bool:
-    """Whether steps stream (``chunks`` > 1); raises naming what stands in the way."""
-    if chunks < 1:
-        raise ValueError(f"stream_chunks={chunks} must be >= 1 (1: no streaming)")
-    if chunks == 1:
-        return False
-    if pipeline != "sync":
-        raise ValueError(f"stream_chunks={chunks} streams within a sync step; pipeline={pipeline!r} already overlaps "
-                         "generation with the rest of the step: use stream_chunks=1")
-    section = streamed_section(graph)
-    if section is None or graph.predecessors(section[0].name):
-        raise ValueError(f"stream_chunks={chunks}: the {graph.name} graph has no single generate node fed by the "
-                         "step's inputs (or has a filter), so there is nothing to stream: use stream_chunks=1")
-    return True
+    """Whether steps stream (``chunks`` > 1); raises naming what stands in the way (the planner's rule, which
+    costs the same streamed steps)."""
+    check_stream_chunks(graph, pipeline, chunks)
+    return chunks > 1
 
 
 def check_capabilities(graph: Graph, plan: Plan, groups: list[WorkerGroup]) -> None:

@@ -60,16 +60,22 @@ def run_settings(config: TrainConfig, graph: Graph) -> RunSettings:
     graph's ``max_new_tokens``. Errors name the config key."""
     data = dict(config.planner_settings)
     mean = data.pop("mean_response_len", None)
-    where = "config key 'planner_settings'"
+    where, cap = "config key 'planner_settings'", max_new_tokens(graph)
     if mean is not None:
         if "lengths_from" in data or "max_response_len" in data:
             raise ValueError(f"{where}: give mean_response_len or lengths_from, not both (max_response_len is the "
                              "generate node's max_new_tokens)")
-        if isinstance(mean, bool) or not isinstance(mean, int | float) or not 0 < mean <= max_new_tokens(graph):
+        if isinstance(mean, bool) or not isinstance(mean, int | float) or not 0 < mean <= cap:
             raise ValueError(f"{where}.mean_response_len={mean!r} must be a number of tokens in (0, max_new_tokens="
-                             f"{max_new_tokens(graph)}]")
-        data["max_response_len"] = max_new_tokens(graph)
-    return settings_from_dict(data, mean_response_len=round(mean or max_new_tokens(graph)), where=where)
+                             f"{cap}]")
+        data["max_response_len"] = cap
+    return settings_from_dict(data, mean_response_len=round(mean or cap), where=where)
+
+
+def planner_cluster(config: TrainConfig) -> Cluster:
+    """The config's ``cluster`` (default ``{num_gpus}xCPU``) with the cores its logical GPUs share."""
+    cluster = Cluster.parse(config.cluster or f"{config.num_gpus}xCPU")
+    return replace(cluster, host_cores=host_cores(config, cluster))
 
 
 def host_cores(config: TrainConfig, cluster: Cluster) -> int | None:
@@ -84,8 +90,7 @@ def host_cores(config: TrainConfig, cluster: Cluster) -> int | None:
 
 def planned(config: TrainConfig, graph: Graph, prompt_len: int, model_dir: str | None = None) -> Plan:
     """The plan ``config.placement`` asks for; raises naming the key at fault."""
-    cluster = Cluster.parse(config.cluster or f"{config.num_gpus}xCPU")
-    cluster = replace(cluster, host_cores=host_cores(config, cluster))
+    cluster = planner_cluster(config)
     settings = run_settings(config, graph)
     models, work = role_models(config, graph, model_dir), workload(config, graph, prompt_len, settings)
     calibration = Calibration.load(config.calibration) if config.calibration else None

@@ -71,7 +71,7 @@ def test_bad_stream_chunks_name_the_field(grpo: Graph) -> None:
     models = {role: ModelSpec.preset("tiny-qwen2") for role in ("actor", "reference", "reward")}
     workload, cluster = Workload(batch_size=8, prompt_len=8, response_len=8), Cluster.parse("4xCPU")
     mapping = {"actor": [0], "actor:rollout": [1], "reference": [2], "reward": [3]}
-    with pytest.raises(ValueError, match="stream_chunks=0 must be an integer >= 1"):
+    with pytest.raises(ValueError, match=r"stream_chunks=0 must be >= 1 \(an integer"):
         evaluate_mapping(grpo, models, workload, cluster, mapping, stream_chunks=0)
     with pytest.raises(ValueError, match="stream_chunks=2 streams within a sync step; pipeline='async'"):
         evaluate_mapping(grpo, models, workload, cluster, mapping, stream_chunks=2, pipeline="async")
