@@ -17,7 +17,7 @@ from typing import Any
 
 from hybridflow.algorithms.modes import LOSS_AGGS, ROLLOUT_CORRECTIONS, LossAgg, RolloutCorrection, check_choice
 
-from hybridflow.graph import Graph, GraphBuilder, RoleKind
+from hybridflow.graph import DEFAULT_MAX_NEW_TOKENS, Graph, GraphBuilder, RoleKind
 from hybridflow.registry import ALGORITHMS
 
 SEQ = ("prompts", "responses", "response_mask")
@@ -131,7 +131,7 @@ def _group_relative(g: GraphBuilder, actor: str, *, n: int, norm_by_std: bool, l
 def ppo(*, kl_coef: float = 0.05, kl_target: float | None = None, kl_horizon: float = 10000.0, gamma: float = 1.0,
         lam: float = 0.95, clip_ratio: float = 0.2, clip_ratio_high: float | None = None,
         loss_agg: LossAgg = "token-mean", entropy_coef: float = 0.0, value_clip: float = 0.2,
-        temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, max_new_tokens: int = 32,
+        temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         rollout_correction: RolloutCorrection | None = None, rollout_is_cap: float = DEFAULT_IS_CAP,
         reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
     """PPO with a critic and GAE; KL to the reference enters the token rewards (adaptive with ``kl_target``)."""
@@ -157,7 +157,7 @@ def ppo(*, kl_coef: float = 0.05, kl_target: float | None = None, kl_horizon: fl
 @ALGORITHMS.register("grpo")
 def grpo(*, n: int = 4, kl_coef: float = 0.04, clip_ratio: float = 0.2, clip_ratio_high: float | None = None,
          loss_agg: LossAgg = "token-mean", entropy_coef: float = 0.0, norm_by_std: bool = True,
-         temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, max_new_tokens: int = 32,
+         temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
          rollout_correction: RolloutCorrection | None = None, rollout_is_cap: float = DEFAULT_IS_CAP,
          reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
     """GRPO: group-normalised outcome advantages, KL to the reference as a loss term, no critic."""
@@ -172,7 +172,8 @@ def grpo(*, n: int = 4, kl_coef: float = 0.04, clip_ratio: float = 0.2, clip_rat
 @ALGORITHMS.register("grpo_no_ref")
 def grpo_no_ref(*, n: int = 4, clip_ratio: float = 0.2, clip_ratio_high: float | None = None,
                 loss_agg: LossAgg = "token-mean", entropy_coef: float = 0.0, norm_by_std: bool = True,
-                temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, max_new_tokens: int = 32,
+                temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
+                max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
                 rollout_correction: RolloutCorrection | None = None, rollout_is_cap: float = DEFAULT_IS_CAP,
                 reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
     """GRPO without a reference model: no KL term and no reference role, so nothing is placed for one."""
@@ -187,7 +188,7 @@ def grpo_no_ref(*, n: int = 4, clip_ratio: float = 0.2, clip_ratio_high: float |
 @ALGORITHMS.register("dr_grpo")
 def dr_grpo(*, n: int = 4, kl_coef: float = 0.0, clip_ratio: float = 0.2, clip_ratio_high: float | None = None,
             entropy_coef: float = 0.0, temperature: float = 1.0,
-            top_p: float = 1.0, top_k: int = 0, max_new_tokens: int = 32,
+            top_p: float = 1.0, top_k: int = 0, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
             rollout_correction: RolloutCorrection | None = None, rollout_is_cap: float = DEFAULT_IS_CAP,
             reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
     """Dr.GRPO (https://arxiv.org/abs/2503.20783): GRPO without the std normalisation of advantages and with
@@ -207,7 +208,7 @@ def dr_grpo(*, n: int = 4, kl_coef: float = 0.0, clip_ratio: float = 0.2, clip_r
 def gspo(*, n: int = 4, kl_coef: float = 0.0, clip_ratio: float = 3e-4, clip_ratio_high: float = 4e-4,
          loss_agg: LossAgg = "seq-mean-token-mean", entropy_coef: float = 0.0, temperature: float = 1.0,
          top_p: float = 1.0, top_k: int = 0,
-         max_new_tokens: int = 32, reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
+         max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
     """GSPO (https://arxiv.org/abs/2507.18071): GRPO's advantages, importance ratio and clipping per sequence
     (the paper's clip range 3e-4 / 4e-4); no KL (and no reference role) unless ``kl_coef`` > 0."""
     check_choice("loss_agg", loss_agg, LOSS_AGGS)
@@ -223,7 +224,7 @@ def gspo(*, n: int = 4, kl_coef: float = 0.0, clip_ratio: float = 3e-4, clip_rat
 def dapo(*, n: int = 8, clip_ratio: float = 0.2, clip_ratio_high: float = 0.28, entropy_coef: float = 0.0,
          overlong_buffer: int = 0, overlong_penalty: float = 1.0, max_rounds: int = 3, temperature: float = 1.0,
          top_p: float = 1.0, top_k: int = 0,
-         max_new_tokens: int = 32, rollout_correction: RolloutCorrection | None = None,
+         max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, rollout_correction: RolloutCorrection | None = None,
          rollout_is_cap: float = DEFAULT_IS_CAP, reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
     """DAPO (https://arxiv.org/abs/2503.14476): GRPO without KL or reference, clip-higher, the token-level loss,
     overlong reward shaping over the last ``overlong_buffer`` tokens (0: off) and dynamic sampling: groups whose
@@ -249,7 +250,7 @@ def dapo(*, n: int = 8, clip_ratio: float = 0.2, clip_ratio_high: float = 0.28, 
 def rloo(*, n: int = 4, kl_coef: float = 0.05, clip_ratio: float = 0.2, clip_ratio_high: float | None = None,
          loss_agg: LossAgg = "token-mean", entropy_coef: float = 0.0, temperature: float = 1.0,
          top_p: float = 1.0, top_k: int = 0,
-         max_new_tokens: int = 32, rollout_correction: RolloutCorrection | None = None,
+         max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, rollout_correction: RolloutCorrection | None = None,
          rollout_is_cap: float = DEFAULT_IS_CAP, reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
     """RLOO: each sample's baseline is the mean reward of the other samples of its prompt."""
     correction = _correction(rollout_correction, rollout_is_cap)
@@ -267,7 +268,7 @@ def rloo(*, n: int = 4, kl_coef: float = 0.05, clip_ratio: float = 0.2, clip_rat
 def remax(*, kl_coef: float = 0.05, clip_ratio: float = 0.2, clip_ratio_high: float | None = None,
           loss_agg: LossAgg = "token-mean", entropy_coef: float = 0.0, temperature: float = 1.0,
           top_p: float = 1.0, top_k: int = 0,
-          max_new_tokens: int = 32, rollout_correction: RolloutCorrection | None = None,
+          max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, rollout_correction: RolloutCorrection | None = None,
           rollout_is_cap: float = DEFAULT_IS_CAP, reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
     """ReMax: a greedy rollout's reward is the baseline of the sampled one."""
     g = GraphBuilder("remax")
@@ -310,7 +311,8 @@ def _reinforce_pp(name: str, n: int, kl_coef: float, gamma: float, temperature: 
 @ALGORITHMS.register("reinforce_pp")
 def reinforce_pp(*, kl_coef: float = 0.05, gamma: float = 1.0, clip_ratio: float = 0.2,
                  clip_ratio_high: float | None = None, loss_agg: LossAgg = "token-mean", entropy_coef: float = 0.0,
-                 temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, max_new_tokens: int = 32,
+                 temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
+                 max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
                  rollout_correction: RolloutCorrection | None = None, rollout_is_cap: float = DEFAULT_IS_CAP,
                  reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
     """REINFORCE++: KL-penalised discounted returns, whitened over the batch; one sample per prompt."""
@@ -323,7 +325,7 @@ def reinforce_pp(*, kl_coef: float = 0.05, gamma: float = 1.0, clip_ratio: float
 def reinforce_pp_baseline(*, n: int = 4, kl_coef: float = 0.05, clip_ratio: float = 0.2,
                           clip_ratio_high: float | None = None, loss_agg: LossAgg = "token-mean",
                           entropy_coef: float = 0.0, temperature: float = 1.0,
-                          top_p: float = 1.0, top_k: int = 0, max_new_tokens: int = 32,
+                          top_p: float = 1.0, top_k: int = 0, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
                           rollout_correction: RolloutCorrection | None = None, rollout_is_cap: float = DEFAULT_IS_CAP,
                           reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
     """REINFORCE++ with a group-mean baseline over ``n`` samples per prompt, then batch whitening."""

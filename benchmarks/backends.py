@@ -56,7 +56,7 @@ def ppo_batch(rows: int = ROWS, seed: int = 0) -> Batch:
 
 def _spec(model: str = "tiny-qwen2", **options: Any) -> RoleSpec:
     return RoleSpec(name="actor", kind=RoleKind.POLICY, model=model, optim=OptimSpec(lr=1e-4),
-                    micro_batch_size=MICRO, options=options)
+                    options=options)
 
 
 def _layout(backend: str, sharding: str, dp: int, dtype: str = "fp32") -> RoleLayout:

@@ -79,10 +79,11 @@ class BareLoop:
 
 def make_controller(model_dir: Path, tokenizer: Any, executor: Any = None, rollout: str = "native") -> Controller:
     graph = load_graph("grpo", n=N, kl_coef=0.04, max_new_tokens=NEW_TOKENS, reward_kind="reward_function")
-    specs = {r.name: RoleSpec(name=r.name, kind=r.kind, model=str(model_dir), micro_batch_size=BATCH * N,
+    specs = {r.name: RoleSpec(name=r.name, kind=r.kind, model=str(model_dir),
                               optim=OptimSpec(lr=LR) if r.kind.trainable else None, rollout=rollout)
              for r in graph.roles if r.kind.needs_gpu}
-    return Controller(graph, default_plan(graph), specs=specs, executor=executor,
+    plan = default_plan(graph, micro_batch_sizes=dict.fromkeys(specs, BATCH * N))
+    return Controller(graph, plan, specs=specs, executor=executor,
                       driver_roles={"reward": RuleScorer(TASKS.get("reverse").reward, tokenizer)})
 
 

@@ -49,10 +49,11 @@ class Side:
 def hybridflow_side(model_dir: Path, tokenizer: Any, records: list[dict[str, str]], executor: Any = None,
                     num_gpus: int = 1) -> Side:
     graph = load_graph("grpo", n=GENERATIONS, kl_coef=BETA, max_new_tokens=NEW_TOKENS, reward_kind="reward_function")
-    specs = {r.name: RoleSpec(name=r.name, kind=r.kind, model=str(model_dir), micro_batch_size=PROMPTS * GENERATIONS,
+    specs = {r.name: RoleSpec(name=r.name, kind=r.kind, model=str(model_dir),
                               optim=OptimSpec(lr=LR) if r.kind.trainable else None)
              for r in graph.roles if r.kind.needs_gpu}
-    controller = Controller(graph, default_plan(graph, num_gpus=num_gpus), specs=specs, executor=executor,
+    plan = default_plan(graph, num_gpus=num_gpus, micro_batch_sizes=dict.fromkeys(specs, PROMPTS * GENERATIONS))
+    controller = Controller(graph, plan, specs=specs, executor=executor,
                             driver_roles={"reward": RuleScorer(TASKS.get("reverse").reward, tokenizer)})
     return Side(controller, PromptLoader(records=records, tokenizer=tokenizer, batch_size=PROMPTS))
 

@@ -21,6 +21,9 @@ def forward_role_op(model: Any, batch: Batch, micro_batch_size: int,
     return Batch.concat(parts)
 
 
+WAVE_SEED_STRIDE = 1_000_003
+
+
 class ForwardOps:
     """``generate``, ``log_probs``, ``values`` and ``score`` over an engine's HF ``model``.
 
@@ -34,19 +37,40 @@ class ForwardOps:
     context: WorkerContext
     model: Any
     forward_batch_size: int
+    rollout_batch_size: int = 0  # the layout's: most sequences decoded together per rank (0: the whole share)
 
     @contextlib.contextmanager
     def whole_weights(self) -> Iterator[None]:
         """Whole parameters on this rank for the duration (a replica holds them already)."""
         yield
 
+    def executed_sharding(self) -> str:
+        """The sharding this engine runs (a replica per rank, unless a sharded engine says otherwise)."""
+        return "NO_SHARD"
+
+    def executed_layout(self) -> dict[str, Any]:
+        """What this engine runs, in :class:`~hybridflow.planner.RoleLayout` field names (read back by the
+        worker's ``info()``, so a test or a user can check the run is the plan)."""
+        return {"sharding": self.executed_sharding(), "micro_batch_size": getattr(self, "micro_batch_size", None),
+                "forward_micro_batch_size": self.forward_batch_size, "rollout_batch_size": self.rollout_batch_size,
+                "gradient_checkpointing": bool(getattr(self.model, "is_gradient_checkpointing", False))}
+
     def generate(self, batch: Batch, sampling: SamplingParams) -> Batch:
+        """Samples in waves of at most ``rollout_batch_size`` rows (the plan's bound on sequences in flight,
+        which bounds the KV cache); wave ``i`` samples with the rank's seed plus ``i`` x 1,000,003."""
+        size = self.rollout_batch_size or len(batch)
+        waves = batch.split(size) if len(batch) > size else [batch]
+        outputs = []
         with torch.no_grad(), self.whole_weights():
-            out = modeling.generate(self.model, batch, max_new_tokens=sampling.max_new_tokens,
-                                    greedy=sampling.greedy, temperature=sampling.temperature, top_p=sampling.top_p,
-                                    top_k=sampling.top_k, seed=sampling.rank_seed(self.context.rank),
-                                    use_hf_generate=self.spec.rollout == "hf_generate", logprobs=sampling.logprobs)
-        return Batch(out)
+            for index, wave in enumerate(waves):
+                outputs.append(modeling.generate(
+                    self.model, wave, max_new_tokens=sampling.max_new_tokens, greedy=sampling.greedy,
+                    temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
+                    seed=sampling.rank_seed(self.context.rank) + index * WAVE_SEED_STRIDE,
+                    use_hf_generate=self.spec.rollout == "hf_generate", logprobs=sampling.logprobs))
+        if len(outputs) == 1:
+            return Batch(outputs[0])
+        return Batch(modeling.join_responses(outputs, pad=self.model.config.pad_token_id))
 
     def log_probs(self, batch: Batch, *, with_entropy: bool = False) -> Batch:
         return forward_role_op(self.model, batch, self.forward_batch_size,

@@ -100,6 +100,18 @@ def reward_model_scores(model: Any, batch: Batch) -> torch.Tensor:
     return model(input_ids=input_ids, attention_mask=mask, position_ids=positions).logits[:, 0].float()
 
 
+def join_responses(parts: list[dict[str, torch.Tensor]], *, pad: int) -> dict[str, torch.Tensor]:
+    """Generate outputs of consecutive row waves as one: response-aligned fields right-padded to the longest
+    (``responses`` with ``pad``, masks and log-probs with 0)."""
+    width = max(part["responses"].shape[1] for part in parts)
+    joined = {}
+    for name in parts[0]:
+        filler = pad if name == "responses" else 0
+        joined[name] = torch.cat([torch.nn.functional.pad(part[name], (0, width - part[name].shape[1]), value=filler)
+                                  for part in parts])
+    return joined
+
+
 def generate(model: Any, batch: Batch, *, max_new_tokens: int, greedy: bool, temperature: float, top_p: float,
              top_k: int, seed: int, use_hf_generate: bool = False, logprobs: bool = False) -> dict[str, torch.Tensor]:
     """One sample per prompt row; responses trimmed to the longest and masked after the first EOS.

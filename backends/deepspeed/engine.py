@@ -16,7 +16,7 @@ from hybridflow.backends.common.rollout import with_configured_rollout
 from hybridflow.backends.common.training import GradientSteps, non_finite
 from hybridflow.backends.deepspeed.config import DeepSpeedOptions, build_config, zero_stage
 
-from hybridflow.planner import RoleLayout
+from hybridflow.planner import LayoutSupport, RoleLayout, Sharding
 from hybridflow.runtime.protocols import OptimSpec, RoleSpec, WorkerContext
 
 CHECKPOINT_TAG = "hybridflow"
@@ -52,8 +52,9 @@ class DeepSpeedRoleEngine(ForwardOps, GradientSteps):
         deepspeed.init_distributed(dist_backend="nccl" if context.device.startswith("cuda") else "gloo",
                                    dist_init_required=False)
         self.spec, self.context, self.stage = spec, context, zero_stage(layout)
-        self.micro_batch_size = spec.micro_batch_size or layout.micro_batch_size
+        self.micro_batch_size = layout.micro_batch_size
         self.forward_batch_size = layout.forward_micro_batch_size or self.micro_batch_size
+        self.rollout_batch_size = layout.rollout_batch_size
         model = modeling.load_model(spec.kind, spec.model, dtype="fp32", seed=spec.seed)
         if layout.gradient_checkpointing and spec.kind.trainable:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -85,6 +86,9 @@ class DeepSpeedRoleEngine(ForwardOps, GradientSteps):
             return
         with import_deepspeed().zero.GatheredParameters(list(self.model.parameters()), modifier_rank=None):
             yield
+
+    def executed_sharding(self) -> str:
+        return f"ZERO{self.stage}" if self.stage else "NO_SHARD"
 
     def training_module(self) -> Any:
         return self.engine
@@ -164,6 +168,13 @@ class DeepSpeedBackend:
     """Builds :class:`DeepSpeedRoleEngine` s (in a vLLM hybrid engine for ``rollout: vllm``)."""
 
     name = "deepspeed"
+    # HYBRID_SHARD would run as plain ZeRO-3 over the whole group (no replica groups): left out.
+    support = LayoutSupport(
+        backend="deepspeed", shardings=frozenset({Sharding.NO_SHARD, Sharding.ZERO1, Sharding.ZERO2,
+                                                  Sharding.SHARD_GRAD_OP, Sharding.ZERO3, Sharding.FULL_SHARD}),
+        gradient_checkpointing=True, rollout_batch_size=True, offload=frozenset({"optimizer"}),
+        notes={"sharding": "HYBRID_SHARD runs on backend fsdp",
+               "tp": "no training backend here has tensor parallelism"})
 
     def build_role(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext) -> Any:
         return with_configured_rollout(DeepSpeedRoleEngine(spec, layout, context), spec, layout, context)

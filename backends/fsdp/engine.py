@@ -15,7 +15,7 @@ from hybridflow.backends.common.rollout import with_configured_rollout
 from hybridflow.backends.common.training import GradientSteps, clip_and_step, non_finite
 from hybridflow.backends.fsdp import checkpoint, parallelize
 
-from hybridflow.planner import RoleLayout
+from hybridflow.planner import LayoutSupport, RoleLayout, Sharding
 from hybridflow.runtime.protocols import OptimSpec, RoleSpec, WorkerContext, parse_options
 
 
@@ -23,20 +23,19 @@ from hybridflow.runtime.protocols import OptimSpec, RoleSpec, WorkerContext, par
 class FsdpOptions:
     """Role options (``RoleSpec.options``) of the FSDP backend; any other key is refused.
 
-    ``shard_size``: ranks sharded together under HYBRID_SHARD (0: ``LOCAL_WORLD_SIZE`` or the group).
     ``init_method``/``timeout_s``: how to join torch.distributed when nobody did (see ``common.distributed``).
+    The HYBRID_SHARD group size is the plan's (``RoleLayout.shard_size``), not an option.
     """
 
-    shard_size: int = 0
     init_method: str | None = None
     timeout_s: float = 300.0
 
     @classmethod
     def from_spec(cls, spec: RoleSpec) -> FsdpOptions:
-        options = parse_options(cls, spec.options, role=spec.name, owner="fsdp backend")
-        if options.shard_size < 0:
-            raise ValueError(f"role {spec.name!r}: options.shard_size={options.shard_size} must be >= 0")
-        return options
+        if "shard_size" in spec.options:
+            raise ValueError(f"role {spec.name!r}: fsdp option 'shard_size' moved to the plan: the layout's shard_size "
+                             "(a manual mapping's fsdp_size, verl's fsdp_size); drop the option")
+        return parse_options(cls, spec.options, role=spec.name, owner="fsdp backend")
 
 
 class FsdpRoleEngine(ForwardOps, GradientSteps):
@@ -50,11 +49,12 @@ class FsdpRoleEngine(ForwardOps, GradientSteps):
         if layout.tp != 1:
             raise ValueError(f"RoleLayout({spec.name}).tp={layout.tp}: the fsdp backend shards over data-parallel "
                              "ranks only; use tp=1 (rollout_tp sets the vllm rollout's tensor parallelism)")
-        options = FsdpOptions.from_spec(spec)
+        FsdpOptions.from_spec(spec)
         ensure_process_group(context, spec.options, role=spec.name)
         self.spec, self.context = spec, context
-        self.micro_batch_size = spec.micro_batch_size or layout.micro_batch_size
+        self.micro_batch_size = layout.micro_batch_size
         self.forward_batch_size = layout.forward_micro_batch_size or self.micro_batch_size
+        self.rollout_batch_size = layout.rollout_batch_size
         trainable = spec.kind.trainable
         # Trainable roles keep fp32 master weights and compute in layout.dtype; frozen ones load in it.
         model = modeling.load_model(spec.kind, spec.model, dtype="fp32" if trainable else layout.dtype,
@@ -63,7 +63,7 @@ class FsdpRoleEngine(ForwardOps, GradientSteps):
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.to(context.device)
         self.setup = parallelize.resolve_sharding(layout.sharding, world_size=context.world_size,
-                                                  shard_size=options.shard_size)
+                                                  shard_size=layout.shard_size)
         self.model = parallelize.shard_model(model, self.setup, device_type=torch.device(context.device).type,
                                              param_dtype=layout.dtype if trainable else None)
         self.optimizer: torch.optim.Optimizer | None = None
@@ -74,6 +74,9 @@ class FsdpRoleEngine(ForwardOps, GradientSteps):
         else:
             self.model.requires_grad_(False)
         self.model.eval()
+
+    def executed_sharding(self) -> str:
+        return self.setup.strategy.value
 
     @contextlib.contextmanager
     def whole_weights(self) -> Iterator[None]:
@@ -177,6 +180,12 @@ class FsdpBackend:
     """Builds :class:`FsdpRoleEngine` s (in a vLLM hybrid engine for ``rollout: vllm``)."""
 
     name = "fsdp"
+    # ZeRO-1 (optimizer states only) has no FSDP2 equivalent: the nearest would shard gradients too.
+    support = LayoutSupport(backend="fsdp", shardings=frozenset({Sharding.NO_SHARD, Sharding.SHARD_GRAD_OP,
+                                                                 Sharding.FULL_SHARD, Sharding.HYBRID_SHARD}),
+                            gradient_checkpointing=True, rollout_batch_size=True,
+                            notes={"sharding": "ZeRO stages run on backend deepspeed",
+                                   "tp": "no training backend here has tensor parallelism"})
 
     def build_role(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext) -> Any:
         return with_configured_rollout(FsdpRoleEngine(spec, layout, context), spec, layout, context)

@@ -13,7 +13,7 @@ from hybridflow.backends.common.forward import ForwardOps
 from hybridflow.backends.common.rollout import with_configured_rollout
 from hybridflow.backends.common.training import GradientSteps, clip_and_step, non_finite
 
-from hybridflow.planner import RoleLayout
+from hybridflow.planner import LayoutSupport, RoleLayout
 from hybridflow.runtime.protocols import OptimSpec, RoleSpec, WorkerContext, parse_options
 
 
@@ -34,9 +34,12 @@ class TorchRoleEngine(ForwardOps, GradientSteps):
                              "parallelism; use tp=1 or the fsdp/vllm backend")
         parse_options(TorchOptions, spec.options, role=spec.name, owner="torch backend")
         self.spec, self.context = spec, context
-        self.micro_batch_size = spec.micro_batch_size or layout.micro_batch_size
+        self.micro_batch_size = layout.micro_batch_size
         self.forward_batch_size = layout.forward_micro_batch_size or self.micro_batch_size
+        self.rollout_batch_size = layout.rollout_batch_size
         self.model = modeling.load_model(spec.kind, spec.model, dtype=layout.dtype, seed=spec.seed)
+        if layout.gradient_checkpointing and spec.kind.trainable:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model.to(context.device)
         self.optimizer: torch.optim.Optimizer | None = None
         if spec.kind.trainable:
@@ -102,6 +105,9 @@ class TorchBackend:
     """Builds :class:`TorchRoleEngine` s (in a vLLM hybrid engine for ``rollout: vllm``)."""
 
     name = "torch"
+    support = LayoutSupport(backend="torch", gradient_checkpointing=True, rollout_batch_size=True,
+                            notes={"sharding": "use backend fsdp or deepspeed to shard",
+                                   "tp": "no training backend here has tensor parallelism"})
 
     def build_role(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext) -> Any:
         return with_configured_rollout(TorchRoleEngine(spec, layout, context), spec, layout, context)

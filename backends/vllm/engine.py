@@ -10,7 +10,7 @@ import torch
 from hybridflow.backends.vllm.rollout import RolloutConfig, VllmRollout, materialize_model
 
 from hybridflow.graph import RoleKind
-from hybridflow.planner import RoleLayout
+from hybridflow.planner import LayoutSupport, RoleLayout
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.protocols import RoleSpec, SamplingParams, WorkerContext, parse_options
 from hybridflow.runtime.weights import WeightSyncStats
@@ -46,7 +46,15 @@ class VllmOptions:
                              tensor_parallel_size=layout.rollout_tp, seed=spec.seed + context.rank,
                              device=context.device, max_model_len=self.max_model_len,
                              kv_cache_gib=self.kv_cache_gib, gpu_memory_utilization=self.gpu_memory_utilization,
-                             engine_args=dict(self.engine_args))
+                             engine_args=self.bounded_args(layout))
+
+    def bounded_args(self, layout: RoleLayout) -> dict[str, Any]:
+        """``engine_args``, with the plan's bound on sequences in flight (``rollout_batch_size``) as vLLM's
+        ``max_num_seqs`` unless the user set one."""
+        args = dict(self.engine_args)
+        if layout.rollout_batch_size:
+            args.setdefault("max_num_seqs", layout.rollout_batch_size)
+        return args
 
 
 def start_rollout(spec: RoleSpec, options: VllmOptions, layout: RoleLayout,
@@ -104,6 +112,9 @@ class VllmBackend:
     """Builds :class:`VllmRoleEngine` s; the module-level ``BACKEND`` is what the registry finds."""
 
     name = "vllm"
+    support = LayoutSupport(backend="vllm", max_rollout_tp=None, rollout_batch_size=True,
+                            notes={"sharding": "a vLLM engine holds whole weights per tensor-parallel slice",
+                                   "gradient_checkpointing": "a vLLM role does not train"})
 
     def build_role(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext) -> VllmRoleEngine:
         return VllmRoleEngine(spec, layout, context)

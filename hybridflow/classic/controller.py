@@ -18,8 +18,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hybridflow.classic.config import ROLLOUT, DataParallelConfig
-from hybridflow.graph import Graph, Op, RoleKind, Workload, load_graph
-from hybridflow.planner import Cluster, ModelSpec, Plan, compare_plans, evaluate_mapping, plan_placement
+from hybridflow.graph import Graph, RoleKind, Workload, load_graph
+from hybridflow.planner import (
+    Cluster,
+    LayoutSupport,
+    ModelSpec,
+    Plan,
+    RunSettings,
+    compare_plans,
+    evaluate_mapping,
+    plan_placement,
+)
 
 if TYPE_CHECKING:
     from hybridflow.train.config import TrainConfig
@@ -96,10 +105,8 @@ class SingleController:
     @property
     def workload(self) -> Workload:
         """What ``plan()`` costs by default: the settings' prompts per step and response length."""
-        lengths = [int(node.option("max_new_tokens", 32) or 32) for node in self.graph().nodes
-                   if node.op is Op.GENERATE]
         return Workload(batch_size=self.settings.data.batch_size, prompt_len=DRY_RUN_PROMPT_LEN,
-                        response_len=max(lengths, default=32))
+                        response_len=self.graph().max_new_tokens)
 
     def dtypes(self) -> dict[str, str]:
         """Inference roles in half precision when asked: bf16 where the device has it, else fp16 (T4, V100)."""
@@ -116,8 +123,10 @@ class SingleController:
     def model_specs(self, graph: Graph) -> dict[str, ModelSpec]:
         return {role.name: ModelSpec.parse(self.models[role.name]) for role in graph.roles if role.kind.needs_gpu}
 
-    def manual_plan(self, workload: Workload | None = None) -> Plan:
-        """This mapping, costed by the planner with the config's DP size, strategy and micro batches."""
+    def manual_plan(self, workload: Workload | None = None, *,
+                    support: Mapping[str, LayoutSupport] | None = None) -> Plan:
+        """This mapping, costed by the planner with the config's DP size, strategy and micro batches; ``support``:
+        per role, the layouts its backend runs (``fit`` plans for the run's backends, a dry run for any)."""
         graph = self.graph()
         meshes = {role: mesh for role, mesh in self.config.meshes.items() if graph.role(role).kind.needs_gpu}
         dp = self.config.data_parallel_size
@@ -133,14 +142,22 @@ class SingleController:
             graph, self.model_specs(graph), workload or self.workload, self.cluster, meshes,
             data_parallel_size={role: len(mesh) for role, mesh in meshes.items()}, rollout_tp=rollout_tp,
             sharding=self.config.fsdp_sharding_strategy, micro_batch_sizes=micro or None, dtypes=self.dtypes(),
+            support=support, settings=self.run_settings(graph),
         )
+
+    def run_settings(self, graph: Graph) -> RunSettings:
+        """The planner's step recipe from the run's settings (epochs, mini-batches...), as ``hybridflow train``
+        derives it."""
+        from hybridflow.train.placement import run_settings
+
+        return run_settings(self.settings, graph)
 
     def plan(self, workload: Workload | None = None, *, show: bool = True) -> PlanCheck:
         """A dry run: this mapping next to the planner's own choice for the same cluster and workload."""
         graph = self.graph()
         work = workload or self.workload
         manual = self.manual_plan(work)
-        auto = plan_placement(graph, self.model_specs(graph), work, self.cluster)
+        auto = plan_placement(graph, self.model_specs(graph), work, self.cluster, settings=self.run_settings(graph))
         check = PlanCheck(manual=manual, auto=auto, unused_gpus=tuple(self.config.unused_gpus),
                           explanation=compare_plans(auto, manual))
         if show:
@@ -152,11 +169,24 @@ class SingleController:
         from hybridflow.train.config import ModelConfig, RoleConfig
         from hybridflow.train.loop import train
 
-        plan = self.manual_plan()
-        # The run follows the plan: each role's micro batch is the one the mapping was costed with.
-        roles = {role: RoleConfig(model=self._role_model(role), micro_batch_size=plan.layout(role).micro_batch_size,
+        from hybridflow.train.setup import layout_support
+
+        # A role the strategy shards runs on FSDP (as verl's FSDP workers do) unless the settings name its
+        # backend; the mapping is costed for those backends, and each role's micro batch is the plan's.
+        roles = {role: RoleConfig(model=self._role_model(role), backend=self._backend(role),
                                   max_concurrent_requests=self.config.max_concurrent_requests(role))
-                 for role in self.models if plan.group_index(role) is not None}
+                 for role in self.models}
+        graph = self.graph()
+        support = layout_support(replace(self.settings, roles={**self.settings.roles, **roles}), graph)
+        plan = self.manual_plan(support=support)
+        roles = {role: replace(entry, micro_batch_size=plan.layout(role).micro_batch_size)
+                 for role, entry in roles.items() if plan.group_index(role) is not None}
+        sharded = sorted(role for role, entry in roles.items() if entry.backend == "fsdp")
+        if sharded and self.settings.executor == "local":
+            raise ValueError(f"SingleController.fit: fsdp_sharding_strategy={self.config.fsdp_sharding_strategy!r} "
+                             f"shards {sharded} with the fsdp backend, whose ranks are processes: pass "
+                             "settings={'executor': 'ray'} (or fsdp_sharding_strategy='NO_SHARD' to train replicas "
+                             "in this process)")
         actor = self.models["actor"]
         model = ModelConfig(path=actor) if Path(actor).is_dir() else replace(self.settings.model, name=actor)
         settings = replace(
@@ -169,8 +199,17 @@ class SingleController:
         if resume:
             assert self._resume_from is not None
             _copy_tree(self._resume_from / "checkpoint", run_dir / "checkpoints" / self._resume_name)
-        self.result = train(settings, resume=resume, graph=self.graph(), plan=plan)
+        self.result = train(settings, resume=resume, graph=graph, plan=plan)
         return self.result
+
+    def _backend(self, role: str) -> str | None:
+        """The settings' backend for ``role``; else ``fsdp`` where the strategy shards its mesh, None (the
+        default) otherwise."""
+        given = self.settings.roles.get(role)
+        if given is not None and given.backend:
+            return given.backend
+        mesh = self.config.mesh(role) or ()
+        return "fsdp" if len(mesh) > 1 and self.config.fsdp_sharding_strategy != "NO_SHARD" else None
 
     def _role_model(self, role: str) -> str | None:
         """A local directory for this role, or None to start from the actor's (SFT-warmed) weights.

@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from hybridflow.graph import Workload, load_graph
-from hybridflow.planner import Cluster, InfeasibleError, ModelSpec, Plan, PlannerOptions, plan_placement
+from hybridflow.planner import Cluster, InfeasibleError, LayoutSupport, ModelSpec, Plan, PlannerOptions, plan_placement
 from hybridflow.planner.calibration import Calibration
 from hybridflow.planner.devices import GB, device_from_mapping, parse_device
+from hybridflow.planner.plan import ROLLOUT_SUFFIX
 from hybridflow.planner.settings import RunSettings, settings_from_dict
 
 DEFAULTS: dict[str, Any] = {"algorithm": "ppo", "batch_size": 1024, "prompt_len": 512, "response_len": 512,
@@ -52,6 +53,9 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--stream-chunks", type=int, metavar="M",
                         help="with --manual and sync: cost the step streamed in M chunks (the search does not stream)")
     add_run_arguments(parser)
+    parser.add_argument("--backend", action="append", default=[], metavar="ROLE=NAME",
+                        help="plan only layouts that backend runs for ROLE (torch, fsdp, deepspeed, vllm or a "
+                             "registered one; repeatable; actor:rollout for a detached rollout). Default: any layout")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.add_argument("--config", help="YAML with any of these options (keys as flags with underscores; "
                                          "models: {role: model}); flags override it")
@@ -136,7 +140,8 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         models.update({str(k): str(v) for k, v in (loaded.pop("models", None) or {}).items()})
         settings.update(loaded)
     for key, value in vars(args).items():
-        if value is not None and key not in ("model", "config", "json", "run", "command", "device", "offload"):
+        if value is not None and key not in ("model", "config", "json", "run", "command", "device", "offload",
+                                             "backend"):
             settings[key] = value
     for key in ("device", "offload"):  # repeatable flags add to the config's entries
         given = getattr(args, key, None)
@@ -153,6 +158,23 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         models[key] = value
     settings["models"] = models
     return settings
+
+
+def backend_support(items: list[str], gpu_roles: list[str]) -> dict[str, LayoutSupport]:
+    """``--backend ROLE=NAME`` as each role's :class:`LayoutSupport` (importing a backend loads its stack, so a
+    dry run without the flag stays torch-free)."""
+    from hybridflow.registry import BACKENDS
+
+    support = {}
+    for item in items:
+        role, sep, name = (part.strip() for part in item.partition("="))
+        if not sep or not role or not name:
+            raise ValueError(f"--backend {item!r} must look like ROLE=NAME, e.g. --backend actor=fsdp")
+        if role not in gpu_roles and role.removesuffix(ROLLOUT_SUFFIX) not in gpu_roles:
+            raise ValueError(f"--backend {item!r}: {role!r} is not a GPU role of the algorithm; GPU roles: {gpu_roles}")
+        declared = getattr(BACKENDS.get(name), "support", None)
+        support[role] = declared if declared is not None else LayoutSupport(backend=name)
+    return support
 
 
 def _models(graph_roles: list[str], gpu_roles: list[str], given: dict[str, str]) -> dict[str, ModelSpec]:
@@ -179,11 +201,12 @@ def run(args: argparse.Namespace) -> int:
     workload = Workload(batch_size=int(settings["batch_size"]), prompt_len=int(settings["prompt_len"]),
                         response_len=int(settings["response_len"]), n_samples=settings.get("n_samples"))
     steps = run_settings(settings, workload.response_len)
+    support = backend_support(args.backend, gpu_roles)
     calibration = Calibration.load(settings["calibration"]) if settings.get("calibration") else None
     try:
         options = PlannerOptions(unit=settings["unit"], separate_rollout=bool(settings.get("separate_rollout")),
                                  max_tp=settings.get("max_tp"), pipeline=str(settings.get("pipeline") or "sync"),
-                                 max_staleness=settings.get("max_staleness"))
+                                 max_staleness=settings.get("max_staleness"), support=support)
         auto = plan_placement(graph, models, workload, cluster, options=options, settings=steps,
                               calibration=calibration)
     except InfeasibleError as err:
@@ -200,7 +223,7 @@ def run(args: argparse.Namespace) -> int:
                                   settings=steps, calibration=calibration,
                                   pipeline=str(settings.get("pipeline") or "sync"),
                                   max_staleness=settings.get("max_staleness"),
-                                  stream_chunks=int(settings.get("stream_chunks") or 1))
+                                  stream_chunks=int(settings.get("stream_chunks") or 1), support=support)
     elif settings.get("stream_chunks") not in (None, 1):
         raise ValueError("--stream-chunks costs a hand-written mapping's streamed step: add --manual (the search "
                          "plans unstreamed steps)")

@@ -17,7 +17,7 @@ from hybridflow.graph.errors import (
 from hybridflow.graph.fields import STANDARD_FIELDS, Extent, FieldSpec, field_spec
 from hybridflow.graph.graph import DEFAULT_INPUTS, Edge, Graph
 from hybridflow.graph.loading import load_graph
-from hybridflow.graph.node import OP_PORTS, Node
+from hybridflow.graph.node import DEFAULT_MAX_NEW_TOKENS, OP_PORTS, Node
 from hybridflow.graph.render import FORMATS, from_dict, from_json, render, to_dict, to_json
 from hybridflow.graph.roles import ALLOWED_OPS, Op, Role, RoleKind
 from hybridflow.graph.workload import NodeLoad, Workload, edge_bytes, field_bytes, node_loads
@@ -25,6 +25,7 @@ from hybridflow.graph.workload import NodeLoad, Workload, edge_bytes, field_byte
 __all__ = [
     "ALLOWED_OPS",
     "DEFAULT_INPUTS",
+    "DEFAULT_MAX_NEW_TOKENS",
     "FORMATS",
     "OP_PORTS",
     "STANDARD_FIELDS",

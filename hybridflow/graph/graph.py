@@ -17,7 +17,7 @@ from hybridflow.graph.errors import (
     RoleOpError,
     UnknownRoleError,
 )
-from hybridflow.graph.node import Node, freeze_options
+from hybridflow.graph.node import DEFAULT_MAX_NEW_TOKENS, Node, freeze_options
 from hybridflow.graph.roles import Op, Role, RoleKind
 
 DEFAULT_INPUTS = ("prompts", "ground_truth", "uid")
@@ -158,6 +158,12 @@ class Graph:
 
     def nodes_of(self, role: str) -> tuple[Node, ...]:
         return tuple(node for node in self.nodes if node.role == role)
+
+    @property
+    def max_new_tokens(self) -> int:
+        """The longest response cap of the graph's generate nodes (the default cap when it has none)."""
+        return max((node.max_new_tokens for node in self.nodes if node.op is Op.GENERATE),
+                   default=DEFAULT_MAX_NEW_TOKENS)
 
     @property
     def samples_per_prompt(self) -> int:

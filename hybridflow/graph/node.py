@@ -22,6 +22,9 @@ OP_PORTS: dict[Op, tuple[tuple[str, ...], tuple[str, ...]]] = {
     Op.SCORE: ((*_SEQ_INPUTS, "ground_truth"), ("scores",)),
 }
 
+DEFAULT_MAX_NEW_TOKENS = 32
+"""A generate node's response cap when it sets none: the one default the planner, runtime and checks read."""
+
 # Output ports an op adds when a node sets the option True: ``generate(logprobs=True)`` also writes each
 # sampled token's behaviour log-prob, which the off-policy corrections of the policy loss read.
 OPTIONAL_OUTPUT_PORTS: dict[Op, tuple[tuple[str, str], ...]] = {Op.GENERATE: (("logprobs", "rollout_logprobs"),)}
@@ -176,6 +179,11 @@ class Node:
         if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 0:
             raise NodeSpecError(f"{where}: max_rounds={rounds!r} must be an integer >= 0 (extra rollouts allowed "
                                 "to refill the batch)", node=self.name, field="max_rounds")
+
+    @property
+    def max_new_tokens(self) -> int:
+        """The response cap of a generate node: its option, else :data:`DEFAULT_MAX_NEW_TOKENS`."""
+        return int(self.option("max_new_tokens", DEFAULT_MAX_NEW_TOKENS) or DEFAULT_MAX_NEW_TOKENS)
 
     @property
     def samples_per_prompt(self) -> int:

@@ -25,8 +25,10 @@ from hybridflow.planner.plan import (
 )
 from hybridflow.planner.search import PlannerOptions, plan_placement
 from hybridflow.planner.settings import Offload, RunSettings
+from hybridflow.planner.support import ANY_LAYOUT, LayoutSupport
 
 __all__ = [
+    "ANY_LAYOUT",
     "DEVICES",
     "PRESETS",
     "Calibration",
@@ -35,6 +37,7 @@ __all__ = [
     "DeviceSpec",
     "GroupPlan",
     "InfeasibleError",
+    "LayoutSupport",
     "LengthDistribution",
     "Machine",
     "ModelSpec",

@@ -92,8 +92,14 @@ class GroupEvaluator:
         if key not in self._fronts:
             work = self.problem.role(role)
             self._fronts[key] = role_candidates(work, shape, shape.device.preferred_dtype, self.prompt_len,
-                                                max_tp=self.problem.max_tp)
+                                                self.fixed(role), max_tp=self.problem.max_tp,
+                                                support=self.problem.support_of(role))
         return self._fronts[key]
+
+    def fixed(self, role: str) -> Constraint | None:
+        """The user's fixed layout fields of ``role`` in a search (its micro batch), None when it fixed none."""
+        size = self.problem.micro_batch_sizes.get(role)
+        return Constraint(micro_batch_size=size) if size else None
 
     def best(self, roles: tuple[str, ...], shape: Shape) -> GroupLayout | None:
         """The group's best layout, or None when its roles cannot share ``shape``'s memory."""
@@ -108,11 +114,12 @@ class GroupEvaluator:
                     dtypes: Mapping[str, str]) -> tuple[GroupLayout, bool]:
         """Best layout honouring a user's fixed fields; if nothing fits, the smallest one and False."""
         fronts = [role_candidates(self.problem.role(role), shape, dtypes[role], self.prompt_len, constraints[role],
-                                  max_tp=self.problem.max_tp)
+                                  max_tp=self.problem.max_tp, support=self.problem.support_of(role))
                   for role in roles]
         if any(not front for front in fronts):
             raise ValueError(f"roles {list(roles)}: no layout matches the fixed tp/sharding/micro batch on "
-                             f"{shape.size} x {shape.device.name}")
+                             f"{shape.size} x {shape.device.name} that the roles' backends run "
+                             f"({', '.join(f'{r}: {self.problem.support_of(r).backend}' for r in roles)})")
         chosen = best_combination(fronts, usable_bytes(shape))
         fits = chosen is not None
         picked = chosen if chosen is not None else smallest_combination(fronts)

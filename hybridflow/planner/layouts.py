@@ -25,6 +25,7 @@ from hybridflow.planner.costs import (
 from hybridflow.planner.plan import RoleLayout, Sharding
 from hybridflow.planner.problem import RoleWork
 from hybridflow.planner.rollout import generate_cost
+from hybridflow.planner.support import ANY_LAYOUT, LayoutSupport
 
 POWERS = (1, 2, 4, 8, 16, 32, 64)
 ROLLOUT_BATCHES = (8, 32, 128, 512, 2048)
@@ -93,11 +94,13 @@ def _frozen_equivalent(role: RoleWork, sharding: Sharding) -> Sharding:
 
 
 def _update_front(role: RoleWork, base: RoleLayout, shape: Shape, fixed_mbs: int | None,
-                  fixed_checkpointing: bool | None = None) -> Front2:
+                  fixed_checkpointing: bool | None = None, *, support: LayoutSupport = ANY_LAYOUT) -> Front2:
     if not role.update:
         return [(0, 0.0, base)]
     points = []
-    checkpointing = (False, True) if fixed_checkpointing is None else (fixed_checkpointing,)
+    checkpointing = (False, True) if support.gradient_checkpointing else (False,)
+    if fixed_checkpointing is not None:
+        checkpointing = (fixed_checkpointing,)
     for mbs in [fixed_mbs] if fixed_mbs else _micro_batches(-(-role.rows // base.dp)):
         for checkpoint in checkpointing:
             layout = replace(base, micro_batch_size=mbs, gradient_checkpointing=checkpoint)
@@ -121,14 +124,16 @@ def _forward_front(role: RoleWork, base: RoleLayout, shape: Shape, fixed_mbs: in
 
 
 def _generate_front(role: RoleWork, base: RoleLayout, shape: Shape, prompt_len: int,
-                    fixed_rtp: int | None = None) -> Front2:
+                    fixed_rtp: int | None = None, *, support: LayoutSupport = ANY_LAYOUT) -> Front2:
     if not role.generate:
         return [(0, 0.0, base)]
     points = []
     resident = static_bytes(role.model, role.kind, base, shape)
-    for rtp in [fixed_rtp] if fixed_rtp else _tps(role, shape):
+    for rtp in [fixed_rtp] if fixed_rtp else support.rollout_tps(_tps(role, shape)):
         per_engine = -(-role.rows // (shape.size // rtp))
-        for batch in sorted({b for b in ROLLOUT_BATCHES if b < per_engine} | {per_engine}):
+        # A backend that decodes a rank's whole share at once is costed so.
+        batches = {b for b in ROLLOUT_BATCHES if b < per_engine} if support.rollout_batch_size else set()
+        for batch in sorted(batches | {per_engine}):
             layout = replace(base, rollout_tp=rtp, rollout_batch_size=batch)
             costs = [generate_cost(role.model, load, prompt_len, layout, shape, resident) for load in role.generate]
             seconds = sum(c.seconds for c in costs)
@@ -183,23 +188,27 @@ class Constraint:
 
 
 def role_candidates(role: RoleWork, shape: Shape, dtype: str, prompt_len: int,
-                    constraint: Constraint | None = None, *, max_tp: int | None = None) -> list[Candidate]:
+                    constraint: Constraint | None = None, *, max_tp: int | None = None,
+                    support: LayoutSupport = ANY_LAYOUT) -> list[Candidate]:
     """The Pareto front of one role's layouts on ``shape``: (seconds, resident bytes, transient bytes).
 
-    ``max_tp`` caps the tensor parallelism of training and forward passes (not of rollout engines).
+    ``max_tp`` caps the tensor parallelism of training and forward passes (not of rollout engines);
+    ``support`` keeps only the layouts the role's backend runs as planned (its tp, shardings, gradient
+    checkpointing and rollout engine).
     """
     fixed = constraint or Constraint()
     if role.generates_only:
-        return _rollout_candidates(role, shape, dtype, prompt_len, fixed)
+        return _rollout_candidates(role, shape, dtype, prompt_len, fixed, support)
     candidates = []
     forwards: dict[tuple[int, Sharding | None], Front2] = {}
     rollouts: dict[tuple[int, Sharding], Front2] = {}
-    tps = [fixed.tp] if fixed.tp else [tp for tp in _tps(role, shape) if max_tp is None or tp <= max_tp]
+    tps = [fixed.tp] if fixed.tp else support.tps([tp for tp in _tps(role, shape) if max_tp is None or tp <= max_tp])
     for tp in tps:
         dp = shape.size // tp
         shardings = _shardings(role, dp, shape)
         if fixed.sharding is not None:
             shardings = (_frozen_equivalent(role, fixed.sharding) if dp > 1 else Sharding.NO_SHARD,)
+        shardings = tuple(s for s in shardings if dp == 1 or support.runs_sharding(s))
         for sharding in shardings:
             base = RoleLayout(role=role.name, dp=dp, tp=tp, sharding=sharding, dtype=dtype, sp=fixed.sp,
                               pp=fixed.pp, ep=fixed.ep, shard_size=fixed.shard_size)
@@ -214,8 +223,10 @@ def role_candidates(role: RoleWork, shape: Shape, dtype: str, prompt_len: int,
             # Generation depends on the sharding through the weights' reuse and the resident bytes.
             rollout_key = (tp, sharding)
             if rollout_key not in rollouts:
-                rollouts[rollout_key] = _generate_front(role, base, shape, prompt_len, fixed.rollout_tp)
-            parts = [_update_front(role, base, shape, fixed.micro_batch_size, fixed.gradient_checkpointing),
+                rollouts[rollout_key] = _generate_front(role, base, shape, prompt_len, fixed.rollout_tp,
+                                                        support=support)
+            parts = [_update_front(role, base, shape, fixed.micro_batch_size, fixed.gradient_checkpointing,
+                                   support=support),
                      forwards[forward_key],
                      rollouts[rollout_key]]
             for transient, seconds, (upd, fwd, gen) in _merge(parts):
@@ -228,17 +239,17 @@ def role_candidates(role: RoleWork, shape: Shape, dtype: str, prompt_len: int,
 
 
 def _rollout_candidates(role: RoleWork, shape: Shape, dtype: str, prompt_len: int,
-                        fixed: Constraint) -> list[Candidate]:
+                        fixed: Constraint, support: LayoutSupport = ANY_LAYOUT) -> list[Candidate]:
     """A generate-only role (a detached rollout) holds nothing but its engines' weight shards and KV cache.
 
     Costs are taken with the training tp equal to the engine's (so the weights are counted once, as the
     engine's); the layout keeps tp=1, dp=GPUs: every rank takes a share of the rows.
     """
     candidates = []
-    for rtp in [fixed.rollout_tp] if fixed.rollout_tp else _tps(role, shape):
+    for rtp in [fixed.rollout_tp] if fixed.rollout_tp else support.rollout_tps(_tps(role, shape)):
         engine = RoleLayout(role=role.name, dp=shape.size // rtp, tp=rtp, dtype=dtype, rollout_tp=rtp)
         static = static_bytes(role.model, role.kind, engine, shape)
-        for transient, seconds, layout in _generate_front(role, engine, shape, prompt_len, rtp):
+        for transient, seconds, layout in _generate_front(role, engine, shape, prompt_len, rtp, support=support):
             candidates.append(Candidate(replace(layout, dp=shape.size, tp=1), seconds, static, transient))
     return pareto3(candidates)
 

@@ -32,6 +32,7 @@ from hybridflow.planner.modes import (
 from hybridflow.planner.plan import ROLLOUT_SUFFIX, Plan, SearchStats, Sharding
 from hybridflow.planner.problem import Problem, build_problem
 from hybridflow.planner.settings import RunSettings
+from hybridflow.planner.support import LayoutSupport
 
 PerRole = int | Mapping[str, int] | None
 
@@ -147,7 +148,8 @@ def evaluate_mapping(graph: Graph, models: Mapping[str, ModelSpec], workload: Wo
                      expert_parallel: PerRole = None, fsdp_size: PerRole = None,
                      gradient_checkpointing: bool | None = None, settings: RunSettings | None = None,
                      calibration: Calibration | None = None, pipeline: str = "sync",
-                     max_staleness: int | None = None, stream_chunks: int = 1) -> Plan:
+                     max_staleness: int | None = None, stream_chunks: int = 1,
+                     support: Mapping[str, LayoutSupport] | None = None) -> Plan:
     """Cost a hand-written mapping with the planner's model; fields left None are chosen by the planner.
 
     ``rollout_tp`` fixes the tensor-parallel size of a policy's rollout engine (verl's
@@ -158,7 +160,9 @@ def evaluate_mapping(graph: Graph, models: Mapping[str, ModelSpec], workload: Wo
     ``calibration`` as in ``plan_placement``. ``pipeline`` is the execution mode costed: "sync",
     "one_step_off" or "async" (both need the policy's rollout on GPUs of its own, else a ValueError names
     the fix; ``max_staleness`` is async's bound k, default 1) or "auto" (the fastest mode the mapping can
-    run, async with k = 1 and 2 unless ``max_staleness`` is given; a tie keeps the simpler).
+    run, async with k = 1 and 2 unless ``max_staleness`` is given; a tie keeps the simpler). ``support``: per
+    role, the layouts its backend runs (:class:`~hybridflow.planner.support.LayoutSupport`); a fixed field
+    outside it is a ValueError naming the role and backend.
 
     The plan is executable like an auto plan. A group that does not fit memory makes the plan
     infeasible, with a problem naming the group and the overflow (an OOM risk), instead of raising.
@@ -181,7 +185,7 @@ def evaluate_mapping(graph: Graph, models: Mapping[str, ModelSpec], workload: Wo
     plans = []
     for mode, bound in modes:
         problem = build_problem(graph, models, workload, cluster, detach=detach, settings=settings,
-                                calibration=calibration, pipeline=mode, max_staleness=bound)
+                                calibration=calibration, pipeline=mode, max_staleness=bound, support=support)
         splits = {"sequence_parallel": sequence_parallel, "pipeline_parallel": pipeline_parallel,
                   "expert_parallel": expert_parallel, "fsdp_size": fsdp_size}
         fixed = _Fixed(data_parallel_size, sharding, micro_batch_sizes, rollout_tp, splits, gradient_checkpointing,
@@ -192,7 +196,8 @@ def evaluate_mapping(graph: Graph, models: Mapping[str, ModelSpec], workload: Wo
         if stream_chunks > 1:
             chunk = replace(workload, batch_size=-(-workload.batch_size // stream_chunks))
             chunk_problem = build_problem(graph, models, chunk, cluster, detach=detach, settings=settings,
-                                          calibration=calibration, pipeline=mode, max_staleness=bound)
+                                          calibration=calibration, pipeline=mode, max_staleness=bound,
+                                          support=support)
             streamed = (stream_chunks, _place(chunk_problem, mapping, _pinned(fixed, placements))[0])
         plans.append(build_plan(problem, placements, search=stats, problems=problems, streamed=streamed))
     if pipeline != "auto":

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from hybridflow.graph import Graph, NodeLoad, Op, RoleKind, Workload, edge_bytes, node_loads
 from hybridflow.planner.calibration import DEFAULT_CALIBRATION, Calibration
@@ -13,6 +13,7 @@ from hybridflow.planner.models import ModelSpec
 from hybridflow.planner.modes import check_pipeline, staleness
 from hybridflow.planner.plan import rollout_role
 from hybridflow.planner.settings import DEFAULT_SETTINGS, RunSettings
+from hybridflow.planner.support import ANY_LAYOUT, LayoutSupport
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,6 +53,8 @@ class Problem:
     node_role: Mapping[str, str | None]  # node -> its GPU role, None for driver-side nodes
     apart: tuple[tuple[str, str], ...] = ()  # (policy, its rollout): roles that must not share a group
     max_tp: int | None = None  # cap on training/forward tensor parallelism (None: up to 8)
+    support: Mapping[str, LayoutSupport] = field(default_factory=dict)  # role -> what its backend runs
+    micro_batch_sizes: Mapping[str, int] = field(default_factory=dict)  # role -> the user's fixed micro batch
     settings: RunSettings = DEFAULT_SETTINGS
     calibration: Calibration = DEFAULT_CALIBRATION
     pipeline: str = "sync"  # "one_step_off", "async": detached generate nodes overlap the rest of the step
@@ -66,6 +69,10 @@ class Problem:
     def role_names(self) -> tuple[str, ...]:
         return tuple(role.name for role in self.roles)
 
+    def support_of(self, role: str) -> LayoutSupport:
+        """What ``role``'s backend runs; a detached rollout without its own entry runs its policy's."""
+        return self.support.get(role) or self.support.get(role.split(":")[0]) or ANY_LAYOUT
+
     def role(self, name: str) -> RoleWork:
         for role in self.roles:
             if role.name == name:
@@ -76,14 +83,16 @@ class Problem:
 def build_problem(graph: Graph, models: Mapping[str, ModelSpec], workload: Workload, cluster: Cluster, *,
                   detach: Collection[str] = (), max_tp: int | None = None, settings: RunSettings | None = None,
                   calibration: Calibration | None = None, pipeline: str = "sync",
-                  max_staleness: int | None = None) -> Problem:
+                  max_staleness: int | None = None, support: Mapping[str, LayoutSupport] | None = None,
+                  micro_batch_sizes: Mapping[str, int] | None = None) -> Problem:
     """Check the inputs against each other and precompute per-role loads and edge sizes.
 
     ``detach`` names trainable policies whose rollout runs on GPUs of its own: their generate nodes move
     to a frozen role ``<policy>:rollout`` (same model) that receives the weights after every update.
     ``pipeline="one_step_off"`` costs those generate nodes as overlapping the rest of the step, and
     ``"async"`` as a pool generating continuously at most ``max_staleness`` updates ahead (default 1)
-    (``hybridflow.planner.modes``); both need a detached rollout.
+    (``hybridflow.planner.modes``); both need a detached rollout. ``support``: per role, the layouts its
+    backend runs (:mod:`.support`); ``micro_batch_sizes``: per role, a micro batch the user fixed.
     """
     if not isinstance(graph, Graph):
         raise TypeError(f"graph must be a hybridflow Graph, got {type(graph).__name__}; use load_graph('ppo')")
@@ -121,7 +130,18 @@ def build_problem(graph: Graph, models: Mapping[str, ModelSpec], workload: Workl
     node_role = {node.name: node.role if node.role in gpu_roles else None for node in graph.nodes}
     roles, apart = _detach_rollouts(roles, detach, node_role, streams=pipeline == "async")
     check_pipeline(pipeline, graph, detached=bool(apart), max_staleness=max_staleness)
-    return Problem(graph=graph, workload=workload, cluster=cluster, roles=tuple(roles), driver_roles=tuple(drivers),
+    placed = {role.name for role in roles} | {rollout_role(name) for name in gpu_roles}  # a rollout may be detached
+    for what, given in (("support", support or {}), ("micro_batch_sizes", micro_batch_sizes or {})):
+        unknown = sorted(set(given) - placed)
+        if unknown:
+            raise ValueError(f"{what} names {unknown}, which are not GPU roles of this problem; "
+                             f"roles: {sorted(placed)}")
+    for name, size in (micro_batch_sizes or {}).items():
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"micro_batch_sizes[{name!r}]={size!r} must be a positive integer (rows per pass "
+                             "per rank)")
+    return Problem(support=dict(support or {}), micro_batch_sizes=dict(micro_batch_sizes or {}),
+                   graph=graph, workload=workload, cluster=cluster, roles=tuple(roles), driver_roles=tuple(drivers),
                    edge_bytes=edge_bytes(graph, workload), node_role=node_role, apart=apart, max_tp=max_tp,
                    settings=settings or DEFAULT_SETTINGS, calibration=calibration or DEFAULT_CALIBRATION,
                    pipeline=pipeline, max_staleness=staleness(pipeline, max_staleness))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from hybridflow.graph import Graph, Workload
 from hybridflow.planner.assemble import Placement, build_plan, group_seconds, idle_fraction
@@ -26,6 +26,7 @@ from hybridflow.planner.plan import Plan, SearchStats, detachable_policies
 from hybridflow.planner.problem import Problem, build_problem
 from hybridflow.planner.schedule import Schedule, Sharing, compile_schedule, makespan, shared_step
 from hybridflow.planner.settings import RunSettings
+from hybridflow.planner.support import LayoutSupport
 from hybridflow.planner.units import GpuUnits, MachineUnits, State, Token, Units
 
 TOLERANCE = 1e-9  # relative: step times this close count as equal and fall to the tie-breaks
@@ -47,6 +48,10 @@ class PlannerOptions:
     the fastest kept; ties go to the simpler, in that order). ``max_staleness``: the async bound k; None
     compares k = 1 and 2 (a tie keeps 1). The plan records the mode and k and, when modes were compared,
     why (``extra["pipeline_choice"]``).
+    ``support``: per role (a detached rollout as ``actor:rollout``), the layouts its backend runs
+    (:mod:`.support`); the search proposes nothing else. None: any layout (a dry run told no backends).
+    ``micro_batch_sizes``: per role, a micro batch the user fixed (rows per pass per rank); the rest the
+    search chooses.
     """
 
     exact_gpu_limit: int = 16
@@ -56,6 +61,8 @@ class PlannerOptions:
     separate_rollout: bool = False
     pipeline: str = "sync"
     max_staleness: int | None = None
+    support: Mapping[str, LayoutSupport] = field(default_factory=dict)
+    micro_batch_sizes: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.pipeline not in CHOICES:
@@ -229,7 +236,7 @@ def plan_placement(graph: Graph, models: Mapping[str, ModelSpec], workload: Work
     for detach, pipeline, bound in _modes(opts, graph):
         problem = build_problem(graph, models, workload, cluster, detach=detach, max_tp=opts.max_tp,
                                 settings=settings, calibration=calibration, pipeline=pipeline,
-                                max_staleness=bound)
+                                max_staleness=bound, support=opts.support, micro_batch_sizes=opts.micro_batch_sizes)
         searcher = Searcher(problem, opts.units(cluster))
         placements = searcher.run()
         visited += searcher.visited + searcher.evaluator.evaluations

@@ -1,15 +1,51 @@
-"""What the controller refuses before it runs a step, each with the fix: a plan it cannot place, streaming
-the graph cannot do, and an engine that lacks a capability its role's nodes need."""
+"""What the controller refuses before it runs a step, each with the fix: a plan it cannot place, a layout a
+role's backend would not run as planned, streaming the graph cannot do, and an engine that lacks a capability
+its role's nodes need."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 from hybridflow.graph import Graph, Op, RoleKind
-from hybridflow.planner import Plan, detachable_policies
+from hybridflow.planner import LayoutSupport, Plan, detachable_policies
 from hybridflow.planner.modes import check_stream_chunks
+from hybridflow.registry import BACKENDS
 from hybridflow.runtime.executor import WorkerGroup
-from hybridflow.runtime.protocols import OP_CAPABILITIES, Scorer, WeightSink, WeightSource
+from hybridflow.runtime.protocols import OP_CAPABILITIES, RoleSpec, Scorer, WeightSink, WeightSource
+
+# The rollout engines whose tensor parallelism is their own (a colocated ``rollout: vllm``), not the backend's.
+_ROLLOUT_TP = {"vllm": None}
+
+
+def role_support(spec: RoleSpec) -> LayoutSupport:
+    """The layouts ``spec``'s role runs as planned: its backend's ``support`` (a backend that declares none runs
+    the plainest: one replica per rank), with its rollout engine's tensor parallelism."""
+    backend = BACKENDS.get(spec.backend)
+    support = getattr(backend, "support", None) or LayoutSupport(backend=spec.backend)
+    if spec.rollout in _ROLLOUT_TP:
+        support = replace(support, max_rollout_tp=_ROLLOUT_TP[spec.rollout])
+    return support
+
+
+def check_layouts(graph: Graph, plan: Plan, specs: Mapping[str, RoleSpec]) -> None:
+    """Refuse, before any engine is built, a plan layout its role's backend would not run as planned, naming
+    the role, the fields and the backend."""
+    generating = {plan.runs_on(str(node.role), generates=True) for node in graph.nodes if node.op is Op.GENERATE}
+    found = []
+    for group in plan.groups:
+        for layout in group.layouts:
+            spec = specs.get(layout.role)
+            if spec is None:
+                continue  # check_placement / the executor name a role without a spec
+            problems = role_support(spec).problems(layout, generates=layout.role in generating)
+            if problems:
+                found.append(f"role {layout.role!r} (backend {spec.backend!r}): {'; '.join(problems)}")
+    if found:
+        raise ValueError("the plan asks for layouts its backends do not run as planned: " + " | ".join(found)
+                         + ". Plan for these backends (placement: auto searches only what they run; "
+                         "`hybridflow plan --backend ROLE=NAME` for a dry run) or choose a backend that runs them "
+                         "(roles.<name>.backend)")
 
 
 def check_placement(graph: Graph, plan: Plan, driver_roles: Mapping[str, Scorer]) -> None:

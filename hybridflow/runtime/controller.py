@@ -29,7 +29,7 @@ from hybridflow.graph import Graph, Node, Op
 from hybridflow.planner import Plan
 from hybridflow.registry import COMPUTE_FNS
 from hybridflow.runtime.batch import Batch
-from hybridflow.runtime.checks import check_capabilities, check_placement, check_streaming
+from hybridflow.runtime.checks import check_capabilities, check_layouts, check_placement, check_streaming
 from hybridflow.runtime.dispatch import DriverTarget, GroupTarget, Outcome, Served, Target, timed
 from hybridflow.runtime.executor import Executor, LocalExecutor, WorkerGroup
 from hybridflow.runtime.filtering import GroupPool, keep_mask, with_uids
@@ -67,11 +67,13 @@ class Controller:
         check_placement(graph, plan, self.driver_roles)
         overlapped = check_pipeline(pipeline, graph, plan)
         self.stream_chunks, self._streamed = stream_chunks, check_streaming(graph, pipeline, stream_chunks)
+        specs = with_rollout_specs(plan, specs)
+        check_layouts(graph, plan, specs)  # before any engine loads a model
         self.executor = executor or LocalExecutor()
         if pipeline != "sync" and not getattr(self.executor, "runs_pipelines", True):
             raise ValueError(f"pipeline={pipeline!r}: the {type(self.executor).__name__} runs pipeline='sync' only; "
                              "use the Ray or local executor for overlapped modes")
-        self.groups: list[WorkerGroup] = self.executor.start(plan, with_rollout_specs(plan, specs))
+        self.groups: list[WorkerGroup] = self.executor.start(plan, specs)
         self._dispatchers = [ThreadPoolExecutor(1, thread_name_prefix=f"dispatch{g.index}") for g in self.groups]
         self._driver = ThreadPoolExecutor(2, thread_name_prefix="driver")
         self.ledger = StepLedger(len(self.groups))

@@ -11,12 +11,22 @@ from hybridflow.graph import Graph, RoleKind
 from hybridflow.planner import Plan, colocated_plan
 from hybridflow.runtime.protocols import RoleSpec
 
+UNPLANNED_MICRO_BATCH = 64  # rows per pass and rank of a role in the one-group plan when the user fixed none
 
-def default_plan(graph: Graph, *, num_gpus: int = 1, device: str = "cpu", dtype: str = "fp32") -> Plan:
-    """Every GPU role of ``graph`` on one group of ``num_gpus``; reward functions on the driver."""
+
+def default_plan(graph: Graph, *, num_gpus: int = 1, device: str = "cpu", dtype: str = "fp32",
+                 micro_batch_sizes: Mapping[str, int] | None = None) -> Plan:
+    """Every GPU role of ``graph`` on one group of ``num_gpus``; reward functions on the driver.
+
+    ``micro_batch_sizes``: rows per pass and rank per role (:data:`UNPLANNED_MICRO_BATCH` for the others).
+    """
     gpu_roles = [role.name for role in graph.roles if role.kind.needs_gpu]
     driver_roles = [role.name for role in graph.roles if not role.kind.needs_gpu]
-    return colocated_plan(graph.name, gpu_roles, driver_roles, num_gpus=num_gpus, device=device, dtype=dtype)
+    plan = colocated_plan(graph.name, gpu_roles, driver_roles, num_gpus=num_gpus, device=device, dtype=dtype)
+    sizes = {role: (micro_batch_sizes or {}).get(role, UNPLANNED_MICRO_BATCH) for role in gpu_roles}
+    group = plan.groups[0]
+    layouts = tuple(replace(layout, micro_batch_size=sizes[layout.role]) for layout in group.layouts)
+    return replace(plan, groups=(replace(group, layouts=layouts),))
 
 
 def with_rollout_specs(plan: Plan, specs: Mapping[str, RoleSpec]) -> dict[str, RoleSpec]:
@@ -42,7 +52,7 @@ def rollout_spec(trainer: RoleSpec, name: str, **changes: Any) -> RoleSpec:
     """The frozen copy of ``trainer`` that serves as its detached rollout ``name``; ``changes`` override fields."""
     vllm = trainer.rollout == "vllm"
     spec = RoleSpec(name=name, kind=RoleKind.FROZEN_POLICY, model=trainer.model, seed=trainer.seed,
-                    backend="vllm" if vllm else trainer.backend, micro_batch_size=trainer.micro_batch_size,
+                    backend="vllm" if vllm else trainer.backend,
                     options=trainer.rollout_options if vllm else trainer.options,
                     rollout="native" if vllm else trainer.rollout)
     return replace(spec, **changes)

@@ -27,12 +27,12 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
-from hybridflow.graph import Op, RoleKind
+from hybridflow.graph import DEFAULT_MAX_NEW_TOKENS, Op, RoleKind
 
 if TYPE_CHECKING:
     import torch
 
-    from hybridflow.planner import RoleLayout
+    from hybridflow.planner import LayoutSupport, RoleLayout
     from hybridflow.runtime.batch import Batch
 
 T = TypeVar("T")
@@ -69,8 +69,9 @@ for a colocated and for a detached rollout."""
 class RoleSpec:
     """What to build for one role: the backend, its kind, the model to load and, if it trains, how.
 
-    ``model`` is a local HF directory or a built-in tiny config name (``hybridflow.models``).
-    ``micro_batch_size`` of 0 takes the plan layout's value. ``options`` are the backend's own, parsed
+    ``model`` is a local HF directory or a built-in tiny config name (``hybridflow.models``). How the role
+    runs (micro batches, sharding, dtype...) is the plan's :class:`~hybridflow.planner.RoleLayout`, never
+    the spec's. ``options`` are the backend's own, parsed
     by its typed options class (unknown keys are refused). ``rollout`` chooses the engine a policy
     generates with (:data:`ROLLOUTS`) and ``rollout_options`` configure it (the vLLM engine's options
     for ``"vllm"``).
@@ -81,7 +82,6 @@ class RoleSpec:
     model: str
     backend: str = "torch"
     optim: OptimSpec | None = None
-    micro_batch_size: int = 0
     seed: int = 0
     options: Mapping[str, Any] = field(default_factory=dict)
     rollout: str = "native"
@@ -93,9 +93,6 @@ class RoleSpec:
             object.__setattr__(self, "optim", OptimSpec())
         if self.rollout not in ROLLOUTS:
             raise ValueError(f"role {self.name!r}: rollout={self.rollout!r} must be one of {list(ROLLOUTS)}")
-        if self.micro_batch_size < 0:
-            raise ValueError(f"role {self.name!r}: micro_batch_size={self.micro_batch_size} must be >= 0 "
-                             "(0: the plan's)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,7 +100,7 @@ class SamplingParams:
     """Rollout options of a generate node. ``greedy`` overrides temperature/top-p/top-k. ``logprobs`` asks for
     each sampled token's behaviour log-prob too (``rollout_logprobs``, see :class:`Generator`)."""
 
-    max_new_tokens: int = 32
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
@@ -244,9 +241,14 @@ OP_CAPABILITIES: Mapping[Op, type] = {Op.GENERATE: Generator, Op.LOGPROB: LogPro
 
 
 class Backend(Protocol):
-    """A factory of role engines; a backend module exposes one as ``BACKEND``."""
+    """A factory of role engines; a backend module exposes one as ``BACKEND``.
+
+    ``support`` declares the layouts its engines run as planned: the planner searches only those, and the
+    controller refuses a plan that asks for more before any engine is built.
+    """
 
     name: str
+    support: LayoutSupport
 
     def build_role(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext) -> Engine:
         ...

@@ -88,7 +88,7 @@ class Rollouter:
                  capacity: int | None = None) -> None:
         if max_staleness < 0:
             raise ValueError(f"max_staleness={max_staleness} must be >= 0")
-        self.max_new_tokens = int(node.option("max_new_tokens", 32) or 32)
+        self.max_new_tokens = node.max_new_tokens
         if segment_tokens == 0:  # the default: a quarter of the response budget
             segment_tokens = max(self.max_new_tokens // 4, 1)
         if segment_tokens is not None:

@@ -109,9 +109,12 @@ class GroupWorker:
         return {name: sorted(capabilities_of(engine)) for name, engine in self.engines.items()}
 
     def info(self) -> dict[str, Any]:
-        """Where this rank runs: pid, host, Ray node id and GPU ids (when under Ray)."""
+        """Where this rank runs: pid, host, Ray node id and GPU ids (when under Ray), and what each role's engine
+        runs of its layout (``executed_layout``, where the engine reports it)."""
         data: dict[str, Any] = {"group": self.group, "rank": self.rank, "pid": os.getpid(),
-                                "host": socket.gethostname(), "roles": sorted(self.specs)}
+                                "host": socket.gethostname(), "roles": sorted(self.specs),
+                                "layouts": {name: report() for name, engine in self.engines.items()
+                                            if (report := getattr(engine, "executed_layout", None)) is not None}}
         try:
             import ray
 

@@ -55,12 +55,43 @@ class DataConfig(DataFiles):
 @dataclass(frozen=True, kw_only=True)
 class OptimConfig(OptimSpec):
     """Optimisation of one trainable role (actor or critic): the runtime's :class:`OptimSpec` plus the micro
-    batch size its roles default to."""
+    batch its roles take when the user fixes one (rows per forward/backward pass per rank: ``actor`` for the
+    policy, reference and reward model, ``critic`` for value models; ``roles.<name>.micro_batch_size`` wins).
+    A fixed micro batch is an input of the plan, never a second value at run time; unset, the planner chooses
+    (``placement: auto|manual``) or the one-group plan takes 64."""
 
-    micro_batch_size: int = 64
+    micro_batch_size: int | None = None
 
     def spec(self) -> OptimSpec:
         return OptimSpec(**{f.name: getattr(self, f.name) for f in dataclasses.fields(OptimSpec)})
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlannerInputs:
+    """What the planner needs that a run's config cannot state: the response lengths to cost (``placement:
+    auto|manual``). ``lengths_from``: an earlier run's metrics.jsonl; ``mean_response_len``: a lognormal with
+    that mean, capped at ``max_new_tokens``. Neither: every response costed at ``max_new_tokens``. The rest of
+    the planner's step recipe (epochs, mini-batches, prompt cap, offload, the engine's memory) is derived from
+    the run's own keys (:func:`hybridflow.train.placement.run_settings`)."""
+
+    lengths_from: str | None = None
+    mean_response_len: int | None = None
+
+    # Planner keys a run states itself, and where (an unknown key here names its home).
+    STATED_BY_THE_RUN: typing.ClassVar[dict[str, str]] = {
+        "mini_batch_size": "actor.mini_batches", "epochs": "actor.epochs", "max_prompt_len": "data.max_prompt_length",
+        "max_response_len": "the generate node's max_new_tokens (algorithm_options)",
+        "gpu_memory_utilization": "roles.<policy>.rollout_options.gpu_memory_utilization",
+        "rollout_sleep": "roles.<policy>.rollout_options.sleep_level",
+        "offload": "roles.<name>.options.offload_optimizer (backend deepspeed)"}
+
+    def __post_init__(self) -> None:
+        if self.lengths_from and self.mean_response_len is not None:
+            raise ValueError("config keys 'planner_settings.lengths_from' and 'planner_settings.mean_response_len' "
+                             "conflict: give one")
+
+    def __bool__(self) -> bool:
+        return bool(self.lengths_from) or self.mean_response_len is not None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -112,10 +143,8 @@ class TrainConfig:
     separate_rollout: bool = False  # placement=auto: also consider rollout GPUs apart from the trainer's
     # placement=auto|manual: the cost model's fitted constants (a file from `hybridflow calibrate`, or a shipped name)
     calibration: str | None = None
-    # placement=auto|manual: the step recipe the planner costs beyond the mapping (planner.settings.SETTING_KEYS,
-    # plus mean_response_len: the lengths become a lognormal with that mean, capped at max_new_tokens), e.g.
-    # {lengths_from: runs/previous/metrics.jsonl}
-    planner_settings: dict[str, Any] = field(default_factory=dict)
+    # placement=auto|manual: the response lengths the planner costs, e.g. {lengths_from: runs/previous/metrics.jsonl}
+    planner_settings: PlannerInputs = field(default_factory=PlannerInputs)
     # placement=auto|manual on logical CPU GPUs: the cores they share ("auto": this machine's); None: one each
     host_cores: int | Literal["auto"] | None = None
     # "one_step_off": a rollout on GPUs of its own generates step t+1 while the trainer trains on step t;
@@ -252,7 +281,9 @@ def from_mapping(cls: type[T], data: Mapping[str, Any], prefix: str = "") -> T:
     known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     unknown = sorted(set(data) - known)
     if unknown:
-        raise KeyError(f"unknown config key {prefix + unknown[0]!r}; valid keys here: {sorted(known)}")
+        home = getattr(cls, "STATED_BY_THE_RUN", {}).get(unknown[0])
+        hint = f" (the run states it: {home})" if home else ""
+        raise KeyError(f"unknown config key {prefix + unknown[0]!r}{hint}; valid keys here: {sorted(known)}")
     values = {name: _check(hints[name], value, prefix + name) for name, value in data.items()}
     return cls(**values)
 

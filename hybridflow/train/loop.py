@@ -20,7 +20,7 @@ from hybridflow.train.checkpoint import save_checkpoint
 from hybridflow.train.config import TrainConfig
 from hybridflow.train.export import export_policy
 from hybridflow.train.metrics import MetricsWriter, step_metrics
-from hybridflow.train.preflight import check_config, check_prompts, probe_rewards
+from hybridflow.train.prepare import prepare_run
 from hybridflow.train.retention import prune_checkpoints
 from hybridflow.train.rundir import begin_run
 from hybridflow.train.validation import TABLE, validate
@@ -44,29 +44,22 @@ def train(config: TrainConfig, *, resume: bool = False, graph: Graph | None = No
           allow_config_change: bool = False) -> TrainResult:
     """Run ``config.steps`` steps (from the latest checkpoint when ``resume``); write metrics and a curve.
 
-    ``graph``, ``plan`` and ``specs`` are built from ``config`` unless given: a caller that made them (the
-    classic API, a notebook) passes the values themselves, and the run executes exactly those.
+    The run's values are composed once (:func:`~hybridflow.train.prepare.prepare_run`: graph, plan, data,
+    reward), before anything is written or loaded. ``graph``, ``plan`` and ``specs`` are built from ``config``
+    unless given: a caller that made them (the classic API, a notebook) passes the values themselves, and the
+    run executes exactly those.
     ``overwrite``, ``resume_from`` and ``allow_config_change``: see :mod:`hybridflow.train.rundir`.
     """
     run_dir = Path(config.output_dir).resolve()  # Ray workers run elsewhere: every path they see is absolute
-    graph = graph or setup.build_graph(config)
-    check_config(config, graph, plan)  # before anything is written, loaded or trained
+    prepared = prepare_run(config, graph=graph, plan=plan, specs=specs, note=partial(_note, config))
+    graph, plan = prepared.graph, prepared.plan
     begin = begin_run(run_dir, config, graph, resume=resume, overwrite=overwrite, resume_from=resume_from,
                       allow_config_change=allow_config_change)
-    splits = setup.data_splits(config)
-    _note(config, f"preparing the policy ({config.model.path or config.model.name}) and {len(splits.train)} prompts")
-    tokenizer = setup.policy_tokenizer(config)
-    train_data, val_data = setup.prepare_data(config, splits, tokenizer)
-    check_prompts(config, graph, train_data.records, tokenizer, train_data.longest_prompt_tokens)  # before the model
-    probe_rewards(config, train_data.records, tokenizer)
-    model_dir, tokenizer = setup.prepare_model(config, run_dir, train_data.records, tokenizer)
+    _note(config, f"preparing the policy ({config.model.path or config.model.name})")
+    train_data, val_data = prepared.train_data, prepared.validation_data
+    model_dir, tokenizer = setup.prepare_model(config, run_dir, train_data.records, prepared.tokenizer)
     data = train_data.records
-    graph = graph or setup.build_graph(config)
-    if plan is None:
-        plan = setup.build_plan(config, graph, train_data.longest_prompt_tokens, model_dir)
-    else:
-        setup.check_role_entries(config, graph, plan)
-    specs = specs or setup.role_specs(config, graph, model_dir, plan)
+    specs = prepared.role_specs(model_dir)
     (run_dir / "plan.json").write_text(plan.to_json())  # what ran, for `hybridflow report` and reruns
     (run_dir / "config.json").write_text(json.dumps(asdict(config), indent=2))  # only once the run validated
     checkpoint, start = begin.checkpoint, begin.step
@@ -74,7 +67,7 @@ def train(config: TrainConfig, *, resume: bool = False, graph: Graph | None = No
     writer = MetricsWriter(run_dir, tensorboard=config.tensorboard, resume_step=start if resume else None,
                            trackers=config.trackers, name=run_dir.name, config=asdict(config))
     history: list[dict[str, float]] = []
-    scorer = setup.reward_scorer(config, tokenizer)
+    scorer = prepared.scorer
     data_metrics = {"data/train_prompts": float(train_data.kept), "data/filtered_prompts": float(train_data.filtered)}
     _note(config, f"starting the workers ({config.executor} executor)")
     with StepTracker() as running, Controller(graph, plan, specs=specs,

@@ -9,13 +9,16 @@ models (a built-in tiny name or a local HF directory).
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from hybridflow.graph import Graph, Op, Workload
+from hybridflow.graph import Graph, Workload
 from hybridflow.planner import (
     Calibration,
     Cluster,
+    LayoutSupport,
+    LengthDistribution,
     ModelSpec,
     Plan,
     PlannerOptions,
@@ -24,52 +27,75 @@ from hybridflow.planner import (
     plan_placement,
     rollout_role,
 )
-from hybridflow.planner.settings import RunSettings, settings_from_dict
+from hybridflow.planner.models import from_config_dict
+from hybridflow.planner.settings import Offload, RunSettings
 from hybridflow.train.config import TrainConfig
 
 
-def role_models(config: TrainConfig, graph: Graph, model_dir: str | None = None) -> dict[str, ModelSpec]:
+def role_models(config: TrainConfig, graph: Graph, model_dir: str | None = None, *,
+                vocab_size: int | None = None) -> dict[str, ModelSpec]:
     """A planner spec per GPU role: its own directory if configured, else the policy's model (``model_dir``,
-    the run's starting weights, when known: a built-in tiny model's real vocabulary is the tokenizer's)."""
+    the run's starting weights, when known; before a built-in tiny model exists, its config with the
+    tokenizer's ``vocab_size``)."""
     policy = model_dir or config.model.path or config.model.name
     specs = {}
     for role in graph.roles:
         if role.kind.needs_gpu:
             override = config.roles.get(role.name)
             model = override.model if override is not None and override.model else policy
-            specs[role.name] = ModelSpec.from_hf_config(model) if Path(model).exists() else ModelSpec.preset(model)
+            specs[role.name] = _model_spec(model, vocab_size)
     return specs
+
+
+def _model_spec(model: str, vocab_size: int | None) -> ModelSpec:
+    from hybridflow.models.tiny import TINY_CONFIGS  # plain data, no torch
+
+    if Path(model).exists():
+        return ModelSpec.from_hf_config(model)
+    if model in TINY_CONFIGS and vocab_size:
+        return from_config_dict({**TINY_CONFIGS[model][1], "vocab_size": vocab_size}, name=model)
+    return ModelSpec.preset(model)
 
 
 def workload(config: TrainConfig, graph: Graph, prompt_len: int, settings: RunSettings | None = None) -> Workload:
     """The run's workload; responses as long as ``max_new_tokens`` unless ``settings`` give a length distribution
     (then its mean, which the graph sizes its edges with)."""
-    response = max_new_tokens(graph)
+    response = graph.max_new_tokens
     if settings is not None and settings.lengths is not None:
         response = max(1, round(settings.lengths.mean))
     return Workload(batch_size=config.data.batch_size, prompt_len=prompt_len, response_len=response)
 
 
-def max_new_tokens(graph: Graph) -> int:
-    lengths = [int(node.option("max_new_tokens", 32) or 32) for node in graph.nodes if node.op is Op.GENERATE]
-    return max(lengths, default=32)
-
-
 def run_settings(config: TrainConfig, graph: Graph) -> RunSettings:
-    """``planner_settings`` as the planner's step recipe; ``mean_response_len`` becomes a lognormal capped at the
-    graph's ``max_new_tokens``. Errors name the config key."""
-    data = dict(config.planner_settings)
-    mean = data.pop("mean_response_len", None)
-    where, cap = "config key 'planner_settings'", max_new_tokens(graph)
-    if mean is not None:
-        if "lengths_from" in data or "max_response_len" in data:
-            raise ValueError(f"{where}: give mean_response_len or lengths_from, not both (max_response_len is the "
-                             "generate node's max_new_tokens)")
-        if isinstance(mean, bool) or not isinstance(mean, int | float) or not 0 < mean <= cap:
-            raise ValueError(f"{where}.mean_response_len={mean!r} must be a number of tokens in (0, max_new_tokens="
-                             f"{cap}]")
-        data["max_response_len"] = cap
-    return settings_from_dict(data, mean_response_len=round(mean or cap), where=where)
+    """The planner's step recipe, derived from the run's own keys (the one place that translates them):
+
+    - ``epochs`` and ``mini_batch_size`` from ``actor.epochs`` / ``actor.mini_batches`` (rows per optimizer
+      step: the step's samples over its mini-batches);
+    - ``max_prompt_len`` from ``data.max_prompt_length``;
+    - a vLLM rollout's ``gpu_memory_utilization`` and sleep (``roles.<policy>.rollout_options``);
+    - offload from the backends' options (DeepSpeed ``offload_optimizer``);
+    - the response lengths from ``planner_settings`` (what a run cannot state: ``lengths_from`` an earlier
+      run's metrics, or ``mean_response_len``, a lognormal capped at the graph's ``max_new_tokens``).
+    """
+    inputs, cap = config.planner_settings, graph.max_new_tokens
+    lengths = None
+    if inputs.lengths_from:
+        lengths = LengthDistribution.from_metrics(inputs.lengths_from)
+    elif inputs.mean_response_len is not None:
+        mean = inputs.mean_response_len
+        if isinstance(mean, bool) or not isinstance(mean, int) or not 0 < mean <= cap:
+            raise ValueError(f"config key 'planner_settings'.mean_response_len={mean!r} must be a number of tokens "
+                             f"in (0, max_new_tokens={cap}]")
+        lengths = LengthDistribution.lognormal(mean=mean, max=cap)
+    rows = config.data.batch_size * graph.samples_per_prompt
+    offload = tuple((name, Offload(optimizer=True)) for name, role in sorted(config.roles.items())
+                    if role.backend == "deepspeed" and role.options.get("offload_optimizer"))
+    vllm = next((role.rollout_options for role in config.roles.values() if role.rollout == "vllm"), None)
+    return RunSettings(lengths=lengths, epochs=config.actor.epochs,
+                       mini_batch_size=-(-rows // config.actor.mini_batches) if config.actor.mini_batches > 1 else None,
+                       max_prompt_len=config.data.max_prompt_length, offload=offload,
+                       gpu_memory_utilization=vllm.get("gpu_memory_utilization") if vllm is not None else None,
+                       rollout_sleep=bool(vllm.get("sleep_level")) if vllm is not None else False)
 
 
 def planner_cluster(config: TrainConfig) -> Cluster:
@@ -88,17 +114,25 @@ def host_cores(config: TrainConfig, cluster: Cluster) -> int | None:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def planned(config: TrainConfig, graph: Graph, prompt_len: int, model_dir: str | None = None) -> Plan:
-    """The plan ``config.placement`` asks for; raises naming the key at fault."""
+def planned(config: TrainConfig, graph: Graph, prompt_len: int, model_dir: str | None = None, *,
+            support: Mapping[str, LayoutSupport] | None = None, micro_batch_sizes: Mapping[str, int] | None = None,
+            vocab_size: int | None = None) -> Plan:
+    """The plan ``config.placement`` asks for; raises naming the key at fault.
+
+    ``support``: per role, the layouts its backend runs (the search proposes nothing else);
+    ``micro_batch_sizes``: the micro batches the user fixed, inputs of the plan.
+    """
     cluster = planner_cluster(config)
     settings = run_settings(config, graph)
-    models, work = role_models(config, graph, model_dir), workload(config, graph, prompt_len, settings)
+    models = role_models(config, graph, model_dir, vocab_size=vocab_size)
+    work = workload(config, graph, prompt_len, settings)
     calibration = Calibration.load(config.calibration) if config.calibration else None
+    support = dict(support or {})
     if config.placement == "auto":
-        # The installed training backends are data parallel only: plan what they can run.
         plan = plan_placement(graph, models, work, cluster, calibration=calibration, settings=settings,
-                              options=PlannerOptions(max_tp=1, separate_rollout=config.separate_rollout,
-                                                     pipeline=config.pipeline, max_staleness=_bound(config)))
+                              options=PlannerOptions(separate_rollout=config.separate_rollout,
+                                                     pipeline=config.pipeline, max_staleness=_bound(config),
+                                                     support=support, micro_batch_sizes=dict(micro_batch_sizes or {})))
     else:
         gpu_roles = set(models)
         missing = sorted(gpu_roles - set(config.meshes))
@@ -110,24 +144,17 @@ def planned(config: TrainConfig, graph: Graph, prompt_len: int, model_dir: str |
             raise KeyError(f"config key 'meshes': {extra} are not GPU roles of the {graph.name} graph "
                            f"(GPU roles: {sorted(gpu_roles)}; a policy's rollout on GPUs of its own: "
                            f"{sorted(rollouts)})")
+        # The sharding is the planner's to choose among what each backend runs (a mesh fixes GPUs and dp only).
         plan = evaluate_mapping(graph, models, work, cluster, config.meshes, calibration=calibration, settings=settings,
                                 data_parallel_size={role: len(mesh) for role, mesh in config.meshes.items()},
+                                sharding=None, micro_batch_sizes=dict(micro_batch_sizes or {}) or None,
                                 pipeline=config.pipeline, max_staleness=_bound(config),
-                                stream_chunks=config.stream_chunks)
+                                stream_chunks=config.stream_chunks, support=support)
         if not plan.feasible:
             raise ValueError(f"config key 'meshes': the mapping does not fit: {'; '.join(plan.problems)}")
-    _check_executable(plan)
     return plan
 
 
 def _bound(config: TrainConfig) -> int | None:
     """The async bound the planner costs: the config's for pipeline=async, its choice (1 or 2) for auto."""
     return config.max_staleness if config.pipeline == "async" else None
-
-
-def _check_executable(plan: Plan) -> None:
-    for group in plan.groups:
-        for layout in group.layouts:
-            if layout.tp != 1:
-                raise ValueError(f"the plan gives role {layout.role!r} tensor parallel size {layout.tp}, which no "
-                                 "installed training backend runs; use placement=manual with data-parallel meshes")

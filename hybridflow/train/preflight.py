@@ -2,9 +2,9 @@
 
 Everything here is decidable from the config and the files it names: numeric ranges, that model
 directories and data files exist, the reward functions load and take an accepted signature, the graph
-builds, and the plan (a plan file, the default one, or the planner's for ``placement``) holds it. What
-needs the data or the model (prompt lengths, tokenizer coverage, planner feasibility) is checked right
-after they load, still before any worker starts. Each error names the config key and the fix.
+builds, and a given plan holds its roles. What needs the data (prompt lengths, tokenizer coverage, the
+plan, made once with the real prompt lengths) is checked right after it loads, before anything is written
+and before any model loads. Each error names the config key and the fix.
 """
 
 from __future__ import annotations
@@ -29,8 +29,6 @@ def check_config(config: TrainConfig, graph: Graph, plan: Plan | None = None) ->
     setup.reward_scorer(config, tokenizer=None)  # loads each function and checks its signature
     if plan is not None:
         setup.check_role_entries(config, graph, plan)
-    else:  # placement auto/manual: the planner's checks now; the run plans again with its real prompt lengths
-        setup.build_plan(config, graph, model_dir=config.model.path)
 
 
 def check_ranges(config: TrainConfig) -> None:
@@ -48,7 +46,8 @@ def check_ranges(config: TrainConfig) -> None:
 
 def _check_optim(name: str, optim: OptimConfig) -> None:
     _positive(f"{name}.lr", optim.lr)
-    _at_least(f"{name}.micro_batch_size", optim.micro_batch_size, 1)
+    if optim.micro_batch_size is not None:
+        _at_least(f"{name}.micro_batch_size", optim.micro_batch_size, 1)
     if optim.weight_decay < 0 or not math.isfinite(optim.weight_decay):
         raise ValueError(f"config key '{name}.weight_decay'={optim.weight_decay} must be a finite number >= 0")
     if not optim.grad_clip > 0 or not math.isfinite(optim.grad_clip):
@@ -166,8 +165,7 @@ def check_prompts(config: TrainConfig, graph: Graph, records: list[dict[str, Any
     from hybridflow.graph import Op
 
     context = model_context(config)
-    response = max((int(node.option("max_new_tokens", 32) or 32) for node in graph.nodes if node.op is Op.GENERATE),
-                   default=0)
+    response = graph.max_new_tokens if any(node.op is Op.GENERATE for node in graph.nodes) else 0
     if context is not None and longest + response > context:
         raise ValueError(f"the longest prompt has {longest} tokens; with max_new_tokens={response} that exceeds the "
                          f"model's context of {context} tokens (max_position_embeddings); set data.max_prompt_length="

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -27,12 +28,13 @@ from hybridflow.data.dataset import Record
 from hybridflow.data.splits import DataFiles
 from hybridflow.data.tokenizer import PLAIN_CHAT_TEMPLATE, WIDE_ALPHABET, load_tokenizer
 from hybridflow.graph import Graph, RoleKind, load_graph
-from hybridflow.planner import Plan, rollout_role
+from hybridflow.planner import LayoutSupport, Plan, detachable_policies, rollout_role
 from hybridflow.registry import ALGORITHMS, BACKENDS
 from hybridflow.runtime import RoleSpec, default_plan
+from hybridflow.runtime.checks import check_layouts, role_support
 from hybridflow.runtime.executor import Executor, LocalExecutor
 from hybridflow.runtime.limits import RequestLimiter, RewardCache
-from hybridflow.runtime.placement import rollout_spec
+from hybridflow.runtime.placement import rollout_spec, with_rollout_specs
 from hybridflow.runtime.service import RoleServices
 from hybridflow.train.aliases import check_algorithm_options
 from hybridflow.train.config import RoleConfig, TrainConfig
@@ -120,21 +122,72 @@ def build_graph(config: TrainConfig) -> Graph:
     return load_graph(config.algorithm, **options)
 
 
-def build_plan(config: TrainConfig, graph: Graph, prompt_len: int = 32, model_dir: str | None = None) -> Plan:
+def build_plan(config: TrainConfig, graph: Graph, prompt_len: int = 32, model_dir: str | None = None, *,
+               vocab_size: int | None = None) -> Plan:
     """The plan file's, the planner's (``placement``) or the one-group plan; the run then executes it as it is.
 
-    ``model_dir``: the run's starting weights, which the planner sizes the models by.
+    Every plan holds the micro batches the user fixed and only layouts the roles' backends run (refused here,
+    before any model loads). ``model_dir``: the run's starting weights, which the planner sizes the models by
+    (before they exist, a built-in tiny model is sized by its config and ``vocab_size``, the tokenizer's).
     """
+    fixed = fixed_micro_batches(config, graph)
     if config.plan_file:
         plan = Plan.from_json(Path(config.plan_file).read_text())
+        _check_fixed_agree(config, plan, fixed)
     elif config.placement != "default":
         from hybridflow.train.placement import planned
 
-        plan = planned(config, graph, prompt_len, model_dir)
+        plan = planned(config, graph, prompt_len, model_dir, support=layout_support(config, graph),
+                       micro_batch_sizes=fixed, vocab_size=vocab_size)
     else:
-        plan = default_plan(graph, num_gpus=config.num_gpus)
+        plan = default_plan(graph, num_gpus=config.num_gpus, micro_batch_sizes=fixed)
     check_role_entries(config, graph, plan)
+    check_layouts(graph, plan, with_rollout_specs(plan, role_specs(config, graph, _PLANNING_MODEL, plan)))
     return plan
+
+
+def check_given_plan(config: TrainConfig, graph: Graph, plan: Plan,
+                     specs: Mapping[str, RoleSpec] | None = None) -> None:
+    """A caller's own plan (and specs): the config's role entries name its roles, its layouts are ones the
+    roles' backends run."""
+    check_role_entries(config, graph, plan)
+    given = specs if specs is not None else role_specs(config, graph, _PLANNING_MODEL, plan)
+    check_layouts(graph, plan, with_rollout_specs(plan, given))
+
+
+_PLANNING_MODEL = "<the run's starting weights>"  # what specs name before the policy's directory exists
+
+
+def fixed_micro_batches(config: TrainConfig, graph: Graph) -> dict[str, int]:
+    """The micro batches the user fixed, per GPU role: ``roles.<name>.micro_batch_size``, else the role's
+    optimisation section's (``critic`` for value models, ``actor`` for every other role). The plan takes them
+    as given; roles without one are the planner's (or the one-group plan's) to choose."""
+    fixed = {}
+    for role in graph.roles:
+        if not role.kind.needs_gpu:
+            continue
+        entry = config.roles.get(role.name, RoleConfig())
+        optim = config.critic if role.kind is RoleKind.VALUE else config.actor
+        size = entry.micro_batch_size or optim.micro_batch_size
+        if size:
+            fixed[role.name] = size
+    return fixed
+
+
+def _check_fixed_agree(config: TrainConfig, plan: Plan, fixed: dict[str, int]) -> None:
+    for role, size in fixed.items():
+        if role in plan.roles and plan.group_index(role) is not None and plan.layout(role).micro_batch_size != size:
+            raise ValueError(f"config key 'roles.{role}.micro_batch_size' (or actor/critic.micro_batch_size)={size} "
+                             f"disagrees with the plan file's {plan.layout(role).micro_batch_size}; a plan file is "
+                             "executed as it is: drop the key or write the plan with that micro batch")
+
+
+def layout_support(config: TrainConfig, graph: Graph) -> dict[str, LayoutSupport]:
+    """What each GPU role's backend runs as planned, and each detachable policy's rollout were it detached
+    (``actor:rollout``: the vLLM backend for ``rollout: vllm``, else the policy's): the planner searches that."""
+    policies = detachable_policies(graph)
+    specs = role_specs(config, graph, _PLANNING_MODEL, detached=policies)
+    return {name: role_support(spec) for name, spec in specs.items()}
 
 
 def check_role_entries(config: TrainConfig, graph: Graph, plan: Plan) -> None:
@@ -169,19 +222,22 @@ def services(config: TrainConfig, plan: Plan) -> RoleServices | None:
         return None
     rows = {}
     for name in limiters:
-        index = plan.group_index(name)
-        dp = plan.layout(name).dp if index is not None else 1
-        micro = config.roles[name].micro_batch_size or (plan.layout(name).micro_batch_size if index is not None else 0)
-        rows[name] = micro * dp if micro else 0
+        if plan.group_index(name) is None:
+            rows[name] = 0
+        else:  # a request is one micro batch on every rank
+            rows[name] = plan.layout(name).micro_batch_size * plan.layout(name).dp
     cache = RewardCache(config.reward_cache_size) if config.reward_cache_size else None
     return RoleServices(reward_cache=cache, limiters=limiters, request_rows=rows)
 
 
-def role_specs(config: TrainConfig, graph: Graph, model_dir: str, plan: Plan | None = None) -> dict[str, RoleSpec]:
+def role_specs(config: TrainConfig, graph: Graph, model_dir: str, plan: Plan | None = None, *,
+               detached: Iterable[str] = ()) -> dict[str, RoleSpec]:
     """A spec per GPU role: trainable policies use ``actor``, value models ``critic`` settings.
 
-    A detached rollout in ``plan`` with a ``roles.<policy>:rollout`` entry gets its own spec (the policy's
-    model, the entry's backend, options and micro batch); without one the controller derives it from the policy.
+    A detached rollout of a policy in ``detached`` or ``plan`` with a ``roles.<policy>:rollout`` entry gets
+    its own spec (the policy's model, the entry's backend and options); without one it is derived from the
+    policy (:func:`~hybridflow.runtime.placement.rollout_spec`), here when named in ``detached``, else by the
+    controller. How each role runs (micro batches...) is the plan's layout, not the spec's.
     """
     specs = {}
     for role in graph.roles:
@@ -192,16 +248,19 @@ def role_specs(config: TrainConfig, graph: Graph, model_dir: str, plan: Plan | N
         specs[role.name] = RoleSpec(name=role.name, kind=role.kind, model=entry.model or model_dir,
                                     backend=entry.backend or "torch", seed=config.seed,
                                     optim=optim.spec() if role.kind.trainable else None,
-                                    micro_batch_size=entry.micro_batch_size or optim.micro_batch_size,
                                     options=entry.options, rollout=entry.rollout,
                                     rollout_options=entry.rollout_options)
-    for policy, rollout in (plan.detached_rollouts if plan is not None else {}).items():
+    policies = [*detached, *(plan.detached_rollouts if plan is not None else {})]
+    for policy in dict.fromkeys(policies):
+        rollout = rollout_role(policy)
+        derived = rollout_spec(specs[policy], rollout)
         if rollout in config.roles:
-            entry, derived = config.roles[rollout], rollout_spec(specs[policy], rollout)
+            entry = config.roles[rollout]
             specs[rollout] = replace(derived, model=entry.model or derived.model,
                                      backend=entry.backend or derived.backend,
-                                     options=entry.options or derived.options,
-                                     micro_batch_size=entry.micro_batch_size or derived.micro_batch_size)
+                                     options=entry.options or derived.options)
+        elif policy in detached:
+            specs[rollout] = derived
     return specs
 
 

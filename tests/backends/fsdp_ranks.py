@@ -42,7 +42,7 @@ def first_step(rank: int, world_size: int, strategies: list[str]) -> dict[str, A
     ref_state = reference.state_dict()
     out: dict[str, Any] = {"reference_loss": ref_metrics["loss"]}
     for strategy in strategies:
-        engine = FsdpRoleEngine(role_spec(shard_size=2), layout(sharding=Sharding(strategy)),
+        engine = FsdpRoleEngine(role_spec(), layout(sharding=Sharding(strategy), shard_size=2),
                                 context(rank, world_size))
         metrics, grads = step_with_grads(engine, rank_rows(batch, rank, world_size), full_value)
         state = engine.state_dict()

@@ -44,13 +44,13 @@ def rollout_batch(rows: int = 8, prompt_len: int = 6, response_len: int = 5, see
 def role_spec(name: str = "actor", kind: RoleKind = RoleKind.POLICY, *, lr: float = 1e-3, grad_clip: float = 1e6,
               rollout: str = "native", rollout_options: dict[str, Any] | None = None, **options: Any) -> RoleSpec:
     optim = OptimSpec(lr=lr, grad_clip=grad_clip) if kind.trainable else None
-    return RoleSpec(name=name, kind=kind, model=MODEL, optim=optim, micro_batch_size=2, seed=0, options=options,
+    return RoleSpec(name=name, kind=kind, model=MODEL, optim=optim, seed=0, options=options,
                     rollout=rollout, rollout_options=rollout_options or {})
 
 
 def layout(role: str = "actor", *, dp: int = 2, sharding: Sharding = Sharding.FULL_SHARD, dtype: str = "fp32",
-           **fields: Any) -> RoleLayout:
-    return RoleLayout(role=role, dp=dp, sharding=sharding, dtype=dtype, micro_batch_size=2, **fields)
+           micro_batch_size: int = 2, **fields: Any) -> RoleLayout:
+    return RoleLayout(role=role, dp=dp, sharding=sharding, dtype=dtype, micro_batch_size=micro_batch_size, **fields)
 
 
 def context(rank: int = 0, world_size: int = 1) -> WorkerContext:

@@ -65,7 +65,7 @@ def gradient_gaps(rank: int, world_size: int, backend: str) -> dict[str, Any]:
             collective = ProcessGroupCollective(rank=rank, world_size=world_size) if ranks > 1 else None
             ctx = context(rank if ranks > 1 else 0, ranks)
             ctx = dataclasses.replace(ctx, collective=collective) if collective is not None else ctx
-            return TorchRoleEngine(dataclasses.replace(role_spec(), micro_batch_size=micro), layout(dp=ranks), ctx)
+            return TorchRoleEngine(role_spec(), layout(dp=ranks, micro_batch_size=micro), ctx)
 
         reference_metrics, reference = _update(torch_engine(len(batch), 1), batch, mode, lambda g: g)
         gaps: dict[str, float] = {}
@@ -84,8 +84,8 @@ def gradient_gaps(rank: int, world_size: int, backend: str) -> dict[str, Any]:
             from hybridflow.backends.fsdp.engine import full_value
 
             for micro in (1, 2, 4):
-                spec = dataclasses.replace(role_spec(), micro_batch_size=micro)
-                engine = FsdpRoleEngine(spec, layout(sharding=Sharding.FULL_SHARD), context(rank, world_size))
+                engine = FsdpRoleEngine(role_spec(), layout(sharding=Sharding.FULL_SHARD, micro_batch_size=micro),
+                                        context(rank, world_size))
                 gaps[f"dp2/micro{micro}"] = _gap(_update(engine, rank_rows(batch, rank, world_size), mode,
                                                          full_value)[1], reference)
         else:
@@ -93,8 +93,8 @@ def gradient_gaps(rank: int, world_size: int, backend: str) -> dict[str, Any]:
 
             norm = float(torch.sqrt(sum((g.double() ** 2).sum() for g in reference.values())))
             for micro in (1, 4):
-                spec = dataclasses.replace(role_spec(), micro_batch_size=micro)
-                engine = DeepSpeedRoleEngine(spec, layout(sharding=Sharding.ZERO2), context(rank, world_size))
+                engine = DeepSpeedRoleEngine(role_spec(), layout(sharding=Sharding.ZERO2, micro_batch_size=micro),
+                                             context(rank, world_size))
                 metrics, _ = _update(engine, rank_rows(batch, rank, world_size), mode, lambda g: g)
                 gaps[f"dp2/micro{micro}"] = abs(metrics["grad_norm"] - norm) / norm
                 engine.close()

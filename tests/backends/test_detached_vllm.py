@@ -43,7 +43,7 @@ def test_vllm_rollout_on_its_own_node_follows_the_fsdp_trainer(ray_two_nodes: st
 
     graph = load_graph("grpo", reward_kind="reward_function", n=2, max_new_tokens=6)
     specs = {"actor": RoleSpec(name="actor", kind="policy", model="tiny-qwen2", optim=OptimSpec(lr=2e-2),
-                               micro_batch_size=4, backend="fsdp", rollout="vllm", rollout_options=VLLM),
+                               backend="fsdp", rollout="vllm", rollout_options=VLLM),
              "reference": RoleSpec(name="reference", kind="frozen_policy", model="tiny-qwen2")}
     loader = PromptLoader(records=task_examples("reverse", 16), tokenizer=TOKENIZER, batch_size=4)
     nodes = {graph.node(name).op: graph.node(name) for name in graph.order}

@@ -15,6 +15,8 @@ from hybridflow.runtime import Controller, OptimSpec, RoleSpec  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
+# What each backend reports running for the plan's sharding (DeepSpeed names its ZeRO stage).
+EXECUTED = {Sharding.FULL_SHARD: "FULL_SHARD", Sharding.NO_SHARD: "NO_SHARD", Sharding.ZERO2: "ZERO2"}
 LAYOUTS = {"actor": ("fsdp", Sharding.FULL_SHARD), "critic": ("deepspeed", Sharding.ZERO2),
            "reference": ("fsdp", Sharding.NO_SHARD), "reward": ("torch", Sharding.NO_SHARD)}
 
@@ -48,3 +50,11 @@ def test_ppo_follows_the_plan_with_fsdp_and_deepspeed_roles(ray_two_nodes: str) 
             assert [info["node_id"] for info in infos] == [nodes[host]] * 2, f"group {group} is not on host {host}"
             assert len({info["gpu_ids"][0] for info in infos}) == 2, "two ranks share one GPU bundle"
             assert len({info["placement_group"] for info in infos}) == 1
+            # Each engine runs the layout the plan recorded (the plan is the contract).
+            for info in infos:
+                for role, ran in info["layouts"].items():
+                    planned = controller.plan.layout(role)
+                    assert ran["micro_batch_size"] == planned.micro_batch_size, role
+                    assert ran["forward_micro_batch_size"] == (planned.forward_micro_batch_size
+                                                               or planned.micro_batch_size), role
+                    assert ran["sharding"] == EXECUTED[planned.sharding], role

@@ -60,8 +60,19 @@ def test_roles_without_a_mesh_or_model_are_refused(tmp_path: Path):
 
 
 @pytest.mark.slow
+def test_a_sharding_strategy_runs_on_fsdp_and_needs_processes(tmp_path: Path):
+    ctl = controller(tutorial(), tmp_path)  # FULL_SHARD, in this process
+    with pytest.raises(ValueError, match=r"shards \['actor', 'critic', 'reference', 'reward'\] with the fsdp backend.*"
+                                         r"'executor': 'ray'"):
+        ctl.fit()
+    assert not (tmp_path / "run").exists()  # refused before anything was written or loaded
+
+
 def test_tutorial_mapping_trains_end_to_end_with_cache_and_request_bound(tmp_path: Path):
-    config = tutorial(reward_model_micro_batch_size=2, reward_model_max_concurrent_requests=2)
+    # Replicas on the torch backend, in this process; its native rollout has no tensor parallelism, so the
+    # actor's 4 GPUs are 4 rollout engines (data_parallel_size=2 would ask for rollout_tp=2).
+    config = tutorial(reward_model_micro_batch_size=2, reward_model_max_concurrent_requests=2,
+                      fsdp_sharding_strategy="NO_SHARD", data_parallel_size=None)
     config.enable_reward_cache = True
     config.reward_cache_size = 64
     ctl = controller(config, tmp_path)
@@ -87,7 +98,7 @@ def test_tutorial_mapping_trains_end_to_end_with_cache_and_request_bound(tmp_pat
 
 
 def test_a_rollout_mesh_of_its_own_is_planned_and_trained_with_weights_shipped(tmp_path: Path):
-    ctl = controller(tutorial(rollout_device_mesh=[6, 7]), tmp_path)
+    ctl = controller(tutorial(rollout_device_mesh=[6, 7], fsdp_sharding_strategy="NO_SHARD"), tmp_path)
     check = ctl.plan(show=False)
     assert check.unused_gpus == ()
     assert check.manual.detached_rollouts == {"actor": "actor:rollout"}
@@ -99,7 +110,8 @@ def test_a_rollout_mesh_of_its_own_is_planned_and_trained_with_weights_shipped(t
 
 
 def test_the_classic_api_runs_the_async_pipeline_on_its_rollout_mesh(tmp_path: Path):
-    ctl = controller(tutorial(rollout_device_mesh=[6, 7]), tmp_path, steps=3, pipeline="async", max_staleness=2)
+    ctl = controller(tutorial(rollout_device_mesh=[6, 7], fsdp_sharding_strategy="NO_SHARD"), tmp_path, steps=3,
+                     pipeline="async", max_staleness=2)
     rows = [json.loads(line) for line in ctl.fit().metrics_path.read_text().splitlines()]
     assert [row["step"] for row in rows] == [0, 1, 2]
     assert all(0 <= row["pipeline/staleness_max"] <= 2 for row in rows)

@@ -40,7 +40,7 @@ def test_row_context_reaches_every_reward_style_in_a_grpo_step(tmp_path: Path, m
         return [0.5] * len(completions)
 
     graph = load_graph("grpo", reward_kind="reward_function", max_new_tokens=4)
-    specs = {r.name: RoleSpec(name=r.name, kind=r.kind, model=str(model_dir), micro_batch_size=8,
+    specs = {r.name: RoleSpec(name=r.name, kind=r.kind, model=str(model_dir),
                               optim=OptimSpec(lr=1e-3) if r.kind.trainable else None)
              for r in graph.roles if r.kind.needs_gpu}
     scorer = reward_scorer([per_sample, batched], chat_tokenizer, weights=[1.0, 2.0])

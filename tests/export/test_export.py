@@ -35,7 +35,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     model_dir = save_model_dir(build_tiny_causal_lm("tiny-qwen2", vocab_size=len(tokenizer), seed=0), tokenizer,
                                root / "model")
     graph = load_graph("grpo", reward_kind="reward_function", max_new_tokens=6, temperature=1.0)
-    specs = {r.name: RoleSpec(name=r.name, kind=r.kind, model=str(model_dir), micro_batch_size=8,
+    specs = {r.name: RoleSpec(name=r.name, kind=r.kind, model=str(model_dir),
                               optim=OptimSpec(lr=1e-2) if r.kind.trainable else None)
              for r in graph.roles if r.kind.needs_gpu}
     loader = PromptLoader(records=task_examples("reverse", 16, seed=0), tokenizer=tokenizer, batch_size=4, seed=0)

@@ -28,7 +28,7 @@ LOADER = PromptLoader(records=task_examples("reverse", 64), tokenizer=TOKENIZER,
 
 
 def _specs(graph: Graph, model: Path, lr: float = 1e-3) -> dict[str, RoleSpec]:
-    return {r.name: RoleSpec(name=r.name, kind=r.kind, model=str(model), micro_batch_size=8,
+    return {r.name: RoleSpec(name=r.name, kind=r.kind, model=str(model),
                              optim=OptimSpec(lr=lr) if r.kind.trainable else None)
             for r in graph.roles if r.kind.needs_gpu}
 

@@ -36,7 +36,7 @@ def _graph() -> Graph:
 
 def _controller(model: Path, plan: Plan, graph: Graph | None = None) -> Controller:
     graph = graph or _graph()
-    specs = {r.name: RoleSpec(name=r.name, kind=r.kind, model=str(model), micro_batch_size=8,
+    specs = {r.name: RoleSpec(name=r.name, kind=r.kind, model=str(model),
                               optim=OptimSpec(lr=1e-2) if r.kind.trainable else None)
              for r in graph.roles if r.kind.needs_gpu}
     return Controller(graph, plan, specs=specs,

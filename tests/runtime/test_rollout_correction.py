@@ -22,7 +22,7 @@ LOADER = PromptLoader(records=task_examples("reverse", 16), tokenizer=TOKENIZER,
 
 def _controller(graph: Graph, model: Path, plan: Plan, *, rollout: str = "native", lr: float = 1e-3,
                 pipeline: str = "sync") -> Controller:
-    specs = {r.name: RoleSpec(name=r.name, kind=r.kind, model=str(model), micro_batch_size=4,
+    specs = {r.name: RoleSpec(name=r.name, kind=r.kind, model=str(model),
                               optim=OptimSpec(lr=lr) if r.kind.trainable else None,
                               rollout=rollout if r.kind.trainable else "native")
              for r in graph.roles if r.kind.needs_gpu}

@@ -93,8 +93,10 @@ def test_planner_settings_give_the_planner_the_response_lengths(tmp_path: Path):
                                + "\n" for i in range(3)))
     observed = plan_for(*manual, f"planner_settings={{lengths_from: '{metrics}'}}")
     assert observed.step_time_s < capped.step_time_s
-    with pytest.raises(ValueError, match=r"'planner_settings': unknown keys \['mean_len'\]"):
+    with pytest.raises(KeyError, match=r"unknown config key 'planner_settings.mean_len'"):
         plan_for(*manual, "planner_settings={mean_len: 40}")
+    with pytest.raises(KeyError, match=r"'planner_settings.mini_batch_size' \(the run states it: actor.mini_batches\)"):
+        plan_for(*manual, "planner_settings={mini_batch_size: 4}")
     with pytest.raises(ValueError, match=r"'planner_settings'.mean_response_len=400 must be .* max_new_tokens=160"):
         plan_for(*manual, "planner_settings={mean_response_len: 400}")
     with pytest.raises(ValueError, match="'planner_settings' is only read with placement=auto or manual"):
