@@ -168,7 +168,6 @@ class SingleController:
         """Train on this mapping; returns the run's :class:`~hybridflow.train.loop.TrainResult`."""
         from hybridflow.train.config import ModelConfig, RoleConfig
         from hybridflow.train.loop import train
-
         from hybridflow.train.setup import layout_support
 
         # A role the strategy shards runs on FSDP (as verl's FSDP workers do) unless the settings name its
