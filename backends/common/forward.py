@@ -27,13 +27,15 @@ class ForwardOps:
     Generation runs under :meth:`whole_weights`: a sharded engine gathers its parameters for the
     duration, since generation takes a data-dependent number of forward passes per rank that
     per-forward gathers would deadlock on. The other ops go micro batch by micro batch, every rank
-    in step. Engines set ``spec``, ``context``, ``model`` and ``forward_batch_size``.
+    in step. Engines set ``spec``, ``context``, ``model`` and ``forward_batch_size``; the ``hf_generate``
+    rollout sets ``use_hf_generate`` (HF ``generate`` instead of the lean cached loop).
     """
 
     spec: RoleSpec
     context: WorkerContext
     model: Any
     forward_batch_size: int
+    use_hf_generate: bool = False
 
     @contextlib.contextmanager
     def whole_weights(self) -> Iterator[None]:
@@ -45,7 +47,7 @@ class ForwardOps:
             out = modeling.generate(self.model, batch, max_new_tokens=sampling.max_new_tokens,
                                     greedy=sampling.greedy, temperature=sampling.temperature, top_p=sampling.top_p,
                                     top_k=sampling.top_k, seed=sampling.rank_seed(self.context.rank),
-                                    use_hf_generate=self.spec.rollout == "hf_generate", logprobs=sampling.logprobs)
+                                    use_hf_generate=self.use_hf_generate, logprobs=sampling.logprobs)
         return Batch(out)
 
     def log_probs(self, batch: Batch, *, with_entropy: bool = False) -> Batch:
