@@ -42,9 +42,10 @@ class HybridEngine:
 
     ``trainer`` is a training backend's engine (a generator, log-prob model, trainer, weight source and
     sink). Weights travel cast to ``weight_dtype`` (a plan dtype: the rollout's), so bytes per sync match
-    the planner's ``params x dtype`` estimate. ``synced``: the rollout starts from the trainer's weights (the
-    same model and seed), so the first generation needs no sync. ``sleep_level`` > 0 puts a
-    :class:`SleepingRollout` to sleep after each generation. ``train_step`` metrics carry the last sync's cost (``weight_sync/seconds``...).
+    the planner's ``params x dtype`` estimate. ``synced``: the rollout starts from the trainer's weights
+    (the same model and seed), so the first generation needs no sync; False syncs first. ``sleep_level``
+    > 0 puts a :class:`SleepingRollout` to sleep after each generation. ``train_step`` metrics carry the
+    last sync's cost (``weight_sync/seconds``...).
     """
 
     def __init__(self, trainer: Any, rollout: Any, *, weight_dtype: str, synced: bool = True,

@@ -8,12 +8,12 @@ from hybridflow.registry import BACKENDS, ROLLOUTS
 from hybridflow.runtime.protocols import Engine, RoleSpec, RolloutFactory, WorkerContext
 
 
-def rollout_factory(spec: RoleSpec) -> RolloutFactory:
-    """The factory ``spec.rollout`` names; an unknown name lists the registered rollout engines."""
-    factory = ROLLOUTS.get(spec.rollout)
+def rollout_factory(name: str, *, role: str) -> RolloutFactory:
+    """The factory ``name`` (a role's ``rollout``) names; an unknown name lists the registered rollout engines."""
+    factory = ROLLOUTS.get(name)
     if not isinstance(factory, RolloutFactory):
-        raise TypeError(f"role {spec.name!r}: rollout {spec.rollout!r} is a {type(factory).__name__}, not a "
-                        "RolloutFactory (a `standalone` flag and a `build(spec, layout, context, *, trainer)` method)")
+        raise TypeError(f"role {role!r}: rollout {name!r} is a {type(factory).__name__}, not a RolloutFactory "
+                        "(a `standalone` flag and a `build(spec, layout, context, *, trainer)` method)")
     return factory
 
 
@@ -24,7 +24,7 @@ def build_engine(spec: RoleSpec, layout: RoleLayout, context: WorkerContext) -> 
     any other role is its backend's engine, which the factory returns or wraps. The rollout is resolved
     first, so an unknown name fails before a model loads.
     """
-    factory = rollout_factory(spec)
+    factory = rollout_factory(spec.rollout, role=spec.name)
     if factory.standalone and spec.kind is RoleKind.FROZEN_POLICY:
         return factory.build(spec, layout, context, trainer=None)
     trainer = BACKENDS.get(spec.backend).build_role(spec, layout, context)

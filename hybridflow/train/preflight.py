@@ -101,16 +101,17 @@ def check_model_paths(config: TrainConfig) -> None:
 
 
 def check_rollouts(config: TrainConfig) -> None:
-    """Each ``roles.*.rollout`` names a registered rollout engine (or loads as ``file.py:factory``)."""
-    from hybridflow.registry import ROLLOUTS, RegistryError
+    """Each ``roles.*.rollout`` names a registered rollout engine (or loads one as ``file.py:factory``)."""
+    from hybridflow.registry import RegistryError
+    from hybridflow.runtime.engines import rollout_factory
     from hybridflow.runtime.protocols import DEFAULT_ROLLOUT
 
     for role, entry in config.roles.items():
         if entry.rollout == DEFAULT_ROLLOUT:  # always there: looking it up would import every backend
             continue
         try:
-            ROLLOUTS.get(entry.rollout)
-        except (RegistryError, ImportError, AttributeError, FileNotFoundError, ValueError) as err:
+            rollout_factory(entry.rollout, role=role)
+        except (RegistryError, ImportError, AttributeError, FileNotFoundError, TypeError, ValueError) as err:
             raise KeyError(f"config key 'roles.{role}.rollout'={entry.rollout!r}: {err}") from err
 
 

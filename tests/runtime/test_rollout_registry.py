@@ -197,6 +197,9 @@ def test_an_unknown_rollout_is_refused_at_config_check_naming_the_key_and_the_re
     with pytest.raises(KeyError, match=r"config key 'roles.actor.rollout'='sglang': unknown rollout engine 'sglang'; "
                                        r"valid names: \[.*'hf_generate'.*'native'.*'vllm'"):
         check_config(config, graph, default_plan(graph))
+    not_a_factory = load_config(None, [f"roles.actor.rollout={__file__}:LoopOptions"])
+    with pytest.raises(KeyError, match=r"config key 'roles.actor.rollout'=.*LoopOptions.* not a RolloutFactory"):
+        check_config(not_a_factory, graph, default_plan(graph))
 
 
 def test_a_rollout_plugin_registers_through_the_entry_point_group(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
