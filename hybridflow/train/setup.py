@@ -201,6 +201,7 @@ def role_specs(config: TrainConfig, graph: Graph, model_dir: str, plan: Plan | N
             specs[rollout] = replace(derived, model=entry.model or derived.model,
                                      backend=entry.backend or derived.backend,
                                      options=entry.options or derived.options,
+                                     rollout_options=entry.rollout_options or derived.rollout_options,
                                      micro_batch_size=entry.micro_batch_size or derived.micro_batch_size)
     return specs
 

@@ -227,3 +227,24 @@ def test_the_builtins_are_declared_under_the_rollouts_entry_point_group():
     assert {"native", "hf_generate", "vllm"} <= set(declared) and {"native", "hf_generate", "vllm"} <= set(ROLLOUTS)
     for name in ("native", "hf_generate", "vllm"):
         assert isinstance(ROLLOUTS.get(name).standalone, bool)
+
+
+def test_a_detached_rollout_takes_the_policys_rollout_and_a_config_entry_may_set_its_options():
+    from hybridflow.runtime.placement import with_rollout_specs
+    from hybridflow.train import setup
+    from hybridflow.train.config import load_config
+
+    plan = Plan(algorithm="grpo", groups=(_group((0,), ["actor"]), _group((1,), ["actor:rollout", "reference"])),
+                driver_roles=("reward",))
+    vllm = {"rollout_dtype": "fp32"}
+    policy = RoleSpec(name="actor", kind="policy", model="m", backend="fsdp", rollout="vllm", rollout_options=vllm)
+    specs = with_rollout_specs(plan, {"actor": policy})
+    rollout = specs["actor:rollout"]
+    assert (rollout.kind.value, rollout.backend, rollout.rollout, rollout.rollout_options) == (
+        "frozen_policy", "fsdp", "vllm", vllm)
+    assert (specs["actor"].rollout, specs["actor"].rollout_options) == ("native", {})  # the trainer generates nothing
+    config = load_config(None, ["roles.actor.rollout=vllm", "roles.actor.rollout_options={rollout_dtype: fp32}",
+                                "roles.actor:rollout.rollout_options={rollout_dtype: bf16}"])
+    graph = load_graph(config.algorithm, **config.algorithm_options)
+    own = setup.role_specs(config, graph, "m", plan)["actor:rollout"]
+    assert (own.rollout, own.rollout_options) == ("vllm", {"rollout_dtype": "bf16"})
