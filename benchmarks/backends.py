@@ -186,35 +186,37 @@ class PeakRss:
 
 def bench_sync_and_memory() -> list[str]:
     """FSDP trainer (one rank) + in-process vLLM on a ~31M-parameter model: sync cost and peak memory."""
-    from hybridflow.backends.fsdp import BACKEND
+    from dataclasses import replace
+
     from hybridflow.backends.vllm import weights
 
     from hybridflow.planner import ModelSpec, get_device
     from hybridflow.planner.costs import Shape, weight_sync
+    from hybridflow.runtime.engines import build_engine
 
     lines = []
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = _memory_model_dir(tmp)
         ctx = WorkerContext(group=0, rank=0, world_size=1, device="cpu", collective=SoloCollective())
-        engine = BACKEND.build_role(_spec(model_dir, rollout="vllm", rollout_dtype="fp32"),
-                                    _layout("fsdp", "FULL_SHARD", 1), ctx)
+        spec = replace(_spec(model_dir), backend="fsdp", rollout="vllm", rollout_options={"rollout_dtype": "fp32"})
+        engine = build_engine(spec, _layout("fsdp", "FULL_SHARD", 1), ctx)
         params = sum(p.numel() for p in engine.trainer.model.parameters())
         engine.generate(_prompts(4), SamplingParams(max_new_tokens=4))  # warm-up
         stats = [engine.sync_weights() for _ in range(5)]
-        serialized = [weights.load_serialized(engine.rollout.llm, engine.trainer.iter_full_weights())
+        serialized = [weights.load_serialized(engine.rollout.rollout.llm, engine.trainer.iter_full_weights())
                       for _ in range(3)]
-        spec = ModelSpec(name="bench", params=params, layers=8, hidden=512, heads=8, kv_heads=4, vocab=VOCAB,
+        model = ModelSpec(name="bench", params=params, layers=8, hidden=512, heads=8, kv_heads=4, vocab=VOCAB,
                          tie_embeddings=True)
         for dtype in ("fp32", "bf16"):
             layout = _layout("fsdp", "FULL_SHARD", 1, dtype=dtype)
-            seconds, planned = weight_sync(spec, layout, Shape(device=get_device("A100-80G"), counts=(1,)))
+            seconds, planned = weight_sync(model, layout, Shape(device=get_device("A100-80G"), counts=(1,)))
             lines.append(f"| planner estimate, {dtype}, A100 | {planned / 2**20:.1f} | {1000 * seconds:.2f} |")
         lines.append(f"| measured, in-process stream, fp32 | {stats[-1].bytes / 2**20:.1f} | "
                      f"{1000 * statistics.median(s.seconds for s in stats):.1f} |")
         lines.append(f"| measured, safetensors bytes, fp32 | {serialized[-1].bytes / 2**20:.1f} | "
                      f"{1000 * statistics.median(s.seconds for s in serialized):.1f} |")
         memory = _peak_memory(engine)
-        engine.rollout.shutdown()
+        engine.rollout.close()
     head = [f"Model: {params / 1e6:.1f}M parameters (fp32 {4 * params / 2**20:.0f} MiB).", "",
             "| sync | MiB per rank | ms |", "|---|---|---|"]
     return [*head, *lines, "", "| hybrid-engine sync | peak RSS growth (MiB) |", "|---|---|", *memory]

@@ -1,4 +1,4 @@
-"""Named registries (algorithms, compute functions, losses) that fail loudly.
+"""Named registries (algorithms, compute functions, losses, backends, rollout engines) that fail loudly.
 
 A duplicate name raises; an unknown name lists the valid ones. A name containing ``:`` is an
 import path (``package.module:function`` or ``path/to/file.py:function``) and is loaded instead.
@@ -29,11 +29,13 @@ class RegistryError(KeyError):
 class Registry(Generic[T]):
     """A name -> object table; ``@registry.register("name")`` adds to it."""
 
-    def __init__(self, kind: str, *, entry_point_group: str | None = None) -> None:
+    def __init__(self, kind: str, *, entry_point_group: str | None = None, also_from: tuple[str, ...] = ()) -> None:
+        """``also_from``: further entry-point groups whose plugins register entries here as they import."""
         self.kind = kind
         self.entry_point_group = entry_point_group
+        self.groups = (*((entry_point_group,) if entry_point_group else ()), *also_from)
         self._items: dict[str, T] = {}
-        self._plugins_loaded = entry_point_group is None
+        self._plugins_loaded = not self.groups
         self._loading = False
         self._lock = threading.RLock()
 
@@ -50,8 +52,9 @@ class Registry(Generic[T]):
                 return
             self._loading = True
             try:
-                for entry_point in importlib.metadata.entry_points(group=self.entry_point_group or ""):
-                    _load_entry_point(entry_point, self.kind, self.entry_point_group)
+                for group in self.groups:
+                    for entry_point in importlib.metadata.entry_points(group=group):
+                        _load_entry_point(entry_point, self.kind, group)
                 self._plugins_loaded = True  # only now: a failure fails the same way on the next lookup
             finally:
                 self._loading = False
@@ -151,3 +154,9 @@ COMPUTE_FNS: Registry[Callable[..., Any]] = Registry("compute function", entry_p
 LOSSES: Registry[Callable[..., Any]] = Registry("loss", entry_point_group="hybridflow.functions")
 # Role-engine factories (``hybridflow.runtime.protocols.Backend``); each backend module registers itself on import.
 BACKENDS: Registry[Any] = Registry("backend", entry_point_group="hybridflow.backends")
+# Rollout-engine factories (``hybridflow.runtime.protocols.RolloutFactory``), the ``RoleSpec.rollout`` names.
+# A backend registers the rollouts it implements when it imports (every training backend ``native`` and
+# ``hf_generate``, the vLLM backend ``vllm``), so the backends' group is read too; a rollout engine shipped
+# without a backend registers under ``hybridflow.rollouts``.
+ROLLOUTS: Registry[Any] = Registry("rollout engine", entry_point_group="hybridflow.rollouts",
+                                   also_from=("hybridflow.backends",))

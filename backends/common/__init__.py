@@ -1,6 +1,8 @@
 """What every backend shares: HF model loading and forward passes (``modeling``), the lean sampling loop
-(``sampling``), forward ops in micro batches (``forward``), the update loop (``training``), the rollout
-engine choice (``rollout``) and joining torch.distributed (``distributed``).
+(``sampling``), forward ops in micro batches (``forward``), the update loop (``training``), the rollouts
+every training backend offers (``rollout``: ``native``, ``hf_generate``), the hybrid engine that pairs a
+trainer with any other rollout engine in one process (``hybrid``) and joining torch.distributed
+(``distributed``).
 
 A backend is then an engine class saying how its weights are held (replicated, FSDP-sharded, ZeRO
 partitioned) and how one micro batch goes backward and one optimizer step is taken.

@@ -30,7 +30,8 @@ class ForwardOps:
     Generation runs under :meth:`whole_weights`: a sharded engine gathers its parameters for the
     duration, since generation takes a data-dependent number of forward passes per rank that
     per-forward gathers would deadlock on. The other ops go micro batch by micro batch, every rank
-    in step. Engines set ``spec``, ``context``, ``model`` and ``forward_batch_size``.
+    in step. Engines set ``spec``, ``context``, ``model`` and ``forward_batch_size``; the ``hf_generate``
+    rollout sets ``use_hf_generate`` (HF ``generate`` instead of the lean cached loop).
     """
 
     spec: RoleSpec
@@ -38,6 +39,7 @@ class ForwardOps:
     model: Any
     forward_batch_size: int
     rollout_batch_size: int = 0  # the layout's: most sequences decoded together per rank (0: the whole share)
+    use_hf_generate: bool = False
 
     @contextlib.contextmanager
     def whole_weights(self) -> Iterator[None]:
@@ -67,7 +69,7 @@ class ForwardOps:
                     self.model, wave, max_new_tokens=sampling.max_new_tokens, greedy=sampling.greedy,
                     temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
                     seed=sampling.rank_seed(self.context.rank) + index * WAVE_SEED_STRIDE,
-                    use_hf_generate=self.spec.rollout == "hf_generate", logprobs=sampling.logprobs))
+                    use_hf_generate=self.use_hf_generate, logprobs=sampling.logprobs))
         if len(outputs) == 1:
             return Batch(outputs[0])
         return Batch(modeling.join_responses(outputs, pad=self.model.config.pad_token_id))

@@ -1,30 +1,56 @@
-"""How a trainable policy generates (``RoleSpec.rollout``), one way for every training backend.
+"""The rollouts every training backend offers (``RoleSpec.rollout``): ``native`` and ``hf_generate``.
 
-``native`` and ``hf_generate`` sample with the trainer's own model (the lean cached loop, or HF
-``generate``); ``vllm`` wraps the trainer in a hybrid engine that generates on a vLLM engine in the
-same process. A rollout on GPUs of its own is a separate role (``actor:rollout``) whose backend the
-run's specs choose (``vllm`` for ``rollout: vllm``); see docs/backends.md for the table.
+Both sample with the role's own model (the trainer's, or a frozen copy's for a detached rollout): the
+lean KV-cached loop, or HF ``generate``. They register in ``hybridflow.registry.ROLLOUTS`` when a training
+backend imports; other rollout engines (vLLM, a plugin's) register there too and may wrap the trainer in
+:class:`~hybridflow.backends.common.hybrid.HybridEngine`. docs/backends.md has the table.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
-from hybridflow.graph import RoleKind
+from hybridflow.backends.common.forward import ForwardOps
+
 from hybridflow.planner import RoleLayout
-from hybridflow.runtime.protocols import RoleSpec, WorkerContext
+from hybridflow.registry import ROLLOUTS
+from hybridflow.runtime.protocols import Engine, RoleSpec, WorkerContext
 
 
-def with_configured_rollout(engine: Any, spec: RoleSpec, layout: RoleLayout, context: WorkerContext) -> Any:
-    """``engine`` itself, or wrapped in a vLLM hybrid engine when ``spec.rollout`` is ``vllm``."""
-    if spec.rollout_options and spec.rollout != "vllm":
-        raise ValueError(f"role {spec.name!r}: rollout_options {sorted(spec.rollout_options)} configure a vLLM "
-                         f"rollout, but rollout={spec.rollout!r}; set rollout: vllm or drop them")
-    if spec.rollout != "vllm":
+def refuse_rollout_options(spec: RoleSpec) -> None:
+    """A rollout that takes no options refuses any, naming where they belong."""
+    if spec.rollout_options:
+        raise ValueError(f"role {spec.name!r}: rollout={spec.rollout!r} takes no rollout_options, got "
+                         f"{sorted(spec.rollout_options)}; drop them, or pick the rollout they configure "
+                         f"(rollout: vllm for the vLLM engine's)")
+
+
+def require_trainer(spec: RoleSpec, trainer: Engine | None) -> Engine:
+    if trainer is None:
+        raise ValueError(f"role {spec.name!r}: rollout={spec.rollout!r} samples with the role's own model and "
+                         "needs the engine its backend builds (it is not standalone)")
+    return trainer
+
+
+@dataclass(frozen=True)
+class OwnModelRollout:
+    """Generation with the role's own model: the lean cached loop, or HF ``generate`` (``hf_generate``)."""
+
+    hf_generate: bool = False
+    standalone: bool = False
+
+    def build(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext, *,
+              trainer: Engine | None) -> Engine:
+        refuse_rollout_options(spec)
+        engine = require_trainer(spec, trainer)
+        if self.hf_generate:
+            if not isinstance(engine, ForwardOps):
+                raise ValueError(f"role {spec.name!r}: rollout={spec.rollout!r} runs HF generate on a training "
+                                 f"backend's model (torch, fsdp, deepspeed); backend {spec.backend!r} built a "
+                                 f"{type(engine).__name__}")
+            engine.use_hf_generate = True
         return engine
-    if spec.kind is not RoleKind.POLICY:
-        raise ValueError(f"role {spec.name!r} is a {spec.kind.value}: rollout: vllm applies to trainable policies "
-                         "(a frozen policy served by vLLM uses backend: vllm)")
-    from hybridflow.backends.vllm.hybrid import HybridEngine  # vLLM loads only when a role asks for it
 
-    return HybridEngine(engine, spec, layout, context)
+
+ROLLOUTS.add("native", OwnModelRollout())
+ROLLOUTS.add("hf_generate", OwnModelRollout(hf_generate=True))

@@ -12,7 +12,6 @@ import torch
 from hybridflow.backends.common import modeling
 from hybridflow.backends.common.distributed import all_ranks_finite, all_ranks_sum, ensure_process_group
 from hybridflow.backends.common.forward import ForwardOps
-from hybridflow.backends.common.rollout import with_configured_rollout
 from hybridflow.backends.common.training import GradientSteps, non_finite
 from hybridflow.backends.deepspeed.config import DeepSpeedOptions, build_config, zero_stage
 
@@ -165,7 +164,7 @@ class DeepSpeedRoleEngine(ForwardOps, GradientSteps):
 
 
 class DeepSpeedBackend:
-    """Builds :class:`DeepSpeedRoleEngine` s (in a vLLM hybrid engine for ``rollout: vllm``)."""
+    """Builds :class:`DeepSpeedRoleEngine` s; the runtime applies the spec's rollout to them (``runtime.engines``)."""
 
     name = "deepspeed"
     # HYBRID_SHARD would run as plain ZeRO-3 over the whole group (no replica groups): left out.
@@ -176,8 +175,8 @@ class DeepSpeedBackend:
         notes={"sharding": "HYBRID_SHARD runs on backend fsdp",
                "tp": "no training backend here has tensor parallelism"})
 
-    def build_role(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext) -> Any:
-        return with_configured_rollout(DeepSpeedRoleEngine(spec, layout, context), spec, layout, context)
+    def build_role(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext) -> DeepSpeedRoleEngine:
+        return DeepSpeedRoleEngine(spec, layout, context)
 
 
 BACKEND = DeepSpeedBackend()

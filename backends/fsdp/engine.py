@@ -11,7 +11,6 @@ import torch
 from hybridflow.backends.common import modeling
 from hybridflow.backends.common.distributed import all_ranks_finite, all_ranks_sum, ensure_process_group
 from hybridflow.backends.common.forward import ForwardOps
-from hybridflow.backends.common.rollout import with_configured_rollout
 from hybridflow.backends.common.training import GradientSteps, clip_and_step, non_finite
 from hybridflow.backends.fsdp import checkpoint, parallelize
 
@@ -177,7 +176,7 @@ def local_value(tensor: torch.Tensor) -> torch.Tensor:
 
 
 class FsdpBackend:
-    """Builds :class:`FsdpRoleEngine` s (in a vLLM hybrid engine for ``rollout: vllm``)."""
+    """Builds :class:`FsdpRoleEngine` s; the runtime applies the spec's rollout to them (``runtime.engines``)."""
 
     name = "fsdp"
     # ZeRO-1 (optimizer states only) has no FSDP2 equivalent: the nearest would shard gradients too.
@@ -187,8 +186,8 @@ class FsdpBackend:
                             notes={"sharding": "ZeRO stages run on backend deepspeed",
                                    "tp": "no training backend here has tensor parallelism"})
 
-    def build_role(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext) -> Any:
-        return with_configured_rollout(FsdpRoleEngine(spec, layout, context), spec, layout, context)
+    def build_role(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext) -> FsdpRoleEngine:
+        return FsdpRoleEngine(spec, layout, context)
 
 
 BACKEND = FsdpBackend()

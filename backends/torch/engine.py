@@ -10,7 +10,6 @@ from typing import Any
 import torch
 from hybridflow.backends.common import modeling
 from hybridflow.backends.common.forward import ForwardOps
-from hybridflow.backends.common.rollout import with_configured_rollout
 from hybridflow.backends.common.training import GradientSteps, clip_and_step, non_finite
 
 from hybridflow.planner import LayoutSupport, RoleLayout
@@ -102,15 +101,15 @@ class TorchRoleEngine(ForwardOps, GradientSteps):
 
 
 class TorchBackend:
-    """Builds :class:`TorchRoleEngine` s (in a vLLM hybrid engine for ``rollout: vllm``)."""
+    """Builds :class:`TorchRoleEngine` s; the runtime applies the spec's rollout to them (``runtime.engines``)."""
 
     name = "torch"
     support = LayoutSupport(backend="torch", gradient_checkpointing=True, rollout_batch_size=True,
                             notes={"sharding": "use backend fsdp or deepspeed to shard",
                                    "tp": "no training backend here has tensor parallelism"})
 
-    def build_role(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext) -> Any:
-        return with_configured_rollout(TorchRoleEngine(spec, layout, context), spec, layout, context)
+    def build_role(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext) -> TorchRoleEngine:
+        return TorchRoleEngine(spec, layout, context)
 
 
 BACKEND = TorchBackend()

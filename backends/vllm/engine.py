@@ -1,4 +1,5 @@
-"""The vLLM role engine: generation and log-probs of a frozen policy served by vLLM."""
+"""The vLLM engine of a role: a frozen policy served by vLLM (backend ``vllm``), and the ``vllm`` rollout
+(a standalone detached rollout, or a policy's trainer generating on vLLM through a hybrid engine)."""
 
 from __future__ import annotations
 
@@ -7,19 +8,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from hybridflow.backends.common.hybrid import HybridEngine
 from hybridflow.backends.vllm.rollout import RolloutConfig, VllmRollout, materialize_model
 
 from hybridflow.graph import RoleKind
 from hybridflow.planner import LayoutSupport, RoleLayout
 from hybridflow.runtime.batch import Batch
-from hybridflow.runtime.protocols import RoleSpec, SamplingParams, WorkerContext, parse_options
+from hybridflow.runtime.protocols import Engine, RoleSpec, SamplingParams, WorkerContext, parse_options
 from hybridflow.runtime.weights import WeightSyncStats
 
 
 @dataclass(frozen=True, kw_only=True)
 class VllmOptions:
-    """Options of a vLLM engine: ``RoleSpec.options`` of a ``vllm`` role, ``RoleSpec.rollout_options`` of a
-    trainable policy with ``rollout: vllm``. Any other key is refused.
+    """Options of a vLLM engine: ``RoleSpec.options`` of a ``vllm``-backend role, ``RoleSpec.rollout_options``
+    of a policy with ``rollout: vllm`` (its detached rollout takes the same). Any other key is refused.
 
     ``rollout_dtype``: the engine's dtype (default: the layout's). ``sleep_level``: put the engine to sleep
     after each generation (1 offloads weights and drops the KV cache, 2 drops both; 0 never sleeps) so a
@@ -71,17 +73,11 @@ def sample_seed(sampling: SamplingParams, rank: int) -> int:
 
 
 class VllmRoleEngine:
-    """A frozen policy (reference, or a rollout fed weights from a trainer on another group) on vLLM.
+    """``spec``'s model on vLLM: a frozen policy (reference, or a rollout fed weights from a trainer on another
+    group), or the rollout half of a policy's hybrid engine. It trains nothing."""
 
-    Trainable roles need a trainer: give a trainable policy backend fsdp/deepspeed/torch with ``rollout: vllm``.
-    """
-
-    def __init__(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext) -> None:
-        if spec.kind is not RoleKind.FROZEN_POLICY:
-            raise ValueError(f"role {spec.name!r} is a {spec.kind.value}: the vllm backend serves frozen policies "
-                             "only; give a trainable policy backend fsdp/deepspeed/torch with rollout: vllm")
-        self.spec, self.context = spec, context
-        self.options = VllmOptions.parse(spec.options, spec.name)
+    def __init__(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext, options: VllmOptions) -> None:
+        self.spec, self.context, self.options = spec, context, options
         self.rollout, self._model_dir = start_rollout(spec, self.options, layout, context)
         self.last_sync: WeightSyncStats | None = None
 
@@ -97,6 +93,11 @@ class VllmRoleEngine:
         """New weights (HF names, e.g. a trainer's whole weights) into the running engine."""
         self.last_sync = self.rollout.load_weights(named)
 
+    @property
+    def needs_weights(self) -> bool:
+        """True after a level-2 sleep, which discarded the weights."""
+        return self.rollout.needs_weights
+
     def sleep(self, level: int = 1) -> None:
         self.rollout.sleep(level)
 
@@ -109,7 +110,7 @@ class VllmRoleEngine:
 
 
 class VllmBackend:
-    """Builds :class:`VllmRoleEngine` s; the module-level ``BACKEND`` is what the registry finds."""
+    """Builds :class:`VllmRoleEngine` s from ``RoleSpec.options``; ``BACKEND`` is what the registry finds."""
 
     name = "vllm"
     support = LayoutSupport(backend="vllm", max_rollout_tp=None, rollout_batch_size=True,
@@ -117,7 +118,36 @@ class VllmBackend:
                                    "gradient_checkpointing": "a vLLM role does not train"})
 
     def build_role(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext) -> VllmRoleEngine:
-        return VllmRoleEngine(spec, layout, context)
+        if spec.kind is not RoleKind.FROZEN_POLICY:
+            raise ValueError(f"role {spec.name!r} is a {spec.kind.value}: the vllm backend serves frozen policies "
+                             "only; give a trainable policy backend fsdp/deepspeed/torch with rollout: vllm")
+        return VllmRoleEngine(spec, layout, context, VllmOptions.parse(spec.options, spec.name))
+
+
+class VllmRolloutFactory:
+    """The ``vllm`` rollout, configured by ``RoleSpec.rollout_options`` (:class:`VllmOptions`).
+
+    Standalone: a frozen policy with ``rollout: vllm`` (a policy's detached rollout) is a vLLM engine alone.
+    A trainable policy's trainer is wrapped in a :class:`HybridEngine` generating on a vLLM engine in the
+    same process, weights handed over in place in the engine's dtype.
+    """
+
+    standalone = True
+    max_rollout_tp = None  # vLLM's own tensor parallelism (``layout.rollout_tp``)
+    support = VllmBackend.support  # a detached vLLM rollout runs what the vllm backend does
+
+    def build(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext, *,
+              trainer: Engine | None) -> Engine:
+        options = VllmOptions.parse(spec.rollout_options, spec.name)
+        if trainer is None:
+            return VllmRoleEngine(spec, layout, context, options)
+        if spec.kind is not RoleKind.POLICY:
+            raise ValueError(f"role {spec.name!r} is a {spec.kind.value}: rollout: vllm applies to policies (a "
+                             "trainable one generates through a hybrid engine, a frozen one is served by vLLM)")
+        rollout = VllmRoleEngine(spec, layout, context, options)
+        return HybridEngine(trainer, rollout, weight_dtype=rollout.rollout.config.dtype,
+                            sleep_level=options.sleep_level)
 
 
 BACKEND = VllmBackend()
+ROLLOUT = VllmRolloutFactory()

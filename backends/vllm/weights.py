@@ -3,29 +3,14 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 
-from hybridflow.runtime.weights import WeightSyncStats
+from hybridflow.runtime.weights import CountedWeights, WeightSyncStats
 
 BUCKET_BYTES = 256 << 20  # serialized path: one RPC per ~256 MiB keeps each message and copy bounded
-
-
-class _Counter:
-    """Wraps a (name, tensor) stream, counting what flows through."""
-
-    def __init__(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
-        self.named, self.bytes, self.tensors, self.largest = named, 0, 0, 0
-
-    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
-        for name, tensor in self.named:
-            size = tensor.numel() * tensor.element_size()
-            self.bytes += size
-            self.tensors += 1
-            self.largest = max(self.largest, size)
-            yield name, tensor
 
 
 def _reload_from_iterator(worker: Any, named: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -41,10 +26,9 @@ def _reload_from_bytes(worker: Any, blob: bytes) -> None:
 def load_in_process(llm: Any, named: Iterable[tuple[str, torch.Tensor]]) -> WeightSyncStats:
     """Stream tensors straight into the engine's model (same process: no serialisation, no full copy)."""
     start = time.perf_counter()
-    counter = _Counter(named)
+    counter = CountedWeights(named)
     llm.collective_rpc(_reload_from_iterator, args=(counter,))
-    return WeightSyncStats(seconds=time.perf_counter() - start, bytes=counter.bytes, tensors=counter.tensors,
-                     largest_tensor_bytes=counter.largest)
+    return counter.stats(time.perf_counter() - start)
 
 
 def load_serialized(llm: Any, named: Iterable[tuple[str, torch.Tensor]]) -> WeightSyncStats:
@@ -52,7 +36,7 @@ def load_serialized(llm: Any, named: Iterable[tuple[str, torch.Tensor]]) -> Weig
     from safetensors.torch import save
 
     start = time.perf_counter()
-    counter = _Counter(named)
+    counter = CountedWeights(named)
     bucket: dict[str, torch.Tensor] = {}
     size = 0
     seen: set[int] = set()
@@ -68,5 +52,4 @@ def load_serialized(llm: Any, named: Iterable[tuple[str, torch.Tensor]]) -> Weig
             bucket, size, seen = {}, 0, set()
     if bucket:
         llm.collective_rpc(_reload_from_bytes, args=(save(bucket),))
-    return WeightSyncStats(seconds=time.perf_counter() - start, bytes=counter.bytes, tensors=counter.tensors,
-                     largest_tensor_bytes=counter.largest)
+    return counter.stats(time.perf_counter() - start)

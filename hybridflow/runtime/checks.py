@@ -11,20 +11,25 @@ from hybridflow.graph import Graph, Op, RoleKind
 from hybridflow.planner import LayoutSupport, Plan, detachable_policies
 from hybridflow.planner.modes import check_stream_chunks
 from hybridflow.registry import BACKENDS
+from hybridflow.runtime.engines import rollout_factory
 from hybridflow.runtime.executor import WorkerGroup
 from hybridflow.runtime.protocols import OP_CAPABILITIES, RoleSpec, Scorer, WeightSink, WeightSource
 
-# The rollout engines whose tensor parallelism is their own (a colocated ``rollout: vllm``), not the backend's.
-_ROLLOUT_TP = {"vllm": None}
-
 
 def role_support(spec: RoleSpec) -> LayoutSupport:
-    """The layouts ``spec``'s role runs as planned: its backend's ``support`` (a backend that declares none runs
-    the plainest: one replica per rank), with its rollout engine's tensor parallelism."""
-    backend = BACKENDS.get(spec.backend)
-    support = getattr(backend, "support", None) or LayoutSupport(backend=spec.backend)
-    if spec.rollout in _ROLLOUT_TP:
-        support = replace(support, max_rollout_tp=_ROLLOUT_TP[spec.rollout])
+    """The layouts ``spec``'s role runs as planned.
+
+    A frozen policy on a standalone rollout engine (a detached vLLM rollout) runs what that engine declares;
+    any other role its backend's ``support``, generating with its rollout engine's tensor parallelism (a
+    factory's ``max_rollout_tp`` where it declares one, else the backend's). A backend or factory that
+    declares no ``support`` runs the plainest layouts: one replica per rank.
+    """
+    factory = rollout_factory(spec.rollout, role=spec.name)
+    if factory.standalone and spec.kind is RoleKind.FROZEN_POLICY:
+        return getattr(factory, "support", None) or LayoutSupport(backend=f"rollout {spec.rollout}")
+    support = getattr(BACKENDS.get(spec.backend), "support", None) or LayoutSupport(backend=spec.backend)
+    if hasattr(factory, "max_rollout_tp"):  # else the backend's own engine generates: its declaration holds
+        support = replace(support, max_rollout_tp=factory.max_rollout_tp)
     return support
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from hybridflow.graph import Graph, RoleKind
 from hybridflow.planner import Plan, colocated_plan
-from hybridflow.runtime.protocols import RoleSpec
+from hybridflow.runtime.protocols import DEFAULT_ROLLOUT, RoleSpec
 
 UNPLANNED_MICRO_BATCH = 64  # rows per pass and rank of a role in the one-group plan when the user fixed none
 
@@ -33,26 +33,28 @@ def with_rollout_specs(plan: Plan, specs: Mapping[str, RoleSpec]) -> dict[str, R
     """``specs`` plus one for each detached rollout in ``plan`` (``actor:rollout``) that has none.
 
     A rollout is a frozen copy of its policy (same model and seed) whose weights the controller replaces
-    after every update. The policy's ``rollout`` choice moves to the rollout's side: with ``vllm`` the
-    rollout role runs the ``vllm`` backend with the policy's ``rollout_options``; otherwise it runs the
-    policy's backend and options. The trainer itself then generates nothing.
+    after every update. The policy's ``rollout`` and ``rollout_options`` move to the rollout's side (see
+    :func:`rollout_spec`); the trainer itself then generates nothing, so it keeps the default rollout.
     """
     out = dict(specs)
     for policy, rollout in plan.detached_rollouts.items():
         if policy not in specs:
             raise KeyError(f"the plan gives policy {policy!r} a separate rollout ({rollout!r}) but no RoleSpec "
                            f"was given for {policy!r}; specs: {sorted(specs)}")
-        out[policy] = replace(specs[policy], rollout="native", rollout_options={})
+        out[policy] = replace(specs[policy], rollout=DEFAULT_ROLLOUT, rollout_options={})
         if rollout not in specs:
             out[rollout] = rollout_spec(specs[policy], rollout)
     return out
 
 
 def rollout_spec(trainer: RoleSpec, name: str, **changes: Any) -> RoleSpec:
-    """The frozen copy of ``trainer`` that serves as its detached rollout ``name``; ``changes`` override fields."""
-    vllm = trainer.rollout == "vllm"
+    """The frozen copy of ``trainer`` that serves as its detached rollout ``name``; ``changes`` override fields.
+
+    It keeps the policy's backend, options, ``rollout`` and ``rollout_options``: a standalone rollout factory
+    (vLLM) then builds the role's engine by itself, any other generates on a frozen copy that the policy's
+    backend builds (:func:`hybridflow.runtime.engines.build_engine`).
+    """
     spec = RoleSpec(name=name, kind=RoleKind.FROZEN_POLICY, model=trainer.model, seed=trainer.seed,
-                    backend="vllm" if vllm else trainer.backend,
-                    options=trainer.rollout_options if vllm else trainer.options,
-                    rollout="native" if vllm else trainer.rollout)
+                    backend=trainer.backend, options=trainer.options,
+                    rollout=trainer.rollout, rollout_options=trainer.rollout_options)
     return replace(spec, **changes)

@@ -4,7 +4,9 @@ A *backend* (torch reference, FSDP, DeepSpeed, vLLM...) is a module registered u
 ``hybridflow.backends`` entry-point group that exposes ``BACKEND``, an object satisfying
 :class:`Backend`. For each role placed on a worker, the worker asks the backend named by the
 role's :class:`RoleSpec` for an engine built from the spec, the role's
-:class:`~hybridflow.planner.RoleLayout` and a :class:`WorkerContext`.
+:class:`~hybridflow.planner.RoleLayout` and a :class:`WorkerContext`, and the :class:`RolloutFactory`
+the spec's ``rollout`` names (registry ``ROLLOUTS``, entry-point group ``hybridflow.rollouts``) turns it
+into the engine the role runs: itself, or a hybrid that generates on another engine.
 
 An engine is an :class:`Engine` (it can be closed) plus the *capabilities* its role needs in the
 graph, one small protocol per op: :class:`Generator` (generate), :class:`LogProbModel` (logprob,
@@ -60,9 +62,8 @@ class OptimSpec:
                 raise ValueError(f"OptimSpec.{name}={getattr(self, name)} must be >= 1")
 
 
-ROLLOUTS = ("native", "hf_generate", "vllm")
-"""How a policy generates (``RoleSpec.rollout``); docs/backends.md has the table of what each means
-for a colocated and for a detached rollout."""
+DEFAULT_ROLLOUT = "native"
+"""The rollout a role has unless it names one: its trainer's own model generates."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,9 +73,9 @@ class RoleSpec:
     ``model`` is a local HF directory or a built-in tiny config name (``hybridflow.models``). How the role
     runs (micro batches, sharding, dtype...) is the plan's :class:`~hybridflow.planner.RoleLayout`, never
     the spec's. ``options`` are the backend's own, parsed
-    by its typed options class (unknown keys are refused). ``rollout`` chooses the engine a policy
-    generates with (:data:`ROLLOUTS`) and ``rollout_options`` configure it (the vLLM engine's options
-    for ``"vllm"``).
+    by its typed options class (unknown keys are refused). ``rollout`` names the :class:`RolloutFactory`
+    (``hybridflow.registry.ROLLOUTS``) of the engine a policy generates with, checked when the engine is
+    built; ``rollout_options`` are that factory's own options (the vLLM engine's for ``"vllm"``).
     """
 
     name: str
@@ -84,15 +85,15 @@ class RoleSpec:
     optim: OptimSpec | None = None
     seed: int = 0
     options: Mapping[str, Any] = field(default_factory=dict)
-    rollout: str = "native"
+    rollout: str = DEFAULT_ROLLOUT
     rollout_options: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", RoleKind(self.kind))
         if self.kind.trainable and self.optim is None:
             object.__setattr__(self, "optim", OptimSpec())
-        if self.rollout not in ROLLOUTS:
-            raise ValueError(f"role {self.name!r}: rollout={self.rollout!r} must be one of {list(ROLLOUTS)}")
+        if not self.rollout:
+            raise ValueError(f"role {self.name!r}: rollout must name a rollout engine (default 'native')")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -251,6 +252,32 @@ class Backend(Protocol):
     support: LayoutSupport
 
     def build_role(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext) -> Engine:
+        """The role's own engine; the runtime then hands it to the spec's :class:`RolloutFactory`
+        (:func:`hybridflow.runtime.engines.build_engine`)."""
+        ...
+
+
+@runtime_checkable
+class RolloutFactory(Protocol):
+    """How a policy generates: an entry of ``hybridflow.registry.ROLLOUTS``, named by ``RoleSpec.rollout``.
+
+    ``standalone`` says whether the factory builds a frozen policy's engine by itself: then a detached
+    rollout (``actor:rollout``) of a policy with this rollout is built with ``trainer=None`` and no backend
+    loads a model for it (vLLM); otherwise the role's backend builds the frozen copy and the factory gets it
+    as ``trainer`` (``native``, ``hf_generate``).
+    """
+
+    standalone: bool
+
+    def build(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext, *,
+              trainer: Engine | None) -> Engine:
+        """The engine the role runs.
+
+        With ``trainer`` (the engine ``spec.backend`` built: a policy's trainer, or a frozen copy): it, or a
+        wrapper that generates another way and leaves every other op to it (a hybrid engine). Without
+        (a standalone frozen policy, e.g. a detached rollout): an engine that is a :class:`Generator` and a
+        :class:`WeightSink`. Parses ``spec.rollout_options`` and refuses those it does not take.
+        """
         ...
 
 

@@ -71,3 +71,22 @@ class WeightSyncStats:
         return {prefix + "seconds": self.seconds, prefix + "bytes": float(self.bytes),
                 prefix + "tensors": float(self.tensors), prefix + "receivers": float(self.receivers),
                 prefix + "largest_tensor_bytes": float(self.largest_tensor_bytes)}
+
+
+class CountedWeights:
+    """A (name, tensor) stream that counts what flows through it, for a :class:`WeightSyncStats`."""
+
+    def __init__(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self.named, self.bytes, self.tensors, self.largest = named, 0, 0, 0
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in self.named:
+            size = tensor.numel() * tensor.element_size()
+            self.bytes += size
+            self.tensors += 1
+            self.largest = max(self.largest, size)
+            yield name, tensor
+
+    def stats(self, seconds: float) -> WeightSyncStats:
+        return WeightSyncStats(seconds=seconds, bytes=self.bytes, tensors=self.tensors,
+                               largest_tensor_bytes=self.largest)

@@ -18,7 +18,7 @@ import yaml
 
 from hybridflow.data.splits import DataFiles
 from hybridflow.runtime.liveness import Liveness
-from hybridflow.runtime.protocols import OptimSpec
+from hybridflow.runtime.protocols import DEFAULT_ROLLOUT, OptimSpec
 from hybridflow.train.aliases import translate_foreign_keys
 
 TRACKERS = ("jsonl", "tensorboard", "wandb", "mlflow")  # hybridflow/train/trackers.py
@@ -100,15 +100,16 @@ class RoleConfig:
 
     ``model``: a local HF directory for this role (default: the policy's starting weights);
     ``backend``: the backend that runs it (default ``torch``); ``options``: the backend's own options;
-    ``rollout``: the engine a policy generates with (``native``, ``hf_generate``, ``vllm``; docs/backends.md)
-    and ``rollout_options`` the vLLM engine's options; ``micro_batch_size``: rows per forward/backward pass;
+    ``rollout``: the engine a policy generates with, a name in the rollout registry (built in: ``native``,
+    ``hf_generate``, ``vllm``; docs/backends.md) or a ``file.py:factory`` path, and ``rollout_options`` that
+    engine's options; ``micro_batch_size``: rows per forward/backward pass;
     ``max_concurrent_requests``: most forward requests in flight to the role's workers.
     """
 
     model: str | None = None
     backend: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
-    rollout: Literal["native", "hf_generate", "vllm"] = "native"
+    rollout: str = DEFAULT_ROLLOUT
     rollout_options: dict[str, Any] = field(default_factory=dict)
     micro_batch_size: int | None = None
     max_concurrent_requests: int | None = None
@@ -120,7 +121,7 @@ class RoleConfig:
                 raise ValueError(f"config key 'roles.*.{name}'={value} must be >= 1 (or unset)")
         if "rollout" in self.options:
             raise ValueError("config key 'roles.*.options.rollout' moved: the rollout engine is "
-                             "'roles.<name>.rollout' (native, hf_generate or vllm), its vLLM options "
+                             "'roles.<name>.rollout' (native, hf_generate, vllm...), its options "
                              "'roles.<name>.rollout_options'")
 
 

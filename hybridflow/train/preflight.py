@@ -25,6 +25,7 @@ def check_config(config: TrainConfig, graph: Graph, plan: Plan | None = None) ->
     check_ranges(config)
     check_node_options(graph)
     check_model_paths(config)
+    check_rollouts(config)
     check_files(config)
     setup.reward_scorer(config, tokenizer=None)  # loads each function and checks its signature
     if plan is not None:
@@ -96,6 +97,21 @@ def check_model_paths(config: TrainConfig) -> None:
     for role, entry in config.roles.items():
         if entry.model:
             _model_dir(f"roles.{role}.model", entry.model)
+
+
+def check_rollouts(config: TrainConfig) -> None:
+    """Each ``roles.*.rollout`` names a registered rollout engine (or loads one as ``file.py:factory``)."""
+    from hybridflow.registry import RegistryError
+    from hybridflow.runtime.engines import rollout_factory
+    from hybridflow.runtime.protocols import DEFAULT_ROLLOUT
+
+    for role, entry in config.roles.items():
+        if entry.rollout == DEFAULT_ROLLOUT:  # always there: looking it up would import every backend
+            continue
+        try:
+            rollout_factory(entry.rollout, role=role)
+        except (RegistryError, ImportError, AttributeError, FileNotFoundError, TypeError, ValueError) as err:
+            raise KeyError(f"config key 'roles.{role}.rollout'={entry.rollout!r}: {err}") from err
 
 
 def _model_dir(key: str, value: str) -> None:

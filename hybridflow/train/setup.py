@@ -258,7 +258,8 @@ def role_specs(config: TrainConfig, graph: Graph, model_dir: str, plan: Plan | N
             entry = config.roles[rollout]
             specs[rollout] = replace(derived, model=entry.model or derived.model,
                                      backend=entry.backend or derived.backend,
-                                     options=entry.options or derived.options)
+                                     options=entry.options or derived.options,
+                                     rollout_options=entry.rollout_options or derived.rollout_options)
         elif policy in detached:
             specs[rollout] = derived
     return specs

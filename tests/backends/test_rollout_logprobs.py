@@ -14,8 +14,8 @@ from harness import VOCAB, context, layout, role_spec
 from hybridflow.backends.common.modeling import sequence_inputs
 
 from hybridflow.logits import token_logprobs
-from hybridflow.registry import BACKENDS
 from hybridflow.runtime.batch import Batch
+from hybridflow.runtime.engines import build_engine
 from hybridflow.runtime.protocols import SamplingParams
 
 SAMPLINGS = {
@@ -27,7 +27,7 @@ SAMPLINGS = {
 
 
 def _engine(rollout: str) -> Any:
-    engine = BACKENDS.get("torch").build_role(role_spec(rollout=rollout), layout(dp=1), context())
+    engine = build_engine(role_spec(rollout=rollout), layout(dp=1), context())
     with torch.no_grad():  # sharper logits than a random init's near-uniform ones, so temperature matters
         engine.model.model.norm.weight.mul_(4.0)
     return engine

@@ -55,10 +55,10 @@ def test_sleep_wake_and_sampling(hybrid_ranks: list[dict[str, Any]]) -> None:
 
 
 def test_trainable_roles_are_refused_with_the_fix() -> None:
-    from hybridflow.backends.vllm import VllmRoleEngine
+    from hybridflow.backends.vllm import BACKEND
 
     with pytest.raises(ValueError, match=r"with rollout: vllm"):
-        VllmRoleEngine(role_spec(), layout(), context())
+        BACKEND.build_role(role_spec(), layout(), context())
 
 
 def test_bad_rollout_options_name_the_field() -> None:
@@ -73,7 +73,7 @@ def test_tensor_parallel_rollout_on_cuda() -> None:
     """rollout_tp from the plan becomes vLLM's tensor_parallel_size (needs 2 GPUs)."""
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 CUDA devices")
-    from hybridflow.backends.vllm import VllmRoleEngine
+    from hybridflow.backends.vllm import VllmOptions, VllmRoleEngine
 
     from hybridflow.runtime.batch import Batch
     from hybridflow.runtime.protocols import SamplingParams, WorkerContext
@@ -81,7 +81,7 @@ def test_tensor_parallel_rollout_on_cuda() -> None:
 
     ctx = WorkerContext(group=0, rank=0, world_size=1, device="cuda:0", collective=SoloCollective())
     engine = VllmRoleEngine(role_spec("reference", RoleKind.FROZEN_POLICY),
-                            layout("reference", dp=1, rollout_tp=2, dtype="bf16"), ctx)
+                            layout("reference", dp=1, rollout_tp=2, dtype="bf16"), ctx, VllmOptions())
     prompts = torch.randint(4, 50, (4, 6))
     out = engine.generate(Batch({"prompts": prompts, "prompt_mask": torch.ones_like(prompts)}),
                           SamplingParams(max_new_tokens=4, greedy=True))

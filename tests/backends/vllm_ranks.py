@@ -9,6 +9,7 @@ from harness import context, layout, rank_rows, role_spec, rollout_batch
 
 from hybridflow.registry import LOSSES
 from hybridflow.runtime.batch import Batch
+from hybridflow.runtime.engines import build_engine
 from hybridflow.runtime.protocols import SamplingParams
 
 GREEDY = SamplingParams(max_new_tokens=8, greedy=True)
@@ -40,11 +41,9 @@ def _agreement(engine: Any, prompts: Batch) -> dict[str, Any]:
 
 
 def hybrid_fsdp_vllm(rank: int, world_size: int) -> dict[str, Any]:
-    from hybridflow.backends.fsdp import BACKEND
-
     spec = role_spec(lr=2e-2, grad_clip=1.0, rollout="vllm",
                      rollout_options={"rollout_dtype": "fp32", "kv_cache_gib": 1})
-    engine = BACKEND.build_role(spec, layout(), context(rank, world_size))
+    engine = build_engine(spec, layout(), context(rank, world_size))
     batch = rank_rows(rollout_batch(8, seed=3), rank, world_size)
     prompts = batch.select(["prompts", "prompt_mask"])
     out: dict[str, Any] = {"before": _agreement(engine, prompts)}

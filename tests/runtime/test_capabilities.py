@@ -107,20 +107,27 @@ def test_unknown_vllm_options_are_refused_before_an_engine_starts() -> None:
         VllmOptions.parse({"sleep": 1}, "actor")
 
 
-def test_rollout_options_without_a_vllm_rollout_are_refused() -> None:
+def test_rollout_options_of_a_rollout_that_takes_none_are_refused() -> None:
     graph, _ = _grpo()
     specs = {name: RoleSpec(name=name, kind=graph.role(name).kind, model="tiny-qwen2",
                             rollout_options={"sleep_level": 1} if name == "actor" else {})
              for name in ("actor", "reference")}
     scorer = RuleScorer(TASKS.get("reverse").reward, TOKENIZER)
-    with (pytest.raises(ValueError, match=r"rollout_options .* configure a vLLM rollout"),
+    with (pytest.raises(ValueError, match=r"rollout='native' takes no rollout_options, got \['sleep_level'\]"),
           Controller(graph, default_plan(graph), specs=specs, driver_roles={"reward": scorer})):
         pass
 
 
 def test_an_unknown_rollout_engine_is_refused_naming_the_choices() -> None:
-    with pytest.raises(ValueError, match=r"rollout='sglang' must be one of \['native', 'hf_generate', 'vllm'\]"):
-        RoleSpec(name="actor", kind=RoleKind.POLICY, model="tiny-qwen2", rollout="sglang")
+    from hybridflow.runtime.engines import build_engine
+    from hybridflow.runtime.protocols import WorkerContext
+    from hybridflow.runtime.worker import SoloCollective
+
+    spec = RoleSpec(name="actor", kind=RoleKind.POLICY, model="tiny-qwen2", rollout="sglang")
+    ctx = WorkerContext(group=0, rank=0, world_size=1, device="cpu", collective=SoloCollective())
+    names = r"unknown rollout engine 'sglang'; valid names: \[.*'hf_generate'.*'native'.*'vllm'"
+    with pytest.raises(KeyError, match=names):
+        build_engine(spec, RoleLayout(role="actor", dp=1), ctx)
 
 
 def test_weights_of_the_minimal_backend_travel_as_numpy() -> None:

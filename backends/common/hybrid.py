@@ -1,0 +1,121 @@
+"""The hybrid engine: a trainer and a rollout engine of the same policy in one process, weights handed over
+in place after every update.
+
+The rollout engine is any :class:`~hybridflow.runtime.protocols.Generator` that is also a
+:class:`~hybridflow.runtime.protocols.WeightSink` (vLLM's is one). The trainer's whole weights are streamed
+into it one tensor at a time (an FSDP trainer gathers each parameter just before it is copied), so besides
+the two engines' own weights at most one gathered tensor exists at a time. Sync is lazy: it happens before
+the first generation after an update.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from hybridflow.runtime.batch import Batch
+from hybridflow.runtime.protocols import Engine, Generator, LossFn, SamplingParams, WeightSink
+from hybridflow.runtime.weights import CountedWeights, WeightSyncStats, full_weights
+
+
+@runtime_checkable
+class SleepingRollout(Protocol):
+    """A rollout engine that gives its memory back between generations (vLLM's sleep mode)."""
+
+    @property
+    def needs_weights(self) -> bool:
+        """True after a sleep that discarded the weights: the next generation must load them first."""
+        ...
+
+    def sleep(self, level: int) -> None:
+        ...
+
+    def wake_up(self) -> None:
+        ...
+
+
+class HybridEngine:
+    """A policy engine that generates on ``rollout`` and does everything else on ``trainer``.
+
+    ``trainer`` is a training backend's engine (a generator, log-prob model, trainer, weight source and
+    sink). Weights travel cast to ``weight_dtype`` (a plan dtype: the rollout's), so bytes per sync match
+    the planner's ``params x dtype`` estimate. ``synced``: the rollout starts from the trainer's weights
+    (the same model and seed), so the first generation needs no sync; False syncs first. ``sleep_level``
+    > 0 puts a :class:`SleepingRollout` to sleep after each generation. ``train_step`` metrics carry the
+    last sync's cost (``weight_sync/seconds``...).
+    """
+
+    def __init__(self, trainer: Any, rollout: Any, *, weight_dtype: str, synced: bool = True,
+                 sleep_level: int = 0) -> None:
+        missing = [cap.__name__ for cap in (Engine, Generator, WeightSink) if not isinstance(rollout, cap)]
+        if missing:
+            raise TypeError(f"a hybrid engine's rollout must be an Engine, a Generator and a WeightSink; a "
+                            f"{type(rollout).__name__} is not a {' or '.join(missing)}")
+        if sleep_level and not isinstance(rollout, SleepingRollout):
+            raise ValueError(f"sleep_level={sleep_level}: a {type(rollout).__name__} cannot sleep (no sleep/wake_up/"
+                             "needs_weights); use sleep_level 0")
+        self.trainer, self.rollout = trainer, rollout
+        self.weight_dtype, self.sleep_level = weight_dtype, sleep_level
+        self.stale = not synced
+        self.last_sync: WeightSyncStats | None = None
+
+    def executed_layout(self) -> dict[str, Any]:
+        """The trainer's report of what it runs (the rollout engine decodes the plan's ``rollout_tp``)."""
+        report = getattr(self.trainer, "executed_layout", None)
+        return report() if report is not None else {}
+
+    def sync_weights(self) -> WeightSyncStats:
+        """Copy the trainer's current weights into the rollout engine now."""
+        start = time.perf_counter()
+        counted = CountedWeights(full_weights(self.trainer, self.weight_dtype))
+        self.rollout.load_weights(counted)
+        self.last_sync = counted.stats(time.perf_counter() - start)
+        self.stale = False
+        return self.last_sync
+
+    def generate(self, batch: Batch, sampling: SamplingParams) -> Batch:
+        sleeper = self.rollout if isinstance(self.rollout, SleepingRollout) else None
+        if self.stale or (sleeper is not None and sleeper.needs_weights):
+            self.sync_weights()
+        if sleeper is not None:
+            sleeper.wake_up()
+        out = self.rollout.generate(batch, sampling)
+        if sleeper is not None and self.sleep_level:
+            sleeper.sleep(self.sleep_level)
+        return out
+
+    def log_probs(self, batch: Batch, *, with_entropy: bool = False) -> Batch:
+        return self.trainer.log_probs(batch, with_entropy=with_entropy)
+
+    def train_step(self, batch: Batch, *, loss: LossFn, options: Mapping[str, Any]) -> dict[str, float]:
+        metrics = self.trainer.train_step(batch, loss=loss, options=options)
+        self.stale = True
+        return {**metrics, **(self.last_sync.metrics() if self.last_sync else {})}
+
+    def iter_full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return self.trainer.iter_full_weights()
+
+    def tied_weights(self) -> Mapping[str, str]:
+        return self.trainer.tied_weights()
+
+    def load_weights(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self.trainer.load_weights(named)
+        self.stale = True
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self.trainer.state_dict()
+
+    def save_checkpoint(self, directory: str) -> None:
+        self.trainer.save_checkpoint(directory)
+
+    def load_checkpoint(self, directory: str) -> None:
+        self.trainer.load_checkpoint(directory)
+        self.stale = True
+
+    def close(self) -> None:
+        """The trainer first: stopping an in-process vLLM engine tears down torch.distributed's default group."""
+        self.trainer.close()
+        self.rollout.close()
