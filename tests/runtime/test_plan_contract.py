@@ -200,3 +200,28 @@ def test_plan_cli_takes_backends_and_stays_torch_free_without_them() -> None:
     assert all(lay.tp == 1 for g in plan.groups for lay in g.layouts)
     bad = subprocess.run([*base, "--backend", "critic=torch"], capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "'critic' is not a GPU role" in bad.stderr
+
+
+def test_a_rollouts_tensor_parallelism_is_its_engines() -> None:
+    from hybridflow.runtime.checks import check_layouts
+    from hybridflow.runtime.placement import with_rollout_specs
+
+    graph = load_graph("grpo", reward_kind="reward_function")
+
+    def group(roles: tuple[str, ...], gpus: tuple[int, ...], **fields: int) -> GroupPlan:
+        layouts = tuple(RoleLayout(role=role, dp=len(gpus), dtype="fp32", **fields) for role in roles)
+        return GroupPlan(gpus=gpus, hosts=(0,) * len(gpus), device="cpu", roles=roles, layouts=layouts,
+                         memory_per_gpu_bytes=0, capacity_bytes=0)
+
+    plan = Plan(algorithm="grpo", driver_roles=("reward",),
+                groups=(group(("actor", "reference"), (0, 1)), group(("actor:rollout",), (2, 3), rollout_tp=2)))
+
+    def specs(rollout: str) -> dict[str, RoleSpec]:
+        return with_rollout_specs(plan, {r.name: RoleSpec(name=r.name, kind=r.kind, model="tiny-qwen2",
+                                                          rollout=rollout if r.kind.trainable else "native")
+                                         for r in graph.roles if r.kind.needs_gpu})
+
+    check_layouts(graph, plan, specs("vllm"))  # a detached vLLM rollout runs its own tensor parallelism
+    with pytest.raises(ValueError, match=r"role 'actor:rollout' \(backend 'torch'\): rollout_tp=2 \(its rollout "
+                                         r"engine runs rollout_tp <= 1\)"):
+        check_layouts(graph, plan, specs("native"))
