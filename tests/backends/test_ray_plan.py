@@ -58,3 +58,33 @@ def test_ppo_follows_the_plan_with_fsdp_and_deepspeed_roles(ray_two_nodes: str) 
                     assert ran["forward_micro_batch_size"] == (planned.forward_micro_batch_size
                                                                or planned.micro_batch_size), role
                     assert ran["sharding"] == EXECUTED[planned.sharding], role
+
+
+def test_placement_auto_runs_the_planned_layouts_on_fsdp_and_deepspeed(tmp_path, random_model_dir) -> None:
+    from hybridflow.runtime.ray_executor import RayExecutor
+    from hybridflow.train.config import load_config
+    from hybridflow.train.prepare import prepare_run
+
+    config = load_config(None, ["algorithm=grpo", "placement=auto", "cluster=2xCPU", "data.batch_size=4",
+                                "algorithm_options={max_new_tokens: 4, n: 2}", "executor=ray",
+                                "roles={actor: {backend: fsdp}, reference: {backend: deepspeed}}",
+                                f"output_dir={tmp_path}", "progress=false"])
+    prepared = prepare_run(config)
+    specs = prepared.role_specs(str(random_model_dir))
+    assert {specs["actor"].backend, specs["reference"].backend} == {"fsdp", "deepspeed"}
+    loader = PromptLoader(records=task_examples("reverse", 16), tokenizer=char_tokenizer(), batch_size=4)
+    with Controller(prepared.graph, prepared.plan, specs=specs, executor=RayExecutor(),
+                    driver_roles={"reward": prepared.scorer}) as controller:
+        controller.step(loader.batch(0), step=0)
+        ran = {(info["rank"], role): layout for group in controller.groups for info in group.info()
+               for role, layout in info["layouts"].items()}
+    for (_, role), layout in ran.items():
+        planned = prepared.plan.layout(role)
+        assert layout["micro_batch_size"] == planned.micro_batch_size, role
+        assert layout["forward_micro_batch_size"] == (planned.forward_micro_batch_size or planned.micro_batch_size)
+        assert layout["rollout_batch_size"] == planned.rollout_batch_size, role
+        stage = {"NO_SHARD": "NO_SHARD", "SHARD_GRAD_OP": "ZERO2", "FULL_SHARD": "ZERO3", "ZERO1": "ZERO1",
+                 "ZERO2": "ZERO2", "ZERO3": "ZERO3"}
+        expected = planned.sharding.value if specs[role].backend == "fsdp" else stage[planned.sharding.value]
+        assert layout["sharding"] == expected, role
+    assert {role for _, role in ran} == {"actor", "reference"}
