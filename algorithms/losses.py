@@ -4,7 +4,11 @@ Every loss takes ``agg`` (a :data:`~hybridflow.algorithms.modes.LossAgg` mode) a
 without a norm it is the loss of the micro batch alone; with the mini batch's
 :class:`~hybridflow.algorithms.aggregation.LossNorm` it is the micro batch's additive share of the mini
 batch's loss (see :func:`~hybridflow.algorithms.aggregation.aggregate_loss`). Statistics (``clipfrac``,
-``approx_kl``...) stay means over the micro batch's response tokens either way.
+``approx_kl``...) stay means over the micro batch's masked tokens either way.
+
+The mask argument is the *loss mask* (the ``loss_mask`` field; ``response_mask`` when a rollout writes none):
+tokens outside it (padding, a tool's output inside a multi-turn response) add nothing to a loss, a statistic
+or a gradient, whatever their log-probs, advantages or values.
 """
 
 from __future__ import annotations
