@@ -3,6 +3,12 @@
 Definitions follow verl's ``core_algos.py``. ``B`` is the number of sequences and ``T`` the padded
 response length. Outputs are zero on masked positions, whatever the inputs hold there.
 
+The mask of every function here is the *loss mask*: the built-in graphs pass the ``loss_mask`` field, which
+equals ``response_mask`` unless a (multi-turn) rollout keeps tokens in a response that carry no loss (tool
+outputs, observations). Such a token may sit in the middle of a response: it gets no reward, advantage or
+return, and the recursions over time steps (GAE, REINFORCE++, ReMax) skip it, so credit still flows from
+the agent's later tokens to its earlier ones across it (verl's multi-turn masking).
+
 Group baselines (GRPO, RLOO, REINFORCE++-baseline) group rows either contiguously, ``group_size`` rows
 per prompt (the ``n`` samples of a prompt are adjacent), or by a prompt id ``uid`` (B,): rows sharing a
 uid form a group, wherever they sit and however many there are (after filtering, or partial groups),
@@ -18,8 +24,13 @@ from hybridflow.algorithms.modes import KLType
 
 
 def scores_to_token_rewards(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """Place each sequence's score on its last response token. (B,), (B, T) -> (B, T)."""
-    last = (response_mask.sum(dim=-1).long() - 1).clamp(min=0)
+    """Place each sequence's score on its last token inside the mask. (B,), (B, T) -> (B, T).
+
+    With the loss mask, that is the last token the policy sampled, not a tool output after it, whose reward
+    the masked recursions would drop. On a right-padded mask without holes: the last response token (verl).
+    """
+    positions = torch.arange(response_mask.shape[-1], device=response_mask.device)
+    last = torch.where(response_mask != 0, positions, 0).amax(dim=-1)
     rewards = torch.zeros_like(response_mask, dtype=scores.dtype)
     rewards[torch.arange(len(scores)), last] = scores
     return rewards * response_mask
@@ -41,8 +52,11 @@ def gae_advantages(token_rewards: torch.Tensor, values: torch.Tensor, response_m
     """Generalised advantage estimation. (B, T) x 3 -> advantages (B, T), returns (B, T).
 
     Masked positions are skipped, as in current verl: their values and rewards are ignored and the
-    recursion jumps to the next response token, so after the last one the bootstrap value is zero
-    (the episode ends at EOS) whatever the critic wrote on padding. ``returns = advantages + values``
+    recursion jumps to the next unmasked token, so after the last one the bootstrap value is zero
+    (the episode ends at EOS) whatever the critic wrote on padding. A masked token inside a response (a
+    tool's output under the loss mask) is not a time step of the agent: the TD error of the token before it
+    bootstraps from the value of the next token the agent sampled, undiscounted across the gap, and the
+    masked token itself gets advantage and return 0 (no value target). ``returns = advantages + values``
     is taken before the optional whitening of advantages. Deviation from verl: both outputs are zero
     on padding (verl leaves carried-over numbers there, which every consumer masks anyway).
     """
@@ -133,9 +147,14 @@ def rloo_advantages(token_rewards: torch.Tensor, response_mask: torch.Tensor, gr
 
 def remax_advantages(token_rewards: torch.Tensor, baseline_scores: torch.Tensor,
                      response_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """ReMax: reward-to-go minus the greedy rollout's score. (B, T), (B,), (B, T) -> advantages, returns."""
-    returns = on_mask(token_rewards * response_mask, response_mask).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1])
-    advantages = returns - baseline_scores.unsqueeze(-1) * response_mask
+    """ReMax: reward-to-go minus the greedy rollout's score. (B, T), (B,), (B, T) -> advantages, returns.
+
+    Rewards on masked positions are ignored; the reward-to-go carries across a masked token inside a response,
+    which itself gets 0 (as padding does).
+    """
+    to_go = on_mask(token_rewards, response_mask).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1])
+    returns = on_mask(to_go, response_mask)
+    advantages = on_mask(returns - baseline_scores.unsqueeze(-1), response_mask)
     return advantages, returns
 
 

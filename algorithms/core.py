@@ -8,7 +8,9 @@ losses) and :mod:`~hybridflow.algorithms.dapo` (DAPO's pieces). ``core.X`` reach
 
 Definitions follow verl's ``core_algos.py`` (the de-facto reference of the field); tests check
 them against independent loop implementations to 1e-6. ``B`` is the number of sequences (prompts
-times samples) and ``T`` the padded response length; masks are 1 on response tokens, 0 on padding.
+times samples) and ``T`` the padded response length; masks are 1 on response tokens, 0 on padding. The
+mask a loss, an advantage or a KL term takes is the *loss mask* (the ``loss_mask`` field, 0 also on tokens a
+multi-turn rollout kept in a response without training on them); it is ``response_mask`` otherwise.
 
 Two deviations from verl are deliberate and documented where they happen. Padding: whatever sits at
 a masked position (zeros, garbage, even NaN or inf from a backend) never reaches a result on a

@@ -7,6 +7,10 @@ A loss takes keyword ``outputs`` (what the model computed for the micro batch: `
 the node's options, plus keyword ``norm``: the mini batch's :class:`core.LossNorm`, with which the loss
 is the micro batch's additive share of the mini batch's loss (``None``: the micro batch alone). It
 returns the scalar loss and a dict of scalar metrics.
+
+The losses aggregate over ``batch["loss_mask"]`` when the update node reads that field, else over
+``response_mask`` (graphs written before the loss mask existed); the compute functions take the mask the
+graph binds (the built-in graphs bind ``loss_mask``).
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ def kl_penalized_rewards(scores: torch.Tensor, logprobs: torch.Tensor, ref_logpr
 
     With ``kl_target`` the coefficient adapts (verl's ``kl_ctrl.type: adaptive``): ``state`` is the run's
     :class:`~hybridflow.algorithms.kl.AdaptiveKLController` (made by :func:`_kl_state`), whose value is used
-    and then updated with this batch's mean KL (B, T) -> (B, T).
+    and then updated with this batch's mean KL over the mask (the loss mask in the built-in graphs).
+    (B,), (B, T), (B, T), (B, T) -> (B, T).
     """
     if state is None:
         return core.kl_penalized_rewards(scores, logprobs, ref_logprobs, response_mask, kl_coef, kl_type)
@@ -113,6 +118,11 @@ def groups_with_signal(scores: torch.Tensor, uid: torch.Tensor) -> torch.Tensor:
     return core.groups_with_signal(scores, uid=uid)
 
 
+def loss_mask(batch: Tensors) -> torch.Tensor:
+    """The mask a loss aggregates with: ``loss_mask`` (B, T) when the update reads it, else ``response_mask``."""
+    return batch["loss_mask"] if "loss_mask" in batch else batch["response_mask"]
+
+
 def _with_scale_factor(norm: core.LossNorm | None, mask: torch.Tensor,
                        loss_scale_factor: float | None) -> core.LossNorm | None:
     """The norm with ``loss_scale_factor`` (a constant horizon, verl's name) in place of the padded length."""
@@ -124,7 +134,7 @@ def _with_scale_factor(norm: core.LossNorm | None, mask: torch.Tensor,
 def _add_kl_and_entropy(loss: torch.Tensor, stats: dict[str, torch.Tensor], outputs: Tensors, batch: Tensors, *,
                         kl_coef: float, kl_type: core.KLType, entropy_coef: float, loss_agg: core.LossAgg,
                         norm: core.LossNorm | None) -> LossResult:
-    mask = batch["response_mask"]
+    mask = batch["loss_mask"]
     # approx_kl is computed from the live log-probs: detach it so a logged metric cannot hold the graph.
     metrics = {"pg_loss": loss.detach(), **{name: stat.detach() for name, stat in stats.items()}}
     if kl_coef:
@@ -153,7 +163,7 @@ def ppo_policy(*, outputs: Tensors, batch: Tensors, clip_ratio: float = 0.2, cli
     noise on-policy). With ``norm`` (the mini batch's global counts) the loss is this micro batch's additive
     share; the metrics are the micro batch's own values either way.
     """
-    mask, weights = batch["response_mask"], None
+    mask, weights = loss_mask(batch), None
     if rollout_correction is not None:
         if "rollout_logprobs" not in batch:
             raise KeyError(f"ppo_policy: rollout_correction={rollout_correction!r} needs the rollout engine's "
@@ -169,7 +179,7 @@ def ppo_policy(*, outputs: Tensors, batch: Tensors, clip_ratio: float = 0.2, cli
                                            token_weights=weights)
         if weights is not None:
             stats.update(_correction_metrics(weights, mask, batch))
-        return _add_kl_and_entropy(loss, stats, outputs, {**batch, "response_mask": mask}, kl_coef=kl_coef,
+        return _add_kl_and_entropy(loss, stats, outputs, {**batch, "loss_mask": mask}, kl_coef=kl_coef,
                                    kl_type=kl_type, entropy_coef=entropy_coef, loss_agg=loss_agg, norm=norm)
 
     return _share_with_micro_metrics(compute, norm)
@@ -177,8 +187,9 @@ def ppo_policy(*, outputs: Tensors, batch: Tensors, clip_ratio: float = 0.2, cli
 
 def _correction_metrics(weights: torch.Tensor, kept: torch.Tensor, batch: Tensors) -> dict[str, torch.Tensor]:
     """How far the rollout's log-probs are from the trainer's: the weights applied on the ``kept`` tokens (1 on-policy)
-    and the largest log-prob gap over all response tokens. All inputs (B, T); neutral values without tokens."""
-    mask = batch["response_mask"]
+    and the largest log-prob gap over all trained tokens (the loss mask: ``rollout_logprobs`` are 0 elsewhere).
+    All inputs (B, T); neutral values without tokens."""
+    mask = loss_mask(batch)
     on, tokens = kept != 0, mask != 0
     gap = (batch["old_logprobs"] - batch["rollout_logprobs"]).abs()
     one = weights.new_ones(())
@@ -195,13 +206,13 @@ def gspo_policy(*, outputs: Tensors, batch: Tensors, clip_ratio: float = 3e-4, c
                 loss_agg: core.LossAgg = "seq-mean-token-mean", loss_scale_factor: float | None = None,
                 norm: core.LossNorm | None = None) -> LossResult:
     """GSPO: the clipped surrogate on sequence-level importance ratios; KL and entropy terms as ``ppo_policy``."""
-    mask = batch["response_mask"]
+    mask = loss_mask(batch)
 
     def compute(norm: core.LossNorm | None) -> LossResult:
         norm = _with_scale_factor(norm, mask, loss_scale_factor)
         loss, stats = core.gspo_policy_loss(outputs["logprobs"], batch["old_logprobs"], batch["advantages"], mask,
                                             clip_ratio, clip_ratio_high, loss_agg, norm=norm)
-        return _add_kl_and_entropy(loss, stats, outputs, batch, kl_coef=kl_coef, kl_type=kl_type,
+        return _add_kl_and_entropy(loss, stats, outputs, {**batch, "loss_mask": mask}, kl_coef=kl_coef, kl_type=kl_type,
                                    entropy_coef=entropy_coef, loss_agg=loss_agg, norm=norm)
 
     return _share_with_micro_metrics(compute, norm)
@@ -211,8 +222,8 @@ def gspo_policy(*, outputs: Tensors, batch: Tensors, clip_ratio: float = 3e-4, c
 def value(*, outputs: Tensors, batch: Tensors, clip_range: float | None = 0.2,
           loss_agg: core.LossAgg = "token-mean", loss_scale_factor: float | None = None,
           norm: core.LossNorm | None = None) -> LossResult:
-    """Clipped value regression of the critic onto the GAE returns (a share under ``norm``)."""
-    mask = batch["response_mask"]
+    """Clipped value regression of the critic onto the GAE returns (a share under ``norm``), over the loss mask."""
+    mask = loss_mask(batch)
 
     def compute(norm: core.LossNorm | None) -> LossResult:
         loss, stats = core.value_loss(outputs["values"], batch["values"], batch["returns"], mask, clip_range,

@@ -6,7 +6,10 @@ The actor's loss options (``clip_ratio_high``, ``loss_agg``, ``entropy_coef``) r
 and the sampling options ``top_p``/``top_k`` the generate node, only when they differ from their defaults,
 so a graph built with default options stays as it was. ``rollout_correction`` (``tis`` or ``decoupled``, capped at
 ``rollout_is_cap``) asks the sampling generate node for ``logprobs`` and feeds its ``rollout_logprobs`` to the
-actor's ``ppo_policy`` update (:mod:`hybridflow.algorithms.offpolicy`).
+actor's ``ppo_policy`` update (:mod:`hybridflow.algorithms.offpolicy`). The sampling generate node writes
+``loss_mask`` (``response_mask`` unless the rollout engine masks tokens, e.g. a multi-turn rollout's tool outputs)
+and every advantage, KL-in-reward and update node reads it where it means the tokens trained on; the score node
+and DAPO's overlong shaping read ``response_mask`` (what was decoded, and how long it is).
 This module imports no torch, so listing or planning algorithms stays fast.
 """
 
@@ -21,6 +24,8 @@ from hybridflow.graph import DEFAULT_MAX_NEW_TOKENS, Graph, GraphBuilder, RoleKi
 from hybridflow.registry import ALGORITHMS
 
 SEQ = ("prompts", "responses", "response_mask")
+# What an update reads: the sequences (attention, padding) and the loss mask (the tokens its loss trains on).
+TRAINED = (*SEQ, "loss_mask")
 # Any, not the graph's Scalar: mypy cannot tell that ** into ``update`` never fills its ``name`` parameter.
 Options = dict[str, Any]
 
@@ -34,7 +39,7 @@ def _kl_rewards(g: GraphBuilder, kl_coef: float, scores: str = "scores", kl_targ
                 kl_horizon: float = 10000.0) -> None:
     """KL-in-reward; with ``kl_target`` the coefficient adapts to keep the KL near it (starting at ``kl_coef``)."""
     adaptive: Options = {"kl_target": kl_target, "kl_horizon": kl_horizon} if kl_target is not None else {}
-    g.compute("kl_rewards", fn="kl_penalized_rewards", inputs=(scores, "old_logprobs", "ref_logprobs", "response_mask"),
+    g.compute("kl_rewards", fn="kl_penalized_rewards", inputs=(scores, "old_logprobs", "ref_logprobs", "loss_mask"),
               outputs=("token_rewards",), kl_coef=kl_coef, **adaptive)
 
 
@@ -104,7 +109,7 @@ def _rollout(name: str, *, n: int, reference: bool, temperature: float, max_new_
     actor = g.role("actor", RoleKind.POLICY)
     ref = g.role("reference", RoleKind.FROZEN_POLICY) if reference else None
     reward = g.role("reward", reward_kind)
-    g.generate(actor, n=n, temperature=temperature, max_new_tokens=max_new_tokens, **(sampling or {}))
+    g.generate(actor, n=n, temperature=temperature, max_new_tokens=max_new_tokens, loss_mask=True, **(sampling or {}))
     g.score(reward)
     if ref is not None:
         g.ref_logprob(ref)
@@ -116,13 +121,13 @@ def _group_relative(g: GraphBuilder, actor: str, *, n: int, norm_by_std: bool, l
                     options: Options, correction: _Correction | None = None) -> Graph:
     """GRPO's tail: group-relative advantages, then the actor's update (with a KL term when ``kl_coef`` is set)."""
     correction = correction or _Correction()
-    g.compute("advantages", fn="grpo_advantages", inputs=("scores", "response_mask", "uid"),
+    g.compute("advantages", fn="grpo_advantages", inputs=("scores", "loss_mask", "uid"),
               outputs=("advantages",), norm_by_std=norm_by_std)
     options = {**options, **correction.options}
     if kl_coef is None:
-        g.update(actor, loss=loss, inputs=(*SEQ, "old_logprobs", *correction.inputs, "advantages"), **options)
+        g.update(actor, loss=loss, inputs=(*TRAINED, "old_logprobs", *correction.inputs, "advantages"), **options)
     else:
-        g.update(actor, loss=loss, inputs=(*SEQ, "old_logprobs", *correction.inputs, "ref_logprobs", "advantages"),
+        g.update(actor, loss=loss, inputs=(*TRAINED, "old_logprobs", *correction.inputs, "ref_logprobs", "advantages"),
                  **options, kl_coef=kl_coef, kl_type="low_var_kl")
     return g.build()
 
@@ -139,17 +144,17 @@ def ppo(*, kl_coef: float = 0.05, kl_target: float | None = None, kl_horizon: fl
     actor, ref, reward = _policy_roles(g, reward_kind)
     critic = g.role("critic", RoleKind.VALUE)
     correction = _correction(rollout_correction, rollout_is_cap)
-    g.generate(actor, temperature=temperature, max_new_tokens=max_new_tokens, **_top(top_p, top_k),
+    g.generate(actor, temperature=temperature, max_new_tokens=max_new_tokens, loss_mask=True, **_top(top_p, top_k),
                **correction.sampling)
     g.score(reward)
     g.ref_logprob(ref)
     g.values(critic)
     g.logprob(actor)
     _kl_rewards(g, kl_coef, kl_target=kl_target, kl_horizon=kl_horizon)
-    g.compute("gae", fn="gae", inputs=("token_rewards", "values", "response_mask"),
+    g.compute("gae", fn="gae", inputs=("token_rewards", "values", "loss_mask"),
               outputs=("advantages", "returns"), gamma=gamma, lam=lam)
-    g.update(critic, loss="value", inputs=(*SEQ, "values", "returns"), clip_range=value_clip)
-    g.update(actor, loss="ppo_policy", inputs=(*SEQ, "old_logprobs", *correction.inputs, "advantages"),
+    g.update(critic, loss="value", inputs=(*TRAINED, "values", "returns"), clip_range=value_clip)
+    g.update(actor, loss="ppo_policy", inputs=(*TRAINED, "old_logprobs", *correction.inputs, "advantages"),
              **_actor_options(clip_ratio, clip_ratio_high, loss_agg, entropy_coef), **correction.options)
     return g.build()
 
@@ -232,8 +237,8 @@ def dapo(*, n: int = 8, clip_ratio: float = 0.2, clip_ratio_high: float = 0.28, 
     g = GraphBuilder("dapo")
     actor, reward = g.role("actor", RoleKind.POLICY), g.role("reward", reward_kind)
     correction = _correction(rollout_correction, rollout_is_cap)
-    g.generate(actor, n=n, temperature=temperature, max_new_tokens=max_new_tokens, **_top(top_p, top_k),
-               **correction.sampling)
+    g.generate(actor, n=n, temperature=temperature, max_new_tokens=max_new_tokens, loss_mask=True,
+               **_top(top_p, top_k), **correction.sampling)
     g.score(reward, outputs=("raw_scores",) if overlong_buffer else None)
     if overlong_buffer:
         g.compute("overlong_shaping", fn="overlong_penalized_scores", inputs=("raw_scores", "response_mask"),
@@ -257,9 +262,9 @@ def rloo(*, n: int = 4, kl_coef: float = 0.05, clip_ratio: float = 0.2, clip_rat
     g, actor = _rollout("rloo", n=n, reference=True, temperature=temperature, max_new_tokens=max_new_tokens,
                         reward_kind=reward_kind, sampling={**_top(top_p, top_k), **correction.sampling})
     _kl_rewards(g, kl_coef)
-    g.compute("advantages", fn="rloo_advantages", inputs=("token_rewards", "response_mask", "uid"),
+    g.compute("advantages", fn="rloo_advantages", inputs=("token_rewards", "loss_mask", "uid"),
               outputs=("advantages",))
-    g.update(actor, loss="ppo_policy", inputs=(*SEQ, "old_logprobs", *correction.inputs, "advantages"),
+    g.update(actor, loss="ppo_policy", inputs=(*TRAINED, "old_logprobs", *correction.inputs, "advantages"),
              **_actor_options(clip_ratio, clip_ratio_high, loss_agg, entropy_coef), **correction.options)
     return g.build()
 
@@ -273,19 +278,20 @@ def remax(*, kl_coef: float = 0.05, clip_ratio: float = 0.2, clip_ratio_high: fl
     """ReMax: a greedy rollout's reward is the baseline of the sampled one."""
     g = GraphBuilder("remax")
     actor, ref, reward = _policy_roles(g, reward_kind)
-    greedy = ("greedy_responses", "greedy_response_mask")
+    greedy = ("greedy_responses", "greedy_response_mask")  # the score's inputs; the loss mask is not used
     correction = _correction(rollout_correction, rollout_is_cap)
-    g.generate(actor, temperature=temperature, max_new_tokens=max_new_tokens, **_top(top_p, top_k),
+    g.generate(actor, temperature=temperature, max_new_tokens=max_new_tokens, loss_mask=True, **_top(top_p, top_k),
                **correction.sampling)
-    g.generate(actor, name="greedy_generate", outputs=greedy, greedy=True, max_new_tokens=max_new_tokens)
+    g.generate(actor, name="greedy_generate", outputs=(*greedy, "greedy_loss_mask"), greedy=True,
+               max_new_tokens=max_new_tokens, loss_mask=True)
     g.score(reward)
     g.score(reward, name="greedy_score", inputs=("prompts", *greedy, "ground_truth"), outputs=("greedy_scores",))
     g.ref_logprob(ref)
     g.logprob(actor)
     _kl_rewards(g, kl_coef)
-    g.compute("advantages", fn="remax_advantages", inputs=("token_rewards", "greedy_scores", "response_mask"),
+    g.compute("advantages", fn="remax_advantages", inputs=("token_rewards", "greedy_scores", "loss_mask"),
               outputs=("advantages",))
-    g.update(actor, loss="ppo_policy", inputs=(*SEQ, "old_logprobs", *correction.inputs, "advantages"),
+    g.update(actor, loss="ppo_policy", inputs=(*TRAINED, "old_logprobs", *correction.inputs, "advantages"),
              **_actor_options(clip_ratio, clip_ratio_high, loss_agg, entropy_coef), **correction.options)
     return g.build()
 
@@ -299,11 +305,11 @@ def _reinforce_pp(name: str, n: int, kl_coef: float, gamma: float, temperature: 
     _kl_rewards(g, kl_coef)
     if n > 1:
         g.compute("advantages", fn="reinforce_pp_baseline_advantages",
-                  inputs=("token_rewards", "response_mask", "uid"), outputs=("advantages",))
+                  inputs=("token_rewards", "loss_mask", "uid"), outputs=("advantages",))
     else:
-        g.compute("advantages", fn="reinforce_pp_advantages", inputs=("token_rewards", "response_mask"),
+        g.compute("advantages", fn="reinforce_pp_advantages", inputs=("token_rewards", "loss_mask"),
                   outputs=("advantages",), gamma=gamma)
-    g.update(actor, loss="ppo_policy", inputs=(*SEQ, "old_logprobs", *correction.inputs, "advantages"), **options,
+    g.update(actor, loss="ppo_policy", inputs=(*TRAINED, "old_logprobs", *correction.inputs, "advantages"), **options,
              **correction.options)
     return g.build()
 

@@ -4,7 +4,13 @@ Every loss takes ``agg`` (a :data:`~hybridflow.algorithms.modes.LossAgg` mode) a
 without a norm it is the loss of the micro batch alone; with the mini batch's
 :class:`~hybridflow.algorithms.aggregation.LossNorm` it is the micro batch's additive share of the mini
 batch's loss (see :func:`~hybridflow.algorithms.aggregation.aggregate_loss`). Statistics (``clipfrac``,
-``approx_kl``...) stay means over the micro batch's response tokens either way.
+``approx_kl``...) stay means over the micro batch's masked tokens either way.
+
+The mask argument is the *loss mask* (the ``loss_mask`` field; ``response_mask`` when a rollout writes none):
+tokens outside it (padding, a tool's output inside a multi-turn response) add nothing to a loss, a statistic
+or a gradient, whatever their log-probs, advantages or values: the constant inputs (old log-probs, advantages,
+returns...) are zeroed there before any arithmetic, so even an inf on a masked token cannot turn the exact 0
+gradient of the masked loss into ``0 * inf`` = NaN.
 """
 
 from __future__ import annotations
@@ -12,8 +18,13 @@ from __future__ import annotations
 import torch
 from hybridflow.algorithms.aggregation import LossNorm, aggregate_loss
 from hybridflow.algorithms.kl import kl_penalty
-from hybridflow.algorithms.masked import masked_mean, masked_sum
+from hybridflow.algorithms.masked import masked_mean, masked_sum, on_mask
 from hybridflow.algorithms.modes import KLType, LossAgg
+
+
+def _on_mask(mask: torch.Tensor, *constants: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Each (B, T) constant with 0 outside ``mask``: what sits on a masked token cannot reach a gradient."""
+    return tuple(on_mask(constant, mask) for constant in constants)
 
 
 def ppo_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
@@ -29,6 +40,7 @@ def ppo_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantag
     Deviation from verl: verl always dual-clips (``clip_ratio_c=3.0``); here ``dual_clip=None`` is the
     plain PPO objective of the paper, TRL and OpenRLHF. Pass ``dual_clip=3.0`` for verl's numbers.
     """
+    old_logprobs, advantages = _on_mask(response_mask, old_logprobs, advantages)
     log_ratio = torch.clamp(logprobs - old_logprobs, min=-20.0, max=20.0)
     ratio = torch.exp(log_ratio)
     high = clip_ratio if clip_ratio_high is None else clip_ratio_high
@@ -50,7 +62,7 @@ def ppo_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantag
         )
         clipped = torch.where(advantages < 0, lower, clipped)
     if token_weights is not None:
-        clipped = clipped * token_weights
+        clipped = clipped * on_mask(token_weights, response_mask)
     return aggregate_loss(clipped, response_mask, agg, norm), stats
 
 
@@ -67,6 +79,7 @@ def gspo_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advanta
     verl always aggregates ``seq-mean-token-mean`` and ignores its ``loss_agg_mode``; here ``agg``
     defaults to that and is honoured when changed. Statistics as :func:`ppo_policy_loss`'s.
     """
+    old_logprobs, advantages = _on_mask(response_mask, old_logprobs, advantages)
     log_ratio = logprobs - old_logprobs
     lengths = response_mask.sum(dim=-1).clamp(min=1)
     seq_log_ratio = masked_sum(log_ratio, response_mask, dim=-1) / lengths  # (B,)
@@ -88,6 +101,7 @@ def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Te
                agg: LossAgg = "token-mean", *,
                norm: LossNorm | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped value loss, ``0.5 * max((v - R)^2, (clip(v) - R)^2)``. All inputs (B, T)."""
+    old_values, returns = _on_mask(response_mask, old_values, returns)
     losses1 = (values - returns).square()
     if clip_range is None:
         return 0.5 * aggregate_loss(losses1, response_mask, agg, norm), {"vf_clipfrac": values.new_zeros(())}
@@ -101,6 +115,7 @@ def kl_loss(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, response_mask: t
             kind: KLType = "low_var_kl", agg: LossAgg = "token-mean", *,
             norm: LossNorm | None = None) -> torch.Tensor:
     """KL to the reference as a loss term (GRPO style). (B, T) x 3 -> scalar."""
+    (ref_logprobs,) = _on_mask(response_mask, ref_logprobs)
     return aggregate_loss(kl_penalty(logprobs, ref_logprobs, kind), response_mask, agg, norm)
 
 

@@ -24,7 +24,8 @@ __all__ = ["CORRECTIONS", "RolloutCorrection", "rollout_correction"]
 
 def rollout_correction(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, response_mask: torch.Tensor, *,
                        mode: RolloutCorrection, cap: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token loss weights and the mask to aggregate with. All (B, T).
+    """Per-token loss weights and the mask to aggregate with. All (B, T); the mask is the loss mask
+    (``rollout_logprobs`` hold no behaviour log-prob outside it).
 
     ``tis``: ``min(exp(old - rollout), cap)`` on the same mask. ``decoupled``: ``exp(old - rollout)`` where it is at
     most ``cap``, and those tokens only in the mask.

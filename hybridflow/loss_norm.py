@@ -21,8 +21,9 @@ import torch
 class LossNorm:
     """What the whole mini batch's loss is normalised by, counted over all its micro batches and DP ranks.
 
-    ``tokens``: response tokens (the sum of ``response_mask``) in the mini batch. ``seqs``: sequences with
-    at least one response token (rows of padding, e.g. from evening out a batch, do not count, as in verl).
+    ``tokens``: trained tokens (the sum of the loss mask: ``loss_mask``, or ``response_mask`` without one) in the
+    mini batch. ``seqs``: sequences with at least one trained token (rows of padding, e.g. from evening out a
+    batch, do not count, as in verl).
     ``horizon``: the constant ``seq-mean-token-sum-norm`` divides each sequence's token sum by (Dr.GRPO's
     maximum response length; verl's ``loss_scale_factor``, which defaults to the padded response length).
     Build one with :func:`loss_norm` per rank and add the counts over ranks (:func:`sum_loss_norms`).
@@ -40,10 +41,10 @@ class LossNorm:
             raise ValueError(f"LossNorm.horizon={self.horizon} must be > 0")
 
 
-def loss_norm(response_mask: torch.Tensor, horizon: float | None = None) -> LossNorm:
-    """The counts of one (mini batch) ``response_mask`` (B, T); ``horizon`` defaults to T, as in verl."""
-    return LossNorm(tokens=float(response_mask.sum()), seqs=float((response_mask.sum(dim=-1) > 0).sum()),
-                    horizon=float(response_mask.shape[-1] if horizon is None else horizon))
+def loss_norm(mask: torch.Tensor, horizon: float | None = None) -> LossNorm:
+    """The counts of one (mini batch) loss mask (B, T); ``horizon`` defaults to T, as in verl."""
+    return LossNorm(tokens=float(mask.sum()), seqs=float((mask.sum(dim=-1) > 0).sum()),
+                    horizon=float(mask.shape[-1] if horizon is None else horizon))
 
 
 def sum_loss_norms(norms: Iterable[LossNorm]) -> LossNorm:

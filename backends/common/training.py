@@ -104,10 +104,12 @@ class GradientSteps:
 
     def mini_batch_norm(self, mini: Batch) -> LossNorm | None:
         """The counts of the whole mini batch: this rank's rows plus every other rank's (the same T everywhere:
-        the controller cuts one batch into rows)."""
-        if "response_mask" not in mini:
+        the controller cuts one batch into rows). Tokens are those of ``loss_mask`` when the update reads it (the
+        mask the built-in losses aggregate with), else of ``response_mask``."""
+        name = "loss_mask" if "loss_mask" in mini else "response_mask"
+        if name not in mini:
             return None
-        local = loss_norm(mini["response_mask"])
+        local = loss_norm(mini[name])
         tokens, seqs = self.sum_over_ranks([local.tokens, local.seqs])
         return LossNorm(tokens=tokens, seqs=seqs, horizon=local.horizon)
 

@@ -31,8 +31,11 @@ class GraphBuilder:
 
     def generate(self, role: str, *, n: int = 1, name: str | None = None, inputs: Fields = None,
                  outputs: Fields = None, **sampling: Scalar) -> str:
-        """Roll out ``n`` responses per prompt; options: temperature, top_p, top_k, max_new_tokens, greedy, and
-        ``logprobs=True``, which adds the output ``rollout_logprobs`` (each sampled token's behaviour log-prob)."""
+        """Roll out ``n`` responses per prompt; options: temperature, top_p, top_k, max_new_tokens, greedy,
+        ``logprobs=True``, which adds the output ``rollout_logprobs`` (each sampled token's behaviour log-prob),
+        and ``loss_mask=True``, which adds the output ``loss_mask`` (B, T): the response tokens that carry loss,
+        a subset of ``response_mask`` (a multi-turn rollout leaves tool outputs out; an engine that writes
+        none gets ``response_mask``). Without it, losses fall back to ``response_mask``."""
         return self._role_op(Op.GENERATE, role, name, inputs, outputs, {"n": n, **sampling})
 
     def logprob(self, role: str, *, name: str | None = None, inputs: Fields = None, outputs: Fields = None,

@@ -36,6 +36,7 @@ STANDARD_FIELDS: dict[str, FieldSpec] = dict(
         _spec("uid", Extent.SEQUENCE, 8),
         _spec("responses", Extent.RESPONSE_TOKENS, 8),
         _spec("response_mask", Extent.RESPONSE_TOKENS, 1),
+        _spec("loss_mask", Extent.RESPONSE_TOKENS, 1),
         _spec("rollout_logprobs", Extent.RESPONSE_TOKENS, 4),
         _spec("old_logprobs", Extent.RESPONSE_TOKENS, 4),
         _spec("ref_logprobs", Extent.RESPONSE_TOKENS, 4),
@@ -46,6 +47,7 @@ STANDARD_FIELDS: dict[str, FieldSpec] = dict(
         _spec("returns", Extent.RESPONSE_TOKENS, 4),
         _spec("greedy_responses", Extent.RESPONSE_TOKENS, 8),
         _spec("greedy_response_mask", Extent.RESPONSE_TOKENS, 1),
+        _spec("greedy_loss_mask", Extent.RESPONSE_TOKENS, 1),
         _spec("greedy_scores", Extent.SEQUENCE, 4),
     ]
 )

@@ -26,8 +26,12 @@ DEFAULT_MAX_NEW_TOKENS = 32
 """A generate node's response cap when it sets none: the one default the planner, runtime and checks read."""
 
 # Output ports an op adds when a node sets the option True: ``generate(logprobs=True)`` also writes each
-# sampled token's behaviour log-prob, which the off-policy corrections of the policy loss read.
-OPTIONAL_OUTPUT_PORTS: dict[Op, tuple[tuple[str, str], ...]] = {Op.GENERATE: (("logprobs", "rollout_logprobs"),)}
+# sampled token's behaviour log-prob, which the off-policy corrections of the policy loss read;
+# ``generate(loss_mask=True)`` writes the tokens that carry loss (a multi-turn rollout masks tool outputs
+# inside a response; the worker copies ``response_mask`` when the engine writes none).
+OPTIONAL_OUTPUT_PORTS: dict[Op, tuple[tuple[str, str], ...]] = {
+    Op.GENERATE: (("logprobs", "rollout_logprobs"), ("loss_mask", "loss_mask")),
+}
 
 
 def op_ports(op: Op, options: Mapping[str, Any]) -> tuple[tuple[str, ...], tuple[str, ...]]:

@@ -119,19 +119,20 @@ class Batch:
     def pad_to_multiple(self, multiple: int) -> tuple[Batch, int]:
         """Rows padded (by repeating the last row) to a multiple of ``multiple``; returns the pad count.
 
-        A padding row's ``response_mask`` is all zeros: it holds no response tokens, so a loss normalised by
-        the mini batch's token and sequence counts gives it no weight (and counts it in neither).
+        A padding row's ``response_mask`` and ``loss_mask`` are all zeros: it holds no response tokens, so a
+        loss normalised by the mini batch's token and sequence counts gives it no weight (and counts it in neither).
         """
         pad = -len(self) % multiple
         if pad == 0:
             return self, 0
         rows = torch.cat([torch.arange(len(self)), torch.full((pad,), len(self) - 1)])
         padded = self.index(rows)
-        if "response_mask" in padded.tensors:
-            mask = padded.tensors["response_mask"].clone()
-            mask[len(self):] = 0
-            padded = Batch({**padded.tensors, "response_mask": mask}, padded.non_tensors)
-        return padded, pad
+        masks = {}
+        for name in ("response_mask", "loss_mask"):
+            if name in padded.tensors:
+                masks[name] = padded.tensors[name].clone()
+                masks[name][len(self):] = 0
+        return Batch({**padded.tensors, **masks}, padded.non_tensors), pad
 
     @staticmethod
     def concat(batches: Sequence[Batch]) -> Batch:

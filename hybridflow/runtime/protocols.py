@@ -19,7 +19,8 @@ Engines see port names only (``prompts``, ``responses``...): the runtime renames
 ports before the call and back after it, so engines never know the graph. Batches crossing this
 contract are :class:`~hybridflow.runtime.batch.Batch` objects holding this rank's rows. Token layout:
 ``prompts`` (B, P) left-padded with ``prompt_mask`` (B, P); ``responses`` / ``response_mask`` (B, T)
-right-padded; per-token outputs (B, T) aligned with ``responses``; sequence outputs (B,).
+right-padded, with an optional ``loss_mask`` (B, T) inside ``response_mask`` (see :class:`Generator`);
+per-token outputs (B, T) aligned with ``responses``; sequence outputs (B,).
 """
 
 from __future__ import annotations
@@ -158,8 +159,15 @@ class Generator(Protocol):
     def generate(self, batch: Batch, sampling: SamplingParams) -> Batch:
         """``prompts``, ``prompt_mask`` -> ``responses``, ``response_mask``: one sample per row, EOS-stopped.
 
+        ``response_mask`` (B, T) marks the tokens of the sequence (attention, length, decoding). An engine may
+        also return ``loss_mask`` (B, T), a subset of it: the tokens the policy sampled and is trained on. A
+        multi-turn rollout writes the whole trajectory as one response and sets ``loss_mask`` to 0 on the tokens
+        it did not sample (tool outputs, observations, chat-template tokens); an engine that returns none means
+        every response token, and the worker fills ``loss_mask`` from ``response_mask``.
+
         With ``sampling.logprobs`` also ``rollout_logprobs`` (B, T) float32, aligned with ``responses`` and 0
-        where ``response_mask`` is 0: each sampled token's log-prob under the trainer's definition (the
+        where ``loss_mask`` is 0 (a token the policy did not sample has no behaviour log-prob; the worker zeroes
+        any the engine left there): each sampled token's log-prob under the trainer's definition (the
         log-softmax of the raw logits, as ``log_probs`` computes it; no temperature, top-k or top-p), so that
         on the same weights it equals the ``logprob`` op's value up to float noise.
         """

@@ -239,7 +239,7 @@ def run_role_op(engine: Any, node: Node, batch: Batch, seed: int) -> Batch:
     inputs = port_batch(node, batch)
     if node.op is Op.GENERATE:
         options: dict[str, Any] = {k: v for k, v in node.options_dict.items() if k in _SAMPLING_KEYS}
-        result = engine.generate(inputs, SamplingParams(**options, seed=seed))
+        result = with_loss_mask(node, engine.generate(inputs, SamplingParams(**options, seed=seed)))
     elif node.op in (Op.LOGPROB, Op.REF_LOGPROB):
         return engine.log_probs(inputs).select(["logprobs"]).rename({"logprobs": node.outputs[0]})
     elif node.op is Op.VALUES:
@@ -250,6 +250,36 @@ def run_role_op(engine: Any, node: Node, batch: Batch, seed: int) -> Batch:
         raise ValueError(f"node {node.name!r}: op {node.op} does not run on a role engine")
     ports = node.port_outputs()
     return result.select(ports).rename(ports)
+
+
+def with_loss_mask(node: Node, result: Batch) -> Batch:
+    """A generate call's outputs with the ``loss_mask`` port filled: the engine's own, checked, or else a copy of
+    ``response_mask`` (the one place it defaults). ``rollout_logprobs`` become 0 where ``loss_mask`` is 0.
+
+    An engine that masks tokens (loss_mask differs from response_mask) on a node without ``loss_mask=True`` is
+    refused: dropping its mask would silently train on tokens the rollout meant to keep out of the loss.
+    """
+    mask = result["response_mask"]
+    if "loss_mask" not in result:
+        return result.union(Batch({"loss_mask": mask})) if "loss_mask" in node.port_outputs() else result
+    loss_mask = result["loss_mask"]
+    if loss_mask.shape != mask.shape:
+        raise ValueError(f"generate node {node.name!r}: the engine's loss_mask has shape {tuple(loss_mask.shape)}; "
+                         f"it must match response_mask {tuple(mask.shape)} (same right-padded layout)")
+    if bool(((loss_mask != 0) & (mask == 0)).any()):
+        raise ValueError(f"generate node {node.name!r}: the engine's loss_mask is 1 where response_mask is 0; "
+                         "it must be a subset of response_mask (0 on padding)")
+    if "loss_mask" not in node.port_outputs():
+        if not torch.equal(loss_mask != 0, mask != 0):
+            raise ValueError(f"generate node {node.name!r}: the engine masks tokens out of the loss (loss_mask "
+                             "differs from response_mask) but the node drops loss_mask: add loss_mask=True to it "
+                             "and 'loss_mask' to the inputs of the nodes that should honour it")
+        return result
+    if "rollout_logprobs" in result:
+        logprobs = result["rollout_logprobs"]
+        kept = torch.where(loss_mask != 0, logprobs, torch.zeros_like(logprobs))
+        result = Batch({**result.tensors, "rollout_logprobs": kept}, result.non_tensors)
+    return result
 
 
 def _node_ip() -> str:

@@ -15,19 +15,28 @@ from hybridflow.train.trackers import Table, Tracker, make_trackers
 
 
 def step_metrics(result: StepResult, seconds: float, graph: Graph | None = None) -> dict[str, float]:
-    """Reward mean/std, KL, entropy, clip fraction, response length, per-node time, tokens/s, memory."""
+    """Reward mean/std, KL, entropy, clip fraction, response length, token counts, per-node time, tokens/s, memory.
+
+    What describes the sequences (``response_length/*``, ``throughput/*``, ``tokens/response``) counts
+    ``response_mask``; what describes training (``kl``, ``tokens/trained``) counts the loss mask, ``loss_mask``
+    where the rollout wrote one (a multi-turn rollout's tool outputs are in the first, not the second).
+    """
     batch, out = result.batch, dict(result.metrics)
     if "scores" in batch:
         scores = batch["scores"].float()
         out["reward/mean"], out["reward/std"] = float(scores.mean()), float(scores.std()) if len(scores) > 1 else 0.0
     mask = batch["response_mask"].float() if "response_mask" in batch else None
     if mask is not None:
+        trained = batch["loss_mask"].float() if "loss_mask" in batch else mask
         out["response_length/mean"] = float(mask.sum(dim=1).mean())
         out["response_length/max"] = float(mask.sum(dim=1).max())
         out["throughput/tokens_per_s"] = float(mask.sum()) / max(seconds, 1e-9)
+        out["tokens/response"] = float(mask.sum())
+        out["tokens/trained"] = float(trained.sum())
+        out["tokens/trained_fraction"] = float(trained.sum() / mask.sum().clamp(min=1))
         if "old_logprobs" in batch and "ref_logprobs" in batch:
-            kl = (batch["old_logprobs"] - batch["ref_logprobs"]) * mask
-            out["kl"] = float(kl.sum() / mask.sum().clamp(min=1))
+            kl = torch.where(trained != 0, batch["old_logprobs"] - batch["ref_logprobs"], 0.0)
+            out["kl"] = float(kl.sum() / trained.sum().clamp(min=1))
     out.update({f"time/{name}": value for name, value in result.node_seconds.items()})
     out["time/step"] = seconds
     out["memory/rss_gb"] = _rss_gb()

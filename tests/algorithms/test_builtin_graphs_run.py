@@ -30,6 +30,8 @@ def role_op_outputs(graph: Graph, rows: int, gen: torch.Generator) -> dict[str, 
             lengths = torch.randint(1, STEPS + 1, (rows,), generator=gen)
             fields[out["responses"]] = torch.randint(0, 50, (rows, STEPS), generator=gen)
             fields[out["response_mask"]] = (torch.arange(STEPS)[None, :] < lengths[:, None]).float()
+            if "loss_mask" in out:  # what the worker fills in when the engine writes none
+                fields[out["loss_mask"]] = fields[out["response_mask"]]
         elif node.op is Op.SCORE:
             fields[out["scores"]] = torch.randn(rows, generator=gen)
         elif node.op in (Op.LOGPROB, Op.REF_LOGPROB):

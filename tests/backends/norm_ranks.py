@@ -17,10 +17,20 @@ MODES = ("token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum",
 LENGTHS = (5, 1, 3, 0, 2, 4, 5, 1)  # response tokens per row: ragged, one row fully masked
 
 
-def ragged_batch() -> Batch:
+def ragged_batch(loss_mask: bool = False) -> Batch:
+    """Ragged responses; with ``loss_mask`` also a loss mask inside them that leaves tokens out mid-response
+    (a tool's output), at a response's end and in a whole row, so its token and sequence counts both differ."""
     batch = rollout_batch(len(LENGTHS))
     mask = (torch.arange(5)[None, :] < torch.tensor(LENGTHS)[:, None]).long()
-    return Batch({**batch.tensors, "response_mask": mask})
+    fields = {**batch.tensors, "response_mask": mask}
+    if loss_mask:
+        trained = mask.clone()
+        trained[0, 1:3] = 0
+        trained[2, 2] = 0
+        trained[5, 1] = 0
+        trained[6, :] = 0
+        fields["loss_mask"] = trained
+    return Batch(fields)
 
 
 def legacy_loss(*, outputs: Any, batch: Any, loss_agg: str = "token-mean") -> Any:
@@ -53,12 +63,13 @@ def _gap(grads: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> 
     return max(float((grads[n] - reference[n]).abs().max()) for n in reference) / scale
 
 
-def gradient_gaps(rank: int, world_size: int, backend: str) -> dict[str, Any]:
+def gradient_gaps(rank: int, world_size: int, backend: str, loss_mask: bool = False) -> dict[str, Any]:
     """Per mode and (backend, dp, micro batch size): the gradient's gap to one pass over the whole mini batch
-    (torch, one rank), and for DeepSpeed the global gradient norm's relative gap."""
+    (torch, one rank), and for DeepSpeed the global gradient norm's relative gap. With ``loss_mask`` the batch
+    holds a loss mask that differs from its response mask."""
     from hybridflow.backends.torch import TorchRoleEngine
 
-    batch = ragged_batch()
+    batch = ragged_batch(loss_mask)
     out: dict[str, Any] = {}
     for mode in MODES:
         def torch_engine(micro: int, ranks: int) -> Any:
@@ -79,6 +90,9 @@ def gradient_gaps(rank: int, world_size: int, backend: str) -> dict[str, Any]:
                                                  reference)
             out[f"{mode}/legacy_gap"] = _gap(_update(torch_engine(1, 1), batch, mode, lambda g: g,
                                                      legacy_loss)[1], reference)
+            # One pass without a norm aggregates over the loss's own mask: the norm must count that mask's tokens.
+            gaps["dp1/one_pass_without_norm"] = _gap(_update(torch_engine(len(batch), 1), batch, mode, lambda g: g,
+                                                             legacy_loss)[1], reference)
         elif backend == "fsdp":
             from hybridflow.backends.fsdp import FsdpRoleEngine
             from hybridflow.backends.fsdp.engine import full_value

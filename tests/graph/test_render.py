@@ -95,7 +95,7 @@ def test_ppo_json_shows_every_op_with_its_fields():
     for node in data["nodes"]:
         by_op.setdefault(node["op"], []).append(node)
     assert set(by_op) == {"generate", "score", "ref_logprob", "values", "logprob", "compute", "update"}
-    assert by_op["generate"][0]["outputs"] == ["responses", "response_mask"]
+    assert by_op["generate"][0]["outputs"] == ["responses", "response_mask", "loss_mask"]
     assert by_op["score"][0]["outputs"] == ["scores"] and "ground_truth" in by_op["score"][0]["inputs"]
     assert by_op["ref_logprob"][0]["outputs"] == ["ref_logprobs"]
     assert by_op["values"][0]["role"] == "critic" and by_op["values"][0]["outputs"] == ["values"]
