@@ -124,7 +124,8 @@ def weights(controller: Controller, role: str) -> torch.Tensor:
 
 
 def specs(graph: Graph, model: Path) -> dict[str, RoleSpec]:
-    return {r.name: RoleSpec(name=r.name, kind=r.kind, model=str(model), micro_batch_size=16,  # one micro batch
+    # default_plan's micro batch (64 rows) holds a step's rows: one micro batch
+    return {r.name: RoleSpec(name=r.name, kind=r.kind, model=str(model),
                              optim=OptimSpec(lr=1e-3) if r.kind.trainable else None)
             for r in graph.roles if r.kind.needs_gpu}
 
