@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from hybridflow.graph import Graph, NodeLoad, Op, RoleKind, Workload, edge_bytes, node_loads
 from hybridflow.planner.calibration import DEFAULT_CALIBRATION, Calibration
 from hybridflow.planner.cluster import Cluster
 from hybridflow.planner.costs import FORWARD_OPS
+from hybridflow.planner.execution import ExecutionMode
 from hybridflow.planner.models import ModelSpec
-from hybridflow.planner.modes import check_pipeline, staleness
+from hybridflow.planner.modes import check_pipeline
 from hybridflow.planner.plan import rollout_role
 from hybridflow.planner.settings import DEFAULT_SETTINGS, RunSettings
 
@@ -54,8 +55,16 @@ class Problem:
     max_tp: int | None = None  # cap on training/forward tensor parallelism (None: up to 8)
     settings: RunSettings = DEFAULT_SETTINGS
     calibration: Calibration = DEFAULT_CALIBRATION
-    pipeline: str = "sync"  # "one_step_off", "async": detached generate nodes overlap the rest of the step
-    max_staleness: int = 0  # updates the rollout may run ahead: 0 sync, 1 one_step_off, k async
+    mode: ExecutionMode = field(default_factory=ExecutionMode)  # overlapped modes: detached generate nodes
+
+    @property
+    def pipeline(self) -> str:
+        return self.mode.pipeline
+
+    @property
+    def max_staleness(self) -> int:
+        """Updates the rollout may run ahead: 0 sync, 1 one_step_off, k async."""
+        return self.mode.k
 
     @property
     def step_overhead_s(self) -> float:
@@ -76,14 +85,15 @@ class Problem:
 def build_problem(graph: Graph, models: Mapping[str, ModelSpec], workload: Workload, cluster: Cluster, *,
                   detach: Collection[str] = (), max_tp: int | None = None, settings: RunSettings | None = None,
                   calibration: Calibration | None = None, pipeline: str = "sync",
-                  max_staleness: int | None = None) -> Problem:
+                  max_staleness: int | None = None, stream_chunks: int = 1) -> Problem:
     """Check the inputs against each other and precompute per-role loads and edge sizes.
 
     ``detach`` names trainable policies whose rollout runs on GPUs of its own: their generate nodes move
     to a frozen role ``<policy>:rollout`` (same model) that receives the weights after every update.
     ``pipeline="one_step_off"`` costs those generate nodes as overlapping the rest of the step, and
     ``"async"`` as a pool generating continuously at most ``max_staleness`` updates ahead (default 1)
-    (``hybridflow.planner.modes``); both need a detached rollout.
+    (``hybridflow.planner.modes``); both need a detached rollout. ``stream_chunks`` > 1: a sync step
+    streamed in that many chunks (``assemble.build_plan(streamed=...)`` costs it).
     """
     if not isinstance(graph, Graph):
         raise TypeError(f"graph must be a hybridflow Graph, got {type(graph).__name__}; use load_graph('ppo')")
@@ -120,11 +130,12 @@ def build_problem(graph: Graph, models: Mapping[str, ModelSpec], workload: Workl
     gpu_roles = {role.name for role in roles}
     node_role = {node.name: node.role if node.role in gpu_roles else None for node in graph.nodes}
     roles, apart = _detach_rollouts(roles, detach, node_role, streams=pipeline == "async")
-    check_pipeline(pipeline, graph, detached=bool(apart), max_staleness=max_staleness)
+    mode = ExecutionMode.checked(key=str, pipeline=pipeline, max_staleness=max_staleness, stream_chunks=stream_chunks)
+    check_pipeline(mode, graph, detached=bool(apart))
     return Problem(graph=graph, workload=workload, cluster=cluster, roles=tuple(roles), driver_roles=tuple(drivers),
                    edge_bytes=edge_bytes(graph, workload), node_role=node_role, apart=apart, max_tp=max_tp,
                    settings=settings or DEFAULT_SETTINGS, calibration=calibration or DEFAULT_CALIBRATION,
-                   pipeline=pipeline, max_staleness=staleness(pipeline, max_staleness))
+                   mode=mode)
 
 
 def _detach_rollouts(roles: list[RoleWork], detach: Collection[str], node_role: dict[str, str | None], *,

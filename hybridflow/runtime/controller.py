@@ -27,6 +27,7 @@ from typing import Any
 
 from hybridflow.graph import Graph, Node, Op
 from hybridflow.planner import Plan
+from hybridflow.planner.execution import ExecutionMode
 from hybridflow.registry import COMPUTE_FNS
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.checks import check_capabilities, check_placement, check_streaming
@@ -53,24 +54,27 @@ class StepResult:
 
 
 class Controller:
-    """Executes ``graph`` on the worker groups an executor starts for ``plan``; use as a context manager."""
+    """Executes ``graph`` on the worker groups an executor starts for ``plan``; use as a context manager.
+
+    ``mode`` is the execution mode the steps run (default: the one the plan was costed for, ``plan.mode``);
+    ``eos_token_id`` tells a finished response from one a partial rollout's segment cut."""
 
     def __init__(self, graph: Graph, plan: Plan, *, specs: Mapping[str, RoleSpec],
                  executor: Executor | None = None, driver_roles: Mapping[str, Scorer] | None = None,
-                 seed: int = 0, services: RoleServices | None = None, pipeline: str = "sync",
-                 max_staleness: int = 1, segment_tokens: int | None = None,
-                 eos_token_id: int | None = None, stream_chunks: int = 1) -> None:
+                 seed: int = 0, services: RoleServices | None = None, mode: ExecutionMode | None = None,
+                 eos_token_id: int | None = None) -> None:
         self.graph, self.plan, self.seed = graph, plan, seed
-        self.max_staleness = max_staleness if pipeline == "async" else int(pipeline != "sync")
+        self.mode = plan.mode if mode is None else mode
+        self.max_staleness = self.mode.k
         self.services = services
         self.driver_roles = dict(driver_roles or {})
         check_placement(graph, plan, self.driver_roles)
-        overlapped = check_pipeline(pipeline, graph, plan)
-        self.stream_chunks, self._streamed = stream_chunks, check_streaming(graph, pipeline, stream_chunks)
+        overlapped = check_pipeline(self.mode, graph, plan)
+        self._streamed = check_streaming(graph, self.mode)
         self.executor = executor or LocalExecutor()
-        if pipeline != "sync" and not getattr(self.executor, "runs_pipelines", True):
-            raise ValueError(f"pipeline={pipeline!r}: the {type(self.executor).__name__} runs pipeline='sync' only; "
-                             "use the Ray or local executor for overlapped modes")
+        if self.mode.overlapped and not self.executor.runs_overlapped:
+            raise ValueError(f"pipeline={self.mode.pipeline!r}: the {type(self.executor).__name__} runs "
+                             "pipeline='sync' only; use the Ray or local executor for overlapped modes")
         self.groups: list[WorkerGroup] = self.executor.start(plan, with_rollout_specs(plan, specs))
         self._dispatchers = [ThreadPoolExecutor(1, thread_name_prefix=f"dispatch{g.index}") for g in self.groups]
         self._driver = ThreadPoolExecutor(2, thread_name_prefix="driver")
@@ -79,11 +83,9 @@ class Controller:
         try:
             check_capabilities(graph, plan, self.groups)
             self._targets = self._make_targets()
-            # one_step_off is the rollouter one update ahead on whole batches; with k = 0 no update can land
-            # while a batch generates, so it generates whole too (as sync does).
+            # one_step_off is the rollouter one update ahead on whole batches (ExecutionMode.segment_budget).
             self._rollouter = None if overlapped is None else Rollouter(
-                overlapped, self._targets[self._placed_role(overlapped)], max_staleness=self.max_staleness, seed=seed,
-                segment_tokens=segment_tokens if pipeline == "async" and max_staleness else None,
+                overlapped, self._targets[self._placed_role(overlapped)], mode=self.mode, seed=seed,
                 eos_token_id=eos_token_id)
             self.version = 0  # the policy's updates so far (async: counted from step 0, set at the first step)
             self._pool_mark: tuple[float, RolloutStats] | None = None  # async: when the last step ended
@@ -177,8 +179,8 @@ class Controller:
         """A ``sync`` step whose generate node hands its rows on in chunks (:mod:`.streaming`)."""
         rows = prompts.repeat_interleave(self.graph.samples_per_prompt)
         self.ledger.rows_changed()
-        streamed = run_streamed(self.graph, rows, self.stream_chunks, target_of=self._target, seed=self.seed + step,
-                                samples=self.graph.samples_per_prompt)
+        streamed = run_streamed(self.graph, rows, self.mode.stream_chunks, target_of=self._target,
+                                seed=self.seed + step, samples=self.graph.samples_per_prompt)
         for name, outcome in streamed.outcomes.items():
             record.add(self.graph.node(name), outcome)
         self.ledger.rows_changed()

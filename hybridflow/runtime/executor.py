@@ -69,7 +69,10 @@ class WorkerGroup(Protocol):
 
 
 class Executor(Protocol):
-    """Starts the worker groups of a plan."""
+    """Starts the worker groups of a plan. ``runs_overlapped``: whether its groups take calls from two
+    threads at once (a detached rollout generating while the trainer works: ``one_step_off``, ``async``)."""
+
+    runs_overlapped: bool
 
     def start(self, plan: Plan, specs: Mapping[str, RoleSpec]) -> list[WorkerGroup]:
         ...
@@ -183,6 +186,8 @@ class LocalWorkerGroup:
 
 class LocalExecutor:
     """Every worker group in the controller's process (tests, one device, debugging)."""
+
+    runs_overlapped = True
 
     def __init__(self) -> None:
         self.groups: list[LocalWorkerGroup] = []

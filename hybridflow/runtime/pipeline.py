@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from hybridflow.graph import Graph, Node, Op
+from hybridflow.graph import Graph, Node
 from hybridflow.planner import Plan
+from hybridflow.planner.execution import ExecutionMode
+from hybridflow.planner.modes import overlap_blocker
 from hybridflow.runtime.batch import Batch
-
-PIPELINES = ("sync", "one_step_off", "async")
 
 # What ``Controller.step`` is told of later steps: the next step's prompt rows (one_step_off), or a function
 # from a step to its prompt rows, None past the run's end (async, which looks up to ``max_staleness`` ahead).
@@ -32,19 +32,16 @@ def upcoming_rows(upcoming: Upcoming, step: int, *, current: int) -> Batch | Non
     return upcoming(step)
 
 
-def check_pipeline(pipeline: str, graph: Graph, plan: Plan) -> Node | None:
+def check_pipeline(mode: ExecutionMode, graph: Graph, plan: Plan) -> Node | None:
     """The generate node a ``one_step_off`` or ``async`` run overlaps (None for ``sync``); raises naming what is
-    missing."""
-    if pipeline not in PIPELINES:
-        raise ValueError(f"pipeline={pipeline!r} must be one of {list(PIPELINES)}")
-    if pipeline == "sync":
+    missing (the graph's part is the planner's rule, :func:`~hybridflow.planner.modes.overlap_blocker`)."""
+    if not mode.overlapped:
         return None
+    pipeline = mode.pipeline
+    blocker = overlap_blocker(graph, pipeline)
     generate = graph.lone_generate
-    if generate is None:
-        count = sum(node.op is Op.GENERATE for node in graph.nodes)
-        raise ValueError(f"pipeline={pipeline} overlaps one generate node with the rest of the step; the "
-                         f"{graph.name} graph has {count} generate node(s)"
-                         f"{' and a filter' if graph.filter_node is not None else ''}: use pipeline=sync")
+    if blocker is not None or generate is None:
+        raise ValueError(f"pipeline={pipeline}: {blocker}; use pipeline=sync")
     policy = str(generate.role)
     if policy not in plan.detached_rollouts:
         raise ValueError(f"pipeline={pipeline} needs the rollout of {policy!r} on GPUs of its own (a plan role "

@@ -294,6 +294,8 @@ class RayWorkerGroup(NamedWorkerCalls):
 class RayExecutor:
     """Worker groups as Ray actors. Starts (or joins, with ``address``) a cluster when the plan starts."""
 
+    runs_overlapped = True
+
     def __init__(self, *, address: str | None = None, cpus_per_worker: float = 0.25,
                  num_cpus: int | None = None, liveness: Liveness | None = None) -> None:
         self.address, self.cpus_per_worker, self.num_cpus = address, cpus_per_worker, num_cpus

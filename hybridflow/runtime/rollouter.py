@@ -38,6 +38,7 @@ import torch
 
 from hybridflow.graph import Node
 from hybridflow.graph.node import freeze_options
+from hybridflow.planner.execution import ExecutionMode
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.dispatch import Target, node_inputs
 
@@ -83,22 +84,14 @@ class RolloutStats:
 class Rollouter:
     """Generates the offered steps' batches on a detached rollout (see the module docstring)."""
 
-    def __init__(self, node: Node, target: Target, *, max_staleness: int, seed: int,
-                 segment_tokens: int | None = None, eos_token_id: int | None = None,
-                 capacity: int | None = None) -> None:
-        if max_staleness < 0:
-            raise ValueError(f"max_staleness={max_staleness} must be >= 0")
+    def __init__(self, node: Node, target: Target, *, mode: ExecutionMode, seed: int,
+                 eos_token_id: int | None = None, capacity: int | None = None) -> None:
         self.max_new_tokens = int(node.option("max_new_tokens", 32) or 32)
-        if segment_tokens == 0:  # the default: a quarter of the response budget
-            segment_tokens = max(self.max_new_tokens // 4, 1)
-        if segment_tokens is not None:
-            if segment_tokens < 1:
-                raise ValueError(f"segment_tokens={segment_tokens} must be >= 1 (0: a quarter of max_new_tokens; "
-                                 "None: whole batches)")
-            if eos_token_id is None:
-                raise ValueError("partial rollouts need the policy's eos_token_id to tell a finished response from "
-                                 "one cut at a segment's end; pass eos_token_id= or segment_tokens=None")
-        self.node, self.target, self.k, self.seed = node, target, max_staleness, seed
+        segment_tokens = mode.segment_budget(self.max_new_tokens)
+        if segment_tokens is not None and eos_token_id is None:
+            raise ValueError("partial rollouts need the policy's eos_token_id to tell a finished response from "
+                             "one cut at a segment's end; pass eos_token_id= or segment_tokens=None")
+        self.node, self.target, self.k, self.seed = node, target, mode.k, seed
         self.segment_tokens, self.eos, self.capacity = segment_tokens, eos_token_id, capacity
         self.weights_version = 0
         self.stats = RolloutStats()

@@ -195,7 +195,7 @@ class TorchrunExecutor:
     written as JSON to ``info_path`` when given: a record of which process ran which role.
     """
 
-    runs_pipelines = False  # one call stream to the ranks: overlapped modes would interleave two
+    runs_overlapped = False  # one call stream to the ranks: overlapped modes would interleave two
 
     def __init__(self, world: TorchrunWorld | None = None, *, info_path: str | None = None,
                  liveness: Liveness | None = None) -> None:
