@@ -244,10 +244,9 @@ class Controller:
         found = self.graph.node(node)
         if found.op is not Op.GENERATE:
             raise ValueError(f"node {node!r} is a {found.op} node; generate() runs generate nodes only")
-        target = self._targets[self._placed_role(found)]
-        # On the role's queue: an async rollout may be generating there right now.
-        outputs, _ = target.pool.submit(target.run_rows, found, prompts, seed).result()
-        return prompts.union(outputs)
+        # A request on the role's queue: an async rollout may be generating there right now.
+        outcome = self._targets[self._placed_role(found)].submit_rows(found, prompts, seed).result()
+        return prompts.union(outcome.outputs)
 
     def _submit(self, node: Node, state: Batch, step: int) -> Future[Outcome]:
         if node.op is Op.COMPUTE:
@@ -260,18 +259,18 @@ class Controller:
 
     def _make_targets(self) -> dict[str, Target]:
         """A target per placed role (a detached rollout is a role of its own), served when it has limits."""
-        targets: dict[str, Target] = {role: DriverTarget(scorer, self._driver)
-                                      for role, scorer in self.driver_roles.items()}
+        placed: dict[str, GroupTarget | DriverTarget] = {role: DriverTarget(scorer, self._driver)
+                                                         for role, scorer in self.driver_roles.items()}
         for index, group in enumerate(self.plan.groups):
             for layout in group.layouts:
-                targets[layout.role] = GroupTarget(self.groups[index], layout.dp, self._dispatchers[index],
-                                                   self.ledger)
-        if self.services is not None:
-            locks = {index: threading.Lock() for index, group in enumerate(self.plan.groups) if group.size > 1}
-            targets = {role: Served(target, self.services,
-                                    locks.get(-1 if role in self.driver_roles else self.plan.group_index(role) or 0))
-                       for role, target in targets.items()}
-        return targets
+                placed[layout.role] = GroupTarget(self.groups[index], layout.dp, self._dispatchers[index],
+                                                  self.ledger)
+        if self.services is None:
+            return dict(placed)
+        locks = {index: threading.Lock() for index, group in enumerate(self.plan.groups) if group.size > 1}
+        return {role: Served(target, self.services,
+                             locks.get(-1 if role in self.driver_roles else self.plan.group_index(role) or 0))
+                for role, target in placed.items()}
 
     def _placed_role(self, node: Node) -> str:
         return self.plan.runs_on(str(node.role), generates=node.op is Op.GENERATE)

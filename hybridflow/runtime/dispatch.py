@@ -5,6 +5,11 @@ the group only the input fields its ranks do not hold yet (:mod:`~hybridflow.run
 splits rows over the data-parallel ranks and gathers the outputs; a :class:`DriverTarget` scores in the
 controller's process (reward functions). :class:`Served` wraps either with the role's request bound and
 the reward cache (:mod:`~hybridflow.runtime.service`): it sends whole rows, in requests.
+
+Every call reaches a role through its target, on the role's queue (a group runs its calls one at a time,
+in order): ``submit`` for the step's rows, ``submit_rows`` for a request of other rows (a stream chunk, a
+rollouter batch, validation prompts), which ships every input and leaves nothing held. Both record the
+bytes they ship in the step ledger; the queue and the worker calls stay private to this module.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Protocol
 
 import torch
@@ -37,17 +43,26 @@ class Outcome:
 
 
 class Target(Protocol):
-    """Runs a role's nodes: ``submit`` for a whole step, ``run_rows`` for a request of some rows."""
+    """Runs a role's nodes on its queue: ``submit`` for the step's rows, ``submit_rows`` for a request of other
+    rows; ``on_start`` runs on the queue just before the call (what the role holds then is exact)."""
 
     def submit(self, node: Node, state: Batch, seed: int) -> Future[Outcome]:
         ...
 
-    def run_rows(self, node: Node, rows: Batch, seed: int) -> tuple[Batch, Mapping[str, float]]:
+    def submit_rows(self, node: Node, rows: Batch, seed: int, *,
+                    on_start: Callable[[], None] | None = None) -> Future[Outcome]:
         ...
 
-    @property
-    def pool(self) -> ThreadPoolExecutor:
-        ...
+
+RunRows = Callable[[Node, Batch, int], tuple[Batch, Mapping[str, float]]]
+
+
+def _request(run_rows: RunRows, node: Node, rows: Batch, seed: int, on_start: Callable[[], None] | None) -> Outcome:
+    if on_start is not None:
+        on_start()
+    start = time.perf_counter()
+    outputs, metrics = run_rows(node, rows, seed)
+    return Outcome(outputs, metrics, time.perf_counter() - start)
 
 
 def node_inputs(node: Node, state: Batch) -> list[str]:
@@ -60,11 +75,7 @@ class GroupTarget:
 
     def __init__(self, group: WorkerGroup, dp: int, pool: ThreadPoolExecutor, ledger: StepLedger) -> None:
         self.group, self.dp, self.ledger = group, dp, ledger
-        self._pool = pool
-
-    @property
-    def pool(self) -> ThreadPoolExecutor:
-        return self._pool  # the group's dispatcher: a group runs its nodes one at a time, in order
+        self._pool = pool  # the group's dispatcher: a group runs its nodes one at a time, in order
 
     @property
     def key(self) -> ShardKey:
@@ -86,7 +97,11 @@ class GroupTarget:
         outputs, metrics = _gathered(leaders, rows)
         return Outcome(outputs, metrics, time.perf_counter() - start)
 
-    def run_rows(self, node: Node, rows: Batch, seed: int) -> tuple[Batch, Mapping[str, float]]:
+    def submit_rows(self, node: Node, rows: Batch, seed: int, *,
+                    on_start: Callable[[], None] | None = None) -> Future[Outcome]:
+        return self._pool.submit(_request, self._run_rows, node, rows.select(node_inputs(node, rows)), seed, on_start)
+
+    def _run_rows(self, node: Node, rows: Batch, seed: int) -> tuple[Batch, Mapping[str, float]]:
         self.ledger.record_sent(self.group.index, rows)
         return _gathered(self._run(node, rows, seed), len(rows))
 
@@ -117,14 +132,14 @@ class DriverTarget:
         self.scorer = scorer
         self._pool = pool
 
-    @property
-    def pool(self) -> ThreadPoolExecutor:
-        return self._pool
-
     def submit(self, node: Node, state: Batch, seed: int) -> Future[Outcome]:
-        return self._pool.submit(timed, lambda: self.run_rows(node, state, seed))
+        return self._pool.submit(timed, lambda: self._run_rows(node, state, seed))
 
-    def run_rows(self, node: Node, rows: Batch, seed: int) -> tuple[Batch, Mapping[str, float]]:
+    def submit_rows(self, node: Node, rows: Batch, seed: int, *,
+                    on_start: Callable[[], None] | None = None) -> Future[Outcome]:
+        return self._pool.submit(_request, self._run_rows, node, rows, seed, on_start)
+
+    def _run_rows(self, node: Node, rows: Batch, seed: int) -> tuple[Batch, Mapping[str, float]]:
         result = self.scorer(port_batch(node, rows))
         if "scores" not in result:
             raise KeyError(f"driver scorer for node {node.name!r} returned {result.keys()}, not 'scores'")
@@ -137,25 +152,30 @@ class Served:
     ``max_concurrent_requests`` in flight. ``lock`` (one per multi-rank group) lets one request at a time
     reach the group: concurrent requests could reach ranks in different orders and deadlock a collective."""
 
-    def __init__(self, inner: Target, services: RoleServices, lock: threading.Lock | None = None) -> None:
-        self.inner, self.services, self.lock = inner, services, lock
-
-    @property
-    def pool(self) -> ThreadPoolExecutor:
-        return self.inner.pool
+    def __init__(self, inner: GroupTarget | DriverTarget, services: RoleServices,
+                 lock: threading.Lock | None = None) -> None:
+        self._inner, self.services, self._lock = inner, services, lock
 
     def submit(self, node: Node, state: Batch, seed: int) -> Future[Outcome]:
         if not self.services.applies(node):
-            return self.inner.submit(node, state, seed)
-        inputs = state.select(node_inputs(node, state)) if isinstance(self.inner, GroupTarget) else state
-        return self.pool.submit(timed, lambda: serve(node, inputs, lambda rows: self.run_rows(node, rows, seed),
-                                                     self.services))
+            return self._inner.submit(node, state, seed)
+        inputs = self._inputs(node, state)
+        requests = partial(self._run_rows, node, seed=seed)
+        return self._inner._pool.submit(timed, lambda: serve(node, inputs, requests, self.services))
 
-    def run_rows(self, node: Node, rows: Batch, seed: int) -> tuple[Batch, Mapping[str, float]]:
-        if self.lock is None:
-            return self.inner.run_rows(node, rows, seed)
-        with self.lock:
-            return self.inner.run_rows(node, rows, seed)
+    def submit_rows(self, node: Node, rows: Batch, seed: int, *,
+                    on_start: Callable[[], None] | None = None) -> Future[Outcome]:
+        # A request already: it goes to the role as it is, one at a time on a multi-rank group.
+        return self._inner._pool.submit(_request, self._run_rows, node, self._inputs(node, rows), seed, on_start)
+
+    def _inputs(self, node: Node, state: Batch) -> Batch:
+        return state.select(node_inputs(node, state)) if isinstance(self._inner, GroupTarget) else state
+
+    def _run_rows(self, node: Node, rows: Batch, seed: int) -> tuple[Batch, Mapping[str, float]]:
+        if self._lock is None:
+            return self._inner._run_rows(node, rows, seed)
+        with self._lock:
+            return self._inner._run_rows(node, rows, seed)
 
 
 def timed(run: Callable[[], tuple[Batch, Mapping[str, float]]]) -> Outcome:

@@ -29,7 +29,6 @@ checkpoint's step on: nothing the trainer used is lost, the buffer is).
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -232,15 +231,12 @@ class Rollouter:
         """Run ``node`` on the rollout group's queue, behind any weights queued there; returns the outputs and
         the version of the weights they were sampled with (read on that queue, so exact)."""
 
-        def run() -> tuple[Batch, int, float]:
-            version, started = self.weights_version, time.perf_counter()
-            outputs, _ = self.target.run_rows(node, inputs, seed)
-            return outputs, version, time.perf_counter() - started
-
-        outputs, version, seconds = self.target.pool.submit(run).result()
+        versions: list[int] = []
+        outcome = self.target.submit_rows(node, inputs, seed,
+                                          on_start=lambda: versions.append(self.weights_version)).result()
         with self._cv:
-            self.stats.busy_s += seconds
-        return outputs, version
+            self.stats.busy_s += outcome.seconds
+        return outcome.outputs, versions[0]
 
     def _continuation(self, flight: list[_Sequence]) -> Batch:
         """Each sequence's prompt plus its response so far, left-padded: the generate node's inputs."""

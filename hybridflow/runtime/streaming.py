@@ -15,7 +15,6 @@ step's critical path.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ import torch
 
 from hybridflow.graph import Graph, Node
 from hybridflow.runtime.batch import Batch
-from hybridflow.runtime.dispatch import GroupTarget, Outcome, Served, Target, node_inputs
+from hybridflow.runtime.dispatch import Outcome, Target
 
 CHUNK_SEED_STRIDE = 1_000_003
 
@@ -63,10 +62,7 @@ def run_streamed(graph: Graph, rows: Batch, chunks: int, *, target_of: Callable[
     metrics: dict[str, Mapping[str, float]] = {}
 
     def submit(node: Node, index: int, chunk_seed: int) -> None:
-        target, state = target_of(node), states[index]
-        grouped = isinstance(target.inner if isinstance(target, Served) else target, GroupTarget)
-        inputs = state.select(node_inputs(node, state)) if grouped else state
-        running[target.pool.submit(_timed_rows, target, node, inputs, chunk_seed)] = (node, index)
+        running[target_of(node).submit_rows(node, states[index], chunk_seed)] = (node, index)
 
     for index in range(len(states)):  # queued in order on the rollout: chunk 0 finishes first
         submit(generate, index, seed + index * CHUNK_SEED_STRIDE)
@@ -88,12 +84,6 @@ def run_streamed(graph: Graph, rows: Batch, chunks: int, *, target_of: Callable[
     joined = Batch.concat([_padded(state, _width(states), produced) for state in states])
     return Streamed(rows=joined, outcomes={name: Outcome(Batch({}), metrics.get(name, {}), seconds.get(name, 0.0))
                                            for name in outputs})
-
-
-def _timed_rows(target: Target, node: Node, inputs: Batch, seed: int) -> Outcome:
-    started = time.perf_counter()
-    produced, metrics = target.run_rows(node, inputs, seed)
-    return Outcome(produced, metrics, time.perf_counter() - started)
 
 
 def _width(states: list[Batch]) -> int:
