@@ -15,15 +15,13 @@ step's critical path.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 
 import torch
 
 from hybridflow.graph import Graph, Node
 from hybridflow.runtime.batch import Batch
-from hybridflow.runtime.dispatch import Outcome, Target
+from hybridflow.runtime.scheduler import Partition
 
 CHUNK_SEED_STRIDE = 1_000_003
 
@@ -38,52 +36,40 @@ def streamed_section(graph: Graph) -> tuple[Node, list[Node]] | None:
     return generate, [graph.node(name) for name in graph.streamed_followers]
 
 
-@dataclass
-class Streamed:
-    """What streaming a step produced: the joined rows, each node's summed seconds and last metrics."""
+@dataclass(frozen=True, kw_only=True)
+class StreamChunks:
+    """A streamed step's partitions (:mod:`.scheduler`): the rows (one per sample) in ``chunks`` slices of
+    whole prompts, each a request partition of the streamed section, joined in row order (see the module)."""
 
     rows: Batch
-    outcomes: dict[str, Outcome]
+    graph: Graph
+    chunks: int
+    seed: int
 
+    @property
+    def covers(self) -> frozenset[str]:
+        section = streamed_section(self.graph)
+        assert section is not None
+        generate, followers = section
+        return frozenset([generate.name, *(node.name for node in followers)])
 
-def run_streamed(graph: Graph, rows: Batch, chunks: int, *, target_of: Callable[[Node], Target], seed: int,
-                 samples: int) -> Streamed:
-    """Run the streamed section on ``rows`` (one row per sample) in ``chunks`` chunks (see the module)."""
-    section = streamed_section(graph)
-    assert section is not None
-    generate, followers = section
-    prompts = len(rows) // samples
-    per_chunk = -(-prompts // chunks) * samples
-    states = [rows.slice(start, min(start + per_chunk, len(rows))) for start in range(0, len(rows), per_chunk)]
-    running: dict[Future[Outcome], tuple[Node, int]] = {}
-    done: list[set[str]] = [set() for _ in states]
-    outputs: dict[str, list[Batch]] = {node.name: [Batch({})] * len(states) for node in [generate, *followers]}
-    seconds: dict[str, float] = {}
-    metrics: dict[str, Mapping[str, float]] = {}
+    def next(self, finished: list[Batch]) -> list[Partition]:
+        if finished:
+            return []
+        samples = self.graph.samples_per_prompt
+        per_chunk = -(-(len(self.rows) // samples) // self.chunks) * samples
+        nodes = tuple(name for name in self.graph.order if name in self.covers)
+        # Queued in order on the rollout: chunk 0 finishes first.
+        return [Partition(rows=self.rows.slice(start, min(start + per_chunk, len(self.rows))), nodes=nodes,
+                          seed=self.seed, generate_seed=self.seed + index * CHUNK_SEED_STRIDE, request=True)
+                for index, start in enumerate(range(0, len(self.rows), per_chunk))]
 
-    def submit(node: Node, index: int, chunk_seed: int) -> None:
-        running[target_of(node).submit_rows(node, states[index], chunk_seed)] = (node, index)
+    def join(self, finished: list[Batch]) -> Batch:
+        produced = set(finished[0].tensors) - set(self.rows.tensors)
+        return Batch.concat([_padded(state, _width(finished), produced) for state in finished])
 
-    for index in range(len(states)):  # queued in order on the rollout: chunk 0 finishes first
-        submit(generate, index, seed + index * CHUNK_SEED_STRIDE)
-    while running:
-        finished, _ = wait(list(running), return_when=FIRST_COMPLETED)
-        for future in finished:
-            node, index = running.pop(future)
-            outcome = future.result()
-            states[index] = states[index].union(outcome.outputs)
-            outputs[node.name][index] = outcome.outputs
-            seconds[node.name] = seconds.get(node.name, 0.0) + outcome.seconds
-            metrics[node.name] = outcome.metrics
-            done[index].add(node.name)
-            for follower in followers:
-                ready = set(graph.predecessors(follower.name)) <= done[index]
-                if ready and follower.name not in done[index] and (follower, index) not in running.values():
-                    submit(follower, index, seed)
-    produced = {name for parts in outputs.values() for part in parts for name in part.tensors}
-    joined = Batch.concat([_padded(state, _width(states), produced) for state in states])
-    return Streamed(rows=joined, outcomes={name: Outcome(Batch({}), metrics.get(name, {}), seconds.get(name, 0.0))
-                                           for name in outputs})
+    def close(self) -> None:
+        return None
 
 
 def _width(states: list[Batch]) -> int:
