@@ -168,11 +168,10 @@ class Controller:
         outcome = self._targets[self._placed_role(found)].submit_rows(found, prompts, seed).result()
         return prompts.union(outcome.outputs)
 
-    def _submit(self, node: Node, state: Batch, seed: int, request: bool) -> Future[Outcome]:
+    def _submit(self, node: Node, state: Batch, seed: int, part: int | None) -> Future[Outcome]:
         if node.op is Op.COMPUTE:
             return self._driver.submit(timed, lambda: _run_compute(node, state, self.node_states.get(node.name)))
-        target = self._target(node)
-        return target.submit_rows(node, state, seed) if request else target.submit(node, state, seed)
+        return self._target(node).submit(node, state, seed, part=part)
 
     def _target(self, node: Node) -> Target:
         """Where ``node`` runs: its driver scorer, or its role's (or detached rollout's) group."""

@@ -29,7 +29,7 @@ from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.executor import WorkerGroup
 from hybridflow.runtime.protocols import Scorer
 from hybridflow.runtime.service import RoleServices, serve
-from hybridflow.runtime.step_store import ShardKey, StepLedger, exact_fields
+from hybridflow.runtime.step_store import Join, Part, ShardKey, StepLedger, exact_fields
 from hybridflow.runtime.worker import COMPANIONS, NodeResult, port_batch
 
 
@@ -43,10 +43,11 @@ class Outcome:
 
 
 class Target(Protocol):
-    """Runs a role's nodes on its queue: ``submit`` for the step's rows, ``submit_rows`` for a request of other
-    rows; ``on_start`` runs on the queue just before the call (what the role holds then is exact)."""
+    """Runs a role's nodes on its queue: ``submit`` for the step's rows (or a chunk partition of them,
+    ``part``), through the ledger; ``submit_rows`` for a request of other rows; ``on_start`` runs on the queue
+    just before the call (what the role holds then is exact)."""
 
-    def submit(self, node: Node, state: Batch, seed: int) -> Future[Outcome]:
+    def submit(self, node: Node, state: Batch, seed: int, *, part: Part = None) -> Future[Outcome]:
         ...
 
     def submit_rows(self, node: Node, rows: Batch, seed: int, *,
@@ -81,19 +82,22 @@ class GroupTarget:
     def key(self) -> ShardKey:
         return self.group.index, self.dp
 
-    def submit(self, node: Node, state: Batch, seed: int) -> Future[Outcome]:
+    def submit(self, node: Node, state: Batch, seed: int, *, part: Part = None) -> Future[Outcome]:
         wanted = node_inputs(node, state)
-        send = state.select(self.ledger.to_send(self.key, wanted))
+        send = state.select(self.ledger.to_send(self.key, wanted, part))
         self.ledger.record_sent(self.group.index, send)
-        # The group runs its calls in order, so what this call ships is there for the next one.
-        self.ledger.hold(self.key, wanted)
-        return self._pool.submit(self._run_step, node, send, seed, len(state), self.ledger.token, tuple(wanted))
+        # The group runs its calls in order, so what this call ships is there for the next one; the first
+        # call after chunks joined has the ranks rebuild the joined fields they hold.
+        self.ledger.hold(self.key, wanted, part)
+        joins = self.ledger.take_joins(self.key) if part is None else ()
+        return self._pool.submit(self._run_step, node, send, seed, len(state), self.ledger.token, tuple(wanted),
+                                 part, joins)
 
-    def _run_step(self, node: Node, send: Batch, seed: int, rows: int, token: int,
-                  fields: tuple[str, ...]) -> Outcome:
+    def _run_step(self, node: Node, send: Batch, seed: int, rows: int, token: int, fields: tuple[str, ...],
+                  part: Part, joins: tuple[Join, ...]) -> Outcome:
         start = time.perf_counter()
-        leaders = self._run(node, send, seed, token=token, fields=fields)
-        self.ledger.hold(self.key, exact_fields([r.outputs for r in leaders]))
+        leaders = self._run(node, send, seed, token=token, fields=fields, part=part, joins=joins)
+        self.ledger.hold(self.key, exact_fields([r.outputs for r in leaders]), part)
         outputs, metrics = _gathered(leaders, rows)
         return Outcome(outputs, metrics, time.perf_counter() - start)
 
@@ -105,14 +109,14 @@ class GroupTarget:
         self.ledger.record_sent(self.group.index, rows)
         return _gathered(self._run(node, rows, seed), len(rows))
 
-    def _run(self, node: Node, inputs: Batch, seed: int, *, token: int | None = None,
-             fields: tuple[str, ...] = ()) -> list[NodeResult]:
+    def _run(self, node: Node, inputs: Batch, seed: int, *, token: int | None = None, fields: tuple[str, ...] = (),
+             part: Part = None, joins: tuple[Join, ...] = ()) -> list[NodeResult]:
         """Each data-parallel shard of ``inputs`` to its ranks; returns one result per shard (its leader's)."""
         padded, _ = inputs.pad_to_multiple(self.dp)
         chunks = padded.chunk(self.dp) if len(inputs.keys()) else [inputs] * self.dp
         per_dp = self.group.size // self.dp
         shards = [chunks[rank // per_dp] for rank in range(self.group.size)]
-        return self.group.run(node, shards, seed, token=token, fields=fields)[::per_dp]
+        return self.group.run(node, shards, seed, token=token, fields=fields, part=part, joins=joins)[::per_dp]
 
 
 def _gathered(leaders: list[NodeResult], rows: int) -> tuple[Batch, dict[str, float]]:
@@ -132,7 +136,7 @@ class DriverTarget:
         self.scorer = scorer
         self._pool = pool
 
-    def submit(self, node: Node, state: Batch, seed: int) -> Future[Outcome]:
+    def submit(self, node: Node, state: Batch, seed: int, *, part: Part = None) -> Future[Outcome]:
         return self._pool.submit(timed, lambda: self._run_rows(node, state, seed))
 
     def submit_rows(self, node: Node, rows: Batch, seed: int, *,
@@ -156,9 +160,11 @@ class Served:
                  lock: threading.Lock | None = None) -> None:
         self._inner, self.services, self._lock = inner, services, lock
 
-    def submit(self, node: Node, state: Batch, seed: int) -> Future[Outcome]:
+    def submit(self, node: Node, state: Batch, seed: int, *, part: Part = None) -> Future[Outcome]:
         if not self.services.applies(node):
-            return self._inner.submit(node, state, seed)
+            return self._inner.submit(node, state, seed, part=part)
+        if part is not None:  # a chunk goes to the role as it is (no cache), one request at a time
+            return self.submit_rows(node, state, seed)
         inputs = self._inputs(node, state)
         requests = partial(self._run_rows, node, seed=seed)
         return self._inner._pool.submit(timed, lambda: serve(node, inputs, requests, self.services))

@@ -18,6 +18,7 @@ from hybridflow.graph import Graph, Node
 from hybridflow.registry import COMPUTE_FNS
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.scheduler import Partition, StepRecord
+from hybridflow.runtime.step_store import Join
 
 LEFT_PADDED = ("prompts", "prompt_mask")
 
@@ -115,6 +116,9 @@ class FilterRounds:
     def join(self, finished: list[Batch]) -> Batch:
         self.record.metrics.update(self.pool.metrics(self.rounds))
         return self.pool.take()
+
+    def joins(self) -> tuple[Join, ...]:
+        return ()
 
     def close(self) -> None:
         return None

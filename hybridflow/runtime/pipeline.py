@@ -24,6 +24,7 @@ from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.filtering import with_uids
 from hybridflow.runtime.rollouter import Rollouter, RolloutStats, pool_metrics, staleness_metrics
 from hybridflow.runtime.scheduler import Partition, StepRecord
+from hybridflow.runtime.step_store import Join
 
 # What ``Controller.step`` is told of later steps: the next step's prompt rows (one_step_off), or a function
 # from a step to its prompt rows, None past the run's end (async, which looks up to ``max_staleness`` ahead).
@@ -106,6 +107,9 @@ class OverlappedStep:
 
     def join(self, finished: list[Batch]) -> Batch:
         return finished[0]
+
+    def joins(self) -> tuple[Join, ...]:
+        return ()
 
     def close(self) -> None:
         overlap, rows = self.overlap, self.rows

@@ -15,8 +15,9 @@ graph then runs once on the joined rows:
 - ``one_step_off`` / ``async`` (:mod:`.pipeline`): the rollouter's rows, generated already, as a
   partition with nothing left to run.
 
-Partitions of the step's rows go through the step ledger (only fields a group lacks are shipped); chunk
-partitions are requests of other rows (``request``), shipped whole.
+Every partition goes through the step ledger (only fields a group lacks are shipped): a chunk partition's
+fields are held apart (``part``), and when the chunks join, groups whose ranks hold a field for every chunk
+rebuild it (:class:`~hybridflow.runtime.step_store.Join`) instead of receiving it again.
 """
 
 from __future__ import annotations
@@ -29,20 +30,21 @@ from typing import Protocol
 from hybridflow.graph import Graph, Node, Op
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.dispatch import Outcome
+from hybridflow.runtime.step_store import Join
 from hybridflow.runtime.weights import WeightSyncStats
 
 
 @dataclass(frozen=True, kw_only=True)
 class Partition:
     """Rows and the nodes to run on them. ``seed`` seeds the worker calls (``generate_seed``, when given, the
-    generate node's); ``request``: rows other than the step's (a stream chunk), shipped whole; ``expanded``:
-    False while the rows are prompts whose samples the generate node's arrival expands."""
+    generate node's); ``part``: the chunk partition's index (None: the step's rows); ``expanded``: False while
+    the rows are prompts whose samples the generate node's arrival expands."""
 
     rows: Batch
     nodes: tuple[str, ...]
     seed: int
     generate_seed: int | None = None
-    request: bool = False
+    part: int | None = None
     expanded: bool = True
 
     def seed_of(self, node: Node) -> int:
@@ -79,20 +81,25 @@ class PartitionSource(Protocol):
         """The step's rows from every finished partition's rows."""
         ...
 
+    def joins(self) -> tuple[Join, ...]:
+        """How each field of the joined rows came from the chunk partitions' (() when the rows are no join)."""
+        ...
+
     def close(self) -> None:
         """The whole step ran (its pools' time, its metrics)."""
         ...
 
 
-Submit = Callable[[Node, Batch, int, bool], "Future[Outcome]"]  # node, rows, seed, request
+Submit = Callable[[Node, Batch, int, "int | None"], "Future[Outcome]"]  # node, rows, seed, part
 
 
 class Scheduler:
     """Runs a step's partitions: ``submit`` starts a node's call, ``finished`` hears each node's outcome in
-    order of completion, ``regrouped`` tells the ledger the step's rows changed (held shards are stale)."""
+    order of completion, ``regrouped`` tells the ledger the step's rows changed (held shards are stale; its
+    joins: how they came from chunk partitions)."""
 
     def __init__(self, graph: Graph, *, submit: Submit, finished: Callable[[Node, Outcome], None],
-                 regrouped: Callable[[], None]) -> None:
+                 regrouped: Callable[[Sequence[Join]], None]) -> None:
         self.graph, self._submit, self._finished, self._regrouped = graph, submit, finished, regrouped
 
     def run(self, source: PartitionSource, *, seed: int) -> Batch:
@@ -106,16 +113,18 @@ class Scheduler:
         rows = source.join(done)
         rest = tuple(name for name in self.graph.order if name not in source.covers)
         if rest:
-            rows = self.run_partitions([Partition(rows=rows, nodes=rest, seed=seed)])[0]
+            rows = self.run_partitions([Partition(rows=rows, nodes=rest, seed=seed)], joins=source.joins())[0]
         source.close()
         return rows
 
-    def run_partitions(self, partitions: Sequence[Partition]) -> list[Batch]:
-        """Each partition's rows grown by its nodes' outputs; nodes outside a partition count as done in it."""
-        if len(partitions) > 1 and not all(p.request for p in partitions):
-            raise ValueError("partitions of the step's rows run one at a time (the ledger tracks one set of rows)")
-        if not all(p.request for p in partitions):
-            self._regrouped()
+    def run_partitions(self, partitions: Sequence[Partition], *, joins: Sequence[Join] = ()) -> list[Batch]:
+        """Each partition's rows grown by its nodes' outputs; nodes outside a partition count as done in it.
+        A partition of the step's rows runs alone (``joins``: how its rows came from chunk partitions)."""
+        whole = [p for p in partitions if p.part is None]
+        if whole and len(partitions) > 1:
+            raise ValueError("a partition of the step's rows runs alone (the ledger tracks one set of rows)")
+        if whole:
+            self._regrouped(joins)
         states = [p.rows for p in partitions]
         expanded = [p.expanded for p in partitions]
         done = [{n.name for n in self.graph.nodes} - set(p.nodes) for p in partitions]
@@ -129,9 +138,9 @@ class Scheduler:
                         # The n samples of a prompt become n adjacent rows before rollout.
                         states[index], expanded[index] = states[index].repeat_interleave(
                             self.graph.samples_per_prompt), True
-                        if not partition.request:
-                            self._regrouped()
-                    running[self._submit(node, states[index], partition.seed_of(node), partition.request)] = \
+                        if partition.part is None:
+                            self._regrouped(())
+                    running[self._submit(node, states[index], partition.seed_of(node), partition.part)] = \
                         (node, index)
                     pending[index].remove(name)
             if not running:
@@ -165,6 +174,9 @@ class WholeStep:
 
     def join(self, finished: list[Batch]) -> Batch:
         return finished[0]
+
+    def joins(self) -> tuple[Join, ...]:
+        return ()
 
     def close(self) -> None:
         return None

@@ -15,13 +15,12 @@ step's critical path.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import torch
+from dataclasses import dataclass, field
 
 from hybridflow.graph import Graph, Node
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.scheduler import Partition
+from hybridflow.runtime.step_store import Join, right_pad
 
 CHUNK_SEED_STRIDE = 1_000_003
 
@@ -36,15 +35,16 @@ def streamed_section(graph: Graph) -> tuple[Node, list[Node]] | None:
     return generate, [graph.node(name) for name in graph.streamed_followers]
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True)
 class StreamChunks:
     """A streamed step's partitions (:mod:`.scheduler`): the rows (one per sample) in ``chunks`` slices of
-    whole prompts, each a request partition of the streamed section, joined in row order (see the module)."""
+    whole prompts, each a chunk partition of the streamed section, joined in row order (see the module)."""
 
     rows: Batch
     graph: Graph
     chunks: int
     seed: int
+    _joins: tuple[Join, ...] = field(default=(), init=False)
 
     @property
     def covers(self) -> frozenset[str]:
@@ -61,12 +61,21 @@ class StreamChunks:
         nodes = tuple(name for name in self.graph.order if name in self.covers)
         # Queued in order on the rollout: chunk 0 finishes first.
         return [Partition(rows=self.rows.slice(start, min(start + per_chunk, len(self.rows))), nodes=nodes,
-                          seed=self.seed, generate_seed=self.seed + index * CHUNK_SEED_STRIDE, request=True)
+                          seed=self.seed, generate_seed=self.seed + index * CHUNK_SEED_STRIDE, part=index)
                 for index, start in enumerate(range(0, len(self.rows), per_chunk))]
 
     def join(self, finished: list[Batch]) -> Batch:
         produced = set(finished[0].tensors) - set(self.rows.tensors)
-        return Batch.concat([_padded(state, _width(finished), produced) for state in finished])
+        width = _width(finished)
+        pads = [_pads(state, width, produced) for state in finished]
+        joined = Batch.concat([_padded(state, width, produced, pad) for state, pad in zip(finished, pads, strict=True)])
+        self._joins = tuple(Join(name, len(finished), int(value.shape[1]) if value.dim() >= 2 else None,
+                                 tuple(float(pad.get(name, 0)) for pad in pads))
+                            for name, value in joined.tensors.items())
+        return joined
+
+    def joins(self) -> tuple[Join, ...]:
+        return self._joins
 
     def close(self) -> None:
         return None
@@ -76,20 +85,22 @@ def _width(states: list[Batch]) -> int:
     return max(int(state["responses"].shape[1]) for state in states)
 
 
-def _padded(state: Batch, width: int, produced: set[str]) -> Batch:
-    """``state`` with the response-aligned fields the section ``produced`` right-padded to ``width`` (zeros;
-    responses with their own padding token)."""
+def _pads(state: Batch, width: int, produced: set[str]) -> dict[str, int]:
+    """The value each response-aligned field the section ``produced`` is right-padded with up to ``width``
+    (zeros; responses their own padding token); none when the chunk's responses are that wide already."""
     own = int(state["responses"].shape[1])
     if own == width:
+        return {}
+    off = state["response_mask"] == 0
+    token = int(state["responses"][off][0]) if bool(off.any()) else 0
+    return {name: token if name == "responses" else 0 for name, value in state.tensors.items()
+            if name in produced and value.dim() >= 2 and value.shape[1] == own}
+
+
+def _padded(state: Batch, width: int, produced: set[str], pads: dict[str, int]) -> Batch:
+    """``state`` with the fields in ``pads`` right-padded to ``width``."""
+    if not pads:
         return state
-    mask = state["response_mask"]
-    off = mask == 0
-    pad = int(state["responses"][off][0]) if bool(off.any()) else 0
-    tensors = {}
-    for name, value in state.tensors.items():
-        if name in produced and value.dim() >= 2 and value.shape[1] == own:
-            extra = torch.full((value.shape[0], width - own, *value.shape[2:]), pad if name == "responses" else 0,
-                               dtype=value.dtype)
-            value = torch.cat([value, extra], dim=1)
-        tensors[name] = value
+    tensors = {name: right_pad(value, width, pads[name]) if name in pads else value
+               for name, value in state.tensors.items()}
     return Batch(tensors, state.non_tensors)
