@@ -67,7 +67,7 @@ def build_plan(problem: Problem, groups: Sequence[Placement], *, search: SearchS
                  for i in range(len(schedule.nodes))]
     step = span + problem.step_overhead_s
     extra["idle_fraction"] = round(idle_fraction(step, groups), 6)
-    if problem.pipeline == "async":
+    if problem.mode.pipeline == "async":
         extra["batch_latency_s"] = latency  # what modes.describe_mode explains the async step with
     nodes = tuple(
         NodeEstimate(node=name, group=None if g == DRIVER else g, seconds=end - start, start_s=start, end_s=end,

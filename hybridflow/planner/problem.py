@@ -58,15 +58,6 @@ class Problem:
     mode: ExecutionMode = field(default_factory=ExecutionMode)  # overlapped modes: detached generate nodes
 
     @property
-    def pipeline(self) -> str:
-        return self.mode.pipeline
-
-    @property
-    def max_staleness(self) -> int:
-        """Updates the rollout may run ahead: 0 sync, 1 one_step_off, k async."""
-        return self.mode.k
-
-    @property
     def step_overhead_s(self) -> float:
         """Fixed seconds per step (reward, advantages, data loading), from the first device's constants."""
         return self.calibration.for_device(self.cluster.device_names[0]).step_overhead_s
