@@ -9,6 +9,7 @@ from hybridflow.planner.cluster import Cluster, Machine
 from hybridflow.planner.compare import compare_plans
 from hybridflow.planner.devices import DEVICES, DeviceSpec, get_device
 from hybridflow.planner.errors import InfeasibleError
+from hybridflow.planner.execution import ExecutionMode
 from hybridflow.planner.lengths import LengthDistribution
 from hybridflow.planner.manual import evaluate_mapping, parse_mapping
 from hybridflow.planner.models import PRESETS, ModelSpec
@@ -35,6 +36,7 @@ __all__ = [
     "Cluster",
     "Constants",
     "DeviceSpec",
+    "ExecutionMode",
     "GroupPlan",
     "InfeasibleError",
     "LayoutSupport",

@@ -57,7 +57,7 @@ def build_plan(problem: Problem, groups: Sequence[Placement], *, search: SearchS
     else:
         chunks, chunk_groups = streamed
         generate = problem.graph.lone_generate
-        assert generate is not None and problem.pipeline == "sync", "streaming needs a lone generate node, sync"
+        assert generate is not None and problem.mode.stream_chunks == chunks, "streaming a problem of other chunks"
         expanded, origin = stream_schedule(schedule, generate.name, problem.graph.streamed_followers, chunks)
         per_chunk = group_seconds(schedule, chunk_groups)
         pieces, span, _ = shared_step(expanded, [per_chunk[i] if chunk >= 0 else seconds[i] for i, chunk in origin],
@@ -65,10 +65,9 @@ def build_plan(problem: Problem, groups: Sequence[Placement], *, search: SearchS
         spans = [(min(a for (j, _), (a, _) in zip(origin, pieces, strict=True) if j == i),
                   max(b for (j, _), (_, b) in zip(origin, pieces, strict=True) if j == i))
                  for i in range(len(schedule.nodes))]
-        extra["stream_chunks"] = chunks
     step = span + problem.step_overhead_s
     extra["idle_fraction"] = round(idle_fraction(step, groups), 6)
-    if problem.pipeline == "async":
+    if problem.mode.pipeline == "async":
         extra["batch_latency_s"] = latency  # what modes.describe_mode explains the async step with
     nodes = tuple(
         NodeEstimate(node=name, group=None if g == DRIVER else g, seconds=end - start, start_s=start, end_s=end,
@@ -86,7 +85,7 @@ def build_plan(problem: Problem, groups: Sequence[Placement], *, search: SearchS
                 weight_sync_seconds=sum(group.layout.weight_sync_seconds for group in groups),
                 bottleneck=bottleneck(nodes, groups, step), feasible=not problems, problems=tuple(problems),
                 search=search, extra=tuple(sorted(extra.items())),
-                pipeline=problem.pipeline, max_staleness=problem.max_staleness)
+                mode=problem.mode)
 
 
 def bottleneck(nodes: Sequence[NodeEstimate], groups: Sequence[Placement], step: float) -> str:

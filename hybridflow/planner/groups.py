@@ -131,7 +131,7 @@ class GroupEvaluator:
         static, peak, sync, sync_seconds, latency = 0, 0, 0, 0.0, 0.0
         for layout in layouts:
             work = self.problem.role(layout.role)
-            seconds.update(node_seconds(work, layout, shape, self.prompt_len, pipeline=self.problem.pipeline))
+            seconds.update(node_seconds(work, layout, shape, self.prompt_len, pipeline=self.problem.mode.pipeline))
             costed = engine_layout(layout) if work.generates_only else layout  # as _rollout_candidates counts it
             static += static_bytes(work.model, work.kind, costed, shape)
             peak = max(peak, transient_bytes(work, costed, shape, self.prompt_len))
@@ -141,7 +141,7 @@ class GroupEvaluator:
             if work.ships_to:
                 ship_s, ship = weight_ship(work.model, layout, shape)
                 sync, sync_seconds = sync + ship, sync_seconds + ship_s
-            if work.generates_only and self.problem.pipeline in OVERLAPPED:
+            if work.generates_only and self.problem.mode.pipeline in OVERLAPPED:
                 sync_seconds += weight_load(work.model, layout, shape)
             if work.streams:
                 resident = static_bytes(work.model, work.kind, costed, shape)

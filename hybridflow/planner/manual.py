@@ -21,14 +21,7 @@ from hybridflow.planner.errors import gib
 from hybridflow.planner.groups import GroupEvaluator
 from hybridflow.planner.layouts import Constraint, usable_bytes
 from hybridflow.planner.models import ModelSpec
-from hybridflow.planner.modes import (
-    CHOICES,
-    DEFAULT_STALENESS,
-    check_stream_chunks,
-    explain_choice,
-    overlap_blocker,
-    staleness,
-)
+from hybridflow.planner.modes import DEFAULT_STALENESS, check_choice, explain_choice, overlap_blocker
 from hybridflow.planner.plan import ROLLOUT_SUFFIX, Plan, SearchStats, Sharding
 from hybridflow.planner.problem import Problem, build_problem
 from hybridflow.planner.settings import RunSettings
@@ -173,10 +166,7 @@ def evaluate_mapping(graph: Graph, models: Mapping[str, ModelSpec], workload: Wo
         if sorted(mapping[role]) == sorted(mapping.get(role.removesuffix(ROLLOUT_SUFFIX), ())):
             del mapping[role]  # the policy's own GPUs: the colocated rollout
     detach = [role.removesuffix(ROLLOUT_SUFFIX) for role in mapping if role.endswith(ROLLOUT_SUFFIX)]
-    if pipeline not in CHOICES:
-        raise ValueError(f"pipeline={pipeline!r} must be one of {list(CHOICES)}")
-    staleness("async" if pipeline == "auto" else pipeline, max_staleness)
-    check_stream_chunks(graph, pipeline, stream_chunks)
+    check_choice(pipeline, max_staleness, stream_chunks)
     modes: list[tuple[str, int | None]] = [(pipeline, max_staleness)]
     if pipeline == "auto":
         bounds = DEFAULT_STALENESS if max_staleness is None else (max_staleness,)
@@ -185,7 +175,8 @@ def evaluate_mapping(graph: Graph, models: Mapping[str, ModelSpec], workload: Wo
     plans = []
     for mode, bound in modes:
         problem = build_problem(graph, models, workload, cluster, detach=detach, settings=settings,
-                                calibration=calibration, pipeline=mode, max_staleness=bound, support=support)
+                                calibration=calibration, pipeline=mode, max_staleness=bound,
+                                stream_chunks=stream_chunks, support=support)
         splits = {"sequence_parallel": sequence_parallel, "pipeline_parallel": pipeline_parallel,
                   "expert_parallel": expert_parallel, "fsdp_size": fsdp_size}
         fixed = _Fixed(data_parallel_size, sharding, micro_batch_sizes, rollout_tp, splits, gradient_checkpointing,
@@ -197,7 +188,7 @@ def evaluate_mapping(graph: Graph, models: Mapping[str, ModelSpec], workload: Wo
             chunk = replace(workload, batch_size=-(-workload.batch_size // stream_chunks))
             chunk_problem = build_problem(graph, models, chunk, cluster, detach=detach, settings=settings,
                                           calibration=calibration, pipeline=mode, max_staleness=bound,
-                                          support=support)
+                                          stream_chunks=stream_chunks, support=support)
             streamed = (stream_chunks, _place(chunk_problem, mapping, _pinned(fixed, placements))[0])
         plans.append(build_plan(problem, placements, search=stats, problems=problems, streamed=streamed))
     if pipeline != "auto":

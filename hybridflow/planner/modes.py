@@ -30,33 +30,32 @@ is not modelled, nor what staleness costs in learning per sample.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from hybridflow.graph import Graph, NodeLoad, Op
 from hybridflow.planner.costs import Shape
 from hybridflow.planner.devices import DTYPE_BYTES
+from hybridflow.planner.execution import PIPELINES, ExecutionMode
 from hybridflow.planner.models import ModelSpec
-from hybridflow.planner.plan import PIPELINES, ROLLOUT_SUFFIX, Plan, RoleLayout, detachable_policies
+from hybridflow.planner.plan import ROLLOUT_SUFFIX, Plan, RoleLayout, detachable_policies
 from hybridflow.planner.rollout import Engine, concurrency, decode_seconds, generate_cost
 
 CHOICES = (*PIPELINES, "auto")
 OVERLAPPED = ("one_step_off", "async")  # modes in which a detached rollout overlaps the trainer
 DEFAULT_STALENESS = (1, 2)  # the bounds ``async`` and ``auto`` compare when none is given
-IMPLIED_STALENESS = {"sync": 0, "one_step_off": 1}
 
 
-def staleness(pipeline: str, max_staleness: int | None, *, field: str = "max_staleness") -> int:
-    """The staleness bound a plan of ``pipeline`` records; ``field`` names the argument in errors."""
-    if max_staleness is not None and (isinstance(max_staleness, bool) or not isinstance(max_staleness, int)
-                                      or max_staleness < 0):
-        raise ValueError(f"{field}={max_staleness!r} must be an integer >= 0 (policy updates the rollout may run "
-                         "ahead of the trainer)")
-    implied = IMPLIED_STALENESS.get(pipeline)
-    if implied is None:
-        return DEFAULT_STALENESS[0] if max_staleness is None else max_staleness
-    if max_staleness not in (None, implied):
-        raise ValueError(f"{field}={max_staleness} with pipeline={pipeline!r}: that mode's staleness is {implied}; "
-                         "use pipeline='async' (or 'auto') for another bound")
-    return implied
+def check_choice(pipeline: str, max_staleness: int | None, stream_chunks: int = 1, *,
+                 key: Callable[[str], str] = str) -> None:
+    """Refuse a requested mode (one of :data:`PIPELINES`, or ``auto`` for the planner to choose) whose values
+    are wrong, naming each field as ``key(field)``; ``auto`` is checked as async, the mode its bound applies to."""
+    if pipeline not in CHOICES:
+        raise ValueError(f"{key('pipeline')}={pipeline!r} must be one of {list(CHOICES)}")
+    if pipeline == "auto" and stream_chunks != 1:
+        raise ValueError(f"{key('stream_chunks')}={stream_chunks} with pipeline='auto': streaming is costed within a "
+                         "sync step; name pipeline='sync' or use stream_chunks=1")
+    ExecutionMode.checked(key=key, pipeline="async" if pipeline == "auto" else pipeline, max_staleness=max_staleness,
+                          stream_chunks=stream_chunks)
 
 
 def overlap_blocker(graph: Graph, pipeline: str = "one_step_off") -> str | None:
@@ -73,13 +72,11 @@ def overlap_blocker(graph: Graph, pipeline: str = "one_step_off") -> str | None:
     return None
 
 
-def check_pipeline(pipeline: str, graph: Graph, *, detached: bool, max_staleness: int | None = None) -> None:
-    """Refuse a mode the plan cannot run, naming the fix."""
-    if pipeline not in PIPELINES:
-        raise ValueError(f"pipeline={pipeline!r} must be one of {list(PIPELINES)} (or 'auto' to let the planner "
-                         "choose)")
-    staleness(pipeline, max_staleness)
-    if pipeline == "sync":
+def check_pipeline(mode: ExecutionMode, graph: Graph, *, detached: bool) -> None:
+    """Refuse a mode the mapping cannot run, naming the fix."""
+    pipeline = mode.pipeline
+    check_stream_chunks(graph, mode)
+    if not mode.overlapped:
         return
     blocker = overlap_blocker(graph, pipeline)
     if blocker is not None:
@@ -93,16 +90,12 @@ def check_pipeline(pipeline: str, graph: Graph, *, detached: bool, max_staleness
                          f"--pipeline {pipeline}` without --manual), or use pipeline='sync'")
 
 
-def check_stream_chunks(graph: Graph, pipeline: str, chunks: int) -> None:
-    """Refuse a streamed step (``stream_chunks``) the runtime cannot run, naming the fix: chunks are an integer
-    >= 1, streaming is within a ``sync`` step, and it needs one generate node fed by the step's inputs only."""
-    if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
-        raise ValueError(f"stream_chunks={chunks!r} must be >= 1 (an integer; 1: no streaming)")
+def check_stream_chunks(graph: Graph, mode: ExecutionMode) -> None:
+    """Refuse a streamed step (``mode.stream_chunks`` > 1) the graph cannot run, naming the fix: it needs one
+    generate node fed by the step's inputs only (the values themselves are the mode's to check)."""
+    chunks = mode.stream_chunks
     if chunks == 1:
         return
-    if pipeline != "sync":
-        raise ValueError(f"stream_chunks={chunks} streams within a sync step; pipeline={pipeline!r} already overlaps "
-                         "generation with the rest of the step: use stream_chunks=1 or pipeline='sync'")
     generate = graph.lone_generate
     if generate is None or graph.predecessors(generate.name):
         raise ValueError(f"stream_chunks={chunks}: the {graph.name} graph has no single generate node fed by the "
@@ -149,7 +142,7 @@ def describe_mode(plan: Plan) -> str:
     """``one_step_off on 4+4 GPUs: generation 120 s overlaps training 95 s`` or ``sync colocated on 8 GPUs``."""
     if plan.pipeline not in OVERLAPPED:
         layout = "split" if plan.detached_rollouts else "colocated"
-        chunks = int(dict(plan.extra).get("stream_chunks", 1))
+        chunks = plan.mode.stream_chunks
         streamed = f", streamed in {chunks} chunks" if chunks > 1 else ""
         return f"sync {layout} on {plan.num_gpus} GPUs{streamed}: {plan.step_time_s:.3g} s"
     rollout, trainer = pool_seconds(plan)

@@ -13,9 +13,9 @@ from functools import cached_property
 from typing import Any
 
 from hybridflow.graph import Graph, Op
+from hybridflow.planner.execution import ExecutionMode
 
 ROLLOUT_SUFFIX = ":rollout"
-PIPELINES = ("sync", "one_step_off", "async")  # execution modes a plan may record (the runtime's ``pipeline``)
 
 
 def rollout_role(policy: str) -> str:
@@ -132,11 +132,12 @@ class SearchStats:
 class Plan:
     """Roles placed on GPU groups, with the cost model's estimates for one step.
 
-    ``driver_roles`` run beside the controller and hold no GPU (reward functions). ``pipeline`` is the
-    execution mode the step time was costed for: ``sync``, ``one_step_off`` (a detached rollout
-    generates the next step's batch while the trainer works on this one) or ``async`` (the detached rollout
-    generates continuously, at most ``max_staleness`` policy updates ahead of the trainer, and finishes
-    in-flight responses under new weights). ``max_staleness`` is 0 for ``sync`` and 1 for ``one_step_off``.
+    ``driver_roles`` run beside the controller and hold no GPU (reward functions). ``mode`` is the
+    execution mode the step time was costed for (:class:`~hybridflow.planner.execution.ExecutionMode`):
+    ``sync``, ``one_step_off`` (a detached rollout generates the next step's batch while the trainer works
+    on this one) or ``async`` (the detached rollout generates continuously, at most ``max_staleness``
+    policy updates ahead of the trainer), and a sync step's ``stream_chunks``. The JSON form keeps the
+    mode's fields at the top level (``pipeline``, ``max_staleness``...), as plans always wrote them.
     """
 
     algorithm: str
@@ -152,24 +153,27 @@ class Plan:
     problems: tuple[str, ...] = ()
     search: SearchStats | None = None
     extra: tuple[tuple[str, Any], ...] = field(default=())
-    pipeline: str = "sync"
-    max_staleness: int = 0
+    mode: ExecutionMode = field(default_factory=ExecutionMode)
 
     def __post_init__(self) -> None:
-        if self.pipeline not in PIPELINES:
-            raise ValueError(f"Plan.pipeline={self.pipeline!r} must be one of {list(PIPELINES)}")
-        implied = {"sync": 0, "one_step_off": 1}.get(self.pipeline)
-        if implied is not None and self.max_staleness not in (0, implied):
-            raise ValueError(f"Plan.max_staleness={self.max_staleness} with pipeline={self.pipeline!r}: that mode's "
-                             f"staleness is {implied}; use pipeline='async' for another bound")
-        if self.max_staleness < 0:
-            raise ValueError(f"Plan.max_staleness={self.max_staleness} must be >= 0")
+        if not isinstance(self.mode, ExecutionMode):
+            raise TypeError(f"Plan.mode must be an ExecutionMode, got {type(self.mode).__name__}")
         placed = [role for group in self.groups for role in group.roles] + list(self.driver_roles)
         if len(placed) != len(set(placed)):
             raise ValueError(f"Plan: a role is placed twice: {placed}")
         used = [gpu for group in self.groups for gpu in group.gpus]
         if len(used) != len(set(used)):
             raise ValueError(f"Plan: groups share GPUs: {[list(g.gpus) for g in self.groups]}")
+
+    @property
+    def pipeline(self) -> str:
+        """The costed mode's pipeline (``mode.pipeline``)."""
+        return self.mode.pipeline
+
+    @property
+    def max_staleness(self) -> int:
+        """The costed mode's staleness bound (``mode.k``)."""
+        return self.mode.k
 
     @property
     def roles(self) -> tuple[str, ...]:
@@ -206,7 +210,8 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["extra"] = dict(self.extra)
-        return data
+        del data["mode"]
+        return {**data, **self.mode.to_dict()}
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
@@ -229,9 +234,9 @@ class Plan:
             weight_sync_bytes=data.get("weight_sync_bytes", 0),
             weight_sync_seconds=data.get("weight_sync_seconds", 0.0), bottleneck=data.get("bottleneck", ""),
             feasible=data.get("feasible", True), problems=tuple(data.get("problems", ())), search=search,
-            extra=tuple(sorted(data.get("extra", {}).items())),
-            pipeline=data.get("pipeline", "sync"),  # plans written before execution modes were costed
-            max_staleness=data.get("max_staleness", 0),
+            # Plans written before the mode held the chunks kept them in ``extra``.
+            extra=tuple(sorted((k, v) for k, v in data.get("extra", {}).items() if k != "stream_chunks")),
+            mode=ExecutionMode.from_dict(data),
         )
 
     @classmethod

@@ -9,8 +9,9 @@ from hybridflow.graph import Graph, NodeLoad, Op, RoleKind, Workload, edge_bytes
 from hybridflow.planner.calibration import DEFAULT_CALIBRATION, Calibration
 from hybridflow.planner.cluster import Cluster
 from hybridflow.planner.costs import FORWARD_OPS
+from hybridflow.planner.execution import ExecutionMode
 from hybridflow.planner.models import ModelSpec
-from hybridflow.planner.modes import check_pipeline, staleness
+from hybridflow.planner.modes import check_pipeline
 from hybridflow.planner.plan import rollout_role
 from hybridflow.planner.settings import DEFAULT_SETTINGS, RunSettings
 from hybridflow.planner.support import ANY_LAYOUT, LayoutSupport
@@ -57,8 +58,7 @@ class Problem:
     micro_batch_sizes: Mapping[str, int] = field(default_factory=dict)  # role -> the user's fixed micro batch
     settings: RunSettings = DEFAULT_SETTINGS
     calibration: Calibration = DEFAULT_CALIBRATION
-    pipeline: str = "sync"  # "one_step_off", "async": detached generate nodes overlap the rest of the step
-    max_staleness: int = 0  # updates the rollout may run ahead: 0 sync, 1 one_step_off, k async
+    mode: ExecutionMode = field(default_factory=ExecutionMode)  # overlapped modes: detached generate nodes
 
     @property
     def step_overhead_s(self) -> float:
@@ -83,7 +83,8 @@ class Problem:
 def build_problem(graph: Graph, models: Mapping[str, ModelSpec], workload: Workload, cluster: Cluster, *,
                   detach: Collection[str] = (), max_tp: int | None = None, settings: RunSettings | None = None,
                   calibration: Calibration | None = None, pipeline: str = "sync",
-                  max_staleness: int | None = None, support: Mapping[str, LayoutSupport] | None = None,
+                  max_staleness: int | None = None, stream_chunks: int = 1,
+                  support: Mapping[str, LayoutSupport] | None = None,
                   micro_batch_sizes: Mapping[str, int] | None = None) -> Problem:
     """Check the inputs against each other and precompute per-role loads and edge sizes.
 
@@ -91,8 +92,9 @@ def build_problem(graph: Graph, models: Mapping[str, ModelSpec], workload: Workl
     to a frozen role ``<policy>:rollout`` (same model) that receives the weights after every update.
     ``pipeline="one_step_off"`` costs those generate nodes as overlapping the rest of the step, and
     ``"async"`` as a pool generating continuously at most ``max_staleness`` updates ahead (default 1)
-    (``hybridflow.planner.modes``); both need a detached rollout. ``support``: per role, the layouts its
-    backend runs (:mod:`.support`); ``micro_batch_sizes``: per role, a micro batch the user fixed.
+    (``hybridflow.planner.modes``); both need a detached rollout. ``stream_chunks`` > 1: a sync step
+    streamed in that many chunks (``assemble.build_plan(streamed=...)`` costs it). ``support``: per role, the
+    layouts its backend runs (:mod:`.support`); ``micro_batch_sizes``: per role, a micro batch the user fixed.
     """
     if not isinstance(graph, Graph):
         raise TypeError(f"graph must be a hybridflow Graph, got {type(graph).__name__}; use load_graph('ppo')")
@@ -129,7 +131,8 @@ def build_problem(graph: Graph, models: Mapping[str, ModelSpec], workload: Workl
     gpu_roles = {role.name for role in roles}
     node_role = {node.name: node.role if node.role in gpu_roles else None for node in graph.nodes}
     roles, apart = _detach_rollouts(roles, detach, node_role, streams=pipeline == "async")
-    check_pipeline(pipeline, graph, detached=bool(apart), max_staleness=max_staleness)
+    mode = ExecutionMode.checked(key=str, pipeline=pipeline, max_staleness=max_staleness, stream_chunks=stream_chunks)
+    check_pipeline(mode, graph, detached=bool(apart))
     placed = {role.name for role in roles} | {rollout_role(name) for name in gpu_roles}  # a rollout may be detached
     for what, given in (("support", support or {}), ("micro_batch_sizes", micro_batch_sizes or {})):
         unknown = sorted(set(given) - placed)
@@ -144,7 +147,7 @@ def build_problem(graph: Graph, models: Mapping[str, ModelSpec], workload: Workl
                    graph=graph, workload=workload, cluster=cluster, roles=tuple(roles), driver_roles=tuple(drivers),
                    edge_bytes=edge_bytes(graph, workload), node_role=node_role, apart=apart, max_tp=max_tp,
                    settings=settings or DEFAULT_SETTINGS, calibration=calibration or DEFAULT_CALIBRATION,
-                   pipeline=pipeline, max_staleness=staleness(pipeline, max_staleness))
+                   mode=mode)
 
 
 def _detach_rollouts(roles: list[RoleWork], detach: Collection[str], node_role: dict[str, str | None], *,

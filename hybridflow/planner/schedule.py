@@ -72,12 +72,12 @@ def compile_schedule(problem: Problem, role_group: Mapping[str, int]) -> Schedul
         preds[position[dst]].append((position[src], size / problem.cluster.driver_bandwidth if moves else 0.0))
     driver = tuple(rows * DRIVER_SECONDS_PER_ROW if group == DRIVER else 0.0 for group in group_of)
     overlapped: tuple[bool, ...] = ()
-    if problem.pipeline in OVERLAPPED:
+    if problem.mode.pipeline in OVERLAPPED:
         overlapped = tuple(str(problem.node_role[name]).endswith(ROLLOUT_SUFFIX) and graph.node(name).op is Op.GENERATE
                            for name in nodes)
     return Schedule(nodes=nodes, group_of=group_of, preds=tuple(tuple(p) for p in preds), driver_seconds=driver,
                     cross_group_bytes=cross, num_groups=max(role_group.values(), default=-1) + 1,
-                    overlapped=overlapped, max_staleness=problem.max_staleness if problem.pipeline == "async" else None)
+                    overlapped=overlapped, max_staleness=problem.mode.k if problem.mode.pipeline == "async" else None)
 
 
 def timeline(schedule: Schedule, seconds: Sequence[float]) -> list[tuple[float, float]]:

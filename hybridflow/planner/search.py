@@ -21,7 +21,7 @@ from hybridflow.planner.errors import InfeasibleError, explain_infeasible
 from hybridflow.planner.groups import GroupEvaluator
 from hybridflow.planner.layouts import GroupLayout
 from hybridflow.planner.models import ModelSpec
-from hybridflow.planner.modes import CHOICES, DEFAULT_STALENESS, OVERLAPPED, explain_choice, overlap_blocker, staleness
+from hybridflow.planner.modes import DEFAULT_STALENESS, OVERLAPPED, check_choice, explain_choice, overlap_blocker
 from hybridflow.planner.plan import Plan, SearchStats, detachable_policies
 from hybridflow.planner.problem import Problem, build_problem
 from hybridflow.planner.schedule import Schedule, Sharing, compile_schedule, makespan, shared_step
@@ -65,10 +65,7 @@ class PlannerOptions:
     micro_batch_sizes: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.pipeline not in CHOICES:
-            raise ValueError(f"PlannerOptions.pipeline={self.pipeline!r} must be one of {list(CHOICES)}")
-        staleness("async" if self.pipeline == "auto" else self.pipeline, self.max_staleness,
-                  field="PlannerOptions.max_staleness")
+        check_choice(self.pipeline, self.max_staleness, key=lambda name: f"PlannerOptions.{name}")
         if self.unit not in ("auto", "gpu", "machine"):
             raise ValueError(f"PlannerOptions.unit={self.unit!r} must be 'auto', 'gpu' or 'machine'")
         if self.max_tp is not None and self.max_tp < 1:

@@ -9,6 +9,7 @@ from dataclasses import replace
 
 from hybridflow.graph import Graph, Op, RoleKind
 from hybridflow.planner import LayoutSupport, Plan, detachable_policies
+from hybridflow.planner.execution import ExecutionMode
 from hybridflow.planner.modes import check_stream_chunks
 from hybridflow.registry import BACKENDS
 from hybridflow.runtime.engines import rollout_factory
@@ -81,11 +82,11 @@ def check_placement(graph: Graph, plan: Plan, driver_roles: Mapping[str, Scorer]
                                  f"{group.size} GPUs; dp * tp must equal the group size")
 
 
-def check_streaming(graph: Graph, pipeline: str, chunks: int) -> bool:
-    """Whether steps stream (``chunks`` > 1); raises naming what stands in the way (the planner's rule, which
-    costs the same streamed steps)."""
-    check_stream_chunks(graph, pipeline, chunks)
-    return chunks > 1
+def check_streaming(graph: Graph, mode: ExecutionMode) -> bool:
+    """Whether steps stream (``mode.stream_chunks`` > 1); raises naming what stands in the way (the planner's
+    rule, which costs the same streamed steps)."""
+    check_stream_chunks(graph, mode)
+    return mode.stream_chunks > 1
 
 
 def check_capabilities(graph: Graph, plan: Plan, groups: list[WorkerGroup]) -> None:

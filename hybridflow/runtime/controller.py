@@ -17,9 +17,9 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from types import TracebackType
@@ -27,19 +27,21 @@ from typing import Any
 
 from hybridflow.graph import Graph, Node, Op
 from hybridflow.planner import Plan
+from hybridflow.planner.execution import ExecutionMode
 from hybridflow.registry import COMPUTE_FNS
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.checks import check_capabilities, check_layouts, check_placement, check_streaming
 from hybridflow.runtime.dispatch import DriverTarget, GroupTarget, Outcome, Served, Target, timed
 from hybridflow.runtime.executor import Executor, LocalExecutor, WorkerGroup
-from hybridflow.runtime.filtering import GroupPool, keep_mask, with_uids
-from hybridflow.runtime.pipeline import Upcoming, check_pipeline, upcoming_rows
+from hybridflow.runtime.filtering import FilterRounds, with_uids
+from hybridflow.runtime.pipeline import Overlap, Upcoming, check_pipeline
 from hybridflow.runtime.placement import with_rollout_specs
 from hybridflow.runtime.protocols import NodeState, RoleSpec, Scorer
-from hybridflow.runtime.rollouter import Rollouter, RolloutStats, pool_metrics, staleness_metrics
+from hybridflow.runtime.rollouter import Rollouter
+from hybridflow.runtime.scheduler import PartitionSource, Scheduler, StepRecord, WholeStep
 from hybridflow.runtime.service import RoleServices
 from hybridflow.runtime.step_store import StepLedger
-from hybridflow.runtime.streaming import run_streamed
+from hybridflow.runtime.streaming import StreamChunks
 from hybridflow.runtime.weights import WeightSyncStats
 
 
@@ -53,26 +55,28 @@ class StepResult:
 
 
 class Controller:
-    """Executes ``graph`` on the worker groups an executor starts for ``plan``; use as a context manager."""
+    """Executes ``graph`` on the worker groups an executor starts for ``plan``; use as a context manager.
+
+    ``mode`` is the execution mode the steps run (default: the one the plan was costed for, ``plan.mode``);
+    ``eos_token_id`` tells a finished response from one a partial rollout's segment cut."""
 
     def __init__(self, graph: Graph, plan: Plan, *, specs: Mapping[str, RoleSpec],
                  executor: Executor | None = None, driver_roles: Mapping[str, Scorer] | None = None,
-                 seed: int = 0, services: RoleServices | None = None, pipeline: str = "sync",
-                 max_staleness: int = 1, segment_tokens: int | None = None,
-                 eos_token_id: int | None = None, stream_chunks: int = 1) -> None:
+                 seed: int = 0, services: RoleServices | None = None, mode: ExecutionMode | None = None,
+                 eos_token_id: int | None = None) -> None:
         self.graph, self.plan, self.seed = graph, plan, seed
-        self.max_staleness = max_staleness if pipeline == "async" else int(pipeline != "sync")
+        self.mode = plan.mode if mode is None else mode
         self.services = services
         self.driver_roles = dict(driver_roles or {})
         check_placement(graph, plan, self.driver_roles)
-        overlapped = check_pipeline(pipeline, graph, plan)
-        self.stream_chunks, self._streamed = stream_chunks, check_streaming(graph, pipeline, stream_chunks)
+        overlapped = check_pipeline(self.mode, graph, plan)
+        check_streaming(graph, self.mode)
         specs = with_rollout_specs(plan, specs)
         check_layouts(graph, plan, specs)  # before any engine loads a model
         self.executor = executor or LocalExecutor()
-        if pipeline != "sync" and not getattr(self.executor, "runs_pipelines", True):
-            raise ValueError(f"pipeline={pipeline!r}: the {type(self.executor).__name__} runs pipeline='sync' only; "
-                             "use the Ray or local executor for overlapped modes")
+        if self.mode.overlapped and not self.executor.runs_overlapped:
+            raise ValueError(f"pipeline={self.mode.pipeline!r}: the {type(self.executor).__name__} runs "
+                             "pipeline='sync' only; use the Ray or local executor for overlapped modes")
         self.groups: list[WorkerGroup] = self.executor.start(plan, specs)
         self._dispatchers = [ThreadPoolExecutor(1, thread_name_prefix=f"dispatch{g.index}") for g in self.groups]
         self._driver = ThreadPoolExecutor(2, thread_name_prefix="driver")
@@ -81,14 +85,10 @@ class Controller:
         try:
             check_capabilities(graph, plan, self.groups)
             self._targets = self._make_targets()
-            # one_step_off is the rollouter one update ahead on whole batches; with k = 0 no update can land
-            # while a batch generates, so it generates whole too (as sync does).
-            self._rollouter = None if overlapped is None else Rollouter(
-                overlapped, self._targets[self._placed_role(overlapped)], max_staleness=self.max_staleness, seed=seed,
-                segment_tokens=segment_tokens if pipeline == "async" and max_staleness else None,
-                eos_token_id=eos_token_id)
-            self.version = 0  # the policy's updates so far (async: counted from step 0, set at the first step)
-            self._pool_mark: tuple[float, RolloutStats] | None = None  # async: when the last step ended
+            # one_step_off is the rollouter one update ahead on whole batches (ExecutionMode.segment_budget).
+            self._overlap = None if overlapped is None else Overlap(Rollouter(
+                overlapped, self._targets[self._placed_role(overlapped)], mode=self.mode, seed=seed,
+                eos_token_id=eos_token_id), samples=graph.samples_per_prompt)
             self.sync_rollouts()
         except BaseException:
             self.shutdown()
@@ -101,8 +101,8 @@ class Controller:
         self.shutdown()
 
     def shutdown(self) -> None:
-        if getattr(self, "_rollouter", None) is not None:
-            self._rollouter.close()  # type: ignore[union-attr]
+        if getattr(self, "_overlap", None) is not None:
+            self._overlap.rollouter.close()  # type: ignore[union-attr]
         for pool in [*self._dispatchers, self._driver]:
             pool.shutdown(wait=False, cancel_futures=True)
         self.executor.shutdown()
@@ -117,22 +117,15 @@ class Controller:
         With ``pipeline=one_step_off`` or ``async``, ``upcoming`` gives later steps' prompt rows: a function from
         a step to its rows (None past the run's end), or the next step's Batch. The rollout generates up to
         ``max_staleness`` steps ahead (1 for one_step_off) and this step trains on what it generated
-        (:mod:`.pipeline`, :mod:`.rollouter`).
+        (:mod:`.pipeline`, :mod:`.rollouter`). Every mode is partitions of the step's rows run by one
+        scheduler (:mod:`.scheduler`).
         """
         self.ledger.begin_step()
-        record = _StepRecord()
-        state = with_uids(batch, 0)
-        if self._rollouter is not None:
-            state = self._step_overlapped(batch, step, record, upcoming)
-        elif self._streamed:
-            state = self._step_streamed(state, step, record)
-        elif self.graph.filter_node is None:
-            state = self._run(self.graph.order, state, step, record)
-        else:
-            state = self._sample_until_full(state, step, record, more)
-            after = [name for name in self.graph.order
-                     if name not in self.graph.sampling_section and name != self.graph.filter_node.name]
-            state = self._run(after, state, step, record, expanded=True)
+        record = StepRecord()
+        source = self._partitions(with_uids(batch, 0), step, record, more, upcoming)
+        scheduler = Scheduler(self.graph, submit=self._submit, finished=partial(self._finished, record),
+                              regrouped=self.ledger.rows_changed)
+        state = scheduler.run(source, seed=self.seed + step)
         metrics = record.metrics
         for policy, shipment in record.shipments.items():
             metrics.update(shipment.result().metrics(f"{policy}/weight_sync/"))
@@ -145,98 +138,27 @@ class Controller:
             metrics[f"transfer/to_group{index}_bytes"] = float(shipped)
         return StepResult(batch=state, metrics=metrics, node_seconds=record.seconds)
 
-    def _run(self, names: Sequence[str], state: Batch, step: int, record: _StepRecord, *,
-             expanded: bool = False) -> Batch:
-        """Run the nodes ``names`` (in dependency order, concurrently where they may) on ``state``; the rest of
-        the graph counts as done."""
-        done = {node.name for node in self.graph.nodes} - set(names)
-        pending = list(names)
-        running: dict[Future[Outcome], Node] = {}
-        while pending or running:
-            for name in [n for n in pending if set(self.graph.predecessors(n)) <= done]:
-                node = self.graph.node(name)
-                if node.op is Op.GENERATE and not expanded:
-                    # The n samples of a prompt become n adjacent rows before rollout.
-                    state, expanded = state.repeat_interleave(self.graph.samples_per_prompt), True
-                    self.ledger.rows_changed()
-                running[self._submit(node, state, step)] = node
-                pending.remove(name)
-            finished, _ = wait(list(running), return_when=FIRST_COMPLETED)
-            for future in finished:
-                node = running.pop(future)
-                outcome = future.result()  # re-raises the node's error
-                state = state.union(outcome.outputs) if len(outcome.outputs.keys()) else state
-                record.add(node, outcome)
-                done.add(node.name)
-                if node.op is Op.UPDATE and str(node.role) in self.plan.detached_rollouts:
-                    shipment = self._ship(str(node.role))  # a later update replaces it
-                    if self._rollouter is not None:  # the rollout samples with these weights once they land
-                        shipment.add_done_callback(partial(_landed, self._rollouter, self.version + 1))
-                    record.shipments[str(node.role)] = shipment
-        return state
+    def _partitions(self, prompts: Batch, step: int, record: StepRecord, more: Callable[[int], Batch] | None,
+                    upcoming: Upcoming) -> PartitionSource:
+        """The mode's partitions of this step (:mod:`.scheduler`)."""
+        seed = self.seed + step
+        if self._overlap is not None:
+            return self._overlap.source(prompts, step=step, upcoming=upcoming, record=record)
+        if self.mode.stream_chunks > 1:
+            return StreamChunks(rows=prompts.repeat_interleave(self.graph.samples_per_prompt), graph=self.graph,
+                                chunks=self.mode.stream_chunks, seed=seed)
+        if self.graph.filter_node is not None:
+            return FilterRounds(self.graph, prompts, seed=seed, record=record, more=more)
+        return WholeStep(prompts=prompts, graph=self.graph, seed=seed)
 
-    def _step_streamed(self, prompts: Batch, step: int, record: _StepRecord) -> Batch:
-        """A ``sync`` step whose generate node hands its rows on in chunks (:mod:`.streaming`)."""
-        rows = prompts.repeat_interleave(self.graph.samples_per_prompt)
-        self.ledger.rows_changed()
-        streamed = run_streamed(self.graph, rows, self.stream_chunks, target_of=self._target, seed=self.seed + step,
-                                samples=self.graph.samples_per_prompt)
-        for name, outcome in streamed.outcomes.items():
-            record.add(self.graph.node(name), outcome)
-        self.ledger.rows_changed()
-        rest = [name for name in self.graph.order if name not in streamed.outcomes]
-        return self._run(rest, streamed.rows, step, record, expanded=True)
-
-    def _step_overlapped(self, prompts: Batch, step: int, record: _StepRecord, upcoming: Upcoming) -> Batch:
-        """One ``one_step_off`` or ``async`` step: offer this and the next ``max_staleness`` steps' prompts, take
-        this step's samples when all are done, run the rest of the graph (whose update ships weights on)."""
-        rollouter = self._rollouter
-        assert rollouter is not None
-        node = rollouter.node
-        if not rollouter.started:  # the weights shipped at start (or after a checkpoint load) are this step's
-            self.version = step
-            rollouter.start(step)
-        started = time.perf_counter()
-        since, before = self._pool_mark or (started, replace(rollouter.stats))  # the pools' time runs on
-        for ahead in range(step, step + self.max_staleness + 1):
-            rows = prompts if ahead == step else upcoming_rows(upcoming, ahead, current=step)
-            if rows is not None and not rollouter.offered(ahead):
-                rollouter.offer(ahead, with_uids(rows, 0).repeat_interleave(self.graph.samples_per_prompt))
-        rows, depth = rollouter.take(step)
-        waited = time.perf_counter() - started
-        record.seconds[node.name] = waited  # what the trainer waited for; the rest overlapped
-        record.metrics.update(staleness_metrics(rows, self.version, self.max_staleness))
-        self.ledger.rows_changed()
-        state = self._run([name for name in self.graph.order if name != node.name], rows, step, record,
-                          expanded=True)
-        self.version += 1
-        self._pool_mark = (time.perf_counter(), replace(rollouter.stats))
-        record.metrics.update(pool_metrics(before, self._pool_mark[1], seconds=self._pool_mark[0] - since,
-                                           waited=waited, trained_tokens=int(rows["response_mask"].sum()),
-                                           depth=depth))
-        return state
-
-    def _sample_until_full(self, prompts: Batch, step: int, record: _StepRecord,
-                           more: Callable[[int], Batch] | None) -> Batch:
-        """The filter's section and the filter, round after round, until the kept groups fill the batch."""
-        node = self.graph.filter_node
-        assert node is not None
-        section = [name for name in self.graph.order if name in self.graph.sampling_section]
-        pool, rounds = GroupPool(len(prompts)), 0
-        max_rounds = int(node.option("max_rounds", 0) or 0)
-        while True:
-            self.ledger.rows_changed()
-            state = self._run(section, prompts, step, record)
-            started = time.perf_counter()
-            pool.add(state, keep_mask(node, state))
-            record.seconds[node.name] = record.seconds.get(node.name, 0.0) + time.perf_counter() - started
-            rounds += 1
-            if pool.full or rounds > max_rounds or more is None:
-                break
-            prompts = with_uids(more(rounds - 1), rounds * len(prompts), replace=True)
-        record.metrics.update(pool.metrics(rounds))
-        self.ledger.rows_changed()
-        return pool.take()
+    def _finished(self, record: StepRecord, node: Node, outcome: Outcome) -> None:
+        """A node's outcome: its metrics and seconds, and the weights an update of a detached policy ships."""
+        record.add(node, outcome)
+        if node.op is Op.UPDATE and str(node.role) in self.plan.detached_rollouts:
+            shipment = self._ship(str(node.role))  # a later update replaces it
+            if self._overlap is not None:  # the rollout samples with these weights once they land
+                shipment.add_done_callback(partial(_landed, self._overlap.rollouter, self._overlap.version + 1))
+            record.shipments[str(node.role)] = shipment
 
     def generate(self, node: str, prompts: Batch, *, seed: int) -> Batch:
         """Run the generate node ``node`` alone on ``prompts`` (one sample per row: validation, evaluation);
@@ -244,15 +166,14 @@ class Controller:
         found = self.graph.node(node)
         if found.op is not Op.GENERATE:
             raise ValueError(f"node {node!r} is a {found.op} node; generate() runs generate nodes only")
-        target = self._targets[self._placed_role(found)]
-        # On the role's queue: an async rollout may be generating there right now.
-        outputs, _ = target.pool.submit(target.run_rows, found, prompts, seed).result()
-        return prompts.union(outputs)
+        # A request on the role's queue: an async rollout may be generating there right now.
+        outcome = self._targets[self._placed_role(found)].submit_rows(found, prompts, seed).result()
+        return prompts.union(outcome.outputs)
 
-    def _submit(self, node: Node, state: Batch, step: int) -> Future[Outcome]:
+    def _submit(self, node: Node, state: Batch, seed: int, part: int | None) -> Future[Outcome]:
         if node.op is Op.COMPUTE:
             return self._driver.submit(timed, lambda: _run_compute(node, state, self.node_states.get(node.name)))
-        return self._target(node).submit(node, state, self.seed + step)
+        return self._target(node).submit(node, state, seed, part=part)
 
     def _target(self, node: Node) -> Target:
         """Where ``node`` runs: its driver scorer, or its role's (or detached rollout's) group."""
@@ -260,18 +181,18 @@ class Controller:
 
     def _make_targets(self) -> dict[str, Target]:
         """A target per placed role (a detached rollout is a role of its own), served when it has limits."""
-        targets: dict[str, Target] = {role: DriverTarget(scorer, self._driver)
-                                      for role, scorer in self.driver_roles.items()}
+        placed: dict[str, GroupTarget | DriverTarget] = {role: DriverTarget(scorer, self._driver)
+                                                         for role, scorer in self.driver_roles.items()}
         for index, group in enumerate(self.plan.groups):
             for layout in group.layouts:
-                targets[layout.role] = GroupTarget(self.groups[index], layout.dp, self._dispatchers[index],
-                                                   self.ledger)
-        if self.services is not None:
-            locks = {index: threading.Lock() for index, group in enumerate(self.plan.groups) if group.size > 1}
-            targets = {role: Served(target, self.services,
-                                    locks.get(-1 if role in self.driver_roles else self.plan.group_index(role) or 0))
-                       for role, target in targets.items()}
-        return targets
+                placed[layout.role] = GroupTarget(self.groups[index], layout.dp, self._dispatchers[index],
+                                                  self.ledger)
+        if self.services is None:
+            return dict(placed)
+        locks = {index: threading.Lock() for index, group in enumerate(self.plan.groups) if group.size > 1}
+        return {role: Served(target, self.services,
+                             locks.get(-1 if role in self.driver_roles else self.plan.group_index(role) or 0))
+                for role, target in placed.items()}
 
     def _placed_role(self, node: Node) -> str:
         return self.plan.runs_on(str(node.role), generates=node.op is Op.GENERATE)
@@ -308,20 +229,6 @@ class Controller:
             for name, state in json.loads(saved.read_text()).items():
                 self.node_states[name].load_state_dict(state)
         self.sync_rollouts()  # a rollout on its own GPUs still holds the weights from before the load
-
-
-@dataclass
-class _StepRecord:
-    """What a step's nodes reported: metrics, seconds (summed over filter rounds) and weight shipments."""
-
-    metrics: dict[str, float] = field(default_factory=dict)
-    seconds: dict[str, float] = field(default_factory=dict)
-    shipments: dict[str, Future[WeightSyncStats]] = field(default_factory=dict)
-
-    def add(self, node: Node, outcome: Outcome) -> None:
-        self.seconds[node.name] = self.seconds.get(node.name, 0.0) + outcome.seconds
-        prefix = f"{node.role}/" if node.role else f"{node.name}/"
-        self.metrics.update({prefix + key: value for key, value in outcome.metrics.items()})
 
 
 NODE_STATES = "node_states.json"  # beside the roles' checkpoints: driver-side state (adaptive KL coefficients)

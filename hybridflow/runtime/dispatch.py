@@ -5,6 +5,11 @@ the group only the input fields its ranks do not hold yet (:mod:`~hybridflow.run
 splits rows over the data-parallel ranks and gathers the outputs; a :class:`DriverTarget` scores in the
 controller's process (reward functions). :class:`Served` wraps either with the role's request bound and
 the reward cache (:mod:`~hybridflow.runtime.service`): it sends whole rows, in requests.
+
+Every call reaches a role through its target, on the role's queue (a group runs its calls one at a time,
+in order): ``submit`` for the step's rows, ``submit_rows`` for a request of other rows (a stream chunk, a
+rollouter batch, validation prompts), which ships every input and leaves nothing held. Both record the
+bytes they ship in the step ledger; the queue and the worker calls stay private to this module.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Protocol
 
 import torch
@@ -23,7 +29,7 @@ from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.executor import WorkerGroup
 from hybridflow.runtime.protocols import Scorer
 from hybridflow.runtime.service import RoleServices, serve
-from hybridflow.runtime.step_store import ShardKey, StepLedger, exact_fields
+from hybridflow.runtime.step_store import Join, Part, ShardKey, StepLedger, exact_fields
 from hybridflow.runtime.worker import COMPANIONS, NodeResult, port_batch
 
 
@@ -37,17 +43,27 @@ class Outcome:
 
 
 class Target(Protocol):
-    """Runs a role's nodes: ``submit`` for a whole step, ``run_rows`` for a request of some rows."""
+    """Runs a role's nodes on its queue: ``submit`` for the step's rows (or a chunk partition of them,
+    ``part``), through the ledger; ``submit_rows`` for a request of other rows; ``on_start`` runs on the queue
+    just before the call (what the role holds then is exact)."""
 
-    def submit(self, node: Node, state: Batch, seed: int) -> Future[Outcome]:
+    def submit(self, node: Node, state: Batch, seed: int, *, part: Part = None) -> Future[Outcome]:
         ...
 
-    def run_rows(self, node: Node, rows: Batch, seed: int) -> tuple[Batch, Mapping[str, float]]:
+    def submit_rows(self, node: Node, rows: Batch, seed: int, *,
+                    on_start: Callable[[], None] | None = None) -> Future[Outcome]:
         ...
 
-    @property
-    def pool(self) -> ThreadPoolExecutor:
-        ...
+
+RunRows = Callable[[Node, Batch, int], tuple[Batch, Mapping[str, float]]]
+
+
+def _request(run_rows: RunRows, node: Node, rows: Batch, seed: int, on_start: Callable[[], None] | None) -> Outcome:
+    if on_start is not None:
+        on_start()
+    start = time.perf_counter()
+    outputs, metrics = run_rows(node, rows, seed)
+    return Outcome(outputs, metrics, time.perf_counter() - start)
 
 
 def node_inputs(node: Node, state: Batch) -> list[str]:
@@ -60,44 +76,47 @@ class GroupTarget:
 
     def __init__(self, group: WorkerGroup, dp: int, pool: ThreadPoolExecutor, ledger: StepLedger) -> None:
         self.group, self.dp, self.ledger = group, dp, ledger
-        self._pool = pool
-
-    @property
-    def pool(self) -> ThreadPoolExecutor:
-        return self._pool  # the group's dispatcher: a group runs its nodes one at a time, in order
+        self._pool = pool  # the group's dispatcher: a group runs its nodes one at a time, in order
 
     @property
     def key(self) -> ShardKey:
         return self.group.index, self.dp
 
-    def submit(self, node: Node, state: Batch, seed: int) -> Future[Outcome]:
+    def submit(self, node: Node, state: Batch, seed: int, *, part: Part = None) -> Future[Outcome]:
         wanted = node_inputs(node, state)
-        send = state.select(self.ledger.to_send(self.key, wanted))
+        send = state.select(self.ledger.to_send(self.key, wanted, part))
         self.ledger.record_sent(self.group.index, send)
-        # The group runs its calls in order, so what this call ships is there for the next one.
-        self.ledger.hold(self.key, wanted)
-        return self._pool.submit(self._run_step, node, send, seed, len(state), self.ledger.token, tuple(wanted))
+        # The group runs its calls in order, so what this call ships is there for the next one; the first
+        # call after chunks joined has the ranks rebuild the joined fields they hold.
+        self.ledger.hold(self.key, wanted, part)
+        joins = self.ledger.take_joins(self.key) if part is None else ()
+        return self._pool.submit(self._run_step, node, send, seed, len(state), self.ledger.token, tuple(wanted),
+                                 part, joins)
 
-    def _run_step(self, node: Node, send: Batch, seed: int, rows: int, token: int,
-                  fields: tuple[str, ...]) -> Outcome:
+    def _run_step(self, node: Node, send: Batch, seed: int, rows: int, token: int, fields: tuple[str, ...],
+                  part: Part, joins: tuple[Join, ...]) -> Outcome:
         start = time.perf_counter()
-        leaders = self._run(node, send, seed, token=token, fields=fields)
-        self.ledger.hold(self.key, exact_fields([r.outputs for r in leaders]))
+        leaders = self._run(node, send, seed, token=token, fields=fields, part=part, joins=joins)
+        self.ledger.hold(self.key, exact_fields([r.outputs for r in leaders]), part)
         outputs, metrics = _gathered(leaders, rows)
         return Outcome(outputs, metrics, time.perf_counter() - start)
 
-    def run_rows(self, node: Node, rows: Batch, seed: int) -> tuple[Batch, Mapping[str, float]]:
+    def submit_rows(self, node: Node, rows: Batch, seed: int, *,
+                    on_start: Callable[[], None] | None = None) -> Future[Outcome]:
+        return self._pool.submit(_request, self._run_rows, node, rows.select(node_inputs(node, rows)), seed, on_start)
+
+    def _run_rows(self, node: Node, rows: Batch, seed: int) -> tuple[Batch, Mapping[str, float]]:
         self.ledger.record_sent(self.group.index, rows)
         return _gathered(self._run(node, rows, seed), len(rows))
 
-    def _run(self, node: Node, inputs: Batch, seed: int, *, token: int | None = None,
-             fields: tuple[str, ...] = ()) -> list[NodeResult]:
+    def _run(self, node: Node, inputs: Batch, seed: int, *, token: int | None = None, fields: tuple[str, ...] = (),
+             part: Part = None, joins: tuple[Join, ...] = ()) -> list[NodeResult]:
         """Each data-parallel shard of ``inputs`` to its ranks; returns one result per shard (its leader's)."""
         padded, _ = inputs.pad_to_multiple(self.dp)
         chunks = padded.chunk(self.dp) if len(inputs.keys()) else [inputs] * self.dp
         per_dp = self.group.size // self.dp
         shards = [chunks[rank // per_dp] for rank in range(self.group.size)]
-        return self.group.run(node, shards, seed, token=token, fields=fields)[::per_dp]
+        return self.group.run(node, shards, seed, token=token, fields=fields, part=part, joins=joins)[::per_dp]
 
 
 def _gathered(leaders: list[NodeResult], rows: int) -> tuple[Batch, dict[str, float]]:
@@ -117,14 +136,14 @@ class DriverTarget:
         self.scorer = scorer
         self._pool = pool
 
-    @property
-    def pool(self) -> ThreadPoolExecutor:
-        return self._pool
+    def submit(self, node: Node, state: Batch, seed: int, *, part: Part = None) -> Future[Outcome]:
+        return self._pool.submit(timed, lambda: self._run_rows(node, state, seed))
 
-    def submit(self, node: Node, state: Batch, seed: int) -> Future[Outcome]:
-        return self._pool.submit(timed, lambda: self.run_rows(node, state, seed))
+    def submit_rows(self, node: Node, rows: Batch, seed: int, *,
+                    on_start: Callable[[], None] | None = None) -> Future[Outcome]:
+        return self._pool.submit(_request, self._run_rows, node, rows, seed, on_start)
 
-    def run_rows(self, node: Node, rows: Batch, seed: int) -> tuple[Batch, Mapping[str, float]]:
+    def _run_rows(self, node: Node, rows: Batch, seed: int) -> tuple[Batch, Mapping[str, float]]:
         result = self.scorer(port_batch(node, rows))
         if "scores" not in result:
             raise KeyError(f"driver scorer for node {node.name!r} returned {result.keys()}, not 'scores'")
@@ -137,25 +156,32 @@ class Served:
     ``max_concurrent_requests`` in flight. ``lock`` (one per multi-rank group) lets one request at a time
     reach the group: concurrent requests could reach ranks in different orders and deadlock a collective."""
 
-    def __init__(self, inner: Target, services: RoleServices, lock: threading.Lock | None = None) -> None:
-        self.inner, self.services, self.lock = inner, services, lock
+    def __init__(self, inner: GroupTarget | DriverTarget, services: RoleServices,
+                 lock: threading.Lock | None = None) -> None:
+        self._inner, self.services, self._lock = inner, services, lock
 
-    @property
-    def pool(self) -> ThreadPoolExecutor:
-        return self.inner.pool
-
-    def submit(self, node: Node, state: Batch, seed: int) -> Future[Outcome]:
+    def submit(self, node: Node, state: Batch, seed: int, *, part: Part = None) -> Future[Outcome]:
         if not self.services.applies(node):
-            return self.inner.submit(node, state, seed)
-        inputs = state.select(node_inputs(node, state)) if isinstance(self.inner, GroupTarget) else state
-        return self.pool.submit(timed, lambda: serve(node, inputs, lambda rows: self.run_rows(node, rows, seed),
-                                                     self.services))
+            return self._inner.submit(node, state, seed, part=part)
+        if part is not None:  # a chunk goes to the role as it is (no cache), one request at a time
+            return self.submit_rows(node, state, seed)
+        inputs = self._inputs(node, state)
+        requests = partial(self._run_rows, node, seed=seed)
+        return self._inner._pool.submit(timed, lambda: serve(node, inputs, requests, self.services))
 
-    def run_rows(self, node: Node, rows: Batch, seed: int) -> tuple[Batch, Mapping[str, float]]:
-        if self.lock is None:
-            return self.inner.run_rows(node, rows, seed)
-        with self.lock:
-            return self.inner.run_rows(node, rows, seed)
+    def submit_rows(self, node: Node, rows: Batch, seed: int, *,
+                    on_start: Callable[[], None] | None = None) -> Future[Outcome]:
+        # A request already: it goes to the role as it is, one at a time on a multi-rank group.
+        return self._inner._pool.submit(_request, self._run_rows, node, self._inputs(node, rows), seed, on_start)
+
+    def _inputs(self, node: Node, state: Batch) -> Batch:
+        return state.select(node_inputs(node, state)) if isinstance(self._inner, GroupTarget) else state
+
+    def _run_rows(self, node: Node, rows: Batch, seed: int) -> tuple[Batch, Mapping[str, float]]:
+        if self._lock is None:
+            return self._inner._run_rows(node, rows, seed)
+        with self._lock:
+            return self._inner._run_rows(node, rows, seed)
 
 
 def timed(run: Callable[[], tuple[Batch, Mapping[str, float]]]) -> Outcome:

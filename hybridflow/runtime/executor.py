@@ -17,6 +17,7 @@ from hybridflow.planner import GroupPlan, Plan
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.collective import ThreadGroup
 from hybridflow.runtime.protocols import RoleSpec
+from hybridflow.runtime.step_store import Join
 from hybridflow.runtime.worker import GroupWorker, NodeResult
 
 T = TypeVar("T")
@@ -30,10 +31,11 @@ class WorkerGroup(Protocol):
     size: int
 
     def run(self, node: Node, shards: Sequence[Batch], seed: int, *, token: int | None = None,
-            fields: Sequence[str] = ()) -> list[NodeResult]:
+            fields: Sequence[str] = (), part: int | None = None, joins: Sequence[Join] = ()) -> list[NodeResult]:
         """Run ``node`` with ``shards[rank]`` on each rank. With a step ``token``, ``fields`` names every input
-        the node reads: those missing from the shards come from what the ranks kept this step
-        (:mod:`~hybridflow.runtime.step_store`)."""
+        the node reads: those missing from the shards come from what the ranks kept this step, for the chunk
+        partition ``part`` (None: the step's rows), after ``joins`` rebuilt fields of the step's rows from the
+        chunks' (:mod:`~hybridflow.runtime.step_store`)."""
         ...
 
     def setup(self) -> None:
@@ -69,7 +71,10 @@ class WorkerGroup(Protocol):
 
 
 class Executor(Protocol):
-    """Starts the worker groups of a plan."""
+    """Starts the worker groups of a plan. ``runs_overlapped``: whether its groups take calls from two
+    threads at once (a detached rollout generating while the trainer works: ``one_step_off``, ``async``)."""
+
+    runs_overlapped: bool
 
     def start(self, plan: Plan, specs: Mapping[str, RoleSpec]) -> list[WorkerGroup]:
         ...
@@ -145,8 +150,9 @@ class LocalWorkerGroup:
         return self._each([lambda worker=worker: method(worker) for worker in self.workers])  # type: ignore[misc]
 
     def run(self, node: Node, shards: Sequence[Batch], seed: int, *, token: int | None = None,
-            fields: Sequence[str] = ()) -> list[NodeResult]:
-        return self._each([lambda w=worker, s=shard: w.run(node, s, seed, token=token, fields=fields)  # type: ignore[misc]
+            fields: Sequence[str] = (), part: int | None = None, joins: Sequence[Join] = ()) -> list[NodeResult]:
+        return self._each([lambda w=worker, s=shard: w.run(node, s, seed, token=token, fields=fields,  # type: ignore[misc]
+                                                           part=part, joins=joins)
                            for worker, shard in zip(self.workers, shards, strict=True)])
 
     def setup(self) -> None:
@@ -183,6 +189,8 @@ class LocalWorkerGroup:
 
 class LocalExecutor:
     """Every worker group in the controller's process (tests, one device, debugging)."""
+
+    runs_overlapped = True
 
     def __init__(self) -> None:
         self.groups: list[LocalWorkerGroup] = []

@@ -9,11 +9,16 @@ so an update always sees the same number of rows.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 import torch
 
-from hybridflow.graph import Node
+from hybridflow.graph import Graph, Node
 from hybridflow.registry import COMPUTE_FNS
 from hybridflow.runtime.batch import Batch
+from hybridflow.runtime.scheduler import Partition, StepRecord
+from hybridflow.runtime.step_store import Join
 
 LEFT_PADDED = ("prompts", "prompt_mask")
 
@@ -75,6 +80,48 @@ class GroupPool:
         return {"filter/rounds": float(rounds), "filter/generated_groups": float(self.generated_groups),
                 "filter/kept_groups": float(kept), "filter/kept_fraction": kept / max(self.generated_groups, 1),
                 "filter/filled_groups": float(max(self.target - kept, 0))}
+
+
+class FilterRounds:
+    """A filter's partitions (:mod:`.scheduler`): its sampling section on one round's prompts at a time, the
+    filter poured into a :class:`GroupPool` after each, fresh prompts (``more(round)``) while the kept groups do
+    not fill the batch and rounds remain; the pool's groups are the step's rows."""
+
+    def __init__(self, graph: Graph, prompts: Batch, *, seed: int, record: StepRecord,
+                 more: Callable[[int], Batch] | None) -> None:
+        node = graph.filter_node
+        assert node is not None
+        self.node, self.prompts, self.seed, self.record, self.more = node, prompts, seed, record, more
+        self.section = tuple(name for name in graph.order if name in graph.sampling_section)
+        self.pool, self.rounds = GroupPool(len(prompts)), 0
+        self.max_rounds = int(node.option("max_rounds", 0) or 0)
+
+    @property
+    def covers(self) -> frozenset[str]:
+        return frozenset([*self.section, self.node.name])
+
+    def next(self, finished: list[Batch]) -> list[Partition]:
+        if finished:
+            (rows,) = finished
+            started = time.perf_counter()
+            self.pool.add(rows, keep_mask(self.node, rows))
+            seconds = self.record.seconds
+            seconds[self.node.name] = seconds.get(self.node.name, 0.0) + time.perf_counter() - started
+            self.rounds += 1
+            if self.pool.full or self.rounds > self.max_rounds or self.more is None:
+                return []
+            self.prompts = with_uids(self.more(self.rounds - 1), self.rounds * len(self.prompts), replace=True)
+        return [Partition(rows=self.prompts, nodes=self.section, seed=self.seed, expanded=False)]
+
+    def join(self, finished: list[Batch]) -> Batch:
+        self.record.metrics.update(self.pool.metrics(self.rounds))
+        return self.pool.take()
+
+    def joins(self) -> tuple[Join, ...]:
+        return ()
+
+    def close(self) -> None:
+        return None
 
 
 def concat_rows(batches: list[Batch]) -> Batch:

@@ -12,13 +12,19 @@ trainer's), and how busy each pool was.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from dataclasses import replace
 
-from hybridflow.graph import Graph, Node, Op
+from hybridflow.graph import Graph, Node
 from hybridflow.planner import Plan
+from hybridflow.planner.execution import ExecutionMode
+from hybridflow.planner.modes import overlap_blocker
 from hybridflow.runtime.batch import Batch
-
-PIPELINES = ("sync", "one_step_off", "async")
+from hybridflow.runtime.filtering import with_uids
+from hybridflow.runtime.rollouter import Rollouter, RolloutStats, pool_metrics, staleness_metrics
+from hybridflow.runtime.scheduler import Partition, StepRecord
+from hybridflow.runtime.step_store import Join
 
 # What ``Controller.step`` is told of later steps: the next step's prompt rows (one_step_off), or a function
 # from a step to its prompt rows, None past the run's end (async, which looks up to ``max_staleness`` ahead).
@@ -32,22 +38,84 @@ def upcoming_rows(upcoming: Upcoming, step: int, *, current: int) -> Batch | Non
     return upcoming(step)
 
 
-def check_pipeline(pipeline: str, graph: Graph, plan: Plan) -> Node | None:
+def check_pipeline(mode: ExecutionMode, graph: Graph, plan: Plan) -> Node | None:
     """The generate node a ``one_step_off`` or ``async`` run overlaps (None for ``sync``); raises naming what is
-    missing."""
-    if pipeline not in PIPELINES:
-        raise ValueError(f"pipeline={pipeline!r} must be one of {list(PIPELINES)}")
-    if pipeline == "sync":
+    missing (the graph's part is the planner's rule, :func:`~hybridflow.planner.modes.overlap_blocker`)."""
+    if not mode.overlapped:
         return None
+    pipeline = mode.pipeline
+    blocker = overlap_blocker(graph, pipeline)
     generate = graph.lone_generate
-    if generate is None:
-        count = sum(node.op is Op.GENERATE for node in graph.nodes)
-        raise ValueError(f"pipeline={pipeline} overlaps one generate node with the rest of the step; the "
-                         f"{graph.name} graph has {count} generate node(s)"
-                         f"{' and a filter' if graph.filter_node is not None else ''}: use pipeline=sync")
+    if blocker is not None or generate is None:
+        raise ValueError(f"pipeline={pipeline}: {blocker}; use pipeline=sync")
     policy = str(generate.role)
     if policy not in plan.detached_rollouts:
         raise ValueError(f"pipeline={pipeline} needs the rollout of {policy!r} on GPUs of its own (a plan role "
                          f"'{policy}:rollout', e.g. meshes: {{'{policy}:rollout': [...]}}); this plan colocates it, "
                          "so generation could not overlap training: use pipeline=sync or detach the rollout")
     return generate
+
+
+class Overlap:
+    """The overlapped modes across steps: the rollouter, the trainer's policy version (its updates so far,
+    counted from the step the run starts at) and when the last step ended (the pools' time runs on)."""
+
+    def __init__(self, rollouter: Rollouter, *, samples: int) -> None:
+        self.rollouter, self.samples = rollouter, samples
+        self.version = 0
+        self._mark: tuple[float, RolloutStats] | None = None
+
+    def source(self, prompts: Batch, *, step: int, upcoming: Upcoming, record: StepRecord) -> OverlappedStep:
+        """This step's partition: its samples, once the rollouter generated them."""
+        return OverlappedStep(self, prompts, step=step, upcoming=upcoming, record=record)
+
+
+class OverlappedStep:
+    """One ``one_step_off`` or ``async`` step (:mod:`.scheduler`): offer this and the next ``max_staleness``
+    steps' prompts, take this step's samples when all are done; the rest of the graph (whose update ships
+    weights on) runs on them, then the pools' metrics are taken."""
+
+    def __init__(self, overlap: Overlap, prompts: Batch, *, step: int, upcoming: Upcoming,
+                 record: StepRecord) -> None:
+        self.overlap, self.prompts, self.step, self.upcoming, self.record = overlap, prompts, step, upcoming, record
+        self.rows: Batch | None = None
+        self.started, self.waited, self.depth = 0.0, 0.0, 0
+        self.since, self.before = 0.0, RolloutStats()
+
+    @property
+    def covers(self) -> frozenset[str]:
+        return frozenset([self.overlap.rollouter.node.name])
+
+    def next(self, finished: list[Batch]) -> list[Partition]:
+        if finished:
+            return []
+        overlap, rollouter, step = self.overlap, self.overlap.rollouter, self.step
+        if not rollouter.started:  # the weights shipped at start (or after a checkpoint load) are this step's
+            overlap.version = step
+            rollouter.start(step)
+        self.started = time.perf_counter()
+        self.since, self.before = overlap._mark or (self.started, replace(rollouter.stats))
+        for ahead in range(step, step + rollouter.k + 1):
+            rows = self.prompts if ahead == step else upcoming_rows(self.upcoming, ahead, current=step)
+            if rows is not None and not rollouter.offered(ahead):
+                rollouter.offer(ahead, with_uids(rows, 0).repeat_interleave(overlap.samples))
+        self.rows, self.depth = rollouter.take(step)
+        self.waited = time.perf_counter() - self.started
+        self.record.seconds[rollouter.node.name] = self.waited  # what the trainer waited for; the rest overlapped
+        self.record.metrics.update(staleness_metrics(self.rows, overlap.version, rollouter.k))
+        return [Partition(rows=self.rows, nodes=(), seed=0)]
+
+    def join(self, finished: list[Batch]) -> Batch:
+        return finished[0]
+
+    def joins(self) -> tuple[Join, ...]:
+        return ()
+
+    def close(self) -> None:
+        overlap, rows = self.overlap, self.rows
+        assert rows is not None
+        overlap.version += 1
+        overlap._mark = (time.perf_counter(), replace(overlap.rollouter.stats))
+        self.record.metrics.update(pool_metrics(self.before, overlap._mark[1], seconds=overlap._mark[0] - self.since,
+                                                waited=self.waited, trained_tokens=int(rows["response_mask"].sum()),
+                                                depth=self.depth))

@@ -35,6 +35,7 @@ from hybridflow.runtime.executor import NamedWorkerCalls, WorkerGroup, group_spe
 from hybridflow.runtime.liveness import Liveness
 from hybridflow.runtime.protocols import RoleSpec
 from hybridflow.runtime.ray_reaper import start_reaper
+from hybridflow.runtime.step_store import Join
 from hybridflow.runtime.worker import WORKER_CALLS, GroupWorker, NodeResult
 
 WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
@@ -254,8 +255,9 @@ class RayWorkerGroup(NamedWorkerCalls):
         return failure
 
     def run(self, node: Node, shards: Sequence[Batch], seed: int, *, token: int | None = None,
-            fields: Sequence[str] = ()) -> list[NodeResult]:
-        refs = [actor.run_wire.remote(node, shard.to_wire(), seed, token=token, fields=tuple(fields))
+            fields: Sequence[str] = (), part: int | None = None, joins: Sequence[Join] = ()) -> list[NodeResult]:
+        refs = [actor.run_wire.remote(node, shard.to_wire(), seed, token=token, fields=tuple(fields), part=part,
+                                      joins=tuple(joins))
                 for actor, shard in zip(self.actors, shards, strict=True)]
         return [NodeResult(outputs=Batch.from_wire(wire), metrics=metrics, seconds=seconds)
                 for wire, metrics, seconds in self._gather(refs, node)]
@@ -293,6 +295,8 @@ class RayWorkerGroup(NamedWorkerCalls):
 
 class RayExecutor:
     """Worker groups as Ray actors. Starts (or joins, with ``address``) a cluster when the plan starts."""
+
+    runs_overlapped = True
 
     def __init__(self, *, address: str | None = None, cpus_per_worker: float = 0.25,
                  num_cpus: int | None = None, liveness: Liveness | None = None) -> None:

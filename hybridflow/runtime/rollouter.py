@@ -29,7 +29,6 @@ checkpoint's step on: nothing the trainer used is lost, the buffer is).
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -38,6 +37,7 @@ import torch
 
 from hybridflow.graph import Node
 from hybridflow.graph.node import freeze_options
+from hybridflow.planner.execution import ExecutionMode
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.dispatch import Target, node_inputs
 
@@ -83,22 +83,14 @@ class RolloutStats:
 class Rollouter:
     """Generates the offered steps' batches on a detached rollout (see the module docstring)."""
 
-    def __init__(self, node: Node, target: Target, *, max_staleness: int, seed: int,
-                 segment_tokens: int | None = None, eos_token_id: int | None = None,
-                 capacity: int | None = None) -> None:
-        if max_staleness < 0:
-            raise ValueError(f"max_staleness={max_staleness} must be >= 0")
+    def __init__(self, node: Node, target: Target, *, mode: ExecutionMode, seed: int,
+                 eos_token_id: int | None = None, capacity: int | None = None) -> None:
         self.max_new_tokens = node.max_new_tokens
-        if segment_tokens == 0:  # the default: a quarter of the response budget
-            segment_tokens = max(self.max_new_tokens // 4, 1)
-        if segment_tokens is not None:
-            if segment_tokens < 1:
-                raise ValueError(f"segment_tokens={segment_tokens} must be >= 1 (0: a quarter of max_new_tokens; "
-                                 "None: whole batches)")
-            if eos_token_id is None:
-                raise ValueError("partial rollouts need the policy's eos_token_id to tell a finished response from "
-                                 "one cut at a segment's end; pass eos_token_id= or segment_tokens=None")
-        self.node, self.target, self.k, self.seed = node, target, max_staleness, seed
+        segment_tokens = mode.segment_budget(self.max_new_tokens)
+        if segment_tokens is not None and eos_token_id is None:
+            raise ValueError("partial rollouts need the policy's eos_token_id to tell a finished response from "
+                             "one cut at a segment's end; pass eos_token_id= or segment_tokens=None")
+        self.node, self.target, self.k, self.seed = node, target, mode.k, seed
         self.segment_tokens, self.eos, self.capacity = segment_tokens, eos_token_id, capacity
         self.weights_version = 0
         self.stats = RolloutStats()
@@ -239,15 +231,12 @@ class Rollouter:
         """Run ``node`` on the rollout group's queue, behind any weights queued there; returns the outputs and
         the version of the weights they were sampled with (read on that queue, so exact)."""
 
-        def run() -> tuple[Batch, int, float]:
-            version, started = self.weights_version, time.perf_counter()
-            outputs, _ = self.target.run_rows(node, inputs, seed)
-            return outputs, version, time.perf_counter() - started
-
-        outputs, version, seconds = self.target.pool.submit(run).result()
+        versions: list[int] = []
+        outcome = self.target.submit_rows(node, inputs, seed,
+                                          on_start=lambda: versions.append(self.weights_version)).result()
         with self._cv:
-            self.stats.busy_s += seconds
-        return outputs, version
+            self.stats.busy_s += outcome.seconds
+        return outcome.outputs, versions[0]
 
     def _continuation(self, flight: list[_Sequence]) -> Batch:
         """Each sequence's prompt plus its response so far, left-padded: the generate node's inputs."""

@@ -15,16 +15,12 @@ step's critical path.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Mapping
-from concurrent.futures import FIRST_COMPLETED, Future, wait
-from dataclasses import dataclass
-
-import torch
+from dataclasses import dataclass, field
 
 from hybridflow.graph import Graph, Node
 from hybridflow.runtime.batch import Batch
-from hybridflow.runtime.dispatch import GroupTarget, Outcome, Served, Target, node_inputs
+from hybridflow.runtime.scheduler import Partition
+from hybridflow.runtime.step_store import Join, right_pad
 
 CHUNK_SEED_STRIDE = 1_000_003
 
@@ -39,81 +35,72 @@ def streamed_section(graph: Graph) -> tuple[Node, list[Node]] | None:
     return generate, [graph.node(name) for name in graph.streamed_followers]
 
 
-@dataclass
-class Streamed:
-    """What streaming a step produced: the joined rows, each node's summed seconds and last metrics."""
+@dataclass(kw_only=True)
+class StreamChunks:
+    """A streamed step's partitions (:mod:`.scheduler`): the rows (one per sample) in ``chunks`` slices of
+    whole prompts, each a chunk partition of the streamed section, joined in row order (see the module)."""
 
     rows: Batch
-    outcomes: dict[str, Outcome]
+    graph: Graph
+    chunks: int
+    seed: int
+    _joins: tuple[Join, ...] = field(default=(), init=False)
 
+    @property
+    def covers(self) -> frozenset[str]:
+        section = streamed_section(self.graph)
+        assert section is not None
+        generate, followers = section
+        return frozenset([generate.name, *(node.name for node in followers)])
 
-def run_streamed(graph: Graph, rows: Batch, chunks: int, *, target_of: Callable[[Node], Target], seed: int,
-                 samples: int) -> Streamed:
-    """Run the streamed section on ``rows`` (one row per sample) in ``chunks`` chunks (see the module)."""
-    section = streamed_section(graph)
-    assert section is not None
-    generate, followers = section
-    prompts = len(rows) // samples
-    per_chunk = -(-prompts // chunks) * samples
-    states = [rows.slice(start, min(start + per_chunk, len(rows))) for start in range(0, len(rows), per_chunk)]
-    running: dict[Future[Outcome], tuple[Node, int]] = {}
-    done: list[set[str]] = [set() for _ in states]
-    outputs: dict[str, list[Batch]] = {node.name: [Batch({})] * len(states) for node in [generate, *followers]}
-    seconds: dict[str, float] = {}
-    metrics: dict[str, Mapping[str, float]] = {}
+    def next(self, finished: list[Batch]) -> list[Partition]:
+        if finished:
+            return []
+        samples = self.graph.samples_per_prompt
+        per_chunk = -(-(len(self.rows) // samples) // self.chunks) * samples
+        nodes = tuple(name for name in self.graph.order if name in self.covers)
+        # Queued in order on the rollout: chunk 0 finishes first.
+        return [Partition(rows=self.rows.slice(start, min(start + per_chunk, len(self.rows))), nodes=nodes,
+                          seed=self.seed, generate_seed=self.seed + index * CHUNK_SEED_STRIDE, part=index)
+                for index, start in enumerate(range(0, len(self.rows), per_chunk))]
 
-    def submit(node: Node, index: int, chunk_seed: int) -> None:
-        target, state = target_of(node), states[index]
-        grouped = isinstance(target.inner if isinstance(target, Served) else target, GroupTarget)
-        inputs = state.select(node_inputs(node, state)) if grouped else state
-        running[target.pool.submit(_timed_rows, target, node, inputs, chunk_seed)] = (node, index)
+    def join(self, finished: list[Batch]) -> Batch:
+        produced = set(finished[0].tensors) - set(self.rows.tensors)
+        width = _width(finished)
+        pads = [_pads(state, width, produced) for state in finished]
+        joined = Batch.concat([_padded(state, width, produced, pad) for state, pad in zip(finished, pads, strict=True)])
+        self._joins = tuple(Join(name, len(finished), int(value.shape[1]) if value.dim() >= 2 else None,
+                                 tuple(float(pad.get(name, 0)) for pad in pads))
+                            for name, value in joined.tensors.items())
+        return joined
 
-    for index in range(len(states)):  # queued in order on the rollout: chunk 0 finishes first
-        submit(generate, index, seed + index * CHUNK_SEED_STRIDE)
-    while running:
-        finished, _ = wait(list(running), return_when=FIRST_COMPLETED)
-        for future in finished:
-            node, index = running.pop(future)
-            outcome = future.result()
-            states[index] = states[index].union(outcome.outputs)
-            outputs[node.name][index] = outcome.outputs
-            seconds[node.name] = seconds.get(node.name, 0.0) + outcome.seconds
-            metrics[node.name] = outcome.metrics
-            done[index].add(node.name)
-            for follower in followers:
-                ready = set(graph.predecessors(follower.name)) <= done[index]
-                if ready and follower.name not in done[index] and (follower, index) not in running.values():
-                    submit(follower, index, seed)
-    produced = {name for parts in outputs.values() for part in parts for name in part.tensors}
-    joined = Batch.concat([_padded(state, _width(states), produced) for state in states])
-    return Streamed(rows=joined, outcomes={name: Outcome(Batch({}), metrics.get(name, {}), seconds.get(name, 0.0))
-                                           for name in outputs})
+    def joins(self) -> tuple[Join, ...]:
+        return self._joins
 
-
-def _timed_rows(target: Target, node: Node, inputs: Batch, seed: int) -> Outcome:
-    started = time.perf_counter()
-    produced, metrics = target.run_rows(node, inputs, seed)
-    return Outcome(produced, metrics, time.perf_counter() - started)
+    def close(self) -> None:
+        return None
 
 
 def _width(states: list[Batch]) -> int:
     return max(int(state["responses"].shape[1]) for state in states)
 
 
-def _padded(state: Batch, width: int, produced: set[str]) -> Batch:
-    """``state`` with the response-aligned fields the section ``produced`` right-padded to ``width`` (zeros;
-    responses with their own padding token)."""
+def _pads(state: Batch, width: int, produced: set[str]) -> dict[str, int]:
+    """The value each response-aligned field the section ``produced`` is right-padded with up to ``width``
+    (zeros; responses their own padding token); none when the chunk's responses are that wide already."""
     own = int(state["responses"].shape[1])
     if own == width:
+        return {}
+    off = state["response_mask"] == 0
+    token = int(state["responses"][off][0]) if bool(off.any()) else 0
+    return {name: token if name == "responses" else 0 for name, value in state.tensors.items()
+            if name in produced and value.dim() >= 2 and value.shape[1] == own}
+
+
+def _padded(state: Batch, width: int, produced: set[str], pads: dict[str, int]) -> Batch:
+    """``state`` with the fields in ``pads`` right-padded to ``width``."""
+    if not pads:
         return state
-    mask = state["response_mask"]
-    off = mask == 0
-    pad = int(state["responses"][off][0]) if bool(off.any()) else 0
-    tensors = {}
-    for name, value in state.tensors.items():
-        if name in produced and value.dim() >= 2 and value.shape[1] == own:
-            extra = torch.full((value.shape[0], width - own, *value.shape[2:]), pad if name == "responses" else 0,
-                               dtype=value.dtype)
-            value = torch.cat([value, extra], dim=1)
-        tensors[name] = value
+    tensors = {name: right_pad(value, width, pads[name]) if name in pads else value
+               for name, value in state.tensors.items()}
     return Batch(tensors, state.non_tensors)

@@ -29,6 +29,7 @@ from hybridflow.runtime.errors import RuntimeStepError, WorkerFailedError
 from hybridflow.runtime.executor import NamedWorkerCalls, WorkerGroup, group_specs, rank_device
 from hybridflow.runtime.liveness import Liveness
 from hybridflow.runtime.protocols import RoleSpec
+from hybridflow.runtime.step_store import Join
 from hybridflow.runtime.torchrun_protocol import (
     Heartbeats,
     RemoteError,
@@ -164,12 +165,13 @@ class TorchrunWorkerGroup(NamedWorkerCalls):
         return [local_value if gpu == 0 else values[gpu] for gpu in self.ranks]
 
     def run(self, node: Node, shards: Sequence[Batch], seed: int, *, token: int | None = None,
-            fields: Sequence[str] = ()) -> list[NodeResult]:
-        local = (partial(self.local.run, node, shards[self.ranks.index(0)], seed, token=token, fields=tuple(fields))
+            fields: Sequence[str] = (), part: int | None = None, joins: Sequence[Join] = ()) -> list[NodeResult]:
+        local = (partial(self.local.run, node, shards[self.ranks.index(0)], seed, token=token, fields=tuple(fields),
+                         part=part, joins=tuple(joins))
                  if self.local is not None else None)
         results = self._exchange(
             lambda rank: Request(kind="run", group=self.index, args=(node, shards[rank].to_wire(), seed, token,
-                                                                     tuple(fields))), local, node)
+                                                                     tuple(fields), part, tuple(joins))), local, node)
         return [result if isinstance(result, NodeResult) else
                 NodeResult(outputs=Batch.from_wire(result[0]), metrics=result[1], seconds=result[2])
                 for result in results]
@@ -195,7 +197,7 @@ class TorchrunExecutor:
     written as JSON to ``info_path`` when given: a record of which process ran which role.
     """
 
-    runs_pipelines = False  # one call stream to the ranks: overlapped modes would interleave two
+    runs_overlapped = False  # one call stream to the ranks: overlapped modes would interleave two
 
     def __init__(self, world: TorchrunWorld | None = None, *, info_path: str | None = None,
                  liveness: Liveness | None = None) -> None:
@@ -300,8 +302,8 @@ def _handle(world: TorchrunWorld, hosted: HostedWorker | None, request: Request)
         raise RuntimeError(f"torchrun rank {world.rank} holds {held} but got a {request.kind!r} request for group "
                            f"{request.group}; the ranks disagree on the plan")
     if request.kind == "run":
-        node, wire, seed, token, fields = request.args
-        return hosted.worker.run_wire(node, wire, seed, token=token, fields=fields)
+        node, wire, seed, token, fields, part, joins = request.args
+        return hosted.worker.run_wire(node, wire, seed, token=token, fields=fields, part=part, joins=joins)
     if request.kind == "call":
         method, *args = request.args
         if method not in WORKER_CALLS:

@@ -24,7 +24,7 @@ from hybridflow.registry import LOSSES
 from hybridflow.runtime.batch import Batch, Wire
 from hybridflow.runtime.engines import build_engine
 from hybridflow.runtime.protocols import Collective, RoleSpec, SamplingParams, WorkerContext, capabilities_of
-from hybridflow.runtime.step_store import RankStore
+from hybridflow.runtime.step_store import Join, RankStore
 from hybridflow.runtime.weights import Shipment, full_weights, state_from_wire, state_to_wire, wire_bytes
 
 # The prompt's attention mask travels with ``prompts`` wherever they go (it is not a graph field).
@@ -128,13 +128,14 @@ class GroupWorker:
         return data
 
     def run(self, node: Node, batch: Batch, seed: int = 0, *, token: int | None = None,
-            fields: Sequence[str] = ()) -> NodeResult:
+            fields: Sequence[str] = (), part: int | None = None, joins: Sequence[Join] = ()) -> NodeResult:
         """Run ``node`` on this rank's rows. ``batch`` holds the node's inputs by graph field name.
 
         With a step ``token``, inputs named in ``fields`` but missing from ``batch`` come from what this
         rank kept earlier in the same step, and the inputs and outputs of this node are kept in turn
         (:class:`~hybridflow.runtime.step_store.RankStore`). Without one (a request of a subset of rows)
-        nothing is read or kept.
+        nothing is read or kept. ``part``: the chunk partition the rows are (kept apart); ``joins``: fields
+        of the step's rows to rebuild from this rank's chunk copies first.
         """
         start = time.perf_counter()
         role = self._engine_role(node)
@@ -143,7 +144,7 @@ class GroupWorker:
                            f"roles here: {sorted(self.engines)}")
         dp = self.layouts[role].dp
         if token is not None:
-            batch = self.store.inputs(batch, token=token, fields=fields, dp=dp)
+            batch = self.store.inputs(batch, token=token, fields=fields, dp=dp, part=part, joins=joins)
         engine = self.engines[role]
         metrics: dict[str, float] = {}
         if node.op is Op.UPDATE:
@@ -152,7 +153,7 @@ class GroupWorker:
         else:
             outputs = run_role_op(engine, node, batch, seed)
         if token is not None:
-            self.store.keep(outputs, dp)
+            self.store.keep(outputs, dp, part)
         return NodeResult(outputs=outputs, metrics=metrics, seconds=time.perf_counter() - start)
 
     def _engine_role(self, node: Node) -> str:
@@ -191,8 +192,9 @@ class GroupWorker:
         return {"bytes": float(wire_bytes(wire)), "tensors": float(len(wire)), "seconds": time.perf_counter() - start}
 
     def run_wire(self, node: Node, wire: Wire, seed: int = 0, *, token: int | None = None,
-                 fields: Sequence[str] = ()) -> tuple[Wire, dict[str, float], float]:
-        result = self.run(node, Batch.from_wire(wire), seed, token=token, fields=fields)
+                 fields: Sequence[str] = (), part: int | None = None,
+                 joins: Sequence[Join] = ()) -> tuple[Wire, dict[str, float], float]:
+        result = self.run(node, Batch.from_wire(wire), seed, token=token, fields=fields, part=part, joins=joins)
         return result.outputs.to_wire(), dict(result.metrics), result.seconds
 
     def save_checkpoint(self, directory: str) -> None:

@@ -17,6 +17,8 @@ from typing import Any, Literal
 import yaml
 
 from hybridflow.data.splits import DataFiles
+from hybridflow.planner import ExecutionMode, Plan
+from hybridflow.planner.modes import check_choice
 from hybridflow.runtime.liveness import Liveness
 from hybridflow.runtime.protocols import DEFAULT_ROLLOUT, OptimSpec
 from hybridflow.train.aliases import translate_foreign_keys
@@ -200,16 +202,13 @@ class TrainConfig:
         if self.executor == "torchrun" and self.pipeline != "sync":
             raise ValueError(f"config key 'pipeline'={self.pipeline!r}: the torchrun executor runs pipeline=sync only "
                              "(its ranks answer one call stream); use executor=ray or local for overlapped modes")
-        if self.max_staleness < 0:
-            raise ValueError(f"config key 'max_staleness'={self.max_staleness} must be >= 0 (0: the sync schedule)")
-        if self.stream_chunks < 1:
-            raise ValueError(f"config key 'stream_chunks'={self.stream_chunks} must be >= 1 (1: no streaming)")
-        if self.stream_chunks > 1 and self.pipeline != "sync":
-            raise ValueError(f"config key 'stream_chunks'={self.stream_chunks} streams within a sync step; "
-                             f"pipeline={self.pipeline!r} overlaps generation already: set stream_chunks=1")
-        if self.segment_tokens < 0:
-            raise ValueError(f"config key 'segment_tokens'={self.segment_tokens} must be >= 0 (0: a quarter of the "
-                             "generate node's max_new_tokens)")
+        # The mode keys, by the one rule: each value as async reads it (whichever mode runs), then the mode.
+        ExecutionMode.checked(key=_config_key, pipeline="async", max_staleness=self.max_staleness,
+                              segment_tokens=self.segment_tokens)
+        if self.pipeline == "auto":
+            check_choice("auto", self.max_staleness, self.stream_chunks, key=_config_key)
+        else:
+            self.execution_mode()
         if self.reward_cache_size < 0:
             raise ValueError(f"config key 'reward_cache_size'={self.reward_cache_size} must be >= 0 (0: off)")
         for name in ("steps", "num_gpus"):
@@ -223,6 +222,25 @@ class TrainConfig:
         unknown = sorted(set(self.trackers) - set(TRACKERS))
         if unknown:
             raise ValueError(f"config key 'trackers' has {unknown}; the trackers are {list(TRACKERS)}")
+
+    def execution_mode(self, plan: Plan | None = None) -> ExecutionMode:
+        """The mode the run executes: the config's, or for ``pipeline: auto`` the one ``plan`` was costed for
+        (its mode and bound; the config's segments and chunks). ``max_staleness`` applies to async only,
+        ``segment_tokens`` to async with ``partial_rollout``. Errors name the config key."""
+        pipeline: str = self.pipeline
+        staleness = self.max_staleness
+        if pipeline == "auto":
+            if plan is None:
+                raise ValueError("config key 'pipeline'='auto' runs the mode a plan was costed for: pass the plan")
+            pipeline, staleness = plan.pipeline, plan.max_staleness
+        return ExecutionMode.checked(
+            key=_config_key, pipeline=pipeline, max_staleness=staleness if pipeline == "async" else None,
+            segment_tokens=self.segment_tokens if pipeline == "async" and self.partial_rollout else None,
+            stream_chunks=self.stream_chunks)
+
+
+def _config_key(name: str) -> str:
+    return f"config key {name!r}"
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> TrainConfig:

@@ -73,7 +73,7 @@ def train(config: TrainConfig, *, resume: bool = False, graph: Graph | None = No
     with StepTracker() as running, Controller(graph, plan, specs=specs,
                     executor=setup.make_executor(config), seed=config.seed, services=setup.services(config, plan),
                     driver_roles={r.name: scorer for r in graph.roles if not r.kind.needs_gpu},
-                    **pipeline_options(config, plan, tokenizer)) as controller:
+                    mode=config.execution_mode(plan), eos_token_id=tokenizer.eos_token_id) as controller:
         if checkpoint is not None:
             controller.load_checkpoint(str(checkpoint / "roles"))
         progress = _Progress(range(start, config.steps), enabled=config.progress,
@@ -115,15 +115,6 @@ def train(config: TrainConfig, *, resume: bool = False, graph: Graph | None = No
         curve = run_dir / "plots" / "reward.png" if (run_dir / "plots" / "reward.png").is_file() else None
     return TrainResult(run_dir=run_dir, metrics_path=writer.path, curve_path=curve, history=history,
                        start_step=start, report_path=report, export_path=exported)
-
-
-def pipeline_options(config: TrainConfig, plan: Plan, tokenizer: Any) -> dict[str, Any]:
-    """The controller's execution-mode arguments: the config's mode, or the plan's for ``pipeline: auto``."""
-    mode = plan.pipeline if config.pipeline == "auto" else config.pipeline
-    staleness = plan.max_staleness if config.pipeline == "auto" and mode == "async" else config.max_staleness
-    segment = config.segment_tokens if config.partial_rollout else None  # 0: the rollouter's default
-    return {"pipeline": mode, "max_staleness": staleness, "segment_tokens": segment,
-            "eos_token_id": tokenizer.eos_token_id, "stream_chunks": config.stream_chunks}
 
 
 def _upcoming(loader: Any, steps: int, step: int) -> Any:

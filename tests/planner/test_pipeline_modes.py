@@ -9,7 +9,7 @@ import pytest
 
 from hybridflow.cli import main
 from hybridflow.graph import Graph, Workload, load_graph
-from hybridflow.planner import Cluster, ModelSpec, Plan, PlannerOptions, plan_placement, rollout_role
+from hybridflow.planner import Cluster, ExecutionMode, ModelSpec, Plan, PlannerOptions, plan_placement, rollout_role
 from hybridflow.planner.costs import COLLECTIVE_LATENCY_S, DRIVER_SECONDS_PER_ROW, WEIGHT_TENSOR_S
 from hybridflow.planner.manual import evaluate_mapping, parse_mapping
 from hybridflow.testing import check_plan
@@ -142,8 +142,9 @@ def test_graphs_the_runtime_cannot_overlap_are_refused() -> None:
 def test_bad_pipeline_values_name_the_field(grpo: Graph) -> None:
     with pytest.raises(ValueError, match=r"PlannerOptions.pipeline='fully_async' must be one of"):
         PlannerOptions(pipeline="fully_async")
-    with pytest.raises(ValueError, match=r"Plan.pipeline='auto' must be one of \['sync', 'one_step_off', 'async'\]"):
-        Plan(algorithm="grpo", groups=(), pipeline="auto")
+    with pytest.raises(ValueError, match=r"ExecutionMode.pipeline='auto' must be one of \['sync', 'one_step_off', "
+                                         r"'async'\]"):
+        Plan(algorithm="grpo", groups=(), mode=ExecutionMode(pipeline="auto"))
     with pytest.raises(ValueError, match="pipeline='k2' must be one of"):
         evaluate_mapping(grpo, small_models(grpo), Workload(batch_size=8, prompt_len=8, response_len=8), cluster(),
                          parse_mapping(SPLIT), pipeline="k2")

@@ -48,7 +48,7 @@ def test_streaming_overlaps_forward_passes_when_lengths_are_even(grpo: Graph) ->
     assert (unstreamed.step_time_s, unstreamed.nodes) == (whole.step_time_s, whole.nodes)
     streamed = evaluate_mapping(grpo, models, workload, cluster, mapping, stream_chunks=4)
     assert streamed.step_time_s < whole.step_time_s
-    assert dict(streamed.extra)["stream_chunks"] == 4
+    assert streamed.mode.stream_chunks == 4
     by_node = {node.node: node for node in streamed.nodes}
     assert by_node["reference_ref_logprob"].start_s < by_node["actor_generate"].end_s  # on the first chunk done
 
@@ -85,6 +85,6 @@ def test_cli_plan_stream_chunks(capsys: pytest.CaptureFixture[str]) -> None:
             "--cluster", "3xCPU", "--batch-size", "8", "--prompt-len", "10", "--response-len", "56",
             "--max-response-len", "160", "--n-samples", "8", "--json"]
     assert main([*args, "--manual", "actor=0,actor:rollout=1-2", "--stream-chunks", "4"]) == 0
-    assert json.loads(capsys.readouterr().out)["manual"]["extra"]["stream_chunks"] == 4
+    assert json.loads(capsys.readouterr().out)["manual"]["stream_chunks"] == 4
     assert main([*args, "--stream-chunks", "4"]) == 2
     assert "--stream-chunks costs a hand-written mapping's streamed step: add --manual" in capsys.readouterr().err

@@ -12,7 +12,7 @@ import pytest
 
 from hybridflow.data import TASKS, PromptLoader, RuleScorer, char_tokenizer, task_examples
 from hybridflow.graph import RoleKind, load_graph
-from hybridflow.planner import GroupPlan, Plan, RoleLayout
+from hybridflow.planner import ExecutionMode, GroupPlan, Plan, RoleLayout
 from hybridflow.runtime import Controller, OptimSpec, RoleSpec, WorkerFailedError
 from hybridflow.runtime.liveness import Liveness
 
@@ -41,8 +41,9 @@ def _controller() -> Controller:
     specs = {"actor": RoleSpec(name="actor", kind=RoleKind.POLICY, model="unused", backend=BACKEND,
                                optim=OptimSpec(lr=10.0), options={"vocab_size": len(TOKENIZER),
                                                                   "generate_delay_s": 0.05})}
-    return Controller(GRAPH, SPLIT, specs=specs, executor=RayExecutor(liveness=FAST), pipeline="async",
-                      max_staleness=1, segment_tokens=2, eos_token_id=-1,  # the bigram engine never stops early
+    return Controller(GRAPH, SPLIT, specs=specs, executor=RayExecutor(liveness=FAST),
+                      mode=ExecutionMode(pipeline="async", max_staleness=1, segment_tokens=2),
+                      eos_token_id=-1,  # the bigram engine never stops early
                       driver_roles={"reward": RuleScorer(TASKS.get("reverse").reward, TOKENIZER)})
 
 

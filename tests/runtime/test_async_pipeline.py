@@ -12,6 +12,7 @@ from plans import split_plan
 
 from hybridflow.data import TASKS, PromptLoader, RuleScorer, char_tokenizer, task_examples
 from hybridflow.graph import RoleKind, load_graph
+from hybridflow.planner import ExecutionMode
 from hybridflow.runtime import Controller, OptimSpec, RoleSpec
 from hybridflow.runtime.batch import Batch
 
@@ -34,8 +35,8 @@ def _bigram(pipeline: str, *, delay: float = 0.0, train_delay: float = 0.0, **op
                                options={"vocab_size": len(TOKENIZER), "generate_delay_s": delay,
                                         "train_delay_s": train_delay})}
     # The bigram engine samples every token of its budget (EOS is a token like others): no stop token.
-    return Controller(GRAPH, SPLIT, specs=specs, driver_roles={"reward": SCORER}, pipeline=pipeline,
-                      eos_token_id=NO_STOP, **options)  # type: ignore[arg-type]
+    return Controller(GRAPH, SPLIT, specs=specs, driver_roles={"reward": SCORER},
+                      mode=ExecutionMode(pipeline=pipeline, **options), eos_token_id=NO_STOP)  # type: ignore[arg-type]
 
 
 def _source(steps: int) -> Callable[[int], Batch | None]:
@@ -105,8 +106,9 @@ def test_partial_rollouts_continue_exactly_where_they_stopped(warm_model_dir: Pa
     eos = TOKENIZER.eos_token_id
 
     def run(pipeline: str, **options: object) -> list:  # type: ignore[type-arg]
-        controller = Controller(graph, SPLIT, specs=specs, driver_roles={"reward": SCORER}, pipeline=pipeline,
-                                eos_token_id=eos, **options)  # type: ignore[arg-type]
+        controller = Controller(graph, SPLIT, specs=specs, driver_roles={"reward": SCORER},
+                                mode=ExecutionMode(pipeline=pipeline, **options),  # type: ignore[arg-type]
+                                eos_token_id=eos)
         return _run(controller, 3)
 
     whole, segmented = run("sync"), run("async", max_staleness=1, segment_tokens=3)
@@ -123,12 +125,13 @@ def test_partial_rollouts_continue_exactly_where_they_stopped(warm_model_dir: Pa
 
 
 def test_bad_async_settings_name_the_field() -> None:
-    with pytest.raises(ValueError, match="max_staleness=-1 must be >= 0"):
+    with pytest.raises(ValueError, match="max_staleness=-1 must be an integer >= 0"):
         _bigram("async", max_staleness=-1)
     with pytest.raises(ValueError, match="partial rollouts need the policy's eos_token_id"):
         specs = {"actor": RoleSpec(name="actor", kind=RoleKind.POLICY, model="unused", backend=BACKEND,
                                    options={"vocab_size": len(TOKENIZER)})}
-        Controller(GRAPH, SPLIT, specs=specs, driver_roles={"reward": SCORER}, pipeline="async", segment_tokens=2)
+        Controller(GRAPH, SPLIT, specs=specs, driver_roles={"reward": SCORER},
+                   mode=ExecutionMode(pipeline="async", segment_tokens=2))
 
 
 @pytest.mark.slow
@@ -151,7 +154,7 @@ def test_hybridflow_train_runs_async_on_a_detached_rollout(tmp_path: Path) -> No
 def test_bad_pipeline_config_keys_name_the_key() -> None:
     from hybridflow.train.config import load_config
 
-    with pytest.raises(ValueError, match="'max_staleness'=-1 must be >= 0"):
+    with pytest.raises(ValueError, match="'max_staleness'=-1 must be an integer >= 0"):
         load_config(None, ["max_staleness=-1"])
     with pytest.raises(ValueError, match="'pipeline'='auto' takes the mode a plan was costed for"):
         load_config(None, ["pipeline=auto"])
@@ -170,15 +173,12 @@ def test_pipeline_auto_runs_the_mode_and_bound_the_plan_records() -> None:
     from dataclasses import replace
 
     from hybridflow.train.config import load_config
-    from hybridflow.train.loop import pipeline_options
 
-    chosen = replace(SPLIT, pipeline="async", max_staleness=2)
+    chosen = replace(SPLIT, mode=ExecutionMode(pipeline="async", max_staleness=2))
     config = load_config(None, ["placement=auto", "pipeline=auto", "segment_tokens=3"])
-    options = pipeline_options(config, chosen, TOKENIZER)
-    assert options == {"pipeline": "async", "max_staleness": 2, "segment_tokens": 3,
-                       "eos_token_id": TOKENIZER.eos_token_id, "stream_chunks": 1}
-    assert pipeline_options(config, replace(SPLIT, pipeline="one_step_off"), TOKENIZER)["pipeline"] == \
+    assert config.execution_mode(chosen) == ExecutionMode(pipeline="async", max_staleness=2, segment_tokens=3)
+    assert config.execution_mode(replace(SPLIT, mode=ExecutionMode(pipeline="one_step_off"))).pipeline == \
         "one_step_off"
     named = load_config(None, ["pipeline=async", "max_staleness=3", "partial_rollout=false"])
-    assert pipeline_options(named, chosen, TOKENIZER)["max_staleness"] == 3
-    assert pipeline_options(named, chosen, TOKENIZER)["segment_tokens"] is None
+    assert named.execution_mode(chosen).k == 3
+    assert named.execution_mode(chosen).segment_tokens is None

@@ -11,7 +11,7 @@ from plans import split_plan
 
 from hybridflow.data import TASKS, PromptLoader, RuleScorer, char_tokenizer, task_examples
 from hybridflow.graph import RoleKind, load_graph
-from hybridflow.planner import Plan
+from hybridflow.planner import ExecutionMode, Plan
 from hybridflow.runtime import Controller, OptimSpec, RoleSpec, default_plan
 
 BACKEND = f"{Path(__file__).with_name('minimal_backend.py')}:BACKEND"
@@ -29,7 +29,7 @@ def _controller(plan: Plan, pipeline: str) -> Controller:
     # A large learning rate, so one update visibly changes what the bigram policy samples.
     specs = {"actor": RoleSpec(name="actor", kind=RoleKind.POLICY, model="unused", backend=BACKEND,
                                optim=OptimSpec(lr=100.0), options={"vocab_size": len(TOKENIZER)})}
-    return Controller(GRAPH, plan, specs=specs, driver_roles={"reward": SCORER}, pipeline=pipeline)
+    return Controller(GRAPH, plan, specs=specs, driver_roles={"reward": SCORER}, mode=ExecutionMode(pipeline=pipeline))
 
 
 def _run(pipeline: str, steps: int) -> list[Any]:

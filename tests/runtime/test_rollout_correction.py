@@ -13,7 +13,7 @@ import torch
 
 from hybridflow.data import TASKS, PromptLoader, RuleScorer, char_tokenizer, task_examples
 from hybridflow.graph import Graph, load_graph
-from hybridflow.planner import GroupPlan, Plan, RoleLayout
+from hybridflow.planner import ExecutionMode, GroupPlan, Plan, RoleLayout
 from hybridflow.runtime import Controller, OptimSpec, RoleSpec, StepResult, default_plan
 
 TOKENIZER = char_tokenizer()
@@ -27,7 +27,7 @@ def _controller(graph: Graph, model: Path, plan: Plan, *, rollout: str = "native
                               rollout=rollout if r.kind.trainable else "native")
              for r in graph.roles if r.kind.needs_gpu}
     scorer = RuleScorer(TASKS.get("reverse").reward, TOKENIZER)
-    return Controller(graph, plan, specs=specs, driver_roles={"reward": scorer}, pipeline=pipeline)
+    return Controller(graph, plan, specs=specs, driver_roles={"reward": scorer}, mode=ExecutionMode(pipeline=pipeline))
 
 
 def _step(graph: Graph, model: Path, rollout: str = "native") -> StepResult:

@@ -11,6 +11,7 @@ from plans import split_plan
 
 from hybridflow.data import TASKS, PromptLoader, RuleScorer, char_tokenizer, task_examples
 from hybridflow.graph import RoleKind, load_graph
+from hybridflow.planner import ExecutionMode
 from hybridflow.runtime import Controller, OptimSpec, RoleSpec, default_plan
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.streaming import streamed_section
@@ -37,7 +38,7 @@ def test_streamed_greedy_steps_equal_unstreamed_ones(warm_model_dir: Path) -> No
 
     def run(chunks: int) -> list:  # type: ignore[type-arg]
         with Controller(graph, default_plan(graph), specs=specs, driver_roles={"reward": SCORER},
-                        stream_chunks=chunks) as controller:
+                        mode=ExecutionMode(stream_chunks=chunks)) as controller:
             return [controller.step(LOADER.batch(s), step=s) for s in range(2)]
 
     whole, streamed = run(1), run(3)
@@ -67,7 +68,8 @@ def test_scoring_starts_while_later_chunks_still_generate() -> None:
     specs = {"actor": RoleSpec(name="actor", kind=RoleKind.POLICY, model="unused", backend=BACKEND,
                                optim=OptimSpec(lr=1.0), options={"vocab_size": len(TOKENIZER),
                                                                  "generate_delay_s": 0.3})}
-    with Controller(graph, plan, specs=specs, driver_roles={"reward": Timed()}, stream_chunks=2) as controller:
+    with Controller(graph, plan, specs=specs, driver_roles={"reward": Timed()},
+                    mode=ExecutionMode(stream_chunks=2)) as controller:
         result = controller.step(LOADER.batch(0), step=0)
         ended = time.perf_counter()
     assert len(calls) == 2 and len(result.batch) == 12
@@ -79,9 +81,10 @@ def test_streaming_is_refused_where_it_cannot_apply() -> None:
                                options={"vocab_size": len(TOKENIZER)})}
     graph = load_graph("grpo_no_ref", n=2, max_new_tokens=4, reward_kind="reward_function")
     with pytest.raises(ValueError, match="stream_chunks=0 must be >= 1"):
-        Controller(graph, default_plan(graph), specs=specs, driver_roles={"reward": SCORER}, stream_chunks=0)
+        Controller(graph, default_plan(graph), specs=specs, driver_roles={"reward": SCORER},
+                   mode=ExecutionMode(stream_chunks=0))
     split = split_plan()
     with pytest.raises(ValueError, match="streams within a sync step"):
-        Controller(graph, split, specs=specs, driver_roles={"reward": SCORER}, stream_chunks=2,
-                   pipeline="one_step_off")
+        Controller(graph, split, specs=specs, driver_roles={"reward": SCORER},
+                   mode=ExecutionMode(stream_chunks=2, pipeline="one_step_off"))
 

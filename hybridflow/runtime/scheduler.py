@@ -1,0 +1,182 @@
+"""One ready-set scheduler for every execution mode: a step is nodes run over row partitions.
+
+A :class:`Partition` is rows and the nodes that run on them; a node is submitted as soon as its inputs
+exist in its partition, and every partition in flight runs concurrently (each group's queue keeps its
+calls in order). A mode is a :class:`PartitionSource`: the section of the graph it runs partition by
+partition, the partitions (asked for again each time the last ones finished, so a filter decides whether
+another round is needed), and how the finished partitions join into the step's rows. The rest of the
+graph then runs once on the joined rows:
+
+- a plain ``sync`` step: one partition of the whole graph;
+- a streamed step (:mod:`.streaming`): a chunk partition per slice of the rows for the generate node and
+  its row-wise followers, all at once, joined in row order;
+- a filter (:mod:`.filtering`): its sampling section on one round's prompts at a time, until the kept
+  groups fill the batch;
+- ``one_step_off`` / ``async`` (:mod:`.pipeline`): the rollouter's rows, generated already, as a
+  partition with nothing left to run.
+
+Every partition goes through the step ledger (only fields a group lacks are shipped): a chunk partition's
+fields are held apart (``part``), and when the chunks join, groups whose ranks hold a field for every chunk
+rebuild it (:class:`~hybridflow.runtime.step_store.Join`) instead of receiving it again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from hybridflow.graph import Graph, Node, Op
+from hybridflow.runtime.batch import Batch
+from hybridflow.runtime.dispatch import Outcome
+from hybridflow.runtime.step_store import Join
+from hybridflow.runtime.weights import WeightSyncStats
+
+
+@dataclass(frozen=True, kw_only=True)
+class Partition:
+    """Rows and the nodes to run on them. ``seed`` seeds the worker calls (``generate_seed``, when given, the
+    generate node's); ``part``: the chunk partition's index (None: the step's rows); ``expanded``: False while
+    the rows are prompts whose samples the generate node's arrival expands."""
+
+    rows: Batch
+    nodes: tuple[str, ...]
+    seed: int
+    generate_seed: int | None = None
+    part: int | None = None
+    expanded: bool = True
+
+    def seed_of(self, node: Node) -> int:
+        return self.generate_seed if node.op is Op.GENERATE and self.generate_seed is not None else self.seed
+
+
+@dataclass
+class StepRecord:
+    """What a step's nodes reported: metrics, seconds (summed over partitions) and weight shipments."""
+
+    metrics: dict[str, float] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    shipments: dict[str, Future[WeightSyncStats]] = field(default_factory=dict)
+
+    def add(self, node: Node, outcome: Outcome) -> None:
+        self.seconds[node.name] = self.seconds.get(node.name, 0.0) + outcome.seconds
+        prefix = f"{node.role}/" if node.role else f"{node.name}/"
+        self.metrics.update({prefix + key: value for key, value in outcome.metrics.items()})
+
+
+class PartitionSource(Protocol):
+    """A mode's partitions of one step (see the module docstring)."""
+
+    @property
+    def covers(self) -> frozenset[str]:
+        """The nodes the source accounts for; the rest of the graph runs on the joined rows."""
+        ...
+
+    def next(self, finished: list[Batch]) -> list[Partition]:
+        """The partitions to run now, given the rows of those that just finished ([] at first); [] ends."""
+        ...
+
+    def join(self, finished: list[Batch]) -> Batch:
+        """The step's rows from every finished partition's rows."""
+        ...
+
+    def joins(self) -> tuple[Join, ...]:
+        """How each field of the joined rows came from the chunk partitions' (() when the rows are no join)."""
+        ...
+
+    def close(self) -> None:
+        """The whole step ran (its pools' time, its metrics)."""
+        ...
+
+
+Submit = Callable[[Node, Batch, int, "int | None"], "Future[Outcome]"]  # node, rows, seed, part
+
+
+class Scheduler:
+    """Runs a step's partitions: ``submit`` starts a node's call, ``finished`` hears each node's outcome in
+    order of completion, ``regrouped`` tells the ledger the step's rows changed (held shards are stale; its
+    joins: how they came from chunk partitions)."""
+
+    def __init__(self, graph: Graph, *, submit: Submit, finished: Callable[[Node, Outcome], None],
+                 regrouped: Callable[[Sequence[Join]], None]) -> None:
+        self.graph, self._submit, self._finished, self._regrouped = graph, submit, finished, regrouped
+
+    def run(self, source: PartitionSource, *, seed: int) -> Batch:
+        """The step's rows once ``source``'s partitions, then the rest of the graph, have run."""
+        done: list[Batch] = []
+        partitions = source.next([])
+        while partitions:
+            finished = self.run_partitions(partitions)
+            done.extend(finished)
+            partitions = source.next(finished)
+        rows = source.join(done)
+        rest = tuple(name for name in self.graph.order if name not in source.covers)
+        if rest:
+            rows = self.run_partitions([Partition(rows=rows, nodes=rest, seed=seed)], joins=source.joins())[0]
+        source.close()
+        return rows
+
+    def run_partitions(self, partitions: Sequence[Partition], *, joins: Sequence[Join] = ()) -> list[Batch]:
+        """Each partition's rows grown by its nodes' outputs; nodes outside a partition count as done in it.
+        A partition of the step's rows runs alone (``joins``: how its rows came from chunk partitions)."""
+        whole = [p for p in partitions if p.part is None]
+        if whole and len(partitions) > 1:
+            raise ValueError("a partition of the step's rows runs alone (the ledger tracks one set of rows)")
+        if whole:
+            self._regrouped(joins)
+        states = [p.rows for p in partitions]
+        expanded = [p.expanded for p in partitions]
+        done = [{n.name for n in self.graph.nodes} - set(p.nodes) for p in partitions]
+        pending = [list(p.nodes) for p in partitions]
+        running: dict[Future[Outcome], tuple[Node, int]] = {}
+        while any(pending) or running:
+            for index, partition in enumerate(partitions):
+                for name in [n for n in pending[index] if set(self.graph.predecessors(n)) <= done[index]]:
+                    node = self.graph.node(name)
+                    if node.op is Op.GENERATE and not expanded[index]:
+                        # The n samples of a prompt become n adjacent rows before rollout.
+                        states[index], expanded[index] = states[index].repeat_interleave(
+                            self.graph.samples_per_prompt), True
+                        if partition.part is None:
+                            self._regrouped(())
+                    running[self._submit(node, states[index], partition.seed_of(node), partition.part)] = \
+                        (node, index)
+                    pending[index].remove(name)
+            if not running:
+                raise RuntimeError(f"nodes {pending} wait for inputs no node produces")
+            finished, _ = wait(list(running), return_when=FIRST_COMPLETED)
+            for future in finished:
+                node, index = running.pop(future)
+                outcome = future.result()  # re-raises the node's error
+                if len(outcome.outputs.keys()):
+                    states[index] = states[index].union(outcome.outputs)
+                self._finished(node, outcome)
+                done[index].add(node.name)
+        return states
+
+
+@dataclass(frozen=True, kw_only=True)
+class WholeStep:
+    """A plain ``sync`` step: one partition of the whole graph on the step's prompts."""
+
+    prompts: Batch
+    graph: Graph
+    seed: int
+
+    @property
+    def covers(self) -> frozenset[str]:
+        return frozenset(self.graph.order)
+
+    def next(self, finished: list[Batch]) -> list[Partition]:
+        return [] if finished else [Partition(rows=self.prompts, nodes=tuple(self.graph.order), seed=self.seed,
+                                              expanded=False)]
+
+    def join(self, finished: list[Batch]) -> Batch:
+        return finished[0]
+
+    def joins(self) -> tuple[Join, ...]:
+        return ()
+
+    def close(self) -> None:
+        return None
