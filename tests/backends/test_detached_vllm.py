@@ -47,7 +47,8 @@ def test_vllm_rollout_on_its_own_node_follows_the_fsdp_trainer(ray_two_nodes: st
              "reference": RoleSpec(name="reference", kind="frozen_policy", model="tiny-qwen2")}
     loader = PromptLoader(records=task_examples("reverse", 16), tokenizer=TOKENIZER, batch_size=4)
     nodes = {graph.node(name).op: graph.node(name) for name in graph.order}
-    greedy = dataclasses.replace(nodes["generate"], options=(("greedy", True), ("max_new_tokens", 8)))
+    greedy = dataclasses.replace(nodes["generate"],
+                                 options=(("greedy", True), ("loss_mask", True), ("max_new_tokens", 8)))
     # The same log-probs asked of the rollout engine itself (a node may name a plan role directly).
     scored_by_rollout = dataclasses.replace(nodes["logprob"], name="rollout_logprob", role="actor:rollout")
     prompts = loader.batch(9).select(["prompts", "prompt_mask"])

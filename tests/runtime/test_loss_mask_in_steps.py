@@ -13,6 +13,7 @@ from plans import split_plan
 
 from hybridflow.data import PromptLoader, char_tokenizer, task_examples
 from hybridflow.graph import Graph, GraphBuilder, RoleKind, load_graph
+from hybridflow.planner.execution import ExecutionMode
 from hybridflow.runtime import Batch, Controller, OptimSpec, RoleSpec, default_plan
 from hybridflow.runtime.protocols import SamplingParams
 from hybridflow.runtime.worker import run_role_op, with_loss_mask
@@ -183,11 +184,11 @@ def test_a_graph_without_a_loss_mask_refuses_a_rollout_that_masks_tokens(random_
 
 
 # ---- joins: streamed chunks and partial-rollout segments ------------------------------------------------------------
-def bigram_controller(graph: Graph, **options: object) -> Controller:
+def bigram_controller(graph: Graph, eos_token_id: int | None = None, **mode: object) -> Controller:
     spec = RoleSpec(name="actor", kind=RoleKind.POLICY, model="unused", backend=MASKING, optim=OptimSpec(lr=10.0),
                     options={"vocab_size": len(TOKENIZER)})
     return Controller(graph, split_plan(), specs={"actor": spec}, driver_roles={"reward": varied_scores},
-                      **options)  # type: ignore[arg-type]
+                      mode=ExecutionMode(**mode), eos_token_id=eos_token_id)  # type: ignore[arg-type]
 
 
 def assert_joined_masks(results: list) -> None:  # type: ignore[type-arg]
