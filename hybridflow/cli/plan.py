@@ -58,7 +58,8 @@ def add_parser(subparsers: Any) -> None:
                              "registered one; repeatable; actor:rollout for a detached rollout). Default: any layout")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.add_argument("--config", help="YAML with any of these options (keys as flags with underscores; "
-                                         "models: {role: model}); flags override it")
+                                         "models: {role: model}); flags override it. A `hybridflow train` config "
+                                         "instead prints the plan that run would execute")
     parser.set_defaults(run=run)
 
 
@@ -190,7 +191,39 @@ def _models(graph_roles: list[str], gpu_roles: list[str], given: dict[str, str])
     return specs
 
 
+# Keys only a `hybridflow train` config has: a --config file with any of them is a run's config.
+TRAIN_ONLY_KEYS = frozenset({"placement", "meshes", "plan_file", "data", "model", "actor", "critic", "roles", "steps",
+                             "output_dir", "executor", "planner_settings", "algorithm_options"})
+
+
+def is_train_config(path: str | None) -> bool:
+    if not path:
+        return False
+    import yaml
+
+    loaded = yaml.safe_load(Path(path).read_text()) or {}
+    return isinstance(loaded, dict) and bool(TRAIN_ONLY_KEYS & set(loaded))
+
+
+def run_config_plan(path: str, *, as_json: bool) -> int:
+    """The plan `hybridflow train --config PATH` would run, made by the same code (prompt lengths from its data,
+    the step recipe derived from its keys, its backends' layouts); nothing is trained or loaded."""
+    from hybridflow.train.config import load_config
+    from hybridflow.train.prepare import prepare_run
+
+    plan = prepare_run(load_config(path)).plan
+    _print(plan, None, as_json=as_json, title=f"the plan of {path}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if is_train_config(args.config):
+        extra = sorted(key for key, value in vars(args).items() if value not in (None, [], False)
+                       and key not in ("config", "json", "run", "command"))
+        if extra:
+            raise ValueError(f"--config {args.config} is a `hybridflow train` config: its plan is the run's; drop "
+                             f"the other options {extra} (or override them in the file)")
+        return run_config_plan(args.config, as_json=args.json)
     settings = _settings(args)
     if not settings.get("cluster"):
         raise ValueError("--cluster is required, e.g. --cluster 8xA100-80G")
@@ -231,7 +264,7 @@ def run(args: argparse.Namespace) -> int:
     return 0 if manual is None or manual.feasible else 1
 
 
-def _print(auto: Plan, manual: Plan | None, *, as_json: bool) -> None:
+def _print(auto: Plan, manual: Plan | None, *, as_json: bool, title: str = "auto plan") -> None:
     from hybridflow.planner.compare import compare_plans
 
     if as_json:
@@ -243,7 +276,7 @@ def _print(auto: Plan, manual: Plan | None, *, as_json: bool) -> None:
         return
     from hybridflow.planner.report import render_plan
 
-    render_plan(auto, "auto plan")
+    render_plan(auto, title)
     if manual is not None:
         render_plan(manual, "manual mapping")
         print(compare_plans(auto, manual))

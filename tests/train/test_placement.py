@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from hybridflow.planner import Plan
 from hybridflow.train.config import load_config
 from hybridflow.train.loop import train
 
@@ -114,3 +115,19 @@ def test_host_cores_make_logical_gpus_share_the_machine():
         load_config(None, ["placement=auto", "host_cores=0"])
     with pytest.raises(TypeError, match=r"'host_cores'='many': must be a int, got str; or must be one of \['auto'\]"):
         load_config(None, ["placement=auto", "host_cores=many"])
+
+
+def test_plan_cli_on_a_train_config_prints_the_plan_the_run_executes(tmp_path: Path, capsys):
+    from hybridflow.cli import main
+    from hybridflow.train.prepare import prepare_run
+
+    path = tmp_path / "run.yaml"
+    path.write_text("algorithm: grpo\nalgorithm_options: {n: 2, max_new_tokens: 8}\nplacement: auto\n"
+                    "cluster: 2xCPU\ndata: {task: reverse, batch_size: 8}\nactor: {micro_batch_size: 4}\n")
+    assert main(["plan", "--config", str(path), "--json"]) == 0
+    printed = Plan.from_json(capsys.readouterr().out)
+    expected = prepare_run(load_config(path)).plan
+    assert [g.layouts for g in printed.groups] == [g.layouts for g in expected.groups]
+    assert printed.layout("actor").micro_batch_size == 4
+    assert main(["plan", "--config", str(path), "--cluster", "4xCPU"]) == 2
+    assert "drop the other options ['cluster']" in capsys.readouterr().err
