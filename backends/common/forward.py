@@ -30,8 +30,9 @@ class ForwardOps:
     Generation runs under :meth:`whole_weights`: a sharded engine gathers its parameters for the
     duration, since generation takes a data-dependent number of forward passes per rank that
     per-forward gathers would deadlock on. The other ops go micro batch by micro batch, every rank
-    in step. Engines set ``spec``, ``context``, ``model`` and ``forward_batch_size``; the ``hf_generate``
-    rollout sets ``use_hf_generate`` (HF ``generate`` instead of the lean cached loop).
+    in step. Engines set ``spec``, ``context``, ``model``, ``forward_batch_size`` and ``padding`` (the layout's:
+    padded rows instead of packed sequences); the ``hf_generate`` rollout sets ``use_hf_generate`` (HF ``generate``
+    instead of the lean cached loop).
     """
 
     spec: RoleSpec
@@ -40,6 +41,7 @@ class ForwardOps:
     forward_batch_size: int
     rollout_batch_size: int = 0  # the layout's: most sequences decoded together per rank (0: the whole share)
     use_hf_generate: bool = False
+    padding: bool = False  # the layout's: forward passes over padded (B, P + T) rows instead of packed sequences
 
     @contextlib.contextmanager
     def whole_weights(self) -> Iterator[None]:
@@ -55,6 +57,7 @@ class ForwardOps:
         worker's ``info()``, so a test or a user can check the run is the plan)."""
         return {"sharding": self.executed_sharding(), "micro_batch_size": getattr(self, "micro_batch_size", None),
                 "forward_micro_batch_size": self.forward_batch_size, "rollout_batch_size": self.rollout_batch_size,
+                "padding": self.padding,
                 "gradient_checkpointing": bool(getattr(self.model, "is_gradient_checkpointing", False))}
 
     def generate(self, batch: Batch, sampling: SamplingParams) -> Batch:
@@ -76,11 +79,14 @@ class ForwardOps:
 
     def log_probs(self, batch: Batch, *, with_entropy: bool = False) -> Batch:
         return forward_role_op(self.model, batch, self.forward_batch_size,
-                               lambda model, m: modeling.policy_outputs(model, m, with_entropy=with_entropy))
+                               lambda model, m: modeling.policy_outputs(model, m, with_entropy=with_entropy,
+                                                                       packed=not self.padding))
 
     def values(self, batch: Batch) -> Batch:
-        return forward_role_op(self.model, batch, self.forward_batch_size, modeling.value_outputs)
+        return forward_role_op(self.model, batch, self.forward_batch_size,
+                               lambda model, m: modeling.value_outputs(model, m, packed=not self.padding))
 
     def score(self, batch: Batch) -> Batch:
         return forward_role_op(self.model, batch, self.forward_batch_size,
-                               lambda model, m: {"scores": modeling.reward_model_scores(model, m)})
+                               lambda model, m: {"scores": modeling.reward_model_scores(
+                                   model, m, packed=not self.padding)})

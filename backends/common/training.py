@@ -68,7 +68,7 @@ def clip_and_step(role: str, model: Any, optimizer: torch.optim.Optimizer, grad_
 class GradientSteps:
     """``train_step`` for an engine: the shared loop over the hooks below.
 
-    Engines set ``spec`` and ``micro_batch_size`` and implement :meth:`training_forward` (what the loss
+    Engines set ``spec``, ``micro_batch_size`` and ``padding`` and implement :meth:`training_forward` (what the loss
     reads), :meth:`zero_grad`, :meth:`backward` and :meth:`optimizer_step`, which makes every rank agree
     on ``finite`` (raising :func:`non_finite` when a rank saw a bad loss), clips and steps, returning
     ``grad_norm``/``lr`` metrics.
@@ -77,6 +77,7 @@ class GradientSteps:
     spec: RoleSpec
     context: WorkerContext
     micro_batch_size: int
+    padding: bool = False  # the layout's: update passes over padded rows instead of packed sequences
 
     def train_step(self, batch: Batch, *, loss: LossFn, options: Mapping[str, Any]) -> dict[str, float]:
         if not self.spec.kind.trainable:
@@ -123,8 +124,8 @@ class GradientSteps:
         """What a trainable role's loss reads: values for a critic, log-probs and entropy for a policy."""
         model = self.training_module()
         if self.spec.kind is RoleKind.VALUE:
-            return modeling.value_outputs(model, micro)
-        return modeling.policy_outputs(model, micro, with_entropy=True)
+            return modeling.value_outputs(model, micro, packed=not self.padding)
+        return modeling.policy_outputs(model, micro, with_entropy=True, packed=not self.padding)
 
     def training_module(self) -> Any:
         """The module whose forward builds the graph ``backward`` differentiates."""

@@ -54,6 +54,7 @@ class DeepSpeedRoleEngine(ForwardOps, GradientSteps):
         self.micro_batch_size = layout.micro_batch_size
         self.forward_batch_size = layout.forward_micro_batch_size or self.micro_batch_size
         self.rollout_batch_size = layout.rollout_batch_size
+        self.padding = layout.padding
         model = modeling.load_model(spec.kind, spec.model, dtype="fp32", seed=spec.seed)
         if layout.gradient_checkpointing and spec.kind.trainable:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -171,7 +172,7 @@ class DeepSpeedBackend:
     support = LayoutSupport(
         backend="deepspeed", shardings=frozenset({Sharding.NO_SHARD, Sharding.ZERO1, Sharding.ZERO2,
                                                   Sharding.SHARD_GRAD_OP, Sharding.ZERO3, Sharding.FULL_SHARD}),
-        gradient_checkpointing=True, rollout_batch_size=True, offload=frozenset({"optimizer"}),
+        gradient_checkpointing=True, rollout_batch_size=True, packing=True, offload=frozenset({"optimizer"}),
         notes={"sharding": "HYBRID_SHARD runs on backend fsdp",
                "tp": "no training backend here has tensor parallelism"})
 

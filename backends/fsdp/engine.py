@@ -54,6 +54,7 @@ class FsdpRoleEngine(ForwardOps, GradientSteps):
         self.micro_batch_size = layout.micro_batch_size
         self.forward_batch_size = layout.forward_micro_batch_size or self.micro_batch_size
         self.rollout_batch_size = layout.rollout_batch_size
+        self.padding = layout.padding
         trainable = spec.kind.trainable
         # Trainable roles keep fp32 master weights and compute in layout.dtype; frozen ones load in it.
         model = modeling.load_model(spec.kind, spec.model, dtype="fp32" if trainable else layout.dtype,
@@ -182,7 +183,7 @@ class FsdpBackend:
     # ZeRO-1 (optimizer states only) has no FSDP2 equivalent: the nearest would shard gradients too.
     support = LayoutSupport(backend="fsdp", shardings=frozenset({Sharding.NO_SHARD, Sharding.SHARD_GRAD_OP,
                                                                  Sharding.FULL_SHARD, Sharding.HYBRID_SHARD}),
-                            gradient_checkpointing=True, rollout_batch_size=True,
+                            gradient_checkpointing=True, rollout_batch_size=True, packing=True,
                             notes={"sharding": "ZeRO stages run on backend deepspeed",
                                    "tp": "no training backend here has tensor parallelism"})
 

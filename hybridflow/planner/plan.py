@@ -64,6 +64,8 @@ class RoleLayout:
     pp: int = 1
     ep: int = 1
     shard_size: int = 0  # HYBRID_SHARD: GPUs one copy is sharded over (verl ``fsdp_size``); 0: one machine
+    # Forward and update passes over padded (B, P + T) rows instead of packed sequences (RunSettings.padding).
+    padding: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sharding", Sharding(self.sharding))

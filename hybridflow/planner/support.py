@@ -25,7 +25,9 @@ class LayoutSupport:
     e.g. replicas for ``SHARD_GRAD_OP``, must leave it out). ``max_tp`` / ``max_rollout_tp``: tensor
     parallelism of its training and forward passes, and of the engine it generates with (None: any).
     ``gradient_checkpointing``: it recomputes activations when the layout asks. ``rollout_batch_size``: it
-    decodes at most the layout's ``rollout_batch_size`` sequences at a time. ``offload``: the parts
+    decodes at most the layout's ``rollout_batch_size`` sequences at a time. ``packing``: its forward and update
+    passes pack sequences (no padding) unless the layout asks for ``padding``; a backend without it runs padded
+    rows whatever the layout says (slower than costed, same numbers), so it is not refused. ``offload``: the parts
     (``params``, ``grads``, ``optimizer``) it can keep in host memory. ``dtypes``: the layout dtypes it loads.
     """
 
@@ -35,6 +37,7 @@ class LayoutSupport:
     max_rollout_tp: int | None = 1
     gradient_checkpointing: bool = False
     rollout_batch_size: bool = False
+    packing: bool = False
     offload: frozenset[str] = frozenset()
     dtypes: frozenset[str] = DTYPES
     notes: Mapping[str, str] = field(default_factory=dict, compare=False)  # field -> how to get it elsewhere
@@ -91,6 +94,6 @@ def _names(shardings: frozenset[Sharding]) -> str:
 
 
 ANY_LAYOUT = LayoutSupport(backend="any", shardings=frozenset(Sharding), max_tp=None, max_rollout_tp=None,
-                           gradient_checkpointing=True, rollout_batch_size=True,
+                           gradient_checkpointing=True, rollout_batch_size=True, packing=True,
                            offload=frozenset({"params", "grads", "optimizer"}))
 """No constraint: what the planner searches when it is told nothing of the backends (a dry run)."""

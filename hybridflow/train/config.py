@@ -155,6 +155,8 @@ class TrainConfig:
     max_staleness: int = 1  # pipeline=async: how many policy updates a sample's oldest token may lag
     partial_rollout: bool = True  # pipeline=async: weight updates land mid-response (generation in segments)
     segment_tokens: int = 0  # partial rollouts: new tokens per segment (0: a quarter of max_new_tokens)
+    # Forward and update passes over padded rows instead of packed sequences (every role's RoleLayout.padding)
+    padding: bool = False
     stream_chunks: int = 1  # pipeline=sync: > 1 hands generated rows on in that many chunks (runtime/streaming.py)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)

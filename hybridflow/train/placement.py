@@ -71,7 +71,8 @@ def run_settings(config: TrainConfig, graph: Graph) -> RunSettings:
 
     - ``epochs`` and ``mini_batch_size`` from ``actor.epochs`` / ``actor.mini_batches`` (rows per optimizer
       step: the step's samples over its mini-batches);
-    - ``max_prompt_len`` from ``data.max_prompt_length``;
+    - ``max_prompt_len`` from ``data.max_prompt_length``; ``padding`` (padded rows, not packed sequences) from
+      ``padding``, which the planner writes into every layout (``RoleLayout.padding``);
     - a vLLM rollout's ``gpu_memory_utilization`` and sleep (``roles.<policy>.rollout_options``);
     - offload from the backends' options (DeepSpeed ``offload_optimizer``);
     - the response lengths from ``planner_settings`` (what a run cannot state: ``lengths_from`` an earlier
@@ -91,7 +92,7 @@ def run_settings(config: TrainConfig, graph: Graph) -> RunSettings:
     offload = tuple((name, Offload(optimizer=True)) for name, role in sorted(config.roles.items())
                     if role.backend == "deepspeed" and role.options.get("offload_optimizer"))
     vllm = next((role.rollout_options for role in config.roles.values() if role.rollout == "vllm"), None)
-    return RunSettings(lengths=lengths, epochs=config.actor.epochs,
+    return RunSettings(lengths=lengths, epochs=config.actor.epochs, padding=config.padding,
                        mini_batch_size=-(-rows // config.actor.mini_batches) if config.actor.mini_batches > 1 else None,
                        max_prompt_len=config.data.max_prompt_length, offload=offload,
                        gpu_memory_utilization=vllm.get("gpu_memory_utilization") if vllm is not None else None,

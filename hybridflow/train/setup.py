@@ -140,7 +140,7 @@ def build_plan(config: TrainConfig, graph: Graph, prompt_len: int = 32, model_di
         plan = planned(config, graph, prompt_len, model_dir, support=layout_support(config, graph),
                        micro_batch_sizes=fixed, vocab_size=vocab_size)
     else:
-        plan = default_plan(graph, num_gpus=config.num_gpus, micro_batch_sizes=fixed)
+        plan = default_plan(graph, num_gpus=config.num_gpus, micro_batch_sizes=fixed, padding=config.padding)
     check_role_entries(config, graph, plan)
     check_layouts(graph, plan, with_rollout_specs(plan, role_specs(config, graph, _PLANNING_MODEL, plan)))
     return plan
