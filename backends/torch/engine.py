@@ -37,6 +37,8 @@ class TorchRoleEngine(ForwardOps, GradientSteps):
         self.forward_batch_size = layout.forward_micro_batch_size or self.micro_batch_size
         self.rollout_batch_size = layout.rollout_batch_size
         self.padding = layout.padding
+        self.max_tokens = layout.max_tokens_per_micro_batch
+        self.forward_max_tokens = layout.forward_max_tokens_per_micro_batch
         self.model = modeling.load_model(spec.kind, spec.model, dtype=layout.dtype, seed=spec.seed)
         if layout.gradient_checkpointing and spec.kind.trainable:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -106,6 +108,7 @@ class TorchBackend:
 
     name = "torch"
     support = LayoutSupport(backend="torch", gradient_checkpointing=True, rollout_batch_size=True, packing=True,
+                            token_budgets=True,
                             notes={"sharding": "use backend fsdp or deepspeed to shard",
                                    "tp": "no training backend here has tensor parallelism"})
 

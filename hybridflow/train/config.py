@@ -102,7 +102,8 @@ class RoleConfig:
     ``backend``: the backend that runs it (default ``torch``); ``options``: the backend's own options;
     ``rollout``: the engine a policy generates with, a name in the rollout registry (built in: ``native``,
     ``hf_generate``, ``vllm``; docs/backends.md) or a ``file.py:factory`` path, and ``rollout_options`` that
-    engine's options; ``micro_batch_size``: rows per forward/backward pass;
+    engine's options; ``micro_batch_size``: rows per forward/backward pass; ``max_tokens_per_micro_batch``: a
+    token budget per GPU for the role's update and forward micro batches instead (the layout's fields of that name);
     ``max_concurrent_requests``: most forward requests in flight to the role's workers.
     """
 
@@ -112,10 +113,11 @@ class RoleConfig:
     rollout: str = DEFAULT_ROLLOUT
     rollout_options: dict[str, Any] = field(default_factory=dict)
     micro_batch_size: int | None = None
+    max_tokens_per_micro_batch: int | None = None
     max_concurrent_requests: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("micro_batch_size", "max_concurrent_requests"):
+        for name in ("micro_batch_size", "max_tokens_per_micro_batch", "max_concurrent_requests"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"config key 'roles.*.{name}'={value} must be >= 1 (or unset)")
