@@ -75,7 +75,7 @@ def sequence_inputs(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
 def policy_outputs(model: Any, batch: Batch, *, with_entropy: bool, packed: bool = True) -> dict[str, torch.Tensor]:
     """Log-probs (and entropy) of the response tokens. Each (B, T); 0 where ``response_mask`` is 0 when ``packed``."""
     if packed:
-        rows = packing.pack(batch, pad_id=_hf_module(model).config.pad_token_id)
+        rows = _pack(model, batch)
         logits = model(input_ids=rows.input_ids, position_ids=rows.position_ids, use_cache=False).logits[0, rows.emit]
         targets = batch["responses"][rows.rows, rows.cols]
         out = {"logprobs": rows.scatter(token_logprobs(logits, targets))}  # (M, V) -> (M,) -> (B, T)
@@ -95,7 +95,7 @@ def policy_outputs(model: Any, batch: Batch, *, with_entropy: bool, packed: bool
 def value_outputs(model: Any, batch: Batch, *, packed: bool = True) -> dict[str, torch.Tensor]:
     """Per-token values (B, T): the value head at the position that *emits* each response token."""
     if packed:
-        rows = packing.pack(batch, pad_id=_hf_module(model).config.pad_token_id)
+        rows = _pack(model, batch)
         values = model(input_ids=rows.input_ids, position_ids=rows.position_ids, use_cache=False).logits
         return {"values": rows.scatter(values[0, rows.emit, 0].float())}
     input_ids, mask, positions = sequence_inputs(batch)
@@ -120,7 +120,7 @@ def _packed_scores(model: Any, batch: Batch) -> torch.Tensor:
     if not isinstance(head, torch.nn.Module):
         raise NotImplementedError(f"packed reward scores read the score head of the model; {type(model).__name__} "
                                   "has no `score` module: set the role's layout padding=true")
-    rows = packing.pack(batch, pad_id=_hf_module(model).config.pad_token_id)
+    rows = _pack(model, batch)
     captured: list[torch.Tensor] = []
     handle = head.register_forward_hook(lambda _module, _inputs, output: captured.append(output))
     try:
@@ -128,6 +128,12 @@ def _packed_scores(model: Any, batch: Batch) -> torch.Tensor:
     finally:
         handle.remove()
     return captured[0][0, rows.last, 0].float()  # (1, N, labels) -> (B,)
+
+
+def _pack(model: Any, batch: Batch) -> packing.PackedRows:
+    config = _hf_module(model).config
+    packing.check_packable(config)
+    return packing.pack(batch, pad_id=config.pad_token_id)
 
 
 def _hf_module(model: Any) -> Any:

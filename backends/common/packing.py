@@ -13,6 +13,7 @@ everything downstream reads the same fields as on the padded path.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -41,6 +42,20 @@ class PackedRows:
         """(M, ...) outputs of the response tokens -> (B, T, ...), 0 elsewhere (differentiable in ``values``)."""
         out = values.new_zeros((*self.shape, *values.shape[1:]))
         return out.index_put((self.rows, self.cols), values)
+
+
+# Attention implementations that read packed position ids (transformers' masking_utils and flash-attention
+# integration); any other would attend across the packed sequences.
+PACKED_ATTENTION = frozenset({"sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3"})
+
+
+def check_packable(config: Any) -> None:
+    """Raise unless the model's attention keeps packed sequences apart."""
+    implementation = getattr(config, "_attn_implementation", None) or "eager"
+    if implementation not in PACKED_ATTENTION:
+        raise ValueError(f"packed sequences need an attention implementation that reads packed position ids "
+                         f"({sorted(PACKED_ATTENTION)}); this model runs {implementation!r}: set the role's "
+                         "layout padding=true (config key 'padding')")
 
 
 def pack(batch: Batch, *, pad_id: int) -> PackedRows:

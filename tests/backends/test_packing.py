@@ -49,6 +49,18 @@ def test_pack_of_padding_rows_only_runs_one_pad_token() -> None:
     assert rows.scatter(torch.zeros(0)).shape == (2, batch["responses"].shape[1])
 
 
+def test_an_attention_that_would_cross_sequences_is_refused() -> None:
+    from hybridflow.backends.common import modeling
+
+    from hybridflow.graph import RoleKind
+
+    model = modeling.load_model(RoleKind.FROZEN_POLICY, "tiny-qwen2")
+    model.config._attn_implementation_internal = "paged|sdpa"  # masks nothing by position ids
+    with pytest.raises(ValueError, match="padding=true"):
+        modeling.policy_outputs(model, ragged_batch(), with_entropy=False)
+    assert modeling.policy_outputs(model, ragged_batch(), with_entropy=False, packed=False)["logprobs"].shape == (8, 5)
+
+
 @pytest.mark.parametrize("model", ["tiny-qwen2", "tiny-llama"])
 def test_torch_engine_packed_equals_padded(model: str) -> None:
     gaps = torch_gaps(model)
