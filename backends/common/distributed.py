@@ -82,3 +82,12 @@ def all_ranks_sum(values: list[float]) -> list[float]:
         flat = flat.cuda()
     dist.all_reduce(flat, op=dist.ReduceOp.SUM)
     return [float(value) for value in flat.cpu()]
+
+
+def all_ranks_max(value: int) -> int:
+    """``value``'s maximum over every rank of the default group."""
+    flat = torch.tensor([value], dtype=torch.long)
+    if dist.get_backend() == "nccl":
+        flat = flat.cuda()
+    dist.all_reduce(flat, op=dist.ReduceOp.MAX)
+    return int(flat.item())

@@ -8,30 +8,32 @@ from typing import Any
 
 import torch
 from hybridflow.backends.common import modeling
+from hybridflow.backends.common.micro_batches import MicroBatching
 
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.protocols import RoleSpec, SamplingParams, WorkerContext
 
 
-def forward_role_op(model: Any, batch: Batch, micro_batch_size: int,
+def forward_role_op(model: Any, micro_batches: list[Batch],
                     fn: Callable[[Any, Batch], dict[str, torch.Tensor]]) -> Batch:
-    """A forward-only op (log-probs, values, scores) over ``batch`` in micro batches, without gradients."""
+    """A forward-only op (log-probs, values, scores) over consecutive micro batches, without gradients."""
     with torch.no_grad():
-        parts = [Batch(fn(model, micro)) for micro in batch.split(micro_batch_size)]
+        parts = [Batch(fn(model, micro)) for micro in micro_batches]
     return Batch.concat(parts)
 
 
 WAVE_SEED_STRIDE = 1_000_003
 
 
-class ForwardOps:
+class ForwardOps(MicroBatching):
     """``generate``, ``log_probs``, ``values`` and ``score`` over an engine's HF ``model``.
 
     Generation runs under :meth:`whole_weights`: a sharded engine gathers its parameters for the
     duration, since generation takes a data-dependent number of forward passes per rank that
     per-forward gathers would deadlock on. The other ops go micro batch by micro batch, every rank
-    in step. Engines set ``spec``, ``context``, ``model`` and ``forward_batch_size``; the ``hf_generate``
-    rollout sets ``use_hf_generate`` (HF ``generate`` instead of the lean cached loop).
+    in step. Engines set ``spec``, ``context``, ``model``, ``forward_batch_size``, ``forward_max_tokens`` (a token
+    budget per micro batch, 0: rows) and ``padding`` (the layout's: padded rows instead of packed sequences); the
+    ``hf_generate`` rollout sets ``use_hf_generate`` (HF ``generate`` instead of the lean cached loop).
     """
 
     spec: RoleSpec
@@ -40,6 +42,7 @@ class ForwardOps:
     forward_batch_size: int
     rollout_batch_size: int = 0  # the layout's: most sequences decoded together per rank (0: the whole share)
     use_hf_generate: bool = False
+    forward_max_tokens: int = 0  # the layout's token budget of a forward micro batch (0: rows)
 
     @contextlib.contextmanager
     def whole_weights(self) -> Iterator[None]:
@@ -55,6 +58,8 @@ class ForwardOps:
         worker's ``info()``, so a test or a user can check the run is the plan)."""
         return {"sharding": self.executed_sharding(), "micro_batch_size": getattr(self, "micro_batch_size", None),
                 "forward_micro_batch_size": self.forward_batch_size, "rollout_batch_size": self.rollout_batch_size,
+                "padding": self.padding, "max_tokens_per_micro_batch": getattr(self, "max_tokens", 0),
+                "forward_max_tokens_per_micro_batch": self.forward_max_tokens,
                 "gradient_checkpointing": bool(getattr(self.model, "is_gradient_checkpointing", False))}
 
     def generate(self, batch: Batch, sampling: SamplingParams) -> Batch:
@@ -74,13 +79,19 @@ class ForwardOps:
             return Batch(outputs[0])
         return Batch(modeling.join_responses(outputs, pad=self.model.config.pad_token_id))
 
+    def forward_micro_batches(self, batch: Batch) -> list[Batch]:
+        return self.micro_batches(batch, rows=self.forward_batch_size, max_tokens=self.forward_max_tokens)
+
     def log_probs(self, batch: Batch, *, with_entropy: bool = False) -> Batch:
-        return forward_role_op(self.model, batch, self.forward_batch_size,
-                               lambda model, m: modeling.policy_outputs(model, m, with_entropy=with_entropy))
+        return forward_role_op(self.model, self.forward_micro_batches(batch),
+                               lambda model, m: modeling.policy_outputs(model, m, with_entropy=with_entropy,
+                                                                       packed=not self.padding))
 
     def values(self, batch: Batch) -> Batch:
-        return forward_role_op(self.model, batch, self.forward_batch_size, modeling.value_outputs)
+        return forward_role_op(self.model, self.forward_micro_batches(batch),
+                               lambda model, m: modeling.value_outputs(model, m, packed=not self.padding))
 
     def score(self, batch: Batch) -> Batch:
-        return forward_role_op(self.model, batch, self.forward_batch_size,
-                               lambda model, m: {"scores": modeling.reward_model_scores(model, m)})
+        return forward_role_op(self.model, self.forward_micro_batches(batch),
+                               lambda model, m: {"scores": modeling.reward_model_scores(
+                                   model, m, packed=not self.padding)})

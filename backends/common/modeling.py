@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from hybridflow.backends.common import sampling
+from hybridflow.backends.common import packing, sampling
 
 from hybridflow.graph import RoleKind
 from hybridflow.logits import token_entropy, token_logprobs
@@ -72,8 +72,16 @@ def sequence_inputs(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
     return input_ids, mask, positions
 
 
-def policy_outputs(model: Any, batch: Batch, *, with_entropy: bool) -> dict[str, torch.Tensor]:
-    """Log-probs (and entropy) of the response tokens. Each (B, T)."""
+def policy_outputs(model: Any, batch: Batch, *, with_entropy: bool, packed: bool = True) -> dict[str, torch.Tensor]:
+    """Log-probs (and entropy) of the response tokens. Each (B, T); 0 where ``response_mask`` is 0 when ``packed``."""
+    if packed:
+        rows = _pack(model, batch)
+        logits = model(input_ids=rows.input_ids, position_ids=rows.position_ids, use_cache=False).logits[0, rows.emit]
+        targets = batch["responses"][rows.rows, rows.cols]
+        out = {"logprobs": rows.scatter(token_logprobs(logits, targets))}  # (M, V) -> (M,) -> (B, T)
+        if with_entropy:
+            out["entropy"] = rows.scatter(token_entropy(logits))
+        return out
     input_ids, mask, positions = sequence_inputs(batch)
     prompt_len, response_len = batch["prompts"].shape[1], batch["responses"].shape[1]
     logits = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
@@ -84,20 +92,53 @@ def policy_outputs(model: Any, batch: Batch, *, with_entropy: bool) -> dict[str,
     return out
 
 
-def value_outputs(model: Any, batch: Batch) -> dict[str, torch.Tensor]:
+def value_outputs(model: Any, batch: Batch, *, packed: bool = True) -> dict[str, torch.Tensor]:
     """Per-token values (B, T): the value head at the position that *emits* each response token."""
+    if packed:
+        rows = _pack(model, batch)
+        values = model(input_ids=rows.input_ids, position_ids=rows.position_ids, use_cache=False).logits
+        return {"values": rows.scatter(values[0, rows.emit, 0].float())}
     input_ids, mask, positions = sequence_inputs(batch)
     prompt_len, response_len = batch["prompts"].shape[1], batch["responses"].shape[1]
     values = model(input_ids=input_ids, attention_mask=mask, position_ids=positions).logits.squeeze(-1)
     return {"values": values[:, prompt_len - 1:prompt_len - 1 + response_len].float()}
 
 
-def reward_model_scores(model: Any, batch: Batch) -> torch.Tensor:
+def reward_model_scores(model: Any, batch: Batch, *, packed: bool = True) -> torch.Tensor:
     """(B,) scores of a sequence-classification model at each row's last real token."""
+    if packed:
+        return _packed_scores(model, batch)
     input_ids, mask, positions = sequence_inputs(batch)
     # HF pools at the last non-pad token, so every masked position must hold the pad id.
     input_ids = input_ids.masked_fill(mask == 0, model.config.pad_token_id)
     return model(input_ids=input_ids, attention_mask=mask, position_ids=positions).logits[:, 0].float()
+
+
+def _packed_scores(model: Any, batch: Batch) -> torch.Tensor:
+    # HF pools one score per batch row, and a packed batch is one row: read the head's per-token output instead.
+    head = getattr(_hf_module(model), "score", None)
+    if not isinstance(head, torch.nn.Module):
+        raise NotImplementedError(f"packed reward scores read the score head of the model; {type(model).__name__} "
+                                  "has no `score` module: set the role's layout padding=true")
+    rows = _pack(model, batch)
+    captured: list[torch.Tensor] = []
+    handle = head.register_forward_hook(lambda _module, _inputs, output: captured.append(output))
+    try:
+        model(input_ids=rows.input_ids, position_ids=rows.position_ids, use_cache=False)
+    finally:
+        handle.remove()
+    return captured[0][0, rows.last, 0].float()  # (1, N, labels) -> (B,)
+
+
+def _pack(model: Any, batch: Batch) -> packing.PackedRows:
+    config = _hf_module(model).config
+    packing.check_packable(config)
+    return packing.pack(batch, pad_id=config.pad_token_id)
+
+
+def _hf_module(model: Any) -> Any:
+    """The HF model under a training wrapper (a DeepSpeed engine holds it as ``module``)."""
+    return getattr(model, "module", model)
 
 
 def join_responses(parts: list[dict[str, torch.Tensor]], *, pad: int) -> dict[str, torch.Tensor]:

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 from hybridflow.backends.common import modeling
+from hybridflow.backends.common.micro_batches import MicroBatching
 
 from hybridflow.graph import RoleKind
 from hybridflow.loss_norm import LossNorm, accepts_norm, loss_norm
@@ -20,10 +21,11 @@ from hybridflow.runtime.errors import NonFiniteLossError
 from hybridflow.runtime.protocols import LossFn, OptimSpec, RoleSpec, WorkerContext
 
 
-def accumulate(mini: Batch, *, micro_batch_size: int, forward: Callable[[Batch], dict[str, torch.Tensor]],
+def accumulate(mini: Batch, *, micro_batches: list[Batch], forward: Callable[[Batch], dict[str, torch.Tensor]],
                loss: LossFn, options: Mapping[str, Any], backward: Callable[[torch.Tensor], None],
                norm: LossNorm | None = None, ranks: int = 1) -> tuple[dict[str, float], bool]:
-    """Forward and backward every micro batch of ``mini``; returns (metrics, all losses finite).
+    """Forward and backward every micro batch of ``mini`` (``micro_batches``, its consecutive pieces); returns
+    (metrics, all losses finite).
 
     With ``norm`` (the counts of the whole mini batch over all ``ranks``) each micro loss is its additive
     share of the mini batch's loss, so the accumulated gradient is the mini batch's however it is cut;
@@ -34,7 +36,7 @@ def accumulate(mini: Batch, *, micro_batch_size: int, forward: Callable[[Batch],
     """
     sums: dict[str, float] = {}
     kwargs = {**options, "norm": norm} if norm is not None else options
-    for micro in mini.split(micro_batch_size):
+    for micro in micro_batches:
         fields = {name: micro.tensors[name] for name in micro.tensors}
         value, stats = loss(outputs=forward(micro), batch=fields, **kwargs)
         if not torch.isfinite(value):
@@ -65,10 +67,11 @@ def clip_and_step(role: str, model: Any, optimizer: torch.optim.Optimizer, grad_
     return {"grad_norm": float(grad_norm), "lr": float(optimizer.param_groups[0]["lr"])}
 
 
-class GradientSteps:
+class GradientSteps(MicroBatching):
     """``train_step`` for an engine: the shared loop over the hooks below.
 
-    Engines set ``spec`` and ``micro_batch_size`` and implement :meth:`training_forward` (what the loss
+    Engines set ``spec``, ``micro_batch_size``, ``max_tokens`` (a token budget per micro batch, 0: rows) and
+    ``padding`` and implement :meth:`training_forward` (what the loss
     reads), :meth:`zero_grad`, :meth:`backward` and :meth:`optimizer_step`, which makes every rank agree
     on ``finite`` (raising :func:`non_finite` when a rank saw a bad loss), clips and steps, returning
     ``grad_norm``/``lr`` metrics.
@@ -77,6 +80,7 @@ class GradientSteps:
     spec: RoleSpec
     context: WorkerContext
     micro_batch_size: int
+    max_tokens: int = 0  # the layout's token budget of an update micro batch (0: rows)
 
     def train_step(self, batch: Batch, *, loss: LossFn, options: Mapping[str, Any]) -> dict[str, float]:
         if not self.spec.kind.trainable:
@@ -91,7 +95,8 @@ class GradientSteps:
                 padded, _pad = batch.pad_to_multiple(optim.mini_batches)
                 for mini in padded.chunk(optim.mini_batches):
                     self.zero_grad()
-                    sums, finite = accumulate(mini, micro_batch_size=self.micro_batch_size,
+                    micros = self.micro_batches(mini, rows=self.micro_batch_size, max_tokens=self.max_tokens)
+                    sums, finite = accumulate(mini, micro_batches=micros,
                                               forward=self.training_forward, loss=loss, options=options,
                                               backward=self.backward, norm=self.mini_batch_norm(mini) if
                                               global_norm else None, ranks=self.context.world_size)
@@ -123,8 +128,8 @@ class GradientSteps:
         """What a trainable role's loss reads: values for a critic, log-probs and entropy for a policy."""
         model = self.training_module()
         if self.spec.kind is RoleKind.VALUE:
-            return modeling.value_outputs(model, micro)
-        return modeling.policy_outputs(model, micro, with_entropy=True)
+            return modeling.value_outputs(model, micro, packed=not self.padding)
+        return modeling.policy_outputs(model, micro, with_entropy=True, packed=not self.padding)
 
     def training_module(self) -> Any:
         """The module whose forward builds the graph ``backward`` differentiates."""

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 from hybridflow.backends.common import modeling
-from hybridflow.backends.common.distributed import all_ranks_finite, all_ranks_sum, ensure_process_group
+from hybridflow.backends.common.distributed import all_ranks_finite, all_ranks_max, all_ranks_sum, ensure_process_group
 from hybridflow.backends.common.forward import ForwardOps
 from hybridflow.backends.common.training import GradientSteps, non_finite
 from hybridflow.backends.deepspeed.config import DeepSpeedOptions, build_config, zero_stage
@@ -54,6 +54,9 @@ class DeepSpeedRoleEngine(ForwardOps, GradientSteps):
         self.micro_batch_size = layout.micro_batch_size
         self.forward_batch_size = layout.forward_micro_batch_size or self.micro_batch_size
         self.rollout_batch_size = layout.rollout_batch_size
+        self.padding = layout.padding
+        self.max_tokens = layout.max_tokens_per_micro_batch
+        self.forward_max_tokens = layout.forward_max_tokens_per_micro_batch
         model = modeling.load_model(spec.kind, spec.model, dtype="fp32", seed=spec.seed)
         if layout.gradient_checkpointing and spec.kind.trainable:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -94,6 +97,9 @@ class DeepSpeedRoleEngine(ForwardOps, GradientSteps):
 
     def zero_grad(self) -> None:
         return None  # ``engine.step()`` zeroes what it applied
+
+    def most_over_ranks(self, value: int) -> int:
+        return all_ranks_max(value)  # every rank runs as many micro batches: each forward is a collective
 
     def sum_over_ranks(self, values: list[float]) -> list[float]:
         return all_ranks_sum(values)  # the default group: the ranks this engine shards and averages over
@@ -171,7 +177,8 @@ class DeepSpeedBackend:
     support = LayoutSupport(
         backend="deepspeed", shardings=frozenset({Sharding.NO_SHARD, Sharding.ZERO1, Sharding.ZERO2,
                                                   Sharding.SHARD_GRAD_OP, Sharding.ZERO3, Sharding.FULL_SHARD}),
-        gradient_checkpointing=True, rollout_batch_size=True, offload=frozenset({"optimizer"}),
+        gradient_checkpointing=True, rollout_batch_size=True, packing=True, token_budgets=True,
+        offload=frozenset({"optimizer"}),
         notes={"sharding": "HYBRID_SHARD runs on backend fsdp",
                "tp": "no training backend here has tensor parallelism"})
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 from hybridflow.backends.common import modeling
-from hybridflow.backends.common.distributed import all_ranks_finite, all_ranks_sum, ensure_process_group
+from hybridflow.backends.common.distributed import all_ranks_finite, all_ranks_max, all_ranks_sum, ensure_process_group
 from hybridflow.backends.common.forward import ForwardOps
 from hybridflow.backends.common.training import GradientSteps, clip_and_step, non_finite
 from hybridflow.backends.fsdp import checkpoint, parallelize
@@ -54,6 +54,9 @@ class FsdpRoleEngine(ForwardOps, GradientSteps):
         self.micro_batch_size = layout.micro_batch_size
         self.forward_batch_size = layout.forward_micro_batch_size or self.micro_batch_size
         self.rollout_batch_size = layout.rollout_batch_size
+        self.padding = layout.padding
+        self.max_tokens = layout.max_tokens_per_micro_batch
+        self.forward_max_tokens = layout.forward_max_tokens_per_micro_batch
         trainable = spec.kind.trainable
         # Trainable roles keep fp32 master weights and compute in layout.dtype; frozen ones load in it.
         model = modeling.load_model(spec.kind, spec.model, dtype="fp32" if trainable else layout.dtype,
@@ -100,6 +103,9 @@ class FsdpRoleEngine(ForwardOps, GradientSteps):
     def zero_grad(self) -> None:
         assert self.optimizer is not None
         self.optimizer.zero_grad(set_to_none=True)
+
+    def most_over_ranks(self, value: int) -> int:
+        return all_ranks_max(value)  # every rank runs as many micro batches: each forward is a collective
 
     def sum_over_ranks(self, values: list[float]) -> list[float]:
         return all_ranks_sum(values)  # the default group: the ranks this engine shards and averages over
@@ -182,7 +188,7 @@ class FsdpBackend:
     # ZeRO-1 (optimizer states only) has no FSDP2 equivalent: the nearest would shard gradients too.
     support = LayoutSupport(backend="fsdp", shardings=frozenset({Sharding.NO_SHARD, Sharding.SHARD_GRAD_OP,
                                                                  Sharding.FULL_SHARD, Sharding.HYBRID_SHARD}),
-                            gradient_checkpointing=True, rollout_batch_size=True,
+                            gradient_checkpointing=True, rollout_batch_size=True, packing=True, token_budgets=True,
                             notes={"sharding": "ZeRO stages run on backend deepspeed",
                                    "tp": "no training backend here has tensor parallelism"})
 

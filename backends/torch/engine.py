@@ -36,6 +36,9 @@ class TorchRoleEngine(ForwardOps, GradientSteps):
         self.micro_batch_size = layout.micro_batch_size
         self.forward_batch_size = layout.forward_micro_batch_size or self.micro_batch_size
         self.rollout_batch_size = layout.rollout_batch_size
+        self.padding = layout.padding
+        self.max_tokens = layout.max_tokens_per_micro_batch
+        self.forward_max_tokens = layout.forward_max_tokens_per_micro_batch
         self.model = modeling.load_model(spec.kind, spec.model, dtype=layout.dtype, seed=spec.seed)
         if layout.gradient_checkpointing and spec.kind.trainable:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -104,7 +107,8 @@ class TorchBackend:
     """Builds :class:`TorchRoleEngine` s; the runtime applies the spec's rollout to them (``runtime.engines``)."""
 
     name = "torch"
-    support = LayoutSupport(backend="torch", gradient_checkpointing=True, rollout_batch_size=True,
+    support = LayoutSupport(backend="torch", gradient_checkpointing=True, rollout_batch_size=True, packing=True,
+                            token_budgets=True,
                             notes={"sharding": "use backend fsdp or deepspeed to shard",
                                    "tp": "no training backend here has tensor parallelism"})
 

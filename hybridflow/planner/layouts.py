@@ -211,7 +211,9 @@ def role_candidates(role: RoleWork, shape: Shape, dtype: str, prompt_len: int,
         shardings = tuple(s for s in shardings if dp == 1 or support.runs_sharding(s))
         for sharding in shardings:
             base = RoleLayout(role=role.name, dp=dp, tp=tp, sharding=sharding, dtype=dtype, sp=fixed.sp,
-                              pp=fixed.pp, ep=fixed.ep, shard_size=fixed.shard_size)
+                              pp=fixed.pp, ep=fixed.ep, shard_size=fixed.shard_size, padding=shape.run.padding,
+                              max_tokens_per_micro_batch=shape.run.train_tokens_per_gpu or 0,
+                              forward_max_tokens_per_micro_batch=shape.run.forward_tokens_per_gpu or 0)
             static = static_bytes(role.model, role.kind, base, shape)
             if static > usable_bytes(shape) and constraint is None:
                 continue

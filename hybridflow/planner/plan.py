@@ -64,10 +64,17 @@ class RoleLayout:
     pp: int = 1
     ep: int = 1
     shard_size: int = 0  # HYBRID_SHARD: GPUs one copy is sharded over (verl ``fsdp_size``); 0: one machine
+    # Forward and update passes over padded (B, P + T) rows instead of packed sequences (RunSettings.padding).
+    padding: bool = False
+    # Token budgets per GPU of update / forward micro batches (RunSettings.train_/forward_tokens_per_gpu): consecutive
+    # rows up to that many tokens (each at least one row) instead of micro_batch_size rows; 0: row micro batches.
+    max_tokens_per_micro_batch: int = 0
+    forward_max_tokens_per_micro_batch: int = 0  # 0: forward_micro_batch_size rows
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sharding", Sharding(self.sharding))
-        for name in ("forward_micro_batch_size", "rollout_batch_size"):
+        for name in ("forward_micro_batch_size", "rollout_batch_size", "max_tokens_per_micro_batch",
+                     "forward_max_tokens_per_micro_batch"):
             if getattr(self, name) < 0:
                 raise ValueError(f"RoleLayout({self.role}).{name}={getattr(self, name)} must be >= 0 (0: default)")
         for name in ("dp", "tp", "micro_batch_size", "rollout_tp", "sp", "pp", "ep"):

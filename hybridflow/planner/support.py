@@ -25,7 +25,11 @@ class LayoutSupport:
     e.g. replicas for ``SHARD_GRAD_OP``, must leave it out). ``max_tp`` / ``max_rollout_tp``: tensor
     parallelism of its training and forward passes, and of the engine it generates with (None: any).
     ``gradient_checkpointing``: it recomputes activations when the layout asks. ``rollout_batch_size``: it
-    decodes at most the layout's ``rollout_batch_size`` sequences at a time. ``offload``: the parts
+    decodes at most the layout's ``rollout_batch_size`` sequences at a time. ``packing``: its forward and update
+    passes pack sequences (no padding) unless the layout asks for ``padding``; a backend without it runs padded
+    rows whatever the layout says (slower than costed, same numbers), so it is not refused. ``token_budgets``: it
+    cuts micro batches by the layout's ``max_tokens_per_micro_batch`` / ``forward_max_tokens_per_micro_batch``
+    (without it, a budget is refused: its memory bound would not hold). ``offload``: the parts
     (``params``, ``grads``, ``optimizer``) it can keep in host memory. ``dtypes``: the layout dtypes it loads.
     """
 
@@ -35,6 +39,8 @@ class LayoutSupport:
     max_rollout_tp: int | None = 1
     gradient_checkpointing: bool = False
     rollout_batch_size: bool = False
+    packing: bool = False
+    token_budgets: bool = False
     offload: frozenset[str] = frozenset()
     dtypes: frozenset[str] = DTYPES
     notes: Mapping[str, str] = field(default_factory=dict, compare=False)  # field -> how to get it elsewhere
@@ -77,6 +83,9 @@ class LayoutSupport:
             found.append(f"rollout_batch_size={layout.rollout_batch_size} (it decodes a rank's whole share at once)")
         if layout.gradient_checkpointing and not self.gradient_checkpointing:
             found.append("gradient_checkpointing=True (it does not recompute activations)")
+        for name in ("max_tokens_per_micro_batch", "forward_max_tokens_per_micro_batch"):
+            if getattr(layout, name) and not self.token_budgets:
+                found.append(f"{name}={getattr(layout, name)} (it cuts micro batches by rows)")
         if layout.dtype not in self.dtypes:
             found.append(f"dtype={layout.dtype} (it loads {sorted(self.dtypes)})")
         for name in ("sp", "pp", "ep"):
@@ -91,6 +100,6 @@ def _names(shardings: frozenset[Sharding]) -> str:
 
 
 ANY_LAYOUT = LayoutSupport(backend="any", shardings=frozenset(Sharding), max_tp=None, max_rollout_tp=None,
-                           gradient_checkpointing=True, rollout_batch_size=True,
-                           offload=frozenset({"params", "grads", "optimizer"}))
+                           gradient_checkpointing=True, rollout_batch_size=True, packing=True,
+                           token_budgets=True, offload=frozenset({"params", "grads", "optimizer"}))
 """No constraint: what the planner searches when it is told nothing of the backends (a dry run)."""

@@ -104,7 +104,8 @@ class RoleConfig:
     ``backend``: the backend that runs it (default ``torch``); ``options``: the backend's own options;
     ``rollout``: the engine a policy generates with, a name in the rollout registry (built in: ``native``,
     ``hf_generate``, ``vllm``; docs/backends.md) or a ``file.py:factory`` path, and ``rollout_options`` that
-    engine's options; ``micro_batch_size``: rows per forward/backward pass;
+    engine's options; ``micro_batch_size``: rows per forward/backward pass; ``max_tokens_per_micro_batch``: a
+    token budget per GPU for the role's update and forward micro batches instead (the layout's fields of that name);
     ``max_concurrent_requests``: most forward requests in flight to the role's workers.
     """
 
@@ -114,10 +115,11 @@ class RoleConfig:
     rollout: str = DEFAULT_ROLLOUT
     rollout_options: dict[str, Any] = field(default_factory=dict)
     micro_batch_size: int | None = None
+    max_tokens_per_micro_batch: int | None = None
     max_concurrent_requests: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("micro_batch_size", "max_concurrent_requests"):
+        for name in ("micro_batch_size", "max_tokens_per_micro_batch", "max_concurrent_requests"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"config key 'roles.*.{name}'={value} must be >= 1 (or unset)")
@@ -157,6 +159,8 @@ class TrainConfig:
     max_staleness: int = 1  # pipeline=async: how many policy updates a sample's oldest token may lag
     partial_rollout: bool = True  # pipeline=async: weight updates land mid-response (generation in segments)
     segment_tokens: int = 0  # partial rollouts: new tokens per segment (0: a quarter of max_new_tokens)
+    # Forward and update passes over padded rows instead of packed sequences (every role's RoleLayout.padding)
+    padding: bool = False
     stream_chunks: int = 1  # pipeline=sync: > 1 hands generated rows on in that many chunks (runtime/streaming.py)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)

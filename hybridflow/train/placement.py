@@ -71,7 +71,11 @@ def run_settings(config: TrainConfig, graph: Graph) -> RunSettings:
 
     - ``epochs`` and ``mini_batch_size`` from ``actor.epochs`` / ``actor.mini_batches`` (rows per optimizer
       step: the step's samples over its mini-batches);
-    - ``max_prompt_len`` from ``data.max_prompt_length``;
+    - ``max_prompt_len`` from ``data.max_prompt_length``; ``padding`` (padded rows, not packed sequences) from
+      ``padding``, which the planner writes into every layout (``RoleLayout.padding``);
+    - the token budgets from ``roles.<name>.max_tokens_per_micro_batch`` when every GPU role sets the same one
+      (the planner's budgets are one per run; roles with their own are set on the plan's layouts afterwards,
+      ``setup.with_token_budgets``, and costed by rows);
     - a vLLM rollout's ``gpu_memory_utilization`` and sleep (``roles.<policy>.rollout_options``);
     - offload from the backends' options (DeepSpeed ``offload_optimizer``);
     - the response lengths from ``planner_settings`` (what a run cannot state: ``lengths_from`` an earlier
@@ -91,7 +95,11 @@ def run_settings(config: TrainConfig, graph: Graph) -> RunSettings:
     offload = tuple((name, Offload(optimizer=True)) for name, role in sorted(config.roles.items())
                     if role.backend == "deepspeed" and role.options.get("offload_optimizer"))
     vllm = next((role.rollout_options for role in config.roles.values() if role.rollout == "vllm"), None)
-    return RunSettings(lengths=lengths, epochs=config.actor.epochs,
+    budgets = {entry.max_tokens_per_micro_batch if (entry := config.roles.get(role.name)) else None
+               for role in graph.roles if role.kind.needs_gpu}
+    budget = budgets.pop() if len(budgets) == 1 else None
+    return RunSettings(lengths=lengths, epochs=config.actor.epochs, padding=config.padding,
+                       train_tokens_per_gpu=budget, forward_tokens_per_gpu=budget,
                        mini_batch_size=-(-rows // config.actor.mini_batches) if config.actor.mini_batches > 1 else None,
                        max_prompt_len=config.data.max_prompt_length, offload=offload,
                        gpu_memory_utilization=vllm.get("gpu_memory_utilization") if vllm is not None else None,

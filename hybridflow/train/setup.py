@@ -140,7 +140,10 @@ def build_plan(config: TrainConfig, graph: Graph, prompt_len: int = 32, model_di
         plan = planned(config, graph, prompt_len, model_dir, support=layout_support(config, graph),
                        micro_batch_sizes=fixed, vocab_size=vocab_size)
     else:
-        plan = default_plan(graph, num_gpus=config.num_gpus, micro_batch_sizes=fixed)
+        plan = default_plan(graph, num_gpus=config.num_gpus, micro_batch_sizes=fixed, padding=config.padding)
+    if not config.plan_file:
+        plan = with_token_budgets(plan, token_budgets(config))
+    _check_budgets_agree(plan, token_budgets(config))
     check_role_entries(config, graph, plan)
     check_layouts(graph, plan, with_rollout_specs(plan, role_specs(config, graph, _PLANNING_MODEL, plan)))
     return plan
@@ -172,6 +175,33 @@ def fixed_micro_batches(config: TrainConfig, graph: Graph) -> dict[str, int]:
         if size:
             fixed[role.name] = size
     return fixed
+
+
+def token_budgets(config: TrainConfig) -> dict[str, int]:
+    """The token budgets per micro batch and GPU the user fixed (``roles.<name>.max_tokens_per_micro_batch``)."""
+    return {name: entry.max_tokens_per_micro_batch for name, entry in config.roles.items()
+            if entry.max_tokens_per_micro_batch}
+
+
+def with_token_budgets(plan: Plan, budgets: Mapping[str, int]) -> Plan:
+    """``plan`` with each budgeted role's update and forward micro batches cut by its token budget."""
+    groups = tuple(replace(group, layouts=tuple(
+        replace(layout, max_tokens_per_micro_batch=budgets[layout.role],
+                forward_max_tokens_per_micro_batch=budgets[layout.role]) if layout.role in budgets else layout
+        for layout in group.layouts)) for group in plan.groups)
+    return replace(plan, groups=groups)
+
+
+def _check_budgets_agree(plan: Plan, budgets: Mapping[str, int]) -> None:
+    for role, budget in budgets.items():
+        if role not in plan.roles or plan.group_index(role) is None:
+            continue
+        layout = plan.layout(role)
+        if (layout.max_tokens_per_micro_batch, layout.forward_max_tokens_per_micro_batch) != (budget, budget):
+            raise ValueError(f"config key 'roles.{role}.max_tokens_per_micro_batch'={budget} disagrees with the plan "
+                             f"file's layout (max_tokens_per_micro_batch={layout.max_tokens_per_micro_batch}, "
+                             f"forward_max_tokens_per_micro_batch={layout.forward_max_tokens_per_micro_batch}); a "
+                             "plan file is executed as it is: drop the key or write the plan with that budget")
 
 
 def _check_fixed_agree(config: TrainConfig, plan: Plan, fixed: dict[str, int]) -> None:

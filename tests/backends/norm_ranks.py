@@ -15,6 +15,9 @@ from hybridflow.runtime.collective import ProcessGroupCollective
 
 MODES = ("token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 LENGTHS = (5, 1, 3, 0, 2, 4, 5, 1)  # response tokens per row: ragged, one row fully masked
+# Token budgets per micro batch (rows cost 6 prompt tokens + their response: 7 to 11 packed, 11 padded): from one
+# row per micro batch to the whole share; 16 gives the two ranks' shares 3 and 4 micro batches, which they even out.
+BUDGETS = (11, 16, 24, 100)
 
 
 def ragged_batch(loss_mask: bool = False) -> Batch:
@@ -72,11 +75,12 @@ def gradient_gaps(rank: int, world_size: int, backend: str, loss_mask: bool = Fa
     batch = ragged_batch(loss_mask)
     out: dict[str, Any] = {}
     for mode in MODES:
-        def torch_engine(micro: int, ranks: int) -> Any:
+        def torch_engine(micro: int, ranks: int, budget: int = 0, padding: bool = False) -> Any:
             collective = ProcessGroupCollective(rank=rank, world_size=world_size) if ranks > 1 else None
             ctx = context(rank if ranks > 1 else 0, ranks)
             ctx = dataclasses.replace(ctx, collective=collective) if collective is not None else ctx
-            return TorchRoleEngine(role_spec(), layout(dp=ranks, micro_batch_size=micro), ctx)
+            return TorchRoleEngine(role_spec(), layout(dp=ranks, micro_batch_size=micro,
+                                                       max_tokens_per_micro_batch=budget, padding=padding), ctx)
 
         reference_metrics, reference = _update(torch_engine(len(batch), 1), batch, mode, lambda g: g)
         gaps: dict[str, float] = {}
@@ -88,6 +92,14 @@ def gradient_gaps(rank: int, world_size: int, backend: str, loss_mask: bool = Fa
                 rows = rank_rows(batch, rank, world_size)
                 gaps[f"dp2/micro{micro}"] = _gap(_update(torch_engine(micro, 2), rows, mode, lambda g: g)[1],
                                                  reference)
+            for budget in BUDGETS:
+                gaps[f"dp1/tokens{budget}"] = _gap(_update(torch_engine(1, 1, budget), batch, mode, lambda g: g)[1],
+                                                   reference)
+                rows = rank_rows(batch, rank, world_size)
+                gaps[f"dp2/tokens{budget}"] = _gap(_update(torch_engine(1, 2, budget), rows, mode, lambda g: g)[1],
+                                                   reference)
+            gaps["dp1/tokens16/padded"] = _gap(_update(torch_engine(1, 1, 16, True), batch, mode, lambda g: g)[1],
+                                               reference)
             out[f"{mode}/legacy_gap"] = _gap(_update(torch_engine(1, 1), batch, mode, lambda g: g,
                                                      legacy_loss)[1], reference)
             # One pass without a norm aggregates over the loss's own mask: the norm must count that mask's tokens.
@@ -102,15 +114,22 @@ def gradient_gaps(rank: int, world_size: int, backend: str, loss_mask: bool = Fa
                                         context(rank, world_size))
                 gaps[f"dp2/micro{micro}"] = _gap(_update(engine, rank_rows(batch, rank, world_size), mode,
                                                          full_value)[1], reference)
+            for budget in (16, 24):
+                engine = FsdpRoleEngine(role_spec(), layout(sharding=Sharding.FULL_SHARD,
+                                                            max_tokens_per_micro_batch=budget),
+                                        context(rank, world_size))
+                gaps[f"dp2/tokens{budget}"] = _gap(_update(engine, rank_rows(batch, rank, world_size), mode,
+                                                           full_value)[1], reference)
         else:
             from hybridflow.backends.deepspeed import DeepSpeedRoleEngine
 
             norm = float(torch.sqrt(sum((g.double() ** 2).sum() for g in reference.values())))
-            for micro in (1, 4):
-                engine = DeepSpeedRoleEngine(role_spec(), layout(sharding=Sharding.ZERO2, micro_batch_size=micro),
+            for name, fields in (("micro1", {"micro_batch_size": 1}), ("micro4", {"micro_batch_size": 4}),
+                                 ("tokens16", {"max_tokens_per_micro_batch": 16})):
+                engine = DeepSpeedRoleEngine(role_spec(), layout(sharding=Sharding.ZERO2, **fields),
                                              context(rank, world_size))
                 metrics, _ = _update(engine, rank_rows(batch, rank, world_size), mode, lambda g: g)
-                gaps[f"dp2/micro{micro}"] = abs(metrics["grad_norm"] - norm) / norm
+                gaps[f"dp2/{name}"] = abs(metrics["grad_norm"] - norm) / norm
                 engine.close()
         out[mode] = {"gaps": gaps, "reference_loss": reference_metrics["loss"]}
     return out

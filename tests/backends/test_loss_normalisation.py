@@ -1,6 +1,7 @@
-"""An update's gradient does not depend on how its mini batch is cut: micro batch size, data-parallel ranks
-or backend (torch, FSDP, DeepSpeed), for every loss aggregation mode (issue: global normalisation), also with a
-``loss_mask`` that leaves tokens of the responses out of the loss (issue 20: the loss mask)."""
+"""An update's gradient does not depend on how its mini batch is cut: micro batch size, token budget (issue 22),
+data-parallel ranks or backend (torch, FSDP, DeepSpeed), for every loss aggregation mode (issue: global
+normalisation), also with a ``loss_mask`` that leaves tokens of the responses out of the loss (issue 20: the loss
+mask)."""
 
 from __future__ import annotations
 

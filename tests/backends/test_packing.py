@@ -1,0 +1,102 @@
+"""Packed sequences (issue 22, item 1): forward outputs and gradients equal the padded rows' to 1e-5, on the torch
+engine and on FSDP / DeepSpeed over two gloo ranks; ``RoleLayout.padding`` keeps the padded path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from harness import run_ranks
+from hybridflow.backends.common import packing
+from packing_ranks import PAD, ragged_batch, torch_gaps
+
+from hybridflow.planner import Plan, RoleLayout, colocated_plan
+
+TOLERANCE = 1e-5
+
+
+def _assert_equal(gaps: dict[str, float]) -> None:
+    for name in ("logprobs", "entropy", "values"):
+        assert gaps[name] < TOLERANCE, (name, gaps)
+    assert gaps["scores"] < TOLERANCE * max(1.0, gaps["scores_scale"]), gaps
+    for name, gap in gaps.items():
+        if name.endswith("_grads") or name.endswith("_grad_norm"):
+            assert gap < TOLERANCE, (name, gaps)
+
+
+def test_pack_restarts_positions_and_keeps_only_real_tokens() -> None:
+    batch = ragged_batch()
+    rows = packing.pack(batch, pad_id=PAD)
+    lengths = batch["prompt_mask"].sum(1) + batch["response_mask"].sum(1)
+    assert rows.input_ids.shape == (1, int(lengths.sum()))
+    assert not (rows.input_ids == PAD).any()
+    starts = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)[:-1]])
+    assert (rows.position_ids[0, starts] == 0).all()
+    expected = torch.cat([torch.arange(int(n)) for n in lengths])
+    assert torch.equal(rows.position_ids[0], expected)
+    # Every real response token is emitted by its predecessor, in its own sequence; the masked row has none.
+    assert len(rows.rows) == int(batch["response_mask"].sum())
+    assert 3 not in rows.rows.tolist()
+    assert torch.equal(rows.input_ids[0, rows.emit + 1], batch["responses"][rows.rows, rows.cols])
+    assert torch.equal(rows.last, lengths.cumsum(0) - 1)
+
+
+def test_pack_of_padding_rows_only_runs_one_pad_token() -> None:
+    batch = ragged_batch().slice(0, 2)
+    empty = type(batch)({**batch.tensors, "prompt_mask": torch.zeros_like(batch["prompt_mask"]),
+                         "response_mask": torch.zeros_like(batch["response_mask"])})
+    rows = packing.pack(empty, pad_id=PAD)
+    assert rows.input_ids.tolist() == [[PAD]] and rows.position_ids.tolist() == [[0]]
+    assert rows.scatter(torch.zeros(0)).shape == (2, batch["responses"].shape[1])
+
+
+def test_an_attention_that_would_cross_sequences_is_refused() -> None:
+    from hybridflow.backends.common import modeling
+
+    from hybridflow.graph import RoleKind
+
+    model = modeling.load_model(RoleKind.FROZEN_POLICY, "tiny-qwen2")
+    model.config._attn_implementation_internal = "paged|sdpa"  # masks nothing by position ids
+    with pytest.raises(ValueError, match="padding=true"):
+        modeling.policy_outputs(model, ragged_batch(), with_entropy=False)
+    assert modeling.policy_outputs(model, ragged_batch(), with_entropy=False, packed=False)["logprobs"].shape == (8, 5)
+
+
+@pytest.mark.parametrize("model", ["tiny-qwen2", "tiny-llama"])
+def test_torch_engine_packed_equals_padded(model: str) -> None:
+    gaps = torch_gaps(model)
+    _assert_equal(gaps)
+    assert gaps["logprobs_outside_mask"] == 0 and gaps["entropy_outside_mask"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["fsdp", "deepspeed"])
+def test_sharded_engines_packed_equal_padded(backend: str) -> None:
+    for gaps in run_ranks(__import__("packing_ranks").sharded_gaps, backend):
+        _assert_equal(gaps)
+
+
+def test_layout_padding_round_trips_and_old_plans_read_as_packed() -> None:
+    plan = colocated_plan("grpo", ["actor"])
+    padded = type(plan)(**{**plan.__dict__, "groups": (type(plan.groups[0])(
+        **{**plan.groups[0].__dict__, "layouts": (RoleLayout(role="actor", dp=1, padding=True),)}),)})
+    assert Plan.from_json(padded.to_json()).layout("actor").padding is True
+    old = plan.to_dict()
+    del old["groups"][0]["layouts"][0]["padding"]
+    assert Plan.from_dict(old).layout("actor").padding is False
+
+
+@pytest.mark.gpu
+def test_flash_attention_varlen_packed_equals_padded() -> None:
+    """GPU: flash-attention varlen (cu_seq_lens from the packed position ids) against padded sdpa rows, bf16."""
+    from hybridflow.backends.common import modeling
+
+    from hybridflow.graph import RoleKind
+
+    pytest.importorskip("flash_attn", reason="flash-attention varlen needs the flash-attn package")
+    batch = ragged_batch()
+    batch = type(batch)({k: v.cuda() for k, v in batch.tensors.items()})
+    model = modeling.load_model(RoleKind.FROZEN_POLICY, "tiny-qwen2", dtype="bf16").cuda()
+    padded = modeling.policy_outputs(model, batch, with_entropy=False, packed=False)["logprobs"]
+    model.set_attn_implementation("flash_attention_2")
+    packed = modeling.policy_outputs(model, batch, with_entropy=False, packed=True)["logprobs"]
+    assert float(((packed - padded).abs() * batch["response_mask"]).max()) < 5e-2  # bf16 kernels differ
