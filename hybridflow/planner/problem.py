@@ -12,7 +12,7 @@ from hybridflow.planner.costs import FORWARD_OPS
 from hybridflow.planner.execution import ExecutionMode
 from hybridflow.planner.models import ModelSpec
 from hybridflow.planner.modes import check_pipeline
-from hybridflow.planner.plan import rollout_role
+from hybridflow.planner.plan import ROLLOUT_SUFFIX, rollout_role
 from hybridflow.planner.settings import DEFAULT_SETTINGS, RunSettings
 from hybridflow.planner.support import ANY_LAYOUT, LayoutSupport
 
@@ -71,7 +71,7 @@ class Problem:
 
     def support_of(self, role: str) -> LayoutSupport:
         """What ``role``'s backend runs; a detached rollout without its own entry runs its policy's."""
-        return self.support.get(role) or self.support.get(role.split(":")[0]) or ANY_LAYOUT
+        return self.support.get(role) or self.support.get(role.removesuffix(ROLLOUT_SUFFIX)) or ANY_LAYOUT
 
     def role(self, name: str) -> RoleWork:
         for role in self.roles:

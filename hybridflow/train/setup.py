@@ -130,20 +130,18 @@ def build_plan(config: TrainConfig, graph: Graph, prompt_len: int = 32, model_di
     before any model loads). ``model_dir``: the run's starting weights, which the planner sizes the models by
     (before they exist, a built-in tiny model is sized by its config and ``vocab_size``, the tokenizer's).
     """
-    fixed = fixed_micro_batches(config, graph)
+    fixed, budgets = fixed_micro_batches(config, graph), token_budgets(config)
     if config.plan_file:
         plan = Plan.from_json(Path(config.plan_file).read_text())
-        _check_fixed_agree(config, plan, fixed)
+        _check_plan_file_agrees(plan, fixed, budgets)
     elif config.placement != "default":
         from hybridflow.train.placement import planned
 
-        plan = planned(config, graph, prompt_len, model_dir, support=layout_support(config, graph),
-                       micro_batch_sizes=fixed, vocab_size=vocab_size)
+        plan = with_token_budgets(planned(config, graph, prompt_len, model_dir, support=layout_support(config, graph),
+                                          micro_batch_sizes=fixed, vocab_size=vocab_size), budgets)
     else:
-        plan = default_plan(graph, num_gpus=config.num_gpus, micro_batch_sizes=fixed, padding=config.padding)
-    if not config.plan_file:
-        plan = with_token_budgets(plan, token_budgets(config))
-    _check_budgets_agree(plan, token_budgets(config))
+        plan = with_token_budgets(default_plan(graph, num_gpus=config.num_gpus, micro_batch_sizes=fixed,
+                                               padding=config.padding), budgets)
     check_role_entries(config, graph, plan)
     check_layouts(graph, plan, with_rollout_specs(plan, role_specs(config, graph, _PLANNING_MODEL, plan)))
     return plan
@@ -192,24 +190,23 @@ def with_token_budgets(plan: Plan, budgets: Mapping[str, int]) -> Plan:
     return replace(plan, groups=groups)
 
 
-def _check_budgets_agree(plan: Plan, budgets: Mapping[str, int]) -> None:
-    for role, budget in budgets.items():
+def _check_plan_file_agrees(plan: Plan, fixed: Mapping[str, int], budgets: Mapping[str, int]) -> None:
+    """A plan file is executed as it is: a micro batch or token budget the config also fixes must be the file's."""
+    for role in sorted(set(fixed) | set(budgets)):
         if role not in plan.roles or plan.group_index(role) is None:
             continue
-        layout = plan.layout(role)
-        if (layout.max_tokens_per_micro_batch, layout.forward_max_tokens_per_micro_batch) != (budget, budget):
+        layout, hint = plan.layout(role), "a plan file is executed as it is: drop the key or write the plan with"
+        if role in fixed and layout.micro_batch_size != fixed[role]:
+            raise ValueError(f"config key 'roles.{role}.micro_batch_size' (or actor/critic.micro_batch_size)="
+                             f"{fixed[role]} disagrees with the plan file's {layout.micro_batch_size}; {hint} that "
+                             "micro batch")
+        budget = budgets.get(role)
+        if budget is not None and (layout.max_tokens_per_micro_batch,
+                                   layout.forward_max_tokens_per_micro_batch) != (budget, budget):
             raise ValueError(f"config key 'roles.{role}.max_tokens_per_micro_batch'={budget} disagrees with the plan "
                              f"file's layout (max_tokens_per_micro_batch={layout.max_tokens_per_micro_batch}, "
-                             f"forward_max_tokens_per_micro_batch={layout.forward_max_tokens_per_micro_batch}); a "
-                             "plan file is executed as it is: drop the key or write the plan with that budget")
-
-
-def _check_fixed_agree(config: TrainConfig, plan: Plan, fixed: dict[str, int]) -> None:
-    for role, size in fixed.items():
-        if role in plan.roles and plan.group_index(role) is not None and plan.layout(role).micro_batch_size != size:
-            raise ValueError(f"config key 'roles.{role}.micro_batch_size' (or actor/critic.micro_batch_size)={size} "
-                             f"disagrees with the plan file's {plan.layout(role).micro_batch_size}; a plan file is "
-                             "executed as it is: drop the key or write the plan with that micro batch")
+                             f"forward_max_tokens_per_micro_batch={layout.forward_max_tokens_per_micro_batch}); "
+                             f"{hint} that budget")
 
 
 def layout_support(config: TrainConfig, graph: Graph) -> dict[str, LayoutSupport]:

@@ -14,8 +14,10 @@ from hybridflow.registry import LOSSES
 from hybridflow.runtime.protocols import SamplingParams
 
 
-def step_with_grads(engine: Any, batch: Any, full: Any) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
-    """One train step, recording whole gradients just before the optimizer applies them."""
+def step_with_grads(engine: Any, batch: Any, full: Any, loss: str = "ppo_policy"
+                    ) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
+    """One train step with the registered ``loss``, recording whole gradients just before the optimizer applies
+    them (``full`` makes a rank's gradient whole)."""
     grads: dict[str, torch.Tensor] = {}
     step = engine.optimizer.step
 
@@ -25,7 +27,7 @@ def step_with_grads(engine: Any, batch: Any, full: Any) -> tuple[dict[str, float
         return step(*args, **kwargs)
 
     engine.optimizer.step = record
-    metrics = engine.train_step(batch, loss=LOSSES.get("ppo_policy"), options={})
+    metrics = engine.train_step(batch, loss=LOSSES.get(loss), options={})
     engine.optimizer.step = step
     return metrics, grads
 

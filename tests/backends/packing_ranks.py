@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from fsdp_ranks import step_with_grads
 from harness import context, layout, rank_rows, role_spec, rollout_batch
 
 from hybridflow.graph import RoleKind
@@ -51,17 +52,7 @@ def recorded_gradients(engine: Any, batch: Batch, loss: str, full: Callable[[tor
     for module in engine.model.modules():
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
-    grads: dict[str, torch.Tensor] = {}
-    step = engine.optimizer.step
-
-    def record(*args: Any, **kwargs: Any) -> Any:
-        for name, param in engine.model.named_parameters():
-            grads[name] = full(param.grad).detach().clone()
-        return step(*args, **kwargs)
-
-    engine.optimizer.step = record
-    engine.train_step(batch, loss=LOSSES.get(loss), options={})
-    return grads
+    return step_with_grads(engine, batch, full, loss)[1]
 
 
 def forward_gaps(build: Callable[[RoleKind, bool], Any], batch: Batch) -> dict[str, float]:

@@ -5,6 +5,7 @@ them (a multi-turn rollout's tool outputs)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -131,14 +132,19 @@ def specs(graph: Graph, model: Path) -> dict[str, RoleSpec]:
             for r in graph.roles if r.kind.needs_gpu}
 
 
-def test_a_grpo_step_trains_on_the_loss_mask_only(random_model_dir: Path) -> None:
-    graph = load_graph("grpo_no_ref", reward_kind="reward_function", max_new_tokens=6, rollout_correction="tis")
-    with Controller(graph, default_plan(graph), specs=specs(graph, random_model_dir),
+def masked_step(graph: Graph, model: Path, trained: str) -> tuple[Any, bool]:
+    """One step of ``graph`` whose rollout masks tokens; the result and whether role ``trained`` moved."""
+    with Controller(graph, default_plan(graph), specs=specs(graph, model),
                     driver_roles={"reward": varied_scores}) as controller:
         mask_generate(controller)
-        before = weights(controller, "actor")
+        before = weights(controller, trained)
         result = controller.step(LOADER.batch(0), step=0)
-        moved = not torch.equal(before, weights(controller, "actor"))
+        return result, not torch.equal(before, weights(controller, trained))
+
+
+def test_a_grpo_step_trains_on_the_loss_mask_only(random_model_dir: Path) -> None:
+    graph = load_graph("grpo_no_ref", reward_kind="reward_function", max_new_tokens=6, rollout_correction="tis")
+    result, moved = masked_step(graph, random_model_dir, "actor")
     batch = result.batch
     response_mask, loss_mask = batch["response_mask"], batch["loss_mask"]
     assert torch.equal(loss_mask, hole_mask(response_mask)) and bool((response_mask[:, 3:].sum(dim=1) > 0).any())
@@ -160,12 +166,7 @@ def test_a_grpo_step_trains_on_the_loss_mask_only(random_model_dir: Path) -> Non
 
 def test_a_ppo_step_gives_masked_tokens_no_return_and_trains_the_critic(random_model_dir: Path) -> None:
     graph = load_graph("ppo", reward_kind="reward_function", max_new_tokens=6)
-    with Controller(graph, default_plan(graph), specs=specs(graph, random_model_dir),
-                    driver_roles={"reward": varied_scores}) as controller:
-        mask_generate(controller)
-        before = weights(controller, "critic")
-        result = controller.step(LOADER.batch(0), step=0)
-        moved = not torch.equal(before, weights(controller, "critic"))
+    result, moved = masked_step(graph, random_model_dir, "critic")
     batch = result.batch
     off = (batch["response_mask"] != 0) & (batch["loss_mask"] == 0)
     assert bool(off.any()) and moved
