@@ -160,3 +160,9 @@ BACKENDS: Registry[Any] = Registry("backend", entry_point_group="hybridflow.back
 # without a backend registers under ``hybridflow.rollouts``.
 ROLLOUTS: Registry[Any] = Registry("rollout engine", entry_point_group="hybridflow.rollouts",
                                    also_from=("hybridflow.backends",))
+# Agents (``hybridflow.agents``): tools a model may call, the environments a multi-turn ``generate`` runs its
+# rows in, and the formats tool calls take in the model's text. Built-ins register through the entry points in
+# pyproject.toml, plugins under the same groups; ``path/file.py:name`` loads a user's own.
+TOOLS: Registry[Any] = Registry("tool", entry_point_group="hybridflow.tools")
+ENVIRONMENTS: Registry[Callable[..., Any]] = Registry("environment", entry_point_group="hybridflow.environments")
+TOOL_FORMATS: Registry[Any] = Registry("tool-call format", entry_point_group="hybridflow.tools")

@@ -1,0 +1,1 @@
+"""The built-in tools, tool-call formats and environments; importing this module registers them."""
