@@ -112,6 +112,12 @@ def overlong_penalized_scores(scores: torch.Tensor, response_mask: torch.Tensor,
     return scores + penalty.to(scores.dtype)
 
 
+@COMPUTE_FNS.register("add_env_rewards")
+def add_env_rewards(outcome_scores: torch.Tensor, env_rewards: torch.Tensor, *, weight: float = 1.0) -> torch.Tensor:
+    """A multi-turn rollout's scores (B,): the reward node's plus ``weight`` x the environment's (B,)."""
+    return outcome_scores + weight * env_rewards.to(outcome_scores.dtype)
+
+
 @COMPUTE_FNS.register("groups_with_signal")
 def groups_with_signal(scores: torch.Tensor, uid: torch.Tensor) -> torch.Tensor:
     """DAPO's dynamic-sampling filter: keep the rows of prompts whose samples' scores differ. (B,) -> (B,) bool."""

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
-from hybridflow.backends.common import modeling
+from hybridflow.backends.common import modeling, turns
 from hybridflow.backends.common.micro_batches import MicroBatching
 
+from hybridflow.agents.protocols import TurnRequest, TurnResult
 from hybridflow.runtime.batch import Batch
-from hybridflow.runtime.protocols import RoleSpec, SamplingParams, WorkerContext
+from hybridflow.runtime.protocols import GenerateBatch, RoleSpec, SamplingParams, WorkerContext
 
 
 def forward_role_op(model: Any, micro_batches: list[Batch],
@@ -78,6 +79,23 @@ class ForwardOps(MicroBatching):
         if len(outputs) == 1:
             return Batch(outputs[0])
         return Batch(modeling.join_responses(outputs, pad=self.model.config.pad_token_id))
+
+    @contextlib.contextmanager
+    def turn_session(self, sampling: SamplingParams) -> Iterator[GenerateBatch]:
+        """Agent turns with this model (:class:`~hybridflow.runtime.protocols.TurnGenerator`), in waves of at most
+        ``rollout_batch_size`` requests. The whole parameters stay gathered for the session: each rank samples a
+        data-dependent number of batches, which per-forward gathers would deadlock on."""
+        device = torch.device(self.context.device)
+
+        def generate_batch(requests: Sequence[TurnRequest]) -> list[TurnResult]:
+            size = self.rollout_batch_size or len(requests)
+            with torch.no_grad():  # grad mode is per thread: the server thread calls this
+                return [result for start in range(0, len(requests), size)
+                        for result in turns.sample_turns(self.model, requests[start:start + size], sampling,
+                                                         device=device)]
+
+        with self.whole_weights():
+            yield generate_batch
 
     def forward_micro_batches(self, batch: Batch) -> list[Batch]:
         return self.micro_batches(batch, rows=self.forward_batch_size, max_tokens=self.forward_max_tokens)

@@ -10,6 +10,7 @@ the first generation after an update.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Protocol, runtime_checkable
@@ -17,7 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from hybridflow.runtime.batch import Batch
-from hybridflow.runtime.protocols import Engine, Generator, LossFn, SamplingParams, WeightSink
+from hybridflow.runtime.protocols import Engine, GenerateBatch, Generator, LossFn, SamplingParams, WeightSink
 from hybridflow.runtime.weights import CountedWeights, WeightSyncStats, full_weights
 
 
@@ -76,16 +77,33 @@ class HybridEngine:
         self.stale = False
         return self.last_sync
 
-    def generate(self, batch: Batch, sampling: SamplingParams) -> Batch:
+    @contextlib.contextmanager
+    def _awake(self) -> Iterator[None]:
+        """The rollout engine with the trainer's current weights, woken for the duration (and put back to sleep)."""
         sleeper = self.rollout if isinstance(self.rollout, SleepingRollout) else None
         if self.stale or (sleeper is not None and sleeper.needs_weights):
             self.sync_weights()
         if sleeper is not None:
             sleeper.wake_up()
-        out = self.rollout.generate(batch, sampling)
-        if sleeper is not None and self.sleep_level:
-            sleeper.sleep(self.sleep_level)
-        return out
+        try:
+            yield
+        finally:
+            if sleeper is not None and self.sleep_level:
+                sleeper.sleep(self.sleep_level)
+
+    def generate(self, batch: Batch, sampling: SamplingParams) -> Batch:
+        with self._awake():
+            return self.rollout.generate(batch, sampling)
+
+    @contextlib.contextmanager
+    def turn_session(self, sampling: SamplingParams) -> Iterator[GenerateBatch]:
+        """Agent turns on the rollout engine (:class:`~hybridflow.runtime.protocols.TurnGenerator`)."""
+        session = getattr(self.rollout, "turn_session", None)
+        if session is None:
+            raise TypeError(f"rollout engine {type(self.rollout).__name__} samples no agent turns (it has no "
+                            "turn_session); run multi-turn generate nodes with rollout: native or vllm")
+        with self._awake(), session(sampling) as generate_batch:
+            yield generate_batch
 
     def log_probs(self, batch: Batch, *, with_entropy: bool = False) -> Batch:
         return self.trainer.log_probs(batch, with_entropy=with_entropy)

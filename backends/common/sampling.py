@@ -8,6 +8,7 @@ log-prob under the trainer's definition.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -30,14 +31,19 @@ def _filter(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
 
 def sample(model: Any, prompts: torch.Tensor, prompt_mask: torch.Tensor, *, max_new_tokens: int, greedy: bool,
            temperature: float, top_p: float, top_k: int, seed: int, eos: int, pad: int,
-           logprobs: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+           logprobs: bool = False, row_seeds: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Sampled continuations (B, <= max_new_tokens), ``pad`` after each row's EOS; stops when all ended.
 
     With ``logprobs`` also each sampled token's log-prob (B, <= max_new_tokens), float32: the log-softmax of
     the raw logits (no temperature, top-k or top-p), :func:`hybridflow.logits.token_logprobs` as the
     trainer's ``logprob`` op computes it; else None.
+
+    ``row_seeds`` gives each row a generator of its own (``seed`` is then unused): a row samples the same
+    whichever rows share its batch (agent turns are batched by arrival, not by row).
     """
     generator = torch.Generator(device=prompts.device).manual_seed(seed)
+    row_generators = None if row_seeds is None else [
+        torch.Generator(device=prompts.device).manual_seed(int(row_seed)) for row_seed in row_seeds]
     mask = prompt_mask.long()
     positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
     out = model(input_ids=prompts, attention_mask=mask, position_ids=positions, use_cache=True)
@@ -50,7 +56,11 @@ def sample(model: Any, prompts: torch.Tensor, prompt_mask: torch.Tensor, *, max_
             token = logits.argmax(dim=-1)
         else:
             probs = torch.softmax(_filter(logits.float() / temperature, top_k, top_p), dim=-1)
-            token = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+            if row_generators is None:
+                token = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+            else:
+                token = torch.cat([torch.multinomial(probs[i:i + 1], 1, generator=row_generator)[0]
+                                   for i, row_generator in enumerate(row_generators)])
         token = token.masked_fill(finished, pad)
         tokens.append(token)
         if logprobs:

@@ -163,3 +163,7 @@ class TurnServer(Protocol):
 
     def submit(self, request: TurnRequest) -> Future[TurnResult]:
         ...
+
+    def submit_many(self, requests: Sequence[TurnRequest]) -> list[Future[TurnResult]]:
+        """Submit ``requests`` at once, so they can be sampled as one batch."""
+        ...

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from hybridflow.graph.graph import DEFAULT_INPUTS, Graph
 from hybridflow.graph.node import Node, Scalar, field_names, freeze_options, op_ports
@@ -30,13 +32,22 @@ class GraphBuilder:
         return name
 
     def generate(self, role: str, *, n: int = 1, name: str | None = None, inputs: Fields = None,
-                 outputs: Fields = None, **sampling: Scalar) -> str:
+                 outputs: Fields = None, env_options: Mapping[str, Any] | None = None, **sampling: Scalar) -> str:
         """Roll out ``n`` responses per prompt; options: temperature, top_p, top_k, max_new_tokens, greedy,
         ``logprobs=True``, which adds the output ``rollout_logprobs`` (each sampled token's behaviour log-prob),
         and ``loss_mask=True``, which adds the output ``loss_mask`` (B, T): the response tokens that carry loss,
         a subset of ``response_mask`` (a multi-turn rollout leaves tool outputs out; an engine that writes
-        none gets ``response_mask``). Without it, losses fall back to ``response_mask``."""
-        return self._role_op(Op.GENERATE, role, name, inputs, outputs, {"n": n, **sampling})
+        none gets ``response_mask``). Without it, losses fall back to ``response_mask``.
+
+        Multi-turn (docs/agents.md): ``environment="calculator"`` (an ``ENVIRONMENTS`` name or
+        ``path/file.py:factory``) with ``env_options`` (its factory's keyword arguments), ``max_turns``,
+        ``max_turn_tokens`` (sampled tokens per turn; ``max_new_tokens`` bounds the whole trajectory) and
+        ``agent_schedule`` (``trajectory`` or ``turn``); it reads ``ground_truth`` and also writes
+        ``env_rewards``, ``turns``, ``tool_calls`` and ``agent_trace``, and needs ``loss_mask=True``."""
+        options: dict[str, Any] = {"n": n, **sampling}
+        if env_options is not None:
+            options["env_options"] = json.dumps(dict(env_options), sort_keys=True)
+        return self._role_op(Op.GENERATE, role, name, inputs, outputs, options)
 
     def logprob(self, role: str, *, name: str | None = None, inputs: Fields = None, outputs: Fields = None,
                 **options: Scalar) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -34,10 +35,20 @@ OPTIONAL_OUTPUT_PORTS: dict[Op, tuple[tuple[str, str], ...]] = {
 }
 
 
+# A multi-turn generate (``environment=`` set) also reads each row's ground truth (its environment is reset from
+# the row) and writes what its trajectories did: env rewards, turns, tool calls, and a JSON trace per row.
+AGENT_INPUT_PORTS = ("ground_truth",)
+AGENT_OUTPUT_PORTS = ("env_rewards", "turns", "tool_calls", "agent_trace")
+AGENT_SCHEDULES = ("trajectory", "turn")
+DEFAULT_MAX_TURNS = 4
+
+
 def op_ports(op: Op, options: Mapping[str, Any]) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The input and output ports of a role op for a node with these options (see ``OPTIONAL_OUTPUT_PORTS``)."""
     in_ports, out_ports = OP_PORTS[op]
     extra = tuple(port for option, port in OPTIONAL_OUTPUT_PORTS.get(op, ()) if options.get(option) is True)
+    if op is Op.GENERATE and options.get("environment"):
+        return in_ports + AGENT_INPUT_PORTS, out_ports + extra + AGENT_OUTPUT_PORTS
     return in_ports, out_ports + extra
 
 
@@ -137,6 +148,8 @@ class Node:
             n = self.option("n", 1)
             if not isinstance(n, int) or isinstance(n, bool) or n < 1:
                 raise NodeSpecError(f"{where}: n={n!r} must be a positive integer", node=self.name, field="n")
+            if self.option("environment") is not None:
+                self._check_agent(where)
         for option, _ in OPTIONAL_OUTPUT_PORTS.get(self.op, ()):
             if not isinstance(self.option(option, False), bool):
                 raise NodeSpecError(f"{where}: {option}={self.option(option)!r} must be True or False",
@@ -163,12 +176,53 @@ class Node:
 
     def port_inputs(self) -> dict[str, str]:
         """Port name -> field name for an op with fixed ports (identity for compute/update)."""
-        ports = OP_PORTS[self.op][0] if self.op in OP_PORTS else self.inputs
+        ports = op_ports(self.op, self.options_dict)[0] if self.op in OP_PORTS else self.inputs
         return dict(zip(ports, self.inputs, strict=True))
 
     def port_outputs(self) -> dict[str, str]:
         ports = op_ports(self.op, self.options_dict)[1] if self.op in OP_PORTS else self.outputs
         return dict(zip(ports, self.outputs, strict=True))
+
+    def _check_agent(self, where: str) -> None:
+        environment = self.option("environment")
+        if not isinstance(environment, str) or not environment:
+            raise NodeSpecError(f"{where}: environment={environment!r} must name an environment (a registry name "
+                                "such as 'calculator', or 'path/file.py:factory')", node=self.name, field="environment")
+        if self.option("loss_mask") is not True:
+            raise NodeSpecError(f"{where}: a multi-turn generate (environment={environment!r}) must set "
+                                "loss_mask=True: its responses hold tool outputs the policy did not sample, which "
+                                "losses must leave out", node=self.name, field="loss_mask")
+        for key in ("max_turns", "max_turn_tokens"):
+            value = self.option(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise NodeSpecError(f"{where}: {key}={value!r} must be a positive integer", node=self.name, field=key)
+        schedule = self.option("agent_schedule", "trajectory")
+        if schedule not in AGENT_SCHEDULES:
+            raise NodeSpecError(f"{where}: agent_schedule={schedule!r} must be one of {list(AGENT_SCHEDULES)} "
+                                "(trajectory: each trajectory advances alone; turn: batch-synchronous turns)",
+                                node=self.name, field="agent_schedule")
+        options = self.option("env_options")
+        if options is not None:
+            try:
+                parsed = json.loads(str(options))
+            except json.JSONDecodeError as err:
+                raise NodeSpecError(f"{where}: env_options must be a JSON object string ({err})", node=self.name,
+                                    field="env_options") from err
+            if not isinstance(parsed, dict):
+                raise NodeSpecError(f"{where}: env_options={options!r} must be a JSON object", node=self.name,
+                                    field="env_options")
+
+    @property
+    def environment(self) -> str | None:
+        """The environment a multi-turn generate node runs its rows in (None: a single-turn generate)."""
+        value = self.option("environment") if self.op is Op.GENERATE else None
+        return str(value) if value else None
+
+    @property
+    def env_options(self) -> dict[str, Any]:
+        """The environment factory's options of a multi-turn generate node (``{}`` when none)."""
+        options = self.option("env_options")
+        return dict(json.loads(str(options))) if options else {}
 
     def _check_filter(self, where: str) -> None:
         if self.role is not None:

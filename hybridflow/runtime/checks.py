@@ -14,7 +14,14 @@ from hybridflow.planner.modes import check_stream_chunks
 from hybridflow.registry import BACKENDS
 from hybridflow.runtime.engines import rollout_factory
 from hybridflow.runtime.executor import WorkerGroup
-from hybridflow.runtime.protocols import OP_CAPABILITIES, RoleSpec, Scorer, WeightSink, WeightSource
+from hybridflow.runtime.protocols import (
+    OP_CAPABILITIES,
+    RoleSpec,
+    Scorer,
+    TurnGenerator,
+    WeightSink,
+    WeightSource,
+)
 
 
 def role_support(spec: RoleSpec) -> LayoutSupport:
@@ -100,6 +107,8 @@ def check_capabilities(graph: Graph, plan: Plan, groups: list[WorkerGroup]) -> N
                                            node.op.value, OP_CAPABILITIES[node.op])
                                           for node in graph.nodes if node.op in OP_CAPABILITIES
                                           and plan.group_index(str(node.role)) is not None]
+    needs += [(plan.runs_on(str(node.role), generates=True), "multi-turn generate", TurnGenerator)
+              for node in graph.nodes if node.environment and plan.group_index(str(node.role)) is not None]
     for policy, rollout in plan.detached_rollouts.items():
         needs += [(policy, "weight shipping", WeightSource), (rollout, "weight shipping", WeightSink)]
     for role, op, capability in needs:

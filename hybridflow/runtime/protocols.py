@@ -25,8 +25,9 @@ per-token outputs (B, T) aligned with ``responses``; sequence outputs (B,).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
@@ -35,6 +36,7 @@ from hybridflow.graph import DEFAULT_MAX_NEW_TOKENS, Op, RoleKind
 if TYPE_CHECKING:
     import torch
 
+    from hybridflow.agents.protocols import TurnRequest, TurnResult
     from hybridflow.planner import LayoutSupport, RoleLayout
     from hybridflow.runtime.batch import Batch
 
@@ -171,6 +173,22 @@ class Generator(Protocol):
         log-softmax of the raw logits, as ``log_probs`` computes it; no temperature, top-k or top-p), so that
         on the same weights it equals the ``logprob`` op's value up to float noise.
         """
+        ...
+
+
+GenerateBatch = Callable[[Sequence["TurnRequest"]], "list[TurnResult]"]
+"""Samples one batch of agent turns (:mod:`hybridflow.agents`): token ids in, sampled tokens and log-probs out."""
+
+
+@runtime_checkable
+class TurnGenerator(Protocol):
+    """What a multi-turn ``generate`` (``environment=``) needs of a rollout engine besides :class:`Generator`."""
+
+    def turn_session(self, sampling: SamplingParams) -> contextlib.AbstractContextManager[GenerateBatch]:
+        """A context in which the returned function samples batches of turns under ``sampling`` (temperature,
+        top-p/k, greedy; each request's own seed and token budget). It may be called from another thread, any
+        number of times, and each rank of a sharded engine a different number of times: an engine gathers what
+        it must when the session opens. Log-probs follow ``rollout_logprobs``' definition (raw logits)."""
         ...
 
 
@@ -316,8 +334,8 @@ class Scorer(Protocol):
         ...
 
 
-CAPABILITIES: tuple[type, ...] = (Engine, Generator, LogProbModel, ValueModel, RewardModel, Trainer, WeightSource,
-                                  WeightSink)
+CAPABILITIES: tuple[type, ...] = (Engine, Generator, TurnGenerator, LogProbModel, ValueModel, RewardModel, Trainer,
+                                  WeightSource, WeightSink)
 
 
 def capabilities_of(engine: object) -> frozenset[str]:

@@ -150,6 +150,9 @@ class GroupWorker:
         if node.op is Op.UPDATE:
             metrics = engine.train_step(batch, loss=LOSSES.get(str(node.loss)), options=node.options_dict)
             outputs = Batch()
+        elif node.environment:
+            outputs = run_agent_op(engine, node, batch, seed, model=self.specs[role].model, rank=self.rank,
+                                   max_batch=self.layouts[role].rollout_batch_size)
         else:
             outputs = run_role_op(engine, node, batch, seed)
         if token is not None:
@@ -252,6 +255,33 @@ def run_role_op(engine: Any, node: Node, batch: Batch, seed: int) -> Batch:
         raise ValueError(f"node {node.name!r}: op {node.op} does not run on a role engine")
     ports = node.port_outputs()
     return result.select(ports).rename(ports)
+
+
+def run_agent_op(engine: Any, node: Node, batch: Batch, seed: int, *, model: str, rank: int,
+                 max_batch: int = 0) -> Batch:
+    """A multi-turn generate node (``environment=``) on this rank's rows; outputs renamed to graph fields."""
+    from hybridflow.runtime.agent_rollout import agent_generate, role_tokenizer
+
+    options: dict[str, Any] = {k: v for k, v in node.options_dict.items() if k in _SAMPLING_KEYS}
+    tokenizer = role_tokenizer(model)
+    config = _model_config(engine)
+    eos = config.eos_token_id if config is not None else tokenizer.eos_token_id
+    pad = getattr(config, "pad_token_id", None) if config is not None else tokenizer.pad_token_id
+    result = agent_generate(engine, node, port_batch(node, batch), SamplingParams(**options, seed=seed),
+                            tokenizer=tokenizer, eos_token_id=int(eos), pad_token_id=int(eos if pad is None else pad),
+                            rank=rank, max_batch=max_batch)
+    ports = node.port_outputs()
+    return with_loss_mask(node, result).select(ports).rename(ports)
+
+
+def _model_config(engine: Any) -> Any:
+    """The HF config of the model an engine samples with (a hybrid engine's trainer holds it), if any."""
+    for holder in (engine, getattr(engine, "trainer", None)):
+        model = getattr(holder, "model", None)
+        config = getattr(getattr(model, "module", model), "config", None)
+        if config is not None:
+            return config
+    return None
 
 
 def with_loss_mask(node: Node, result: Batch) -> Batch:

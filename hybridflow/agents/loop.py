@@ -1,0 +1,219 @@
+"""The agent loop: one trajectory per row, its turns sampled through a :class:`TurnServer`, its world an
+:class:`Environment`, its tokens accumulated as sampled (:mod:`hybridflow.agents.chat`).
+
+Two schedules (``agent_schedule``):
+
+- ``trajectory``: every trajectory advances on its own thread. A finished turn's observation is templated and
+  its next request sent at once, while other trajectories still wait on tools; the server batches whatever
+  requests are ready. A slow tool delays only its own trajectory.
+- ``turn``: batch-synchronous turns. Every live trajectory samples turn t in one batch, then all of them step
+  their environments, and turn t+1 starts once the slowest is back (the schedule most frameworks began with).
+
+A trajectory ends when its environment says done, at ``max_turns``, when a turn is cut by the token budget
+before its end token (``truncated``), or when the next observation no longer fits the trajectory's budget
+(``truncated``). An environment that raises fails the call with :class:`EnvironmentFailure`, naming the
+environment, the row and the turn; a tool's misbehaviour never does (it is the environment's observation).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from hybridflow.agents.chat import ChatRenderer
+from hybridflow.agents.protocols import (
+    Environment,
+    EnvRecord,
+    EnvStep,
+    Message,
+    ToolResult,
+    TurnRequest,
+    TurnResult,
+    TurnServer,
+)
+
+SCHEDULES = ("trajectory", "turn")
+TURN_SEED_STRIDE = 7919  # a row's turn t samples with its seed + t x this (the rows' seeds are further apart)
+
+
+class EnvironmentFailure(RuntimeError):
+    """An environment raised in ``reset`` or ``step``: the rollout cannot go on for that row."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentSettings:
+    """How far a trajectory may go: turns, sampled tokens per turn, and the whole response's tokens."""
+
+    max_turns: int = 4
+    max_turn_tokens: int = 32
+    max_tokens: int = 128
+    schedule: str = "trajectory"
+
+    def __post_init__(self) -> None:
+        for name in ("max_turns", "max_turn_tokens", "max_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"agent setting {name}={value!r} must be a positive integer")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"agent_schedule={self.schedule!r} must be one of {list(SCHEDULES)}")
+
+
+@dataclass(kw_only=True)
+class Trajectory:
+    """One row's rollout: the prompt it started from and every response token with how it got there."""
+
+    index: int
+    environment: str
+    prompt_ids: list[int]
+    tokens: list[int] = field(default_factory=list)
+    sampled: list[bool] = field(default_factory=list)  # True: the policy sampled it (loss); False: observation
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)  # the weights version of each token (-1: observation)
+    turns: int = 0
+    tool_results: list[ToolResult] = field(default_factory=list)
+    parse_errors: int = 0
+    env_reward: float = 0.0
+    truncated: bool = False
+    finished: bool = False
+    transcript: list[Message] = field(default_factory=list)
+
+    def extend(self, token_ids: Sequence[int], *, sampled: bool, logprobs: Sequence[float] = (),
+               version: int = -1) -> None:
+        self.tokens.extend(token_ids)
+        self.sampled.extend([sampled] * len(token_ids))
+        self.logprobs.extend(logprobs if sampled else [0.0] * len(token_ids))
+        self.versions.extend([version if sampled else -1] * len(token_ids))
+
+    def trace(self) -> str:
+        """A JSON summary of the trajectory (metrics and the validation samples table read it)."""
+        return json.dumps({"turns": self.turns, "truncated": self.truncated, "env_reward": self.env_reward,
+                           "parse_errors": self.parse_errors,
+                           "tools": [{"name": r.call.name, "seconds": round(r.seconds, 6), "error": r.error,
+                                      "timed_out": r.timed_out} for r in self.tool_results],
+                           "transcript": self.transcript})
+
+
+class _Runner:
+    """One trajectory's state machine: the next request, then what its result leads to."""
+
+    def __init__(self, trajectory: Trajectory, env: Environment, record: EnvRecord, *, renderer: ChatRenderer,
+                 settings: AgentSettings, seed: int) -> None:
+        self.trajectory, self.env, self.record = trajectory, env, record
+        self.renderer, self.settings, self.seed = renderer, settings, seed
+        self.live = True
+
+    def _fail(self, what: str, err: Exception) -> EnvironmentFailure:
+        return EnvironmentFailure(f"environment {self.trajectory.environment!r} raised in {what} on row "
+                                  f"{self.record.index} (turn {self.trajectory.turns}): {type(err).__name__}: {err}")
+
+    def start(self) -> None:
+        try:
+            shown = self.env.reset(self.record)
+        except Exception as err:
+            raise self._fail("reset", err) from err
+        if shown:  # messages before the first turn: nothing is sampled yet, so the prompt is rendered anew
+            prompt = self.record.prompt
+            messages = list(prompt) if isinstance(prompt, list) else [{"role": "user", "content": str(prompt)}]
+            self.trajectory.prompt_ids = self.renderer.prompt_ids([*messages, *shown])
+            self.trajectory.transcript.extend(shown)
+
+    def request(self) -> TurnRequest | None:
+        if not self.live:
+            return None
+        trajectory = self.trajectory
+        budget = min(self.settings.max_turn_tokens, self.settings.max_tokens - len(trajectory.tokens))
+        if budget < 1:
+            trajectory.truncated, self.live = True, False
+            return None
+        return TurnRequest(token_ids=(*trajectory.prompt_ids, *trajectory.tokens), max_tokens=budget,
+                           seed=self.seed + trajectory.turns * TURN_SEED_STRIDE)
+
+    def take(self, result: TurnResult) -> None:
+        """Append a sampled turn; step the environment on it and append its observation, or end."""
+        trajectory = self.trajectory
+        trajectory.extend(result.token_ids, sampled=True, logprobs=result.logprobs, version=result.version)
+        trajectory.turns += 1
+        ended = result.finished and result.token_ids and result.token_ids[-1] == self.renderer.turn_end_id
+        text = self.renderer.decode(result.token_ids[:-1] if ended else result.token_ids)
+        trajectory.transcript.append({"role": "assistant", "content": text})
+        if not result.finished:
+            trajectory.truncated, self.live = True, False
+            return
+        try:
+            step: EnvStep = self.env.step(text)
+        except Exception as err:
+            raise self._fail("step", err) from err
+        trajectory.env_reward += float(step.reward)
+        trajectory.tool_results.extend(step.tool_results)
+        trajectory.parse_errors += int(step.info.get("parse_errors", 0))
+        if step.done:
+            trajectory.finished, self.live = True, False
+            return
+        if trajectory.turns >= self.settings.max_turns:
+            self.live = False
+            return
+        observation = self.renderer.observation_ids(step.observation)
+        if len(trajectory.tokens) + len(observation) >= self.settings.max_tokens:
+            trajectory.truncated, self.live = True, False  # no room for the observation and a turn after it
+            return
+        trajectory.extend(observation, sampled=False)
+        trajectory.transcript.extend(step.observation)
+
+
+def run_trajectories(records: Sequence[EnvRecord], prompt_ids: Sequence[Sequence[int]], *, server: TurnServer,
+                     renderer: ChatRenderer, make_env: Callable[[EnvRecord], Environment], environment: str,
+                     settings: AgentSettings, seeds: Sequence[int], executor: ThreadPoolExecutor | None = None,
+                     ) -> list[Trajectory]:
+    """Roll out one trajectory per record under ``settings.schedule``; environments are closed at the end."""
+    if not len(records) == len(prompt_ids) == len(seeds):
+        raise ValueError(f"run_trajectories: {len(records)} records, {len(prompt_ids)} prompts, {len(seeds)} seeds")
+    runners = [_Runner(Trajectory(index=record.index, environment=environment, prompt_ids=list(ids)),
+                       make_env(record), record, renderer=renderer, settings=settings, seed=seed)
+               for record, ids, seed in zip(records, prompt_ids, seeds, strict=True)]
+    own = executor is None
+    pool = executor or ThreadPoolExecutor(max_workers=max(len(runners), 1), thread_name_prefix="trajectory")
+    try:
+        if settings.schedule == "trajectory":
+            _run_independently(runners, server, pool)
+        else:
+            _run_turn_by_turn(runners, server, pool)
+    finally:
+        for runner in runners:
+            _close(runner.env)
+        if own:
+            pool.shutdown(wait=False, cancel_futures=True)
+    return [runner.trajectory for runner in runners]
+
+
+def _run_independently(runners: Sequence[_Runner], server: TurnServer, pool: ThreadPoolExecutor) -> None:
+    def advance(runner: _Runner) -> None:
+        runner.start()
+        while (request := runner.request()) is not None:
+            runner.take(server.submit(request).result())
+
+    for future in [pool.submit(advance, runner) for runner in runners]:
+        future.result()
+
+
+def _run_turn_by_turn(runners: Sequence[_Runner], server: TurnServer, pool: ThreadPoolExecutor) -> None:
+    for future in [pool.submit(runner.start) for runner in runners]:
+        future.result()
+    live = list(runners)
+    while live:
+        asked = [(runner, request) for runner in live if (request := runner.request()) is not None]
+        futures = server.submit_many([request for _, request in asked])  # one batch: the turn's every row
+        sampled = [(runner, future.result()) for (runner, _), future in zip(asked, futures, strict=True)]
+        for future in [pool.submit(runner.take, result) for runner, result in sampled]:
+            future.result()
+        live = [runner for runner, _ in asked if runner.live]
+
+
+def _close(env: Environment) -> None:
+    try:
+        env.close()
+    except Exception as err:  # reported, not raised: a close failure must not mask the rollout's own outcome
+        logging.getLogger(__name__).warning("environment %s failed to close: %s: %s", type(env).__name__,
+                                            type(err).__name__, err)

@@ -1,0 +1,72 @@
+"""Make any algorithm's graph multi-turn: its generate node rolls out in an environment (docs/agents.md).
+
+GRPO, DAPO, PPO... are written with a single-turn ``generate``; :func:`with_environment` rebinds that node to an
+environment (reading ``ground_truth``, writing the agent outputs) and, unless ``env_reward_weight`` is 0, adds
+the environment's rewards to the reward node's ``scores``, so the rest of the graph trains on it unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from hybridflow.graph.errors import NodeSpecError
+from hybridflow.graph.graph import Graph
+from hybridflow.graph.node import AGENT_INPUT_PORTS, AGENT_OUTPUT_PORTS, Node, freeze_options
+from hybridflow.graph.roles import Op
+
+ENV_REWARD_FN = "add_env_rewards"  # the compute function (hybridflow.algorithms) scores + weight x env_rewards
+OUTCOME_SCORES = "outcome_scores"
+
+
+def with_environment(graph: Graph, environment: str, *, env_options: Mapping[str, Any] | None = None,
+                     max_turns: int | None = None, max_turn_tokens: int | None = None,
+                     schedule: str = "trajectory", env_reward_weight: float = 1.0) -> Graph:
+    """``graph`` with its generate node(s) rolling out in ``environment`` (see ``GraphBuilder.generate``)."""
+    generates = [node for node in graph.nodes if node.op is Op.GENERATE]
+    if not generates:
+        raise NodeSpecError(f"graph {graph.name!r} has no generate node to run in environment {environment!r}",
+                            node=graph.name, field="environment")
+    agent: dict[str, Any] = {"environment": environment, "agent_schedule": schedule, "loss_mask": True}
+    if env_options:
+        agent["env_options"] = json.dumps(dict(env_options), sort_keys=True)
+    agent.update({key: value for key, value in (("max_turns", max_turns), ("max_turn_tokens", max_turn_tokens))
+                  if value is not None})
+    nodes: list[Node] = []
+    for node in graph.nodes:
+        if node.op is Op.GENERATE:
+            node = _multi_turn(node, agent)
+        nodes.append(node)
+    if env_reward_weight:
+        nodes = _add_env_rewards(graph, nodes, env_reward_weight)
+    return Graph(graph.name, graph.roles, tuple(nodes), graph.inputs)
+
+
+def _multi_turn(node: Node, agent: Mapping[str, Any]) -> Node:
+    if node.environment:
+        raise NodeSpecError(f"node {node.name!r} already runs in environment {node.environment!r}", node=node.name,
+                            field="environment")
+    if node.option("loss_mask") is not True:  # the node writes no loss mask, so its consumers read none either
+        raise NodeSpecError(f"node {node.name!r}: a multi-turn rollout needs a graph that trains on loss_mask "
+                            "(generate(..., loss_mask=True) and 'loss_mask' in the inputs of its losses and "
+                            "advantages); the built-in algorithms do", node=node.name, field="loss_mask")
+    options = {**node.options_dict, **agent}
+    return dataclasses.replace(node, inputs=(*node.inputs, *AGENT_INPUT_PORTS),
+                               outputs=(*node.outputs, *AGENT_OUTPUT_PORTS), options=freeze_options(options, node.name))
+
+
+def _add_env_rewards(graph: Graph, nodes: list[Node], weight: float) -> list[Node]:
+    """The reward node writes ``outcome_scores``; ``scores`` = those + ``weight`` x ``env_rewards``."""
+    scorers = [i for i, node in enumerate(nodes) if node.op is Op.SCORE and "scores" in node.outputs]
+    if len(scorers) != 1:
+        raise NodeSpecError(f"graph {graph.name!r}: env rewards are added to the one node that writes 'scores', "
+                            f"found {len(scorers)}; pass env_reward_weight=0 and combine them in a compute node",
+                            node=graph.name, field="env_reward_weight")
+    index = scorers[0]
+    scorer = nodes[index]
+    renamed = dataclasses.replace(scorer, outputs=tuple(OUTCOME_SCORES if f == "scores" else f for f in scorer.outputs))
+    total = Node("env_reward_sum", Op.COMPUTE, None, (OUTCOME_SCORES, "env_rewards"), ("scores",), fn=ENV_REWARD_FN,
+                 options=freeze_options({"weight": weight}, "env_reward_sum"))
+    return [*nodes[:index], renamed, total, *nodes[index + 1:]]
