@@ -13,7 +13,7 @@ def record(target: int | str, index: int = 0) -> EnvRecord:
     return EnvRecord(index=index, prompt="Guess my number between 1 and 100.", ground_truth=str(target))
 
 
-def bisect(env: GuessNumberEnvironment, low: int, high: int) -> tuple[int, float, bool]:
+def bisect(env: Environment, low: int, high: int) -> tuple[int, float, bool]:
     """Plays the game by bisection, reading only the environment's feedback; returns (turns, reward, done)."""
     turns = 0
     while True:
