@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from hybridflow.agents import Environment, EnvRecord
@@ -91,3 +95,14 @@ def test_bad_rows_and_options_are_refused_with_what_is_wrong() -> None:
         GuessNumberEnvironment(low=9, high=2)
     with pytest.raises(ValueError, match="reward_decay=0"):
         GuessNumberEnvironment(reward_decay=0)
+
+
+def test_entry_points_register_the_builtins_without_torch_or_optional_frameworks() -> None:
+    probe = ("import sys\nfrom hybridflow.registry import ENVIRONMENTS\nnames = ENVIRONMENTS.names()\n"
+             "print(names, sorted(m for m in ('torch', 'skyrl_gym', 'transformers') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
+                            cwd=Path(__file__).resolve().parents[2])
+    assert result.returncode == 0, result.stderr
+    names, imported = result.stdout.strip().split("] [")
+    assert {"'guess_number'", "'skyrl'", "'trl'"} <= set(names.strip("[").split(", ")), names
+    assert imported == "]", f"importing the agents built-ins imported {imported}"
