@@ -21,7 +21,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from hybridflow.agents.protocols import EnvRecord, EnvStep, Message, Tool, ToolCall, ToolCallFormat, ToolResult
-from hybridflow.agents.records import row_columns
+from hybridflow.agents.records import ENVIRONMENT_COLUMN, row_columns
 from hybridflow.registry import ENVIRONMENTS, TOOL_FORMATS, load_object
 
 # Methods of a TRL environment that are not tools (TRL's own exclusions).
@@ -154,7 +154,9 @@ class TRLEnvironment:
         return tools
 
     def reset(self, record: EnvRecord) -> list[Message]:
-        row = {**row_columns(record), "prompt": record.prompt, "ground_truth": str(record.ground_truth)}
+        # TRL's multi-environment routing column is a control field it keeps out of reset()'s arguments.
+        columns = {k: v for k, v in row_columns(record).items() if k != ENVIRONMENT_COLUMN}
+        row = {**columns, "prompt": record.prompt, "ground_truth": str(record.ground_truth)}
         observation = self.instance.reset(**_accepted(self.instance.reset, row))
         if observation is None:
             return []
@@ -163,8 +165,8 @@ class TRLEnvironment:
     def step(self, turn: str) -> EnvStep:
         parsed = self.format.parse(turn)
         if not parsed.calls and not parsed.errors:
-            get_reward = getattr(self.instance, "get_reward", None)
-            return EnvStep(reward=float(get_reward()) if callable(get_reward) else 0.0, done=True)
+            get_reward = getattr(self.instance, "get_reward", None)  # may be async, as in TRL
+            return EnvStep(reward=float(_call(get_reward, {})) if callable(get_reward) else 0.0, done=True)
         results = [ToolResult(call=ToolCall(name="", arguments={}), content=str({"error": error}), error=True)
                    for error in parsed.errors]
         results += [_run_method(self.methods, call, self.timeout_s) for call in parsed.calls]

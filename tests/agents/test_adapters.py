@@ -75,8 +75,8 @@ class Counter:
 
 
 def counter_record() -> EnvRecord:
-    return env_record(0, GroundTruth("10", extra_info={"level": 1}, columns={"start": 3, "extra_info": {"level": 1}},
-                                     prompt=CHAT))
+    columns = {"start": 3, "extra_info": {"level": 1}, "environment": "trl"}
+    return env_record(0, GroundTruth("10", extra_info={"level": 1}, columns=columns, prompt=CHAT))
 
 
 def test_trl_reset_gets_the_row_and_its_observation_reaches_the_model() -> None:
@@ -115,7 +115,7 @@ def test_trl_failures_become_error_observations_not_exceptions() -> None:
     assert time.monotonic() - start < 1.5
 
 
-def test_trl_reset_without_kwargs_gets_only_what_it_names_and_none_shows_nothing(tmp_path: Path) -> None:
+def test_trl_reset_without_kwargs_gets_only_what_it_names_and_an_async_reward_is_awaited(tmp_path: Path) -> None:
     module = tmp_path / "trl_env.py"
     module.write_text(textwrap.dedent("""
         class Quiet:
@@ -129,12 +129,15 @@ def test_trl_reset_without_kwargs_gets_only_what_it_names_and_none_shows_nothing
                     text: The answer.
                 \"\"\"
                 return "right" if text == self.truth else "wrong"
+
+            async def get_reward(self):
+                return 0.5
     """))
     env = TRLEnvironment(f"{module}:Quiet", format=LineFormat())
     assert env.reset(counter_record()) == []
     assert env.instance.truth == "10"
     assert env.step('CALL answer {"text": "10"}').observation[0]["content"] == "right"
-    assert env.step("no more calls").reward == 0.0  # no get_reward: the reward functions score it
+    assert env.step("no more calls").reward == 0.5  # an async get_reward, awaited
 
 
 def test_trl_tools_have_schemas_from_type_hints_and_docstrings() -> None:
@@ -147,7 +150,16 @@ def test_trl_tools_have_schemas_from_type_hints_and_docstrings() -> None:
     assert tools["add"].fn(amount=2) == "2"  # tools return text
 
 
-def test_trl_refuses_a_class_without_reset() -> None:
+class Bare:
+    def reset(self) -> None:
+        return None
+
+
+def test_trl_without_get_reward_ends_at_zero_and_a_class_without_reset_is_refused() -> None:
+    env = TRLEnvironment(Bare, format=LineFormat())
+    assert env.reset(counter_record()) == [] and env.methods == {}
+    end = env.step("an answer, no calls")
+    assert end.done and end.reward == 0.0  # the run's reward functions score it
     with pytest.raises(TypeError, match="has no callable reset"):
         TRLEnvironment(object, format=LineFormat())
 
