@@ -20,7 +20,7 @@ import torch
 from hybridflow.agents.chat import ChatRenderer
 from hybridflow.agents.loop import AgentSettings, Trajectory, run_trajectories
 from hybridflow.agents.protocols import Environment, EnvRecord
-from hybridflow.agents.records import env_record
+from hybridflow.agents.records import env_record, environment_for
 from hybridflow.agents.server import BatchingTurnServer
 from hybridflow.graph import Node
 from hybridflow.graph.node import DEFAULT_MAX_TURNS
@@ -41,15 +41,16 @@ def agent_settings(node: Node) -> AgentSettings:
 
 
 def environment_factory(node: Node) -> Any:
-    """``make_env(record)`` for the node's environment (the registry entry, called with ``env_options``)."""
-    name = node.environment
+    """``make_env(record)`` for the node's environment (its registry entry, called with ``env_options``), or
+    the registered environment a row names (verl's ``interaction_kwargs["name"]``, TRL's ``environment``
+    column)."""
+    name, options = node.environment, node.env_options
     assert name is not None
-    factory = ENVIRONMENTS.get(name)
-    options = node.env_options
+    ENVIRONMENTS.get(name)  # an unknown name fails here, before any row is rolled out
 
     def make_env(record: EnvRecord) -> Environment:
         try:
-            return factory(**options)
+            return environment_for(record, name, options)
         except TypeError as err:
             raise TypeError(f"generate node {node.name!r}: environment {name!r} does not take env_options "
                             f"{sorted(options)}: {err}") from err
