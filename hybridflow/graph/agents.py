@@ -70,3 +70,9 @@ def _add_env_rewards(graph: Graph, nodes: list[Node], weight: float) -> list[Nod
     total = Node("env_reward_sum", Op.COMPUTE, None, (OUTCOME_SCORES, "env_rewards"), ("scores",), fn=ENV_REWARD_FN,
                  options=freeze_options({"weight": weight}, "env_reward_sum"))
     return [*nodes[:index], renamed, total, *nodes[index + 1:]]
+
+
+def env_reward_weight(graph: Graph) -> float:
+    """The weight :func:`with_environment` gave the environment's rewards in ``scores`` (0: none added)."""
+    node = next((n for n in graph.nodes if n.op is Op.COMPUTE and n.fn == ENV_REWARD_FN), None)
+    return float(node.option("weight", 1.0) or 0.0) if node is not None else 0.0

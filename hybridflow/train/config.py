@@ -97,6 +97,34 @@ class PlannerInputs:
 
 
 @dataclass(frozen=True, kw_only=True)
+class AgentConfig:
+    """Multi-turn rollouts (docs/agents.md): the policy's generate node runs each prompt as a trajectory in
+    ``environment`` (an ``ENVIRONMENTS`` name such as ``calculator``, ``guess_number``, ``skyrl``, ``trl``,
+    ``openai_agent``, or ``path/file.py:factory``) built with ``options``. ``max_turns`` bounds the turns,
+    ``max_turn_tokens`` the tokens sampled per turn (default: the whole response budget, the algorithm's
+    ``max_new_tokens``); ``schedule``: ``trajectory`` (each trajectory advances alone) or ``turn``
+    (batch-synchronous turns). The environment's rewards add to the reward function's, times
+    ``env_reward_weight``; ``tools_in_prompt`` renders the environment's tool schemas into chat prompts."""
+
+    environment: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    max_turns: int = 4
+    max_turn_tokens: int | None = None
+    schedule: Literal["trajectory", "turn"] = "trajectory"
+    env_reward_weight: float = 1.0
+    tools_in_prompt: bool = True
+
+    def __post_init__(self) -> None:
+        if self.environment is None and (self.options or self.max_turn_tokens is not None):
+            raise ValueError("config keys 'agent.options' / 'agent.max_turn_tokens' are only read with "
+                             "'agent.environment' set (e.g. agent.environment=calculator)")
+        for name in ("max_turns", "max_turn_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"config key 'agent.{name}'={value} must be >= 1")
+
+
+@dataclass(frozen=True, kw_only=True)
 class RoleConfig:
     """Per-role overrides under ``roles.<name>``.
 
@@ -179,6 +207,7 @@ class TrainConfig:
     roles: dict[str, RoleConfig] = field(default_factory=dict)
     reward_cache_size: int = 0  # > 0: an LRU of reward-model scores keyed by prompt + response
     liveness: Liveness = field(default_factory=Liveness)  # deadlines and heartbeats of worker calls (Ray, torchrun)
+    agent: AgentConfig = field(default_factory=AgentConfig)  # multi-turn rollouts with tools (docs/agents.md)
 
     def __post_init__(self) -> None:
         if self.placement != "default" and self.plan_file:

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from hybridflow.agents.metrics import agent_metrics
 from hybridflow.graph import Graph, Op
 from hybridflow.runtime.controller import StepResult
 from hybridflow.train.trackers import Table, Tracker, make_trackers
@@ -37,6 +38,8 @@ def step_metrics(result: StepResult, seconds: float, graph: Graph | None = None)
         if "old_logprobs" in batch and "ref_logprobs" in batch:
             kl = torch.where(trained != 0, batch["old_logprobs"] - batch["ref_logprobs"], 0.0)
             out["kl"] = float(kl.sum() / trained.sum().clamp(min=1))
+    if "agent_trace" in batch:
+        out.update(agent_metrics(list(batch["agent_trace"])))
     out.update({f"time/{name}": value for name, value in result.node_seconds.items()})
     out["time/step"] = seconds
     out["memory/rss_gb"] = _rss_gb()

@@ -28,6 +28,7 @@ from hybridflow.data.dataset import Record
 from hybridflow.data.splits import DataFiles
 from hybridflow.data.tokenizer import PLAIN_CHAT_TEMPLATE, WIDE_ALPHABET, load_tokenizer
 from hybridflow.graph import Graph, RoleKind, load_graph
+from hybridflow.graph.agents import with_environment
 from hybridflow.planner import LayoutSupport, Plan, detachable_policies, rollout_role
 from hybridflow.registry import ALGORITHMS, BACKENDS
 from hybridflow.runtime import RoleSpec, default_plan
@@ -119,7 +120,13 @@ def build_graph(config: TrainConfig) -> Graph:
     options = {"reward_kind": RoleKind.REWARD_FUNCTION, **config.algorithm_options}
     # An option the algorithm does not take (a verl/TRL name...) is named, not the factory's raw TypeError.
     check_algorithm_options(ALGORITHMS.get(config.algorithm), options, config.algorithm)
-    return load_graph(config.algorithm, **options)
+    graph = load_graph(config.algorithm, **options)
+    agent = config.agent
+    if agent.environment is None:
+        return graph
+    return with_environment(graph, agent.environment, env_options=agent.options, max_turns=agent.max_turns,
+                            max_turn_tokens=agent.max_turn_tokens, schedule=agent.schedule,
+                            env_reward_weight=agent.env_reward_weight)
 
 
 def build_plan(config: TrainConfig, graph: Graph, prompt_len: int = 32, model_dir: str | None = None, *,

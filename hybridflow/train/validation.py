@@ -7,6 +7,7 @@ ledger is untouched: the rows go to the workers as a standalone request.
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -15,13 +16,15 @@ from typing import Any
 from hybridflow.data import RewardScorer, batch_samples, encode_prompts
 from hybridflow.data.records import Record
 from hybridflow.graph import Graph, Node, Op
+from hybridflow.graph.agents import env_reward_weight
 
 TABLE = "validation_samples"  # RUN_DIR/validation_samples.jsonl and the trackers' table name
 
 
 @dataclass(frozen=True, kw_only=True)
 class ValidationResult:
-    """``val/...`` metrics and the first completions as table rows (prompt, response, ground truth, reward)."""
+    """``val/...`` metrics and the first completions as table rows (prompt, response, ground truth, reward, and
+    for a multi-turn rollout the whole ``trajectory``: turns, tool calls and the transcript)."""
 
     metrics: dict[str, float]
     samples: list[dict[str, Any]]
@@ -46,14 +49,20 @@ def validate(controller: Any, graph: Graph, records: Sequence[Record], tokenizer
     rows: list[dict[str, Any]] = []
     for start in range(0, len(records), batch_size):
         prompts = encode_prompts(records[start:start + batch_size], tokenizer)
-        samples = batch_samples(controller.generate(node.name, prompts, seed=seed), tokenizer)
+        generated = controller.generate(node.name, prompts, seed=seed)
+        samples = batch_samples(generated, tokenizer)
         total, by_function = scorer.score(samples)
+        traces = list(generated["agent_trace"]) if node.environment else [None] * len(samples)
+        if node.environment:  # the environment's rewards count as in training
+            weight = env_reward_weight(graph)
+            total = [score + weight * float(env) for score, env in zip(total, generated["env_rewards"], strict=True)]
         rewards += total
         lengths += [float(len(sample.response_ids or [])) for sample in samples]
         for name, values in by_function.items():
             parts.setdefault(name, []).extend(values)
         rows += [{"prompt": sample.prompt_text, "response": sample.response, "ground_truth": sample.ground_truth,
-                  "reward": reward} for sample, reward in zip(samples, total, strict=True)]
+                  "reward": reward, **({"trajectory": json.loads(trace)} if trace else {})}
+                 for sample, reward, trace in zip(samples, total, traces, strict=True)]
     metrics = {"val/reward/mean": statistics.fmean(rewards),
                "val/reward/std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
                "val/response_length/mean": statistics.fmean(lengths), "val/prompts": float(len(rewards))}
