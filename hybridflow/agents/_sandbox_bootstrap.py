@@ -123,6 +123,7 @@ def _error_line(exc: BaseException, memory_mb: int) -> str:
 def main() -> None:
     scratch, cpu_s, memory_mb, file_bytes, open_files, status_fd = sys.argv[1], *map(int, sys.argv[2:7])
     code = sys.stdin.read()
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # stdout and stderr interleave in order
     scratch = os.path.realpath(scratch)
     _set_limits(cpu_s, memory_mb, file_bytes, open_files)
     _install_hook(scratch)

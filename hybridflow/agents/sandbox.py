@@ -192,11 +192,10 @@ def _compose(body: str, dropped_bytes: int, tail: str, max_chars: int) -> str:
     if len(body) > room or dropped_bytes:
         dropped = max(0, len(body) - room) + dropped_bytes
         body = f"{body[:room]}\n... [output truncated: {dropped} characters dropped]\n"
+    body = body.rstrip("\n")
     if not body and not tail:
         return "(no output)"
-    if body and tail and not body.endswith("\n"):
-        body += "\n"
-    return body + tail
+    return f"{body}\n{tail}" if body and tail else body + tail
 
 
 def python_tool(*, timeout_s: float = 5.0, memory_mb: int = 512, max_output_chars: int = 4000) -> Tool:
