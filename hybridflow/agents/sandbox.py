@@ -137,7 +137,7 @@ class _OutputReader:
         self._thread.start()
         assert process.stdin is not None
         try:
-            process.stdin.write(code.encode("utf-8"))
+            process.stdin.write(code.encode("utf-8", errors="replace"))  # lone surrogates
             process.stdin.close()
         except (BrokenPipeError, OSError):  # the child died before reading its code; its status says why
             pass

@@ -6,11 +6,14 @@ import os
 import socket
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from hybridflow.agents.protocols import ToolCall
 from hybridflow.agents.sandbox import SandboxLimits, network_namespace_available, python_tool, run_python
+from hybridflow.agents.tools import run_tool_calls
 from hybridflow.registry import TOOLS
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox's limits are tested on Linux")
@@ -100,6 +103,17 @@ def test_the_registered_tool_runs_code_and_validates_options() -> None:
     assert tool.fn(code="print(sum(range(10)))") == "45"
     with pytest.raises(ValueError, match="memory_mb=8 must be >= 64"):
         python_tool(memory_mb=8)
+
+
+def test_two_sandboxed_calls_of_a_turn_run_at_once() -> None:
+    tools = {"python": python_tool(timeout_s=3.0)}
+    calls = [ToolCall(name="python", arguments={"code": f"import time\ntime.sleep(0.5)\nprint({i})"}) for i in range(2)]
+    with ThreadPoolExecutor(2) as executor:
+        start = time.monotonic()
+        results = run_tool_calls(calls, tools, executor=executor)
+        elapsed = time.monotonic() - start
+    assert [r.content for r in results] == ["0", "1"] and elapsed < 0.95, elapsed
+    assert "\ud800" not in run_python("print('\ud800')")  # a lone surrogate in the code does not break the call
 
 
 def test_network_namespace_probe_is_a_bool() -> None:
