@@ -166,9 +166,12 @@ def _kill_group(process: subprocess.Popen[bytes]) -> None:
 
 
 def _read_all(fd: int) -> str:
+    """What the exited child wrote to ``fd``; never blocks, even if an escaped grandchild holds the pipe open."""
+    os.set_blocking(fd, False)
     chunks = []
-    while chunk := os.read(fd, 65536):
-        chunks.append(chunk)
+    with contextlib.suppress(BlockingIOError):
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
     return b"".join(chunks).decode("utf-8", errors="replace")
 
 
