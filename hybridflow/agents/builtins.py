@@ -3,4 +3,9 @@
 from hybridflow.agents import (
     adapters,  # noqa: F401 (registers the "skyrl" and "trl" environments)
     environments,  # noqa: F401 (registers the "guess_number" environment)
+    formats,  # noqa: F401 (registers the "hermes" and "compact" tool-call formats)
+    retrieval,  # noqa: F401 (registers the "retrieval" tool)
+    sandbox,  # noqa: F401 (registers the "python" tool)
+    tool_env,  # noqa: F401 (registers the "tools" and "calculator" environments)
+    tools,  # noqa: F401 (registers the "calculator" tool)
 )
