@@ -252,6 +252,8 @@ def parse_distribution(text: str | float | int | Distribution, *, field: str) ->
     kind = kind.strip().lower()
     try:
         if not body:
+            if kind in ("fixed", "lognormal", "empirical"):
+                raise ValueError(f"{kind} has no values")
             return Fixed(float(kind))
         if kind == "fixed":
             return Fixed(float(body))
