@@ -10,6 +10,7 @@ from typing import Any
 
 from hybridflow.graph import Workload, load_graph
 from hybridflow.planner import Cluster, InfeasibleError, LayoutSupport, ModelSpec, Plan, PlannerOptions, plan_placement
+from hybridflow.planner.agents import AgentWorkload
 from hybridflow.planner.calibration import Calibration
 from hybridflow.planner.devices import GB, device_from_mapping, parse_device
 from hybridflow.planner.plan import ROLLOUT_SUFFIX
@@ -53,6 +54,7 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--stream-chunks", type=int, metavar="M",
                         help="with --manual and sync: cost the step streamed in M chunks (the search does not stream)")
     add_run_arguments(parser)
+    add_agent_arguments(parser)
     parser.add_argument("--backend", action="append", default=[], metavar="ROLE=NAME",
                         help="plan only layouts that backend runs for ROLE (torch, fsdp, deepspeed, vllm or a "
                              "registered one; repeatable; actor:rollout for a detached rollout). Default: any layout")
@@ -88,6 +90,27 @@ def add_run_arguments(parser: Any) -> None:
     parser.add_argument("--padding", action="store_true", default=None,
                         help="forward/update passes pad responses to the max (no remove-padding)")
     parser.add_argument("--calibration", help="a calibration file written by `hybridflow calibrate`")
+
+
+def add_agent_arguments(parser: Any) -> None:
+    """Inputs of multi-turn generate nodes (``environment`` set): hybridflow.planner.agents."""
+    parser.add_argument("--agent-turns", metavar="DIST", help="turns per trajectory, e.g. fixed:2, empirical:1,2,3 "
+                                                              "(default: half the node's max_turns)")
+    parser.add_argument("--tool-latency", metavar="DIST", help="seconds per tool call, e.g. "
+                                                               "lognormal:median=0.1,sigma=1.0 (default fixed:0)")
+    parser.add_argument("--observation-tokens", type=float, help="mean tokens of one tool answer (default 0)")
+    parser.add_argument("--agent-from", metavar="METRICS.jsonl", help="a run's metrics.jsonl to take turns, tool calls "
+                                                                      "and tool latency from (flags override it)")
+
+
+AGENT_FLAGS = {"agent_turns": "turns", "tool_latency": "tool_latency", "observation_tokens": "observation_tokens",
+               "agent_from": "from"}
+
+
+def agent_workload(settings: dict[str, Any]) -> AgentWorkload | None:
+    """The agent inputs of merged config/CLI settings (None: none given)."""
+    data = {key: settings[flag] for flag, key in AGENT_FLAGS.items() if settings.get(flag) is not None}
+    return AgentWorkload.from_mapping(data, where="plan options") if data else None
 
 
 RUN_KEYS = ("max_response_len", "lengths_from", "mini_batch_size", "epochs", "train_tokens_per_gpu",
@@ -236,12 +259,13 @@ def run(args: argparse.Namespace) -> int:
     steps = run_settings(settings, workload.response_len)
     support = backend_support(args.backend, gpu_roles)
     calibration = Calibration.load(settings["calibration"]) if settings.get("calibration") else None
+    agent = agent_workload(settings)
     try:
         options = PlannerOptions(unit=settings["unit"], separate_rollout=bool(settings.get("separate_rollout")),
                                  max_tp=settings.get("max_tp"), pipeline=str(settings.get("pipeline") or "sync"),
                                  max_staleness=settings.get("max_staleness"), support=support)
         auto = plan_placement(graph, models, workload, cluster, options=options, settings=steps,
-                              calibration=calibration)
+                              calibration=calibration, agent=agent)
     except InfeasibleError as err:
         print(f"hybridflow plan: infeasible: {err}", file=sys.stderr)
         return 1
@@ -256,7 +280,8 @@ def run(args: argparse.Namespace) -> int:
                                   settings=steps, calibration=calibration,
                                   pipeline=str(settings.get("pipeline") or "sync"),
                                   max_staleness=settings.get("max_staleness"),
-                                  stream_chunks=int(settings.get("stream_chunks") or 1), support=support)
+                                  stream_chunks=int(settings.get("stream_chunks") or 1), support=support,
+                                  agent=agent)
     elif settings.get("stream_chunks") not in (None, 1):
         raise ValueError("--stream-chunks costs a hand-written mapping's streamed step: add --manual (the search "
                          "plans unstreamed steps)")

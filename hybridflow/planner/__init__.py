@@ -4,6 +4,7 @@
 ``compare_plans`` explains the difference. Plans are immutable, JSON-serialisable values.
 """
 
+from hybridflow.planner.agents import AgentWorkload, predict_agent_schedules
 from hybridflow.planner.calibration import Calibration, Constants
 from hybridflow.planner.cluster import Cluster, Machine
 from hybridflow.planner.compare import compare_plans
@@ -32,6 +33,7 @@ __all__ = [
     "ANY_LAYOUT",
     "DEVICES",
     "PRESETS",
+    "AgentWorkload",
     "Calibration",
     "Cluster",
     "Constants",
@@ -58,5 +60,6 @@ __all__ = [
     "get_device",
     "parse_mapping",
     "plan_placement",
+    "predict_agent_schedules",
     "rollout_role",
 ]

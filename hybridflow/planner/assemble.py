@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from hybridflow.planner.costs import Shape
-from hybridflow.planner.layouts import GroupLayout
+from hybridflow.planner.agents import choose_schedule, explain_schedule, schedule_seconds
+from hybridflow.planner.costs import Shape, static_bytes
+from hybridflow.planner.execution import ExecutionMode
+from hybridflow.planner.layouts import GroupLayout, engine_layout
 from hybridflow.planner.plan import GroupPlan, NodeEstimate, Plan, SearchStats
 from hybridflow.planner.problem import Problem
 from hybridflow.planner.schedule import DRIVER, Schedule, Sharing, compile_schedule, shared_step, stream_schedule
@@ -51,7 +53,7 @@ def build_plan(problem: Problem, groups: Sequence[Placement], *, search: SearchS
     latency = sum(group.layout.batch_latency_s for group in groups)
     sharing = Sharing.of(problem.cluster, [group.gpus for group in groups])
     seconds = group_seconds(schedule, groups)
-    extra: dict[str, float] = {}
+    extra: dict[str, float | str] = {}
     if streamed is None:
         spans, span, latency = shared_step(schedule, seconds, latency, sharing)
     else:
@@ -73,6 +75,10 @@ def build_plan(problem: Problem, groups: Sequence[Placement], *, search: SearchS
         NodeEstimate(node=name, group=None if g == DRIVER else g, seconds=end - start, start_s=start, end_s=end,
                      role=problem.node_role[name])
         for name, g, (start, end) in zip(schedule.nodes, schedule.group_of, spans, strict=True))
+    mode = problem.mode
+    if problem.agents:
+        mode, why = agent_schedule(problem, groups)
+        extra["agent_schedule"] = why
     cluster = problem.cluster
     plans = tuple(
         GroupPlan(gpus=group.gpus, hosts=tuple(cluster.machines[cluster.machine_index(g)].host for g in group.gpus),
@@ -84,8 +90,29 @@ def build_plan(problem: Problem, groups: Sequence[Placement], *, search: SearchS
                 weight_sync_bytes=sum(group.layout.weight_sync_bytes for group in groups),
                 weight_sync_seconds=sum(group.layout.weight_sync_seconds for group in groups),
                 bottleneck=bottleneck(nodes, groups, step), feasible=not problems, problems=tuple(problems),
-                search=search, extra=tuple(sorted(extra.items())),
-                mode=problem.mode)
+                search=search, extra=tuple(sorted(extra.items())), mode=mode)
+
+
+def agent_schedule(problem: Problem, groups: Sequence[Placement]) -> tuple[ExecutionMode, str]:
+    """The problem's mode with the schedule its multi-turn nodes run (a node's own ``agent_schedule``, else
+    the faster over all of them on their placed layouts), and both schedules' seconds in words."""
+    costed = []
+    for agent in problem.agents:
+        role = problem.node_role[agent.node]
+        group = next(g for g in groups if role in g.roles)
+        work = problem.role(str(role))
+        layout = next(lay for lay in group.layout.layouts if lay.role == role)
+        resident = static_bytes(work.model, work.kind, engine_layout(layout) if work.generates_only else layout,
+                                group.shape)
+        load = next(load for load in work.generate if load.node == agent.node)
+        costed.append((agent, schedule_seconds(work.model, load, problem.workload.prompt_len, layout, group.shape,
+                                               agent, resident)))
+    fixed = {agent.schedule for agent in problem.agents if agent.schedule}
+    if len(fixed) == 1:
+        chosen = fixed.pop()
+    else:
+        chosen = choose_schedule({name: sum(seconds[name] for _, seconds in costed) for name in ("turn", "trajectory")})
+    return replace(problem.mode, agent_schedule=chosen), explain_schedule(costed, chosen)
 
 
 def bottleneck(nodes: Sequence[NodeEstimate], groups: Sequence[Placement], step: float) -> str:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 PIPELINES = ("sync", "one_step_off", "async")  # the execution modes a plan may record and the runtime runs
+AGENT_SCHEDULES = ("trajectory", "turn")  # how a multi-turn generate node advances its trajectories (agents.py)
 IMPLIED_STALENESS = {"sync": 0, "one_step_off": 1}  # the modes whose staleness bound is fixed
 ASYNC_STALENESS = 1  # async's bound when none is given
 
@@ -32,25 +33,30 @@ class ExecutionMode:
     partial rollouts of at most that many new tokens per segment, so weight updates land mid-response;
     0 takes :meth:`segment_budget`'s default, None generates whole responses. ``stream_chunks`` (sync
     only): > 1 hands a generate node's rows on in that many chunks (``runtime/streaming.py``).
+    ``agent_schedule``: how multi-turn generate nodes advance, ``trajectory`` (each trajectory sends its next
+    turn as soon as its tools answer) or ``turn`` (every trajectory samples turn t together, then all tools
+    run); None for a graph without multi-turn nodes (:mod:`hybridflow.planner.agents`).
     """
 
     pipeline: str = "sync"
     max_staleness: int | None = None
     segment_tokens: int | None = None
     stream_chunks: int = 1
+    agent_schedule: str | None = None
 
     def __post_init__(self) -> None:
         staleness = validate_mode(self.pipeline, self.max_staleness, self.segment_tokens, self.stream_chunks,
-                                  key=_own_key)
+                                  key=_own_key, agent_schedule=self.agent_schedule)
         object.__setattr__(self, "max_staleness", staleness)
 
     @classmethod
     def checked(cls, *, key: Callable[[str], str], pipeline: str = "sync", max_staleness: int | None = None,
-                segment_tokens: int | None = None, stream_chunks: int = 1) -> ExecutionMode:
+                segment_tokens: int | None = None, stream_chunks: int = 1,
+                agent_schedule: str | None = None) -> ExecutionMode:
         """The mode of these values, with errors naming each field as ``key(field)`` (a config key, an option)."""
-        validate_mode(pipeline, max_staleness, segment_tokens, stream_chunks, key=key)
+        validate_mode(pipeline, max_staleness, segment_tokens, stream_chunks, key=key, agent_schedule=agent_schedule)
         return cls(pipeline=pipeline, max_staleness=max_staleness, segment_tokens=segment_tokens,
-                   stream_chunks=stream_chunks)
+                   stream_chunks=stream_chunks, agent_schedule=agent_schedule)
 
     @property
     def k(self) -> int:
@@ -72,25 +78,29 @@ class ExecutionMode:
         return self.segment_tokens or max(max_new_tokens // 4, 1)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"pipeline": self.pipeline, "max_staleness": self.k, "segment_tokens": self.segment_tokens,
-                "stream_chunks": self.stream_chunks}
+        """The mode's fields; ``agent_schedule`` only when set, so plans without agents read as they always did."""
+        data: dict[str, Any] = {"pipeline": self.pipeline, "max_staleness": self.k,
+                                "segment_tokens": self.segment_tokens, "stream_chunks": self.stream_chunks}
+        if self.agent_schedule is not None:
+            data["agent_schedule"] = self.agent_schedule
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ExecutionMode:
         """The mode a plan's JSON records: its ``pipeline``, ``max_staleness``, ``segment_tokens`` and
         ``stream_chunks`` keys (plans written before modes were costed run ``sync``; before streaming was a
-        mode field, ``extra.stream_chunks`` held the chunks)."""
+        mode field, ``extra.stream_chunks`` held the chunks), and ``agent_schedule`` where a plan has agents."""
         pipeline = data.get("pipeline", "sync")
         # Older plans recorded 0 for one_step_off (the bound the runtime implied anyway).
         staleness = data.get("max_staleness") if pipeline == "async" else None
         extra: dict[str, Any] = dict(data.get("extra") or {})
         chunks: int = data.get("stream_chunks", extra.get("stream_chunks", 1))
         return cls(pipeline=pipeline, max_staleness=staleness, segment_tokens=data.get("segment_tokens"),
-                   stream_chunks=chunks)
+                   stream_chunks=chunks, agent_schedule=data.get("agent_schedule"))
 
 
 def validate_mode(pipeline: str, max_staleness: int | None, segment_tokens: int | None, stream_chunks: int, *,
-                  key: Callable[[str], str]) -> int:
+                  key: Callable[[str], str], agent_schedule: str | None = None) -> int:
     """The one check of an execution mode's values; returns the resolved staleness bound. ``key(field)`` is how
     errors name a field."""
     if pipeline not in PIPELINES:
@@ -116,6 +126,10 @@ def validate_mode(pipeline: str, max_staleness: int | None, segment_tokens: int 
         raise ValueError(f"{key('stream_chunks')}={stream_chunks} streams within a sync step; pipeline={pipeline!r} "
                          "already overlaps generation with the rest of the step: use stream_chunks=1 or "
                          "pipeline='sync'")
+    if agent_schedule is not None and agent_schedule not in AGENT_SCHEDULES:
+        raise ValueError(f"{key('agent_schedule')}={agent_schedule!r} must be one of {list(AGENT_SCHEDULES)} or None "
+                         "(trajectory: each trajectory sends its next turn when its tools answer; turn: "
+                         "batch-synchronous turns)")
     if implied is not None:
         return implied
     return ASYNC_STALENESS if max_staleness is None else max_staleness

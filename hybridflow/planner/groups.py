@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from hybridflow.planner.agents import rollout_cost
 from hybridflow.planner.costs import (
     Shape,
     engine_switch,
@@ -31,7 +32,6 @@ from hybridflow.planner.layouts import (
 from hybridflow.planner.modes import OVERLAPPED, streamed_generate_seconds
 from hybridflow.planner.plan import RoleLayout
 from hybridflow.planner.problem import Problem, RoleWork
-from hybridflow.planner.rollout import generate_cost
 
 ShapeKey = tuple[str, tuple[int, ...]]
 
@@ -42,10 +42,12 @@ def node_seconds(role: RoleWork, layout: RoleLayout, shape: Shape, prompt_len: i
     to its first generate node (verl's ``gen`` timer holds them), the shipment to a detached rollout to
     the policy's last update, and in ``one_step_off`` the detached engine's loading of those weights to its
     first generate node (the pool's own work, overlapped with training). In ``async`` a detached rollout's
-    generate nodes take the pool's streamed seconds (``modes.streamed_generate_seconds``)."""
+    generate nodes take the pool's streamed seconds (``modes.streamed_generate_seconds``); a multi-turn node
+    takes its schedule's seconds (``agents.agent_cost``) in every mode."""
     resident = static_bytes(role.model, role.kind, engine_layout(layout) if role.generates_only else layout, shape)
     seconds = {load.node: streamed_generate_seconds(role.model, load, prompt_len, layout, shape, resident)[0]
-               if role.streams else generate_cost(role.model, load, prompt_len, layout, shape, resident).seconds
+               if role.streams and role.agent(load.node) is None else
+               rollout_cost(role.model, load, prompt_len, layout, shape, resident, role.agent(load.node)).seconds
                for load in role.generate}
     if role.generate and role.update:
         first = role.generate[0].node
@@ -66,7 +68,8 @@ def node_seconds(role: RoleWork, layout: RoleLayout, shape: Shape, prompt_len: i
 
 def transient_bytes(role: RoleWork, layout: RoleLayout, shape: Shape, prompt_len: int) -> int:
     resident = static_bytes(role.model, role.kind, layout, shape)
-    costs = [generate_cost(role.model, load, prompt_len, layout, shape, resident) for load in role.generate]
+    costs = [rollout_cost(role.model, load, prompt_len, layout, shape, resident, role.agent(load.node))
+             for load in role.generate]
     costs += [forward_cost(role.model, role.kind, load, layout, shape) for load in role.forward]
     costs += [update_cost(role.model, role.kind, load, layout, shape) for load in role.update]
     return max((cost.transient_bytes for cost in costs), default=0)

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from hybridflow.planner.agents import rollout_cost
 from hybridflow.planner.costs import (
     FULL_SHARDS,
     USABLE_MEMORY,
@@ -24,7 +25,6 @@ from hybridflow.planner.costs import (
 )
 from hybridflow.planner.plan import RoleLayout, Sharding
 from hybridflow.planner.problem import RoleWork
-from hybridflow.planner.rollout import generate_cost
 from hybridflow.planner.support import ANY_LAYOUT, LayoutSupport
 
 POWERS = (1, 2, 4, 8, 16, 32, 64)
@@ -135,7 +135,8 @@ def _generate_front(role: RoleWork, base: RoleLayout, shape: Shape, prompt_len: 
         batches = {b for b in ROLLOUT_BATCHES if b < per_engine} if support.rollout_batch_size else set()
         for batch in sorted(batches | {per_engine}):
             layout = replace(base, rollout_tp=rtp, rollout_batch_size=batch)
-            costs = [generate_cost(role.model, load, prompt_len, layout, shape, resident) for load in role.generate]
+            costs = [rollout_cost(role.model, load, prompt_len, layout, shape, resident, role.agent(load.node))
+                     for load in role.generate]
             seconds = sum(c.seconds for c in costs)
             if role.update:
                 seconds += weight_sync(role.model, layout, shape)[0]

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from hybridflow.graph import Graph, Workload
+from hybridflow.planner.agents import AgentWorkload
 from hybridflow.planner.assemble import Placement, build_plan
 from hybridflow.planner.calibration import Calibration
 from hybridflow.planner.cluster import Cluster
@@ -142,7 +143,7 @@ def evaluate_mapping(graph: Graph, models: Mapping[str, ModelSpec], workload: Wo
                      gradient_checkpointing: bool | None = None, settings: RunSettings | None = None,
                      calibration: Calibration | None = None, pipeline: str = "sync",
                      max_staleness: int | None = None, stream_chunks: int = 1,
-                     support: Mapping[str, LayoutSupport] | None = None) -> Plan:
+                     support: Mapping[str, LayoutSupport] | None = None, agent: AgentWorkload | None = None) -> Plan:
     """Cost a hand-written mapping with the planner's model; fields left None are chosen by the planner.
 
     ``rollout_tp`` fixes the tensor-parallel size of a policy's rollout engine (verl's
@@ -155,7 +156,8 @@ def evaluate_mapping(graph: Graph, models: Mapping[str, ModelSpec], workload: Wo
     the fix; ``max_staleness`` is async's bound k, default 1) or "auto" (the fastest mode the mapping can
     run, async with k = 1 and 2 unless ``max_staleness`` is given; a tie keeps the simpler). ``support``: per
     role, the layouts its backend runs (:class:`~hybridflow.planner.support.LayoutSupport`); a fixed field
-    outside it is a ValueError naming the role and backend.
+    outside it is a ValueError naming the role and backend. ``agent``: the multi-turn nodes' inputs, as in
+    ``plan_placement``.
 
     The plan is executable like an auto plan. A group that does not fit memory makes the plan
     infeasible, with a problem naming the group and the overflow (an OOM risk), instead of raising.
@@ -176,7 +178,7 @@ def evaluate_mapping(graph: Graph, models: Mapping[str, ModelSpec], workload: Wo
     for mode, bound in modes:
         problem = build_problem(graph, models, workload, cluster, detach=detach, settings=settings,
                                 calibration=calibration, pipeline=mode, max_staleness=bound,
-                                stream_chunks=stream_chunks, support=support)
+                                stream_chunks=stream_chunks, support=support, agent=agent)
         splits = {"sequence_parallel": sequence_parallel, "pipeline_parallel": pipeline_parallel,
                   "expert_parallel": expert_parallel, "fsdp_size": fsdp_size}
         fixed = _Fixed(data_parallel_size, sharding, micro_batch_sizes, rollout_tp, splits, gradient_checkpointing,
@@ -188,7 +190,7 @@ def evaluate_mapping(graph: Graph, models: Mapping[str, ModelSpec], workload: Wo
             chunk = replace(workload, batch_size=-(-workload.batch_size // stream_chunks))
             chunk_problem = build_problem(graph, models, chunk, cluster, detach=detach, settings=settings,
                                           calibration=calibration, pipeline=mode, max_staleness=bound,
-                                          stream_chunks=stream_chunks, support=support)
+                                          stream_chunks=stream_chunks, support=support, agent=agent)
             streamed = (stream_chunks, _place(chunk_problem, mapping, _pinned(fixed, placements))[0])
         plans.append(build_plan(problem, placements, search=stats, problems=problems, streamed=streamed))
     if pipeline != "auto":

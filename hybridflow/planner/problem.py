@@ -6,6 +6,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 
 from hybridflow.graph import Graph, NodeLoad, Op, RoleKind, Workload, edge_bytes, node_loads
+from hybridflow.planner.agents import AgentNode, AgentWorkload, agent_nodes, engine_prefix_caching
 from hybridflow.planner.calibration import DEFAULT_CALIBRATION, Calibration
 from hybridflow.planner.cluster import Cluster
 from hybridflow.planner.costs import FORWARD_OPS
@@ -30,6 +31,11 @@ class RoleWork:
     rows: int
     ships_to: str | None = None  # the detached rollout role this policy sends its weights to after updating
     streams: bool = False  # async: a detached rollout generating continuously across steps (``modes.py``)
+    agents: tuple[AgentNode, ...] = ()  # its multi-turn generate nodes (``agents.py``)
+
+    def agent(self, node: str) -> AgentNode | None:
+        """The multi-turn spec of generate node ``node``; None for a single-turn one."""
+        return next((agent for agent in self.agents if agent.node == node), None)
 
     @property
     def generates_only(self) -> bool:
@@ -59,6 +65,7 @@ class Problem:
     settings: RunSettings = DEFAULT_SETTINGS
     calibration: Calibration = DEFAULT_CALIBRATION
     mode: ExecutionMode = field(default_factory=ExecutionMode)  # overlapped modes: detached generate nodes
+    agents: tuple[AgentNode, ...] = ()  # multi-turn generate nodes and the inputs they are costed with
 
     @property
     def step_overhead_s(self) -> float:
@@ -85,7 +92,8 @@ def build_problem(graph: Graph, models: Mapping[str, ModelSpec], workload: Workl
                   calibration: Calibration | None = None, pipeline: str = "sync",
                   max_staleness: int | None = None, stream_chunks: int = 1,
                   support: Mapping[str, LayoutSupport] | None = None,
-                  micro_batch_sizes: Mapping[str, int] | None = None) -> Problem:
+                  micro_batch_sizes: Mapping[str, int] | None = None,
+                  agent: AgentWorkload | None = None) -> Problem:
     """Check the inputs against each other and precompute per-role loads and edge sizes.
 
     ``detach`` names trainable policies whose rollout runs on GPUs of its own: their generate nodes move
@@ -95,6 +103,8 @@ def build_problem(graph: Graph, models: Mapping[str, ModelSpec], workload: Workl
     (``hybridflow.planner.modes``); both need a detached rollout. ``stream_chunks`` > 1: a sync step
     streamed in that many chunks (``assemble.build_plan(streamed=...)`` costs it). ``support``: per role, the
     layouts its backend runs (:mod:`.support`); ``micro_batch_sizes``: per role, a micro batch the user fixed.
+    ``agent``: what the graph's multi-turn generate nodes (``environment`` set) do (:mod:`.agents`); None costs
+    them at half their ``max_turns`` without tool latency, and refuses inputs for a graph without such nodes.
     """
     if not isinstance(graph, Graph):
         raise TypeError(f"graph must be a hybridflow Graph, got {type(graph).__name__}; use load_graph('ppo')")
@@ -110,6 +120,9 @@ def build_problem(graph: Graph, models: Mapping[str, ModelSpec], workload: Workl
             raise ValueError(f"models names role {name!r}, which graph {graph.name!r} lacks; roles: {sorted(known)}")
         if not isinstance(model, ModelSpec):
             raise TypeError(f"models[{name!r}] must be a ModelSpec, got {type(model).__name__}")
+    if agent is not None and not isinstance(agent, AgentWorkload):
+        raise TypeError(f"agent must be an AgentWorkload, got {type(agent).__name__}")
+    agents = agent_nodes(graph, agent, prefix_caching=engine_prefix_caching(cluster))
     loads = node_loads(graph, workload)
     roles, drivers = [], []
     for role in graph.roles:
@@ -125,7 +138,8 @@ def build_problem(graph: Graph, models: Mapping[str, ModelSpec], workload: Workl
             forward=tuple(load for load in mine if load.op in FORWARD_OPS),
             update=tuple(load for load in mine if load.op is Op.UPDATE),
             generate=tuple(load for load in mine if load.op is Op.GENERATE),
-            rows=workload.sequences(graph)))
+            rows=workload.sequences(graph),
+            agents=tuple(a for a in agents if any(a.node == load.node for load in mine))))
     if not roles:
         raise ValueError(f"graph {graph.name!r} has no role that needs a GPU; nothing to place")
     gpu_roles = {role.name for role in roles}
@@ -147,7 +161,7 @@ def build_problem(graph: Graph, models: Mapping[str, ModelSpec], workload: Workl
                    graph=graph, workload=workload, cluster=cluster, roles=tuple(roles), driver_roles=tuple(drivers),
                    edge_bytes=edge_bytes(graph, workload), node_role=node_role, apart=apart, max_tp=max_tp,
                    settings=settings or DEFAULT_SETTINGS, calibration=calibration or DEFAULT_CALIBRATION,
-                   mode=mode)
+                   mode=mode, agents=agents)
 
 
 def _detach_rollouts(roles: list[RoleWork], detach: Collection[str], node_role: dict[str, str | None], *,
@@ -169,7 +183,7 @@ def _detach_rollouts(roles: list[RoleWork], detach: Collection[str], node_role: 
         rollout = rollout_role(work.name)
         split.append(replace(work, generate=(), ships_to=rollout))
         split.append(RoleWork(name=rollout, kind=RoleKind.FROZEN_POLICY, model=work.model, forward=(), update=(),
-                              generate=work.generate, rows=work.rows, streams=streams))
+                              generate=work.generate, rows=work.rows, streams=streams, agents=work.agents))
         node_role.update({load.node: rollout for load in work.generate})
         apart.append((work.name, rollout))
     return split, tuple(apart)

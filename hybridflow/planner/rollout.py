@@ -98,6 +98,12 @@ def decode_seconds(engine: Engine, per_engine: int, in_flight: int, prompt_len: 
     return seconds
 
 
+def prefill_seconds(model: ModelSpec, tokens: float, layout: RoleLayout, shape: Shape) -> float:
+    """One engine prefilling ``tokens``: compute-bound, ``2·N_active`` FLOPs a token at ``prefill_mfu``."""
+    peak = shape.device.peak_flops(layout.dtype)
+    return 2 * model.active * tokens / layout.rollout_tp / (peak * shape.constants.prefill_mfu)
+
+
 def generate_cost(model: ModelSpec, load: NodeLoad, prompt_len: int, layout: RoleLayout, shape: Shape,
                   resident: float = 0.0) -> Cost:
     """Rollout: compute-bound prefill, then continuous-batching decode (see the module docstring).
@@ -113,9 +119,7 @@ def generate_cost(model: ModelSpec, load: NodeLoad, prompt_len: int, layout: Rol
     per_engine = math.ceil(rows / engines)
     in_flight = concurrency(engine, per_engine, layout.rollout_batch_size or per_engine, prompt_len, lengths,
                             resident)
-    peak = shape.device.peak_flops(layout.dtype)
-    prefill_tokens = math.ceil(load.prompt_tokens / engines)
-    prefill = 2 * model.active * prefill_tokens / rtp / (peak * shape.constants.prefill_mfu)
+    prefill = prefill_seconds(model, math.ceil(load.prompt_tokens / engines), layout, shape)
     decode = decode_seconds(engine, per_engine, in_flight, prompt_len, lengths, rows)
     reuse = layout.sharding is Sharding.NO_SHARD and layout.tp == rtp
     if shape.run.gpu_memory_utilization is not None:  # the engine fills its share, resident bytes included

@@ -13,6 +13,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from hybridflow.graph import Graph, Workload
+from hybridflow.planner.agents import AgentWorkload
 from hybridflow.planner.assemble import Placement, build_plan, group_seconds, idle_fraction
 from hybridflow.planner.calibration import Calibration
 from hybridflow.planner.cluster import Cluster
@@ -217,11 +218,13 @@ def _better(new: Key, old: Key) -> bool:
 
 def plan_placement(graph: Graph, models: Mapping[str, ModelSpec], workload: Workload, cluster: Cluster, *,
                    options: PlannerOptions | None = None, settings: RunSettings | None = None,
-                   calibration: Calibration | None = None) -> Plan:
+                   calibration: Calibration | None = None, agent: AgentWorkload | None = None) -> Plan:
     """The plan with the least modelled step time (ties: fewer cross-group bytes, then less idle time).
 
     ``settings`` is the run's step recipe (response lengths, mini-batches, offload...); ``calibration``
-    the cost model's fitted constants (``Calibration.load(path)``, written by ``hybridflow calibrate``).
+    the cost model's fitted constants (``Calibration.load(path)``, written by ``hybridflow calibrate``);
+    ``agent`` what the graph's multi-turn generate nodes do (:class:`~hybridflow.planner.agents.AgentWorkload`):
+    the plan records the faster agent schedule in ``mode.agent_schedule`` and why in ``extra["agent_schedule"]``.
 
     Raises :class:`InfeasibleError` naming what does not fit, and by how much, when no plan fits.
     """
@@ -233,7 +236,8 @@ def plan_placement(graph: Graph, models: Mapping[str, ModelSpec], workload: Work
     for detach, pipeline, bound in _modes(opts, graph):
         problem = build_problem(graph, models, workload, cluster, detach=detach, max_tp=opts.max_tp,
                                 settings=settings, calibration=calibration, pipeline=pipeline,
-                                max_staleness=bound, support=opts.support, micro_batch_sizes=opts.micro_batch_sizes)
+                                max_staleness=bound, support=opts.support, micro_batch_sizes=opts.micro_batch_sizes,
+                                agent=agent)
         searcher = Searcher(problem, opts.units(cluster))
         placements = searcher.run()
         visited += searcher.visited + searcher.evaluator.evaluations

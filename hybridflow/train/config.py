@@ -18,6 +18,7 @@ import yaml
 
 from hybridflow.data.splits import DataFiles
 from hybridflow.planner import ExecutionMode, Plan
+from hybridflow.planner.agents import WORKLOAD_KEYS, AgentWorkload
 from hybridflow.planner.modes import check_choice
 from hybridflow.runtime.liveness import Liveness
 from hybridflow.runtime.protocols import DEFAULT_ROLLOUT, OptimSpec
@@ -74,10 +75,14 @@ class PlannerInputs:
     auto|manual``). ``lengths_from``: an earlier run's metrics.jsonl; ``mean_response_len``: a lognormal with
     that mean, capped at ``max_new_tokens``. Neither: every response costed at ``max_new_tokens``. The rest of
     the planner's step recipe (epochs, mini-batches, prompt cap, offload, the engine's memory) is derived from
-    the run's own keys (:func:`hybridflow.train.placement.run_settings`)."""
+    the run's own keys (:func:`hybridflow.train.placement.run_settings`). ``agent``: what a multi-turn generate
+    node's trajectories do (keys of :data:`hybridflow.planner.agents.WORKLOAD_KEYS`: ``turns``, ``tool_latency``,
+    ``calls_per_turn``, ``observation_tokens``, ``turn_tokens``, ``prefix_caching``, ``from`` an earlier run's
+    metrics.jsonl); unset, such a node is costed at half its ``max_turns`` without tool latency."""
 
     lengths_from: str | None = None
     mean_response_len: int | None = None
+    agent: dict[str, Any] | None = None
 
     # Planner keys a run states itself, and where (an unknown key here names its home).
     STATED_BY_THE_RUN: typing.ClassVar[dict[str, str]] = {
@@ -91,9 +96,18 @@ class PlannerInputs:
         if self.lengths_from and self.mean_response_len is not None:
             raise ValueError("config keys 'planner_settings.lengths_from' and 'planner_settings.mean_response_len' "
                              "conflict: give one")
+        self.agent_workload()
+
+    def agent_workload(self) -> AgentWorkload | None:
+        """The ``agent`` mapping as the planner's input (None: not given); errors name the config key."""
+        if self.agent is None:
+            return None
+        if not isinstance(self.agent, Mapping):
+            raise ValueError(f"config key 'planner_settings.agent' must be a mapping of {list(WORKLOAD_KEYS)}")
+        return AgentWorkload.from_mapping(self.agent, where="config key 'planner_settings.agent'")
 
     def __bool__(self) -> bool:
-        return bool(self.lengths_from) or self.mean_response_len is not None
+        return bool(self.lengths_from) or self.mean_response_len is not None or self.agent is not None
 
 
 @dataclass(frozen=True, kw_only=True)

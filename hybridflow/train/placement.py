@@ -27,8 +27,10 @@ from hybridflow.planner import (
     plan_placement,
     rollout_role,
 )
+from hybridflow.planner.agents import AgentWorkload
 from hybridflow.planner.models import from_config_dict
 from hybridflow.planner.settings import Offload, RunSettings
+from hybridflow.runtime.protocols import DEFAULT_ROLLOUT
 from hybridflow.train.config import TrainConfig
 
 
@@ -135,12 +137,14 @@ def planned(config: TrainConfig, graph: Graph, prompt_len: int, model_dir: str |
     models = role_models(config, graph, model_dir, vocab_size=vocab_size)
     work = workload(config, graph, prompt_len, settings)
     calibration = Calibration.load(config.calibration) if config.calibration else None
+    agent = agent_workload(config, graph)
     support = dict(support or {})
     if config.placement == "auto":
         plan = plan_placement(graph, models, work, cluster, calibration=calibration, settings=settings,
                               options=PlannerOptions(separate_rollout=config.separate_rollout,
                                                      pipeline=config.pipeline, max_staleness=_bound(config),
-                                                     support=support, micro_batch_sizes=dict(micro_batch_sizes or {})))
+                                                     support=support, micro_batch_sizes=dict(micro_batch_sizes or {})),
+                              agent=agent)
     else:
         gpu_roles = set(models)
         missing = sorted(gpu_roles - set(config.meshes))
@@ -157,10 +161,21 @@ def planned(config: TrainConfig, graph: Graph, prompt_len: int, model_dir: str |
                                 data_parallel_size={role: len(mesh) for role, mesh in config.meshes.items()},
                                 sharding=None, micro_batch_sizes=dict(micro_batch_sizes or {}) or None,
                                 pipeline=config.pipeline, max_staleness=_bound(config),
-                                stream_chunks=config.stream_chunks, support=support)
+                                stream_chunks=config.stream_chunks, support=support, agent=agent)
         if not plan.feasible:
             raise ValueError(f"config key 'meshes': the mapping does not fit: {'; '.join(plan.problems)}")
     return plan
+
+
+def agent_workload(config: TrainConfig, graph: Graph) -> AgentWorkload | None:
+    """``planner_settings.agent`` with prefix caching, where it is unset, that of the policy's rollout engine (vLLM
+    caches prefixes; the native rollout recomputes the context every turn). None when the config gives none."""
+    agent = config.planner_settings.agent_workload()
+    if agent is None or agent.prefix_caching is not None:
+        return agent
+    engines = {config.roles[name].rollout if name in config.roles else DEFAULT_ROLLOUT
+               for name in detachable_policies(graph)}
+    return replace(agent, prefix_caching=engines == {"vllm"})
 
 
 def _bound(config: TrainConfig) -> int | None:
