@@ -137,6 +137,10 @@ class TRLEnvironment:
             name: method for name, method in inspect.getmembers(self.instance, predicate=inspect.ismethod)
             if not name.startswith("_") and name not in TRL_RESERVED}
 
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """The tool methods' OpenAI function schemas (rendered into chat prompts)."""
+        return [tool.schema() for tool in self.tools()]
+
     def tools(self) -> list[Tool]:
         """The tool methods as :class:`Tool` s (schemas from their type hints and Google-style docstrings, by
         ``transformers.utils.get_json_schema``, as TRL renders them), so a prompt can list them."""

@@ -134,6 +134,15 @@ class Environment(Protocol):
         ...
 
 
+@runtime_checkable
+class ToolUser(Protocol):
+    """An environment whose tools the prompt should list (chat templates render them from ``tools=``)."""
+
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """The OpenAI function schemas of the tools (:meth:`Tool.schema`)."""
+        ...
+
+
 EnvironmentFactory = Callable[..., Environment]
 """``factory(**options) -> Environment``: the ``hybridflow.registry.ENVIRONMENTS`` entries."""
 

@@ -88,6 +88,10 @@ class ToolEnvironment:
                             "no parse / result_messages")
         return call_format
 
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """The tools' OpenAI function schemas (rendered into chat prompts)."""
+        return [tool.schema() for tool in self._base_tools.values()]
+
     def reset(self, record: EnvRecord) -> list[Message]:
         create_kwargs = _create_kwargs(record.tools_kwargs, self.tool_names)
         if create_kwargs:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,12 +26,13 @@ class PreparedRecords:
 
 
 def prepare_records(records: Sequence[Record], tokenizer: Any, *, max_prompt_length: int | None = None,
-                    name: str = "data") -> PreparedRecords:
+                    name: str = "data", tools: Sequence[Mapping[str, Any]] | None = None) -> PreparedRecords:
     """Render chat prompts through ``tokenizer``'s template and drop prompts over ``max_prompt_length`` tokens.
 
     A chat prompt's messages stay in ``raw_prompt`` (TRL-style reward functions get them as ``prompts``).
     The number dropped is returned and logged, never silent; dropping every record is an error.
-    ``name`` ("data", "validation") prefixes the messages.
+    ``name`` ("data", "validation") prefixes the messages. ``tools``: the function schemas a multi-turn rollout's
+    environment offers, rendered into chat prompts.
     """
     if max_prompt_length is not None and max_prompt_length < 1:
         raise ValueError(f"data.max_prompt_length={max_prompt_length} must be a positive number of tokens (or unset)")
@@ -39,7 +40,7 @@ def prepare_records(records: Sequence[Record], tokenizer: Any, *, max_prompt_len
     longest = 0
     for index, record in enumerate(records):
         prompt = record[PROMPT]
-        text = render_prompt(prompt, tokenizer, f"{name} record {index}")
+        text = render_prompt(prompt, tokenizer, f"{name} record {index}", tools=tools)
         tokens = len(tokenizer(text, add_special_tokens=False)["input_ids"])
         if max_prompt_length is not None and tokens > max_prompt_length:
             continue

@@ -80,11 +80,12 @@ def check_prompt(prompt: object, where: str) -> str | Messages:
                      '{"role", "content"} chat messages')
 
 
-def render_prompt(prompt: str | Messages, tokenizer: Any, where: str = "prompt") -> str:
+def render_prompt(prompt: str | Messages, tokenizer: Any, where: str = "prompt",
+                  tools: Sequence[Mapping[str, Any]] | None = None) -> str:
     """The text the policy sees: a string as is, chat messages through the tokenizer's chat template.
 
     The template is applied with ``add_generation_prompt=True`` (what verl and TRL do), so the model
-    continues as the assistant.
+    continues as the assistant; ``tools`` (OpenAI function schemas) are rendered where the template lists them.
     """
     if isinstance(prompt, str):
         return prompt
@@ -93,7 +94,8 @@ def render_prompt(prompt: str | Messages, tokenizer: Any, where: str = "prompt")
                          f"({type(tokenizer).__name__}) has no chat template; use a model whose tokenizer has one "
                          "(tokenizer_config.json 'chat_template'), set tokenizer.chat_template, or give plain-text "
                          "prompts")
-    text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True,
+                                         **({"tools": list(tools)} if tools else {}))
     if not isinstance(text, str):
         raise TypeError(f"{where}: apply_chat_template returned {type(text).__name__}, not the prompt text")
     return text

@@ -8,6 +8,7 @@ right has a gradient to climb; an exact answer scores 1.0.
 from __future__ import annotations
 
 import random
+import re
 import string
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,15 +55,28 @@ def _add(rng: random.Random) -> Example:
     return f"{a}+{b}=", str(a + b)
 
 
+def _multiply(rng: random.Random) -> Example:
+    a, b = rng.randint(100, 999), rng.randint(10, 99)
+    return f"{a}*{b}=", str(a * b)
+
+
 def _arithmetic_reward(response: str, answer: str) -> float:
     # Exact answers dominate: a digit-wise near miss is worth at most half an exact one.
     return 1.0 if response.strip() == answer else 0.5 * char_accuracy(response, answer)
+
+
+def _last_number_reward(response: str, answer: str) -> float:
+    numbers = re.findall(r"-?\d+", response)
+    return _arithmetic_reward(numbers[-1] if numbers else response, answer)
 
 
 TASKS.add("reverse", Task(name="reverse", make_example=_reverse, reward=char_accuracy, max_answer_chars=5))
 TASKS.add("sort", Task(name="sort", make_example=_sort, reward=char_accuracy, max_answer_chars=5))
 TASKS.add("arithmetic", Task(name="arithmetic", make_example=_add, reward=_arithmetic_reward,
                              max_answer_chars=3))
+# Beyond a tiny model's own arithmetic, within reach with the calculator tool (docs/agents.md); the reward reads
+# the last number the policy wrote, so an answer after a tool call counts.
+TASKS.add("multiply", Task(name="multiply", make_example=_multiply, reward=_last_number_reward, max_answer_chars=5))
 
 
 def task_examples(task: str | Task, count: int, *, seed: int = 0) -> list[dict[str, str]]:

@@ -1,8 +1,9 @@
 """Make any algorithm's graph multi-turn: its generate node rolls out in an environment (docs/agents.md).
 
 GRPO, DAPO, PPO... are written with a single-turn ``generate``; :func:`with_environment` rebinds that node to an
-environment (reading ``ground_truth``, writing the agent outputs) and, unless ``env_reward_weight`` is 0, adds
-the environment's rewards to the reward node's ``scores``, so the rest of the graph trains on it unchanged.
+environment (reading ``ground_truth``, writing the agent outputs), lets reward nodes score only the tokens the
+policy sampled and, unless ``env_reward_weight`` is 0, adds the environment's rewards to the reward node's
+``scores``, so the rest of the graph trains on it unchanged.
 """
 
 from __future__ import annotations
@@ -23,13 +24,17 @@ OUTCOME_SCORES = "outcome_scores"
 
 def with_environment(graph: Graph, environment: str, *, env_options: Mapping[str, Any] | None = None,
                      max_turns: int | None = None, max_turn_tokens: int | None = None,
-                     schedule: str = "trajectory", env_reward_weight: float = 1.0) -> Graph:
-    """``graph`` with its generate node(s) rolling out in ``environment`` (see ``GraphBuilder.generate``)."""
+                     schedule: str | None = None, env_reward_weight: float = 1.0) -> Graph:
+    """``graph`` with its generate node(s) rolling out in ``environment`` (see ``GraphBuilder.generate``).
+
+    ``schedule`` None leaves the choice to the plan (:func:`with_schedule`; ``trajectory`` when unplanned)."""
     generates = [node for node in graph.nodes if node.op is Op.GENERATE]
     if not generates:
         raise NodeSpecError(f"graph {graph.name!r} has no generate node to run in environment {environment!r}",
                             node=graph.name, field="environment")
-    agent: dict[str, Any] = {"environment": environment, "agent_schedule": schedule, "loss_mask": True}
+    agent: dict[str, Any] = {"environment": environment, "loss_mask": True}
+    if schedule is not None:
+        agent["agent_schedule"] = schedule
     if env_options:
         agent["env_options"] = json.dumps(dict(env_options), sort_keys=True)
     agent.update({key: value for key, value in (("max_turns", max_turns), ("max_turn_tokens", max_turn_tokens))
@@ -38,6 +43,8 @@ def with_environment(graph: Graph, environment: str, *, env_options: Mapping[str
     for node in graph.nodes:
         if node.op is Op.GENERATE:
             node = _multi_turn(node, agent)
+        elif node.op is Op.SCORE:
+            node = _scores_sampled_tokens(node)
         nodes.append(node)
     if env_reward_weight:
         nodes = _add_env_rewards(graph, nodes, env_reward_weight)
@@ -55,6 +62,14 @@ def _multi_turn(node: Node, agent: Mapping[str, Any]) -> Node:
     options = {**node.options_dict, **agent}
     return dataclasses.replace(node, inputs=(*node.inputs, *AGENT_INPUT_PORTS),
                                outputs=(*node.outputs, *AGENT_OUTPUT_PORTS), options=freeze_options(options, node.name))
+
+
+def _scores_sampled_tokens(node: Node) -> Node:
+    """A reward node reads the policy's own tokens (every turn, no observation): its ``response_mask`` port is
+    bound to ``loss_mask``, so a tool's output cannot earn a reward by itself (an answer copied from the
+    calculator counts once the policy writes it)."""
+    inputs = tuple("loss_mask" if field == "response_mask" else field for field in node.inputs)
+    return dataclasses.replace(node, inputs=inputs)
 
 
 def _add_env_rewards(graph: Graph, nodes: list[Node], weight: float) -> list[Node]:
@@ -76,3 +91,13 @@ def env_reward_weight(graph: Graph) -> float:
     """The weight :func:`with_environment` gave the environment's rewards in ``scores`` (0: none added)."""
     node = next((n for n in graph.nodes if n.op is Op.COMPUTE and n.fn == ENV_REWARD_FN), None)
     return float(node.option("weight", 1.0) or 0.0) if node is not None else 0.0
+
+
+def with_schedule(graph: Graph, schedule: str | None) -> Graph:
+    """``graph`` with every multi-turn node that fixes no ``agent_schedule`` running ``schedule`` (a plan's
+    ``mode.agent_schedule``; None: ``trajectory``), so the workers run what the plan costed."""
+    chosen = schedule or "trajectory"
+    nodes = tuple(dataclasses.replace(node, options=freeze_options({**node.options_dict, "agent_schedule": chosen},
+                                                                     node.name))
+                  if node.environment and node.option("agent_schedule") is None else node for node in graph.nodes)
+    return Graph(graph.name, graph.roles, nodes, graph.inputs)

@@ -116,15 +116,16 @@ class AgentConfig:
     ``environment`` (an ``ENVIRONMENTS`` name such as ``calculator``, ``guess_number``, ``skyrl``, ``trl``,
     ``openai_agent``, or ``path/file.py:factory``) built with ``options``. ``max_turns`` bounds the turns,
     ``max_turn_tokens`` the tokens sampled per turn (default: the whole response budget, the algorithm's
-    ``max_new_tokens``); ``schedule``: ``trajectory`` (each trajectory advances alone) or ``turn``
-    (batch-synchronous turns). The environment's rewards add to the reward function's, times
+    ``max_new_tokens``); ``schedule``: ``trajectory`` (each trajectory advances alone), ``turn``
+    (batch-synchronous turns) or ``auto`` (the plan's choice with ``placement: auto|manual``, else
+    trajectory). The environment's rewards add to the reward function's, times
     ``env_reward_weight``; ``tools_in_prompt`` renders the environment's tool schemas into chat prompts."""
 
     environment: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
     max_turns: int = 4
     max_turn_tokens: int | None = None
-    schedule: Literal["trajectory", "turn"] = "trajectory"
+    schedule: Literal["trajectory", "turn", "auto"] = "auto"
     env_reward_weight: float = 1.0
     tools_in_prompt: bool = True
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from hybridflow.data import PreparedRecords, RewardScorer
 from hybridflow.graph import Graph
+from hybridflow.graph.agents import with_schedule
 from hybridflow.planner import Plan
 from hybridflow.runtime import RoleSpec
 from hybridflow.train import setup
@@ -63,5 +64,6 @@ def prepare_run(config: TrainConfig, *, graph: Graph | None = None, plan: Plan |
                                 vocab_size=len(tokenizer))
     else:
         setup.check_given_plan(config, graph, plan, specs)
+    graph = with_schedule(graph, plan.mode.agent_schedule)  # multi-turn nodes run the schedule the plan costed
     return PreparedRun(config=config, graph=graph, plan=plan, tokenizer=tokenizer, train_data=train_data,
                        validation_data=validation, scorer=setup.reward_scorer(config, tokenizer), given_specs=specs)

@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from hybridflow.agents.protocols import ToolUser
 from hybridflow.data import (
     DataSpec,
     DataSplits,
@@ -30,7 +31,7 @@ from hybridflow.data.tokenizer import PLAIN_CHAT_TEMPLATE, WIDE_ALPHABET, load_t
 from hybridflow.graph import Graph, RoleKind, load_graph
 from hybridflow.graph.agents import with_environment
 from hybridflow.planner import LayoutSupport, Plan, detachable_policies, rollout_role
-from hybridflow.registry import ALGORITHMS, BACKENDS
+from hybridflow.registry import ALGORITHMS, BACKENDS, ENVIRONMENTS
 from hybridflow.runtime import RoleSpec, default_plan
 from hybridflow.runtime.checks import check_layouts, role_support
 from hybridflow.runtime.executor import Executor, LocalExecutor
@@ -70,10 +71,10 @@ def records(config: TrainConfig) -> list[Record]:
 
 def policy_tokenizer(config: TrainConfig) -> Any:
     """``model.path``'s tokenizer, or the tiny model's character tokenizer (wide, with a plain chat template,
-    when prompts come from a file: word problems and chat turns use more than the tasks' characters)."""
+    when prompts come from a file or trajectories hold tool calls: they use more than the tasks' characters)."""
     if config.model.path:
         return load_tokenizer(config.model.path)
-    if config.data.path:
+    if config.data.path or config.agent.environment:
         return char_tokenizer(WIDE_ALPHABET, chat_template=PLAIN_CHAT_TEMPLATE)
     return char_tokenizer()
 
@@ -82,10 +83,24 @@ def prepare_data(config: TrainConfig, splits: DataSplits, tokenizer: Any) -> tup
                                                                                   PreparedRecords | None]:
     """Chat prompts rendered, over-long prompts dropped and counted, for training and validation."""
     limit = config.data.max_prompt_length
-    train = prepare_records(splits.train, tokenizer, max_prompt_length=limit)
-    validation = (prepare_records(splits.validation, tokenizer, max_prompt_length=limit, name="validation")
-                  if splits.validation else None)
+    tools = agent_tool_schemas(config)
+    train = prepare_records(splits.train, tokenizer, max_prompt_length=limit, tools=tools)
+    validation = (prepare_records(splits.validation, tokenizer, max_prompt_length=limit, name="validation",
+                                  tools=tools) if splits.validation else None)
     return train, validation
+
+
+def agent_tool_schemas(config: TrainConfig) -> list[dict[str, Any]] | None:
+    """The function schemas of the run's environment's tools, for chat prompts (``agent.tools_in_prompt``): an
+    environment built once here, with the run's options, is asked for them (None: no tools to list)."""
+    agent = config.agent
+    if agent.environment is None or not agent.tools_in_prompt:
+        return None
+    environment = ENVIRONMENTS.get(agent.environment)(**agent.options)
+    try:
+        return list(environment.tool_schemas()) if isinstance(environment, ToolUser) else None
+    finally:
+        environment.close()
 
 
 def prepare_model(config: TrainConfig, run_dir: Path, data: list[Record],
@@ -125,7 +140,8 @@ def build_graph(config: TrainConfig) -> Graph:
     if agent.environment is None:
         return graph
     return with_environment(graph, agent.environment, env_options=agent.options, max_turns=agent.max_turns,
-                            max_turn_tokens=agent.max_turn_tokens, schedule=agent.schedule,
+                            max_turn_tokens=agent.max_turn_tokens,
+                            schedule=None if agent.schedule == "auto" else agent.schedule,
                             env_reward_weight=agent.env_reward_weight)
 
 
