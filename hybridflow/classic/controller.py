@@ -98,9 +98,13 @@ class SingleController:
         return Cluster.parse(self.config.cluster or f"{self.config.num_gpus}xA100-80G")
 
     def graph(self) -> Graph:
-        """The settings' algorithm with a reward model when one is given, the task's rule otherwise."""
+        """The settings' algorithm with a reward model when one is given, the task's rule otherwise; multi-turn in an
+    environment when the settings' ``agent.environment`` names one (``settings={"agent.environment": ...}``)."""
+        from hybridflow.train.setup import with_agent
+
         kind = RoleKind.REWARD_MODEL if "reward" in self.models else RoleKind.REWARD_FUNCTION
-        return load_graph(self.settings.algorithm, **{**self.settings.algorithm_options, "reward_kind": kind})
+        graph = load_graph(self.settings.algorithm, **{**self.settings.algorithm_options, "reward_kind": kind})
+        return with_agent(self.settings, graph)  # settings' agent section: a multi-turn rollout with tools
 
     @property
     def workload(self) -> Workload:

@@ -135,7 +135,11 @@ def build_graph(config: TrainConfig) -> Graph:
     options = {"reward_kind": RoleKind.REWARD_FUNCTION, **config.algorithm_options}
     # An option the algorithm does not take (a verl/TRL name...) is named, not the factory's raw TypeError.
     check_algorithm_options(ALGORITHMS.get(config.algorithm), options, config.algorithm)
-    graph = load_graph(config.algorithm, **options)
+    return with_agent(config, load_graph(config.algorithm, **options))
+
+
+def with_agent(config: TrainConfig, graph: Graph) -> Graph:
+    """``graph`` made multi-turn as the config's ``agent`` section says (unchanged without an environment)."""
     agent = config.agent
     if agent.environment is None:
         return graph
