@@ -3,4 +3,5 @@
 from hybridflow.agents import (
     adapters,  # noqa: F401 (registers the "skyrl" and "trl" environments)
     environments,  # noqa: F401 (registers the "guess_number" environment)
+    openai_agent,  # noqa: F401 (registers the "openai_agent" environment)
 )
