@@ -10,14 +10,16 @@ from hybridflow.agents.protocols import (
     EnvStep,
     Message,
     ParsedTurn,
+    Prompt,
     Tool,
     ToolCall,
     ToolCallFormat,
     ToolResult,
+    TurnObserver,
     TurnRequest,
     TurnResult,
     TurnServer,
 )
 
-__all__ = ["EnvRecord", "EnvStep", "Environment", "Message", "ParsedTurn", "Tool", "ToolCall", "ToolCallFormat",
-           "ToolResult", "TurnRequest", "TurnResult", "TurnServer"]
+__all__ = ["EnvRecord", "EnvStep", "Environment", "Message", "ParsedTurn", "Prompt", "Tool", "ToolCall",
+           "ToolCallFormat", "ToolResult", "TurnObserver", "TurnRequest", "TurnResult", "TurnServer"]

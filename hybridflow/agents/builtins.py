@@ -4,6 +4,7 @@ from hybridflow.agents import (
     adapters,  # noqa: F401 (registers the "skyrl" and "trl" environments)
     environments,  # noqa: F401 (registers the "guess_number" environment)
     formats,  # noqa: F401 (registers the "hermes" and "compact" tool-call formats)
+    openai_agent,  # noqa: F401 (registers the "openai_agent" environment)
     retrieval,  # noqa: F401 (registers the "retrieval" tool)
     sandbox,  # noqa: F401 (registers the "python" tool)
     tool_env,  # noqa: F401 (registers the "tools" and "calculator" environments)

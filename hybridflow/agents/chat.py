@@ -33,8 +33,11 @@ class ChatRenderer:
         self.tools = list(tools) if tools else None
         self._template = getattr(tokenizer, "chat_template", None) or PLAIN_TEMPLATE
 
-    def render_text(self, messages: Sequence[Message], *, add_generation_prompt: bool) -> str:
-        text = self.tokenizer.apply_chat_template(list(messages), tools=self.tools, tokenize=False,
+    def render_text(self, messages: Sequence[Message], *, add_generation_prompt: bool,
+                    tools: Sequence[Mapping[str, Any]] | None = None) -> str:
+        """``messages`` through the chat template, listing ``tools`` (default: the renderer's own)."""
+        text = self.tokenizer.apply_chat_template(list(messages), tools=list(tools) if tools else self.tools,
+                                                  tokenize=False,
                                                   add_generation_prompt=add_generation_prompt,
                                                   chat_template=self._template)
         return str(text)
@@ -42,9 +45,10 @@ class ChatRenderer:
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
-        """A conversation's tokens up to and including the generation prompt of the first assistant turn."""
-        return self.encode(self.render_text(messages, add_generation_prompt=True))
+    def prompt_ids(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
+        """A conversation's tokens up to and including the generation prompt of the first assistant turn;
+        ``tools``: the OpenAI tool schemas this prompt lists (default: the renderer's own)."""
+        return self.encode(self.render_text(messages, add_generation_prompt=True, tools=tools))
 
     def observation_ids(self, observation: Sequence[Message]) -> list[int]:
         """The tokens that follow a sampled turn's end token: ``observation`` templated, then the next

@@ -29,7 +29,9 @@ from hybridflow.agents.protocols import (
     EnvRecord,
     EnvStep,
     Message,
+    Prompt,
     ToolResult,
+    TurnObserver,
     TurnRequest,
     TurnResult,
     TurnServer,
@@ -114,7 +116,9 @@ class _Runner:
             shown = self.env.reset(self.record)
         except Exception as err:
             raise self._fail("reset", err) from err
-        if shown:  # messages before the first turn: nothing is sampled yet, so the prompt is rendered anew
+        if isinstance(shown, Prompt):  # the environment's own prompt replaces the row's
+            self.trajectory.prompt_ids = self.renderer.prompt_ids(shown.messages, tools=shown.tools)
+        elif shown:  # messages before the first turn: nothing is sampled yet, so the prompt is rendered anew
             prompt = self.record.prompt
             messages = list(prompt) if isinstance(prompt, list) else [{"role": "user", "content": str(prompt)}]
             self.trajectory.prompt_ids = self.renderer.prompt_ids([*messages, *shown])
@@ -134,6 +138,12 @@ class _Runner:
     def take(self, result: TurnResult) -> None:
         """Append a sampled turn; step the environment on it and append its observation, or end."""
         trajectory = self.trajectory
+        if isinstance(self.env, TurnObserver):
+            try:
+                self.env.observe_turn(prompt_tokens=len(trajectory.prompt_ids) + len(trajectory.tokens),
+                                      result=result)
+            except Exception as err:
+                raise self._fail("observe_turn", err) from err
         trajectory.extend(result.token_ids, sampled=True, logprobs=result.logprobs, version=result.version)
         trajectory.turns += 1
         ended = result.finished and result.token_ids and result.token_ids[-1] == self.renderer.turn_end_id

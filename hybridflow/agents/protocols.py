@@ -118,12 +118,22 @@ class EnvStep:
     info: Mapping[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, kw_only=True)
+class Prompt:
+    """A prompt an environment starts the trajectory from instead of the row's (``reset`` returns it): its
+    messages and the OpenAI ``tools=[...]`` the chat template lists (e.g. an OpenAI-SDK agent's first request)."""
+
+    messages: list[Message]
+    tools: list[dict[str, Any]] | None = None
+
+
 @runtime_checkable
 class Environment(Protocol):
     """One trajectory's world. A fresh instance per row: ``reset``, then ``step`` per model turn, ``close``."""
 
-    def reset(self, record: EnvRecord) -> list[Message]:
-        """Start on ``record``; returns messages to show before the first turn (usually none)."""
+    def reset(self, record: EnvRecord) -> list[Message] | Prompt:
+        """Start on ``record``; returns messages to show before the first turn (usually none), or a
+        :class:`Prompt` that replaces the row's prompt."""
         ...
 
     def step(self, turn: str) -> EnvStep:
@@ -140,6 +150,15 @@ class ToolUser(Protocol):
 
     def tool_schemas(self) -> list[dict[str, Any]]:
         """The OpenAI function schemas of the tools (:meth:`Tool.schema`)."""
+        ...
+
+
+@runtime_checkable
+class TurnObserver(Protocol):
+    """An environment that also wants each turn's tokens (the loop calls it before ``step``, and for a turn cut
+    by the token budget, which is never stepped): ``prompt_tokens`` is the length of the context it continued."""
+
+    def observe_turn(self, *, prompt_tokens: int, result: TurnResult) -> None:
         ...
 
 

@@ -10,6 +10,7 @@ elsewhere), beside ``env_rewards``, ``turns``, ``tool_calls`` and a JSON ``agent
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Sequence
 from pathlib import Path
@@ -74,7 +75,9 @@ def agent_generate(engine: Any, node: Node, inputs: Batch, sampling: SamplingPar
     prompts, prompt_mask = inputs["prompts"], inputs["prompt_mask"]
     prompt_ids = [row[mask.bool()].tolist() for row, mask in zip(prompts, prompt_mask, strict=True)]
     truths = list(inputs["ground_truth"])
-    records = [env_record(index, truth) for index, truth in enumerate(truths)]
+    # A row without a prompt column (a plain-text ground truth) shows its environment the decoded prompt tokens.
+    records = [env_record(index, truth, None if getattr(truth, "prompt", None) else tokenizer.decode(ids))
+               for index, (truth, ids) in enumerate(zip(truths, prompt_ids, strict=True))]
     base = sampling.rank_seed(rank) * 100_003
     renderer = ChatRenderer(tokenizer, turn_end_id=eos_token_id)
     with engine.turn_session(sampling) as generate_batch, BatchingTurnServer(generate_batch,
@@ -83,11 +86,20 @@ def agent_generate(engine: Any, node: Node, inputs: Batch, sampling: SamplingPar
                                         make_env=environment_factory(node), environment=str(node.environment),
                                         settings=agent_settings(node),
                                         seeds=[base + index * ROW_SEED_STRIDE for index in range(len(records))])
-    return trajectory_batch(trajectories, pad=pad_token_id)
+    return trajectory_batch(trajectories, pad=pad_token_id, prompts=prompt_ids)
 
 
-def trajectory_batch(trajectories: Sequence[Trajectory], *, pad: int) -> Batch:
-    """Trajectories as right-padded response rows (the generate ports, with the agent outputs)."""
+def trajectory_batch(trajectories: Sequence[Trajectory], *, pad: int,
+                     prompts: Sequence[Sequence[int]] | None = None) -> Batch:
+    """Trajectories as right-padded response rows (the generate ports, with the agent outputs).
+
+    ``prompts``: the rows' prompt tokens (the node's ``prompts`` port). The trainer scores each response after
+    those, so a trajectory whose environment started it from another prompt (``reset`` returned messages or a
+    :class:`~hybridflow.agents.protocols.Prompt`) must extend them: the extra prompt tokens lead its response,
+    without loss. One that does not extend them is refused, as its log-probs would be scored on a wrong prefix.
+    """
+    if prompts is not None:
+        trajectories = [_after_row_prompt(t, list(p)) for t, p in zip(trajectories, prompts, strict=True)]
     width = max([len(t.tokens) for t in trajectories] + [1])
     rows = len(trajectories)
     responses = torch.full((rows, width), pad, dtype=torch.long)
@@ -106,3 +118,20 @@ def trajectory_batch(trajectories: Sequence[Trajectory], *, pad: int) -> Batch:
                   "turns": torch.tensor([t.turns for t in trajectories], dtype=torch.long),
                   "tool_calls": torch.tensor([len(t.tool_results) for t in trajectories], dtype=torch.long)},
                  {"agent_trace": [t.trace() for t in trajectories]})
+
+
+def _after_row_prompt(trajectory: Trajectory, prompt: list[int]) -> Trajectory:
+    started = trajectory.prompt_ids
+    if started == prompt:
+        return trajectory
+    if started[:len(prompt)] != prompt:
+        raise ValueError(f"row {trajectory.index}: environment {trajectory.environment!r} started the trajectory from "
+                         f"a prompt ({len(started)} tokens) that does not extend the row's prompt ({len(prompt)} "
+                         "tokens); a generate node's prompts port is not rewritten, so the trainer would score this "
+                         "response after the wrong prompt. Give the rows the prompt the environment uses (same "
+                         "messages, tools and chat template)")
+    lead = Trajectory(index=trajectory.index, environment=trajectory.environment, prompt_ids=prompt)
+    lead.extend(started[len(prompt):], sampled=False)
+    return dataclasses.replace(trajectory, prompt_ids=prompt, tokens=lead.tokens + trajectory.tokens,
+                               sampled=lead.sampled + trajectory.sampled, logprobs=lead.logprobs + trajectory.logprobs,
+                               versions=lead.versions + trajectory.versions)
