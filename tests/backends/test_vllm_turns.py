@@ -24,9 +24,7 @@ from hybridflow.registry import LOSSES
 from hybridflow.runtime.agent_rollout import agent_generate
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.engines import build_engine
-from hybridflow.runtime.protocols import SamplingParams, TurnGenerator
-
-pytestmark = pytest.mark.slow  # one vLLM engine start (~10-30 s) and its warm-up
+from hybridflow.runtime.protocols import SamplingParams, capabilities_of
 
 FEEDBACK = f"{Path(__file__).parents[1] / 'agents' / 'agent_envs.py'}:Feedback"
 SAMPLED = SamplingParams(max_new_tokens=40, temperature=0.7, top_k=12)
@@ -62,7 +60,7 @@ def _boost_vllm(model: Any) -> None:
 def engine() -> Iterator[Any]:
     """The module's only vLLM engine: the hybrid engine of a torch actor with ``rollout: vllm``."""
     spec = role_spec(rollout="vllm", rollout_options={"rollout_dtype": "fp32", "kv_cache_gib": 1})
-    hybrid = build_engine(spec, layout(dp=1, sharding=Sharding.NO_SHARD, rollout_batch_size=IN_FLIGHT), context())
+    hybrid: Any = build_engine(spec, layout(dp=1, sharding=Sharding.NO_SHARD, rollout_batch_size=IN_FLIGHT), context())
     _boost_trainer(hybrid.trainer.model, hybrid.trainer.model.config.eos_token_id)
     hybrid.rollout.rollout.llm.apply_model(_boost_vllm)
     yield hybrid
@@ -97,7 +95,7 @@ def _logprob_gap(engine: Any, requests: Sequence[TurnRequest], results: Sequence
 
 
 def test_each_request_has_its_own_budget_and_ends_with_eos(engine: Any) -> None:
-    assert isinstance(engine.rollout, TurnGenerator)  # the standalone (detached) engine takes turns too
+    assert "TurnGenerator" in capabilities_of(engine.rollout)  # the standalone (detached) engine takes turns too
     eos = engine.rollout.rollout.eos_id
     requests = [TurnRequest(token_ids=r.token_ids, max_tokens=budget, seed=r.seed)
                 for r, budget in zip(_requests(10, seed=1), [1, 2, 3, 5, 8, 13, 16, 16, 16, 16], strict=True)]
@@ -126,7 +124,7 @@ def test_a_seeded_request_samples_the_same_alone_in_a_batch_or_beside_another_ca
         reseeded = generate_batch([TurnRequest(token_ids=context, max_tokens=10, seed=seed) for seed in (1, 2, 3, 1)])
         # Two callers at once: the second's requests join the first's running batch between engine steps.
         vllm_engine = engine.rollout.rollout.llm.llm_engine
-        step, in_engine = vllm_engine.step, []
+        step, in_engine = vllm_engine.step, list[int]()
         arrived = threading.Barrier(3)  # both callers, and the first engine step, which waits for them
 
         def first_waits(*args: Any) -> Any:
