@@ -44,6 +44,7 @@ class ForwardOps(MicroBatching):
     rollout_batch_size: int = 0  # the layout's: most sequences decoded together per rank (0: the whole share)
     use_hf_generate: bool = False
     forward_max_tokens: int = 0  # the layout's token budget of a forward micro batch (0: rows)
+    weights_version: int = 0  # the updates these weights have had (GradientSteps.train_step): what turns carry
 
     @contextlib.contextmanager
     def whole_weights(self) -> Iterator[None]:
@@ -92,7 +93,7 @@ class ForwardOps(MicroBatching):
             with torch.no_grad():  # grad mode is per thread: the server thread calls this
                 return [result for start in range(0, len(requests), size)
                         for result in turns.sample_turns(self.model, requests[start:start + size], sampling,
-                                                         device=device)]
+                                                         device=device, version=self.weights_version)]
 
         with self.whole_weights():
             yield generate_batch

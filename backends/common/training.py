@@ -81,6 +81,7 @@ class GradientSteps(MicroBatching):
     context: WorkerContext
     micro_batch_size: int
     max_tokens: int = 0  # the layout's token budget of an update micro batch (0: rows)
+    weights_version: int = 0  # train_step calls that stepped the optimizer: the version of the current weights
 
     def train_step(self, batch: Batch, *, loss: LossFn, options: Mapping[str, Any]) -> dict[str, float]:
         if not self.spec.kind.trainable:
@@ -105,6 +106,8 @@ class GradientSteps(MicroBatching):
                     steps += 1
         finally:
             self.train_mode(False)
+            if steps:
+                self.weights_version += 1
         return {key: value / steps for key, value in totals.items()}
 
     def mini_batch_norm(self, mini: Batch) -> LossNorm | None:

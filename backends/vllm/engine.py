@@ -3,18 +3,27 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import contextlib
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from hybridflow.backends.common.hybrid import HybridEngine
 from hybridflow.backends.vllm.rollout import RolloutConfig, VllmRollout, materialize_model
+from hybridflow.backends.vllm.turns import TurnLoop
 
 from hybridflow.graph import RoleKind
 from hybridflow.planner import LayoutSupport, RoleLayout
 from hybridflow.runtime.batch import Batch
-from hybridflow.runtime.protocols import Engine, RoleSpec, SamplingParams, WorkerContext, parse_options
+from hybridflow.runtime.protocols import (
+    Engine,
+    GenerateBatch,
+    RoleSpec,
+    SamplingParams,
+    WorkerContext,
+    parse_options,
+)
 from hybridflow.runtime.weights import WeightSyncStats
 
 
@@ -83,6 +92,22 @@ class VllmRoleEngine:
 
     def generate(self, batch: Batch, sampling: SamplingParams) -> Batch:
         return self.rollout.generate(batch, sampling, seed=sample_seed(sampling, self.context.rank))
+
+    @contextlib.contextmanager
+    def turn_session(self, sampling: SamplingParams) -> Iterator[GenerateBatch]:
+        """Agent turns (:class:`~hybridflow.runtime.protocols.TurnGenerator`) on the running engine: every request
+        is a vLLM request of its own, and requests from concurrent callers share the engine's running batch
+        (:class:`~hybridflow.backends.vllm.turns.TurnLoop`); results carry :attr:`weights_version`."""
+        loop = TurnLoop(self.rollout.llm, sampling, eos_id=self.rollout.eos_id, version=self.weights_version)
+        try:
+            yield loop.generate_batch
+        finally:
+            loop.close()
+
+    @property
+    def weights_version(self) -> int:
+        """How many times new weights were loaded into the engine (0: the weights it started from)."""
+        return self.rollout.weights_version
 
     def log_probs(self, batch: Batch, *, with_entropy: bool = False) -> Batch:
         if with_entropy:

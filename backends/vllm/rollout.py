@@ -61,7 +61,8 @@ class RolloutConfig:
 
 
 class VllmRollout:
-    """One vLLM ``LLM`` serving this rank's rows."""
+    """One vLLM ``LLM`` serving this rank's rows. ``weights_version`` counts the weight loads since it started
+    (0: the weights it started from), the version its samples carry."""
 
     def __init__(self, config: RolloutConfig) -> None:
         self.config = config
@@ -86,6 +87,7 @@ class VllmRollout:
         self.eos_id = self.llm.llm_engine.model_config.hf_config.eos_token_id
         self.pad_id = self.llm.llm_engine.model_config.hf_config.pad_token_id or 0
         self.asleep_level = 0
+        self.weights_version = 0
 
     def generate(self, batch: Batch, sampling: SamplingParams, *, seed: int) -> Batch:
         """``prompts``/``prompt_mask`` (B, P) -> ``responses``, ``response_mask`` (B, T), right-padded, and with
@@ -99,7 +101,7 @@ class VllmRollout:
         prompts = [_tokens(row, mask) for row, mask in zip(batch["prompts"], batch["prompt_mask"], strict=True)]
         asked = 0 if sampling.logprobs else None  # 0: the sampled token's log-prob only
         params = [vllm.SamplingParams(max_tokens=sampling.max_new_tokens, logprobs=asked, detokenize=False,
-                                      seed=seed + i, **_sampling_knobs(sampling)) for i in range(len(prompts))]
+                                      seed=seed + i, **sampling_knobs(sampling)) for i in range(len(prompts))]
         outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         tokens = [list(out.outputs[0].token_ids) for out in outputs]
         width = max(1, *(len(t) for t in tokens))
@@ -114,7 +116,7 @@ class VllmRollout:
             for i, (result, toks) in enumerate(zip(outputs, tokens, strict=True)):
                 steps = result.outputs[0].logprobs or []
                 out["rollout_logprobs"][i, :len(toks)] = torch.tensor(
-                    [_chosen(step, tok) for step, tok in zip(steps, toks, strict=True)], dtype=torch.float32)
+                    [chosen_logprob(step, tok) for step, tok in zip(steps, toks, strict=True)], dtype=torch.float32)
         return Batch(out)
 
     def log_probs(self, batch: Batch) -> Batch:
@@ -132,7 +134,7 @@ class VllmRollout:
         for i, (result, row, start) in enumerate(zip(outputs, rows, starts, strict=True)):
             steps = result.prompt_logprobs or []
             for t in range(len(row) - start):
-                out[i, t] = _chosen(steps[start + t], row[start + t])
+                out[i, t] = chosen_logprob(steps[start + t], row[start + t])
         return Batch({"logprobs": out})
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> weights.WeightSyncStats:
@@ -147,6 +149,7 @@ class VllmRollout:
         else:
             stats = weights.load_serialized(self.llm, named_tensors)
         self.llm.reset_prefix_cache()
+        self.weights_version += 1
         return stats
 
     def sleep(self, level: int = 1) -> None:
@@ -175,13 +178,15 @@ def _tokens(row: torch.Tensor, mask: torch.Tensor) -> list[int]:
     return [int(t) for t in row[mask.bool()].tolist()]
 
 
-def _sampling_knobs(sampling: SamplingParams) -> dict[str, Any]:
+def sampling_knobs(sampling: SamplingParams) -> dict[str, Any]:
+    """vLLM's temperature/top-p/top-k for ``sampling`` (greedy: temperature 0)."""
     if sampling.greedy:
         return {"temperature": 0.0}
     return {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k}
 
 
-def _chosen(step: Mapping[int, Any] | None, token: int) -> float:
+def chosen_logprob(step: Mapping[int, Any] | None, token: int) -> float:
+    """The sampled ``token``'s log-prob from one step of vLLM's ``logprobs`` (asked with ``logprobs=0``)."""
     if not step or token not in step:
         raise RuntimeError(f"vLLM returned no log-prob for token {token}; the engine must be asked for logprobs=0")
     return float(step[token].logprob)
