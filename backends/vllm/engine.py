@@ -100,7 +100,7 @@ class VllmRoleEngine:
         (:class:`~hybridflow.backends.vllm.turns.TurnLoop`); results carry :attr:`weights_version`."""
         loop = TurnLoop(self.rollout.llm, sampling, eos_id=self.rollout.eos_id, version=self.weights_version)
         try:
-            yield loop.generate_batch
+            yield loop  # callable, and concurrent calls join the running batch (continuous batching)
         finally:
             loop.close()
 

@@ -41,6 +41,11 @@ class TurnLoop:
         self._running: set[str] = set()
         self._done: dict[str, TurnResult | Exception] = {}
 
+    accepts_concurrent_calls = True  # callers on many threads share the engine's running batch
+
+    def __call__(self, requests: Sequence[TurnRequest]) -> list[TurnResult]:
+        return self.generate_batch(requests)
+
     def generate_batch(self, requests: Sequence[TurnRequest]) -> list[TurnResult]:
         """Each request as its own vLLM request; returns once all of them are sampled, in their order."""
         for request in requests:

@@ -86,3 +86,43 @@ class BatchingTurnServer:
                 continue
             for (_, future), result in zip(batch, results, strict=True):
                 future.set_result(result)
+
+
+class DirectTurnServer:
+    """A :class:`~hybridflow.agents.protocols.TurnServer` for engines that batch continuously themselves (vLLM's
+    turn loop: ``accepts_concurrent_calls``): each trajectory's thread calls the engine with its own request, and
+    a turn sent while others decode joins them at the engine's next step, instead of waiting for a whole batch."""
+
+    def __init__(self, generate_batch: GenerateBatch) -> None:
+        self.generate_batch = generate_batch
+        self.batches: list[int] = []
+
+    def __enter__(self) -> DirectTurnServer:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        return None
+
+    def submit(self, request: TurnRequest) -> Future[TurnResult]:
+        return self.submit_many([request])[0]
+
+    def submit_many(self, requests: Sequence[TurnRequest]) -> list[Future[TurnResult]]:
+        futures: list[Future[TurnResult]] = [Future() for _ in requests]
+        self.batches.append(len(requests))
+        try:
+            results = self.generate_batch(requests)
+        except BaseException as err:  # the caller's future carries it, as the batching server's do
+            for future in futures:
+                future.set_exception(err)
+            return futures
+        for future, result in zip(futures, results, strict=True):
+            future.set_result(result)
+        return futures
+
+
+def turn_server(generate_batch: GenerateBatch, *, max_batch: int = 0) -> BatchingTurnServer | DirectTurnServer:
+    """The server for an engine's turns: direct calls where the engine batches continuously, else batching."""
+    if getattr(generate_batch, "accepts_concurrent_calls", False):
+        return DirectTurnServer(generate_batch)
+    return BatchingTurnServer(generate_batch, max_batch=max_batch)

@@ -1,7 +1,8 @@
 """A multi-turn ``generate`` on a worker: the rows' trajectories (``hybridflow.agents``) as response rows.
 
 The rank's rollout engine samples turns in a :meth:`~hybridflow.runtime.protocols.TurnGenerator.turn_session`,
-behind a :class:`~hybridflow.agents.server.BatchingTurnServer`; each row's environment is built from the node's
+behind a :func:`~hybridflow.agents.server.turn_server` (batching for fixed-batch engines, direct calls for
+engines that batch continuously); each row's environment is built from the node's
 ``environment`` and ``env_options`` and reset from the row's ``ground_truth``. The trajectory becomes one
 response: ``responses`` / ``response_mask`` hold every token after the prompt (sampled turns and templated
 observations), ``loss_mask`` only the sampled ones, ``rollout_logprobs`` their behaviour log-probs (0
@@ -22,7 +23,7 @@ from hybridflow.agents.chat import ChatRenderer
 from hybridflow.agents.loop import AgentSettings, Trajectory, run_trajectories
 from hybridflow.agents.protocols import Environment, EnvRecord
 from hybridflow.agents.records import env_record, environment_for
-from hybridflow.agents.server import BatchingTurnServer
+from hybridflow.agents.server import turn_server
 from hybridflow.graph import Node
 from hybridflow.graph.node import DEFAULT_MAX_TURNS
 from hybridflow.registry import ENVIRONMENTS
@@ -80,8 +81,7 @@ def agent_generate(engine: Any, node: Node, inputs: Batch, sampling: SamplingPar
                for index, (truth, ids) in enumerate(zip(truths, prompt_ids, strict=True))]
     base = sampling.rank_seed(rank) * 100_003
     renderer = ChatRenderer(tokenizer, turn_end_id=eos_token_id)
-    with engine.turn_session(sampling) as generate_batch, BatchingTurnServer(generate_batch,
-                                                                               max_batch=max_batch) as server:
+    with engine.turn_session(sampling) as generate_batch, turn_server(generate_batch, max_batch=max_batch) as server:
         trajectories = run_trajectories(records, prompt_ids, server=server, renderer=renderer,
                                         make_env=environment_factory(node), environment=str(node.environment),
                                         settings=agent_settings(node),

@@ -153,3 +153,32 @@ def test_max_turns_and_token_budgets_end_trajectories() -> None:
 def test_an_environment_that_raises_names_itself_the_row_and_the_turn() -> None:
     with pytest.raises(EnvironmentFailure, match=r"environment 'calc' raised in step on row 1 \(turn 1\).*crashed"):
         roll("qwen2", [CALL], rows=2, env_factory=lambda record: CalculatorLike(fail_on=1))
+
+
+def test_an_engine_that_batches_continuously_is_called_from_every_trajectory_thread() -> None:
+    from hybridflow.agents.server import BatchingTurnServer, DirectTurnServer, turn_server
+
+    first_turns = threading.Barrier(4, timeout=20)  # passes only if all four first turns are in the engine at once
+    calls: list[int] = []
+    tokenizer, end = chat_tokenizer("qwen2")
+    renderer = ChatRenderer(tokenizer, turn_end_id=end)
+    prompt = renderer.prompt_ids([{"role": "user", "content": "What is 12*34?"}])
+    scripted = ScriptedModel(renderer, [CALL, "408"], prompt_len=len(prompt))
+
+    class Continuous:
+        accepts_concurrent_calls = True
+
+        def __call__(self, requests: Sequence[TurnRequest]) -> list[TurnResult]:
+            calls.append(len(requests))
+            if len(requests[0].token_ids) == len(prompt):
+                first_turns.wait()
+            return scripted(requests)
+
+    assert isinstance(turn_server(scripted), BatchingTurnServer)
+    records = [EnvRecord(index=i, prompt="q") for i in range(4)]
+    with turn_server(Continuous()) as server:
+        assert isinstance(server, DirectTurnServer)
+        out = run_trajectories(records, [prompt] * 4, server=server, renderer=renderer,
+                               make_env=lambda record: CalculatorLike(), environment="calc",
+                               settings=AgentSettings(max_tokens=400, max_turn_tokens=120), seeds=[0, 1, 2, 3])
+    assert all(t.turns == 2 for t in out) and server.batches == calls == [1] * 8  # each trajectory its own turns
