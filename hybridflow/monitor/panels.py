@@ -2,7 +2,7 @@
 
 Keys follow :mod:`hybridflow.train.metrics` and the losses: step-level ``reward/mean``,
 ``reward/std``, ``kl``, ``response_length/{mean,max}``, ``time/<node>``, ``throughput/<node>_tokens_per_s``,
-``memory/rss_gb``, ``gpu/*``; per role ``<role>/loss``, ``pg_loss``, ``vf_loss``, ``kl_loss``,
+``memory/rss_gb``, ``gpu/*``, ``agent/*`` (multi-turn rollouts); per role ``<role>/loss``, ``pg_loss``, ``vf_loss``, ``kl_loss``,
 ``approx_kl``, ``entropy``, ``clipfrac``, ``clipfrac_lower``, ``vf_clipfrac``, ``grad_norm``, ``lr``.
 No plotting here, so the choice is testable without matplotlib.
 """
@@ -81,6 +81,18 @@ SPECS = (
           match=lambda k: k.startswith("gpu/") and k.endswith("_pct")),
     _Spec(filename="reward_cache.png", title="Reward cache hit rate", ylabel="hit rate", scale="fraction",
           match=lambda k: k == "reward_cache/hit_rate"),
+    _Spec(filename="agent_turns.png", title="Agent trajectories", ylabel="per trajectory", scale="from_zero",
+          match=lambda k: k in ("agent/turns_mean", "agent/turns_max", "agent/tool_calls_per_trajectory"),
+          label=lambda k: k.removeprefix("agent/")),
+    _Spec(filename="agent_tool_rates.png", title="Agent tool use", ylabel="fraction of trajectories",
+          scale="fraction", match=lambda k: k in ("agent/tool_call_rate", "agent/truncated_fraction"),
+          label=lambda k: k.removeprefix("agent/")),
+    _Spec(filename="agent_tool_failures.png", title="Agent tool failures per step", ylabel="calls",
+          scale="from_zero", match=lambda k: k in ("agent/tool_errors", "agent/tool_timeouts", "agent/parse_errors"),
+          label=lambda k: k.removeprefix("agent/")),
+    _Spec(filename="agent_tool_latency.png", title="Tool latency", ylabel="seconds", scale="from_zero",
+          match=lambda k: k in ("agent/tool_latency_p50_s", "agent/tool_latency_p95_s"),
+          label=lambda k: k.removeprefix("agent/tool_latency_").removesuffix("_s")),
     _Spec(filename="weight_sync.png", title="Weight sync to detached rollouts", ylabel="seconds", scale="from_zero",
           match=lambda k: k.endswith(("weight_sync/seconds", "weight_sync/planned_seconds"))),
 )

@@ -80,3 +80,16 @@ def test_the_classic_api_reaches_agents_through_its_settings(tmp_path: Path) -> 
     controller.fit()
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert "agent/turns_mean" in rows[0]
+
+
+def test_a_users_tool_by_path_runs_in_the_tools_environment() -> None:
+    from hybridflow.agents import EnvRecord
+    from hybridflow.registry import ENVIRONMENTS
+
+    tool = f"{Path(__file__).with_name('user_tools.py')}:word_length"
+    env = ENVIRONMENTS.get("tools")(tools=[tool, "calculator"])
+    assert [s["function"]["name"] for s in env.tool_schemas()] == ["word_length", "calculator"]
+    env.reset(EnvRecord(index=0, prompt="q"))
+    step = env.step('<tool_call>\n{"name": "word_length", "arguments": {"word": "agents"}}\n</tool_call>')
+    assert not step.done and step.observation[0]["content"] == "6"
+    assert env.step("It has 6 letters.").done

@@ -71,3 +71,14 @@ def test_missing_and_non_finite_values_are_skipped() -> None:
     panels = panels_by_name(rows)
     assert list(panels) == ["reward.png"] and panels["reward.png"].series[0].steps == (0.0, 1.0)
     assert panels["reward.png"].band is None
+
+
+def test_agent_metrics_get_their_panels() -> None:
+    rows = [{"step": step, "agent/turns_mean": 1.5 + step, "agent/turns_max": 3.0, "agent/tool_call_rate": 0.5,
+             "agent/truncated_fraction": 0.1, "agent/tool_errors": 1.0, "agent/tool_timeouts": 0.0,
+             "agent/tool_latency_p50_s": 0.1, "agent/tool_latency_p95_s": 0.9} for step in range(3)]
+    panels = panels_by_name(rows)
+    assert set(labels(panels["agent_turns.png"])) == {"turns_mean", "turns_max"}
+    assert panels["agent_tool_rates.png"].scale == "fraction"
+    assert set(labels(panels["agent_tool_latency.png"])) == {"p50", "p95"}
+    assert set(labels(panels["agent_tool_failures.png"])) == {"tool_errors", "tool_timeouts"}
