@@ -2,8 +2,9 @@
 
 Keys follow :mod:`hybridflow.train.metrics` and the losses: step-level ``reward/mean``,
 ``reward/std``, ``kl``, ``response_length/{mean,max}``, ``time/<node>``, ``throughput/<node>_tokens_per_s``,
-``memory/rss_gb``, ``gpu/*``, ``agent/*`` (multi-turn rollouts); per role ``<role>/loss``, ``pg_loss``, ``vf_loss``, ``kl_loss``,
-``approx_kl``, ``entropy``, ``clipfrac``, ``clipfrac_lower``, ``vf_clipfrac``, ``grad_norm``, ``lr``.
+``memory/rss_gb``, ``gpu/*``, ``agent/*`` (multi-turn rollouts); per role ``<role>/loss``, ``pg_loss``,
+``vf_loss``, ``kl_loss``, ``approx_kl``, ``entropy``, ``clipfrac``, ``clipfrac_lower``, ``vf_clipfrac``,
+``grad_norm``, ``lr``.
 No plotting here, so the choice is testable without matplotlib.
 """
 
