@@ -39,16 +39,13 @@ def with_environment(graph: Graph, environment: str, *, env_options: Mapping[str
         agent["env_options"] = json.dumps(dict(env_options), sort_keys=True)
     agent.update({key: value for key, value in (("max_turns", max_turns), ("max_turn_tokens", max_turn_tokens))
                   if value is not None})
-    nodes: list[Node] = []
-    for node in graph.nodes:
-        if node.op is Op.GENERATE:
-            node = _multi_turn(node, agent)
-        elif node.op is Op.SCORE:
-            node = _scores_sampled_tokens(node)
-        nodes.append(node)
-    if env_reward_weight:
-        nodes = _add_env_rewards(graph, nodes, env_reward_weight)
-    return Graph(graph.name, graph.roles, tuple(nodes), graph.inputs)
+    nodes = [_multi_turn(node, agent) if node.op is Op.GENERATE else node for node in graph.nodes]
+    rollouts = {node.port_outputs()["responses"]: node for node in nodes if node.op is Op.GENERATE}
+    rewritten: list[Node] = []
+    for node in nodes:
+        rollout = rollouts.get(node.port_inputs().get("responses", "")) if node.op is Op.SCORE else None
+        rewritten += [node] if rollout is None else _scored_multi_turn(node, rollout, env_reward_weight)
+    return Graph(graph.name, graph.roles, tuple(rewritten), graph.inputs)
 
 
 def _multi_turn(node: Node, agent: Mapping[str, Any]) -> Node:
@@ -59,32 +56,32 @@ def _multi_turn(node: Node, agent: Mapping[str, Any]) -> Node:
         raise NodeSpecError(f"node {node.name!r}: a multi-turn rollout needs a graph that trains on loss_mask "
                             "(generate(..., loss_mask=True) and 'loss_mask' in the inputs of its losses and "
                             "advantages); the built-in algorithms do", node=node.name, field="loss_mask")
+    # A renamed rollout (ReMax's greedy_responses) names its agent outputs alike (greedy_env_rewards...).
+    prefix = node.port_outputs()["responses"].removesuffix("responses")
     options = {**node.options_dict, **agent}
     return dataclasses.replace(node, inputs=(*node.inputs, *AGENT_INPUT_PORTS),
-                               outputs=(*node.outputs, *AGENT_OUTPUT_PORTS), options=freeze_options(options, node.name))
+                               outputs=(*node.outputs, *(prefix + port for port in AGENT_OUTPUT_PORTS)),
+                               options=freeze_options(options, node.name))
 
 
-def _scores_sampled_tokens(node: Node) -> Node:
-    """A reward node reads the policy's own tokens (every turn, no observation): its ``response_mask`` port is
-    bound to ``loss_mask``, so a tool's output cannot earn a reward by itself (an answer copied from the
-    calculator counts once the policy writes it)."""
-    inputs = tuple("loss_mask" if field == "response_mask" else field for field in node.inputs)
-    return dataclasses.replace(node, inputs=inputs)
-
-
-def _add_env_rewards(graph: Graph, nodes: list[Node], weight: float) -> list[Node]:
-    """The reward node writes ``outcome_scores``; ``scores`` = those + ``weight`` x ``env_rewards``."""
-    scorers = [i for i, node in enumerate(nodes) if node.op is Op.SCORE and "scores" in node.outputs]
-    if len(scorers) != 1:
-        raise NodeSpecError(f"graph {graph.name!r}: env rewards are added to the one node that writes 'scores', "
-                            f"found {len(scorers)}; pass env_reward_weight=0 and combine them in a compute node",
-                            node=graph.name, field="env_reward_weight")
-    index = scorers[0]
-    scorer = nodes[index]
-    renamed = dataclasses.replace(scorer, outputs=tuple(OUTCOME_SCORES if f == "scores" else f for f in scorer.outputs))
-    total = Node("env_reward_sum", Op.COMPUTE, None, (OUTCOME_SCORES, "env_rewards"), ("scores",), fn=ENV_REWARD_FN,
+def _scored_multi_turn(scorer: Node, rollout: Node, weight: float) -> list[Node]:
+    """A reward node of a multi-turn rollout reads the policy's own tokens: its ``response_mask`` port is bound to
+    the rollout's loss mask (every turn, no observation), so a tool's output cannot earn a reward by itself (an
+    answer copied from the calculator counts once the policy writes it). With ``weight``, the node writes
+    ``outcome_<scores>`` and ``<scores>`` = those + ``weight`` x the rollout's env rewards."""
+    outputs = rollout.port_outputs()
+    mask = scorer.port_inputs()["response_mask"]
+    inputs = tuple(outputs["loss_mask"] if field == mask else field for field in scorer.inputs)
+    scores = scorer.port_outputs()["scores"]
+    if not weight:
+        return [dataclasses.replace(scorer, inputs=inputs)]
+    outcome = OUTCOME_SCORES if scores == "scores" else f"outcome_{scores}"
+    env_rewards = outputs["env_rewards"]
+    total = Node("env_reward_sum" if scores == "scores" else f"{scores}_env_reward_sum", Op.COMPUTE, None,
+                 (outcome, env_rewards), (scores,), fn=ENV_REWARD_FN,
                  options=freeze_options({"weight": weight}, "env_reward_sum"))
-    return [*nodes[:index], renamed, total, *nodes[index + 1:]]
+    renamed = tuple(outcome if field == scores else field for field in scorer.outputs)
+    return [dataclasses.replace(scorer, inputs=inputs, outputs=renamed), total]
 
 
 def env_reward_weight(graph: Graph) -> float:

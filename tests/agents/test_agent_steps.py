@@ -85,3 +85,27 @@ def test_the_observations_are_the_templated_feedback(random_model_dir: Path) -> 
     observed = ((batch["response_mask"][row] != 0) & (batch["loss_mask"][row] == 0)).nonzero().flatten()
     text = tokenizer.decode(batch["responses"][row, observed])
     assert "try again" in text
+
+
+def test_every_built_in_algorithm_becomes_multi_turn() -> None:
+    from hybridflow.registry import ALGORITHMS
+
+    for name in ALGORITHMS.names():
+        graph = load_graph(name, reward_kind="reward_function")
+        if not any(node.option("loss_mask") is True for node in graph.nodes):
+            continue
+        agent = with_environment(graph, FEEDBACK)
+        generates = [node for node in agent.nodes if node.environment]
+        assert generates and all(any(f.endswith("env_rewards") for f in node.outputs) for node in generates), name
+        if name == "remax":  # the greedy baseline scores its own trajectory, with its own env rewards
+            assert agent.node("greedy_score").inputs[2] == "greedy_loss_mask"
+            assert agent.node("greedy_scores_env_reward_sum").inputs == ("outcome_greedy_scores", "greedy_env_rewards")
+
+
+def test_a_ppo_step_trains_the_critic_on_a_multi_turn_rollout(random_model_dir: Path) -> None:
+    graph = with_environment(load_graph("ppo", reward_kind="reward_function", max_new_tokens=40), FEEDBACK,
+                             env_options={"turns": 2}, max_turns=2, max_turn_tokens=8)
+    batch = agent_step(random_model_dir, graph).batch
+    observed = (batch["response_mask"] != 0) & (batch["loss_mask"] == 0)
+    assert bool(observed.any())
+    assert bool((batch["advantages"][observed] == 0).all()) and bool((batch["returns"][observed] == 0).all())
