@@ -3,13 +3,20 @@
 :class:`GuessNumberEnvironment` (``environment="guess_number"``) is the smallest task that needs feedback across
 turns: the row's ground truth is a hidden integer, the model guesses, the environment says ``higher`` or
 ``lower``. A policy that bisects wins; one that ignores the feedback rarely does. Pure Python and deterministic.
+
+:class:`SimulatedToolsEnvironment` (``environment="simulated_tools"``) stands in for slow tools when the question is
+time, not answers: every turn waits a latency drawn from a distribution (the planner's text form, e.g.
+``lognormal:median=0.1,sigma=1.0``), seeded by the row and the turn, so every schedule sees the same waits.
 """
 
 from __future__ import annotations
 
+import random
 import re
+import time
 
-from hybridflow.agents.protocols import EnvRecord, EnvStep, Message
+from hybridflow.agents.protocols import EnvRecord, EnvStep, Message, ToolCall, ToolResult
+from hybridflow.planner.distributions import parse_distribution
 from hybridflow.registry import ENVIRONMENTS
 
 _INTEGER = re.compile(r"-?\d+")
@@ -75,3 +82,53 @@ class GuessNumberEnvironment:
 
     def close(self) -> None:
         self.target = None
+
+
+SIMULATED_TOOL = "simulated_tool"
+
+
+@ENVIRONMENTS.register("simulated_tools")
+class SimulatedToolsEnvironment:
+    """A tool call after every turn that only takes time; the trajectory ends after ``turns`` turns.
+
+    Each turn's call sleeps :meth:`delay` seconds: a draw of ``latency`` (``fixed:0.2``,
+    ``lognormal:median=0.1,sigma=1.0``, ``empirical:0.1,0.3,2.0``) by inverse transform of a uniform seeded with
+    ``seed``, the row's index and ground truth and the turn, so a row's waits are the same under every schedule
+    and in every process. The answer is ``observation`` as a user message (none after the last turn, which
+    the call still follows, as a final check would); rewards are 0. The call is recorded as a tool result, so
+    the ``agent/tool_latency_*`` metrics see it.
+    """
+
+    def __init__(self, *, turns: int = 2, latency: str = "lognormal:median=0.1,sigma=1.0", seed: int = 0,
+                 observation: str = "tool output") -> None:
+        if isinstance(turns, bool) or not isinstance(turns, int) or turns < 1:
+            raise ValueError(f"simulated_tools: turns={turns!r} must be a positive integer")
+        self.turns, self.seed, self.observation = turns, seed, observation
+        self.latency = parse_distribution(latency, field="simulated_tools latency")
+        self.row: tuple[int, str] | None = None
+        self.seen = 0
+
+    def reset(self, record: EnvRecord) -> list[Message]:
+        self.row, self.seen = (record.index, str(record.ground_truth)), 0
+        return []
+
+    def delay(self, turn: int) -> float:
+        """Seconds the call after ``turn`` (1-based) of the current row waits."""
+        if self.row is None:
+            raise RuntimeError("simulated_tools: delay() before reset()")
+        index, truth = self.row
+        uniform = random.Random(f"{self.seed}:{index}:{truth}:{turn}").random()  # str seeds hash stably (sha512)
+        return float(self.latency.quantile(uniform))
+
+    def step(self, turn: str) -> EnvStep:
+        self.seen += 1
+        seconds = self.delay(self.seen)
+        time.sleep(seconds)
+        result = ToolResult(call=ToolCall(name=SIMULATED_TOOL, arguments={}), content=self.observation,
+                            seconds=seconds)
+        if self.seen >= self.turns:
+            return EnvStep(done=True, tool_results=(result,))
+        return EnvStep(observation=[{"role": "user", "content": self.observation}], tool_results=(result,))
+
+    def close(self) -> None:
+        self.row = None

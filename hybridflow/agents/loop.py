@@ -3,9 +3,10 @@
 
 Two schedules (``agent_schedule``):
 
-- ``trajectory``: every trajectory advances on its own thread. A finished turn's observation is templated and
-  its next request sent at once, while other trajectories still wait on tools; the server batches whatever
-  requests are ready. A slow tool delays only its own trajectory.
+- ``trajectory``: every trajectory advances on its own thread (the first turns, all ready at once, go as one
+  batch). A finished turn's observation is templated and its next request sent at once, while other
+  trajectories still wait on tools; the server batches whatever requests are ready. A slow tool delays only
+  its own trajectory.
 - ``turn``: batch-synchronous turns. Every live trajectory samples turn t in one batch, then all of them step
   their environments, and turn t+1 starts once the slowest is back (the schedule most frameworks began with).
 
@@ -20,7 +21,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from hybridflow.agents.chat import ChatRenderer
@@ -199,12 +200,19 @@ def run_trajectories(records: Sequence[EnvRecord], prompt_ids: Sequence[Sequence
 
 
 def _run_independently(runners: Sequence[_Runner], server: TurnServer, pool: ThreadPoolExecutor) -> None:
-    def advance(runner: _Runner) -> None:
-        runner.start()
+    """Every first turn is ready at once (no tool precedes it), so they go as one batch; submitted from each
+    thread as its reset returned, the server took the first arrivals alone ([2, 30] of 32 rows on CPU)."""
+    for future in [pool.submit(runner.start) for runner in runners]:
+        future.result()
+    asked = [(runner, request) for runner in runners if (request := runner.request()) is not None]
+    firsts = server.submit_many([request for _, request in asked])
+
+    def advance(runner: _Runner, first: Future[TurnResult]) -> None:
+        runner.take(first.result())
         while (request := runner.request()) is not None:
             runner.take(server.submit(request).result())
 
-    for future in [pool.submit(advance, runner) for runner in runners]:
+    for future in [pool.submit(advance, runner, first) for (runner, _), first in zip(asked, firsts, strict=True)]:
         future.result()
 
 

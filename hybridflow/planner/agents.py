@@ -21,7 +21,9 @@ is ready)::
     S_traj = max(work, path)
     work   = decode(Σ_t a_t requests at the mean C_t, one tail) + Σ_t prefill(new tokens of turn t)
     path   = E[max over the n trajectories of D],   D | T=k = Σ_{t<=k} e_t + (sum of k·calls_per_turn draws of L)
-    e_t    = τ · step(κ, C_t + τ/2) + prefill(one trajectory's new tokens of turn t)
+    e_t    = τ · step(κ, C_t + τ/2) + prefill(one trajectory's new tokens of turn t)       (t >= 2)
+    e_1    = decode(a_1 requests at C_1, tail-bound) + prefill(turn 1)   (no tool precedes a first turn: every
+             trajectory sends it at once and the engine samples them as one batch, as ``turn`` does)
 
 ``κ``, the requests the engine holds in steady state, is the in-flight cap ``c`` (``concurrency``) scaled
 by the share of a trajectory's time spent on the engine (Little's law, a few fixed-point rounds). Both
@@ -316,25 +318,28 @@ def schedule_seconds(model: ModelSpec, load: NodeLoad, prompt_len: float, layout
                                 math.ceil(n / engines) * traj.new_tokens(t), layout, shape)
                 for t, n in enumerate(active, start=1)]
     batch = layout.rollout_batch_size
-    turn = 0.0
+    turn, first = 0.0, 0.0
     for t, n in enumerate(active, start=1):
         per_engine = math.ceil(n / engines)
         in_flight = concurrency(engine, per_engine, batch or per_engine, traj.context(t), lengths, resident)
-        turn += decode_seconds(engine, per_engine, in_flight, traj.context(t), lengths, n)
-        turn += prefills[t - 1] + _slowest_wait(latency, calls, n)
+        sampled = decode_seconds(engine, per_engine, in_flight, traj.context(t), lengths, n) + prefills[t - 1]
+        first = first or sampled
+        turn += sampled + _slowest_wait(latency, calls, n)
     requests = sum(active)
     context = sum(n * traj.context(t) for t, n in enumerate(active, start=1)) / requests
     per_engine = math.ceil(rows / engines)
     in_flight = concurrency(engine, per_engine, batch or per_engine, context, lengths, resident)
     work = decode_seconds(engine, math.ceil(requests / engines), in_flight, context, lengths, requests) + sum(prefills)
-    path = _critical_path(model, engine, traj, layout, shape, latency, calls, in_flight, per_engine, rows)
+    path = _critical_path(model, engine, traj, layout, shape, latency, calls, in_flight, per_engine, rows, first)
     fixed = shape.constants.phase_overhead_s + controller_seconds(load, shape, prompt_len)
     return {"trajectory": max(work, path) + fixed, "turn": turn + fixed}
 
 
 def _critical_path(model: ModelSpec, engine: Engine, traj: _Trajectories, layout: RoleLayout, shape: Shape,
-                   latency: Distribution, calls: float, in_flight: int, per_engine: int, rows: int) -> float:
-    """E[the longest trajectory], each decoding at the engine's sustained concurrency κ (Little's law)."""
+                   latency: Distribution, calls: float, in_flight: int, per_engine: int, rows: int,
+                   first: float) -> float:
+    """E[the longest trajectory]: its first turn the whole batch's (``first`` seconds), each later turn decoded at
+    the engine's sustained concurrency κ (Little's law)."""
     turns = range(1, len(traj.probs) + 1)
     tool_mean = calls * latency.mean
 
@@ -348,7 +353,7 @@ def _critical_path(model: ModelSpec, engine: Engine, traj: _Trajectories, layout
         share = busy / (busy + traj.mean_turns * tool_mean) if busy > 0 else 1.0
         kappa = min(float(in_flight), max(1.0, per_engine * share))
     cumulative, elapsed = [], 0.0
-    for e in own(kappa):
+    for e in [first, *own(kappa)[1:]]:
         elapsed += e
         cumulative.append(elapsed)
     parts = tuple((p, cumulative[k - 1], tool_wait(latency, k * calls)) for k, p in zip(turns, traj.probs, strict=True)

@@ -121,6 +121,11 @@ def test_the_turn_schedule_samples_each_turn_of_every_row_as_one_batch() -> None
     assert server.batches == [5, 5]
 
 
+def test_the_trajectory_schedule_samples_every_first_turn_as_one_batch() -> None:
+    *_, server = roll("qwen2", [CALL, "408"], rows=5, schedule="trajectory")
+    assert server.batches[0] == 5 and sum(server.batches) == 10
+
+
 def test_a_slow_tool_delays_only_its_own_trajectory() -> None:
     others_done = threading.Event()
     finished: list[int] = []

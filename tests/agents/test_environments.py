@@ -1,7 +1,10 @@
-"""The built-in guess_number environment: feedback that a bisecting policy can use, rewards that could be wrong."""
+"""The built-in environments: guess_number's feedback that a bisecting policy can use and rewards that could be
+wrong; simulated_tools' waits, the same for a row and turn in every instance."""
 
 from __future__ import annotations
 
+import math
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -9,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hybridflow.agents import Environment, EnvRecord
-from hybridflow.agents.environments import NO_NUMBER, GuessNumberEnvironment
+from hybridflow.agents.environments import NO_NUMBER, GuessNumberEnvironment, SimulatedToolsEnvironment
 from hybridflow.registry import ENVIRONMENTS
 
 
@@ -104,5 +107,45 @@ def test_entry_points_register_the_builtins_without_torch_or_optional_frameworks
                             cwd=Path(__file__).resolve().parents[2])
     assert result.returncode == 0, result.stderr
     names, imported = result.stdout.strip().split("] [")
-    assert {"'guess_number'", "'skyrl'", "'trl'"} <= set(names.strip("[").split(", ")), names
+    assert {"'guess_number'", "'simulated_tools'", "'skyrl'", "'trl'"} <= set(names.strip("[").split(", ")), names
     assert imported == "]", f"importing the agents built-ins imported {imported}"
+
+
+def test_simulated_tools_wait_a_seeded_draw_after_every_turn_and_end_after_turns(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    slept: list[float] = []
+    monkeypatch.setattr("hybridflow.agents.environments.time.sleep", slept.append)
+    env = ENVIRONMENTS.get("simulated_tools")(turns=3, latency="lognormal:median=0.1,sigma=1.0", seed=7,
+                                               observation="42")
+    env.reset(record("a", index=5))
+    steps = [env.step("turn") for _ in range(3)]
+    assert [step.done for step in steps] == [False, False, True]
+    assert [step.observation for step in steps[:2]] == [[{"role": "user", "content": "42"}]] * 2
+    assert steps[2].observation == []
+    assert [step.tool_results[0].seconds for step in steps] == slept and len(set(slept)) == 3
+    again = SimulatedToolsEnvironment(turns=3, latency="lognormal:median=0.1,sigma=1.0", seed=7)
+    again.reset(record("a", index=5))
+    assert [again.delay(turn) for turn in (1, 2, 3)] == slept  # another instance (schedule, process) waits alike
+    again.reset(record("a", index=6))
+    assert again.delay(1) != slept[0]
+    again.reset(record("b", index=5))
+    assert again.delay(1) != slept[0]  # the ground truth varies the draws of a repeated batch
+
+
+def test_simulated_tools_draws_follow_the_distribution() -> None:
+    env = SimulatedToolsEnvironment(latency="lognormal:median=0.1,sigma=1.0")
+    draws = []
+    for index in range(4000):
+        env.reset(record("x", index=index))
+        draws.append(env.delay(1))
+    assert statistics.median(draws) == pytest.approx(0.1, rel=0.1)
+    assert statistics.mean(draws) == pytest.approx(0.1 * math.exp(0.5), rel=0.15)  # a lognormal's mean: median·e^{σ²/2}
+    fixed = SimulatedToolsEnvironment(latency="fixed:0.25")
+    fixed.reset(record("x"))
+    assert fixed.delay(1) == fixed.delay(2) == 0.25
+    with pytest.raises(ValueError, match="turns=0 must be a positive integer"):
+        SimulatedToolsEnvironment(turns=0)
+    with pytest.raises(ValueError, match="simulated_tools latency='weibull:2': unknown kind"):
+        SimulatedToolsEnvironment(latency="weibull:2")
+    with pytest.raises(RuntimeError, match="before reset"):
+        SimulatedToolsEnvironment().delay(1)

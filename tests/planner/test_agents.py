@@ -83,11 +83,22 @@ def test_without_tools_one_turn_costs_the_same_under_both_schedules() -> None:
 
 def test_with_a_long_tail_trajectories_win_and_the_gap_grows_with_turns() -> None:
     gaps = []
-    for turns in (1, 2, 3):
+    for turns in (2, 3):
         seconds = predict(turns, LONG_TAIL)
         assert seconds["trajectory"] < seconds["turn"]
         gaps.append(seconds["turn"] / seconds["trajectory"])
-    assert gaps == sorted(gaps) and gaps[-1] > gaps[0] * 1.1
+    assert gaps == sorted(gaps) and gaps[0] > 1.2
+
+
+def test_one_turn_has_nothing_to_overlap_even_with_a_long_tail() -> None:
+    # Every first turn is sent at once and sampled as one batch; its tools then wait side by side under both
+    # schedules (benchmarks/agent_throughput.py measured 0.99x). The trajectory's own turn at the sustained
+    # concurrency would make it look faster.
+    for tokens in (32, 128):
+        seconds = predict_agent_schedules(
+            model=ModelSpec.preset("tiny-qwen2"), batch=32, prompt_len=32, max_turns=1, max_new_tokens=tokens,
+            workload=AgentWorkload(turns="fixed:1", tool_latency=LONG_TAIL, turn_tokens=tokens, prefix_caching=False))
+        assert seconds["trajectory"] == pytest.approx(seconds["turn"], rel=2e-3)
 
 
 def test_prefix_caching_lowers_the_re_sent_context_prefill() -> None:
