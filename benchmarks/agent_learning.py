@@ -31,6 +31,8 @@ WINDOW = 5  # steps averaged at each end of a run
 SFT_STEPS = 800
 SFT_EXAMPLES = 4000
 ARMS = ("tool", "no_tool")
+LR = 5e-4
+MINI_BATCHES = 2
 
 
 def demonstrations(tokenizer: Any, count: int, *, tool_fraction: float, seed: int = 0) -> list[Any]:
@@ -74,14 +76,15 @@ def warm_model(out: Path, *, tool_fraction: float, sft_steps: int = SFT_STEPS) -
     return target
 
 
-def arm_overrides(arm: str, *, steps: int, seed: int, model: Path, run_dir: Path) -> dict[str, Any]:
+def arm_overrides(arm: str, *, steps: int, seed: int, model: Path, run_dir: Path,
+                  lr: float = LR, mini_batches: int = MINI_BATCHES) -> dict[str, Any]:
     """The run's dotted config: both arms share everything but the environment and the response budget."""
     common: dict[str, Any] = {
         "algorithm": "grpo_no_ref", "seed": seed, "steps": steps, "model.path": str(model),
         "output_dir": str(run_dir), "data.task": "multiply", "data.num_examples": 2000, "data.batch_size": 8,
-        "algorithm_options.n": 8, "algorithm_options.temperature": 1.0, "actor.lr": 1e-3,
-        "actor.mini_batches": 2, "progress": False, "tensorboard": False, "plot": False, "checkpoint_every": 0,
-        "trackers": ["jsonl"]}
+        "algorithm_options.n": 8, "algorithm_options.temperature": 1.0, "actor.lr": lr,
+        "actor.mini_batches": mini_batches, "progress": False, "tensorboard": False, "plot": False,
+        "checkpoint_every": 0, "trackers": ["jsonl"]}
     if arm == "tool":
         return {**common, "algorithm_options.max_new_tokens": 64, "agent.environment": "calculator",
                 "agent.options": {"format": "compact"}, "agent.max_turns": 3, "agent.max_turn_tokens": 24}
@@ -99,15 +102,14 @@ def window_means(history: Sequence[dict[str, float]], key: str,
     return sum(values[:window]) / window, sum(values[-window:]) / window
 
 
-def run_arm(arm: str, seed: int, steps: int, model: Path, out: Path) -> dict[str, Any]:
+def run_arm(arm: str, seed: int, steps: int, model: Path, out: Path, lr: float = LR,
+            mini_batches: int = MINI_BATCHES) -> dict[str, Any]:
     """One GRPO run; reward and tool-call rate at both ends, wall and CPU seconds."""
-    import torch
-
     from hybridflow.train.config import config_from_dotted
     from hybridflow.train.loop import train
 
-    torch.set_num_threads(1)
-    config = config_from_dotted(arm_overrides(arm, steps=steps, seed=seed, model=model, run_dir=out / f"{arm}_{seed}"))
+    config = config_from_dotted(arm_overrides(arm, steps=steps, seed=seed, model=model, run_dir=out / f"{arm}_{seed}",
+                                           lr=lr, mini_batches=mini_batches))
     wall, cpu = time.perf_counter(), time.process_time()
     history = train(config, overwrite=True).history
     first, last = window_means(history, "reward/mean")
@@ -115,6 +117,12 @@ def run_arm(arm: str, seed: int, steps: int, model: Path, out: Path) -> dict[str
     calls_first, calls_last = window_means(history, "agent/tool_call_rate")
     return {"arm": arm, "seed": seed, "first": first, "last": last, "gain": last - first, "calls_first": calls_first,
             "calls_last": calls_last, "wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu}
+
+
+def _one_thread() -> None:
+    import torch
+
+    torch.set_num_threads(1)  # two arm processes share the machine's cores
 
 
 def spread(values: Sequence[float]) -> dict[str, float]:
@@ -166,6 +174,9 @@ def main() -> None:
     parser.add_argument("--tool-fraction", type=float, default=0.25)
     parser.add_argument("--sft-steps", type=int, default=SFT_STEPS)
     parser.add_argument("--arms", default=",".join(ARMS))
+    parser.add_argument("--lr", type=float, default=LR)
+    parser.add_argument("--mini-batches", type=int, default=MINI_BATCHES)
+    parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench_agent")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -173,9 +184,12 @@ def main() -> None:
     model = warm_model(args.out, tool_fraction=args.tool_fraction, sft_steps=args.sft_steps)
     sft_s = time.perf_counter() - start
     print(f"warm model {model} ({sft_s:.0f} s)", flush=True)
-    jobs = [(arm, seed) for seed in range(args.seeds) for arm in args.arms.split(",")]
-    with ProcessPoolExecutor(max_workers=args.jobs, mp_context=get_context("spawn")) as pool:
-        futures = [pool.submit(run_arm, arm, seed, args.steps, model, args.out) for arm, seed in jobs]
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    jobs = [(arm, seed) for seed in seeds for arm in args.arms.split(",")]
+    with ProcessPoolExecutor(max_workers=args.jobs, mp_context=get_context("spawn"),
+                             initializer=_one_thread) as pool:
+        futures = [pool.submit(run_arm, arm, seed, args.steps, model, args.out, args.lr, args.mini_batches)
+                   for arm, seed in jobs]
         rows = []
         for future in futures:
             rows.append(future.result())
@@ -183,9 +197,9 @@ def main() -> None:
             print(f"{r['arm']} seed {r['seed']}: reward {r['first']:.3f} -> {r['last']:.3f}, tool calls "
                   f"{_rate(r['calls_first'])} -> {_rate(r['calls_last'])} ({r['wall_s']:.0f} s)", flush=True)
     stats = summary(rows)
-    report = {"steps": args.steps, "seeds": args.seeds, "tool_fraction": args.tool_fraction,
-              "sft_steps": args.sft_steps, "window": WINDOW, "sft_s": sft_s, "total_s": time.perf_counter() - start,
-              "runs": rows, "summary": stats}
+    report = {"steps": args.steps, "seeds": list(seeds), "tool_fraction": args.tool_fraction,
+              "sft_steps": args.sft_steps, "lr": args.lr, "mini_batches": args.mini_batches, "window": WINDOW,
+              "sft_s": sft_s, "total_s": time.perf_counter() - start, "runs": rows, "summary": stats}
     (args.out / "agent_learning.json").write_text(json.dumps(report, indent=2))
     print("\n".join(table(rows, stats)))
     print(f"total {report['total_s']:.0f} s")
