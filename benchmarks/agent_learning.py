@@ -33,6 +33,7 @@ SFT_EXAMPLES = 4000
 ARMS = ("tool", "no_tool")
 LR = 5e-4
 MINI_BATCHES = 2
+TOOL_FRACTION = 0.25
 
 
 def demonstrations(tokenizer: Any, count: int, *, tool_fraction: float, seed: int = 0) -> list[Any]:
@@ -171,7 +172,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--jobs", type=int, default=2, help="arm processes at a time")
-    parser.add_argument("--tool-fraction", type=float, default=0.25)
+    parser.add_argument("--tool-fraction", type=float, default=TOOL_FRACTION)
     parser.add_argument("--sft-steps", type=int, default=SFT_STEPS)
     parser.add_argument("--arms", default=",".join(ARMS))
     parser.add_argument("--lr", type=float, default=LR)
