@@ -11,8 +11,12 @@ SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
 DEFAULT_ALPHABET = string.digits + string.ascii_lowercase + " +-*=?:,.()"
 # For prompts from files (word problems, chat turns): every printable ASCII character and a newline.
 WIDE_ALPHABET = DEFAULT_ALPHABET + "".join(sorted(set(string.printable) - set(DEFAULT_ALPHABET) - set("\t\r\x0b\x0c")))
-# A template with no role markers, so a character tokenizer can render chat prompts: each turn's text on a line.
-PLAIN_CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}\n{% endfor %}"
+# A template with no role markers, so a character tokenizer can render chat prompts: each turn's text on a line,
+# an assistant turn closed by the EOS token so that a multi-turn rollout can continue after a sampled turn (the
+# same text as hybridflow.agents.chat.PLAIN_TEMPLATE). The newline is an expression: HF renders templates with
+# trim_blocks, which would drop a literal newline after a block tag.
+PLAIN_CHAT_TEMPLATE = ("{% for message in messages %}{{ message['content'] }}"
+                       "{% if message['role'] == 'assistant' %}{{ eos_token }}{% endif %}{{ '\\n' }}{% endfor %}")
 
 
 def char_tokenizer(alphabet: str = DEFAULT_ALPHABET, *, chat_template: str | None = None) -> Any:
