@@ -86,4 +86,5 @@ def test_agents_import_without_torch_or_ray_and_use_only_the_registry_and_planne
     assert heavy_modules_after(code) == []
     for path in sorted((CORE / "agents").rglob("*.py")):
         core = {m.split(".")[1] for m in imported_modules(path) if m.startswith("hybridflow.") and m.count(".")}
-        assert core <= {"agents", "registry", "planner"}, f"{path.relative_to(CORE.parent)} imports hybridflow.{sorted(core)}"
+        where = path.relative_to(CORE.parent)
+        assert core <= {"agents", "registry", "planner"}, f"{where} imports hybridflow.{sorted(core)}"
