@@ -81,12 +81,6 @@ def check_pipeline(mode: ExecutionMode, graph: Graph, *, detached: bool) -> None
     blocker = overlap_blocker(graph, pipeline)
     if blocker is not None:
         raise ValueError(f"pipeline={pipeline!r}: {blocker}; use pipeline='sync'")
-    agent = next((node for node in graph.nodes if node.environment), None)
-    if agent is not None and mode.segment_tokens is not None:
-        raise ValueError(f"pipeline={pipeline!r} with partial rollouts: generate node {agent.name!r} is multi-turn "
-                         f"(environment {agent.environment!r}), and a segment cannot resume a trajectory mid-turn "
-                         "(its environment lives in the call that rolled it out); set partial_rollout: false "
-                         "(whole trajectories per call, each at one weights version)")
     if not detached:
         policy = detachable_policies(graph)[0]
         raise ValueError(f"pipeline={pipeline!r} needs the rollout of {policy!r} on GPUs of its own, so that "

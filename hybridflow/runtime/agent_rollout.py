@@ -21,14 +21,15 @@ import torch
 
 from hybridflow.agents.chat import ChatRenderer
 from hybridflow.agents.loop import AgentSettings, Trajectory, run_trajectories
-from hybridflow.agents.protocols import Environment, EnvRecord
+from hybridflow.agents.protocols import Environment, EnvRecord, TurnRequest, TurnResult
 from hybridflow.agents.records import env_record, environment_for
-from hybridflow.agents.server import turn_server
-from hybridflow.graph import Node
-from hybridflow.graph.node import DEFAULT_MAX_TURNS
+from hybridflow.agents.server import BatchingTurnServer, turn_server
+from hybridflow.graph import Node, Op
+from hybridflow.graph.node import DEFAULT_MAX_TURNS, freeze_options
 from hybridflow.registry import ENVIRONMENTS
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.protocols import SamplingParams
+from hybridflow.runtime.worker import with_loss_mask
 
 ROW_SEED_STRIDE = 104_729  # row i of a rank samples with the rank's seed x 100,003 + i x this
 
@@ -87,6 +88,86 @@ def agent_generate(engine: Any, node: Node, inputs: Batch, sampling: SamplingPar
                                         settings=agent_settings(node),
                                         seeds=[base + index * ROW_SEED_STRIDE for index in range(len(records))])
     return trajectory_batch(trajectories, pad=pad_token_id, prompts=prompt_ids)
+
+
+def driver_agent_generate(node: Node, inputs: Batch, *, generate_batch: Any, tokenizer: Any, eos_token_id: int,
+                          pad_token_id: int, seed: int) -> Batch:
+    """A multi-turn generate node's rows rolled out *on the driver*: environments and tools run here and each batch
+    of ready turns is one ``generate_batch`` call on the rollout group (the async pipeline's partial rollouts, so
+    weights shipped meanwhile land between turns). Graph fields in, the node's graph fields out, with
+    ``policy_version`` (a row's oldest sampled token's) and ``token_policy_version`` (each token's; an observation
+    token carries the version of the turn it follows)."""
+    ports = port_inputs(node, inputs)
+    prompts, prompt_mask = ports["prompts"], ports["prompt_mask"]
+    prompt_ids = [row[mask.bool()].tolist() for row, mask in zip(prompts, prompt_mask, strict=True)]
+    truths = list(ports["ground_truth"])
+    records = [env_record(index, truth, None if getattr(truth, "prompt", None) else tokenizer.decode(ids))
+               for index, (truth, ids) in enumerate(zip(truths, prompt_ids, strict=True))]
+    renderer = ChatRenderer(tokenizer, turn_end_id=eos_token_id)
+    with BatchingTurnServer(generate_batch) as server:
+        trajectories = run_trajectories(records, prompt_ids, server=server, renderer=renderer,
+                                        make_env=environment_factory(node), environment=str(node.environment),
+                                        settings=agent_settings(node),
+                                        seeds=[seed * 100_003 + i * ROW_SEED_STRIDE for i in range(len(records))])
+    result = trajectory_batch(trajectories, pad=pad_token_id, prompts=prompt_ids)
+    versions = torch.zeros(result["responses"].shape, dtype=torch.long)
+    for row, trajectory in enumerate(trajectories):
+        filled = _forward_filled(trajectory.versions)
+        versions[row, :len(filled)] = torch.tensor(filled, dtype=torch.long)
+    oldest = torch.tensor([min((v for v, s in zip(t.versions, t.sampled, strict=True) if s), default=0)
+                           for t in trajectories], dtype=torch.long)
+    names = node.port_outputs()
+    out = with_loss_mask(node, result).select(names).rename(names)
+    return out.union(Batch({"policy_version": oldest, "token_policy_version": versions * result["response_mask"]}))
+
+
+def _forward_filled(versions: Sequence[int]) -> list[int]:
+    """Each token's weights version, an observation's (-1) taking the version of the sampled turn before it (or,
+    leading the trajectory, of the first sampled turn)."""
+    first = next((v for v in versions if v >= 0), 0)
+    filled, last = [], first
+    for version in versions:
+        last = version if version >= 0 else last
+        filled.append(last)
+    return filled
+
+
+def turns_through_generate(node: Node, call: Any, *, eos_token_id: int, pad_token_id: int) -> Any:
+    """``generate_batch`` for :func:`driver_agent_generate`: each batch of turns as one single-turn generate call
+    ``call(turn_node, inputs) -> (outputs, weights_version)`` (prompts are the trajectories so far, left-padded;
+    each request cut at its own budget, finished where it sampled the end token)."""
+    sampling = {k: v for k, v in node.options_dict.items() if k in ("temperature", "top_p", "top_k", "greedy")}
+
+    def generate_batch(requests: Sequence[TurnRequest]) -> list[TurnResult]:
+        budget = max(request.max_tokens for request in requests)
+        turn_node = Node(node.name, Op.GENERATE, node.role, ("prompts",), ("responses", "response_mask",
+                                                                         "rollout_logprobs"),
+                         options=freeze_options({**sampling, "max_new_tokens": budget, "logprobs": True}, node.name))
+        width = max(len(request.token_ids) for request in requests)
+        prompts = torch.full((len(requests), width), pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(requests), width), dtype=torch.long)
+        for row, request in enumerate(requests):
+            prompts[row, width - len(request.token_ids):] = torch.tensor(request.token_ids, dtype=torch.long)
+            mask[row, width - len(request.token_ids):] = 1
+        outputs, version = call(turn_node, Batch({"prompts": prompts, "prompt_mask": mask}))
+        results = []
+        for row, request in enumerate(requests):
+            length = min(int(outputs["response_mask"][row].sum()), request.max_tokens)
+            ids = outputs["responses"][row, :length].tolist()
+            ends = ids.index(eos_token_id) + 1 if eos_token_id in ids else len(ids)
+            results.append(TurnResult(token_ids=tuple(ids[:ends]),
+                                      logprobs=tuple(outputs["rollout_logprobs"][row, :ends].tolist()),
+                                      finished=eos_token_id in ids, version=version))
+        return results
+
+    return generate_batch
+
+
+def port_inputs(node: Node, inputs: Batch) -> Batch:
+    """A multi-turn node's graph-field inputs as its ports (``prompts``, ``prompt_mask``, ``ground_truth``)."""
+    ports = node.port_inputs()
+    named = inputs.select([*ports.values(), "prompt_mask"], strict=False)
+    return named.rename({field: port for port, field in ports.items()})
 
 
 def trajectory_batch(trajectories: Sequence[Trajectory], *, pad: int,

@@ -54,6 +54,15 @@ class StepResult:
     node_seconds: dict[str, float] = field(default_factory=dict)
 
 
+def _agent_tokenizer(node: Node, specs: Mapping[str, RoleSpec]) -> Any:
+    """The policy's tokenizer where a multi-turn node's turns are templated on the driver (else None)."""
+    if not node.environment:
+        return None
+    from hybridflow.runtime.agent_rollout import role_tokenizer
+
+    return role_tokenizer(specs[str(node.role)].model)
+
+
 class Controller:
     """Executes ``graph`` on the worker groups an executor starts for ``plan``; use as a context manager.
 
@@ -88,7 +97,8 @@ class Controller:
             # one_step_off is the rollouter one update ahead on whole batches (ExecutionMode.segment_budget).
             self._overlap = None if overlapped is None else Overlap(Rollouter(
                 overlapped, self._targets[self._placed_role(overlapped)], mode=self.mode, seed=seed,
-                eos_token_id=eos_token_id), samples=graph.samples_per_prompt)
+                eos_token_id=eos_token_id, tokenizer=_agent_tokenizer(overlapped, specs)),
+                samples=graph.samples_per_prompt)
             self.sync_rollouts()
         except BaseException:
             self.shutdown()

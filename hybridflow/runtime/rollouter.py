@@ -28,10 +28,12 @@ checkpoint's step on: nothing the trainer used is lost, the buffer is).
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
+from typing import Any
 
 import torch
 
@@ -84,9 +86,16 @@ class Rollouter:
     """Generates the offered steps' batches on a detached rollout (see the module docstring)."""
 
     def __init__(self, node: Node, target: Target, *, mode: ExecutionMode, seed: int,
-                 eos_token_id: int | None = None, capacity: int | None = None) -> None:
+                 eos_token_id: int | None = None, capacity: int | None = None, tokenizer: Any = None) -> None:
         self.max_new_tokens = node.max_new_tokens
         segment_tokens = mode.segment_budget(self.max_new_tokens)
+        # A multi-turn node's partial rollouts are its turns: the trajectories run here, every batch of ready turns
+        # one call on the rollout's queue, so weights shipped meanwhile land between turns.
+        self.turn_segments = bool(node.environment) and segment_tokens is not None
+        if self.turn_segments and tokenizer is None:
+            raise ValueError(f"generate node {node.name!r}: multi-turn partial rollouts template observations on the "
+                             "driver and need the policy's tokenizer; pass tokenizer=")
+        self.tokenizer = tokenizer
         if segment_tokens is not None and eos_token_id is None:
             raise ValueError("partial rollouts need the policy's eos_token_id to tell a finished response from "
                              "one cut at a segment's end; pass eos_token_id= or segment_tokens=None")
@@ -172,9 +181,10 @@ class Rollouter:
 
     def _next_work(self) -> Callable[[], None] | None:
         """What to run next (under the lock), or None to wait for weights or prompts."""
-        if self.segment_tokens is None:
+        if self.segment_tokens is None or self.turn_segments:
             ready = [s for s in sorted(self._offered) if self._admissible(s)]
-            return partial(self._generate_whole, ready[0]) if ready else None
+            whole = self._generate_turns if self.turn_segments else self._generate_whole
+            return partial(whole, ready[0]) if ready else None
         self._admit()
         return self._generate_segment if self._flight else None
 
@@ -191,6 +201,28 @@ class Rollouter:
             self._ready[step] = Batch({**pending.rows.union(outputs).tensors, "policy_version": versions,
                                        "token_policy_version": tokens * version},
                                       pending.rows.non_tensors)
+            self._cv.notify_all()
+
+    def _generate_turns(self, step: int) -> None:
+        """``step``'s trajectories, turn by turn on the rollout's queue (:func:`driver_agent_generate`)."""
+        from hybridflow.runtime.agent_rollout import driver_agent_generate, turns_through_generate
+
+        with self._cv:
+            pending = self._offered[step]
+        calls = itertools.count()  # each batch of turns samples with a seed of its own
+        assert self.eos is not None
+        eos = self.eos
+        pad = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos)
+        generate = turns_through_generate(
+            self.node, lambda node, inputs: self._on_rollout(node, inputs, self.seed + step + 1_000_003 * next(calls)),
+            eos_token_id=eos, pad_token_id=pad)
+        outputs = driver_agent_generate(self.node, pending.rows, generate_batch=generate, tokenizer=self.tokenizer,
+                                        eos_token_id=eos, pad_token_id=pad, seed=self.seed + step)
+        with self._cv:
+            self.stats.tokens += int(outputs[MASK_FIELD].sum())
+            del self._offered[step]
+            self._ready[step] = Batch({**pending.rows.tensors, **outputs.tensors},
+                                      {**pending.rows.non_tensors, **outputs.non_tensors})
             self._cv.notify_all()
 
     def _admit(self) -> None:

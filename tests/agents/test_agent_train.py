@@ -60,12 +60,14 @@ def test_the_multiply_task_scores_the_last_number_the_policy_wrote() -> None:
     assert reward("5534", "5535") < 1.0 and reward("", "5535") == 0.0
 
 
-def test_partial_rollouts_are_refused_for_a_multi_turn_node_with_the_fix() -> None:
+def test_partial_rollouts_of_a_multi_turn_node_are_its_turns_and_need_the_tokenizer() -> None:
+    from hybridflow.runtime.rollouter import Rollouter
+
     graph = with_environment(load_graph("grpo_no_ref", reward_kind="reward_function"), "calculator")
     mode = ExecutionMode(pipeline="async", max_staleness=1, segment_tokens=0)
-    with pytest.raises(ValueError, match="partial_rollout: false"):
-        check_pipeline(mode, graph, detached=True)
-    check_pipeline(ExecutionMode(pipeline="async", max_staleness=1), graph, detached=True)
+    check_pipeline(mode, graph, detached=True)  # runnable: the trajectories run on the driver, turn by turn
+    with pytest.raises(ValueError, match="need the policy's tokenizer"):
+        Rollouter(graph.node("actor_generate"), None, mode=mode, seed=0, eos_token_id=2)  # type: ignore[arg-type]
 
 
 def test_an_unknown_environment_lists_the_valid_ones() -> None:
