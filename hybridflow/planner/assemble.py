@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 
 from hybridflow.planner.agents import choose_schedule, explain_schedule, schedule_seconds
 from hybridflow.planner.costs import Shape, adapter_only, state_bytes, static_bytes, weight_ship, weight_sync
-from hybridflow.planner.devices import GIB
+from hybridflow.planner.devices import DTYPE_BYTES, GIB
 from hybridflow.planner.errors import gib
 from hybridflow.planner.execution import ExecutionMode
 from hybridflow.planner.layouts import GroupLayout, engine_layout
@@ -139,8 +139,10 @@ def _sync_words(work: RoleWork, layout: RoleLayout, shape: Shape) -> str:
             return "rollout engine reads the trained weights in place (nothing synced per update)"
     else:
         return "no rollout engine to sync"
-    how = "adapter-only (the engine's base loaded once)" if adapter_only(work.model) else "merged full weights"
-    return f"sync per update: {sent / 1e6:.1f} MB, {how}"
+    if adapter_only(work.model):
+        copy = work.model.adapter_params * DTYPE_BYTES[layout.dtype]
+        return f"sync per update: {sent / 1e6:.1f} MB, adapter-only ({copy / 1e6:.1f} MB a copy; the base loaded once)"
+    return f"sync per update: {sent / 1e6:.1f} MB, merged full weights (the engine takes no adapter)"
 
 
 def agent_schedule(problem: Problem, groups: Sequence[Placement]) -> tuple[ExecutionMode, str]:
