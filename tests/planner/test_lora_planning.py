@@ -171,11 +171,12 @@ def test_the_shared_reference_holds_no_weights_and_runs_on_the_policys_gpus(grpo
     # No second copy of the base: at least the reference's smallest share of its weights is gone.
     assert own.groups[0].memory_per_gpu_bytes - group.memory_per_gpu_bytes >= LLAMA8.params * 2 / 8 * 0.99
     assert "reference run(s) on its engine" in dict(shared.extra)["lora"]
-    with pytest.raises(ValueError, match="runs on 'actor'.s weights"):
+    with pytest.raises(ValueError, match=r"runs on 'actor'.s weights"):
         evaluate_mapping(grpo, models, workload, A100, parse_mapping("actor=0-3,reference=4-7"), lora=lora,
                          shared_weights={"reference": "actor"})
     with pytest.raises(ValueError, match="trains a LoRA adapter"):
-        evaluate_mapping(grpo, models, workload, A100, parse_mapping("actor=0-7"), shared_weights={"reference": "actor"})
+        evaluate_mapping(grpo, models, workload, A100, parse_mapping("actor=0-7"),
+                         shared_weights={"reference": "actor"})
 
 
 def test_seventy_b_does_not_fit_full_fine_tuning_on_8xa100_and_plans_with_lora(grpo):
@@ -253,7 +254,7 @@ def test_cli_plans_lora_and_shares_the_reference(capsys):
 
 def test_train_config_lora_reaches_the_planner(grpo):
     from hybridflow.train.config import RoleConfig, TrainConfig
-    from hybridflow.train.placement import planned, role_adapters, shared_references, role_models
+    from hybridflow.train.placement import planned, role_adapters, role_models, shared_references
 
     @dataclasses.dataclass(frozen=True, kw_only=True)
     class RoleWithLora(RoleConfig):  # the trainers' ``roles.<name>.lora`` key, before it lands in RoleConfig
