@@ -141,7 +141,9 @@ def _sync_words(work: RoleWork, layout: RoleLayout, shape: Shape) -> str:
         return "no rollout engine to sync"
     if adapter_only(work.model):
         copy = work.model.adapter_params * DTYPE_BYTES[layout.dtype]
-        return f"sync per update: {sent / 1e6:.1f} MB, adapter-only ({copy / 1e6:.1f} MB a copy; the base loaded once)"
+        where = "shipped to the rollout" if work.ships_to else "into the group's engines"
+        return (f"sync per update: {sent / 1e6:.1f} MB {where}, adapter-only ({copy / 1e6:.1f} MB a copy; the base "
+                "loaded once)")
     return f"sync per update: {sent / 1e6:.1f} MB, merged full weights (the engine takes no adapter)"
 
 
