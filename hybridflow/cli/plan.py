@@ -10,10 +10,12 @@ from typing import Any
 
 from hybridflow.graph import Workload, load_graph
 from hybridflow.planner import Cluster, InfeasibleError, LayoutSupport, ModelSpec, Plan, PlannerOptions, plan_placement
+from hybridflow.planner.adapters import LoraPlan
 from hybridflow.planner.agents import AgentWorkload
 from hybridflow.planner.calibration import Calibration
 from hybridflow.planner.devices import GB, device_from_mapping, parse_device
 from hybridflow.planner.plan import ROLLOUT_SUFFIX
+from hybridflow.planner.problem import role_adapters, shareable_references
 from hybridflow.planner.settings import RunSettings, settings_from_dict
 
 DEFAULTS: dict[str, Any] = {"algorithm": "ppo", "batch_size": 1024, "prompt_len": 512, "response_len": 512,
@@ -53,6 +55,12 @@ def add_parser(subparsers: Any) -> None:
                              "and 2)")
     parser.add_argument("--stream-chunks", type=int, metavar="M",
                         help="with --manual and sync: cost the step streamed in M chunks (the search does not stream)")
+    parser.add_argument("--lora", metavar="rank=R[,targets=all-linear|q_proj+v_proj][,...]",
+                        help="the trainable policies train LoRA adapters: their gradients and optimizer states are the "
+                             "adapter's, a reference with the policy's model runs on its engine with the adapter "
+                             "disabled, and updates sync the adapter to vLLM (keys: rank, targets, dropout, "
+                             "sync=adapter|merged, when=always|needed (needed: only when full fine-tuning fits "
+                             "nowhere), reference=shared|own)")
     add_run_arguments(parser)
     add_agent_arguments(parser)
     parser.add_argument("--backend", action="append", default=[], metavar="ROLE=NAME",
@@ -184,6 +192,35 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     return settings
 
 
+LORA_WHEN_VALUES = ("always", "needed")
+REFERENCE_VALUES = ("shared", "own")
+
+
+def lora_options(value: Any) -> tuple[LoraPlan | None, str, bool]:
+    """``--lora rank=16,...`` (or a plan config's ``lora:`` mapping) as (adapter, when, share the reference)."""
+    if value is None:
+        return None, "always", False
+    data = dict(value) if isinstance(value, dict) else _pairs(str(value))
+    when, reference = str(data.pop("when", "always")), str(data.pop("reference", "shared"))
+    if when not in LORA_WHEN_VALUES:
+        raise ValueError(f"--lora when={when!r} must be one of {list(LORA_WHEN_VALUES)} (needed: LoRA only when full "
+                         "fine-tuning fits nowhere)")
+    if reference not in REFERENCE_VALUES:
+        raise ValueError(f"--lora reference={reference!r} must be one of {list(REFERENCE_VALUES)} (shared: a reference "
+                         "with the policy's model runs on its engine, adapter disabled)")
+    return LoraPlan.from_mapping(data, where="--lora"), when, reference == "shared"
+
+
+def _pairs(text: str) -> dict[str, str]:
+    pairs = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = (piece.strip() for piece in item.partition("="))
+        if not sep or not key or not value:
+            raise ValueError(f"--lora {text!r}: {item!r} must be KEY=VALUE, e.g. --lora rank=16,targets=q_proj+v_proj")
+        pairs[key] = value
+    return pairs
+
+
 def backend_support(items: list[str], gpu_roles: list[str]) -> dict[str, LayoutSupport]:
     """``--backend ROLE=NAME`` as each role's :class:`LayoutSupport` (importing a backend loads its stack, so a
     dry run without the flag stays torch-free)."""
@@ -260,10 +297,13 @@ def run(args: argparse.Namespace) -> int:
     support = backend_support(args.backend, gpu_roles)
     calibration = Calibration.load(settings["calibration"]) if settings.get("calibration") else None
     agent = agent_workload(settings)
+    lora, lora_when, share = lora_options(settings.get("lora"))
+    shared = shareable_references(graph, models, role_adapters(graph, lora)) if share else {}
     try:
         options = PlannerOptions(unit=settings["unit"], separate_rollout=bool(settings.get("separate_rollout")),
                                  max_tp=settings.get("max_tp"), pipeline=str(settings.get("pipeline") or "sync"),
-                                 max_staleness=settings.get("max_staleness"), support=support)
+                                 max_staleness=settings.get("max_staleness"), support=support, lora=lora,
+                                 lora_when=lora_when, shared_weights=shared)
         auto = plan_placement(graph, models, workload, cluster, options=options, settings=steps,
                               calibration=calibration, agent=agent)
     except InfeasibleError as err:
@@ -274,14 +314,18 @@ def run(args: argparse.Namespace) -> int:
         from hybridflow.planner.manual import evaluate_mapping, parse_mapping
 
         sharding = settings.get("sharding")
-        manual = evaluate_mapping(graph, models, workload, cluster, parse_mapping(str(settings["manual"])),
+        mapping = parse_mapping(str(settings["manual"]))
+        # A reference the mapping puts on GPUs of its own keeps its own copy.
+        kept = {guest: host for guest, host in shared.items()
+                if sorted(mapping.get(guest, mapping.get(host, ()))) == sorted(mapping.get(host, ()))}
+        manual = evaluate_mapping(graph, models, workload, cluster, mapping,
                                   data_parallel_size=settings.get("data_parallel_size"),
                                   sharding=None if sharding in (None, "auto") else str(sharding).upper(),
                                   settings=steps, calibration=calibration,
                                   pipeline=str(settings.get("pipeline") or "sync"),
                                   max_staleness=settings.get("max_staleness"),
                                   stream_chunks=int(settings.get("stream_chunks") or 1), support=support,
-                                  agent=agent)
+                                  agent=agent, lora=lora, shared_weights=kept)
     elif settings.get("stream_chunks") not in (None, 1):
         raise ValueError("--stream-chunks costs a hand-written mapping's streamed step: add --manual (the search "
                          "plans unstreamed steps)")

@@ -4,6 +4,7 @@
 ``compare_plans`` explains the difference. Plans are immutable, JSON-serialisable values.
 """
 
+from hybridflow.planner.adapters import LoraPlan
 from hybridflow.planner.agents import AgentWorkload, predict_agent_schedules
 from hybridflow.planner.calibration import Calibration, Constants
 from hybridflow.planner.cluster import Cluster, Machine
@@ -43,6 +44,7 @@ __all__ = [
     "InfeasibleError",
     "LayoutSupport",
     "LengthDistribution",
+    "LoraPlan",
     "Machine",
     "ModelSpec",
     "NodeEstimate",

@@ -6,11 +6,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from hybridflow.planner.agents import choose_schedule, explain_schedule, schedule_seconds
-from hybridflow.planner.costs import Shape, static_bytes
+from hybridflow.planner.costs import Shape, adapter_only, state_bytes, static_bytes, weight_ship, weight_sync
+from hybridflow.planner.devices import DTYPE_BYTES, GIB
+from hybridflow.planner.errors import gib
 from hybridflow.planner.execution import ExecutionMode
 from hybridflow.planner.layouts import GroupLayout, engine_layout
-from hybridflow.planner.plan import GroupPlan, NodeEstimate, Plan, SearchStats
-from hybridflow.planner.problem import Problem
+from hybridflow.planner.plan import GroupPlan, NodeEstimate, Plan, RoleLayout, SearchStats
+from hybridflow.planner.problem import Problem, RoleWork
 from hybridflow.planner.schedule import DRIVER, Schedule, Sharing, compile_schedule, shared_step, stream_schedule
 
 
@@ -79,18 +81,70 @@ def build_plan(problem: Problem, groups: Sequence[Placement], *, search: SearchS
     if problem.agents:
         mode, why = agent_schedule(problem, groups)
         extra["agent_schedule"] = why
+    if any(role.model.adapter is not None for role in problem.roles):
+        extra["lora"] = adapter_summary(problem, groups)
     cluster = problem.cluster
-    plans = tuple(
-        GroupPlan(gpus=group.gpus, hosts=tuple(cluster.machines[cluster.machine_index(g)].host for g in group.gpus),
-                  device=group.shape.device.name, roles=group.roles, layouts=group.layout.layouts,
-                  memory_per_gpu_bytes=group.layout.memory_bytes, capacity_bytes=group.shape.device.memory_bytes)
-        for group in groups)
-    return Plan(algorithm=problem.graph.name, groups=plans, driver_roles=problem.driver_roles, nodes=nodes,
+    plans = []
+    for group in groups:
+        guests = tuple(replace(layout, role=guest, shares_weights_with=layout.role) for layout in group.layout.layouts
+                       for guest in problem.role(layout.role).guests)
+        plans.append(GroupPlan(gpus=group.gpus, hosts=tuple(cluster.machines[cluster.machine_index(g)].host
+                                                            for g in group.gpus),
+                               device=group.shape.device.name, roles=group.roles + tuple(g.role for g in guests),
+                               layouts=group.layout.layouts + guests, memory_per_gpu_bytes=group.layout.memory_bytes,
+                               capacity_bytes=group.shape.device.memory_bytes))
+    return Plan(algorithm=problem.graph.name, groups=tuple(plans), driver_roles=problem.driver_roles, nodes=nodes,
                 step_time_s=step, cross_group_bytes=schedule.cross_group_bytes,
                 weight_sync_bytes=sum(group.layout.weight_sync_bytes for group in groups),
                 weight_sync_seconds=sum(group.layout.weight_sync_seconds for group in groups),
                 bottleneck=bottleneck(nodes, groups, step), feasible=not problems, problems=tuple(problems),
                 search=search, extra=tuple(sorted(extra.items())), mode=mode)
+
+
+def adapter_summary(problem: Problem, groups: Sequence[Placement]) -> str:
+    """Per LoRA role: trainable weights, gradient and optimizer bytes per GPU beside full fine-tuning's on the same
+    layout, and what one update sends its rollout engine; the roles that run on its weights."""
+    lines = []
+    for group in groups:
+        for layout in group.layout.layouts:
+            work = problem.role(layout.role)
+            model = work.model
+            if model.adapter is None or not work.kind.trainable:
+                continue
+            _, grads, states = state_bytes(model, work.kind, layout, group.shape)
+            _, full_grads, full_states = state_bytes(model.base, work.kind, layout, group.shape)
+            text = (f"{work.name}: {model.adapter.describe()} trains {model.adapter_params / 1e6:.1f}M of "
+                    f"{model.params / 1e9:.2f}B weights ({model.adapter_params / model.params:.2%}); per GPU "
+                    f"gradients {_size(grads)} + optimizer states {_size(states)} (full fine-tuning: "
+                    f"{_size(full_grads)} + {_size(full_states)})")
+            text += f"; {_sync_words(work, layout, group.shape)}"
+            if work.guests:
+                text += (f"; {', '.join(work.guests)} run(s) on its engine with the adapter disabled (no weights of "
+                         "their own)")
+            lines.append(text)
+    return "; ".join(lines)
+
+
+def _size(nbytes: float) -> str:
+    return gib(nbytes) if nbytes >= GIB else f"{nbytes / 2**20:.1f} MiB"
+
+
+def _sync_words(work: RoleWork, layout: RoleLayout, shape: Shape) -> str:
+    """What one update sends the rollout engine, in words."""
+    if work.ships_to:
+        sent = weight_ship(work.model, layout, shape)[1]
+    elif work.generate:
+        sent = weight_sync(work.model, layout, shape)[1] * shape.size
+        if not sent:
+            return "rollout engine reads the trained weights in place (nothing synced per update)"
+    else:
+        return "no rollout engine to sync"
+    if adapter_only(work.model):
+        copy = work.model.adapter_params * DTYPE_BYTES[layout.dtype]
+        where = "shipped to the rollout" if work.ships_to else "into the group's engines"
+        return (f"sync per update: {sent / 1e6:.1f} MB {where}, adapter-only ({copy / 1e6:.1f} MB a copy; the base "
+                "loaded once)")
+    return f"sync per update: {sent / 1e6:.1f} MB, merged full weights (the engine takes no adapter)"
 
 
 def agent_schedule(problem: Problem, groups: Sequence[Placement]) -> tuple[ExecutionMode, str]:

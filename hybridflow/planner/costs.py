@@ -21,6 +21,7 @@ from hybridflow.planner.settings import DEFAULT_SETTINGS, RunSettings
 COLLECTIVE_LATENCY_S = 20e-6  # fixed cost of one collective call (NCCL launch + hops)
 INTER_NODE_LATENCY_S = 50e-6  # a small collective across machines: NIC and switch hops, about 2.5x NVLink's
 WEIGHT_TENSOR_S = 1e-3  # per weight tensor refreshed: its gather/broadcast call, conversion and engine load
+ADAPTER_LOAD_S = 10e-3  # one in-memory LoRA load (vLLM add_lora): the engine takes the whole adapter in one call
 EAGER_LAYER_OVERHEAD_S = 250e-6  # per layer and decode step without CUDA graphs: ~20 launches + Python dispatch
 USABLE_MEMORY = 0.9  # fraction of device memory a plan may use; the rest is CUDA context and fragmentation
 DRIVER_SECONDS_PER_ROW = 1e-6  # driver-side compute nodes and reward functions, per sequence
@@ -114,16 +115,30 @@ def stage_params(model: ModelSpec, layout: RoleLayout) -> float:
     return (dense + experts) / layout.pp
 
 
+def adapter_stage_params(model: ModelSpec, layout: RoleLayout) -> float:
+    """A LoRA adapter's weights on one GPU's tensor/pipeline slice (split as the layers they adapt); 0 without."""
+    return model.adapter_params / (layout.tp * layout.pp)
+
+
+def trainable_stage_params(model: ModelSpec, layout: RoleLayout) -> float:
+    """The weights one GPU's slice trains before data-parallel sharding: the adapter's, or all of them."""
+    return adapter_stage_params(model, layout) if model.adapter is not None else stage_params(model, layout)
+
+
 def state_bytes(model: ModelSpec, kind: RoleKind, layout: RoleLayout, shape: Shape) -> tuple[float, float, float]:
-    """Resident (weights, gradients, optimizer states) bytes per GPU by sharding strategy, before offload."""
+    """Resident (weights, gradients, optimizer states) bytes per GPU by sharding strategy, before offload.
+
+    With a LoRA adapter the weights are the frozen base plus the adapter, in the role's dtype; gradients and
+    optimizer states are the adapter's alone."""
     unit = DTYPE_BYTES[layout.dtype]
-    params = stage_params(model, layout)
+    params = stage_params(model, layout) + adapter_stage_params(model, layout)
     shards = shard_ranks(layout, shape)
     if not kind.trainable:
         return params * unit / (shards if layout.sharding in FULL_SHARDS else 1), 0.0, 0.0
+    trained = trainable_stage_params(model, layout)
     # Mixed precision keeps fp32 master weights and Adam m, v (12 bytes); pure fp32 only m, v (8 bytes).
-    states = params * (8 if layout.dtype == "fp32" else 12)
-    weights, grads = params * unit, params * unit
+    states = trained * (8 if layout.dtype == "fp32" else 12)
+    weights, grads = params * unit, trained * unit
     if layout.sharding is Sharding.NO_SHARD:
         return weights, grads, states
     if layout.sharding is Sharding.ZERO1:
@@ -159,6 +174,16 @@ def _gather_buffer(model: ModelSpec, layout: RoleLayout) -> int:
 
 def _activation_layer_bytes(model: ModelSpec, tokens: float, layout: RoleLayout) -> float:
     return ACTIVATION_BYTES_PER_TOKEN_HIDDEN * tokens * model.hidden * DTYPE_BYTES[layout.dtype] / 2 / layout.tp
+
+
+def _adapter_activation_bytes(model: ModelSpec, tokens: float, layout: RoleLayout) -> float:
+    """What a LoRA adapter's backward keeps per layer beyond the frozen model's activations
+    (``LoraPlan.saved_inputs_per_token``; a dropout mask of one byte beside each dropped-out input)."""
+    if model.adapter is None:
+        return 0.0
+    per_token = model.adapter.saved_inputs_per_token(model)
+    unit = DTYPE_BYTES[layout.dtype] + (1 if model.adapter.dropout > 0 else 0)
+    return per_token * unit * tokens / layout.tp
 
 
 def _logit_bytes(model: ModelSpec, kind: RoleKind, tokens: float, tp: int) -> float:
@@ -254,10 +279,16 @@ def controller_seconds(load: NodeLoad, shape: Shape, prompt_len: float | None = 
     return rows * per_row / (shape.constants.controller_gbs * 1e9)
 
 
-def flops_per_token(model: ModelSpec, seq: float, passes: int) -> float:
+def flops_per_token(model: ModelSpec, seq: float, passes: int, *, train: bool = False) -> float:
     """``passes`` x (2 x active weights + causal attention ``2·L·heads·head_dim·seq``) per token:
-    1 pass forward, 3 forward + backward, 4 with recomputation."""
-    return passes * (2 * model.active + 2 * model.layers * model.heads * model.head_dim * seq)
+    1 pass forward, 3 forward + backward, 4 with recomputation.
+
+    Training a LoRA adapter (``train``) skips the frozen weights' gradients: their matmuls run ``passes - 1``
+    times (forward, input gradients, recomputation), attention all ``passes``, the adapter's own ``passes``."""
+    attention = 2 * model.layers * model.heads * model.head_dim * seq
+    if train and model.adapter is not None:
+        return (passes - 1) * 2 * model.active + passes * (attention + 2 * model.adapter_params)
+    return passes * (2 * model.active + attention)
 
 
 def moe_slowdown(model: ModelSpec, shape: Shape) -> float:
@@ -270,7 +301,7 @@ def moe_slowdown(model: ModelSpec, shape: Shape) -> float:
 
 def _compute_seconds(model: ModelSpec, batch: Batching, layout: RoleLayout, shape: Shape, passes: int) -> float:
     peak = shape.device.peak_flops(layout.dtype)
-    per_token = flops_per_token(model, batch.attention_seq or batch.seq, passes)
+    per_token = flops_per_token(model, batch.attention_seq or batch.seq, passes, train=batch.optimizer_steps > 0)
     flops = per_token * batch.tokens_per_gpu / layout.tp * moe_slowdown(model, shape)
     bubble = 1.0
     if layout.pp > 1:  # 1F1B: (micro batches + stages - 1) slots for the micro batches of each mini-batch
@@ -332,7 +363,7 @@ def update_cost(model: ModelSpec, kind: RoleKind, load: NodeLoad, layout: RoleLa
     passes = 4 if layout.gradient_checkpointing else 3
     compute = _compute_seconds(model, batch, layout, shape, passes)
     comm = parallel_comm_seconds(model, batch, layout, shape, passes)
-    grad_bytes = stage_params(model, layout) * DTYPE_BYTES[layout.dtype]
+    grad_bytes = trainable_stage_params(model, layout) * DTYPE_BYTES[layout.dtype]
     ranks, bandwidth = shard_ranks(layout, shape), shape.collective_bandwidth
     if layout.sharding in FULL_SHARDS:
         # Parameters gathered for every micro batch's forward and backward; gradients reduce-scattered.
@@ -345,13 +376,18 @@ def update_cost(model: ModelSpec, kind: RoleKind, load: NodeLoad, layout: RoleLa
         sync = batch.optimizer_steps * 2 * ring_seconds(grad_bytes, data, bandwidth)
     weights, grads, states = state_bytes(model, kind, layout, shape)
     offload = shape.run.offload_of(layout.role)
-    optimizer = batch.optimizer_steps * 2 * (weights + grads + states) / (shape.device.hbm_bandwidth
+    # The optimizer step reads and writes the trained weights only (a LoRA adapter's, not the frozen base).
+    trained = weights if model.adapter is None else (
+        adapter_stage_params(model, layout) * DTYPE_BYTES[layout.dtype] / (ranks if layout.sharding in FULL_SHARDS
+                                                                           else 1))
+    optimizer = batch.optimizer_steps * 2 * (trained + grads + states) / (shape.device.hbm_bandwidth
                                                                           * shape.constants.hbm_efficiency)
     moved = weights * offload.params + grads * offload.grads + states * offload.optimizer
     swap = 2 * host_seconds(moved, shape)
     tokens = batch.micro_tokens
     layer = _activation_layer_bytes(model, tokens, layout)
     layers = model.layers / layout.pp
+    layer += _adapter_activation_bytes(model, tokens, layout)
     if layout.gradient_checkpointing:
         activations = layers * tokens * model.hidden * DTYPE_BYTES[layout.dtype] + layer
     else:
@@ -367,14 +403,31 @@ def update_cost(model: ModelSpec, kind: RoleKind, load: NodeLoad, layout: RoleLa
     return Cost(compute + comm + sync + optimizer + swap + fixed, int(transient))
 
 
+def adapter_only(model: ModelSpec) -> bool:
+    """Whether an update sends the rollout engine only a LoRA adapter (``LoraPlan.sync == "adapter"``: vLLM),
+    its base loaded once; otherwise the engine takes the merged full weights."""
+    return model.adapter is not None and model.adapter.sync == "adapter"
+
+
+def sync_payload(model: ModelSpec, layout: RoleLayout) -> tuple[float, float]:
+    """(bytes of one copy, fixed seconds) an update sends the rollout engine: the adapter in the role's dtype and
+    one in-memory LoRA load (``ADAPTER_LOAD_S``), or the full (for LoRA: merged) weights and ``WEIGHT_TENSOR_S``
+    per tensor."""
+    if adapter_only(model):
+        return model.adapter_params * DTYPE_BYTES[layout.dtype], ADAPTER_LOAD_S
+    return model.params * DTYPE_BYTES[layout.dtype], tensor_seconds(model)
+
+
 def weight_sync(model: ModelSpec, layout: RoleLayout, shape: Shape) -> tuple[float, int]:
     """Seconds and bytes per GPU to refresh the rollout engine's weights after an update (in place): a ring of
-    the engine's shard, and ``WEIGHT_TENSOR_S`` for each weight tensor (the refresh moves them one by one)."""
+    the engine's shard, and ``WEIGHT_TENSOR_S`` for each weight tensor (the refresh moves them one by one), or,
+    adapter-only, a ring of the adapter's shard and one adapter load (:func:`sync_payload`)."""
     if layout.sharding is Sharding.NO_SHARD and layout.tp == layout.rollout_tp:
         return 0.0, 0
-    per_gpu = model.params * DTYPE_BYTES[layout.dtype] / layout.rollout_tp
+    full, fixed = sync_payload(model, layout)
+    per_gpu = full / layout.rollout_tp
     seconds = ring_seconds(per_gpu, max(2, shape.size), shape.collective_bandwidth)
-    return seconds + tensor_seconds(model), int(per_gpu)
+    return seconds + fixed, int(per_gpu)
 
 
 def engine_switch(model: ModelSpec, kind: RoleKind, layout: RoleLayout, shape: Shape) -> float:
@@ -396,20 +449,23 @@ def weight_ship(model: ModelSpec, layout: RoleLayout, shape: Shape) -> tuple[flo
     bandwidth (the rollout group may sit on another machine); receivers relay it among themselves
     (a broadcast tree), so the sender's link carries it once. The copy goes tensor by tensor (verl's
     one-step-off and fully-async syncs gather, broadcast and load each weight tensor in turn, without the
-    checkpoint engine), so each tensor also costs ``WEIGHT_TENSOR_S``, as a colocated refresh does.
+    checkpoint engine), so each tensor also costs ``WEIGHT_TENSOR_S``, as a colocated refresh does. Adapter-only
+    (:func:`sync_payload`) the copy is the adapter's and goes in one load.
     """
-    full = model.params * DTYPE_BYTES[layout.dtype]
+    full, fixed = sync_payload(model, layout)
     gather = 0.0
     if layout.sharding is not Sharding.NO_SHARD:
         gather = ring_seconds(full / layout.tp, shard_ranks(layout, shape), shape.collective_bandwidth)
-    return gather + full / shape.inter + COLLECTIVE_LATENCY_S + tensor_seconds(model), int(full)
+    return gather + full / shape.inter + COLLECTIVE_LATENCY_S + fixed, int(full)
 
 
 def weight_load(model: ModelSpec, layout: RoleLayout, shape: Shape) -> float:
     """Seconds a detached rollout engine spends taking in the full weights shipped to it (``one_step_off``,
     ``async``: the rollout's GPUs receive the copy, so it adds to that pool's busy time). The same
-    tensor-by-tensor loop as :func:`weight_ship` holds the engine: each tensor's ``load_weights`` call."""
-    return model.params * DTYPE_BYTES[layout.dtype] / shape.inter + COLLECTIVE_LATENCY_S + tensor_seconds(model)
+    tensor-by-tensor loop as :func:`weight_ship` holds the engine: each tensor's ``load_weights`` call (adapter-only:
+    the adapter's bytes and one load)."""
+    full, fixed = sync_payload(model, layout)
+    return full / shape.inter + COLLECTIVE_LATENCY_S + fixed
 
 
 def tensor_seconds(model: ModelSpec) -> float:

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from hybridflow.graph import Graph, Workload
+from hybridflow.planner.adapters import LoraPlan
 from hybridflow.planner.agents import AgentWorkload
 from hybridflow.planner.assemble import Placement, build_plan
 from hybridflow.planner.calibration import Calibration
@@ -24,7 +25,7 @@ from hybridflow.planner.layouts import Constraint, usable_bytes
 from hybridflow.planner.models import ModelSpec
 from hybridflow.planner.modes import DEFAULT_STALENESS, check_choice, explain_choice, overlap_blocker
 from hybridflow.planner.plan import ROLLOUT_SUFFIX, Plan, SearchStats, Sharding
-from hybridflow.planner.problem import Problem, build_problem
+from hybridflow.planner.problem import Problem, build_problem, role_adapters
 from hybridflow.planner.settings import RunSettings
 from hybridflow.planner.support import LayoutSupport
 
@@ -143,7 +144,9 @@ def evaluate_mapping(graph: Graph, models: Mapping[str, ModelSpec], workload: Wo
                      gradient_checkpointing: bool | None = None, settings: RunSettings | None = None,
                      calibration: Calibration | None = None, pipeline: str = "sync",
                      max_staleness: int | None = None, stream_chunks: int = 1,
-                     support: Mapping[str, LayoutSupport] | None = None, agent: AgentWorkload | None = None) -> Plan:
+                     support: Mapping[str, LayoutSupport] | None = None, agent: AgentWorkload | None = None,
+                     lora: LoraPlan | Mapping[str, LoraPlan] | None = None,
+                     shared_weights: Mapping[str, str] | None = None) -> Plan:
     """Cost a hand-written mapping with the planner's model; fields left None are chosen by the planner.
 
     ``rollout_tp`` fixes the tensor-parallel size of a policy's rollout engine (verl's
@@ -157,13 +160,20 @@ def evaluate_mapping(graph: Graph, models: Mapping[str, ModelSpec], workload: Wo
     run, async with k = 1 and 2 unless ``max_staleness`` is given; a tie keeps the simpler). ``support``: per
     role, the layouts its backend runs (:class:`~hybridflow.planner.support.LayoutSupport`); a fixed field
     outside it is a ValueError naming the role and backend. ``agent``: the multi-turn nodes' inputs, as in
-    ``plan_placement``.
+    ``plan_placement``. ``lora`` and ``shared_weights`` as ``PlannerOptions``' (adapters always); a role that
+    shares another's weights runs on that role's GPUs: the mapping may omit it or give it the same GPUs.
 
     The plan is executable like an auto plan. A group that does not fit memory makes the plan
     infeasible, with a problem naming the group and the overflow (an OOM risk), instead of raising.
     """
     start = time.perf_counter()
     mapping = dict(mapping)
+    adapters, shared = role_adapters(graph, lora), dict(shared_weights or {})
+    for guest, host in shared.items():
+        if guest in mapping and sorted(mapping[guest]) != sorted(mapping.get(host, ())):
+            raise ValueError(f"mapping gives {guest!r} GPUs {list(mapping[guest])}, but it runs on {host!r}'s weights "
+                             f"(shared_weights): give it {host!r}'s GPUs or leave it out")
+        mapping.pop(guest, None)
     for role in [r for r in mapping if r.endswith(ROLLOUT_SUFFIX)]:
         if sorted(mapping[role]) == sorted(mapping.get(role.removesuffix(ROLLOUT_SUFFIX), ())):
             del mapping[role]  # the policy's own GPUs: the colocated rollout
@@ -178,7 +188,8 @@ def evaluate_mapping(graph: Graph, models: Mapping[str, ModelSpec], workload: Wo
     for mode, bound in modes:
         problem = build_problem(graph, models, workload, cluster, detach=detach, settings=settings,
                                 calibration=calibration, pipeline=mode, max_staleness=bound,
-                                stream_chunks=stream_chunks, support=support, agent=agent)
+                                stream_chunks=stream_chunks, support=support, agent=agent, adapters=adapters,
+                                shared_weights=shared)
         splits = {"sequence_parallel": sequence_parallel, "pipeline_parallel": pipeline_parallel,
                   "expert_parallel": expert_parallel, "fsdp_size": fsdp_size}
         fixed = _Fixed(data_parallel_size, sharding, micro_batch_sizes, rollout_tp, splits, gradient_checkpointing,
@@ -190,7 +201,8 @@ def evaluate_mapping(graph: Graph, models: Mapping[str, ModelSpec], workload: Wo
             chunk = replace(workload, batch_size=-(-workload.batch_size // stream_chunks))
             chunk_problem = build_problem(graph, models, chunk, cluster, detach=detach, settings=settings,
                                           calibration=calibration, pipeline=mode, max_staleness=bound,
-                                          stream_chunks=stream_chunks, support=support, agent=agent)
+                                          stream_chunks=stream_chunks, support=support, agent=agent,
+                                          adapters=adapters, shared_weights=shared)
             streamed = (stream_chunks, _place(chunk_problem, mapping, _pinned(fixed, placements))[0])
         plans.append(build_plan(problem, placements, search=stats, problems=problems, streamed=streamed))
     if pipeline != "auto":

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+from hybridflow.planner.adapters import LoraPlan
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,6 +35,9 @@ class ModelSpec:
     expert_params: int = 0  # weights held in routed experts, all layers together
     attention_head_dim: int = 0  # 0: hidden // heads (Qwen3 and DeepSeek-V3 set their own)
     kv_latent_dim: int = 0  # multi-head latent attention (DeepSeek-V3): cached width per layer and token
+    # A LoRA adapter the role trains on this frozen base (``adapters.py``); None: every weight is trained.
+    adapter: LoraPlan | None = None
+    adapter_params: int = field(default=0, init=False, compare=False, repr=False)  # the adapter's weights
 
     def __post_init__(self) -> None:
         for field_name in ("params", "layers", "hidden", "heads", "kv_heads", "vocab"):
@@ -53,6 +58,24 @@ class ModelSpec:
         if self.experts and not 0 < self.experts_per_token <= self.experts:
             raise ValueError(f"ModelSpec({self.name}).experts_per_token={self.experts_per_token} must be in "
                              f"1..experts={self.experts}")
+        if self.adapter is not None:
+            if not isinstance(self.adapter, LoraPlan):
+                raise TypeError(f"ModelSpec({self.name}).adapter must be a LoraPlan, got {type(self.adapter).__name__}")
+            object.__setattr__(self, "adapter_params", self.adapter.trainable_params(self))
+
+    @property
+    def trainable_params(self) -> int:
+        """Weights an update trains: the adapter's with LoRA, else all of them."""
+        return self.adapter_params if self.adapter is not None else self.params
+
+    def with_adapter(self, adapter: LoraPlan | None) -> ModelSpec:
+        """This base with ``adapter`` trained on it (None: the plain model, fully trained)."""
+        return replace(self, adapter=adapter)
+
+    @property
+    def base(self) -> ModelSpec:
+        """The frozen base without its adapter."""
+        return self if self.adapter is None else replace(self, adapter=None)
 
     @property
     def head_dim(self) -> int:

@@ -70,6 +70,9 @@ class RoleLayout:
     # rows up to that many tokens (each at least one row) instead of micro_batch_size rows; 0: row micro batches.
     max_tokens_per_micro_batch: int = 0
     forward_max_tokens_per_micro_batch: int = 0  # 0: forward_micro_batch_size rows
+    # The role runs on this role's engine and weights, holding none of its own: a reference that is a LoRA policy's
+    # base runs ref_logprob with the policy's adapter disabled. Its other fields are the host's. "": its own.
+    shares_weights_with: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sharding", Sharding(self.sharding))

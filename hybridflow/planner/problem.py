@@ -6,6 +6,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 
 from hybridflow.graph import Graph, NodeLoad, Op, RoleKind, Workload, edge_bytes, node_loads
+from hybridflow.planner.adapters import LoraPlan
 from hybridflow.planner.agents import AgentNode, AgentWorkload, agent_nodes, engine_prefix_caching
 from hybridflow.planner.calibration import DEFAULT_CALIBRATION, Calibration
 from hybridflow.planner.cluster import Cluster
@@ -32,6 +33,7 @@ class RoleWork:
     ships_to: str | None = None  # the detached rollout role this policy sends its weights to after updating
     streams: bool = False  # async: a detached rollout generating continuously across steps (``modes.py``)
     agents: tuple[AgentNode, ...] = ()  # its multi-turn generate nodes (``agents.py``)
+    guests: tuple[str, ...] = ()  # frozen roles whose forward nodes run on this role's weights (``shared_weights``)
 
     def agent(self, node: str) -> AgentNode | None:
         """The multi-turn spec of generate node ``node``; None for a single-turn one."""
@@ -66,6 +68,7 @@ class Problem:
     calibration: Calibration = DEFAULT_CALIBRATION
     mode: ExecutionMode = field(default_factory=ExecutionMode)  # overlapped modes: detached generate nodes
     agents: tuple[AgentNode, ...] = ()  # multi-turn generate nodes and the inputs they are costed with
+    shared_weights: Mapping[str, str] = field(default_factory=dict)  # guest role -> the role whose weights it uses
 
     @property
     def step_overhead_s(self) -> float:
@@ -93,7 +96,8 @@ def build_problem(graph: Graph, models: Mapping[str, ModelSpec], workload: Workl
                   max_staleness: int | None = None, stream_chunks: int = 1,
                   support: Mapping[str, LayoutSupport] | None = None,
                   micro_batch_sizes: Mapping[str, int] | None = None,
-                  agent: AgentWorkload | None = None) -> Problem:
+                  agent: AgentWorkload | None = None, adapters: Mapping[str, LoraPlan] | None = None,
+                  shared_weights: Mapping[str, str] | None = None) -> Problem:
     """Check the inputs against each other and precompute per-role loads and edge sizes.
 
     ``detach`` names trainable policies whose rollout runs on GPUs of its own: their generate nodes move
@@ -105,6 +109,10 @@ def build_problem(graph: Graph, models: Mapping[str, ModelSpec], workload: Workl
     layouts its backend runs (:mod:`.support`); ``micro_batch_sizes``: per role, a micro batch the user fixed.
     ``agent``: what the graph's multi-turn generate nodes (``environment`` set) do (:mod:`.agents`); None costs
     them at half their ``max_turns`` without tool latency, and refuses inputs for a graph without such nodes.
+    ``adapters``: per trainable role, the LoRA adapter it trains (:mod:`.adapters`; its ``sync`` None becomes the
+    dry run's engine: adapter-only on GPUs, where vLLM runs, merged on CPU). ``shared_weights``: frozen roles that
+    run on a LoRA role's engine with its adapter disabled (``{"reference": "actor"}``): their nodes move to that
+    role, which holds no second copy of the base.
     """
     if not isinstance(graph, Graph):
         raise TypeError(f"graph must be a hybridflow Graph, got {type(graph).__name__}; use load_graph('ppo')")
@@ -144,10 +152,13 @@ def build_problem(graph: Graph, models: Mapping[str, ModelSpec], workload: Workl
         raise ValueError(f"graph {graph.name!r} has no role that needs a GPU; nothing to place")
     gpu_roles = {role.name for role in roles}
     node_role = {node.name: node.role if node.role in gpu_roles else None for node in graph.nodes}
+    roles = _with_adapters(roles, dict(adapters or {}), engine_prefix_caching(cluster))
+    shared = dict(shared_weights or {})
+    roles = _share_weights(roles, shared, node_role)
     roles, apart = _detach_rollouts(roles, detach, node_role, streams=pipeline == "async")
     mode = ExecutionMode.checked(key=str, pipeline=pipeline, max_staleness=max_staleness, stream_chunks=stream_chunks)
     check_pipeline(mode, graph, detached=bool(apart))
-    placed = {role.name for role in roles} | {rollout_role(name) for name in gpu_roles}  # a rollout may be detached
+    placed = {role.name for role in roles} | {rollout_role(name) for name in gpu_roles} | set(shared)
     for what, given in (("support", support or {}), ("micro_batch_sizes", micro_batch_sizes or {})):
         unknown = sorted(set(given) - placed)
         if unknown:
@@ -161,7 +172,71 @@ def build_problem(graph: Graph, models: Mapping[str, ModelSpec], workload: Workl
                    graph=graph, workload=workload, cluster=cluster, roles=tuple(roles), driver_roles=tuple(drivers),
                    edge_bytes=edge_bytes(graph, workload), node_role=node_role, apart=apart, max_tp=max_tp,
                    settings=settings or DEFAULT_SETTINGS, calibration=calibration or DEFAULT_CALIBRATION,
-                   mode=mode, agents=agents)
+                   mode=mode, agents=agents, shared_weights=shared)
+
+
+def role_adapters(graph: Graph, lora: LoraPlan | Mapping[str, LoraPlan] | None) -> dict[str, LoraPlan]:
+    """Per role, its adapter: one :class:`LoraPlan` goes to every trainable policy of ``graph``; a mapping names
+    the roles (a critic may train one too)."""
+    if lora is None:
+        return {}
+    if isinstance(lora, LoraPlan):
+        return {role.name: lora for role in graph.roles if role.kind is RoleKind.POLICY}
+    return dict(lora)
+
+
+def shareable_references(graph: Graph, models: Mapping[str, ModelSpec],
+                         adapters: Mapping[str, LoraPlan]) -> dict[str, str]:
+    """Frozen roles that may run on a LoRA policy's engine with its adapter disabled: those with only forward
+    nodes (a reference's ``ref_logprob``) whose model is the policy's base. ``{guest: policy}``."""
+    hosts = [name for name in adapters if graph.role(name).kind is RoleKind.POLICY]
+    found = {}
+    for role in graph.roles:
+        nodes = graph.nodes_of(role.name)
+        if role.kind is not RoleKind.FROZEN_POLICY or not nodes or any(n.op not in FORWARD_OPS for n in nodes):
+            continue
+        host = next((name for name in hosts if models.get(name) == models.get(role.name)), None)
+        if host is not None:
+            found[role.name] = host
+    return found
+
+
+def _with_adapters(roles: list[RoleWork], adapters: dict[str, LoraPlan], vllm: bool) -> list[RoleWork]:
+    """Each named trainable role's model with its adapter; a ``sync`` left None is the dry run's engine's."""
+    by_name = {role.name: role for role in roles}
+    for name, plan in adapters.items():
+        if not isinstance(plan, LoraPlan):
+            raise TypeError(f"adapters[{name!r}] must be a LoraPlan, got {type(plan).__name__}")
+        work = by_name.get(name)
+        if work is None or not work.kind.trainable:
+            trainable = sorted(role.name for role in roles if role.kind.trainable)
+            raise ValueError(f"lora names role {name!r}: only a trainable GPU role trains an adapter (here: "
+                             f"{trainable})")
+    resolved = {name: plan if plan.sync else replace(plan, sync="adapter" if vllm else "merged")
+                for name, plan in adapters.items()}
+    return [replace(role, model=role.model.with_adapter(resolved[role.name])) if role.name in resolved else role
+            for role in roles]
+
+
+def _share_weights(roles: list[RoleWork], shared: dict[str, str], node_role: dict[str, str | None]) -> list[RoleWork]:
+    """Move each guest's forward nodes onto its host (a LoRA role whose frozen base is the guest's model)."""
+    by_name = {role.name: role for role in roles}
+    for guest, host in shared.items():
+        work, owner = by_name.get(guest), by_name.get(host)
+        if work is None or work.kind is not RoleKind.FROZEN_POLICY or work.generate or work.update:
+            raise ValueError(f"shared_weights[{guest!r}]: only a frozen policy with forward nodes alone (a "
+                             "reference's ref_logprob) can run on another role's weights")
+        if owner is None or owner.model.adapter is None:
+            raise ValueError(f"shared_weights[{guest!r}]={host!r}: the host must be a GPU role that trains a LoRA "
+                             f"adapter (its base stays frozen, so it is {guest!r}'s model); give {host!r} an "
+                             "adapter (PlannerOptions(lora=...)) or drop the entry")
+        if owner.model.base != work.model:
+            raise ValueError(f"shared_weights[{guest!r}]={host!r}: {guest!r}'s model {work.model.name} is not "
+                             f"{host!r}'s base {owner.model.name}; only the policy's own base is shared")
+        by_name[host] = replace(by_name[host], forward=by_name[host].forward + work.forward,
+                                guests=(*by_name[host].guests, guest))
+        node_role.update({load.node: host for load in work.forward})
+    return [by_name[role.name] for role in roles if role.name not in shared]
 
 
 def _detach_rollouts(roles: list[RoleWork], detach: Collection[str], node_role: dict[str, str | None], *,

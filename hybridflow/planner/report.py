@@ -36,6 +36,8 @@ def render_plan(plan: Plan, title: str) -> None:
     console.print(f"execution mode: {dict(plan.extra).get('pipeline_choice') or describe_mode(plan)}")
     if dict(plan.extra).get("agent_schedule"):
         console.print(str(dict(plan.extra)["agent_schedule"]))
+    if dict(plan.extra).get("lora"):
+        console.print(f"LoRA: {dict(plan.extra)['lora']}")
     shipped = f" (shipped to {', '.join(plan.detached_rollouts.values())})" if plan.detached_rollouts else ""
     console.print(f"cross-group bytes/step: {plan.cross_group_bytes / 1e6:.1f} MB; rollout weight refresh: "
                   f"{gib(plan.weight_sync_bytes)} in {plan.weight_sync_seconds:.3g} s{shipped}")

@@ -13,6 +13,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from hybridflow.graph import Graph, Workload
+from hybridflow.planner.adapters import LoraPlan
 from hybridflow.planner.agents import AgentWorkload
 from hybridflow.planner.assemble import Placement, build_plan, group_seconds, idle_fraction
 from hybridflow.planner.calibration import Calibration
@@ -24,13 +25,14 @@ from hybridflow.planner.layouts import GroupLayout
 from hybridflow.planner.models import ModelSpec
 from hybridflow.planner.modes import DEFAULT_STALENESS, OVERLAPPED, check_choice, explain_choice, overlap_blocker
 from hybridflow.planner.plan import Plan, SearchStats, detachable_policies
-from hybridflow.planner.problem import Problem, build_problem
+from hybridflow.planner.problem import Problem, build_problem, role_adapters
 from hybridflow.planner.schedule import Schedule, Sharing, compile_schedule, makespan, shared_step
 from hybridflow.planner.settings import RunSettings
 from hybridflow.planner.support import LayoutSupport
 from hybridflow.planner.units import GpuUnits, MachineUnits, State, Token, Units
 
 TOLERANCE = 1e-9  # relative: step times this close count as equal and fall to the tie-breaks
+LORA_WHEN = ("always", "needed")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,6 +55,11 @@ class PlannerOptions:
     (:mod:`.support`); the search proposes nothing else. None: any layout (a dry run told no backends).
     ``micro_batch_sizes``: per role, a micro batch the user fixed (rows per pass per rank); the rest the
     search chooses.
+    ``lora``: a LoRA adapter (:class:`~hybridflow.planner.adapters.LoraPlan`) for every trainable policy, or one
+    per role; ``lora_when``: "always" (plan the adapter runs) or "needed" (keep full fine-tuning where it fits
+    and plan with the adapters only when it fits nowhere; the plan says which and why). ``shared_weights``:
+    frozen roles that run on a LoRA role's engine with its adapter disabled, ``{"reference": "actor"}`` (a
+    reference that is the policy's base): no weights of their own; applied only to plans with the adapters.
     """
 
     exact_gpu_limit: int = 16
@@ -64,9 +71,18 @@ class PlannerOptions:
     max_staleness: int | None = None
     support: Mapping[str, LayoutSupport] = field(default_factory=dict)
     micro_batch_sizes: Mapping[str, int] = field(default_factory=dict)
+    lora: LoraPlan | Mapping[str, LoraPlan] | None = None
+    lora_when: str = "always"
+    shared_weights: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_choice(self.pipeline, self.max_staleness, key=lambda name: f"PlannerOptions.{name}")
+        if self.lora_when not in LORA_WHEN:
+            raise ValueError(f"PlannerOptions.lora_when={self.lora_when!r} must be one of {list(LORA_WHEN)} (always: "
+                             "plan the adapters; needed: only when full fine-tuning fits nowhere)")
+        if self.shared_weights and self.lora is None:
+            raise ValueError(f"PlannerOptions.shared_weights={dict(self.shared_weights)!r} needs lora: a role runs on "
+                             "another's weights only when that one trains an adapter on its frozen base")
         if self.unit not in ("auto", "gpu", "machine"):
             raise ValueError(f"PlannerOptions.unit={self.unit!r} must be 'auto', 'gpu' or 'machine'")
         if self.max_tp is not None and self.max_tp < 1:
@@ -226,10 +242,38 @@ def plan_placement(graph: Graph, models: Mapping[str, ModelSpec], workload: Work
     ``agent`` what the graph's multi-turn generate nodes do (:class:`~hybridflow.planner.agents.AgentWorkload`):
     the plan records the faster agent schedule in ``mode.agent_schedule`` and why in ``extra["agent_schedule"]``.
 
+    With ``options.lora`` the trainable roles train adapters (``lora_when="needed"``: only when full fine-tuning
+    fits nowhere); ``extra["lora"]`` gives their trainable weights, gradient and optimizer memory and sync bytes.
+
     Raises :class:`InfeasibleError` naming what does not fit, and by how much, when no plan fits.
     """
-    start = time.perf_counter()
     opts = options or PlannerOptions()
+    adapters = role_adapters(graph, opts.lora)
+    inputs = (graph, models, workload, cluster, opts, settings, calibration, agent)
+    if not adapters or opts.lora_when == "always":
+        return _plan(*inputs, adapters=adapters, shared=opts.shared_weights)
+    try:
+        full = _plan(*inputs, adapters={}, shared={})
+    except InfeasibleError as err:
+        reason = str(err).removeprefix("no placement fits: ")
+        try:
+            plan = _plan(*inputs, adapters=adapters, shared=opts.shared_weights)
+        except InfeasibleError as lora_err:
+            raise InfeasibleError(f"full fine-tuning fits nowhere ({reason}); with LoRA neither: {lora_err}") from err
+        why = f"full fine-tuning fits nowhere ({reason}): planned with LoRA; {dict(plan.extra)['lora']}"
+        return _with_extra(plan, "lora", why)
+    return _with_extra(full, "lora", "full fine-tuning fits: LoRA, allowed when needed, is not used")
+
+
+def _with_extra(plan: Plan, key: str, value: str) -> Plan:
+    return replace(plan, extra=tuple(sorted({**dict(plan.extra), key: value}.items())))
+
+
+def _plan(graph: Graph, models: Mapping[str, ModelSpec], workload: Workload, cluster: Cluster, opts: PlannerOptions,
+          settings: RunSettings | None, calibration: Calibration | None, agent: AgentWorkload | None, *,
+          adapters: Mapping[str, LoraPlan], shared: Mapping[str, str]) -> Plan:
+    """The search over every mode ``opts`` asks for, with these adapters and shared weights."""
+    start = time.perf_counter()
     found: list[tuple[Problem, Searcher, list[Placement]]] = []
     visited = 0
     fallback: tuple[Problem, Searcher] | None = None
@@ -237,7 +281,7 @@ def plan_placement(graph: Graph, models: Mapping[str, ModelSpec], workload: Work
         problem = build_problem(graph, models, workload, cluster, detach=detach, max_tp=opts.max_tp,
                                 settings=settings, calibration=calibration, pipeline=pipeline,
                                 max_staleness=bound, support=opts.support, micro_batch_sizes=opts.micro_batch_sizes,
-                                agent=agent)
+                                agent=agent, adapters=adapters, shared_weights=shared)
         searcher = Searcher(problem, opts.units(cluster))
         placements = searcher.run()
         visited += searcher.visited + searcher.evaluator.evaluations

@@ -27,8 +27,10 @@ from hybridflow.planner import (
     plan_placement,
     rollout_role,
 )
+from hybridflow.planner.adapters import LoraPlan, sync_mode
 from hybridflow.planner.agents import AgentWorkload
 from hybridflow.planner.models import from_config_dict
+from hybridflow.planner.problem import shareable_references
 from hybridflow.planner.settings import Offload, RunSettings
 from hybridflow.runtime.protocols import DEFAULT_ROLLOUT
 from hybridflow.train.config import TrainConfig
@@ -57,6 +59,33 @@ def _model_spec(model: str, vocab_size: int | None) -> ModelSpec:
     if model in TINY_CONFIGS and vocab_size:
         return from_config_dict({**TINY_CONFIGS[model][1], "vocab_size": vocab_size}, name=model)
     return ModelSpec.preset(model)
+
+
+def role_adapters(config: TrainConfig, graph: Graph) -> dict[str, LoraPlan]:
+    """The LoRA adapter each GPU role trains (``roles.<name>.lora``), its sync the role's rollout engine's: only
+    the adapter for vLLM (the base loaded once), the merged weights for engines without LoRA."""
+    adapters = {}
+    for role in graph.roles:
+        entry = config.roles.get(role.name)
+        raw = getattr(entry, "lora", None)  # the key arrives with the trainers' adapters; absent before
+        if entry is None or not raw:
+            continue
+        where = f"config key 'roles.{role.name}.lora'"
+        plan = LoraPlan.from_mapping(raw, where=where)
+        adapters[role.name] = replace(plan, sync=sync_mode(plan, entry.rollout))
+    return adapters
+
+
+def shared_references(config: TrainConfig, graph: Graph, models: Mapping[str, ModelSpec],
+                      adapters: Mapping[str, LoraPlan]) -> dict[str, str]:
+    """References that run on a LoRA policy's engine with its adapter disabled: a frozen role whose model is the
+    policy's own (``roles.<reference>.model`` unset or the policy's), so it is the policy's base."""
+    shared = {}
+    for guest, host in shareable_references(graph, models, adapters).items():
+        own, policy = config.roles.get(guest), config.roles.get(host)
+        if own is None or not own.model or own.model == (policy.model if policy is not None else None):
+            shared[guest] = host
+    return shared
 
 
 def workload(config: TrainConfig, graph: Graph, prompt_len: int, settings: RunSettings | None = None) -> Workload:
@@ -139,15 +168,18 @@ def planned(config: TrainConfig, graph: Graph, prompt_len: int, model_dir: str |
     calibration = Calibration.load(config.calibration) if config.calibration else None
     agent = agent_workload(config, graph)
     support = dict(support or {})
+    adapters = role_adapters(config, graph)
+    shared = shared_references(config, graph, models, adapters)
     if config.placement == "auto":
         plan = plan_placement(graph, models, work, cluster, calibration=calibration, settings=settings,
                               options=PlannerOptions(separate_rollout=config.separate_rollout,
                                                      pipeline=config.pipeline, max_staleness=_bound(config),
-                                                     support=support, micro_batch_sizes=dict(micro_batch_sizes or {})),
+                                                     support=support, micro_batch_sizes=dict(micro_batch_sizes or {}),
+                                                     lora=adapters or None, shared_weights=shared),
                               agent=agent)
     else:
         gpu_roles = set(models)
-        missing = sorted(gpu_roles - set(config.meshes))
+        missing = sorted(gpu_roles - set(config.meshes) - set(shared))  # a shared reference runs on its host's
         if missing:
             raise KeyError(f"config key 'meshes': placement=manual needs a mesh for every GPU role; missing {missing}")
         rollouts = {rollout_role(policy) for policy in detachable_policies(graph)}
@@ -161,7 +193,8 @@ def planned(config: TrainConfig, graph: Graph, prompt_len: int, model_dir: str |
                                 data_parallel_size={role: len(mesh) for role, mesh in config.meshes.items()},
                                 sharding=None, micro_batch_sizes=dict(micro_batch_sizes or {}) or None,
                                 pipeline=config.pipeline, max_staleness=_bound(config),
-                                stream_chunks=config.stream_chunks, support=support, agent=agent)
+                                stream_chunks=config.stream_chunks, support=support, agent=agent,
+                                lora=adapters or None, shared_weights=shared)
         if not plan.feasible:
             raise ValueError(f"config key 'meshes': the mapping does not fit: {'; '.join(plan.problems)}")
     return plan
