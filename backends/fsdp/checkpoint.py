@@ -46,8 +46,11 @@ def load(directory: str, model: torch.nn.Module, optimizer: torch.optim.Optimize
 def _state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, *, frozen: bool) -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
-    options = StateDictOptions(ignore_frozen_params=not frozen)
-    state: dict[str, Any] = {"model": get_model_state_dict(model, options=options)}
+    weights = get_model_state_dict(model, options=StateDictOptions(ignore_frozen_params=not frozen))
+    if not frozen:  # ignore_frozen_params keeps a frozen weight's tied alias (lm_head = embeddings): drop it too
+        trainable = {name for name, param in model.named_parameters() if param.requires_grad}
+        weights = {name: value for name, value in weights.items() if name in trainable}
+    state: dict[str, Any] = {"model": weights}
     if optimizer is not None:
         state["optimizer"] = get_optimizer_state_dict(model, optimizer)
     return state
