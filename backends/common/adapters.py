@@ -21,7 +21,7 @@ ADAPTER = "default"  # peft's name of a model's only adapter
 _PEFT_PREFIX = "base_model.model."
 _BASE = ".base_layer.weight"
 _PARTS = {f".lora_A.{ADAPTER}.weight": "A", f".lora_B.{ADAPTER}.weight": "B", _BASE: "W"}
-_INITS: dict[str, bool | str] = {"default": True, "gaussian": "gaussian", "pissa": "pissa", "olora": "olora"}
+_INITS: dict[str, Any] = {"default": True, "gaussian": "gaussian", "pissa": "pissa", "olora": "olora"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,7 +42,9 @@ def apply_adapters(model: Any, spec: AdapterSpec, *, role: str) -> Any:
     check_targets(model, spec, role=role)
     targets: str | list[str] = (spec.target_modules if isinstance(spec.target_modules, str)
                                 else list(spec.target_modules))
-    config = LoraConfig(r=spec.rank, lora_alpha=spec.alpha, lora_dropout=spec.dropout, target_modules=targets,
+    # peft annotates lora_alpha as int but scales by alpha / r in floats: a fractional alpha is honoured.
+    config = LoraConfig(r=spec.rank, lora_alpha=spec.alpha,  # type: ignore[arg-type]
+                        lora_dropout=spec.dropout, target_modules=targets,
                         init_lora_weights=_INITS[spec.init], task_type="CAUSAL_LM")
     return get_peft_model(model, config)
 
@@ -76,7 +78,8 @@ def lora_layers(model: Any) -> dict[str, LoraLayer]:
         from peft.tuners.lora import LoraLayer as PeftLoraLayer
     except ImportError:  # no peft: no model can carry adapters
         return {}
-    return {name: LoraLayer(scaling=float(module.scaling[ADAPTER]), fan_in_fan_out=bool(module.fan_in_fan_out))
+    return {name: LoraLayer(scaling=float(module.scaling[ADAPTER]),
+                            fan_in_fan_out=bool(getattr(module, "fan_in_fan_out", False)))
             for name, module in model.named_modules() if isinstance(module, PeftLoraLayer)}
 
 

@@ -115,10 +115,12 @@ class HybridEngine:
         return bool(getattr(self.trainer, "has_adapters", False))
 
     def iter_adapter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        return self.trainer.iter_adapter_weights()  # type: ignore[no-any-return]
+        adapter_weights: Iterator[tuple[str, torch.Tensor]] = self.trainer.iter_adapter_weights()
+        return adapter_weights
 
     def adapter_config(self) -> dict[str, Any]:
-        return self.trainer.adapter_config()  # type: ignore[no-any-return]
+        config: dict[str, Any] = self.trainer.adapter_config()
+        return config
 
     def train_step(self, batch: Batch, *, loss: LossFn, options: Mapping[str, Any]) -> dict[str, float]:
         metrics = self.trainer.train_step(batch, loss=loss, options=options)

@@ -78,7 +78,8 @@ def sharded_checks(rank: int, world_size: int, backend: str, sharding: str) -> d
         steps(fresh, rows, 2)
         resumed = fresh.state_dict()
         out["resume_exact"] = all(torch.equal(resumed[n], uninterrupted[n]) for n in uninterrupted)
-        out["resume_logprobs_exact"] = torch.equal(fresh.log_probs(rows)["logprobs"], engine.log_probs(rows)["logprobs"])
+        out["resume_logprobs_exact"] = torch.equal(fresh.log_probs(rows)["logprobs"],
+                                                   engine.log_probs(rows)["logprobs"])
         torch.distributed.barrier()
     out["model_bytes"] = sum(t.numel() * t.element_size() for t in reference_merged.values())
     for closing in (engine, fresh):

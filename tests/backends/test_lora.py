@@ -14,10 +14,10 @@ pytest.importorskip("peft", reason="needs peft (the `lora` extra)")
 import lora_ranks
 import torch
 from harness import context, layout, role_spec, rollout_batch, run_ranks
-from lora_ranks import ADAPTERS, lora_spec, steps
-
 from hybridflow.backends.common.adapters import is_adapter_key
 from hybridflow.backends.torch import TorchRoleEngine
+from lora_ranks import ADAPTERS, lora_spec, steps
+
 from hybridflow.graph import RoleKind
 from hybridflow.runtime.protocols import AdapterSpec, RoleSpec
 

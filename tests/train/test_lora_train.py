@@ -10,9 +10,9 @@ import pytest
 
 pytest.importorskip("peft", reason="needs peft (the `lora` extra)")
 import torch
-
 from hybridflow.backends.common import modeling
 from hybridflow.backends.common.adapters import is_adapter_key
+
 from hybridflow.cli import main
 from hybridflow.graph import Op, RoleKind
 from hybridflow.planner import RoleLayout
