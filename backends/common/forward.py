@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
+from hybridflow.backends.common import adapters as lora
 from hybridflow.backends.common import modeling, turns
 from hybridflow.backends.common.micro_batches import MicroBatching
 
@@ -101,10 +102,14 @@ class ForwardOps(MicroBatching):
     def forward_micro_batches(self, batch: Batch) -> list[Batch]:
         return self.micro_batches(batch, rows=self.forward_batch_size, max_tokens=self.forward_max_tokens)
 
-    def log_probs(self, batch: Batch, *, with_entropy: bool = False) -> Batch:
-        return forward_role_op(self.model, self.forward_micro_batches(batch),
-                               lambda model, m: modeling.policy_outputs(model, m, with_entropy=with_entropy,
-                                                                       packed=not self.padding))
+    def log_probs(self, batch: Batch, *, with_entropy: bool = False, adapters: bool = True) -> Batch:
+        """Log-probs (and entropy) of the responses; ``adapters=False`` under a LoRA policy's base model (its
+        adapters disabled for the call: a reference for free)."""
+        base = contextlib.nullcontext() if adapters else lora.disabled(self.model, role=self.spec.name)
+        with base:
+            return forward_role_op(self.model, self.forward_micro_batches(batch),
+                                   lambda model, m: modeling.policy_outputs(model, m, with_entropy=with_entropy,
+                                                                           packed=not self.padding))
 
     def values(self, batch: Batch) -> Batch:
         return forward_role_op(self.model, self.forward_micro_batches(batch),

@@ -105,8 +105,22 @@ class HybridEngine:
         with self._awake(), session(sampling) as generate_batch:
             yield generate_batch
 
-    def log_probs(self, batch: Batch, *, with_entropy: bool = False) -> Batch:
-        return self.trainer.log_probs(batch, with_entropy=with_entropy)
+    def log_probs(self, batch: Batch, *, with_entropy: bool = False, adapters: bool = True) -> Batch:
+        if adapters:  # a trainer without adapters takes no switch
+            return self.trainer.log_probs(batch, with_entropy=with_entropy)
+        return self.trainer.log_probs(batch, with_entropy=with_entropy, adapters=False)
+
+    @property
+    def has_adapters(self) -> bool:
+        return bool(getattr(self.trainer, "has_adapters", False))
+
+    def iter_adapter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        adapter_weights: Iterator[tuple[str, torch.Tensor]] = self.trainer.iter_adapter_weights()
+        return adapter_weights
+
+    def adapter_config(self) -> dict[str, Any]:
+        config: dict[str, Any] = self.trainer.adapter_config()
+        return config
 
     def train_step(self, batch: Batch, *, loss: LossFn, options: Mapping[str, Any]) -> dict[str, float]:
         metrics = self.trainer.train_step(batch, loss=loss, options=options)

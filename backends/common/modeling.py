@@ -7,11 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from hybridflow.backends.common import packing, sampling
+from hybridflow.backends.common import adapters, packing, sampling
 
 from hybridflow.graph import RoleKind
 from hybridflow.logits import token_entropy, token_logprobs
 from hybridflow.runtime.batch import Batch
+from hybridflow.runtime.protocols import AdapterSpec
 from hybridflow.runtime.weights import DTYPES
 
 # HF loading switches process-global state (meta-device init, default dtype): ranks that share a
@@ -19,20 +20,23 @@ from hybridflow.runtime.weights import DTYPES
 _LOAD_LOCK = threading.Lock()
 
 
-def load_model(kind: RoleKind, model: str, *, dtype: str = "fp32", seed: int = 0) -> Any:
+def load_model(kind: RoleKind, model: str, *, dtype: str = "fp32", seed: int = 0, lora: AdapterSpec | None = None,
+               role: str = "") -> Any:
     """The HF module a role of ``kind`` needs, from a local directory or a built-in tiny config name.
 
     Policies load a causal LM; critics a token-classification head (one value per token); reward
     models a sequence-classification head. A tiny config name builds a random model for the default
-    character tokenizer.
+    character tokenizer. With ``lora`` (``role``'s adapters) the result is a peft model whose adapters alone
+    train (:mod:`~hybridflow.backends.common.adapters`): every training backend loads through here.
     """
     from transformers.utils import logging
 
     logging.set_verbosity_error()
     logging.disable_progress_bar()
     with _LOAD_LOCK:
-        torch.manual_seed(seed)  # fresh heads (value, score) start the same on every rank
-        return _load(kind, model, dtype)
+        torch.manual_seed(seed)  # fresh heads (value, score) and adapters start the same on every rank
+        module = _load(kind, model, dtype)
+        return adapters.apply_adapters(module, lora, role=role) if lora is not None else module
 
 
 def _load(kind: RoleKind, model: str, dtype: str) -> Any:

@@ -50,6 +50,11 @@ def accumulate(mini: Batch, *, micro_batches: list[Batch], forward: Callable[[Ba
     return sums, True
 
 
+def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The parameters an optimizer steps: all of a fully trained model, a LoRA policy's adapters alone."""
+    return [param for param in model.parameters() if param.requires_grad]
+
+
 def non_finite(role: str, what: str = "loss on a rank") -> NonFiniteLossError:
     return NonFiniteLossError(f"role {role!r}: non-finite {what}; the step was aborted before the optimizer step "
                               "(lower the learning rate or check the inputs)")

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
-from hybridflow.backends.common import modeling
+from hybridflow.backends.common import adapters, modeling
 from hybridflow.backends.common.distributed import all_ranks_finite, all_ranks_max, all_ranks_sum, ensure_process_group
 from hybridflow.backends.common.forward import ForwardOps
-from hybridflow.backends.common.training import GradientSteps, non_finite
+from hybridflow.backends.common.training import GradientSteps, non_finite, trainable_parameters
+from hybridflow.backends.common.weight_streams import WeightStreams
 from hybridflow.backends.deepspeed.config import DeepSpeedOptions, build_config, zero_stage
 
 from hybridflow.planner import LayoutSupport, RoleLayout, Sharding
@@ -31,7 +32,7 @@ def import_deepspeed() -> Any:
     return deepspeed
 
 
-class DeepSpeedRoleEngine(ForwardOps, GradientSteps):
+class DeepSpeedRoleEngine(ForwardOps, GradientSteps, WeightStreams):
     """A role engine over a DeepSpeed engine.
 
     Trainable roles run ``deepspeed.initialize`` with a torch AdamW (or DeepSpeed's CPU Adam under
@@ -57,19 +58,22 @@ class DeepSpeedRoleEngine(ForwardOps, GradientSteps):
         self.padding = layout.padding
         self.max_tokens = layout.max_tokens_per_micro_batch
         self.forward_max_tokens = layout.forward_max_tokens_per_micro_batch
-        model = modeling.load_model(spec.kind, spec.model, dtype="fp32", seed=spec.seed)
+        model = modeling.load_model(spec.kind, spec.model, dtype="fp32", seed=spec.seed, lora=spec.lora,
+                                    role=spec.name)
+        self.adapter_layers = adapters.lora_layers(model)
         if layout.gradient_checkpointing and spec.kind.trainable:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         config = build_config(spec, layout, self.options, micro_batch_size=self.micro_batch_size)
         self.engine: Any = None
         if spec.kind.trainable:
             optimizer = None
+            trainable = trainable_parameters(model)  # a LoRA policy's adapters alone
             if not self.options.offload_optimizer:
                 optim = spec.optim or OptimSpec()
-                optimizer = torch.optim.AdamW(model.parameters(), lr=optim.lr, betas=optim.betas,
+                optimizer = torch.optim.AdamW(trainable, lr=optim.lr, betas=optim.betas,
                                               weight_decay=optim.weight_decay)
             self.engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config,
-                                                   model_parameters=None if optimizer else model.parameters(),
+                                                   model_parameters=None if optimizer else trainable,
                                                    dist_init_required=False)
             self.model = self.engine.module
         elif self.stage == 3:
@@ -118,9 +122,11 @@ class DeepSpeedRoleEngine(ForwardOps, GradientSteps):
             metrics["grad_norm"] = float(grad_norm)
         return metrics
 
-    def iter_full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+    def whole_state(self, keep: Callable[[str], bool]) -> Iterator[tuple[str, torch.Tensor]]:
         """(name, whole tensor) one at a time; under ZeRO-3 each is gathered (a collective) then released."""
         for name, value in self.model.state_dict(keep_vars=True).items():
+            if not keep(name):
+                continue
             if self.stage == 3 and hasattr(value, "ds_id"):
                 with import_deepspeed().zero.GatheredParameters([value], modifier_rank=None):
                     yield name, value.detach().clone()
@@ -130,14 +136,12 @@ class DeepSpeedRoleEngine(ForwardOps, GradientSteps):
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {name: tensor.cpu().clone() for name, tensor in self.iter_full_weights()}
 
-    def tied_weights(self) -> Mapping[str, str]:
-        return modeling.tied_weights(self.model)
-
     def load_weights(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
         self.load_state_dict(dict(named))
 
     def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
         """Whole weights (every rank gets the same ``state``) into the module and the optimizer's fp32 copy."""
+        self.refuse_whole_weights()
         deepspeed = import_deepspeed()
         with torch.no_grad():
             for name, value in self.model.state_dict(keep_vars=True).items():
@@ -150,16 +154,18 @@ class DeepSpeedRoleEngine(ForwardOps, GradientSteps):
             refresh()  # ZeRO keeps fp32 master partitions the step would write back
 
     def save_checkpoint(self, directory: str) -> None:
-        """DeepSpeed's own layout: per-rank ZeRO shards of weights and optimizer states (a collective)."""
+        """DeepSpeed's own layout: per-rank ZeRO shards of weights and optimizer states (a collective). A LoRA
+        policy's frozen base is left out (its model directory's)."""
         if self.engine is None:
             return
         Path(directory).mkdir(parents=True, exist_ok=True)
-        self.engine.save_checkpoint(directory, tag=CHECKPOINT_TAG)
+        self.engine.save_checkpoint(directory, tag=CHECKPOINT_TAG, exclude_frozen_parameters=self.has_adapters)
 
     def load_checkpoint(self, directory: str) -> None:
         if self.engine is None:
             return
-        path, _state = self.engine.load_checkpoint(directory, tag=CHECKPOINT_TAG)
+        path, _state = self.engine.load_checkpoint(directory, tag=CHECKPOINT_TAG,
+                                                   load_module_strict=not self.has_adapters)
         if path is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint tagged {CHECKPOINT_TAG!r} in {directory!r}")
 

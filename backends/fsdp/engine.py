@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from hybridflow.backends.common import modeling
+from hybridflow.backends.common import adapters, modeling
 from hybridflow.backends.common.distributed import all_ranks_finite, all_ranks_max, all_ranks_sum, ensure_process_group
 from hybridflow.backends.common.forward import ForwardOps
-from hybridflow.backends.common.training import GradientSteps, clip_and_step, non_finite
+from hybridflow.backends.common.training import GradientSteps, clip_and_step, non_finite, trainable_parameters
+from hybridflow.backends.common.weight_streams import WeightStreams
 from hybridflow.backends.fsdp import checkpoint, parallelize
 
 from hybridflow.planner import LayoutSupport, RoleLayout, Sharding
@@ -37,7 +38,7 @@ class FsdpOptions:
         return parse_options(cls, spec.options, role=spec.name, owner="fsdp backend")
 
 
-class FsdpRoleEngine(ForwardOps, GradientSteps):
+class FsdpRoleEngine(ForwardOps, GradientSteps, WeightStreams):
     """A role engine over an FSDP2-sharded HF model.
 
     Every rank of the group must call the same ops with the same number of rows (the controller pads
@@ -60,7 +61,8 @@ class FsdpRoleEngine(ForwardOps, GradientSteps):
         trainable = spec.kind.trainable
         # Trainable roles keep fp32 master weights and compute in layout.dtype; frozen ones load in it.
         model = modeling.load_model(spec.kind, spec.model, dtype="fp32" if trainable else layout.dtype,
-                                    seed=spec.seed)
+                                    seed=spec.seed, lora=spec.lora, role=spec.name)
+        self.adapter_layers = adapters.lora_layers(model)
         if layout.gradient_checkpointing and trainable:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.to(context.device)
@@ -71,7 +73,7 @@ class FsdpRoleEngine(ForwardOps, GradientSteps):
         self.optimizer: torch.optim.Optimizer | None = None
         if trainable:
             optim = spec.optim or OptimSpec()
-            self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=optim.lr, betas=optim.betas,
+            self.optimizer = torch.optim.AdamW(trainable_parameters(self.model), lr=optim.lr, betas=optim.betas,
                                                weight_decay=optim.weight_decay)
         else:
             self.model.requires_grad_(False)
@@ -119,23 +121,21 @@ class FsdpRoleEngine(ForwardOps, GradientSteps):
         return clip_and_step(self.spec.name, self.model, self.optimizer, optim.grad_clip, set_to_none=True,
                              whole=full_value)
 
-    def iter_full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+    def whole_state(self, keep: Callable[[str], bool]) -> Iterator[tuple[str, torch.Tensor]]:
         """(name, whole tensor) one parameter at a time: a collective, every rank must drain it in step.
 
         A consumer that copies each tensor away (a rollout engine) never holds more than one gathered
-        parameter besides its own weights.
+        parameter besides its own weights (a LoRA layer's merge: its base weight and adapters).
         """
         for name, tensor in self.model.state_dict().items():
-            yield name, full_value(tensor).detach()
+            if keep(name):
+                yield name, full_value(tensor).detach()
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Whole weights on the CPU, owned by the caller (never aliasing the live parameters)."""
         live = {local_value(tensor).data_ptr() for tensor in self.model.state_dict().values()}
         return {name: tensor.clone() if tensor.data_ptr() in live else tensor.cpu()
                 for name, tensor in self.iter_full_weights()}
-
-    def tied_weights(self) -> Mapping[str, str]:
-        return modeling.tied_weights(self.model)
 
     def load_weights(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
         self.load_state_dict(dict(named))
@@ -145,6 +145,7 @@ class FsdpRoleEngine(ForwardOps, GradientSteps):
         its own shard, without communication. The optimizer's moments are left as they are."""
         from torch.distributed.tensor import DTensor, distribute_tensor
 
+        self.refuse_whole_weights()
         missing = sorted(set(self.model.state_dict()) - set(state))
         if missing:
             raise KeyError(f"role {self.spec.name!r}: load_state_dict is missing {missing[:5]} "
@@ -158,10 +159,10 @@ class FsdpRoleEngine(ForwardOps, GradientSteps):
                 value.copy_(full)
 
     def save_checkpoint(self, directory: str) -> None:
-        checkpoint.save(directory, self.model, self.optimizer)
+        checkpoint.save(directory, self.model, self.optimizer, frozen=not self.has_adapters)
 
     def load_checkpoint(self, directory: str) -> None:
-        checkpoint.load(directory, self.model, self.optimizer)
+        checkpoint.load(directory, self.model, self.optimizer, frozen=not self.has_adapters)
 
     def close(self) -> None:
         """Nothing to stop: the process group belongs to the worker, shards are plain memory."""

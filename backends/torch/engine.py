@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from hybridflow.backends.common import modeling
+from hybridflow.backends.common import adapters, modeling
 from hybridflow.backends.common.forward import ForwardOps
-from hybridflow.backends.common.training import GradientSteps, clip_and_step, non_finite
+from hybridflow.backends.common.training import GradientSteps, clip_and_step, non_finite, trainable_parameters
+from hybridflow.backends.common.weight_streams import WeightStreams
 
 from hybridflow.planner import LayoutSupport, RoleLayout
 from hybridflow.runtime.protocols import OptimSpec, RoleSpec, WorkerContext, parse_options
@@ -21,7 +22,7 @@ class TorchOptions:
     """Role options of the torch backend: none yet (the rollout engine is ``RoleSpec.rollout``)."""
 
 
-class TorchRoleEngine(ForwardOps, GradientSteps):
+class TorchRoleEngine(ForwardOps, GradientSteps, WeightStreams):
     """A role engine over a Hugging Face module: generate, forward ops, training and weight transfer.
 
     Data parallel ranks each hold a full replica (DDP-like); ``layout.tp`` > 1 is for other backends.
@@ -39,14 +40,16 @@ class TorchRoleEngine(ForwardOps, GradientSteps):
         self.padding = layout.padding
         self.max_tokens = layout.max_tokens_per_micro_batch
         self.forward_max_tokens = layout.forward_max_tokens_per_micro_batch
-        self.model = modeling.load_model(spec.kind, spec.model, dtype=layout.dtype, seed=spec.seed)
+        self.model = modeling.load_model(spec.kind, spec.model, dtype=layout.dtype, seed=spec.seed, lora=spec.lora,
+                                         role=spec.name)
+        self.adapter_layers = adapters.lora_layers(self.model)
         if layout.gradient_checkpointing and spec.kind.trainable:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model.to(context.device)
         self.optimizer: torch.optim.Optimizer | None = None
         if spec.kind.trainable:
             optim = spec.optim or OptimSpec()
-            self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=optim.lr, betas=optim.betas,
+            self.optimizer = torch.optim.AdamW(trainable_parameters(self.model), lr=optim.lr, betas=optim.betas,
                                                weight_decay=optim.weight_decay)
         else:
             self.model.requires_grad_(False)
@@ -70,14 +73,13 @@ class TorchRoleEngine(ForwardOps, GradientSteps):
             raise non_finite(self.spec.name)
         return clip_and_step(self.spec.name, self.model, self.optimizer, optim.grad_clip, set_to_none=False)
 
-    def iter_full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+    def whole_state(self, keep: Callable[[str], bool]) -> Iterator[tuple[str, torch.Tensor]]:
         for name, tensor in self.model.state_dict().items():
-            yield name, tensor.detach()
-
-    def tied_weights(self) -> Mapping[str, str]:
-        return modeling.tied_weights(self.model)
+            if keep(name):
+                yield name, tensor.detach()
 
     def load_weights(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self.refuse_whole_weights()
         self.model.load_state_dict(dict(named))
 
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -89,13 +91,19 @@ class TorchRoleEngine(ForwardOps, GradientSteps):
             return
         path = Path(directory)
         path.mkdir(parents=True, exist_ok=True)
-        state = {"model": self.model.state_dict(),
-                 "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None}
+        # A LoRA policy's base weights are its model directory's: only the adapters (and their moments) are saved.
+        model = self.model.state_dict()
+        if self.has_adapters:
+            model = {name: tensor for name, tensor in model.items() if adapters.is_adapter_key(name)}
+        state = {"model": model, "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None}
         torch.save(state, path / "state.pt")
 
     def load_checkpoint(self, directory: str) -> None:
         state = torch.load(Path(directory) / "state.pt", map_location=self.context.device, weights_only=True)
-        self.model.load_state_dict(state["model"])
+        if self.has_adapters:
+            adapters.load_adapter_state(self.model, state["model"], role=self.spec.name)
+        else:
+            self.model.load_state_dict(state["model"])
         if self.optimizer is not None and state["optimizer"] is not None:
             self.optimizer.load_state_dict(state["optimizer"])
 

@@ -65,6 +65,50 @@ class OptimSpec:
                 raise ValueError(f"OptimSpec.{name}={getattr(self, name)} must be >= 1")
 
 
+ADAPTER_INITS = ("default", "gaussian", "pissa", "olora")
+"""The LoRA initialisations a role may ask for (peft's ``init_lora_weights``; ``default`` is peft's own: Kaiming A,
+zero B). ``pissa`` and ``olora`` move the principal part of each base weight into the adapter at load."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdapterSpec:
+    """LoRA adapters on a trainable policy (``roles.<name>.lora``): only they train and checkpoint.
+
+    ``rank`` r and ``alpha`` scale each update as alpha / r; ``dropout`` on the adapters' input;
+    ``target_modules`` the linear modules to adapt (names, matched as suffixes of module paths, or
+    ``all-linear``: every linear layer but the output head); ``init`` one of :data:`ADAPTER_INITS`.
+    """
+
+    rank: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.0
+    target_modules: str | tuple[str, ...] = "all-linear"
+    init: str = "default"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.target_modules, list):
+            object.__setattr__(self, "target_modules", tuple(self.target_modules))
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
+            raise ValueError(f"lora.rank={self.rank!r} must be an integer >= 1")
+        if not self.alpha > 0:
+            raise ValueError(f"lora.alpha={self.alpha!r} must be > 0")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"lora.dropout={self.dropout!r} must be in [0, 1)")
+        targets = self.target_modules
+        if isinstance(targets, str) and targets != "all-linear":
+            raise ValueError(f"lora.target_modules={targets!r} must be 'all-linear' or a list of module names "
+                             "(e.g. [q_proj, v_proj])")
+        if isinstance(targets, tuple) and (not targets or not all(isinstance(t, str) and t for t in targets)):
+            raise ValueError(f"lora.target_modules={list(targets)!r} must list at least one module name")
+        if self.init not in ADAPTER_INITS:
+            raise ValueError(f"lora.init={self.init!r} must be one of {list(ADAPTER_INITS)}")
+
+    @property
+    def keeps_base(self) -> bool:
+        """Whether the adapted model with adapters disabled is the base model (``pissa``/``olora`` change it)."""
+        return self.init in ("default", "gaussian")
+
+
 DEFAULT_ROLLOUT = "native"
 """The rollout a role has unless it names one: its trainer's own model generates."""
 
@@ -79,6 +123,11 @@ class RoleSpec:
     by its typed options class (unknown keys are refused). ``rollout`` names the :class:`RolloutFactory`
     (``hybridflow.registry.ROLLOUTS``) of the engine a policy generates with, checked when the engine is
     built; ``rollout_options`` are that factory's own options (the vLLM engine's for ``"vllm"``).
+
+    ``lora``: train LoRA adapters over the frozen model (trainable policies only). ``shares_policy``: a frozen
+    role that is that LoRA policy's base model (the same ``model``): where the plan puts both on one group,
+    it runs on the policy's engine with adapters disabled and loads no model of its own (the planner's cue
+    to cost it as no weights).
     """
 
     name: str
@@ -90,9 +139,16 @@ class RoleSpec:
     options: Mapping[str, Any] = field(default_factory=dict)
     rollout: str = DEFAULT_ROLLOUT
     rollout_options: Mapping[str, Any] = field(default_factory=dict)
+    lora: AdapterSpec | None = None
+    shares_policy: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", RoleKind(self.kind))
+        if self.lora is not None and self.kind is not RoleKind.POLICY:
+            raise ValueError(f"role {self.name!r} ({self.kind}): lora (config key 'roles.{self.name}.lora') "
+                             "trains adapters on a trainable policy only; remove it here")
+        if self.shares_policy is not None and self.kind is not RoleKind.FROZEN_POLICY:
+            raise ValueError(f"role {self.name!r} ({self.kind}): shares_policy is for a frozen policy (a reference)")
         if self.kind.trainable and self.optim is None:
             object.__setattr__(self, "optim", OptimSpec())
         if not self.rollout:
@@ -198,6 +254,32 @@ class LogProbModel(Protocol):
 
     def log_probs(self, batch: Batch, *, with_entropy: bool = False) -> Batch:
         """``prompts``, ``prompt_mask``, ``responses``, ``response_mask`` -> ``logprobs`` (and ``entropy``)."""
+        ...
+
+
+@runtime_checkable
+class AdapterModel(Protocol):
+    """A policy trainer with LoRA adapters (``RoleSpec.lora``): its base model for free, its adapters alone.
+
+    Its :class:`WeightSource` stream is the merged weights (base + scale * B @ A, HF names), so every whole-weight
+    consumer works unchanged; these methods serve consumers that take adapters (peft format). Training engines
+    have them whether or not they train adapters (``has_adapters`` says which; without adapters the two adapter
+    methods raise), so this protocol is not one of :data:`CAPABILITIES`.
+    """
+
+    has_adapters: bool
+
+    def log_probs(self, batch: Batch, *, with_entropy: bool = False, adapters: bool = True) -> Batch:
+        """:meth:`LogProbModel.log_probs`; ``adapters=False`` computes them under the base model (adapters off)."""
+        ...
+
+    def iter_adapter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(peft state-dict name, whole tensor) of every adapter weight, as ``adapter_model.safetensors`` holds
+        them. A collective for sharded engines: every rank drains it."""
+        ...
+
+    def adapter_config(self) -> dict[str, Any]:
+        """peft's ``adapter_config.json`` content for these adapters (JSON-serialisable)."""
         ...
 
 

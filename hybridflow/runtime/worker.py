@@ -22,7 +22,7 @@ from hybridflow.graph import Node, Op
 from hybridflow.planner import RoleLayout, rollout_role
 from hybridflow.registry import LOSSES
 from hybridflow.runtime.batch import Batch, Wire
-from hybridflow.runtime.engines import build_engine
+from hybridflow.runtime.engines import build_engines
 from hybridflow.runtime.protocols import Collective, RoleSpec, SamplingParams, WorkerContext, capabilities_of
 from hybridflow.runtime.step_store import Join, RankStore
 from hybridflow.runtime.weights import Shipment, full_weights, state_from_wire, state_to_wire, wire_bytes
@@ -102,8 +102,7 @@ class GroupWorker:
         """Build every role's engine with the backend and the rollout engine its spec names."""
         context = WorkerContext(group=self.group, rank=self.rank, world_size=self.world_size, device=self.device,
                                 collective=self.collective)
-        for name, spec in self.specs.items():
-            self.engines[name] = build_engine(spec, self.layouts[name], context)
+        build_engines(self.specs, self.layouts, context, into=self.engines)
 
     def capabilities(self) -> dict[str, list[str]]:
         """The capability protocols each role's engine satisfies (the controller checks them against the graph)."""

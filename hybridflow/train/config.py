@@ -21,7 +21,7 @@ from hybridflow.planner import ExecutionMode, Plan
 from hybridflow.planner.agents import WORKLOAD_KEYS, AgentWorkload
 from hybridflow.planner.modes import check_choice
 from hybridflow.runtime.liveness import Liveness
-from hybridflow.runtime.protocols import DEFAULT_ROLLOUT, OptimSpec
+from hybridflow.runtime.protocols import DEFAULT_ROLLOUT, AdapterSpec, OptimSpec
 from hybridflow.train.aliases import translate_foreign_keys
 
 TRACKERS = ("jsonl", "tensorboard", "wandb", "mlflow")  # hybridflow/train/trackers.py
@@ -149,7 +149,9 @@ class RoleConfig:
     ``hf_generate``, ``vllm``; docs/backends.md) or a ``file.py:factory`` path, and ``rollout_options`` that
     engine's options; ``micro_batch_size``: rows per forward/backward pass; ``max_tokens_per_micro_batch``: a
     token budget per GPU for the role's update and forward micro batches instead (the layout's fields of that name);
-    ``max_concurrent_requests``: most forward requests in flight to the role's workers.
+    ``max_concurrent_requests``: most forward requests in flight to the role's workers; ``lora``: train LoRA
+    adapters on this policy instead of all its weights (:class:`~hybridflow.runtime.protocols.AdapterSpec`: rank,
+    alpha, dropout, target_modules, init); the reference is then its base model with the adapters disabled.
     """
 
     model: str | None = None
@@ -160,6 +162,7 @@ class RoleConfig:
     micro_batch_size: int | None = None
     max_tokens_per_micro_batch: int | None = None
     max_concurrent_requests: int | None = None
+    lora: AdapterSpec | None = None
 
     def __post_init__(self) -> None:
         for name in ("micro_batch_size", "max_tokens_per_micro_batch", "max_concurrent_requests"):
@@ -358,7 +361,12 @@ def from_mapping(cls: type[T], data: Mapping[str, Any], prefix: str = "") -> T:
 def _check(hint: Any, value: Any, key: str) -> Any:
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if dataclasses.is_dataclass(hint) and isinstance(hint, type):
-        return from_mapping(hint, value, key + ".")
+        try:
+            return from_mapping(hint, value, key + ".")
+        except ValueError as err:  # a section's own check names its field, not where the section sits
+            if f"'{key}" in str(err) or "config key" in str(err):
+                raise
+            raise ValueError(f"config key {key!r}: {err}") from err
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None

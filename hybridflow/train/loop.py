@@ -63,6 +63,7 @@ def train(config: TrainConfig, *, resume: bool = False, graph: Graph | None = No
     (run_dir / "plan.json").write_text(plan.to_json())  # what ran, for `hybridflow report` and reruns
     (run_dir / "config.json").write_text(json.dumps(asdict(config), indent=2))  # only once the run validated
     checkpoint, start = begin.checkpoint, begin.step
+    adapter_policy = any(spec.lora is not None for spec in specs.values())
     loader = setup.prompt_loader(config, data, tokenizer)
     writer = MetricsWriter(run_dir, tensorboard=config.tensorboard, resume_step=start if resume else None,
                            trackers=config.trackers, name=run_dir.name, config=asdict(config))
@@ -100,7 +101,8 @@ def train(config: TrainConfig, *, resume: bool = False, graph: Graph | None = No
             if config.checkpoint_every and (step + 1) % config.checkpoint_every == 0:
                 def write_roles(directory: str) -> None:  # role states plus the hf/ view beside them
                     controller.save_checkpoint(directory)
-                    export_policy(controller, graph, model_dir, tokenizer, Path(directory).parent / "hf")
+                    if not adapter_policy:  # a LoRA checkpoint stays adapter-sized: its base is model_dir
+                        export_policy(controller, graph, model_dir, tokenizer, Path(directory).parent / "hf")
 
                 save_checkpoint(run_dir, step + 1, write_roles, {"seed": config.seed, "fingerprint": begin.fingerprint})
                 prune_checkpoints(run_dir, config.keep_checkpoints)

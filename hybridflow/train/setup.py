@@ -28,7 +28,7 @@ from hybridflow.data import reward_scorer as load_reward_scorer
 from hybridflow.data.dataset import Record
 from hybridflow.data.splits import DataFiles
 from hybridflow.data.tokenizer import PLAIN_CHAT_TEMPLATE, WIDE_ALPHABET, load_tokenizer
-from hybridflow.graph import Graph, RoleKind, load_graph
+from hybridflow.graph import Graph, Op, RoleKind, load_graph
 from hybridflow.graph.agents import with_environment
 from hybridflow.planner import LayoutSupport, Plan, detachable_policies, rollout_role
 from hybridflow.registry import ALGORITHMS, BACKENDS, ENVIRONMENTS
@@ -299,17 +299,25 @@ def role_specs(config: TrainConfig, graph: Graph, model_dir: str, plan: Plan | N
             continue
         optim = config.critic if role.kind is RoleKind.VALUE else config.actor
         entry = config.roles.get(role.name, RoleConfig())
+        if entry.lora is not None and role.kind is not RoleKind.POLICY:
+            raise ValueError(f"config key 'roles.{role.name}.lora': role {role.name!r} is a {role.kind} role; LoRA "
+                             "adapters train on a trainable policy (e.g. roles.actor.lora), remove the key")
         specs[role.name] = RoleSpec(name=role.name, kind=role.kind, model=entry.model or model_dir,
                                     backend=entry.backend or "torch", seed=config.seed,
                                     optim=optim.spec() if role.kind.trainable else None,
                                     options=entry.options, rollout=entry.rollout,
-                                    rollout_options=entry.rollout_options)
+                                    rollout_options=entry.rollout_options, lora=entry.lora)
+    specs.update({name: replace(specs[name], shares_policy=policy)
+                  for name, policy in shared_references(graph, specs).items()})
     policies = [*detached, *(plan.detached_rollouts if plan is not None else {})]
     for policy in dict.fromkeys(policies):
         rollout = rollout_role(policy)
         derived = rollout_spec(specs[policy], rollout)
         if rollout in config.roles:
             entry = config.roles[rollout]
+            if entry.lora is not None:
+                raise ValueError(f"config key 'roles.{rollout}.lora': a rollout generates with its policy's weights "
+                                 f"(merged adapters); set roles.{policy}.lora instead")
             specs[rollout] = replace(derived, model=entry.model or derived.model,
                                      backend=entry.backend or derived.backend,
                                      options=entry.options or derived.options,
@@ -317,6 +325,25 @@ def role_specs(config: TrainConfig, graph: Graph, model_dir: str, plan: Plan | N
         elif policy in detached:
             specs[rollout] = derived
     return specs
+
+
+def shared_references(graph: Graph, specs: Mapping[str, RoleSpec]) -> dict[str, str]:
+    """``{reference: policy}`` for each frozen role that is a LoRA policy's base model: the same ``model``, only
+    ``logprob``/``ref_logprob`` nodes, adapters whose init leaves the base as it was (``AdapterSpec.keeps_base``).
+    Such a reference runs on the policy's engine with adapters disabled (``RoleSpec.shares_policy``), so the
+    plan places it on the policy's group and counts no weights for it."""
+    policies = [spec for spec in specs.values() if spec.kind is RoleKind.POLICY and spec.lora is not None
+                and spec.lora.keeps_base]
+    ops = graph.ops_by_role()
+    shared = {}
+    for spec in specs.values():
+        if spec.kind is not RoleKind.FROZEN_POLICY or not ops.get(spec.name, frozenset()) <= {Op.LOGPROB,
+                                                                                              Op.REF_LOGPROB}:
+            continue
+        bases = [policy.name for policy in policies if policy.model == spec.model]
+        if len(bases) == 1:
+            shared[spec.name] = bases[0]
+    return shared
 
 
 def reward_scorer(config: TrainConfig, tokenizer: Any) -> RewardScorer:
