@@ -145,3 +145,19 @@ def _log_probs(model: Any, batch: Batch, layout: RoleLayout) -> torch.Tensor:
 
 def _deterministic(row: dict[str, float]) -> dict[str, float]:
     return {k: v for k, v in row.items() if not k.startswith(TIMING_KEYS)}
+
+
+def test_placement_auto_plans_the_reference_on_the_lora_policys_weights() -> None:
+    from hybridflow.train.config import config_from_dotted
+    from hybridflow.train.prepare import prepare_run
+
+    config = config_from_dotted({"data.batch_size": 4, "data.num_examples": 16, "algorithm": "grpo",
+                                 "algorithm_options.n": 2, "algorithm_options.max_new_tokens": 6,
+                                 "roles.actor.lora": {"rank": 4}, "placement": "auto", "num_gpus": 2,
+                                 "progress": False})
+    plan = prepare_run(config).plan
+    group = plan.groups[plan.group_index("actor")]
+    assert plan.group_index("reference") == plan.group_index("actor")
+    assert {layout.role: layout.shares_weights_with for layout in group.layouts} == {"actor": "",
+                                                                                     "reference": "actor"}
+    assert "reference run(s) on its engine" in dict(plan.extra)["lora"]
