@@ -119,7 +119,8 @@ class _Worker:
     def start(cls, payload: bytes) -> _Worker:
         """A new worker process, loading the functions of ``payload`` (:meth:`wait_ready` waits for it)."""
         ours, theirs = socket.socketpair()
-        code = (f"import sys; sys.path[:0] = {[entry for entry in sys.path if entry]!r}; "
+        path = [entry or os.getcwd() for entry in sys.path]  # the driver's imports, its '' (cwd) made absolute
+        code = (f"import sys; sys.path[:0] = {path!r}; "
                 f"from {__name__} import serve_fd; serve_fd({theirs.fileno()})")
         with theirs:
             process = subprocess.Popen([sys.executable, "-c", code], pass_fds=(theirs.fileno(),),
