@@ -19,12 +19,15 @@ A bundle of a GPU group asks for one unit of its type only when the cluster decl
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import secrets
+import signal
+import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from hybridflow.graph import Node
@@ -64,6 +67,24 @@ def ensure_ray(*, address: str | None, num_gpus: int, num_cpus: int | None = Non
 
     if ray.is_initialized():
         return
+    with _keep_sigterm_handler():
+        _init_ray(ray, torch, address=address, num_gpus=num_gpus, num_cpus=num_cpus)
+
+
+@contextlib.contextmanager
+def _keep_sigterm_handler() -> Iterator[None]:
+    """Put back a SIGTERM handler the caller installed (``hybridflow train``'s, which stops the run like Ctrl-C):
+    ``ray.init`` replaces it with ``sys.exit``, which ends the driver without shutting the run down."""
+    on_main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) if on_main else None
+    try:
+        yield
+    finally:
+        if callable(previous):
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _init_ray(ray: Any, torch: Any, *, address: str | None, num_gpus: int, num_cpus: int | None) -> None:
     env = {"env_vars": WORKER_ENV}
     if address:
         # A cluster someone started: its auth mode is theirs (`ray start` with RAY_AUTH_MODE=token is safe).

@@ -17,7 +17,7 @@ import pytest
 
 from hybridflow.cli import main
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(150)
 
 QUICK = ["model.sft_steps=0", "data.batch_size=4", "data.num_examples=16", "algorithm_options.n=2",
          "algorithm_options.max_new_tokens=4", "progress=false", "tensorboard=false", "plot=false", "trackers=[]",
@@ -269,19 +269,23 @@ def test_a_silent_ray_address_times_out_within_the_bound(monkeypatch: pytest.Mon
 CLI = "import sys; from hybridflow.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
-def test_sigterm_stops_a_cli_run_like_ctrl_c(rewards: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("executor", ["local", pytest.param("ray", marks=[pytest.mark.ray, pytest.mark.slow])])
+def test_sigterm_stops_a_cli_run_like_ctrl_c(executor: str, rewards: Path, tmp_path: Path) -> None:
+    if executor == "ray":
+        pytest.importorskip("ray")
     marker = tmp_path / "scoring"
     env = {**os.environ, "HF_TEST_MARKER": str(marker), "OMP_NUM_THREADS": "1"}
-    words = [*QUICK, f"output_dir={tmp_path / 'run'}", f"data.reward={rewards}:marks_then_sleeps"]
+    words = [*QUICK, f"output_dir={tmp_path / 'run'}", f"data.reward={rewards}:marks_then_sleeps",
+             f"executor={executor}"]
     process = subprocess.Popen([sys.executable, "-c", CLI, "train", *words], env=env,
                                stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 45
+        deadline = time.monotonic() + 90
         while not marker.exists() and process.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
         assert marker.exists(), f"the run never reached its first reward: {process.communicate()[1]}"
         process.send_signal(signal.SIGTERM)
-        _, err = process.communicate(timeout=15)
+        _, err = process.communicate(timeout=30)
     finally:
         if process.poll() is None:
             process.kill()
