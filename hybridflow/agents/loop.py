@@ -12,17 +12,23 @@ Two schedules (``agent_schedule``):
 
 A trajectory ends when its environment says done, at ``max_turns``, when a turn is cut by the token budget
 before its end token (``truncated``), or when the next observation no longer fits the trajectory's budget
-(``truncated``). An environment that raises fails the call with :class:`EnvironmentFailure`, naming the
+(``truncated``). An environment that raises (``SystemExit`` included) or does not return from ``reset``,
+``step`` or ``observe_turn`` within its deadline fails the call with :class:`EnvironmentFailure`, naming the
 environment, the row and the turn; a tool's misbehaviour never does (it is the environment's observation).
+The deadline is the environment's own ``step_timeout_s`` attribute when it has one, else
+``AgentSettings.env_timeout_s`` (:data:`ENV_TIMEOUT_S`). A hung call's thread cannot be stopped: it is left
+behind (a daemon thread, so the process can still exit) and the rollout fails at once.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from hybridflow.agents.chat import ChatRenderer
 from hybridflow.agents.protocols import (
@@ -39,7 +45,9 @@ from hybridflow.agents.protocols import (
 )
 
 SCHEDULES = ("trajectory", "turn")
+_T = TypeVar("_T")
 TURN_SEED_STRIDE = 7919  # a row's turn t samples with its seed + t x this (the rows' seeds are further apart)
+ENV_TIMEOUT_S = 60.0  # seconds an environment's reset/step/observe_turn may take, unless it sets step_timeout_s
 
 
 class EnvironmentFailure(RuntimeError):
@@ -54,12 +62,15 @@ class AgentSettings:
     max_turn_tokens: int = 32
     max_tokens: int = 128
     schedule: str = "trajectory"
+    env_timeout_s: float = ENV_TIMEOUT_S  # each environment call's deadline (an environment's step_timeout_s wins)
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_turn_tokens", "max_tokens"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"agent setting {name}={value!r} must be a positive integer")
+        if not self.env_timeout_s > 0:
+            raise ValueError(f"agent setting env_timeout_s={self.env_timeout_s!r} must be > 0 (seconds)")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"agent_schedule={self.schedule!r} must be one of {list(SCHEDULES)}")
 
@@ -108,15 +119,23 @@ class _Runner:
         self.renderer, self.settings, self.seed = renderer, settings, seed
         self.live = True
 
-    def _fail(self, what: str, err: Exception) -> EnvironmentFailure:
-        return EnvironmentFailure(f"environment {self.trajectory.environment!r} raised in {what} on row "
-                                  f"{self.record.index} (turn {self.trajectory.turns}): {type(err).__name__}: {err}")
+    def _call(self, what: str, fn: Callable[..., _T], *args: object, **kwargs: object) -> _T:
+        """``fn(*args, **kwargs)``, one of the environment's methods, under its deadline; any failure named."""
+        where = f"on row {self.record.index} (turn {self.trajectory.turns})"
+        timeout_s = float(getattr(self.env, "step_timeout_s", None) or self.settings.env_timeout_s)
+        try:
+            return _within(timeout_s, fn, *args, **kwargs)
+        except _Late:
+            raise EnvironmentFailure(f"environment {self.trajectory.environment!r} did not return from {what} within "
+                                     f"{timeout_s} s {where}; make it faster or set its step_timeout_s") from None
+        except KeyboardInterrupt:
+            raise
+        except BaseException as err:  # sys.exit() in an environment must fail the rollout, naming it
+            raise EnvironmentFailure(f"environment {self.trajectory.environment!r} raised in {what} {where}: "
+                                     f"{type(err).__name__}: {err}") from err
 
     def start(self) -> None:
-        try:
-            shown = self.env.reset(self.record)
-        except Exception as err:
-            raise self._fail("reset", err) from err
+        shown = self._call("reset", self.env.reset, self.record)
         if isinstance(shown, Prompt):  # the environment's own prompt replaces the row's
             self.trajectory.prompt_ids = self.renderer.prompt_ids(shown.messages, tools=shown.tools)
         elif shown:  # messages before the first turn: nothing is sampled yet, so the prompt is rendered anew
@@ -140,11 +159,8 @@ class _Runner:
         """Append a sampled turn; step the environment on it and append its observation, or end."""
         trajectory = self.trajectory
         if isinstance(self.env, TurnObserver):
-            try:
-                self.env.observe_turn(prompt_tokens=len(trajectory.prompt_ids) + len(trajectory.tokens),
-                                      result=result)
-            except Exception as err:
-                raise self._fail("observe_turn", err) from err
+            self._call("observe_turn", self.env.observe_turn,
+                       prompt_tokens=len(trajectory.prompt_ids) + len(trajectory.tokens), result=result)
         trajectory.extend(result.token_ids, sampled=True, logprobs=result.logprobs, version=result.version)
         trajectory.turns += 1
         ended = result.finished and result.token_ids and result.token_ids[-1] == self.renderer.turn_end_id
@@ -153,10 +169,7 @@ class _Runner:
         if not result.finished:
             trajectory.truncated, self.live = True, False
             return
-        try:
-            step: EnvStep = self.env.step(text)
-        except Exception as err:
-            raise self._fail("step", err) from err
+        step: EnvStep = self._call("step", self.env.step, text)
         trajectory.env_reward += float(step.reward)
         trajectory.tool_results.extend(step.tool_results)
         trajectory.parse_errors += int(step.info.get("parse_errors", 0))
@@ -172,6 +185,32 @@ class _Runner:
             return
         trajectory.extend(observation, sampled=False)
         trajectory.transcript.extend(step.observation)
+
+
+class _Late(Exception):
+    """A call ran past its deadline."""
+
+
+def _within(timeout_s: float, fn: Callable[..., _T], *args: object, **kwargs: object) -> _T:
+    """``fn``'s value or exception, on a daemon thread of its own; :class:`_Late` past ``timeout_s``."""
+    done = threading.Event()
+    values: list[_T] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            values.append(fn(*args, **kwargs))
+        except BaseException as err:  # handed to the caller, which names it
+            errors.append(err)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, daemon=True, name="environment-call").start()
+    if not done.wait(timeout_s):
+        raise _Late
+    if errors:
+        raise errors[0]
+    return values[0]
 
 
 def run_trajectories(records: Sequence[EnvRecord], prompt_ids: Sequence[Sequence[int]], *, server: TurnServer,

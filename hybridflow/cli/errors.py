@@ -14,6 +14,11 @@ from collections.abc import Iterator
 BAD_INPUT = 2
 RUN_FAILED = 1
 INTERRUPTED = 130
+TERMINATED = 143  # 128 + SIGTERM, what a shell reports for a process SIGTERM ended
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler, Kubernetes, ``kill``) seen as Ctrl-C: the run stops the way an interrupt does."""
 
 # Exceptions our validation raises for a config, data file, graph or plan it refuses.
 _BAD_INPUT_TYPES: tuple[type[BaseException], ...] = (ValueError, KeyError, TypeError, AttributeError, ImportError,
@@ -23,6 +28,8 @@ _BAD_INPUT_TYPES: tuple[type[BaseException], ...] = (ValueError, KeyError, TypeE
 
 def describe(err: BaseException) -> tuple[int, str]:
     """``(exit code, one line)`` for ``err``."""
+    if isinstance(err, Terminated):
+        return TERMINATED, "terminated (SIGTERM); a run resumes from its last checkpoint with --resume"
     if isinstance(err, KeyboardInterrupt):
         return INTERRUPTED, "interrupted; a run resumes from its last checkpoint with --resume"
     chain = list(_chain(err))

@@ -9,7 +9,8 @@ Accepted signatures:
   (``completions`` is what marks it; ``prompts``, ``completion_ids`` and any data column may be asked for).
 
 Every value must be a real, finite number: a string, ``None``, NaN or inf is an error naming the
-function, the sample, its prompt and its response.
+function, the sample, its prompt and its response. So is anything the function raises, ``SystemExit`` and
+other ``BaseException``s included (only ``KeyboardInterrupt`` goes through: it is the user's).
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ class RewardFunction:
     any_keyword: bool  # it takes **kwargs
     required: frozenset[str]  # batched: data columns it cannot do without
     weight: float = 1.0
+    source: str | None = None  # the data.reward spec it was loaded from: a worker process loads it by this
 
     def __call__(self, samples: Sequence[Sample]) -> list[float]:
         """Unweighted rewards of ``samples``, checked to be finite floats."""
@@ -81,7 +83,9 @@ class RewardFunction:
         kwargs = {k: v for k, v in offered.items() if self.any_keyword or k in self.keywords}
         try:
             value = self.fn(*args, **kwargs)
-        except Exception as err:  # any user error: re-raise naming the sample
+        except KeyboardInterrupt:
+            raise
+        except BaseException as err:  # any user error, sys.exit too: re-raise naming the sample
             raise RewardFunctionError(f"reward function {self.name!r} raised {type(err).__name__}: {err} on "
                                       f"{describe(sample)}", sample=sample.index) from err
         return check_value(value, self.name, sample)
@@ -101,7 +105,9 @@ class RewardFunction:
         kwargs = {k: v for k, v in offered.items() if self.any_keyword or k in self.keywords}
         try:
             values = self.fn(**kwargs)
-        except Exception as err:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as err:
             raise RewardFunctionError(f"reward function {self.name!r} raised {type(err).__name__}: {err} on a batch "
                                       f"of {len(samples)} samples (first: {describe(samples[0])})",
                                       sample=samples[0].index) from err

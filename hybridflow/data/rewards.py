@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +17,7 @@ import torch
 from hybridflow.data.math_reward import math_reward, math_reward_flexible
 from hybridflow.data.records import GroundTruth
 from hybridflow.data.reward_functions import RewardFunction, RewardSignatureError, Sample, reward_function
+from hybridflow.data.reward_pool import RewardPool
 from hybridflow.registry import Registry, RegistryError, load_object
 from hybridflow.runtime.batch import Batch
 
@@ -29,14 +32,26 @@ REWARDS.add("math_flexible", math_reward_flexible)
 
 @dataclass(frozen=True, kw_only=True)
 class RewardScorer:
-    """A :class:`~hybridflow.runtime.protocols.Scorer`: the weighted sum of ``rewards`` over decoded samples."""
+    """A :class:`~hybridflow.runtime.protocols.Scorer`: the weighted sum of ``rewards`` over decoded samples.
+
+    With ``timeout_s`` the functions run in ``workers`` processes of their own (:mod:`.reward_pool`, started
+    at the first score), each call within ``timeout_s`` seconds: a hung call fails with
+    :class:`~hybridflow.runtime.errors.RewardTimeoutError`. Without it they run in this process, unbounded.
+    :meth:`close` stops the processes.
+    """
 
     rewards: tuple[RewardFunction, ...]
     tokenizer: Any
+    timeout_s: float | None = None
+    workers: int | None = None  # default: up to 4, one per CPU
+    _pool: _LazyPool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.rewards:
             raise ValueError("RewardScorer needs at least one reward function")
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            raise ValueError(f"config key 'data.reward_timeout_s'={self.timeout_s} must be > 0 (seconds per call)")
+        object.__setattr__(self, "_pool", _LazyPool())
 
     def __call__(self, batch: Batch) -> Batch:
         total, _ = self.score(batch_samples(batch, self.tokenizer))
@@ -44,12 +59,39 @@ class RewardScorer:
 
     def score(self, samples: Sequence[Sample]) -> tuple[list[float], dict[str, list[float]]]:
         """The weighted total per sample, and each function's unweighted rewards (for validation tables)."""
-        values = [reward(samples) for reward in self.rewards]
+        if self.timeout_s is None:
+            values = [reward(samples) for reward in self.rewards]
+        else:
+            values = self._pool.get(self.rewards, self.timeout_s, self.workers).score(samples)
         total = [sum(r.weight * v[i] for r, v in zip(self.rewards, values, strict=True)) for i in range(len(samples))]
         parts: dict[str, list[float]] = {}
         for position, (reward, value) in enumerate(zip(self.rewards, values, strict=True)):
             parts[reward.name if reward.name not in parts else f"{reward.name}#{position}"] = value
         return total, parts
+
+    def close(self) -> None:
+        """Stop the worker processes, if any started; a later score starts new ones."""
+        self._pool.close()
+
+
+class _LazyPool:
+    """The scorer's process pool, started by the first score that needs it (config checks load scorers too)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pool: RewardPool | None = None
+
+    def get(self, rewards: Sequence[RewardFunction], timeout_s: float, workers: int | None) -> RewardPool:
+        with self._lock:
+            if self._pool is None:
+                self._pool = RewardPool(rewards, timeout_s=timeout_s, workers=workers)
+            return self._pool
+
+    def close(self) -> None:
+        with self._lock:
+            if self._pool is not None:
+                self._pool.close()
+                self._pool = None
 
 
 @dataclass(frozen=True)
@@ -99,14 +141,16 @@ def load_reward_functions(specs: RewardSpec | Sequence[RewardSpec], *,
         raise ValueError(f"data.reward_weights has {len(weights)} weights for {len(items)} reward functions "
                          f"({[_label(s) for s in items]}); give one weight per function")
     chosen = list(weights) if weights is not None else [1.0] * len(items)
-    return tuple(reward_function(_resolve(spec), name=_label(spec), weight=weight)
+    return tuple(dataclasses.replace(reward_function(_resolve(spec), name=_label(spec), weight=weight),
+                                     source=spec if isinstance(spec, str) else None)
                  for spec, weight in zip(items, chosen, strict=True))
 
 
 def reward_scorer(specs: RewardSpec | Sequence[RewardSpec], tokenizer: Any, *,
-                  weights: Sequence[float] | None = None) -> RewardScorer:
-    """A scorer summing the weighted reward functions ``specs`` name."""
-    return RewardScorer(rewards=load_reward_functions(specs, weights=weights), tokenizer=tokenizer)
+                  weights: Sequence[float] | None = None, timeout_s: float | None = None) -> RewardScorer:
+    """A scorer summing the weighted reward functions ``specs`` name (in worker processes with ``timeout_s``)."""
+    return RewardScorer(rewards=load_reward_functions(specs, weights=weights), tokenizer=tokenizer,
+                        timeout_s=timeout_s)
 
 
 def check_reward_configured(*, data_path: str | None, reward: object) -> None:

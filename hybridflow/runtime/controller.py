@@ -32,6 +32,7 @@ from hybridflow.registry import COMPUTE_FNS
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.checks import check_capabilities, check_layouts, check_placement, check_streaming
 from hybridflow.runtime.dispatch import DriverTarget, GroupTarget, Outcome, Served, Target, timed
+from hybridflow.runtime.errors import RuntimeStepError
 from hybridflow.runtime.executor import Executor, LocalExecutor, WorkerGroup
 from hybridflow.runtime.filtering import FilterRounds, with_uids
 from hybridflow.runtime.pipeline import Overlap, Upcoming, check_pipeline
@@ -281,6 +282,12 @@ def _run_compute(node: Node, state: Batch, kept: NodeState | None = None) -> tup
     except Exception as err:
         err.add_note(f"in compute node {node.name!r} (fn={node.fn!r}, inputs={list(node.inputs)})")
         raise
+    except KeyboardInterrupt:
+        raise
+    except BaseException as err:  # sys.exit() in a user's function must not end the run silently
+        raise RuntimeStepError(f"compute node {node.name!r}: fn {node.fn!r} raised {type(err).__name__}"
+                               f"({err}); a compute function must return its outputs or raise an Exception",
+                               node=node.name) from err
     values = result if isinstance(result, tuple) else (result,)
     if len(values) != len(node.outputs):
         raise ValueError(f"compute node {node.name!r}: fn {node.fn!r} returned {len(values)} values for outputs "

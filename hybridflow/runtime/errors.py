@@ -50,15 +50,36 @@ class NonFiniteLossError(RuntimeStepError):
 
 
 class RewardFunctionError(RuntimeStepError):
-    """A reward function raised; ``sample`` is the offending row."""
+    """A reward function raised; ``sample`` is the offending row, ``step`` the training step (when known)."""
 
     def __init__(self, message: str, *, sample: int, node: str | None = None) -> None:
         super().__init__(message, node=node)
         self.sample = sample
+        self.step: int | None = None
+
+    def at_step(self, step: int) -> RewardFunctionError:
+        """Name the training step that was scoring (the scorer does not know it)."""
+        if self.step is None:
+            self.step = step
+            self.args = (f"{self.args[0]} (during step {step})", *self.args[1:])
+        return self
+
+    def __reduce__(self) -> tuple[object, ...]:  # keyword-only __init__: pickle needs the fields
+        return (_rebuild_reward_error, (type(self), str(self.args[0]), self.sample, self.node))
+
+
+class RewardTimeoutError(RewardFunctionError):
+    """A reward function call ran past ``data.reward_timeout_s``; the process running it was killed."""
+
+
+def _rebuild_reward_error(kind: type[RewardFunctionError], message: str, sample: int,
+                          node: str | None) -> RewardFunctionError:
+    return kind(message, sample=sample, node=node)
 
 
 class StepTracker:
-    """A block that names the training step it was running in a :class:`WorkerFailedError` leaving it.
+    """A block that names the training step it was running in a :class:`WorkerFailedError` or
+    :class:`RewardFunctionError` leaving it.
 
     The executors do not know steps; the loop sets ``tracker.step`` as each one begins.
     """
@@ -70,5 +91,5 @@ class StepTracker:
         return self
 
     def __exit__(self, kind: object, err: BaseException | None, trace: object) -> None:
-        if isinstance(err, WorkerFailedError) and err.step is None and self.step is not None:
+        if isinstance(err, WorkerFailedError | RewardFunctionError) and err.step is None and self.step is not None:
             err.at_step(self.step)

@@ -19,12 +19,15 @@ A bundle of a GPU group asks for one unit of its type only when the cluster decl
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import secrets
+import signal
+import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from hybridflow.graph import Node
@@ -41,6 +44,7 @@ from hybridflow.runtime.worker import WORKER_CALLS, GroupWorker, NodeResult
 WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
               "HF_HUB_OFFLINE": "1"}
 READY_TIMEOUT_S = 60.0
+CONNECT_TIMEOUT_S = 10.0  # a ray_address that does not accept a TCP connection within this is refused
 CLOSE_TIMEOUT_S = 30.0  # engines get this long to stop (vLLM) before their actors are killed
 # Logical GPUs a locally started CPU-only cluster declares, so later plans in the same process fit too.
 MIN_LOGICAL_GPUS = 8
@@ -63,10 +67,29 @@ def ensure_ray(*, address: str | None, num_gpus: int, num_cpus: int | None = Non
 
     if ray.is_initialized():
         return
+    with _keep_sigterm_handler():
+        _init_ray(ray, torch, address=address, num_gpus=num_gpus, num_cpus=num_cpus)
+
+
+@contextlib.contextmanager
+def _keep_sigterm_handler() -> Iterator[None]:
+    """Put back a SIGTERM handler the caller installed (``hybridflow train``'s, which stops the run like Ctrl-C):
+    ``ray.init`` replaces it with ``sys.exit``, which ends the driver without shutting the run down."""
+    on_main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) if on_main else None
+    try:
+        yield
+    finally:
+        if callable(previous):
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _init_ray(ray: Any, torch: Any, *, address: str | None, num_gpus: int, num_cpus: int | None) -> None:
     env = {"env_vars": WORKER_ENV}
     if address:
         # A cluster someone started: its auth mode is theirs (`ray start` with RAY_AUTH_MODE=token is safe).
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        check_reachable(address)
         ray.init(address=address, runtime_env=env, log_to_driver=False)
     else:
         enable_token_auth()
@@ -75,6 +98,26 @@ def ensure_ray(*, address: str | None, num_gpus: int, num_cpus: int | None = Non
         # address="local": always a cluster of our own, never another user's that happens to run here.
         ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 2, num_gpus=logical,
                  include_dashboard=False, _node_ip_address="127.0.0.1", runtime_env=env, log_to_driver=False)
+
+
+def check_reachable(address: str, *, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """Refuse a ``host:port`` (or ``ray://host:port``) nobody listens on within ``timeout_s``, naming it.
+
+    Ray 2.60's ``ray.init(address=...)`` retries an unreachable GCS without end; ``auto`` and other forms
+    are left to Ray (they name a cluster on this machine).
+    """
+    import socket
+
+    found = re.fullmatch(r"(?:ray://)?\[?([^\]/]+?)\]?:(\d+)", address.strip())
+    if found is None:
+        return
+    host, port = found.group(1), int(found.group(2))
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as err:
+        raise ConnectionError(f"config key 'ray_address'={address!r}: nothing answers at {host}:{port} within "
+                              f"{timeout_s:.0f} s ({err}); start the cluster there (`ray start --head --port "
+                              f"{port}`) or unset ray_address to start a local one") from err
 
 
 def enable_token_auth() -> None:

@@ -44,13 +44,16 @@ class DataConfig(DataFiles):
     :class:`~hybridflow.data.splits.DataFiles` says (column keys, splits, validation, prompt length).
 
     ``reward``: one reward function or a list (``math``, ``file.py:fn``, ``module:fn``; required with
-    ``path``), weighed by ``reward_weights``. docs/data_and_rewards.md.
+    ``path``), weighed by ``reward_weights``; they run in worker processes, each call within
+    ``reward_timeout_s`` seconds (past it the step fails, naming the function and the sample).
+    docs/data_and_rewards.md.
     """
 
     task: str = "reverse"
     path: str | None = None
     reward: str | list[str] | None = None
     reward_weights: list[float] | None = None
+    reward_timeout_s: float = 60.0
     num_examples: int = 2000
     batch_size: int = 8
 

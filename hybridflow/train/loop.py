@@ -20,7 +20,7 @@ from hybridflow.train.checkpoint import save_checkpoint
 from hybridflow.train.config import TrainConfig
 from hybridflow.train.export import export_policy
 from hybridflow.train.metrics import MetricsWriter, step_metrics
-from hybridflow.train.prepare import prepare_run
+from hybridflow.train.prepare import PreparedRun, prepare_run
 from hybridflow.train.retention import prune_checkpoints
 from hybridflow.train.rundir import begin_run
 from hybridflow.train.validation import TABLE, validate
@@ -50,9 +50,18 @@ def train(config: TrainConfig, *, resume: bool = False, graph: Graph | None = No
     run executes exactly those.
     ``overwrite``, ``resume_from`` and ``allow_config_change``: see :mod:`hybridflow.train.rundir`.
     """
-    run_dir = Path(config.output_dir).resolve()  # Ray workers run elsewhere: every path they see is absolute
     prepared = prepare_run(config, graph=graph, plan=plan, specs=specs, note=partial(_note, config))
-    graph, plan = prepared.graph, prepared.plan
+    try:
+        return _train(prepared, resume=resume, overwrite=overwrite, resume_from=resume_from,
+                      allow_config_change=allow_config_change)
+    finally:
+        prepared.scorer.close()  # its worker processes
+
+
+def _train(prepared: PreparedRun, *, resume: bool, overwrite: bool, resume_from: str | None,
+           allow_config_change: bool) -> TrainResult:
+    config, graph, plan = prepared.config, prepared.graph, prepared.plan
+    run_dir = Path(config.output_dir).resolve()  # Ray workers run elsewhere: every path they see is absolute
     begin = begin_run(run_dir, config, graph, resume=resume, overwrite=overwrite, resume_from=resume_from,
                       allow_config_change=allow_config_change)
     _note(config, f"preparing the policy ({config.model.path or config.model.name})")

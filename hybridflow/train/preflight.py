@@ -14,6 +14,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from hybridflow.data.rewards import RewardScorer
 from hybridflow.graph import Graph
 from hybridflow.planner import Plan
 from hybridflow.train import setup
@@ -40,6 +41,7 @@ def check_ranges(config: TrainConfig) -> None:
     _positive("model.sft_lr", model.sft_lr)
     _at_least("data.batch_size", data.batch_size, 1)
     _at_least("data.num_examples", data.num_examples, 1)
+    _positive("data.reward_timeout_s", data.reward_timeout_s)
     _at_least("seed", config.seed, 0)
     for name, optim in (("actor", config.actor), ("critic", config.critic)):
         _check_optim(name, optim)
@@ -200,9 +202,12 @@ def check_prompts(config: TrainConfig, graph: Graph, records: list[dict[str, Any
                              "(model.path) whose tokenizer covers them, or clean the data")
 
 
-def probe_rewards(config: TrainConfig, records: list[dict[str, Any]], tokenizer: Any) -> None:
-    """Score the first row once, its ground truth as the response: a reward function that returns a string,
-    None, a list or a non-finite number is refused now (exit 2), not after the model loaded."""
+def probe_rewards(config: TrainConfig, records: list[dict[str, Any]], tokenizer: Any,
+                  scorer: RewardScorer | None = None) -> None:
+    """Score the first row once, its ground truth as the response, with the run's ``scorer`` (its worker
+    processes and ``data.reward_timeout_s``; default: a scorer of its own): a reward function that returns a
+    string, None, a list or a non-finite number, raises, exits or hangs is refused now (exit 2), not after the
+    model loaded."""
     from hybridflow.data.records import GroundTruth, reward_target
     from hybridflow.data.reward_functions import Sample
     from hybridflow.runtime.errors import RewardFunctionError
@@ -218,7 +223,11 @@ def probe_rewards(config: TrainConfig, records: list[dict[str, Any]], tokenizer:
                     data_source=context.data_source if context else None,
                     extra_info=context.extra_info if context else None, columns=context.columns if context else None,
                     response_ids=tokenizer(str(truth), add_special_tokens=False)["input_ids"])
+    used = scorer or setup.reward_scorer(config, tokenizer)
     try:
-        setup.reward_scorer(config, tokenizer).score([sample])
+        used.score([sample])
     except RewardFunctionError as err:
         raise ValueError(f"{err} (checked before training, on row 0 with its ground truth as the response)") from err
+    finally:
+        if scorer is None:
+            used.close()

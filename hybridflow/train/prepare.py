@@ -58,12 +58,17 @@ def prepare_run(config: TrainConfig, *, graph: Graph | None = None, plan: Plan |
     tokenizer = setup.policy_tokenizer(config)
     train_data, validation = setup.prepare_data(config, splits, tokenizer)
     check_prompts(config, graph, train_data.records, tokenizer, train_data.longest_prompt_tokens)
-    probe_rewards(config, train_data.records, tokenizer)
-    if plan is None:
-        plan = setup.build_plan(config, graph, train_data.longest_prompt_tokens, config.model.path,
-                                vocab_size=len(tokenizer))
-    else:
-        setup.check_given_plan(config, graph, plan, specs)
+    scorer = setup.reward_scorer(config, tokenizer)  # its worker processes start at the probe, serve the run
+    try:
+        probe_rewards(config, train_data.records, tokenizer, scorer)
+        if plan is None:
+            plan = setup.build_plan(config, graph, train_data.longest_prompt_tokens, config.model.path,
+                                    vocab_size=len(tokenizer))
+        else:
+            setup.check_given_plan(config, graph, plan, specs)
+    except BaseException:
+        scorer.close()
+        raise
     graph = with_schedule(graph, plan.mode.agent_schedule)  # multi-turn nodes run the schedule the plan costed
     return PreparedRun(config=config, graph=graph, plan=plan, tokenizer=tokenizer, train_data=train_data,
-                       validation_data=validation, scorer=setup.reward_scorer(config, tokenizer), given_specs=specs)
+                       validation_data=validation, scorer=scorer, given_specs=specs)
