@@ -321,7 +321,8 @@ def role_specs(config: TrainConfig, graph: Graph, model_dir: str, plan: Plan | N
 
 def reward_scorer(config: TrainConfig, tokenizer: Any) -> RewardScorer:
     """``data.reward`` (one function or a weighted list), else the built-in task's rule; signatures checked now."""
-    return load_reward_scorer(config.data.reward or config.data.task, tokenizer, weights=config.data.reward_weights)
+    rewards = config.data.task if config.data.reward is None else config.data.reward  # [] is refused, not the task's
+    return load_reward_scorer(rewards, tokenizer, weights=config.data.reward_weights)
 
 
 def prompt_loader(config: TrainConfig, data: list[Record], tokenizer: Any) -> PromptLoader:
