@@ -19,6 +19,7 @@ from hybridflow.planner import Plan
 from hybridflow.planner.cluster import MAX_CLUSTER_GPUS
 from hybridflow.train import setup
 from hybridflow.train.config import INT64_MAX, OptimConfig, TrainConfig
+from hybridflow.train.file_checks import safetensors_problem
 
 
 def check_config(config: TrainConfig, graph: Graph, plan: Plan | None = None) -> None:
@@ -175,6 +176,11 @@ def _model_dir(key: str, value: str) -> None:
     if not path.is_dir() or not (path / "config.json").is_file():
         raise FileNotFoundError(f"config key {key!r}={value!r} is not an HF model directory (no config.json in it)")
     model_config(key, path)
+    for weights in sorted(path.glob("*.safetensors")):
+        problem = safetensors_problem(weights)
+        if problem is not None:
+            raise ValueError(f"config key {key!r}: {weights} {problem}; copy the model directory again (or "
+                             "re-download it)")
 
 
 def model_config(key: str, path: Path) -> dict[str, Any]:
