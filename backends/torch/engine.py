@@ -99,7 +99,12 @@ class TorchRoleEngine(ForwardOps, GradientSteps, WeightStreams):
         torch.save(state, path / "state.pt")
 
     def load_checkpoint(self, directory: str) -> None:
-        state = torch.load(Path(directory) / "state.pt", map_location=self.context.device, weights_only=True)
+        file = Path(directory) / "state.pt"
+        try:
+            state = torch.load(file, map_location=self.context.device, weights_only=True)
+        except (RuntimeError, EOFError, OSError, ValueError) as err:  # torch's reader: truncated or not a zip
+            raise ValueError(f"{file} cannot be loaded ({str(err).splitlines()[0]}); it is truncated or corrupt: "
+                             "resume from an older checkpoint (--resume-from checkpoints/step_N)") from err
         if self.has_adapters:
             adapters.load_adapter_state(self.model, state["model"], role=self.spec.name)
         else:

@@ -17,6 +17,7 @@ Messages = list[dict[str, str]]
 # chat prompt's messages once ``prompt`` holds its rendered text (verl's name for the same thing).
 PROMPT, GROUND_TRUTH, RAW_PROMPT = "prompt", "ground_truth", "raw_prompt"
 RESERVED = (PROMPT, GROUND_TRUTH, RAW_PROMPT)
+CHAT_ROLES = ("system", "user", "assistant", "tool")  # the roles chat templates (HF, OpenAI) render
 
 
 class GroundTruth(str):
@@ -65,6 +66,9 @@ def is_chat(prompt: object) -> bool:
 def check_prompt(prompt: object, where: str) -> str | Messages:
     """``prompt`` as a string or validated chat messages; anything else is an error naming ``where``."""
     if isinstance(prompt, str):
+        if not prompt.strip():
+            raise ValueError(f"{where}: the prompt is {prompt!r}, empty; the policy would generate from nothing. "
+                             "Drop the row or give it a prompt")
         return prompt
     if isinstance(prompt, Sequence) and not isinstance(prompt, bytes | str):
         messages = list(prompt)
@@ -73,6 +77,9 @@ def check_prompt(prompt: object, where: str) -> str | Messages:
                     and isinstance(message.get("content"), str)):
                 raise ValueError(f"{where}: prompt message {i} is {message!r}; chat prompts must be a list of "
                                  '{"role": str, "content": str} messages')
+            if message["role"] not in CHAT_ROLES:
+                raise ValueError(f"{where}: prompt message {i} has role {message['role']!r}; chat roles are "
+                                 f"{list(CHAT_ROLES)} (chat templates render no other)")
         if not messages:
             raise ValueError(f"{where}: the prompt is an empty list of chat messages")
         return [{"role": m["role"], "content": m["content"]} for m in messages]

@@ -180,13 +180,21 @@ def reward_function(fn: Callable[..., Any], *, name: str | None = None, weight: 
     return made("per_sample", {p.name for p in rest} & set(PER_SAMPLE_KEYWORDS))
 
 
+FLOAT32_MAX = 3.4028234663852886e38  # scores travel as float32 tensors: a larger reward becomes inf there
+
+
 def check_value(value: Any, name: str, sample: Sample) -> float:
     """``value`` as a float if it is a real, finite number; otherwise an error naming the function and sample."""
     if hasattr(value, "item") and getattr(value, "ndim", None) == 0:  # 0-d numpy arrays and torch tensors
         value = value.item()
-    if isinstance(value, numbers.Real) and math.isfinite(float(value)):
+    if isinstance(value, numbers.Real) and math.isfinite(float(value)) and abs(float(value)) <= FLOAT32_MAX:
         return float(value)
-    why = "is not finite" if isinstance(value, numbers.Real) else f"is a {type(value).__name__}, not a number"
+    if not isinstance(value, numbers.Real):
+        why = f"is a {type(value).__name__}, not a number"
+    elif math.isfinite(float(value)):
+        why = f"is beyond float32's range (|reward| <= {FLOAT32_MAX:.3g}; scores are float32 tensors, where it is inf)"
+    else:
+        why = "is not finite"
     raise RewardFunctionError(f"reward function {name!r} returned {value!r}, which {why}, for {describe(sample)}; "
                               "reward functions must return real, finite floats", sample=sample.index)
 

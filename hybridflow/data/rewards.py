@@ -16,10 +16,18 @@ import torch
 
 from hybridflow.data.math_reward import math_reward, math_reward_flexible
 from hybridflow.data.records import GroundTruth
-from hybridflow.data.reward_functions import RewardFunction, RewardSignatureError, Sample, reward_function
+from hybridflow.data.reward_functions import (
+    FLOAT32_MAX,
+    RewardFunction,
+    RewardSignatureError,
+    Sample,
+    describe,
+    reward_function,
+)
 from hybridflow.data.reward_pool import RewardPool
 from hybridflow.registry import Registry, RegistryError, load_object
 from hybridflow.runtime.batch import Batch
+from hybridflow.runtime.errors import RewardFunctionError
 
 RewardRule = Callable[..., float]
 RewardSpec = str | Callable[..., Any]
@@ -64,6 +72,12 @@ class RewardScorer:
         else:
             values = self._pool.get(self.rewards, self.timeout_s, self.workers).score(samples)
         total = [sum(r.weight * v[i] for r, v in zip(self.rewards, values, strict=True)) for i in range(len(samples))]
+        for sample, score in zip(samples, total, strict=True):
+            if not abs(score) <= FLOAT32_MAX:  # each value was in range: only the weighted sum can overflow
+                raise RewardFunctionError(
+                    f"the weighted sum of reward functions {[r.name for r in self.rewards]} (data.reward_weights "
+                    f"{[r.weight for r in self.rewards]}) is {score!r} for {describe(sample)}, beyond float32's range; "
+                    "lower the weights or the rewards", sample=sample.index)
         parts: dict[str, list[float]] = {}
         for position, (reward, value) in enumerate(zip(self.rewards, values, strict=True)):
             parts[reward.name if reward.name not in parts else f"{reward.name}#{position}"] = value

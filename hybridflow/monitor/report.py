@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,9 +45,38 @@ def load_run(run_dir: str | Path) -> list[dict[str, float]]:
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist: pass the output_dir of a `hybridflow train` run")
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = read_metrics_file(path)
     if not rows:
         raise ValueError(f"{path} has no steps yet")
+    return rows
+
+
+def read_metrics_file(path: Path) -> list[dict[str, float]]:
+    """The rows of a metrics.jsonl. A torn last line (a crash mid-write leaves one) is skipped with a warning;
+    a file that is binary or whose earlier lines are not JSON objects is refused, naming the file and line."""
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path} is not a metrics.jsonl (binary data at byte {err.start}, not UTF-8 text); pass "
+                         "the output_dir of a `hybridflow train` run, whose metrics.jsonl has a JSON object a line"
+                         ) from err
+    lines = [(number, line) for number, line in enumerate(text.splitlines(), start=1) if line.strip()]
+    rows: list[dict[str, float]] = []
+    for position, (number, line) in enumerate(lines):
+        try:
+            row = json.loads(line)
+        except ValueError as err:
+            if position == len(lines) - 1 and rows:
+                print(f"hybridflow: warning: {path} line {number} is torn (an interrupted write); skipped it",
+                      file=sys.stderr)
+                break
+            raise ValueError(f"{path} line {number} is not JSON ({err}); metrics.jsonl holds a JSON object a "
+                             "line: restore the file, or delete the broken lines") from err
+        if not isinstance(row, dict):
+            raise ValueError(f"{path} line {number} is a {type(row).__name__}, not a JSON object of metrics; "
+                             "restore the file, or delete the broken lines")
+        rows.append(row)
     return rows
 
 

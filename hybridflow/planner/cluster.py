@@ -21,6 +21,9 @@ from hybridflow.planner.devices import GB, DeviceSpec, device_from_mapping, get_
 
 DEFAULT_INTER_NODE_BANDWIDTH = 25 * GB  # one 200 Gb/s InfiniBand NIC per GPU, one direction
 DEFAULT_DRIVER_BANDWIDTH = 10 * GB  # controller <-> worker data path (host memory and NIC)
+# The planner keeps per-GPU tables (owners, placements), so a cluster's size is checked before any is built;
+# this is above the largest clusters trained on today and far below what would exhaust a driver's memory.
+MAX_CLUSTER_GPUS = 1 << 17
 
 _PART = re.compile(r"^(?:(\d+)\s*[xX*]\s*)?(?:(\d+)\s*[xX*]\s*)?([A-Za-z][A-Za-z0-9.\-]*)$")
 
@@ -58,6 +61,7 @@ class Cluster:
     def __post_init__(self) -> None:
         if not self.machines:
             raise ValueError("Cluster: needs at least one machine")
+        check_cluster_size(sum(machine.gpus for machine in self.machines), where="Cluster")
         expected = 0
         for machine in self.machines:
             if machine.first_gpu != expected:
@@ -99,6 +103,7 @@ class Cluster:
         if not isinstance(spec, str) or not spec.strip():
             raise ValueError(f"cluster spec {spec!r} is empty; write e.g. 8xA100-80G or 2x8xH100")
         parts: list[tuple[int, str, int]] = []
+        total = 0
         for text in spec.split("+"):
             match = _PART.match(text.strip())
             if not match:
@@ -108,6 +113,8 @@ class Cluster:
             machines, gpus = (int(first), int(second)) if second else (1, int(first or 1))
             if machines < 1 or gpus < 1:
                 raise ValueError(f"cluster spec part {text.strip()!r}: machine and GPU counts must be >= 1")
+            total += machines * gpus
+            check_cluster_size(total, where=f"cluster spec {spec.strip()!r}")
             get_device(device, devices)
             parts.extend((len(parts), device, gpus) for _ in range(machines))
         if not inter_node_bandwidth > 0:
@@ -131,9 +138,15 @@ class Cluster:
         ``host_cores:`` the cores each host gives its logical GPUs (CPU runs)."""
         devices = user_devices(data.get("devices"), where=f"{name}: devices")
         parts: list[tuple[int, str, int]] = []
-        host = 0
+        host = total = 0
         for index, node in enumerate(data["nodes"]):
-            for _ in range(int(node.get("count", 1))):
+            count = node.get("count", 1) if isinstance(node, Mapping) else None
+            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+                raise ValueError(f"{name}: nodes[{index}] must be a mapping whose 'count' (default 1) is a positive "
+                                 f"integer; got {node!r}")
+            total += count  # each node has a GPU at least: the GPUs are bounded before any node is listed
+            check_cluster_size(total, where=f"{name}: nodes[{index}] count={count}")
+            for _ in range(count):
                 gpus = node.get("gpus")
                 kinds = gpus.items() if isinstance(gpus, Mapping) else [(node.get("type"), gpus)]
                 for device, count in kinds:
@@ -194,6 +207,13 @@ class Cluster:
         hosts = len({machine.host for machine in self.machines})
         cores = f", {self.host_cores} core(s) per host" if self.host_cores is not None else ""
         return " + ".join(f"{n}x{name}" for name, n in counts.items()) + f" on {hosts} machine(s){cores}"
+
+
+def check_cluster_size(gpus: int, *, where: str) -> None:
+    """Refuse a cluster of more than :data:`MAX_CLUSTER_GPUS` GPUs before anything per GPU is built."""
+    if gpus > MAX_CLUSTER_GPUS:
+        raise ValueError(f"{where}: {gpus} GPUs exceed the planner's bound of {MAX_CLUSTER_GPUS} GPUs; plan a "
+                         "smaller cluster (the plan of one replica, e.g. 64xH100, scales by data parallelism)")
 
 
 def user_devices(entries: Any, *, where: str = "devices") -> dict[str, DeviceSpec]:

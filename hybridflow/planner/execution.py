@@ -16,6 +16,11 @@ PIPELINES = ("sync", "one_step_off", "async")  # the execution modes a plan may 
 AGENT_SCHEDULES = ("trajectory", "turn")  # how a multi-turn generate node advances its trajectories (agents.py)
 IMPLIED_STALENESS = {"sync": 0, "one_step_off": 1}  # the modes whose staleness bound is fixed
 ASYNC_STALENESS = 1  # async's bound when none is given
+# A rollout k updates ahead holds k steps of prompts and their samples in flight; far beyond any useful bound
+# (published async runs use 1-8), and it keeps per-step loops and metrics over the lags small.
+MAX_STALENESS = 1024
+# A streamed step's schedule has a node per chunk and follower; a chunk is at least one prompt.
+MAX_STREAM_CHUNKS = 1024
 
 
 def _own_key(name: str) -> str:
@@ -108,6 +113,9 @@ def validate_mode(pipeline: str, max_staleness: int | None, segment_tokens: int 
     if max_staleness is not None and not _natural(max_staleness):
         raise ValueError(f"{key('max_staleness')}={max_staleness!r} must be an integer >= 0 (policy updates the "
                          "rollout may run ahead of the trainer)")
+    if max_staleness is not None and max_staleness > MAX_STALENESS:
+        raise ValueError(f"{key('max_staleness')}={max_staleness} must be <= {MAX_STALENESS}: the rollout holds that "
+                         "many steps of samples in flight; async runs use 1-8")
     implied = IMPLIED_STALENESS.get(pipeline)
     if implied is not None and max_staleness not in (None, implied):
         raise ValueError(f"{key('max_staleness')}={max_staleness} with pipeline={pipeline!r}: that mode's staleness "
@@ -122,6 +130,9 @@ def validate_mode(pipeline: str, max_staleness: int | None, segment_tokens: int 
                              "segment_tokens=None")
     if isinstance(stream_chunks, bool) or not isinstance(stream_chunks, int) or stream_chunks < 1:
         raise ValueError(f"{key('stream_chunks')}={stream_chunks!r} must be >= 1 (an integer; 1: no streaming)")
+    if stream_chunks > MAX_STREAM_CHUNKS:
+        raise ValueError(f"{key('stream_chunks')}={stream_chunks} must be <= {MAX_STREAM_CHUNKS} (and at most the "
+                         "prompts of a step: a chunk holds whole prompts)")
     if stream_chunks > 1 and pipeline != "sync":
         raise ValueError(f"{key('stream_chunks')}={stream_chunks} streams within a sync step; pipeline={pipeline!r} "
                          "already overlaps generation with the rest of the step: use stream_chunks=1 or "

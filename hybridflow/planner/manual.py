@@ -17,7 +17,7 @@ from hybridflow.planner.adapters import LoraPlan
 from hybridflow.planner.agents import AgentWorkload
 from hybridflow.planner.assemble import Placement, build_plan
 from hybridflow.planner.calibration import Calibration
-from hybridflow.planner.cluster import Cluster
+from hybridflow.planner.cluster import MAX_CLUSTER_GPUS, Cluster
 from hybridflow.planner.devices import DeviceSpec
 from hybridflow.planner.errors import gib
 from hybridflow.planner.groups import GroupEvaluator
@@ -52,6 +52,9 @@ def parse_mapping(text: str) -> dict[str, tuple[int, ...]]:
             if low < 0 or high < low:
                 raise ValueError(f"mapping item {item!r}: range {part.strip()!r} must be FIRST-LAST with 0 <= FIRST "
                                  "<= LAST")
+            if high >= MAX_CLUSTER_GPUS:
+                raise ValueError(f"mapping item {item!r}: GPU id {high} is beyond the planner's bound of "
+                                 f"{MAX_CLUSTER_GPUS} GPUs; give ids of the cluster's GPUs (0 to its size - 1)")
             ids.extend(range(low, high + 1))
         mapping[role] = tuple(ids)
     if not mapping:
@@ -179,6 +182,9 @@ def evaluate_mapping(graph: Graph, models: Mapping[str, ModelSpec], workload: Wo
             del mapping[role]  # the policy's own GPUs: the colocated rollout
     detach = [role.removesuffix(ROLLOUT_SUFFIX) for role in mapping if role.endswith(ROLLOUT_SUFFIX)]
     check_choice(pipeline, max_staleness, stream_chunks)
+    if stream_chunks > workload.batch_size:
+        raise ValueError(f"stream_chunks={stream_chunks} exceeds the {workload.batch_size} prompts of a step (a "
+                         f"chunk holds whole prompts); use at most {workload.batch_size}")
     modes: list[tuple[str, int | None]] = [(pipeline, max_staleness)]
     if pipeline == "auto":
         bounds = DEFAULT_STALENESS if max_staleness is None else (max_staleness,)

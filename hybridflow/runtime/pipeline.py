@@ -97,6 +97,8 @@ class OverlappedStep:
         self.since, self.before = overlap._mark or (self.started, replace(rollouter.stats))
         for ahead in range(step, step + rollouter.k + 1):
             rows = self.prompts if ahead == step else upcoming_rows(self.upcoming, ahead, current=step)
+            if rows is None and ahead > step:
+                break  # no later step has prompts either (the run's last steps, or only the next one given)
             if rows is not None and not rollouter.offered(ahead):
                 rollouter.offer(ahead, with_uids(rows, 0).repeat_interleave(overlap.samples))
         self.rows, self.depth = rollouter.take(step)

@@ -9,6 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hybridflow.train.file_checks import checkpoint_problem, json_problem
+
 _PREFIX = "step_"
 
 
@@ -64,6 +66,31 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return max(found, key=lambda p: int(p.name[len(_PREFIX):])) if found else None
 
 
+def newest_intact_checkpoint(run_dir: Path) -> tuple[Path | None, list[str]]:
+    """The newest complete checkpoint whose files are intact (:func:`checkpoint_problem`), and what was wrong
+    with each newer one skipped on the way (a line naming the file)."""
+    root = run_dir / "checkpoints"
+    found = [p for p in root.glob(f"{_PREFIX}*") if p.name[len(_PREFIX):].isdigit() and (p / "trainer.json").is_file()
+             ] if root.is_dir() else []
+    skipped: list[str] = []
+    for path in sorted(found, key=lambda p: int(p.name[len(_PREFIX):]), reverse=True):
+        problem = checkpoint_problem(path)
+        if problem is None:
+            return path, skipped
+        skipped.append(problem)
+    return None, skipped
+
+
 def checkpoint_step(path: Path) -> int:
-    step: int = json.loads((path / "trainer.json").read_text())["step"]
+    """The step ``path/trainer.json`` records; a broken file is named with the fix."""
+    trainer = path / "trainer.json"
+    problem = json_problem(trainer)
+    step = json.loads(trainer.read_text()).get("step") if problem is None else None
+    if isinstance(step, bool) or not isinstance(step, int):
+        raise CheckpointError(f"{trainer} {problem or f'has no integer step (got {step!r})'}; the checkpoint is "
+                              "unusable: resume from an older one (--resume-from checkpoints/step_N) or delete it")
     return step
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file that is truncated, corrupt or not what its name says; the message names the file."""

@@ -36,7 +36,11 @@ def checkpoint_state(directory: str | Path) -> dict[str, torch.Tensor]:
     path = Path(directory)
     kind = _format(path)
     if kind == "torch":
-        state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
+        try:
+            state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
+        except (RuntimeError, EOFError, OSError, ValueError) as err:  # torch's reader: truncated or not a zip
+            raise ValueError(f"{path / 'state.pt'} cannot be loaded ({str(err).splitlines()[0]}); it is truncated "
+                             "or corrupt: use an older checkpoint of the run") from err
         return dict(state["model"])
     if kind == "fsdp":
         return _dcp_state(path)

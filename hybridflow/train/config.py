@@ -7,6 +7,7 @@ the only schema.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -414,4 +415,18 @@ def _check(hint: Any, value: Any, key: str) -> Any:
             pass
     if hint in (int, float, str, bool) and (type(value) is not hint):
         raise TypeError(f"config key {key!r}={value!r} must be a {hint.__name__}, got {type(value).__name__}")
+    if hint in (int, float):
+        _check_number(value, key)
     return value
+
+
+INT64_MAX = 2**63 - 1  # torch and numpy hold seeds and counts as int64
+
+
+def _check_number(value: int | float, key: str) -> None:
+    """A numeric config value is finite and fits the int64 every count and seed becomes; ranges are checked
+    beside their meaning (``__post_init__``, :mod:`hybridflow.train.preflight`)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"config key {key!r}={value!r} must be a finite number")
+    if isinstance(value, int) and not -INT64_MAX <= value <= INT64_MAX:
+        raise ValueError(f"config key {key!r}={value} does not fit a 64-bit integer (at most {INT64_MAX})")

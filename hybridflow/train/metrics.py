@@ -135,4 +135,7 @@ class MetricsWriter:
 
 
 def read_metrics(path: Path) -> list[dict[str, float]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """The rows of a metrics.jsonl (a torn last line skipped with a warning; garbage refused naming the line)."""
+    from hybridflow.monitor.report import read_metrics_file
+
+    return read_metrics_file(path)

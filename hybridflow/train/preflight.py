@@ -17,14 +17,17 @@ from typing import Any
 from hybridflow.data.rewards import RewardScorer
 from hybridflow.graph import Graph
 from hybridflow.planner import Plan
+from hybridflow.planner.cluster import MAX_CLUSTER_GPUS
 from hybridflow.train import setup
-from hybridflow.train.config import OptimConfig, TrainConfig
+from hybridflow.train.config import INT64_MAX, OptimConfig, TrainConfig
+from hybridflow.train.file_checks import safetensors_problem
 
 
 def check_config(config: TrainConfig, graph: Graph, plan: Plan | None = None) -> None:
     """Raise ``ValueError``/``FileNotFoundError``/``KeyError`` naming the first bad key of ``config``."""
     check_ranges(config)
     check_node_options(graph)
+    check_step_rows(config, graph)
     check_model_paths(config)
     check_rollouts(config)
     check_files(config)
@@ -43,8 +46,37 @@ def check_ranges(config: TrainConfig) -> None:
     _at_least("data.num_examples", data.num_examples, 1)
     _positive("data.reward_timeout_s", data.reward_timeout_s)
     _at_least("seed", config.seed, 0)
+    _at_least("validation_samples", config.validation_samples, 0)
+    if config.num_gpus > MAX_CLUSTER_GPUS:
+        raise ValueError(f"config key 'num_gpus'={config.num_gpus}: {config.num_gpus} GPUs exceed the planner's bound "
+                         f"of {MAX_CLUSTER_GPUS} GPUs; give the GPUs the run has")
+    if isinstance(data.reward, list) and not data.reward:
+        raise ValueError("config key 'data.reward' is an empty list; name at least one reward function (e.g. "
+                         "data.reward=math), or drop the key to use the built-in task's rule")
     for name, optim in (("actor", config.actor), ("critic", config.critic)):
         _check_optim(name, optim)
+
+
+MAX_STEP_ROWS = 1 << 22  # samples of one step: every step's tensors are sized by them before anything runs
+
+
+def check_step_rows(config: TrainConfig, graph: Graph) -> None:
+    """The rows of a step (``data.batch_size`` prompts x n samples) are bounded, and each trainable role's
+    ``mini_batches`` splits them into non-empty optimizer steps (more would train on padding rows only);
+    ``stream_chunks`` holds whole prompts, so at most ``data.batch_size`` of them."""
+    prompts, samples = config.data.batch_size, graph.samples_per_prompt
+    rows = prompts * samples
+    if rows > MAX_STEP_ROWS:
+        raise ValueError(f"a step of data.batch_size={prompts} prompts x n={samples} samples is {rows} rows, more "
+                         f"than {MAX_STEP_ROWS}; lower data.batch_size or algorithm_options.n")
+    for name, optim in (("actor", config.actor), ("critic", config.critic)):
+        if optim.mini_batches > rows:
+            raise ValueError(f"config key '{name}.mini_batches'={optim.mini_batches} exceeds the {rows} rows of a "
+                             f"step (data.batch_size={prompts} x n={samples}): each optimizer step needs rows of its "
+                             f"own; use at most {rows}, or raise data.batch_size")
+    if config.stream_chunks > prompts:
+        raise ValueError(f"config key 'stream_chunks'={config.stream_chunks} exceeds the data.batch_size={prompts} "
+                         f"prompts of a step (a chunk holds whole prompts); use at most {prompts}")
 
 
 def _check_optim(name: str, optim: OptimConfig) -> None:
@@ -71,13 +103,19 @@ def check_node_options(graph: Graph) -> None:
     from hybridflow.graph import Op
     from hybridflow.runtime.protocols import SamplingParams
 
-    sampling = {f.name for f in dataclasses.fields(SamplingParams)} - {"seed"}
+    sampling = {f.name: f.type for f in dataclasses.fields(SamplingParams)}
+    sampling.pop("seed")
     for node in graph.nodes:
         options = node.options_dict
         for name, value in options.items():
             key = f"algorithm_options.{name} (node {node.name!r})"
+            wanted = sampling.get(name) if node.op is Op.GENERATE else None
+            if wanted is not None or name in NON_NEGATIVE_OPTIONS:
+                _option_type(key, value, wanted or "float")
             if isinstance(value, float) and not math.isfinite(value):
                 raise ValueError(f"{key}={value} must be a finite number")
+            if isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT64_MAX:
+                raise ValueError(f"{key}={value} does not fit a 64-bit integer")
             if name in NON_NEGATIVE_OPTIONS and isinstance(value, int | float) and value < 0:
                 raise ValueError(f"{key}={value} must be >= 0")
         if node.op is Op.GENERATE:
@@ -87,12 +125,27 @@ def check_node_options(graph: Graph) -> None:
                 raise ValueError(f"node {node.name!r}: {err} (algorithm_options)") from err
 
 
+def _option_type(key: str, value: Any, wanted: Any) -> None:
+    """``value`` has the type a sampling option or a numeric option takes (``wanted``: a type or its name)."""
+    name = wanted if isinstance(wanted, str) else wanted.__name__
+    if name == "bool":
+        ok = isinstance(value, bool)
+    elif name == "int":
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    else:  # float: an int is a float too
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if not ok:
+        raise TypeError(f"{key}={value!r} must be a {'number' if name == 'float' else name}, got "
+                        f"{type(value).__name__}")
+
+
 def check_model_paths(config: TrainConfig) -> None:
     """``model.path`` and ``roles.*.model`` are local HF model directories; ``model.name`` a built-in tiny model."""
     from hybridflow.models.tiny import TINY_CONFIGS
 
     if config.model.path:
         _model_dir("model.path", config.model.path)
+        _tokenizer_files("model.path", config.model.path)
     elif config.model.name not in TINY_CONFIGS:
         raise ValueError(f"config key 'model.name'={config.model.name!r} is not a built-in tiny model "
                          f"({sorted(TINY_CONFIGS)}); for another model set model.path to a local HF directory")
@@ -124,6 +177,57 @@ def _model_dir(key: str, value: str) -> None:
                                 "`huggingface-cli download NAME --local-dir DIR`)")
     if not path.is_dir() or not (path / "config.json").is_file():
         raise FileNotFoundError(f"config key {key!r}={value!r} is not an HF model directory (no config.json in it)")
+    model_config(key, path)
+    for weights in sorted(path.glob("*.safetensors")):
+        problem = safetensors_problem(weights)
+        if problem is not None:
+            raise ValueError(f"config key {key!r}: {weights} {problem}; copy the model directory again (or "
+                             "re-download it)")
+
+
+def model_config(key: str, path: Path) -> dict[str, Any]:
+    """The model directory's ``config.json`` as a mapping; a file that is not JSON is named with the fix."""
+    file = path / "config.json"
+    try:
+        loaded = json.loads(file.read_text())
+    except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
+        raise ValueError(f"config key {key!r}: {file} is not JSON ({err}); restore it from the model's source "
+                         "(it is the Hugging Face config the model was saved with)") from err
+    if not isinstance(loaded, dict):
+        raise ValueError(f"config key {key!r}: {file} holds a {type(loaded).__name__}, not the mapping of a Hugging "
+                         "Face model config; restore it from the model's source")
+    return loaded
+
+
+# Files a Hugging Face tokenizer is saved as (fast, sentencepiece, BPE and WordPiece vocabularies).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
+                   "spiece.model")
+
+
+def _tokenizer_files(key: str, value: str) -> None:
+    path = Path(value).expanduser()
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise FileNotFoundError(f"config key {key!r}={value!r} has no tokenizer files (none of "
+                                f"{list(TOKENIZER_FILES)}); the policy's prompts would encode to nothing. Save the "
+                                "tokenizer beside the weights (tokenizer.save_pretrained(DIR))")
+
+
+def check_vocabulary(config: TrainConfig, tokenizer: Any) -> None:
+    """Every token id the policy's tokenizer can produce has a row in the model's embedding (``vocab_size`` of
+    ``model.path``'s config.json); a larger tokenizer would index past it on the first forward pass."""
+    if not config.model.path:
+        return  # a built-in tiny model is sized by the tokenizer
+    path = Path(config.model.path).expanduser()
+    found = model_config("model.path", path)
+    vocab = found.get("vocab_size", (found.get("text_config") or {}).get("vocab_size"))
+    if not isinstance(vocab, int) or isinstance(vocab, bool):
+        return
+    produced = len(tokenizer)
+    if produced > vocab:
+        raise ValueError(f"config key 'model.path'={config.model.path!r}: its tokenizer produces token ids up to "
+                         f"{produced - 1}, but {path / 'config.json'} has vocab_size={vocab}; the model has no "
+                         "embedding for ids >= vocab_size. Use the tokenizer the model was trained with (or resize "
+                         "the model's embeddings and save it again)")
 
 
 def check_files(config: TrainConfig) -> None:

@@ -20,7 +20,7 @@ from hybridflow.planner import Plan
 from hybridflow.runtime import RoleSpec
 from hybridflow.train import setup
 from hybridflow.train.config import TrainConfig
-from hybridflow.train.preflight import check_config, check_prompts, probe_rewards
+from hybridflow.train.preflight import check_config, check_prompts, check_vocabulary, probe_rewards
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,6 +56,7 @@ def prepare_run(config: TrainConfig, *, graph: Graph | None = None, plan: Plan |
     if note is not None:
         note(f"preparing {len(splits.train)} prompts")
     tokenizer = setup.policy_tokenizer(config)
+    check_vocabulary(config, tokenizer)
     train_data, validation = setup.prepare_data(config, splits, tokenizer)
     check_prompts(config, graph, train_data.records, tokenizer, train_data.longest_prompt_tokens)
     scorer = setup.reward_scorer(config, tokenizer)  # its worker processes start at the probe, serve the run

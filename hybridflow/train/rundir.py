@@ -22,8 +22,9 @@ from typing import Any
 
 from hybridflow.graph import Graph
 from hybridflow.graph.render import to_json
-from hybridflow.train.checkpoint import checkpoint_step, latest_checkpoint
+from hybridflow.train.checkpoint import checkpoint_step, latest_checkpoint, newest_intact_checkpoint
 from hybridflow.train.config import TrainConfig
+from hybridflow.train.file_checks import checkpoint_problem
 
 # Keys that change how a run is executed, observed or how long it goes, not what a step computes:
 # resuming with other values is the normal case (more steps, another executor, a quieter console).
@@ -74,7 +75,7 @@ def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool, resume_from
                 shutil.rmtree(path) if path.is_dir() else path.unlink()
     elif present and not resume and [name for name in present if name not in KEPT_ON_OVERWRITE]:
         what = "a previous run" if "config.json" in present or "checkpoints" in present else f"files ({present[:5]})"
-        latest = latest_checkpoint(run_dir)
+        latest, _ = newest_intact_checkpoint(run_dir)
         saved = f", checkpoints up to step {checkpoint_step(latest)}" if latest else ""
         start = "" if resume_from else "--resume to continue it, "
         raise RunDirectoryError(f"output_dir {str(run_dir)!r} already holds {what}{saved}; pass {start}--overwrite "
@@ -87,23 +88,38 @@ def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool, resume_from
 
 
 def find_checkpoint(run_dir: Path, *, resume: bool, resume_from: str | None) -> Path | None:
-    """The checkpoint to start from: ``resume_from``, the newest in ``run_dir`` with ``resume``, else None."""
+    """The checkpoint to start from: ``resume_from``, the newest intact one in ``run_dir`` with ``resume`` (newer
+    ones with a truncated or corrupt file are skipped with a warning naming it), else None."""
     if resume_from is not None:
         path = Path(resume_from).resolve()
         if not (path / "trainer.json").is_file():
-            newest = latest_checkpoint(path) if path.is_dir() else None
-            if newest is None:
+            if not path.is_dir() or latest_checkpoint(path) is None:
                 raise RunDirectoryError(f"--resume-from {resume_from!r} is not a checkpoint (no trainer.json) nor a "
                                         "run directory with checkpoints; pass a checkpoints/step_N directory")
-            path = newest
+            return _newest_intact(path, flag=f"--resume-from {resume_from!r}")
+        problem = checkpoint_problem(path)
+        if problem is not None:
+            older, _ = newest_intact_checkpoint(path.parent.parent)
+            hint = f"--resume-from {older}" if older is not None else "a fresh run"
+            raise RunDirectoryError(f"--resume-from {resume_from!r}: {problem}; the checkpoint cannot be loaded: "
+                                    f"use {hint} (or restore the file)")
         return path
     if not resume:
         return None
-    newest = latest_checkpoint(run_dir)
+    return _newest_intact(run_dir, flag=f"--resume: output_dir {str(run_dir)!r}")
+
+
+def _newest_intact(run_dir: Path, *, flag: str) -> Path:
+    newest, skipped = newest_intact_checkpoint(run_dir)
+    for problem in skipped:
+        print(f"hybridflow: warning: skipping a broken checkpoint: {problem}", file=sys.stderr)
     if newest is None:
-        raise RunDirectoryError(f"--resume: output_dir {str(run_dir)!r} holds no complete checkpoint to resume "
-                                "from; start a fresh run (without --resume; --overwrite if the directory is not "
-                                "empty) or set checkpoint_every so runs leave checkpoints")
+        broken = f" ({len(skipped)} broken: {skipped[0]})" if skipped else ""
+        raise RunDirectoryError(f"{flag} holds no complete checkpoint to resume from{broken}; start a fresh run "
+                                "(without --resume; --overwrite if the directory is not empty) or set "
+                                "checkpoint_every so runs leave checkpoints")
+    if skipped:
+        print(f"hybridflow: warning: resuming from {newest}, the newest intact checkpoint", file=sys.stderr)
     return newest
 
 

@@ -349,7 +349,8 @@ def shared_references(graph: Graph, specs: Mapping[str, RoleSpec]) -> dict[str, 
 def reward_scorer(config: TrainConfig, tokenizer: Any) -> RewardScorer:
     """``data.reward`` (one function or a weighted list), else the built-in task's rule; signatures checked now.
     The functions run in worker processes under ``data.reward_timeout_s``, started by the first score."""
-    return load_reward_scorer(config.data.reward or config.data.task, tokenizer, weights=config.data.reward_weights,
+    rewards = config.data.task if config.data.reward is None else config.data.reward  # [] is refused, not the task's
+    return load_reward_scorer(rewards, tokenizer, weights=config.data.reward_weights,
                               timeout_s=config.data.reward_timeout_s)
 
 

@@ -1,0 +1,90 @@
+"""Cheap integrity checks of the files a run reads back: a checkpoint's ``trainer.json``, its roles' torch
+files (``state.pt``, DeepSpeed's model states) and safetensors weights (a checkpoint's ``hf/`` view, a model
+directory). Each returns what is wrong with a file, or None, without unpickling anything or reading the
+tensors: the structure a truncated or overwritten file loses (a zip's central directory, a safetensors
+header and its data extent, JSON) is enough to tell it from an intact one before a worker loads it.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import zipfile
+from pathlib import Path
+
+SAFETENSORS_MAX_HEADER = 100 << 20  # the format's own bound on its JSON header
+
+
+def json_problem(path: Path) -> str | None:
+    """What is wrong with ``path`` as a JSON mapping (unreadable, not JSON, not a mapping), or None."""
+    try:
+        loaded = json.loads(path.read_bytes())
+    except OSError as err:
+        return f"cannot be read ({err.strerror or err})"
+    except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
+        return f"is not JSON ({err})"
+    if not isinstance(loaded, dict):
+        return f"holds a {type(loaded).__name__}, not a JSON mapping"
+    return None
+
+
+def torch_file_problem(path: Path) -> str | None:
+    """What is wrong with a ``torch.save`` file (a zip archive), or None; a truncated one has no central directory."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+    except OSError as err:
+        return f"cannot be read ({err.strerror or err})"
+    except zipfile.BadZipFile as err:
+        return f"is truncated or corrupt (not a whole torch.save archive: {err})"
+    if not any(name.endswith("data.pkl") for name in names):
+        return "is not a torch.save archive (no data.pkl in it)"
+    return None
+
+
+def safetensors_problem(path: Path) -> str | None:
+    """What is wrong with a safetensors file (its header, or tensors reaching past the file's end), or None."""
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as handle:
+            prefix = handle.read(8)
+            if len(prefix) < 8:
+                return f"is truncated ({size} bytes, shorter than a safetensors header)"
+            (length,) = struct.unpack("<Q", prefix)
+            if length > min(SAFETENSORS_MAX_HEADER, size - 8):
+                return f"is truncated or corrupt (its header claims {length} bytes; the file has {size})"
+            header = json.loads(handle.read(length))
+    except OSError as err:
+        return f"cannot be read ({err.strerror or err})"
+    except (ValueError, UnicodeDecodeError) as err:
+        return f"is corrupt (its safetensors header is not JSON: {err})"
+    if not isinstance(header, dict):
+        return "is corrupt (its safetensors header is not a mapping)"
+    ends = [entry.get("data_offsets", [0, 0])[1] for name, entry in header.items()
+            if name != "__metadata__" and isinstance(entry, dict)]
+    needed = 8 + length + max(ends, default=0)
+    if not all(isinstance(end, int) for end in ends) or needed > size:
+        return f"is truncated ({size} bytes; its tensors need {needed})"
+    return None
+
+
+def checkpoint_problem(checkpoint: Path) -> str | None:
+    """The first broken file of a checkpoint directory, named with what is wrong with it, or None when intact."""
+    trainer = checkpoint / "trainer.json"
+    problem = json_problem(trainer)
+    if problem is None:
+        step = json.loads(trainer.read_text()).get("step")
+        if isinstance(step, bool) or not isinstance(step, int):
+            problem = f"has no integer 'step' (got {step!r})"
+    if problem is not None:
+        return f"{trainer} {problem}"
+    for path in sorted(checkpoint.rglob("*")):
+        if path.name == "state.pt" or path.name.endswith("_model_states.pt"):
+            problem = torch_file_problem(path)
+        elif path.suffix == ".safetensors":
+            problem = safetensors_problem(path)
+        else:
+            continue
+        if problem is not None:
+            return f"{path} {problem}"
+    return None
