@@ -12,6 +12,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from hybridflow.graph import Graph, Workload
 from hybridflow.planner import (
@@ -76,12 +77,16 @@ def role_adapters(config: TrainConfig, graph: Graph) -> dict[str, LoraPlan]:
         options = entry.rollout_options or {}
         sync = options.get("lora_sync") or sync_mode(plan, entry.rollout)
         if sync == "adapter" and options.get("lora_sync") is None and adapter_sync_refusal(
-                role=role.name, init=getattr(raw, "init", "default"),
-                target_modules=getattr(raw, "target_modules", "all-linear"),
-                sleep_level=options.get("sleep_level", 0)):
+                role=role.name, init=_lora_field(raw, "init", "default"),
+                target_modules=plan.target_modules, sleep_level=options.get("sleep_level", 0)):
             sync = "merged"
         adapters[role.name] = replace(plan, sync=sync)
     return adapters
+
+
+def _lora_field(raw: Any, key: str, default: Any) -> Any:
+    """A ``roles.<name>.lora`` field, from a mapping or an :class:`~hybridflow.runtime.protocols.AdapterSpec`."""
+    return raw.get(key, default) if isinstance(raw, Mapping) else getattr(raw, key, default)
 
 
 def shared_references(config: TrainConfig, graph: Graph, models: Mapping[str, ModelSpec],
