@@ -18,8 +18,16 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from hybridflow.runtime.batch import Batch
-from hybridflow.runtime.protocols import Engine, GenerateBatch, Generator, LossFn, SamplingParams, WeightSink
-from hybridflow.runtime.weights import CountedWeights, WeightSyncStats, full_weights
+from hybridflow.runtime.protocols import (
+    AdapterSink,
+    Engine,
+    GenerateBatch,
+    Generator,
+    LossFn,
+    SamplingParams,
+    WeightSink,
+)
+from hybridflow.runtime.weights import CountedWeights, WeightSyncStats, adapter_weights, full_weights
 
 
 @runtime_checkable
@@ -45,12 +53,14 @@ class HybridEngine:
     sink). Weights travel cast to ``weight_dtype`` (a plan dtype: the rollout's), so bytes per sync match
     the planner's ``params x dtype`` estimate. ``synced``: the rollout starts from the trainer's weights
     (the same model and seed), so the first generation needs no sync; False syncs first. ``sleep_level``
-    > 0 puts a :class:`SleepingRollout` to sleep after each generation. ``train_step`` metrics carry the
-    last sync's cost (``weight_sync/seconds``...).
+    > 0 puts a :class:`SleepingRollout` to sleep after each generation. ``adapter_sync``: a LoRA trainer's
+    updates travel as its adapter alone into an :class:`~hybridflow.runtime.protocols.AdapterSink` (the rollout
+    holds the base from its start: peft's default and gaussian inits leave the adapted model equal to it, so
+    ``synced`` still holds). ``train_step`` metrics carry the last sync's cost (``weight_sync/seconds``...).
     """
 
     def __init__(self, trainer: Any, rollout: Any, *, weight_dtype: str, synced: bool = True,
-                 sleep_level: int = 0) -> None:
+                 sleep_level: int = 0, adapter_sync: bool = False) -> None:
         missing = [cap.__name__ for cap in (Engine, Generator, WeightSink) if not isinstance(rollout, cap)]
         if missing:
             raise TypeError(f"a hybrid engine's rollout must be an Engine, a Generator and a WeightSink; a "
@@ -58,8 +68,11 @@ class HybridEngine:
         if sleep_level and not isinstance(rollout, SleepingRollout):
             raise ValueError(f"sleep_level={sleep_level}: a {type(rollout).__name__} cannot sleep (no sleep/wake_up/"
                              "needs_weights); use sleep_level 0")
+        if adapter_sync and not (isinstance(rollout, AdapterSink) and getattr(trainer, "has_adapters", False)):
+            raise ValueError(f"adapter_sync=True needs a trainer with LoRA adapters and a rollout that takes them; "
+                             f"got a {type(trainer).__name__} and a {type(rollout).__name__}")
         self.trainer, self.rollout = trainer, rollout
-        self.weight_dtype, self.sleep_level = weight_dtype, sleep_level
+        self.weight_dtype, self.sleep_level, self.adapter_sync = weight_dtype, sleep_level, adapter_sync
         self.stale = not synced
         self.last_sync: WeightSyncStats | None = None
 
@@ -69,10 +82,14 @@ class HybridEngine:
         return report() if report is not None else {}
 
     def sync_weights(self) -> WeightSyncStats:
-        """Copy the trainer's current weights into the rollout engine now."""
+        """Copy the trainer's current weights (with ``adapter_sync``, its adapter) into the rollout engine now."""
         start = time.perf_counter()
-        counted = CountedWeights(full_weights(self.trainer, self.weight_dtype))
-        self.rollout.load_weights(counted)
+        if self.adapter_sync:
+            counted = CountedWeights(adapter_weights(self.trainer, self.weight_dtype))
+            self.rollout.load_adapter(counted, self.trainer.adapter_config())
+        else:
+            counted = CountedWeights(full_weights(self.trainer, self.weight_dtype))
+            self.rollout.load_weights(counted)
         self.last_sync = counted.stats(time.perf_counter() - start)
         self.stale = False
         return self.last_sync

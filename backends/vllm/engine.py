@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +16,7 @@ from hybridflow.backends.vllm.turns import TurnLoop
 
 from hybridflow.graph import RoleKind
 from hybridflow.planner import LayoutSupport, RoleLayout
+from hybridflow.planner.adapters import SYNC_MODES, adapter_sync_refusal
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.protocols import (
     Engine,
@@ -26,6 +28,8 @@ from hybridflow.runtime.protocols import (
 )
 from hybridflow.runtime.weights import WeightSyncStats
 
+logger = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True, kw_only=True)
 class VllmOptions:
@@ -35,6 +39,11 @@ class VllmOptions:
     ``rollout_dtype``: the engine's dtype (default: the layout's). ``sleep_level``: put the engine to sleep
     after each generation (1 offloads weights and drops the KV cache, 2 drops both; 0 never sleeps) so a
     colocated trainer gets the memory back. ``engine_args``: extra ``vllm.LLM`` keyword arguments.
+
+    A LoRA policy (``RoleSpec.lora``): ``lora_sync`` ``adapter`` sends only the adapter per update (vLLM's
+    ``enable_lora``, the base loaded once), ``merged`` the merged whole weights; unset, the adapter when vLLM can
+    take it (:func:`~hybridflow.planner.adapters.adapter_sync_refusal`), else merged; the planner costs the
+    same. ``lora_versions``: adapter versions kept loaded (vLLM's ``max_loras``), k+1 for a staleness bound k.
     """
 
     rollout_dtype: str | None = None
@@ -42,6 +51,8 @@ class VllmOptions:
     max_model_len: int | None = None
     gpu_memory_utilization: float = 0.5
     sleep_level: int = 0
+    lora_sync: str | None = None
+    lora_versions: int = 2
     engine_args: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -49,14 +60,42 @@ class VllmOptions:
         parsed = parse_options(cls, options, role=role, owner="vllm")
         if parsed.sleep_level not in (0, 1, 2):
             raise ValueError(f"role {role!r}: vllm option sleep_level={parsed.sleep_level} must be 0, 1 or 2")
+        if parsed.lora_sync is not None and parsed.lora_sync not in SYNC_MODES:
+            raise ValueError(f"role {role!r}: vllm option lora_sync={parsed.lora_sync!r} must be one of "
+                             f"{list(SYNC_MODES)} or unset")
+        if isinstance(parsed.lora_versions, bool) or not isinstance(parsed.lora_versions, int) \
+                or parsed.lora_versions < 1:
+            raise ValueError(f"role {role!r}: vllm option lora_versions={parsed.lora_versions!r} must be an integer "
+                             ">= 1 (k+1 for a staleness bound k)")
         return parsed
 
+    def adapter_sync(self, spec: RoleSpec, trainer: Any) -> bool:
+        """Whether ``trainer``'s updates reach vLLM as adapters alone; raises when ``lora_sync: adapter`` asks
+        for what vLLM cannot take, and falls back to merged weights (logged) when unset."""
+        if spec.lora is None or not getattr(trainer, "has_adapters", False):
+            if self.lora_sync == "adapter":
+                raise ValueError(f"role {spec.name!r}: rollout_options.lora_sync=adapter, but the role trains no "
+                                 f"LoRA adapters (set roles.{spec.name}.lora or drop lora_sync)")
+            return False
+        if self.lora_sync == "merged":
+            return False
+        refusal = adapter_sync_refusal(role=spec.name, init=spec.lora.init, target_modules=spec.lora.target_modules,
+                                       sleep_level=self.sleep_level)
+        if refusal is None:
+            return True
+        if self.lora_sync == "adapter":
+            raise ValueError(f"role {spec.name!r}: rollout_options.lora_sync=adapter is impossible: {refusal}; set "
+                             "lora_sync: merged (the merged weights travel in full)")
+        logger.warning("role %r: LoRA updates reach vLLM as merged whole weights: %s", spec.name, refusal)
+        return False
+
     def rollout_config(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext,
-                       model_dir: str) -> RolloutConfig:
+                       model_dir: str, *, lora_rank: int | None = None) -> RolloutConfig:
         return RolloutConfig(model_dir=model_dir, dtype=self.rollout_dtype or layout.dtype,
                              tensor_parallel_size=layout.rollout_tp, seed=spec.seed + context.rank,
                              device=context.device, max_model_len=self.max_model_len,
                              kv_cache_gib=self.kv_cache_gib, gpu_memory_utilization=self.gpu_memory_utilization,
+                             lora_rank=lora_rank, lora_versions=self.lora_versions,
                              engine_args=self.bounded_args(layout))
 
     def bounded_args(self, layout: RoleLayout) -> dict[str, Any]:
@@ -68,11 +107,12 @@ class VllmOptions:
         return args
 
 
-def start_rollout(spec: RoleSpec, options: VllmOptions, layout: RoleLayout,
-                  context: WorkerContext) -> tuple[VllmRollout, Any]:
-    """A rollout engine for ``spec``'s model; returns it and the owner of any temporary model dir."""
+def start_rollout(spec: RoleSpec, options: VllmOptions, layout: RoleLayout, context: WorkerContext, *,
+                  lora_rank: int | None = None) -> tuple[VllmRollout, Any]:
+    """A rollout engine for ``spec``'s model (with ``lora_rank``: LoRA enabled over it as the base); returns it
+    and the owner of any temporary model dir."""
     model_dir, holder = materialize_model(spec.model, seed=spec.seed)
-    return VllmRollout(options.rollout_config(spec, layout, context, model_dir)), holder
+    return VllmRollout(options.rollout_config(spec, layout, context, model_dir, lora_rank=lora_rank)), holder
 
 
 def sample_seed(sampling: SamplingParams, rank: int) -> int:
@@ -83,11 +123,13 @@ def sample_seed(sampling: SamplingParams, rank: int) -> int:
 
 class VllmRoleEngine:
     """``spec``'s model on vLLM: a frozen policy (reference, or a rollout fed weights from a trainer on another
-    group), or the rollout half of a policy's hybrid engine. It trains nothing."""
+    group), or the rollout half of a policy's hybrid engine. It trains nothing. With ``lora_rank`` it takes
+    LoRA adapters (:meth:`load_adapter`) over its model as the base."""
 
-    def __init__(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext, options: VllmOptions) -> None:
+    def __init__(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext, options: VllmOptions, *,
+                 lora_rank: int | None = None) -> None:
         self.spec, self.context, self.options = spec, context, options
-        self.rollout, self._model_dir = start_rollout(spec, self.options, layout, context)
+        self.rollout, self._model_dir = start_rollout(spec, self.options, layout, context, lora_rank=lora_rank)
         self.last_sync: WeightSyncStats | None = None
 
     def generate(self, batch: Batch, sampling: SamplingParams) -> Batch:
@@ -98,7 +140,8 @@ class VllmRoleEngine:
         """Agent turns (:class:`~hybridflow.runtime.protocols.TurnGenerator`) on the running engine: every request
         is a vLLM request of its own, and requests from concurrent callers share the engine's running batch
         (:class:`~hybridflow.backends.vllm.turns.TurnLoop`); results carry :attr:`weights_version`."""
-        loop = TurnLoop(self.rollout.llm, sampling, eos_id=self.rollout.eos_id, version=self.weights_version)
+        loop = TurnLoop(self.rollout.llm, sampling, eos_id=self.rollout.eos_id, version=self.weights_version,
+                        lora_request=self.rollout.lora_request)
         try:
             yield loop  # callable, and concurrent calls join the running batch (continuous batching)
         finally:
@@ -117,6 +160,10 @@ class VllmRoleEngine:
     def load_weights(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
         """New weights (HF names, e.g. a trainer's whole weights) into the running engine."""
         self.last_sync = self.rollout.load_weights(named)
+
+    def load_adapter(self, named: Iterable[tuple[str, torch.Tensor]], config: Mapping[str, Any]) -> None:
+        """A new LoRA adapter version (peft names, peft config) over the base; generations after it use it."""
+        self.last_sync = self.rollout.load_adapter(named, config)
 
     @property
     def needs_weights(self) -> bool:
@@ -154,7 +201,8 @@ class VllmRolloutFactory:
 
     Standalone: a frozen policy with ``rollout: vllm`` (a policy's detached rollout) is a vLLM engine alone.
     A trainable policy's trainer is wrapped in a :class:`HybridEngine` generating on a vLLM engine in the
-    same process, weights handed over in place in the engine's dtype.
+    same process, weights handed over in place in the engine's dtype; a LoRA policy's, its adapter alone
+    (:meth:`VllmOptions.adapter_sync`).
     """
 
     standalone = True
@@ -169,9 +217,11 @@ class VllmRolloutFactory:
         if spec.kind is not RoleKind.POLICY:
             raise ValueError(f"role {spec.name!r} is a {spec.kind.value}: rollout: vllm applies to policies (a "
                              "trainable one generates through a hybrid engine, a frozen one is served by vLLM)")
-        rollout = VllmRoleEngine(spec, layout, context, options)
+        adapter_sync = options.adapter_sync(spec, trainer)
+        lora_rank = spec.lora.rank if adapter_sync and spec.lora is not None else None
+        rollout = VllmRoleEngine(spec, layout, context, options, lora_rank=lora_rank)
         return HybridEngine(trainer, rollout, weight_dtype=rollout.rollout.config.dtype,
-                            sleep_level=options.sleep_level)
+                            sleep_level=options.sleep_level, adapter_sync=adapter_sync)
 
 
 BACKEND = VllmBackend()

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 from hybridflow.backends.vllm import weights
+from hybridflow.backends.vllm.adapters import AdapterVersions, max_lora_rank
 
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.protocols import SamplingParams
@@ -47,6 +48,8 @@ class RolloutConfig:
     max_model_len: int | None = None
     kv_cache_gib: int = 1  # CPU only: VLLM_CPU_KVCACHE_SPACE
     gpu_memory_utilization: float = 0.5
+    lora_rank: int | None = None  # LoRA adapters synced alone: vLLM's enable_lora with this rank
+    lora_versions: int = 2  # adapter versions kept loaded (vLLM's max_loras): k+1 for a staleness bound k
     engine_args: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -83,7 +86,12 @@ class VllmRollout:
             args["max_model_len"] = config.max_model_len
         if config.device.startswith("cuda"):
             args.update(gpu_memory_utilization=config.gpu_memory_utilization, enable_sleep_mode=True)
+        if config.lora_rank is not None:
+            args.update(enable_lora=True, max_lora_rank=max_lora_rank(config.lora_rank),
+                        max_loras=config.lora_versions, max_cpu_loras=config.lora_versions)
         self.llm = vllm.LLM(**{**args, **config.engine_args})
+        self.adapters = (AdapterVersions(self.llm, capacity=config.lora_versions)
+                         if config.lora_rank is not None else None)
         self.eos_id = self.llm.llm_engine.model_config.hf_config.eos_token_id
         self.pad_id = self.llm.llm_engine.model_config.hf_config.pad_token_id or 0
         self.asleep_level = 0
@@ -102,7 +110,8 @@ class VllmRollout:
         asked = 0 if sampling.logprobs else None  # 0: the sampled token's log-prob only
         params = [vllm.SamplingParams(max_tokens=sampling.max_new_tokens, logprobs=asked, detokenize=False,
                                       seed=seed + i, **sampling_knobs(sampling)) for i in range(len(prompts))]
-        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False,
+                                    lora_request=self.lora_request)
         tokens = [list(out.outputs[0].token_ids) for out in outputs]
         width = max(1, *(len(t) for t in tokens))
         responses = torch.full((len(tokens), width), self.pad_id, dtype=torch.long)
@@ -129,7 +138,8 @@ class VllmRollout:
             head = _tokens(prompt, pmask)
             starts.append(len(head))
             rows.append(head + _tokens(response, rmask))
-        outputs = self.llm.generate([{"prompt_token_ids": r} for r in rows], params, use_tqdm=False)
+        outputs = self.llm.generate([{"prompt_token_ids": r} for r in rows], params, use_tqdm=False,
+                                    lora_request=self.lora_request)
         out = torch.zeros(batch["responses"].shape, dtype=torch.float32)
         for i, (result, row, start) in enumerate(zip(outputs, rows, starts, strict=True)):
             steps = result.prompt_logprobs or []
@@ -152,6 +162,23 @@ class VllmRollout:
         self.weights_version += 1
         return stats
 
+    @property
+    def lora_request(self) -> Any:
+        """The ``LoRARequest`` of the newest adapter version (None: the base model, or no LoRA)."""
+        return self.adapters.current if self.adapters is not None else None
+
+    def load_adapter(self, named: Iterable[tuple[str, torch.Tensor]],
+                     config: Mapping[str, Any]) -> weights.WeightSyncStats:
+        """A new version of the LoRA adapter (peft names and tensors, peft's ``adapter_config.json`` content) over
+        the base loaded at start; later generations run under it, and :attr:`weights_version` counts it."""
+        if self.adapters is None:
+            raise RuntimeError("this vLLM engine was started without LoRA (RolloutConfig.lora_rank unset): it takes "
+                               "merged weights (load_weights), not adapters")
+        self.wake_up()
+        stats = self.adapters.load(named, config)
+        self.weights_version += 1
+        return stats
+
     def sleep(self, level: int = 1) -> None:
         """Give memory back (level 1: offload weights, drop KV cache; level 2: drop both)."""
         if self.asleep_level == 0:
@@ -167,6 +194,8 @@ class VllmRollout:
         """Stop the engine. In process this also destroys torch.distributed's default group (vLLM tears its
         world down), so call it last, after the trainer's collectives."""
         self.llm.llm_engine.engine_core.shutdown()
+        if self.adapters is not None:
+            self.adapters.close()
 
     @property
     def needs_weights(self) -> bool:

@@ -32,8 +32,10 @@ class TurnLoop:
     on every result. :meth:`close` aborts what is still in flight (a caller that failed mid-way).
     """
 
-    def __init__(self, llm: Any, sampling: SamplingParams, *, eos_id: int, version: int) -> None:
+    def __init__(self, llm: Any, sampling: SamplingParams, *, eos_id: int, version: int,
+                 lora_request: Any = None) -> None:
         self.llm, self.sampling, self.eos_id, self.version = llm, sampling, eos_id, version
+        self.lora_request = lora_request  # the session's adapter version, fixed for all its turns
         self._lock = threading.Lock()  # vLLM's engine is not thread-safe: every call into it holds this
         # Requests wait here, not on the engine lock, so a caller is admitted at the next step of whoever steps.
         self._admit = threading.Lock()
@@ -85,7 +87,7 @@ class TurnLoop:
                                          detokenize=False, output_kind=final_only, **sampling_knobs(self.sampling))
             try:
                 self.llm.llm_engine.add_request(name, vllm.TokensPrompt(prompt_token_ids=list(request.token_ids)),
-                                                params)
+                                                params, lora_request=self.lora_request)
             except Exception as err:  # e.g. a context past max_model_len: its caller raises it, the others go on
                 self._done[name] = err
                 continue

@@ -31,6 +31,7 @@ LINEAR_MODULES = (*ATTENTION_MODULES, *MLP_MODULES)
 # adapter bytes travel per update. Every other engine receives the merged weights (base + B·A) in full.
 ADAPTER_SYNC_ENGINES = frozenset({"vllm"})
 SYNC_MODES = ("adapter", "merged")
+KEEPS_BASE_INITS = ("default", "gaussian")  # peft inits that leave the base weights as the model dir has them
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -163,3 +164,26 @@ def sync_mode(plan: LoraPlan, engine: str) -> str:
     if plan.sync is not None:
         return plan.sync
     return "adapter" if engine in ADAPTER_SYNC_ENGINES else "merged"
+
+
+def adapter_sync_refusal(*, role: str, init: str, target_modules: str | tuple[str, ...],
+                         sleep_level: int = 0) -> str | None:
+    """Why a LoRA adapter cannot reach vLLM alone (None: it can), so the update travels merged instead.
+
+    vLLM loads the base from the model dir once: an init that rewrites the base (``pissa``, ``olora``) or a
+    level-2 sleep (which discards the base, never resent by an adapter sync) breaks that; vLLM's LoRA layers
+    adapt the decoder's linear modules (:data:`LINEAR_MODULES`) only.
+    """
+    where = f"roles.{role}.lora"
+    if init not in KEEPS_BASE_INITS:
+        return (f"{where}.init={init!r} rewrites the base weights at load, so vLLM's base model (loaded from the "
+                "model dir) is not the adapters' base")
+    if not isinstance(target_modules, str):
+        unsupported = sorted(set(target_modules) - set(LINEAR_MODULES))
+        if unsupported:
+            return (f"{where}.target_modules {unsupported} are not modules vLLM's LoRA layers adapt "
+                    f"({list(LINEAR_MODULES)})")
+    if sleep_level == 2:
+        return ("rollout_options.sleep_level=2 discards vLLM's base weights, which an adapter-only sync never "
+                "resends (use sleep_level 1)")
+    return None

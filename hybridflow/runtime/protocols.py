@@ -343,6 +343,16 @@ class WeightSink(Protocol):
         ...
 
 
+@runtime_checkable
+class AdapterSink(Protocol):
+    """A rollout engine that takes LoRA adapters over a base it loaded once (vLLM with ``enable_lora``)."""
+
+    def load_adapter(self, named: Iterable[tuple[str, torch.Tensor]], config: Mapping[str, Any]) -> None:
+        """A new adapter version: peft-named whole tensors (``adapter_model.safetensors``) and peft's
+        ``adapter_config.json`` content. Generations started before it finish under the version they began with."""
+        ...
+
+
 OP_CAPABILITIES: Mapping[Op, type] = {Op.GENERATE: Generator, Op.LOGPROB: LogProbModel,
                                       Op.REF_LOGPROB: LogProbModel, Op.VALUES: ValueModel, Op.SCORE: RewardModel,
                                       Op.UPDATE: Trainer}

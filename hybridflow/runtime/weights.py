@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from hybridflow.runtime.batch import from_numpy, to_numpy
-from hybridflow.runtime.protocols import WeightSource
+from hybridflow.runtime.protocols import AdapterModel, WeightSource
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # plan dtype names -> torch
 
@@ -37,6 +37,14 @@ def full_weights(engine: WeightSource, dtype: str) -> Iterator[tuple[str, torch.
     if dtype not in DTYPES:
         raise ValueError(f"weight dtype {dtype!r} must be one of {sorted(DTYPES)}")
     for name, tensor in engine.iter_full_weights():
+        yield name, tensor.to(DTYPES[dtype]) if tensor.is_floating_point() else tensor
+
+
+def adapter_weights(engine: AdapterModel, dtype: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """An engine's LoRA adapter (peft names), one tensor at a time, cast to ``dtype`` like :func:`full_weights`."""
+    if dtype not in DTYPES:
+        raise ValueError(f"weight dtype {dtype!r} must be one of {sorted(DTYPES)}")
+    for name, tensor in engine.iter_adapter_weights():
         yield name, tensor.to(DTYPES[dtype]) if tensor.is_floating_point() else tensor
 
 

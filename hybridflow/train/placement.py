@@ -12,6 +12,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from hybridflow.graph import Graph, Workload
 from hybridflow.planner import (
@@ -27,7 +28,7 @@ from hybridflow.planner import (
     plan_placement,
     rollout_role,
 )
-from hybridflow.planner.adapters import LoraPlan, sync_mode
+from hybridflow.planner.adapters import LoraPlan, adapter_sync_refusal, sync_mode
 from hybridflow.planner.agents import AgentWorkload
 from hybridflow.planner.models import from_config_dict
 from hybridflow.planner.problem import shareable_references
@@ -63,7 +64,8 @@ def _model_spec(model: str, vocab_size: int | None) -> ModelSpec:
 
 def role_adapters(config: TrainConfig, graph: Graph) -> dict[str, LoraPlan]:
     """The LoRA adapter each GPU role trains (``roles.<name>.lora``), its sync the role's rollout engine's: only
-    the adapter for vLLM (the base loaded once), the merged weights for engines without LoRA."""
+    the adapter for vLLM (the base loaded once), the merged weights for engines without LoRA, or as
+    ``rollout_options.lora_sync`` says, or when vLLM cannot take the adapter (what the vLLM rollout runs)."""
     adapters = {}
     for role in graph.roles:
         entry = config.roles.get(role.name)
@@ -72,8 +74,19 @@ def role_adapters(config: TrainConfig, graph: Graph) -> dict[str, LoraPlan]:
             continue
         where = f"config key 'roles.{role.name}.lora'"
         plan = LoraPlan.from_mapping(raw, where=where)
-        adapters[role.name] = replace(plan, sync=sync_mode(plan, entry.rollout))
+        options = entry.rollout_options or {}
+        sync = options.get("lora_sync") or sync_mode(plan, entry.rollout)
+        if sync == "adapter" and options.get("lora_sync") is None and adapter_sync_refusal(
+                role=role.name, init=_lora_field(raw, "init", "default"),
+                target_modules=plan.target_modules, sleep_level=options.get("sleep_level", 0)):
+            sync = "merged"
+        adapters[role.name] = replace(plan, sync=sync)
     return adapters
+
+
+def _lora_field(raw: Any, key: str, default: Any) -> Any:
+    """A ``roles.<name>.lora`` field, from a mapping or an :class:`~hybridflow.runtime.protocols.AdapterSpec`."""
+    return raw.get(key, default) if isinstance(raw, Mapping) else getattr(raw, key, default)
 
 
 def shared_references(config: TrainConfig, graph: Graph, models: Mapping[str, ModelSpec],

@@ -271,5 +271,12 @@ def test_train_config_lora_reaches_the_planner(grpo):
     native = dataclasses.replace(config, roles={"actor": RoleWithLora(lora={"rank": 8})})
     assert role_adapters(native, grpo)["actor"].sync == "merged"  # the native rollout takes merged weights
     assert role_adapters(TrainConfig(), grpo) == {}  # no key: full fine-tuning, as before
+    # What the vLLM rollout runs: merged weights when asked, or when vLLM cannot take the adapter alone.
+    merged = dataclasses.replace(config, roles={"actor": RoleWithLora(lora={"rank": 8}, rollout="vllm",
+                                                                      rollout_options={"lora_sync": "merged"})})
+    assert role_adapters(merged, grpo)["actor"].sync == "merged"
+    pissa = dataclasses.replace(config, roles={"actor": RoleWithLora(lora={"rank": 8, "init": "pissa"},
+                                                                     rollout="vllm")})
+    assert role_adapters(pissa, grpo)["actor"].sync == "merged"
     with pytest.raises(ValueError, match=r"'roles.actor.lora'.*rank"):
         role_adapters(dataclasses.replace(config, roles={"actor": RoleWithLora(lora={"rank": 0})}), grpo)
