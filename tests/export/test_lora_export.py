@@ -116,3 +116,4 @@ def test_merged_export_of_a_full_fine_tuning_checkpoint_is_refused_by_name(
     assert "--merged: " in (err := capsys.readouterr().err) and "full fine-tuning checkpoint" in err
     assert main(["export", str(run), str(tmp_path / "out")]) == 0  # the whole model, as before
     assert (tmp_path / "out" / "model.safetensors").is_file()
+
