@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -55,15 +56,47 @@ def base_model_dir(checkpoint: str | Path) -> Path:
     path = Path(checkpoint).resolve()
     if (path / "hf" / "config.json").is_file():
         return path / "hf"
-    for run_dir in (path.parent.parent, path.parent.parent.parent.parent):  # step_N/, or step_N/roles/<role>/
-        config = run_dir / "config.json"
-        if config.is_file():
-            model = json.loads(config.read_text()).get("model", {})
-            start = Path(model["path"]) if model.get("path") else run_dir / "init_model"
-            if (start / "config.json").is_file():
-                return start
+    start = recorded_base_model(path)
+    if start is not None and (start / "config.json").is_file():
+        return start
     raise FileNotFoundError(f"cannot tell which model {path} belongs to (no hf/ view, no run config.json two "
                             "levels up); pass --model DIR, the run's starting HF directory")
+
+
+def checkpoint_of(path: str | Path) -> Path:
+    """``path`` itself, or a run directory's newest complete checkpoint (``RUN_DIR/checkpoints/step_N``)."""
+    from hybridflow.train.checkpoint import latest_checkpoint
+
+    path = Path(path)
+    if (path / "checkpoints").is_dir() and (path / "config.json").is_file():
+        latest = latest_checkpoint(path)
+        if latest is None:
+            raise FileNotFoundError(f"run {path} has no complete checkpoint under checkpoints/ (set "
+                                    f"checkpoint_every); its final policy is {path / 'final'}")
+        return latest
+    return path
+
+
+def run_config(checkpoint: str | Path) -> dict[str, Any] | None:
+    """The ``config.json`` of the run a checkpoint (``step_N/`` or ``step_N/roles/<role>/``) belongs to."""
+    path = Path(checkpoint).resolve()
+    for run_dir in (path.parent.parent, path.parent.parent.parent.parent):
+        config = run_dir / "config.json"
+        if config.is_file():
+            found: dict[str, Any] = json.loads(config.read_text())
+            found["_run_dir"] = str(run_dir)
+            return found
+    return None
+
+
+def recorded_base_model(checkpoint: str | Path) -> Path | None:
+    """The starting model the run's ``config.json`` names (``model.path``, else the run's ``init_model``),
+    whether or not it is still on disk; None without a run config."""
+    config = run_config(checkpoint)
+    if config is None:
+        return None
+    model = config.get("model", {})
+    return Path(model["path"]) if model.get("path") else Path(config["_run_dir"]) / "init_model"
 
 
 def _format(path: Path) -> str | None:
