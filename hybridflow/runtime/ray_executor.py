@@ -65,6 +65,8 @@ def ensure_ray(*, address: str | None, num_gpus: int, num_cpus: int | None = Non
     import ray
     import torch
 
+    if address:
+        check_reachable(address)  # even with Ray already up in this process: a bad address is named, not ignored
     if ray.is_initialized():
         return
     with _keep_sigterm_handler():
@@ -89,7 +91,6 @@ def _init_ray(ray: Any, torch: Any, *, address: str | None, num_gpus: int, num_c
     if address:
         # A cluster someone started: its auth mode is theirs (`ray start` with RAY_AUTH_MODE=token is safe).
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-        check_reachable(address)
         ray.init(address=address, runtime_env=env, log_to_driver=False)
     else:
         enable_token_auth()
