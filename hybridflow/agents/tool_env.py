@@ -7,30 +7,24 @@ the reward is left to the reward function, which sees the whole trajectory.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping, Sequence
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import Executor
 from typing import Any
 
 from hybridflow.agents.protocols import EnvRecord, EnvStep, Message, Tool, ToolCall, ToolCallFormat, ToolResult
-from hybridflow.agents.tools import run_tool_calls
+from hybridflow.agents.tools import DaemonThreads, run_tool_calls
 from hybridflow.registry import ENVIRONMENTS, TOOL_FORMATS, TOOLS
 
-SHARED_EXECUTOR_THREADS = 64
 PARSE_ERROR_NAME = "invalid_tool_call"
 """The ``name`` of the tool message that tells the model a call could not be parsed."""
 
-_shared_executor: ThreadPoolExecutor | None = None
-_shared_lock = threading.Lock()
+def shared_executor() -> DaemonThreads:
+    """The process-wide executor tool calls run on by default: a daemon thread per call (a hung tool neither
+    exhausts a pool nor holds the process's exit)."""
+    return _SHARED_EXECUTOR
 
 
-def shared_executor() -> ThreadPoolExecutor:
-    """The process-wide pool tool calls run on by default (created on first use, never shut down by an env)."""
-    global _shared_executor
-    with _shared_lock:
-        if _shared_executor is None:
-            _shared_executor = ThreadPoolExecutor(SHARED_EXECUTOR_THREADS, thread_name_prefix="hybridflow-tool")
-        return _shared_executor
+_SHARED_EXECUTOR = DaemonThreads()
 
 
 class ToolEnvironment:

@@ -10,6 +10,7 @@ import ast
 import inspect
 import math
 import operator
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, Future
@@ -115,6 +116,25 @@ def truncate_output(text: str, max_chars: int) -> str:
     if len(text) <= max_chars:
         return text
     return f"{text[:max_chars]}\n... [output truncated: {len(text) - max_chars} characters dropped]"
+
+
+class DaemonThreads(Executor):
+    """Runs each call on a daemon thread of its own: a tool that never returns holds neither a pool's worker nor
+    the interpreter's exit (a pool's threads are joined at exit, so one hung call would hang the run's end)."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+
+        def run() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                future.set_result(fn(*args, **kwargs))
+            except BaseException as err:  # the caller's future carries it; the thread ends here
+                future.set_exception(err)
+
+        threading.Thread(target=run, name="hybridflow-tool", daemon=True).start()
+        return future
 
 
 def run_tool_calls(calls: Sequence[ToolCall], tools: Mapping[str, Tool], *, executor: Executor,

@@ -74,7 +74,20 @@ def test_configuration_errors_name_the_field() -> None:
         env.reset(EnvRecord(index=0, prompt="q", tools_kwargs={"python": {"create_kwargs": {}}}))
 
 
-def test_the_default_executor_is_shared() -> None:
+def test_the_default_executor_is_shared_and_a_hung_tool_does_not_hold_the_exit() -> None:
+    import subprocess
+    import sys
+    import time
+
     assert shared_executor() is shared_executor()
-    ENVIRONMENTS.get("calculator")().close()
-    assert not shared_executor()._shutdown
+    code = ("import time\nfrom hybridflow.agents import Tool, ToolCall\n"
+            "from hybridflow.agents.tool_env import shared_executor\n"
+            "from hybridflow.agents.tools import run_tool_calls\n"
+            "hang = Tool(name='hang', description='never returns', parameters={'type': 'object', 'properties': {}},"
+            " fn=lambda: time.sleep(10**6), timeout_s=0.2)\n"
+            "[result] = run_tool_calls([ToolCall(name='hang', arguments={})], {'hang': hang}, "
+            "executor=shared_executor())\nprint(result.timed_out)\n")
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "True", done.stderr
+    assert time.monotonic() - started < 30  # the interpreter exits although the call still sleeps
