@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.reliability.test_bad_inputs import QUICK, _one_error_line, _run
+from reliability.test_bad_inputs import QUICK, _one_error_line, _run
 
 REWARDS = '''
 def huge(response, ground_truth): return 1e300

@@ -14,8 +14,8 @@ import pytest
 
 from hybridflow.cli import main
 from hybridflow.train.file_checks import checkpoint_problem, json_problem, safetensors_problem, torch_file_problem
-from tests.reliability.test_bad_inputs import _one_error_line
-from tests.reliability.test_rundir import QUICK
+from reliability.test_bad_inputs import _one_error_line
+from reliability.test_rundir import QUICK
 
 STEP_1, STEP_2 = "checkpoints/step_000001", "checkpoints/step_000002"
 STATE = "roles/actor/state.pt"
