@@ -185,6 +185,15 @@ class TurnResult:
     finished: bool
     version: int = 0
 
+    @classmethod
+    def cut(cls, token_ids: Sequence[int], logprobs: Sequence[float], *, eos: int, version: int = 0) -> TurnResult:
+        """A sampled row (already within its budget) up to and including its first ``eos``: ``finished`` iff it
+        sampled one."""
+        ids = list(token_ids)
+        ends = ids.index(eos) + 1 if eos in ids else len(ids)
+        return cls(token_ids=tuple(ids[:ends]), logprobs=tuple(list(logprobs)[:ends]), finished=eos in ids,
+                   version=version)
+
 
 class TurnServer(Protocol):
     """Token-in, token-out sampling for trajectories that advance independently."""

@@ -27,7 +27,7 @@ from hybridflow.agents.server import BatchingTurnServer, turn_server
 from hybridflow.graph import Node, Op
 from hybridflow.graph.node import DEFAULT_MAX_TURNS, freeze_options
 from hybridflow.registry import ENVIRONMENTS
-from hybridflow.runtime.batch import Batch
+from hybridflow.runtime.batch import Batch, left_padded
 from hybridflow.runtime.protocols import SamplingParams
 from hybridflow.runtime.worker import with_loss_mask
 
@@ -143,21 +143,14 @@ def turns_through_generate(node: Node, call: Any, *, eos_token_id: int, pad_toke
         turn_node = Node(node.name, Op.GENERATE, node.role, ("prompts",), ("responses", "response_mask",
                                                                          "rollout_logprobs"),
                          options=freeze_options({**sampling, "max_new_tokens": budget, "logprobs": True}, node.name))
-        width = max(len(request.token_ids) for request in requests)
-        prompts = torch.full((len(requests), width), pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(requests), width), dtype=torch.long)
-        for row, request in enumerate(requests):
-            prompts[row, width - len(request.token_ids):] = torch.tensor(request.token_ids, dtype=torch.long)
-            mask[row, width - len(request.token_ids):] = 1
+        prompts, mask = left_padded([request.token_ids for request in requests], pad_token_id)
         outputs, version = call(turn_node, Batch({"prompts": prompts, "prompt_mask": mask}))
         results = []
         for row, request in enumerate(requests):
             length = min(int(outputs["response_mask"][row].sum()), request.max_tokens)
-            ids = outputs["responses"][row, :length].tolist()
-            ends = ids.index(eos_token_id) + 1 if eos_token_id in ids else len(ids)
-            results.append(TurnResult(token_ids=tuple(ids[:ends]),
-                                      logprobs=tuple(outputs["rollout_logprobs"][row, :ends].tolist()),
-                                      finished=eos_token_id in ids, version=version))
+            results.append(TurnResult.cut(outputs["responses"][row, :length].tolist(),
+                                          outputs["rollout_logprobs"][row, :length].tolist(), eos=eos_token_id,
+                                          version=version))
         return results
 
     return generate_batch

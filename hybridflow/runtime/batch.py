@@ -165,6 +165,17 @@ class Batch:
         return cls(tensors, non_tensors)
 
 
+def left_padded(sequences: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token sequences as left-padded ``prompts`` and their ``prompt_mask``, both (B, longest) long tensors."""
+    width = max(len(sequence) for sequence in sequences)
+    ids = torch.full((len(sequences), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for row, sequence in enumerate(sequences):
+        ids[row, width - len(sequence):] = torch.tensor(list(sequence), dtype=torch.long)
+        mask[row, width - len(sequence):] = 1
+    return ids, mask
+
+
 def _object_array(value: Any) -> np.ndarray:
     if isinstance(value, np.ndarray) and value.dtype == object:
         return value

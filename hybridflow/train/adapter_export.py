@@ -9,9 +9,6 @@ the merged model needs the base weights and merges with peft's own ``merge_and_u
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -19,6 +16,7 @@ from typing import Any
 import torch
 
 from hybridflow.runtime.protocols import AdapterSpec
+from hybridflow.train.export import write_dir_atomically
 
 ADAPTER = "default"  # peft's name of a model's only adapter (backends/common/adapters.py ADAPTER)
 _INITS: dict[str, Any] = {"default": True, "gaussian": "gaussian", "pissa": "pissa", "olora": "olora"}
@@ -72,9 +70,13 @@ def save_adapter_dir(state: Mapping[str, torch.Tensor], spec: AdapterSpec, base_
                          "(--merged) instead")
     targets = list(spec.target_modules) if isinstance(spec.target_modules, tuple) else adapted_modules(state)
     config = lora_config(spec, target_modules=targets, base_model=str(base_model))
-    return _atomic_dir(Path(out), lambda tmp: (save_file(peft_names(state), str(tmp / "adapter_model.safetensors"),
-                                                         metadata={"format": "pt"}),
-                                               config.save_pretrained(str(tmp))))
+
+    def write(tmp: Path) -> None:
+        save_file(peft_names(state), str(tmp / "adapter_model.safetensors"), metadata={"format": "pt"})
+        config.save_pretrained(str(tmp))
+        (tmp / "hybridflow_export.json").write_text(json.dumps({"kind": "lora_adapter"}))
+
+    return write_dir_atomically(Path(out), write)
 
 
 def merged_state(state: Mapping[str, torch.Tensor], spec: AdapterSpec, base_model: str | Path, *, seed: int,
@@ -98,18 +100,3 @@ def merged_state(state: Mapping[str, torch.Tensor], spec: AdapterSpec, base_mode
                        f"{missing[:3]}, unexpected {unexpected[:3]}): is it the run's base model?")
     model.load_state_dict(dict(state), strict=False)
     return dict(model.merge_and_unload().state_dict())
-
-
-def _atomic_dir(out: Path, write: Any) -> Path:
-    """``write(tmp)`` into a temp dir beside ``out``, renamed into place (an old ``out`` replaced)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        write(tmp)
-        (tmp / "hybridflow_export.json").write_text(json.dumps({"kind": "lora_adapter"}))
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out

@@ -12,7 +12,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -74,15 +74,25 @@ def save_hf_dir(state: Mapping[str, torch.Tensor], base_model: str | Path, token
     model.load_state_dict(dict(state), strict=False)
     model.to(chosen)
     model.config.use_cache = True  # training turns it off; inference engines want it
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent if out.parent.exists() else None))
-    try:
+
+    def write(tmp: Path) -> None:
         model.save_pretrained(tmp, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         _write_generation_config(model, base_model, tokenizer, tmp)
         (tmp / "hybridflow_export.json").write_text(json.dumps({"base_model": str(base_model),
                                                                 "dtype": str(chosen).removeprefix("torch.")}))
-        out.parent.mkdir(parents=True, exist_ok=True)
+
+    return write_dir_atomically(out, write)
+
+
+def write_dir_atomically(out: Path, write: Callable[[Path], object]) -> Path:
+    """``write(tmp)`` into a temporary directory beside ``out``, then renamed into place (an old ``out``
+    replaced): a failed export leaves no half-written directory."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        write(tmp)
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)
