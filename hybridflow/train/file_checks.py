@@ -1,9 +1,9 @@
 """Cheap integrity checks of the files a run reads back: a checkpoint's ``trainer.json``, its roles' torch
-files (``state.pt``, DeepSpeed's model states) and safetensors weights (a checkpoint's ``hf/`` view, a model
-directory). Each returns what is wrong with a file, or None, without unpickling anything or reading the
-tensors: the structure a truncated or overwritten file loses (a zip's central directory, a safetensors
-header and its data extent, JSON) is enough to tell it from an intact one before a worker loads it.
-"""
+files (``state.pt``, DeepSpeed's model states), safetensors weights (a checkpoint's ``hf/`` view, a model
+directory) and an overlapped run's rollout state. Each returns what is wrong with a file, or None, without
+unpickling anything or reading the tensors: the structure a truncated or overwritten file loses (a zip's
+central directory, a safetensors header and its data extent, JSON) is enough to tell it from an intact one
+before a worker loads it."""
 
 from __future__ import annotations
 
@@ -68,6 +68,42 @@ def safetensors_problem(path: Path) -> str | None:
     return None
 
 
+def wire_problem(path: Path) -> str | None:
+    """What is wrong with a :mod:`~hybridflow.runtime.safe_wire` frame (a checkpoint's rollout state): its
+    header, or buffers that do not add up to the file's size; None when whole."""
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as handle:
+            prefix = handle.read(8)
+            if len(prefix) < 8:
+                return f"is truncated ({size} bytes, shorter than its header)"
+            (length,) = struct.unpack("<Q", prefix)
+            if length > size - 8:
+                return f"is truncated or corrupt (its header claims {length} bytes; the file has {size})"
+            header = json.loads(handle.read(length))
+    except OSError as err:
+        return f"cannot be read ({err.strerror or err})"
+    except (ValueError, UnicodeDecodeError) as err:
+        return f"is corrupt (its header is not JSON: {err})"
+    needed = 8 + length + _buffer_bytes(header)
+    if needed != size:
+        return f"is truncated or corrupt ({size} bytes; its header describes {needed})"
+    return None
+
+
+def _buffer_bytes(node: object) -> int:
+    """The raw bytes a safe_wire header's arrays and byte strings take (each tagged node carries its size)."""
+    if isinstance(node, list):
+        return sum(_buffer_bytes(item) for item in node)
+    if not isinstance(node, dict):
+        return 0
+    own = node["n"] if node.get("__t") in ("nd", "bytes") and isinstance(node.get("n"), int) else 0
+    return own + sum(_buffer_bytes(value) for key, value in node.items() if key != "n")
+
+
+ROLLOUT_STATE = "rollout_state.bin"  # hybridflow.runtime.rollout_state.ROLLOUT_STATE (train must stay light here)
+
+
 def checkpoint_problem(checkpoint: Path) -> str | None:
     """The first broken file of a checkpoint directory, named with what is wrong with it, or None when intact."""
     trainer = checkpoint / "trainer.json"
@@ -83,6 +119,8 @@ def checkpoint_problem(checkpoint: Path) -> str | None:
             problem = torch_file_problem(path)
         elif path.suffix == ".safetensors":
             problem = safetensors_problem(path)
+        elif path.name == ROLLOUT_STATE:
+            problem = wire_problem(path)
         else:
             continue
         if problem is not None:
