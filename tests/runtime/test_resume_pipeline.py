@@ -150,3 +150,12 @@ def test_sync_mode_warns_that_an_overlapped_checkpoints_samples_go_unused(tmp_pa
     with _controller(MODES["sync"]) as resumed:
         messages = _warned(lambda: resumed.load_checkpoint(str(tmp_path)))
     assert len(messages) == 1 and "pipeline=sync does not use it" in messages[0], messages
+
+
+def test_the_loop_offers_prompts_past_its_end_only_for_its_last_checkpoint() -> None:
+    from hybridflow.train.loop import prompt_horizon
+
+    one_off, k2 = ExecutionMode(pipeline="one_step_off"), ExecutionMode(pipeline="async", max_staleness=2)
+    assert prompt_horizon(4, 2, one_off) == 5  # the checkpoint at step 4 holds step 4's batch
+    assert prompt_horizon(5, 2, k2) == 6  # the last checkpoint is at step 4: it holds steps 4 and 5
+    assert prompt_horizon(5, 0, k2) == 5 and prompt_horizon(4, 2, ExecutionMode(pipeline="sync")) == 4
