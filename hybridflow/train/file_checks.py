@@ -8,6 +8,7 @@ before a worker loads it."""
 from __future__ import annotations
 
 import json
+import pickletools
 import struct
 import zipfile
 from pathlib import Path
@@ -102,6 +103,53 @@ def _buffer_bytes(node: object) -> int:
 
 
 ROLLOUT_STATE = "rollout_state.bin"  # hybridflow.runtime.rollout_state.ROLLOUT_STATE (train must stay light here)
+MANIFEST = "files.json"  # every file of a checkpoint and its size, written last (train/checkpoint.py)
+
+
+def pickle_problem(path: Path) -> str | None:
+    """What is wrong with a pickle (DCP's ``.metadata``), read opcode by opcode without running any, or None."""
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        return f"cannot be read ({err.strerror or err})"
+    try:
+        for _ in pickletools.genops(data):
+            pass
+    except ValueError as err:  # genops: truncated data, an unknown opcode
+        return f"is truncated or corrupt (not a whole pickle: {err})"
+    return None
+
+
+def manifest_problem(checkpoint: Path) -> str | None:
+    """The first file of ``checkpoint`` missing or of another size than its manifest records, or None (also
+    for a checkpoint written before manifests): truncation in any backend's format, shards included."""
+    manifest = checkpoint / MANIFEST
+    if not manifest.is_file():
+        return None
+    problem = json_problem(manifest)
+    files = json.loads(manifest.read_text()).get("files") if problem is None else None
+    if not isinstance(files, dict):
+        return f"{manifest} {problem or 'has no files mapping'}"
+    for name, size in sorted(files.items()):
+        path = checkpoint / name
+        if not path.is_file():
+            return f"{path} is missing (the checkpoint wrote it)"
+        if path.stat().st_size != size:
+            return f"{path} is truncated or was rewritten ({path.stat().st_size} bytes; the checkpoint wrote {size})"
+    return None
+
+
+def file_problem(path: Path) -> str | None:
+    """What is wrong with one checkpoint file of a format checked here, or None (also for other files)."""
+    if path.name == "state.pt" or path.name.endswith(("_model_states.pt", "_optim_states.pt")):
+        return torch_file_problem(path)
+    if path.suffix == ".safetensors":
+        return safetensors_problem(path)
+    if path.name == ROLLOUT_STATE:
+        return wire_problem(path)
+    if path.name == ".metadata" and any(path.parent.glob("*.distcp")):
+        return pickle_problem(path)
+    return None
 
 
 def checkpoint_problem(checkpoint: Path) -> str | None:
@@ -115,14 +163,7 @@ def checkpoint_problem(checkpoint: Path) -> str | None:
     if problem is not None:
         return f"{trainer} {problem}"
     for path in sorted(checkpoint.rglob("*")):
-        if path.name == "state.pt" or path.name.endswith("_model_states.pt"):
-            problem = torch_file_problem(path)
-        elif path.suffix == ".safetensors":
-            problem = safetensors_problem(path)
-        elif path.name == ROLLOUT_STATE:
-            problem = wire_problem(path)
-        else:
-            continue
+        problem = file_problem(path) if path.is_file() else None
         if problem is not None:
             return f"{path} {problem}"
-    return None
+    return manifest_problem(checkpoint)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from hybridflow.graph import Graph
+from hybridflow.graph.node import MAX_FILTER_ROUNDS
 from hybridflow.planner import Plan
 from hybridflow.planner.execution import ExecutionMode
 from hybridflow.runtime import Controller, RoleSpec
@@ -176,7 +177,7 @@ def _extra_prompts(loader: Any, steps: int, step: int, round_index: int) -> Any:
     return loader.batch(steps + step * EXTRA_ROUNDS_PER_STEP + round_index)
 
 
-EXTRA_ROUNDS_PER_STEP = 16  # room per step in the prompt stream for a filter's extra rounds
+EXTRA_ROUNDS_PER_STEP = MAX_FILTER_ROUNDS  # room per step in the prompt stream for a filter's extra rounds
 
 
 class _Progress:
