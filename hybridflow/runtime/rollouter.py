@@ -162,7 +162,7 @@ class Rollouter:
             assert not self.started, "restore() before start()"
             self._ready, self._offered = dict(state.ready), dict(state.pending)
             self._flight, self._pads = list(state.flight), dict(state.pads)
-            self.stats.segments = state.segments
+            self.stats.segments, self.weights_version = state.segments, state.weights_version
             self.restored = True
         return None
 

@@ -194,6 +194,7 @@ def _sharded_run(tmp_path: Path) -> Path:
     a process group, as one rank) and a deepspeed critic (ZeRO files under its tag), written by save_checkpoint."""
     import torch
     from hybridflow.backends.fsdp import checkpoint as dcp_checkpoint
+
     from hybridflow.train.checkpoint import save_checkpoint
 
     model = torch.nn.Linear(8, 8)
@@ -250,6 +251,7 @@ def test_a_missing_shard_is_named(tmp_path: Path) -> None:
 def test_loading_a_broken_fsdp_checkpoint_names_it_and_the_fix(tmp_path: Path) -> None:
     import torch
     from hybridflow.backends.fsdp import checkpoint as dcp_checkpoint
+
     from hybridflow.train.checkpoint_state import checkpoint_state
 
     run = _sharded_run(tmp_path)

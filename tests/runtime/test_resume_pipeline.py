@@ -119,6 +119,10 @@ def test_the_rollout_state_round_trips_and_refuses_another_mode(tmp_path: Path) 
         _steps(controller, range(2))
         state = controller._overlap.rollouter.snapshot()  # type: ignore[union-attr]
     assert encode(decode(encode(state))) == encode(state)
+    with _controller(mode) as same:  # restored, not started: a checkpoint written now holds the same bytes
+        rollouter = same._overlap.rollouter  # type: ignore[union-attr]
+        assert rollouter.restore(decode(encode(state))) is None
+        assert encode(rollouter.snapshot()) == encode(state)
     with _controller(MODES["async k=2, whole batches"]) as other:
         why = other._overlap.rollouter.restore(state)  # type: ignore[union-attr]
     assert why is not None and "max_staleness=1, segment_tokens=2" in why and "max_staleness=2" in why
