@@ -195,6 +195,8 @@ def _sharded_run(tmp_path: Path) -> Path:
     import torch
     from hybridflow.backends.fsdp import checkpoint as dcp_checkpoint
 
+    from hybridflow.runtime.batch import Batch
+    from hybridflow.runtime.rollout_state import RolloutState, write_state
     from hybridflow.train.checkpoint import save_checkpoint
 
     model = torch.nn.Linear(8, 8)
@@ -208,6 +210,9 @@ def _sharded_run(tmp_path: Path) -> Path:
         tag.mkdir(parents=True)
         torch.save({"module": model.state_dict()}, tag / "mp_rank_00_model_states.pt")
         torch.save({"optimizer_state_dict": optimizer.state_dict()}, tag / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
+        write_state(directory, RolloutState(k=1, segment_tokens=None, weights_version=1, segments=0, pads={},
+                                            ready={1: Batch({"responses": torch.ones(4, 3, dtype=torch.long)})},
+                                            pending={}, flight=[]))
 
     for step in (1, 2):
         save_checkpoint(tmp_path / "run", step, write_roles, {"seed": 0})
@@ -222,6 +227,7 @@ SHARDED = {
                                        r"optim_states\.pt is truncated or corrupt"),
     "truncated DeepSpeed model states": ("roles/critic/hybridflow/mp_rank_00_model_states.pt",
                                          r"model_states\.pt is truncated or corrupt"),
+    "truncated rollout state": ("roles/rollout_state.bin", r"rollout_state\.bin is truncated or corrupt"),
 }
 
 
@@ -286,6 +292,18 @@ def test_loading_a_broken_deepspeed_checkpoint_names_the_file(tmp_path: Path) ->
                                          r".*roles/critic\) cannot be loaded \(RuntimeError: PytorchStreamReader.*\); "
                                          r"it is truncated or corrupt: resume from an older checkpoint"):
         engine.load_checkpoint(str(critic))
+
+
+def test_a_garbled_rollout_state_is_named_with_the_fix(tmp_path: Path) -> None:
+    from hybridflow.runtime.rollout_state import ROLLOUT_STATE, read_state
+
+    run = _sharded_run(tmp_path)
+    roles = run / STEP_2 / "roles"
+    assert read_state(roles) is not None
+    (roles / ROLLOUT_STATE).write_bytes(b"\x10" + b"\x00" * 7 + b'{"__t": "list", "v": [1]}' + b"\x00" * 3)
+    with pytest.raises(ValueError, match=r"rollout_state\.bin is truncated or corrupt \(.*\); resume from an older "
+                                         r"checkpoint, or delete the file"):
+        read_state(roles)
 
 
 def test_a_manifest_records_every_file_of_a_checkpoint(finished_run: Path) -> None:

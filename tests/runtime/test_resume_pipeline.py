@@ -147,6 +147,19 @@ def test_a_checkpoint_without_rollout_state_resumes_with_a_warning(tmp_path: Pat
     assert result.metrics["pipeline/staleness_max"] == 0.0  # what the warning announced
 
 
+def test_a_checkpoint_without_the_next_steps_batch_warns(tmp_path: Path) -> None:
+    """A run that offered no prompts past its end (as the loop did before its prompt horizon) checkpointed no
+    batch of the step after it: the resumed step samples with the checkpoint's weights, and says so."""
+    with _controller(MODES["one_step_off"]) as controller:
+        for step in range(CUT):
+            controller.step(LOADER.batch(step), step=step, upcoming=lambda s: LOADER.batch(s) if s < CUT else None)
+        controller.save_checkpoint(str(tmp_path))
+    with _controller(MODES["one_step_off"]) as resumed:
+        resumed.load_checkpoint(str(tmp_path))
+        messages = _warned(lambda: _steps(resumed, range(CUT, CUT + 1)))
+    assert len(messages) == 1 and f"holds no samples of step(s) [{CUT}]" in messages[0], messages
+
+
 def test_sync_mode_warns_that_an_overlapped_checkpoints_samples_go_unused(tmp_path: Path) -> None:
     with _controller(MODES["one_step_off"]) as controller:
         _steps(controller, range(CUT))
