@@ -117,7 +117,7 @@ def _sharded_state(path: Path, kind: str) -> dict[str, torch.Tensor]:
     problem = next((f"{file} {found}" for file in sorted(path.rglob("*")) if file.is_file()
                     and (found := file_problem(file)) is not None), None)
     if problem is None and path.parent.name == "roles":
-        problem = manifest_problem(path.parent.parent)
+        problem = manifest_problem(path.parent.parent, under=f"roles/{path.name}/")
     if problem is not None:
         raise ValueError(f"{problem}; the {kind} checkpoint cannot be loaded: use an older checkpoint of the run")
     try:

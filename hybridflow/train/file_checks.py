@@ -120,9 +120,10 @@ def pickle_problem(path: Path) -> str | None:
     return None
 
 
-def manifest_problem(checkpoint: Path) -> str | None:
-    """The first file of ``checkpoint`` missing or of another size than its manifest records, or None (also
-    for a checkpoint written before manifests): truncation in any backend's format, shards included."""
+def manifest_problem(checkpoint: Path, *, under: str = "") -> str | None:
+    """The first file of ``checkpoint`` (those whose path starts with ``under``) missing or of another size than
+    its manifest records, or None (also for a checkpoint written before manifests): truncation in any
+    backend's format, shards included."""
     manifest = checkpoint / MANIFEST
     if not manifest.is_file():
         return None
@@ -131,6 +132,8 @@ def manifest_problem(checkpoint: Path) -> str | None:
     if not isinstance(files, dict):
         return f"{manifest} {problem or 'has no files mapping'}"
     for name, size in sorted(files.items()):
+        if not name.startswith(under):
+            continue
         path = checkpoint / name
         if not path.is_file():
             return f"{path} is missing (the checkpoint wrote it)"

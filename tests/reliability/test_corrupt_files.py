@@ -280,6 +280,9 @@ def test_loading_a_broken_deepspeed_checkpoint_names_the_file(tmp_path: Path) ->
     run = _sharded_run(tmp_path)
     critic = run / STEP_2 / "roles" / "critic"
     _truncate(critic / "hybridflow" / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
+    from hybridflow.train.checkpoint_state import checkpoint_state
+
+    assert set(checkpoint_state(run / STEP_2 / "roles" / "actor")) == {"weight", "bias"}  # another role's file
 
     class Failing:  # DeepSpeed's engine, failing as its torch.load of a truncated shard does
         def load_checkpoint(self, *args: object, **kwargs: object) -> None:
