@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 from hybridflow.backends.common import adapters, modeling
+from hybridflow.backends.common.checkpoint_errors import LOAD_ERRORS, unloadable
 from hybridflow.backends.common.distributed import all_ranks_finite, all_ranks_max, all_ranks_sum, ensure_process_group
 from hybridflow.backends.common.forward import ForwardOps
 from hybridflow.backends.common.training import GradientSteps, non_finite, trainable_parameters
@@ -164,8 +165,11 @@ class DeepSpeedRoleEngine(ForwardOps, GradientSteps, WeightStreams):
     def load_checkpoint(self, directory: str) -> None:
         if self.engine is None:
             return
-        path, _state = self.engine.load_checkpoint(directory, tag=CHECKPOINT_TAG,
-                                                   load_module_strict=not self.has_adapters)
+        try:
+            path, _state = self.engine.load_checkpoint(directory, tag=CHECKPOINT_TAG,
+                                                       load_module_strict=not self.has_adapters)
+        except LOAD_ERRORS as err:  # a ZeRO shard or the model states truncated or garbled
+            raise unloadable(directory, err, backend="deepspeed") from err
         if path is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint tagged {CHECKPOINT_TAG!r} in {directory!r}")
 

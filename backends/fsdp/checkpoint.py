@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from hybridflow.backends.common.checkpoint_errors import LOAD_ERRORS, unloadable
 
 
 def save(directory: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, *,
@@ -36,8 +37,13 @@ def load(directory: str, model: torch.nn.Module, optimizer: torch.optim.Optimize
     if not (Path(directory) / ".metadata").is_file():
         raise FileNotFoundError(f"no DCP checkpoint in {directory!r} (missing .metadata); was it saved by the fsdp "
                                 "backend?")
+    from torch.distributed.checkpoint.api import CheckpointException
+
     state = _state(model, optimizer, frozen=frozen)
-    dcp.load(state, checkpoint_id=directory)
+    try:
+        dcp.load(state, checkpoint_id=directory)
+    except (CheckpointException, *LOAD_ERRORS) as err:  # a shard or .metadata truncated, garbled or missing
+        raise unloadable(directory, err, backend="fsdp") from err
     set_model_state_dict(model, state["model"], options=StateDictOptions(strict=frozen))
     if optimizer is not None:
         set_optimizer_state_dict(model, optimizer, state["optimizer"])

@@ -24,6 +24,9 @@ OP_PORTS: dict[Op, tuple[tuple[str, ...], tuple[str, ...]]] = {
 }
 
 DEFAULT_MAX_NEW_TOKENS = 32
+# A filter's extra rounds per step: the training loop reserves this many prompt batches per step for them
+# (hybridflow/train/loop.py EXTRA_ROUNDS_PER_STEP), so more would reuse the next step's prompts.
+MAX_FILTER_ROUNDS = 16
 """A generate node's response cap when it sets none: the one default the planner, runtime and checks read."""
 
 # Output ports an op adds when a node sets the option True: ``generate(logprobs=True)`` also writes each
@@ -234,9 +237,10 @@ class Node:
             raise NodeSpecError(f"{where} keeps or drops rows and produces no fields, but has outputs "
                                 f"{list(self.outputs)}", node=self.name, field="outputs")
         rounds = self.option("max_rounds", 0)
-        if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 0:
-            raise NodeSpecError(f"{where}: max_rounds={rounds!r} must be an integer >= 0 (extra rollouts allowed "
-                                "to refill the batch)", node=self.name, field="max_rounds")
+        if not isinstance(rounds, int) or isinstance(rounds, bool) or not 0 <= rounds <= MAX_FILTER_ROUNDS:
+            raise NodeSpecError(f"{where}: max_rounds={rounds!r} must be an integer in [0, {MAX_FILTER_ROUNDS}] "
+                                "(extra rollouts allowed to refill the batch; each is a whole generation's work)",
+                                node=self.name, field="max_rounds")
 
     @property
     def max_new_tokens(self) -> int:

@@ -40,7 +40,6 @@ schedule faster over all of them.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -64,6 +63,7 @@ from hybridflow.planner.distributions import (
 )
 from hybridflow.planner.execution import AGENT_SCHEDULES
 from hybridflow.planner.lengths import LengthDistribution
+from hybridflow.planner.metrics_file import metric, metrics_rows
 from hybridflow.planner.models import ModelSpec
 from hybridflow.planner.plan import RoleLayout
 from hybridflow.planner.rollout import Engine, concurrency, decode_seconds, generate_cost, prefill_seconds
@@ -114,8 +114,9 @@ class AgentWorkload:
         distribution with the observed mean and max (:func:`turns_from_mean`), latency a lognormal through the
         p50 and p95 (``sigma = ln(p95/p50) / 1.645``), calls per turn = calls per trajectory / mean turns.
         ``given`` values win over the file's."""
-        rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-        seen = {key: [float(row[key]) for row in rows if row.get(key) is not None] for key in METRIC_KEYS}
+        rows = metrics_rows(path)
+        seen = {key: [value for number, row in rows if (value := metric(path, number, row, key)) is not None]
+                for key in METRIC_KEYS}
         missing = [key for key in ("agent/turns_mean", "agent/tool_latency_p50_s") if not seen[key]]
         if missing:
             raise ValueError(f"{path}: no {missing} in any record; agent metrics need {list(METRIC_KEYS)}")

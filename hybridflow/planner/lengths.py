@@ -8,7 +8,6 @@ the rollout sees the whole shape (see :mod:`hybridflow.planner.rollout`).
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -16,6 +15,8 @@ from functools import cached_property
 from itertools import pairwise
 from pathlib import Path
 from statistics import NormalDist
+
+from hybridflow.planner.metrics_file import metric, metrics_rows
 
 # The cap sits at this quantile of the fitted lognormal: responses longer than the cap are truncated to it.
 MAX_QUANTILE = 0.999
@@ -93,16 +94,13 @@ class LengthDistribution:
     def from_metrics(cls, path: str | Path) -> LengthDistribution:
         """A lognormal fitted to a run's mean of per-step mean lengths and its largest max (``metrics.jsonl``)."""
         means, maxes = [], []
-        for line in Path(path).read_text().splitlines():
-            if not line.strip():
-                continue
-            record = json.loads(line)
-            mean = next((record[k] for k in MEAN_KEYS if k in record), None)
-            top = next((record[k] for k in MAX_KEYS if k in record), None)
+        for number, record in metrics_rows(path):
+            mean = next((metric(path, number, record, k) for k in MEAN_KEYS if k in record), None)
+            top = next((metric(path, number, record, k) for k in MAX_KEYS if k in record), None)
             if mean is not None:
-                means.append(float(mean))
+                means.append(mean)
             if top is not None:
-                maxes.append(float(top))
+                maxes.append(top)
         if not means:
             raise ValueError(f"{path}: no response length in any record; expected one of {list(MEAN_KEYS)}")
         mean = sum(means) / len(means)

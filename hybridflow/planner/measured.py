@@ -3,13 +3,13 @@ node times in its ``metrics.jsonl`` (``time/<node>``, ``time/step``), re-costed 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from hybridflow.graph import Graph, Workload
 from hybridflow.planner.cluster import Cluster
+from hybridflow.planner.metrics_file import metric, metrics_rows
 from hybridflow.planner.models import ModelSpec
 from hybridflow.planner.plan import Plan
 from hybridflow.planner.published import MeasuredCase
@@ -20,17 +20,17 @@ TIME_PREFIX = "time/"
 
 def measured_node_times(path: str | Path, *, skip_steps: int = 1) -> dict[str, float]:
     """Mean seconds per node and per step over a run's records, after ``skip_steps`` warm-up steps."""
-    records = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-    timed = [record for record in records if f"{TIME_PREFIX}step" in record]
+    timed = [(number, record) for number, record in metrics_rows(path) if f"{TIME_PREFIX}step" in record]
     if len(timed) <= skip_steps:
         raise ValueError(f"{path}: {len(timed)} timed steps, need more than skip_steps={skip_steps}; run longer "
                          "or pass --skip-steps 0")
     kept = timed[skip_steps:]
     sums: dict[str, float] = {}
-    for record in kept:
-        for key, value in record.items():
-            if key.startswith(TIME_PREFIX) and isinstance(value, int | float):
-                sums[key.removeprefix(TIME_PREFIX)] = sums.get(key.removeprefix(TIME_PREFIX), 0.0) + float(value)
+    for number, record in kept:
+        for key in record:
+            value = metric(path, number, record, key) if key.startswith(TIME_PREFIX) else None
+            if value is not None:
+                sums[key.removeprefix(TIME_PREFIX)] = sums.get(key.removeprefix(TIME_PREFIX), 0.0) + value
     return {key: total / len(kept) for key, total in sums.items() if total > 0}
 
 

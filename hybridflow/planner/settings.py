@@ -28,6 +28,9 @@ class Offload:
 NO_OFFLOAD = Offload()
 
 
+MAX_EPOCHS = 100  # passes over one step's samples; PPO recipes use 1-10, and each pass is a whole update's work
+
+
 def _positive_int(owner: str, name: str, value: Any, *, allow_none: bool = True) -> None:
     if value is None and allow_none:
         return
@@ -83,6 +86,9 @@ class RunSettings:
         for name in ("mini_batch_size", "train_tokens_per_gpu", "forward_tokens_per_gpu", "max_prompt_len"):
             _positive_int(owner, name, getattr(self, name))
         _positive_int(owner, "epochs", self.epochs, allow_none=False)
+        if self.epochs > MAX_EPOCHS:
+            raise ValueError(f"{owner}.epochs={self.epochs} exceeds {MAX_EPOCHS} passes over a step's batch; use at "
+                             f"most {MAX_EPOCHS} (PPO recipes use 1-10)")
         _positive_int(owner, "max_num_seqs", self.max_num_seqs, allow_none=False)
         util = self.gpu_memory_utilization
         if util is not None and not 0 < util <= 1:

@@ -9,7 +9,9 @@ When the plan gives a policy's rollout GPUs of its own (``actor:rollout``), the 
 run there and the controller ships the trainer's weights to it: once at start, after each update of
 the policy (within the same step, so the next rollout samples the new policy) and after a checkpoint
 load. Each shipment's seconds and bytes are step metrics (``actor/weight_sync/...``), beside the plan's
-estimate (``weight_sync/planned_bytes``, ``weight_sync/planned_seconds``).
+estimate (``weight_sync/planned_bytes``, ``weight_sync/planned_seconds``). A checkpoint of an overlapped
+mode also holds the rollout's work for later steps (:mod:`.rollout_state`), so a resumed run continues as
+the uninterrupted one.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from hybridflow.runtime.dispatch import DriverTarget, GroupTarget, Outcome, Serv
 from hybridflow.runtime.errors import RuntimeStepError
 from hybridflow.runtime.executor import Executor, LocalExecutor, WorkerGroup
 from hybridflow.runtime.filtering import FilterRounds, with_uids
-from hybridflow.runtime.pipeline import Overlap, Upcoming, check_pipeline
+from hybridflow.runtime.pipeline import Overlap, Upcoming, check_pipeline, unused_rollout_state
 from hybridflow.runtime.placement import with_rollout_specs
 from hybridflow.runtime.protocols import NodeState, RoleSpec, Scorer
 from hybridflow.runtime.rollouter import Rollouter
@@ -99,7 +101,7 @@ class Controller:
             self._overlap = None if overlapped is None else Overlap(Rollouter(
                 overlapped, self._targets[self._placed_role(overlapped)], mode=self.mode, seed=seed,
                 eos_token_id=eos_token_id, tokenizer=_agent_tokenizer(overlapped, specs)),
-                samples=graph.samples_per_prompt)
+                samples=graph.samples_per_prompt, pipeline=self.mode.pipeline)
             self.sync_rollouts()
         except BaseException:
             self.shutdown()
@@ -231,14 +233,23 @@ class Controller:
             Path(directory).mkdir(parents=True, exist_ok=True)
             states = {name: state.state_dict() for name, state in self.node_states.items()}
             (Path(directory) / NODE_STATES).write_text(json.dumps(states))
+        if self._overlap is not None:  # the batches later steps take, generated with weights the checkpoint lacks
+            self._overlap.save(directory)
 
     def load_checkpoint(self, directory: str) -> None:
+        """Load what :meth:`save_checkpoint` wrote, before the first step; a checkpoint that cannot resume this
+        mode exactly (one without the rollout's state) warns with a
+        :class:`~hybridflow.runtime.rollout_state.ResumeWarning` saying what differs."""
         for group in self.groups:
             group.load_checkpoint(directory)
         saved = Path(directory) / NODE_STATES
         if self.node_states and saved.is_file():
             for name, state in json.loads(saved.read_text()).items():
                 self.node_states[name].load_state_dict(state)
+        if self._overlap is not None:
+            self._overlap.load(directory)
+        else:
+            unused_rollout_state(directory, self.mode)
         self.sync_rollouts()  # a rollout on its own GPUs still holds the weights from before the load
 
 

@@ -13,8 +13,10 @@ trainer's), and how busy each pool was.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 
 from hybridflow.graph import Graph, Node
 from hybridflow.planner import Plan
@@ -22,6 +24,7 @@ from hybridflow.planner.execution import ExecutionMode
 from hybridflow.planner.modes import overlap_blocker
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.filtering import with_uids
+from hybridflow.runtime.rollout_state import ROLLOUT_STATE, ResumeWarning, read_state, write_state
 from hybridflow.runtime.rollouter import Rollouter, RolloutStats, pool_metrics, staleness_metrics
 from hybridflow.runtime.scheduler import Partition, StepRecord
 from hybridflow.runtime.step_store import Join
@@ -36,6 +39,14 @@ def upcoming_rows(upcoming: Upcoming, step: int, *, current: int) -> Batch | Non
     if upcoming is None or isinstance(upcoming, Batch):
         return upcoming if step == current + 1 else None
     return upcoming(step)
+
+
+def unused_rollout_state(directory: str, mode: ExecutionMode) -> None:
+    """Warn when a checkpoint of an overlapped run is loaded by a ``sync`` one: its buffered samples go unused."""
+    if (Path(directory) / ROLLOUT_STATE).is_file():
+        warnings.warn(f"checkpoint {directory} holds the rollout state of an overlapped run; pipeline="
+                      f"{mode.pipeline} does not use it: the resumed steps sample on-policy, unlike the run "
+                      "that wrote it", ResumeWarning, stacklevel=3)
 
 
 def check_pipeline(mode: ExecutionMode, graph: Graph, plan: Plan) -> Node | None:
@@ -60,10 +71,32 @@ class Overlap:
     """The overlapped modes across steps: the rollouter, the trainer's policy version (its updates so far,
     counted from the step the run starts at) and when the last step ended (the pools' time runs on)."""
 
-    def __init__(self, rollouter: Rollouter, *, samples: int) -> None:
-        self.rollouter, self.samples = rollouter, samples
+    def __init__(self, rollouter: Rollouter, *, samples: int, pipeline: str) -> None:
+        self.rollouter, self.samples, self.pipeline = rollouter, samples, pipeline
         self.version = 0
         self._mark: tuple[float, RolloutStats] | None = None
+
+    def save(self, directory: str) -> None:
+        """Write the rollouter's work for later steps beside the roles' checkpoints (:mod:`.rollout_state`)."""
+        state = self.rollouter.snapshot()
+        try:
+            write_state(directory, state)
+        except TypeError as err:  # a non-tensor field safe_wire cannot carry: the checkpoint is still good
+            (Path(directory) / ROLLOUT_STATE).unlink(missing_ok=True)
+            warnings.warn(f"checkpoint {directory}: the rollout's batches for steps {state.steps} were not saved "
+                          f"({err}); a run resumed from it regenerates them with the checkpoint's weights, so its "
+                          "metrics differ from the uninterrupted run's", ResumeWarning, stacklevel=3)
+
+    def load(self, directory: str) -> None:
+        """Restore what :meth:`save` wrote; without it (an older checkpoint, another mode) warn what differs."""
+        state = read_state(directory)
+        why = ("it holds no rollout state (written by sync mode or by a hybridflow before exact overlapped "
+               "resume)") if state is None else self.rollouter.restore(state)
+        if why is not None:
+            warnings.warn(f"checkpoint {directory}: {why}; pipeline={self.pipeline} resumes inexactly: the first "
+                          f"{max(self.rollouter.k, 1)} resumed step(s) train on samples generated with the "
+                          "checkpoint's weights (fresher than the uninterrupted run's), so metrics differ from "
+                          "it from the first resumed step on", ResumeWarning, stacklevel=3)
 
     def source(self, prompts: Batch, *, step: int, upcoming: Upcoming, record: StepRecord) -> OverlappedStep:
         """This step's partition: its samples, once the rollouter generated them."""
@@ -92,6 +125,8 @@ class OverlappedStep:
         overlap, rollouter, step = self.overlap, self.overlap.rollouter, self.step
         if not rollouter.started:  # the weights shipped at start (or after a checkpoint load) are this step's
             overlap.version = step
+            if rollouter.restored:
+                self._missing_from_checkpoint()
             rollouter.start(step)
         self.started = time.perf_counter()
         self.since, self.before = overlap._mark or (self.started, replace(rollouter.stats))
@@ -106,6 +141,18 @@ class OverlappedStep:
         self.record.seconds[rollouter.node.name] = self.waited  # what the trainer waited for; the rest overlapped
         self.record.metrics.update(staleness_metrics(self.rows, overlap.version, rollouter.k))
         return [Partition(rows=self.rows, nodes=(), seed=0)]
+
+    def _missing_from_checkpoint(self) -> None:
+        """Warn when the restored state lacks steps the uninterrupted run had generated by now (a checkpoint of
+        a run that stopped offering prompts before it, e.g. one written before the loop's prompt horizon)."""
+        rollouter, step = self.overlap.rollouter, self.step
+        missing = [ahead for ahead in range(step, step + rollouter.k)
+                   if not rollouter.offered(ahead) and (ahead == step or upcoming_rows(
+                       self.upcoming, ahead, current=step) is not None)]
+        if missing:
+            warnings.warn(f"the checkpoint's rollout state holds no samples of step(s) {missing} (the run that "
+                          "wrote it offered none); they are generated with the checkpoint's weights, so those "
+                          "steps' metrics differ from an uninterrupted run's", ResumeWarning, stacklevel=2)
 
     def join(self, finished: list[Batch]) -> Batch:
         return finished[0]

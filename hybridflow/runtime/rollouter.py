@@ -21,9 +21,14 @@ Every sample gets ``policy_version`` (the oldest version among its tokens) and `
 (per token). Generation order across segments depends on when weights arrive, so partial rollouts are
 not bit-reproducible from a seed (neither are verl's or AReaL's); whole batches are.
 
+Checkpoints: :meth:`Rollouter.snapshot` waits for the generate call running (if any) and returns the work
+held for later steps (:class:`~hybridflow.runtime.rollout_state.RolloutState`: batches ready, sequences in
+flight with their tokens' versions, the segment counter); :meth:`Rollouter.restore` puts it back before a
+resumed run starts, so it continues from the state the uninterrupted run had.
+
 Failures: an error in the rollout (a dead worker) is kept and raised by the next :meth:`Rollouter.take`;
-rows still in flight are dropped with the rollouter (a resumed run regenerates them from its
-checkpoint's step on: nothing the trainer used is lost, the buffer is).
+rows still in flight are dropped with the rollouter (a resumed run restores the checkpoint's rollout state:
+nothing the trainer used is lost, the work since the checkpoint is).
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -42,35 +47,9 @@ from hybridflow.graph.node import freeze_options
 from hybridflow.planner.execution import ExecutionMode
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.dispatch import Target, node_inputs
+from hybridflow.runtime.rollout_state import RESPONSE_FIELD, InFlight, Pending, RolloutState
 
-RESPONSE_FIELD = "responses"
 MASK_FIELD = "response_mask"
-
-
-@dataclass
-class _Sequence:
-    """One sample in flight: its step and row, prompt ids, and the response pieces generated so far."""
-
-    step: int
-    row: int
-    rows: Batch  # the step's rows (the sequence is row ``row``)
-    prompt: torch.Tensor  # (P,) the prompt's tokens, padding removed
-    pieces: dict[str, list[torch.Tensor]] = field(default_factory=dict)
-    versions: list[torch.Tensor] = field(default_factory=list)
-    generated: int = 0
-
-    def response(self) -> torch.Tensor:
-        pieces = self.pieces.get(RESPONSE_FIELD, [])
-        return torch.cat(pieces) if pieces else self.prompt.new_zeros(0)
-
-
-@dataclass
-class _Pending:
-    """A step's rows while they generate: the rows, and each finished row's sequence."""
-
-    rows: Batch
-    done: dict[int, _Sequence] = field(default_factory=dict)
-    started: int = 0  # rows handed to the engine so far (partial rollouts start a step row by row)
 
 
 @dataclass
@@ -103,12 +82,15 @@ class Rollouter:
         self.segment_tokens, self.eos, self.capacity = segment_tokens, eos_token_id, capacity
         self.weights_version = 0
         self.stats = RolloutStats()
-        self._offered: dict[int, _Pending] = {}
+        self._offered: dict[int, Pending] = {}
         self._ready: dict[int, Batch] = {}
-        self._flight: list[_Sequence] = []
+        self._flight: list[InFlight] = []
         self._pads: dict[str, float] = {}
         self._error: BaseException | None = None
         self._stopped = False
+        self._busy = False  # a generate call is running (its results not yet recorded)
+        self._paused = False  # a snapshot is being taken: start no new call
+        self.restored = False
         self._cv = threading.Condition()
         self._thread = threading.Thread(target=self._loop, name="rollouter", daemon=True)
 
@@ -130,7 +112,7 @@ class Rollouter:
     def offer(self, step: int, rows: Batch) -> None:
         """Queue the generation of ``step``'s rows (prompts already expanded to one row per sample)."""
         with self._cv:
-            self._offered[step] = _Pending(rows)
+            self._offered[step] = Pending(rows)
             self._cv.notify_all()
 
     def weights_loaded(self, version: int) -> None:
@@ -151,6 +133,39 @@ class Rollouter:
             depth = len(self._ready) - 1 + len(self._offered)
             return self._ready.pop(step), depth
 
+    def snapshot(self) -> RolloutState:
+        """The work held for later steps, between two generate calls (the running one finishes first)."""
+        with self._cv:
+            self._paused = True
+            try:
+                while self._busy and self._error is None:
+                    self._cv.wait()
+                if self._error is not None:  # the state may be half updated: a checkpoint must not hold it
+                    raise self._error
+                return RolloutState(k=self.k, segment_tokens=self.segment_tokens,
+                                    weights_version=self.weights_version, segments=self.stats.segments,
+                                    pads=dict(self._pads), ready=dict(self._ready),
+                                    pending={step: replace(p, done=dict(p.done)) for step, p in self._offered.items()},
+                                    flight=[replace(s, pieces={n: list(v) for n, v in s.pieces.items()},
+                                                    versions=list(s.versions)) for s in self._flight])
+            finally:
+                self._paused = False
+                self._cv.notify_all()
+
+    def restore(self, state: RolloutState) -> str | None:
+        """Take back a :meth:`snapshot` before :meth:`start`; returns why it was not (another mode), else None."""
+        if (state.k, state.segment_tokens) != (self.k, self.segment_tokens):
+            return (f"its rollout state was generated with max_staleness={state.k}, segment_tokens="
+                    f"{state.segment_tokens}, this run uses max_staleness={self.k}, segment_tokens="
+                    f"{self.segment_tokens}: the batches it held are dropped and regenerated")
+        with self._cv:
+            assert not self.started, "restore() before start()"
+            self._ready, self._offered = dict(state.ready), dict(state.pending)
+            self._flight, self._pads = list(state.flight), dict(state.pads)
+            self.stats.segments, self.weights_version = state.segments, state.weights_version
+            self.restored = True
+        return None
+
     def close(self) -> None:
         with self._cv:
             self._stopped = True
@@ -166,14 +181,20 @@ class Rollouter:
         try:
             while True:
                 with self._cv:
-                    work = self._next_work()
+                    work = None if self._paused else self._next_work()
                     while work is None and not self._stopped:
                         self._cv.wait()
-                        work = self._next_work()
+                        work = None if self._paused else self._next_work()
                     if self._stopped:
                         return
                     assert work is not None
-                work()
+                    self._busy = True
+                try:
+                    work()
+                finally:
+                    with self._cv:
+                        self._busy = False
+                        self._cv.notify_all()
         except BaseException as error:  # kept for the trainer's next take(); the thread ends here
             with self._cv:
                 self._error = error
@@ -235,7 +256,7 @@ class Rollouter:
             while pending.started < len(pending.rows) and len(self._flight) < capacity:
                 row = pending.started
                 prompt = pending.rows["prompts"][row][pending.rows["prompt_mask"][row].bool()]
-                self._flight.append(_Sequence(step=step, row=row, rows=pending.rows, prompt=prompt))
+                self._flight.append(InFlight(step=step, row=row, rows=pending.rows, prompt=prompt))
                 pending.started += 1
             if len(self._flight) >= capacity:
                 return
@@ -270,7 +291,7 @@ class Rollouter:
             self.stats.busy_s += outcome.seconds
         return outcome.outputs, versions[0]
 
-    def _continuation(self, flight: list[_Sequence]) -> Batch:
+    def _continuation(self, flight: list[InFlight]) -> Batch:
         """Each sequence's prompt plus its response so far, left-padded: the generate node's inputs."""
         texts = [torch.cat([s.prompt, s.response()]) for s in flight]
         width = max(len(t) for t in texts)
@@ -285,7 +306,7 @@ class Rollouter:
         return Batch({**inputs.tensors, "prompts": prompts, "prompt_mask": mask.to(inputs["prompt_mask"].dtype)},
                      inputs.non_tensors)
 
-    def _extend(self, flight: list[_Sequence], outputs: Batch, version: int, budget: int) -> list[_Sequence]:
+    def _extend(self, flight: list[InFlight], outputs: Batch, version: int, budget: int) -> list[InFlight]:
         """Append each sequence's new tokens (at most its remaining budget); returns those that finished."""
         mask = outputs[MASK_FIELD]
         aligned = [name for name, value in outputs.tensors.items() if value.shape == mask.shape]
@@ -313,7 +334,7 @@ class Rollouter:
             self.stats.tokens += tokens
         return finished
 
-    def _assemble(self, pending: _Pending) -> Batch:
+    def _assemble(self, pending: Pending) -> Batch:
         """The step's rows with their generated fields, padded to the longest response (under the lock)."""
         sequences = [pending.done[row] for row in range(len(pending.rows))]
         width = max(max(s.generated for s in sequences), 1)

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hybridflow.train.file_checks import checkpoint_problem, json_problem
+from hybridflow.train.file_checks import MANIFEST, checkpoint_problem, json_problem
 
 _PREFIX = "step_"
 
@@ -30,12 +30,21 @@ def save_checkpoint(run_dir: Path, step: int, write_roles: Callable[[str], None]
     tmp.mkdir(parents=True)
     write_roles(str(tmp / "roles"))
     (tmp / "trainer.json").write_text(json.dumps({"step": step, **state}, indent=2))
+    _write_manifest(tmp)
     _sync_tree(tmp)
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
     _sync(final.parent)  # the rename itself
     return final
+
+
+def _write_manifest(root: Path) -> None:
+    """Every file's size (:data:`MANIFEST`): resume then tells a truncated shard of any backend's format from a
+    whole one without reading it (:func:`~hybridflow.train.file_checks.manifest_problem`)."""
+    files = {path.relative_to(root).as_posix(): path.stat().st_size for path in sorted(root.rglob("*"))
+             if path.is_file()}
+    (root / MANIFEST).write_text(json.dumps({"files": files}, indent=0))
 
 
 def _sync_tree(root: Path) -> None:

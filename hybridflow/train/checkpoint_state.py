@@ -10,11 +10,14 @@
 from __future__ import annotations
 
 import json
+import pickle
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from hybridflow.train.file_checks import file_problem, manifest_problem
 
 DEEPSPEED_TAG = "hybridflow"  # backends/deepspeed/engine.py CHECKPOINT_TAG
 
@@ -43,10 +46,8 @@ def checkpoint_state(directory: str | Path) -> dict[str, torch.Tensor]:
             raise ValueError(f"{path / 'state.pt'} cannot be loaded ({str(err).splitlines()[0]}); it is truncated "
                              "or corrupt: use an older checkpoint of the run") from err
         return dict(state["model"])
-    if kind == "fsdp":
-        return _dcp_state(path)
-    if kind == "deepspeed":
-        return _deepspeed_state(path)
+    if kind in ("fsdp", "deepspeed"):
+        return _sharded_state(path, kind)
     raise FileNotFoundError(f"{path}: not a torch, fsdp or deepspeed role checkpoint")
 
 
@@ -107,6 +108,25 @@ def _format(path: Path) -> str | None:
     if (path / DEEPSPEED_TAG).is_dir():
         return "deepspeed"
     return None
+
+
+def _sharded_state(path: Path, kind: str) -> dict[str, torch.Tensor]:
+    """An fsdp or deepspeed role's weights; a truncated or corrupt shard is named (checked before reading)."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    problem = next((f"{file} {found}" for file in sorted(path.rglob("*")) if file.is_file()
+                    and (found := file_problem(file)) is not None), None)
+    if problem is None and path.parent.name == "roles":
+        problem = manifest_problem(path.parent.parent, under=f"roles/{path.name}/")
+    if problem is not None:
+        raise ValueError(f"{problem}; the {kind} checkpoint cannot be loaded: use an older checkpoint of the run")
+    try:
+        return _dcp_state(path) if kind == "fsdp" else _deepspeed_state(path)
+    except (CheckpointException, RuntimeError, OSError, EOFError, ValueError, pickle.UnpicklingError) as err:
+        first = str(err).strip().splitlines()
+        raise ValueError(f"the {kind} checkpoint {path} cannot be loaded ({type(err).__name__}: "
+                         f"{first[0] if first else ''}); it is truncated or corrupt: use an older checkpoint of the "
+                         "run") from err
 
 
 def _dcp_state(path: Path) -> dict[str, torch.Tensor]:

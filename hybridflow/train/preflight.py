@@ -18,6 +18,7 @@ from hybridflow.data.rewards import RewardScorer
 from hybridflow.graph import Graph
 from hybridflow.planner import Plan
 from hybridflow.planner.cluster import MAX_CLUSTER_GPUS
+from hybridflow.planner.settings import MAX_EPOCHS
 from hybridflow.train import setup
 from hybridflow.train.config import INT64_MAX, OptimConfig, TrainConfig
 from hybridflow.train.file_checks import safetensors_problem
@@ -79,8 +80,18 @@ def check_step_rows(config: TrainConfig, graph: Graph) -> None:
                          f"prompts of a step (a chunk holds whole prompts); use at most {prompts}")
 
 
+MAX_OPTIMIZER_STEPS = 1 << 16  # per role and step: epochs x mini_batches
+
+
 def _check_optim(name: str, optim: OptimConfig) -> None:
     _positive(f"{name}.lr", optim.lr)
+    if optim.epochs > MAX_EPOCHS:  # each epoch is a whole update's forward, backward and optimizer steps
+        raise ValueError(f"config key '{name}.epochs'={optim.epochs} exceeds {MAX_EPOCHS} passes over a step's "
+                         f"samples; use at most {MAX_EPOCHS} (PPO recipes use 1-10)")
+    if optim.epochs * optim.mini_batches > MAX_OPTIMIZER_STEPS:
+        raise ValueError(f"config keys '{name}.epochs'={optim.epochs} x '{name}.mini_batches'={optim.mini_batches} "
+                         f"are {optim.epochs * optim.mini_batches} optimizer steps per training step, more than "
+                         f"{MAX_OPTIMIZER_STEPS}; lower {name}.mini_batches or {name}.epochs")
     if optim.micro_batch_size is not None:
         _at_least(f"{name}.micro_batch_size", optim.micro_batch_size, 1)
     if optim.weight_decay < 0 or not math.isfinite(optim.weight_decay):

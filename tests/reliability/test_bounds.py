@@ -88,6 +88,13 @@ TRAIN: list[tuple[str, str, int, str]] = [
     ("mini batches beyond rows", "actor.mini_batches=1000", 2,
      r"'actor\.mini_batches'=1000 exceeds the 8 rows of a step \(data\.batch_size=4 x n=2\)"),
     ("reward an empty list", "data.reward=[]", 2, r"'data\.reward' is an empty list"),
+    # counts that multiply a step's work
+    ("actor epochs huge", "actor.epochs=101", 2, r"'actor\.epochs'=101 exceeds 100 passes over a step's samples"),
+    ("critic epochs huge", "critic.epochs=1000000000", 2, r"'critic\.epochs'=1000000000 exceeds 100"),
+    ("optimizer steps per step huge", "actor.epochs=100 actor.mini_batches=1000", 2,
+     r"'actor\.epochs'=100 x 'actor\.mini_batches'=1000 are 100000 optimizer steps per training step, more than"),
+    ("filter rounds huge", "algorithm=dapo algorithm_options.max_rounds=17", 2,
+     r"max_rounds=17 must be an integer in \[0, 16\]"),
     # data: prompts and chat roles
     ("prompt empty", "data.path={d}/empty_prompt.jsonl data.reward=math data.batch_size=1", 2,
      r"empty_prompt\.jsonl line 1: the prompt is '', empty"),
@@ -180,3 +187,11 @@ def test_the_largest_allowed_cluster_parses_quickly() -> None:
 
 def test_the_suite_is_large_enough() -> None:
     assert len(TRAIN) + len(PLAN) >= 25
+
+
+def test_the_planner_bounds_epochs_too() -> None:
+    from hybridflow.planner.settings import RunSettings
+
+    with pytest.raises(ValueError, match=r"RunSettings\.epochs=101 exceeds 100 passes"):
+        RunSettings(epochs=101)
+    assert RunSettings(epochs=100).epochs == 100

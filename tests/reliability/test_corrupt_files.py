@@ -9,6 +9,7 @@ import re
 import shutil
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -185,3 +186,181 @@ def test_report_refuses_garbage_naming_the_file(kind: str, tmp_path: Path, capsy
     (tmp_path / "metrics.jsonl").write_bytes(data)
     code, err = _report(tmp_path, capsys)
     _one_error_line(err, code, 2, pattern)
+
+
+# ---- FSDP (torch DCP) and DeepSpeed checkpoints: every file named, resume falls back ------------------------
+def _sharded_run(tmp_path: Path) -> Path:
+    """A run directory with checkpoints at steps 1 and 2, each holding an fsdp actor (DCP shards written without
+    a process group, as one rank) and a deepspeed critic (ZeRO files under its tag), written by save_checkpoint."""
+    import torch
+    from hybridflow.backends.fsdp import checkpoint as dcp_checkpoint
+
+    from hybridflow.runtime.batch import Batch
+    from hybridflow.runtime.rollout_state import RolloutState, write_state
+    from hybridflow.train.checkpoint import save_checkpoint
+
+    model = torch.nn.Linear(8, 8)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randn(2, 8)).sum().backward()
+    optimizer.step()
+
+    def write_roles(directory: str) -> None:
+        dcp_checkpoint.save(f"{directory}/actor", model, optimizer)
+        tag = Path(directory) / "critic" / "hybridflow"
+        tag.mkdir(parents=True)
+        torch.save({"module": model.state_dict()}, tag / "mp_rank_00_model_states.pt")
+        torch.save({"optimizer_state_dict": optimizer.state_dict()}, tag / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
+        write_state(directory, RolloutState(k=1, segment_tokens=None, weights_version=1, segments=0, pads={},
+                                            ready={1: Batch({"responses": torch.ones(4, 3, dtype=torch.long)})},
+                                            pending={}, flight=[]))
+
+    for step in (1, 2):
+        save_checkpoint(tmp_path / "run", step, write_roles, {"seed": 0})
+    return tmp_path / "run"
+
+
+SHARDED = {
+    "truncated DCP shard": ("roles/actor/__0_0.distcp", r"__0_0\.distcp is truncated or was rewritten \(\d+ bytes; "
+                                                         r"the checkpoint wrote \d+\)"),
+    "truncated DCP metadata": ("roles/actor/.metadata", r"\.metadata is truncated or corrupt \(not a whole pickle"),
+    "truncated ZeRO optimizer shard": ("roles/critic/hybridflow/zero_pp_rank_0_mp_rank_00_optim_states.pt",
+                                       r"optim_states\.pt is truncated or corrupt"),
+    "truncated DeepSpeed model states": ("roles/critic/hybridflow/mp_rank_00_model_states.pt",
+                                         r"model_states\.pt is truncated or corrupt"),
+    "truncated rollout state": ("roles/rollout_state.bin", r"rollout_state\.bin is truncated or corrupt"),
+}
+
+
+@pytest.mark.parametrize("broken", list(SHARDED), ids=list(SHARDED))
+def test_a_broken_fsdp_or_deepspeed_file_is_named_and_skipped(broken: str, tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from hybridflow.train.rundir import find_checkpoint
+
+    run = _sharded_run(tmp_path)
+    name, pattern = SHARDED[broken]
+    _truncate(run / STEP_2 / name)
+    problem = checkpoint_problem(run / STEP_2)
+    assert problem is not None and re.search(pattern, problem), problem
+    assert checkpoint_problem(run / STEP_1) is None
+    assert find_checkpoint(run, resume=True, resume_from=None) == run / STEP_1
+    err = capsys.readouterr().err
+    assert f"skipping a broken checkpoint: {run / STEP_2 / name}" in err and "the newest intact checkpoint" in err
+
+
+def test_a_missing_shard_is_named(tmp_path: Path) -> None:
+    run = _sharded_run(tmp_path)
+    (run / STEP_2 / "roles/actor/__0_0.distcp").unlink()
+    assert checkpoint_problem(run / STEP_2) == f"{run / STEP_2 / 'roles/actor/__0_0.distcp'} is missing (the " \
+                                               "checkpoint wrote it)"
+
+
+def test_loading_a_broken_fsdp_checkpoint_names_it_and_the_fix(tmp_path: Path) -> None:
+    import torch
+    from hybridflow.backends.fsdp import checkpoint as dcp_checkpoint
+
+    from hybridflow.train.checkpoint_state import checkpoint_state
+
+    run = _sharded_run(tmp_path)
+    actor = run / STEP_2 / "roles" / "actor"
+    (actor / "__0_0.distcp").write_bytes(b"\x00" * (actor / "__0_0.distcp").stat().st_size)  # same size: garbage
+    model = torch.nn.Linear(8, 8)
+    with pytest.raises(ValueError, match=r"the fsdp checkpoint .*step_000002/roles/actor cannot be loaded \(rank 0: "
+                                         r"\w+.*\); it is truncated or corrupt: resume from an older checkpoint"):
+        dcp_checkpoint.load(str(actor), model, torch.optim.AdamW(model.parameters()))
+    with pytest.raises(ValueError, match=r"the fsdp checkpoint .*roles/actor cannot be loaded .*use an older"):
+        checkpoint_state(actor)
+    _truncate(actor / ".metadata")
+    with pytest.raises(ValueError, match=r"\.metadata is truncated or corrupt .*use an older checkpoint"):
+        checkpoint_state(actor)
+
+
+def test_loading_a_broken_deepspeed_checkpoint_names_the_file(tmp_path: Path) -> None:
+    from hybridflow.backends.deepspeed.engine import DeepSpeedRoleEngine
+
+    run = _sharded_run(tmp_path)
+    critic = run / STEP_2 / "roles" / "critic"
+    _truncate(critic / "hybridflow" / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
+    from hybridflow.train.checkpoint_state import checkpoint_state
+
+    assert set(checkpoint_state(run / STEP_2 / "roles" / "actor")) == {"weight", "bias"}  # another role's file
+
+    class Failing:  # DeepSpeed's engine, failing as its torch.load of a truncated shard does
+        def load_checkpoint(self, *args: object, **kwargs: object) -> None:
+            raise RuntimeError("PytorchStreamReader failed reading zip archive: failed finding central directory")
+
+    engine = object.__new__(DeepSpeedRoleEngine)
+    engine.engine = Failing()  # type: ignore[assignment]
+    engine.spec = type("Spec", (), {"lora": None})()  # type: ignore[assignment]
+    with pytest.raises(ValueError, match=r"zero_pp_rank_0_mp_rank_00_optim_states\.pt \(in the deepspeed checkpoint "
+                                         r".*roles/critic\) cannot be loaded \(RuntimeError: PytorchStreamReader.*\); "
+                                         r"it is truncated or corrupt: resume from an older checkpoint"):
+        engine.load_checkpoint(str(critic))
+
+
+def test_a_garbled_rollout_state_is_named_with_the_fix(tmp_path: Path) -> None:
+    from hybridflow.runtime.rollout_state import ROLLOUT_STATE, read_state
+
+    run = _sharded_run(tmp_path)
+    roles = run / STEP_2 / "roles"
+    assert read_state(roles) is not None
+    (roles / ROLLOUT_STATE).write_bytes(b"\x10" + b"\x00" * 7 + b'{"__t": "list", "v": [1]}' + b"\x00" * 3)
+    with pytest.raises(ValueError, match=r"rollout_state\.bin is truncated or corrupt \(.*\); resume from an older "
+                                         r"checkpoint, or delete the file"):
+        read_state(roles)
+
+
+def test_a_manifest_records_every_file_of_a_checkpoint(finished_run: Path) -> None:
+    manifest = json.loads((finished_run / STEP_2 / "files.json").read_text())["files"]
+    assert manifest[STATE] == (finished_run / STEP_2 / STATE).stat().st_size and "trainer.json" in manifest
+
+
+# ---- the planner's readers of a run's metrics.jsonl: a torn last line skipped, garbage refused -----------------
+ROWS = [{"step": s, "time/step": 1.0 + s, "time/actor_generate": 0.5, "response_length/mean": 10.0 + s,
+         "response_length/max": 20.0, "agent/turns_mean": 2.0, "agent/turns_max": 3.0,
+         "agent/tool_latency_p50_s": 0.1} for s in range(3)]
+
+
+def _readers() -> dict[str, Any]:
+    from hybridflow.planner.agents import AgentWorkload
+    from hybridflow.planner.lengths import LengthDistribution
+    from hybridflow.planner.measured import measured_node_times
+
+    return {"lengths": LengthDistribution.from_metrics, "agent": AgentWorkload.from_metrics,
+            "node times": measured_node_times}
+
+
+@pytest.mark.parametrize("reader", ["lengths", "agent", "node times"])
+def test_planner_readers_skip_a_torn_last_line(reader: str, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "metrics.jsonl"
+    whole = "".join(json.dumps(row) + "\n" for row in ROWS)
+    path.write_text(whole)
+    expected = _readers()[reader](path)
+    path.write_text(whole + '{"step": 3, "response_len')  # a crash mid-write
+    assert _readers()[reader](path) == expected
+    assert "metrics.jsonl line 4 is torn (an interrupted write); skipped it" in capsys.readouterr().err
+
+
+PLANNER_GARBAGE = {
+    "binary": (b"\x89PNG\r\n\x1a\n\x00\xff\xfe", r"metrics\.jsonl is not a metrics\.jsonl \(binary data at byte"),
+    "a broken middle line": (b'{"step": 0}\nnot json\n{"step": 1}\n', r"metrics\.jsonl line 2 is not JSON"),
+    "a list line": (b'{"step": 0}\n[1, 2]\n', r"metrics\.jsonl line 2 is a list, not a JSON object"),
+    "a string metric": (b'{"step": 0, "time/step": "fast", "response_length/mean": "long", "agent/turns_mean": "x"}\n'
+                        * 2, r"metrics\.jsonl line \d: '[\w/]+' is '\w+', not a finite number"),
+}
+
+
+@pytest.mark.parametrize("kind", list(PLANNER_GARBAGE), ids=list(PLANNER_GARBAGE))
+def test_planner_readers_refuse_garbage_naming_the_file_and_line(kind: str, tmp_path: Path) -> None:
+    data, pattern = PLANNER_GARBAGE[kind]
+    (tmp_path / "metrics.jsonl").write_bytes(data)
+    for reader in _readers().values():
+        with pytest.raises(ValueError, match=pattern):
+            reader(tmp_path / "metrics.jsonl")
+
+
+def test_plan_lengths_from_garbage_is_one_error_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "metrics.jsonl").write_bytes(b"\x00\x01garbage\xff")
+    code = main(["plan", "--algorithm", "grpo", "--cluster", "4xA100-80G", "--model", "qwen2.5-1.5b",
+                 "--lengths-from", str(tmp_path / "metrics.jsonl")])
+    _one_error_line(capsys.readouterr().err, code, 2, r"metrics\.jsonl is not a metrics\.jsonl \(binary data")

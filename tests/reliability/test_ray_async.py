@@ -1,5 +1,6 @@
 """``pipeline=async`` on Ray: a rollout worker killed mid-run is reported, and the run resumes from its
-checkpoint with the trainer's state intact (the samples in flight are regenerated, not silently reused)."""
+checkpoint with the trainer's and the rollout's state intact (what the dead worker generated after the
+checkpoint is gone; what the checkpoint saved of the rollout's work is restored, not regenerated)."""
 
 from __future__ import annotations
 
@@ -69,5 +70,6 @@ def test_a_killed_rollout_worker_is_reported_and_the_run_resumes(local_ray: None
     saved, again = tmp_path / "saved", tmp_path / "again"
     files = sorted(p.relative_to(saved) for p in saved.rglob("*") if p.is_file())
     assert files and all(filecmp.cmp(saved / f, again / f, shallow=False) for f in files)
-    assert int(results[0].batch["policy_version"].min()) == 3  # regenerated with the checkpoint's weights
+    # Step 3's rows were in flight at the checkpoint: tokens sampled before it keep version 2, the rest version 3.
+    assert int(results[0].batch["policy_version"].min()) in (2, 3)
     assert all(r.metrics["pipeline/staleness_max"] <= 1 for r in results)

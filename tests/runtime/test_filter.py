@@ -118,7 +118,7 @@ def test_one_filter_per_graph() -> None:
 
 
 def test_bad_filter_options_name_the_field() -> None:
-    with pytest.raises(NodeSpecError, match="max_rounds=-1 must be an integer >= 0"):
+    with pytest.raises(NodeSpecError, match=r"max_rounds=-1 must be an integer in \[0, 16\]"):
         _graph().filter("keep", fn="groups_with_signal", inputs=("scores", "uid"), max_rounds=-1)
 
 

@@ -65,13 +65,23 @@ def test_one_step_off_needs_a_rollout_on_gpus_of_its_own() -> None:
 
 
 @pytest.mark.slow
-def test_hybridflow_train_runs_one_step_off_on_a_detached_rollout(tmp_path: Path) -> None:
+def test_hybridflow_train_runs_and_resumes_one_step_off_on_a_detached_rollout(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The run's last checkpoint holds the batch of the step after it (generated with the weights before the
+    last update), so a resumed run with more steps trains on samples one update old, as an uninterrupted run."""
     from hybridflow.train.config import load_config
     from hybridflow.train.loop import train
 
-    config = load_config(None, ["algorithm=grpo_no_ref", "algorithm_options={n: 2, max_new_tokens: 4}", "steps=3",
-                                "model.sft_steps=5", "data.batch_size=4", "data.num_examples=32", "placement=manual",
-                                "cluster=2xCPU", "meshes={actor: [0], 'actor:rollout': [1]}", "pipeline=one_step_off",
-                                f"output_dir={tmp_path}", "progress=false", "tensorboard=false", "plot=false"])
-    history = train(config).history
-    assert [row["pipeline/staleness_max"] for row in history] == [0.0, 1.0, 1.0]
+    def config(steps: int) -> Any:
+        return load_config(None, ["algorithm=grpo_no_ref", "algorithm_options={n: 2, max_new_tokens: 4}",
+                                  f"steps={steps}", "checkpoint_every=2", "model.sft_steps=5", "data.batch_size=4",
+                                  "data.num_examples=32", "placement=manual", "cluster=2xCPU",
+                                  "meshes={actor: [0], 'actor:rollout': [1]}", "pipeline=one_step_off",
+                                  f"output_dir={tmp_path}", "progress=false", "tensorboard=false", "plot=false"])
+
+    assert [row["pipeline/staleness_max"] for row in train(config(2)).history] == [0.0, 1.0]
+    assert (tmp_path / "checkpoints" / "step_000002" / "roles" / "rollout_state.bin").is_file()
+    capsys.readouterr()
+    resumed = train(config(3), resume=True).history
+    assert [row["pipeline/staleness_max"] for row in resumed] == [1.0]
+    assert "warning" not in capsys.readouterr().err
