@@ -39,7 +39,7 @@ class ConfigKeyError(KeyError):
 
 
 ANY = object()  # ``harmless=ANY``: no value of the key changes anything here
-OFF = (None, False, 0, 0.0, "", (), [], {})  # a feature we lack, switched off: harmless
+OFF: tuple[Any, ...] = (None, False, 0, 0.0, "", (), [], {})  # a feature we lack, switched off: harmless
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -128,7 +128,7 @@ def translate(pairs: list[tuple[str, Any]], native: Callable[[str], bool], probl
     context: dict[str, Any] = {full: value for _, full, _, value in foreign}
     context.update(given)
     produced: dict[str, tuple[str, Any]] = {}
-    for key, full, entry, value in sorted(foreign, key=lambda item: not item[2].first):
+    for key, _full, entry, value in sorted(foreign, key=lambda item: not item[2].first):
         context["algorithm"] = given.get("algorithm", produced.get("algorithm", ("", "grpo"))[1])
         try:
             result = entry.resolve(key, value, context)

@@ -45,9 +45,9 @@ def _free_form(hint: Any) -> bool:
 
 
 def walk(root: type, dotted: str) -> tuple[str, str, type | None]:
-    """How ``dotted`` sits in ``root``'s schema: ``("field", ...)`` for a field of ours, ``("free", ...)`` for a
-    free-form mapping field or a key inside one, ``("section", ...)`` for one of our sections itself, else ``("unknown", prefix,
-    cls)``: the deepest section of ours it enters (``prefix`` ends with a dot) and that section's class."""
+    """How ``dotted`` sits in ``root``'s schema: ``"field"`` (a field of ours), ``"free"`` (a free-form mapping
+    field or a key inside one), ``"section"`` (one of our sections itself), else ``"unknown"``, with the deepest
+    section of ours it enters (``prefix``, ending with a dot) and that section's class."""
     cls: type | None = root
     prefix = ""
     parts = dotted.split(".")

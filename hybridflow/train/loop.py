@@ -107,7 +107,7 @@ def _train(prepared: PreparedRun, *, resume: bool, overwrite: bool, resume_from:
             writer.write(step, metrics)
             history.append({"step": step, **metrics})
             progress.show(metrics)
-            if config.checkpoint_every and (step + 1) % config.checkpoint_every == 0:
+            if checkpoint_due(step, config):
                 def write_roles(directory: str) -> None:  # role states plus the hf/ view beside them
                     controller.save_checkpoint(directory)
                     if not adapter_policy:  # a LoRA checkpoint stays adapter-sized: its base is model_dir
@@ -126,6 +126,12 @@ def _train(prepared: PreparedRun, *, resume: bool, overwrite: bool, resume_from:
         curve = run_dir / "plots" / "reward.png" if (run_dir / "plots" / "reward.png").is_file() else None
     return TrainResult(run_dir=run_dir, metrics_path=writer.path, curve_path=curve, history=history,
                        start_step=start, report_path=report, export_path=exported)
+
+
+def checkpoint_due(step: int, config: TrainConfig) -> bool:
+    """Whether ``step`` ends with a checkpoint: every ``checkpoint_every`` steps and at the run's last step, so
+    that ``--resume`` of a finished run finds it finished instead of training its last steps again."""
+    return bool(config.checkpoint_every) and ((step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps)
 
 
 def _upcoming(loader: Any, steps: int, step: int) -> Any:

@@ -18,7 +18,6 @@ from hybridflow.train.aliases import ConfigKeyError, ForeignKey, Refused, edit_d
 from hybridflow.train.config import TrainConfig, load_config
 from hybridflow.train.config_keys import checked, flatten, walk
 from hybridflow.train.dialect_trl import TRL
-from hybridflow.train.dialect_verl import verl_key
 
 DATA = Path(__file__).parent / "data"
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,7 +84,7 @@ def test_verl_keys_at_verl_defaults_that_we_refuse_say_why() -> None:
     """A full verl config at its defaults: each key translates, is harmless, or is refused with a reason."""
     for key, default in VERL.items():
         found = aliases.lookup(key)
-        if found is None or isinstance(default, str) and default.startswith("${"):
+        if found is None or (isinstance(default, str) and default.startswith("${")):
             continue  # our own key, or an interpolation verl fills in
         try:
             found[1].resolve(key, default, {"algorithm": "grpo"})
