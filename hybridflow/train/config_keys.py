@@ -139,7 +139,19 @@ def _unknown(root: type, dotted: str) -> str:
     if found is not None and found[1].target:
         suggestions.append(found[1].target)  # TRL's top-level name given inside a section
     hint = f"; did you mean {' or '.join(repr(s) for s in suggestions[:3])}?" if suggestions else ""
+    head_section = dotted.split(".")[0]
+    if not prefix and "." in dotted and head_section in _foreign_sections():
+        return f"unknown config key {dotted!r}{hint} (not a key of verl 0.9's trainer config either)"
+    if not prefix and suggestions:
+        return f"unknown config key {dotted!r}{hint}"
     return f"unknown config key {dotted!r}{hint} (valid keys here: {valid})"
+
+
+@functools.cache
+def _foreign_sections() -> frozenset[str]:
+    from hybridflow.train.dialect_verl import table
+
+    return frozenset(key.split(".")[0] for key in table() if not key.startswith("**"))
 
 
 @functools.cache

@@ -79,8 +79,8 @@ def _max_steps(value: Any, context: Context) -> dict[str, Any]:
 def _epochs(value: Any, context: Context) -> dict[str, Any]:
     if isinstance(context.get("max_steps"), int) and context["max_steps"] > 0:
         return {}  # TRL itself ignores the epochs when max_steps is set
-    raise Refused("passes over the dataset; here runs count steps: write max_steps (or steps) = "
-                  "num_train_epochs x prompts / data.batch_size")
+    raise Refused("here runs count steps: write max_steps (or steps) = num_train_epochs x prompts / "
+                  "data.batch_size")
 
 
 SCHEDULERS = {"constant": "constant", "constant_with_warmup": "constant", "linear": "linear", "cosine": "cosine",

@@ -123,8 +123,8 @@ def _loss_mode(value: Any, context: Context) -> dict[str, Any]:
 def _epochs(value: Any, context: Context) -> dict[str, Any]:
     if context.get("trainer.total_training_steps") is not None:
         return {}  # verl ignores the epochs when the step count is given
-    raise Refused("passes over the train files; here runs count steps: write trainer.total_training_steps "
-                  "(= total_epochs x rows / train_batch_size)")
+    raise Refused("here runs count steps: write trainer.total_training_steps (= total_epochs x rows / "
+                  "train_batch_size)")
 
 
 def _warmup_steps(value: Any, context: Context) -> dict[str, Any]:

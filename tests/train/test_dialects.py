@@ -219,6 +219,14 @@ def test_both_spellings_of_one_setting_clash_unless_they_agree() -> None:
     assert load_config(None, ["algorithm=grpo", "algorithm.adv_estimator=grpo"]).algorithm == "grpo"
 
 
+def test_a_clash_is_found_inside_a_mapping_given_whole(tmp_path: Path) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_text("algorithm_options: {n: 2}\n")
+    with pytest.raises(ConfigKeyError, match=r"same setting; keep 'algorithm_options.n'"):
+        load_config(path, ["actor_rollout_ref.rollout.n=4"])
+    assert load_config(path, ["num_generations=2"]).algorithm_options == {"n": 2}
+
+
 def test_algorithm_adv_estimator_works_beside_a_yaml_algorithm(tmp_path: Path) -> None:
     path = tmp_path / "run.yaml"
     path.write_text("algorithm: grpo\nalgorithm_options: {n: 2}\n")
@@ -246,9 +254,8 @@ def test_a_refusal_must_say_why() -> None:
 
 def test_the_migrating_table_is_the_alias_table() -> None:
     doc = (ROOT / "docs" / "migrating.md").read_text()
-    start = doc.index("<!-- alias table: generated")
-    body = doc[doc.index("\n", start) + 1: doc.index("<!-- end alias table -->")]
-    assert body == aliases.table_markdown(), "regenerate: python -m hybridflow.train.aliases"
+    body = doc.split(aliases.START, 1)[1].split(aliases.END, 1)[0]
+    assert body == aliases.table_markdown(), "regenerate: python -m hybridflow.train.aliases --write docs/migrating.md"
 
 
 TRL_STYLE = """\
