@@ -63,11 +63,16 @@ class ForeignKey:
 
     @property
     def status(self) -> str:
-        """``renamed``, ``accepted``, ``accepted at ...`` (refused otherwise) or ``refused``."""
-        if self.target is not None or self.convert is not None:
+        """``renamed`` (the value kept), ``translated`` (by ``convert``, which may refuse some values),
+        ``accepted``, ``accepted at ...`` (refused otherwise) or ``refused``."""
+        if self.target is not None:
             return "renamed"
+        if self.convert is not None:
+            return "translated"
         if self.harmless is ANY:
             return "accepted"
+        if self.harmless is OFF:
+            return "accepted when off (null, false, 0 or empty); else refused"
         if self.harmless is not None:
             return "accepted at " + ", ".join(_show(v) for v in self.harmless) + "; else refused"
         return "refused"
@@ -230,7 +235,7 @@ def table_markdown() -> str:
     for name, entry in rows:
         here = f"`{entry.target}`" if entry.target else entry.status
         if entry.why:
-            here = f"{here}: {entry.why}" if entry.target or entry.status != "refused" else f"refused: {entry.why}"
+            here = f"{here}: {entry.why}"
         lines.append(f"| {name} | {entry.source} | {entry.meaning} | {_cell(here)} |")
     return "\n".join(lines) + "\n"
 
