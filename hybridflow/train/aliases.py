@@ -114,6 +114,18 @@ def lookup(key: str) -> tuple[str, ForeignKey] | None:
     return verl_key(key)
 
 
+def foreign_leaf(key: str) -> bool:
+    """Whether ``key`` is one TRL field or verl key whose value may itself be a mapping (TRL's
+    ``model_init_kwargs``, verl's ``rollout.engine_kwargs.vllm``): such a value is read whole, not as sub-keys."""
+    from hybridflow.train.dialect_trl import TRL
+    from hybridflow.train.dialect_verl import table
+
+    if "." not in key and key in TRL:
+        return True
+    found = lookup(key)
+    return found is not None and found[0] in table() and "**" not in found[0]
+
+
 def translate(pairs: list[tuple[str, Any]], native: Callable[[str], bool], problems: list[str],
               unknown: Callable[[str], str]) -> list[tuple[str, Any]]:
     """``pairs`` (dotted key, value; later ones win) with every foreign key translated to ours. Each key that

@@ -16,7 +16,7 @@ import typing
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hybridflow.train.aliases import ConfigKeyError, closest, lookup, translate
+from hybridflow.train.aliases import ConfigKeyError, closest, foreign_leaf, lookup, translate
 
 
 @functools.cache
@@ -82,7 +82,8 @@ def flatten(root: type, data: Mapping[str, Any], prefix: str = "") -> list[tuple
     pairs: list[tuple[str, Any]] = []
     for key, value in data.items():
         dotted = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value and walk(root, dotted)[0] != "free":
+        kind = walk(root, dotted)[0] if isinstance(value, Mapping) and value else "free"
+        if kind != "free" and not (kind == "unknown" and foreign_leaf(dotted)):
             pairs += flatten(root, value, dotted + ".")
         else:
             pairs.append((dotted, value))

@@ -242,6 +242,14 @@ def test_flatten_keeps_free_form_mappings_whole() -> None:
     assert pairs == [("algorithm_options", {"n": 2}), ("roles.actor.options", {"a": {"b": 1}})]
 
 
+def test_a_foreign_field_holding_a_mapping_is_read_whole() -> None:
+    with pytest.raises(ConfigKeyError, match=r"'model_init_kwargs' \(TRL: from_pretrained options\)"):
+        checked(TrainConfig, flatten(TrainConfig, {"model_init_kwargs": {"torch_dtype": "bfloat16"}}))
+    nested = {"actor_rollout_ref": {"rollout": {"name": "vllm", "engine_kwargs": {"vllm": {"swap_space": 4}}}}}
+    assert checked(TrainConfig, flatten(TrainConfig, nested)) == {"roles": {"actor": {
+        "rollout": "vllm", "rollout_options": {"engine_args": {"swap_space": 4}}}}}
+
+
 def test_edit_distance() -> None:
     assert edit_distance("stepz", "steps") == 1 and edit_distance("", "abc") == 3
     assert edit_distance("kitten", "sitting") == 3
