@@ -162,8 +162,8 @@ def _logger(value: Any, context: Context) -> dict[str, Any]:
 
 
 def _val_before_train(value: Any, context: Context) -> dict[str, Any]:
-    if value and not context.get("data.val_files"):
-        return {}  # verl validates only with a validation set; so does validate_before_train
+    if value and not (context.get("data.val_files") or context.get("data.val_path")):
+        return {}  # verl validates only with a validation set (its default is true): nothing to validate
     return {"validate_before_train": bool(value)}
 
 

@@ -155,6 +155,12 @@ def test_verl_keys_translate_to_our_keys(key: str, value: Any, expected: dict[st
     assert checked(TrainConfig, [(key, value)]) == expected
 
 
+def test_verl_validation_before_training_needs_a_validation_set() -> None:
+    assert checked(TrainConfig, [("trainer.val_before_train", True)]) == {}  # verl's default, with no val files
+    both = checked(TrainConfig, [("data.val_path", "v.parquet"), ("trainer.val_before_train", True)])
+    assert both == {"data": {"val_path": "v.parquet"}, "validate_before_train": True}
+
+
 def test_verl_reward_file_and_name_become_one_reward() -> None:
     pairs = [("custom_reward_function.path", "r.py"), ("custom_reward_function.name", "score")]
     assert checked(TrainConfig, pairs) == {"data": {"reward": "r.py:score"}}
