@@ -56,6 +56,20 @@ def kl_estimator(value: Any, context: Context) -> dict[str, Any]:
                   "(ppo_policy's kl_type, docs/algorithms.md)")
 
 
+def _mini_batches(role: str) -> Any:
+    """verl's mini-batch size (prompts) as our count of mini-batches per step, from the step's prompts."""
+    def convert(value: Any, context: Context) -> dict[str, Any]:
+        if value is None:
+            return {}
+        prompts = context.get("data.train_batch_size", context.get("data.batch_size"))
+        if not isinstance(prompts, int) or not isinstance(value, int) or value < 1 or prompts % value:
+            raise Refused(f"here {role}.mini_batches is how many mini-batches a step's batch is cut into: give "
+                          f"data.train_batch_size (a multiple of it), or write {role}.mini_batches = "
+                          "data.batch_size / ppo_mini_batch_size")
+        return {f"{role}.mini_batches": prompts // value}
+    return convert
+
+
 def _strategy(role: str) -> Any:
     def convert(value: Any, context: Context) -> dict[str, Any]:
         if value in ("fsdp", "fsdp2"):
@@ -200,9 +214,8 @@ def _actor_keys() -> dict[str, ForeignKey]:
         **_optim_keys(a + "optim.", "actor"),
         **_engine_keys(a),
         a + "strategy": translated(_strategy("actor"), "the training engine", "roles.actor.backend"),
-        a + "ppo_mini_batch_size": refused("prompts per mini-batch", "here actor.mini_batches is how many "
-                                       "mini-batches a step's batch is cut into: actor.mini_batches = "
-                                       "data.batch_size / ppo_mini_batch_size", ()),
+        a + "ppo_mini_batch_size": translated(_mini_batches("actor"), "prompts per mini-batch", "actor.mini_batches "
+                                              "(a count) = data.train_batch_size / ppo_mini_batch_size"),
         a + "ppo_micro_batch_size": refused("rows per micro batch over all GPUs (deprecated)",
                                         "write ppo_micro_batch_size_per_gpu (actor.micro_batch_size)"),
         a + "ppo_micro_batch_size_per_gpu": translated(unless_null("actor.micro_batch_size"), "rows per forward/"
@@ -356,8 +369,8 @@ def _critic_keys() -> dict[str, ForeignKey]:
         c + "fsdp.**": refused("FSDP engine settings", _FSDP),
         c + "strategy": translated(_strategy("critic"), "the critic's engine", "roles.critic.backend"),
         c + "enable": accepted("use a critic", "the algorithm decides (ppo has one)"),
-        c + "ppo_mini_batch_size": refused("prompts per mini-batch", "critic.mini_batches = data.batch_size / "
-                                       "ppo_mini_batch_size", (None,)),
+        c + "ppo_mini_batch_size": translated(_mini_batches("critic"), "prompts per mini-batch",
+                                              "critic.mini_batches = data.train_batch_size / ppo_mini_batch_size"),
         c + "ppo_micro_batch_size": refused("rows per micro batch over all GPUs (deprecated)",
                                         "write ppo_micro_batch_size_per_gpu (critic.micro_batch_size)"),
         c + "ppo_micro_batch_size_per_gpu": translated(unless_null("critic.micro_batch_size"), "rows per pass per GPU",

@@ -23,11 +23,12 @@ def test_verl_and_trl_names_with_our_meaning_are_renamed() -> None:
 
 @pytest.mark.parametrize(("override", "advice"), [
     ("actor_rollout_ref.actor.ppo_mini_batch_size=4", r"actor.mini_batches = data.batch_size / ppo_mini_batch_size"),
+    ("actor_rollout_ref.actor.ppo_mini_batch_size=3 data.train_batch_size=8", r"a multiple of it"),
     ("loss_type=bnpo", r"nearest is loss_type 'dapo'"),
 ])
 def test_names_with_another_meaning_are_refused_with_the_fix(override: str, advice: str) -> None:
     with pytest.raises(KeyError, match=advice):
-        load_config(None, [override])
+        load_config(None, override.split())
 
 
 def test_names_that_mean_ours_are_renamed_and_two_of_them_must_agree() -> None:

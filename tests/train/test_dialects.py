@@ -161,6 +161,13 @@ def test_verl_validation_before_training_needs_a_validation_set() -> None:
     assert both == {"data": {"val_path": "v.parquet"}, "validate_before_train": True}
 
 
+def test_verl_mini_batch_size_becomes_a_count_of_mini_batches() -> None:
+    pairs = [("data.train_batch_size", 16), ("actor_rollout_ref.actor.ppo_mini_batch_size", 4)]
+    assert checked(TrainConfig, pairs) == {"data": {"batch_size": 16}, "actor": {"mini_batches": 4}}
+    with pytest.raises(ConfigKeyError, match=r"a multiple of it"):
+        checked(TrainConfig, [("data.train_batch_size", 16), ("actor_rollout_ref.actor.ppo_mini_batch_size", 5)])
+
+
 def test_verl_reward_file_and_name_become_one_reward() -> None:
     pairs = [("custom_reward_function.path", "r.py"), ("custom_reward_function.name", "score")]
     assert checked(TrainConfig, pairs) == {"data": {"reward": "r.py:score"}}
@@ -194,7 +201,7 @@ def test_the_kl_tables_match_the_graphs() -> None:
     ("loss_type", "cispo", r"not built in"),
     ("push_to_hub", True, r"no Hub uploads"),
     ("num_train_epochs", 3.0, r"write max_steps"),
-    ("actor_rollout_ref.actor.ppo_mini_batch_size", 4, r"actor.mini_batches = data.batch_size / ppo_mini_batch_size"),
+    ("actor_rollout_ref.actor.ppo_mini_batch_size", 4, r"give data.train_batch_size \(a multiple of it\)"),
     ("actor_rollout_ref.rollout.name", "sglang", r"native, hf_generate, vllm"),
     ("actor_rollout_ref.actor.kl_loss_type", "kl", r"k3 \(low_var_kl\)"),
     ("trainer.total_epochs", 15, r"trainer.total_training_steps"),
@@ -309,6 +316,7 @@ VERL_STYLE = [
     "algorithm.adv_estimator=grpo", "data.train_batch_size=4", "data.max_prompt_length=64",
     "data.max_response_length=8", "data.filter_overlong_prompts=True", "data.truncation=error",
     "actor_rollout_ref.actor.optim.lr=1e-5", "actor_rollout_ref.model.use_remove_padding=True",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=2",
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "actor_rollout_ref.actor.use_kl_loss=True",
     "actor_rollout_ref.actor.kl_loss_coef=0.001", "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
     "actor_rollout_ref.actor.entropy_coeff=0", "actor_rollout_ref.model.enable_gradient_checkpointing=True",
@@ -371,6 +379,7 @@ def test_a_verl_style_override_list_prepares_a_run(tmp_path: Path) -> None:
     assert (config.algorithm, config.steps, config.checkpoint_every, config.data.batch_size) == ("grpo", 2, 2, 4)
     assert config.algorithm_options == {"max_new_tokens": 8, "n": 4, "kl_coef": 0.001, "entropy_coef": 0}
     assert config.actor.micro_batch_size == 4 and config.roles["reference"].micro_batch_size == 4
+    assert config.actor.mini_batches == 2
     assert config.trackers == [] and config.validation_every == 0
     _prepare(config)
 
