@@ -84,6 +84,8 @@ def _where(err: BaseException) -> str:
 
 
 def _first_line(err: BaseException) -> str:
+    if isinstance(getattr(err, "problems", None), list) and len(err.problems) > 1:  # type: ignore[attr-defined]
+        return str(err)  # a config's bad keys, all of them, one per line (hybridflow.train.aliases)
     text = err.args[0] if isinstance(err, KeyError) and len(err.args) == 1 and isinstance(err.args[0], str) \
         else str(err)
     lines = [line for line in text.strip().splitlines() if line.strip()]

@@ -31,24 +31,34 @@ def run(args: argparse.Namespace) -> int:
     from hybridflow.train.loop import train
 
     # Scripts that build their own namespace (examples/train_ppo.py under torchrun) may lack the newer flags.
+    config = _load(args.config, args.overrides)
     with _sigterm_as_interrupt():
-        result = train(_load(args.config, args.overrides), resume=args.resume,
+        result = train(config, resume=args.resume,
                        overwrite=getattr(args, "overwrite", False), resume_from=getattr(args, "resume_from", None),
                        allow_config_change=getattr(args, "allow_config_change", False))
+    for line in summary(result, config):
+        print(line)
+    return 0
+
+
+def summary(result: Any, config: Any) -> list[str]:
+    """What a finished run wrote, one line each: only the outputs this config turned on (no TensorBoard path
+    when TensorBoard is off)."""
     rewards = [row.get("reward/mean", float("nan")) for row in result.history]
     window = max(1, min(10, len(rewards)))
-    print(f"trained steps {result.start_step}..{result.start_step + len(rewards) - 1}; mean reward over the first "
-          f"{window} steps {sum(rewards[:window]) / window:.3f}, over the last {window} "
-          f"{sum(rewards[-window:]) / window:.3f}")
-    print(f"metrics:      {result.metrics_path}")
-    print(f"tensorboard:  {result.run_dir / 'tensorboard'}")
+    lines = [f"trained steps {result.start_step}..{result.start_step + len(rewards) - 1}; mean reward over the "
+             f"first {window} steps {sum(rewards[:window]) / window:.3f}, over the last {window} "
+             f"{sum(rewards[-window:]) / window:.3f}" if rewards else "trained no steps (the run was finished)",
+             f"metrics:      {result.metrics_path}"]
+    if config.tensorboard and "tensorboard" in config.trackers:
+        lines.append(f"tensorboard:  {result.run_dir / 'tensorboard'}")
     if result.curve_path is not None:
-        print(f"reward curve: {result.curve_path}")
+        lines.append(f"reward curve: {result.curve_path}")
     if result.report_path is not None:
-        print(f"report:       {result.report_path}")
+        lines.append(f"report:       {result.report_path}")
     if result.export_path is not None:
-        print(f"final model:  {result.export_path} (Hugging Face format)")
-    return 0
+        lines.append(f"final model:  {result.export_path} (Hugging Face format)")
+    return lines
 
 
 @contextlib.contextmanager

@@ -1,10 +1,13 @@
-"""verl and TRL names in a config: the same meaning under another name is renamed; a different one is refused.
+"""verl's and TRL's config names: each one is renamed to ours, accepted as a no-op, or refused saying why.
 
-A config written with verl's or TRL's names (``actor_rollout_ref.rollout.n``, ``num_generations``,
-``max_response_length``...) either maps onto our key (same meaning: renamed, the value kept) or is refused
-with what to write instead (different meaning: ``ppo_mini_batch_size`` is rows per mini-batch, ours is a
-count; ``kl_loss_coef`` is a loss term, our ``kl_coef`` is one only in some algorithms). docs/migrating.md
-has the table side by side.
+A config written with TRL 1.16's ``GRPOConfig`` fields (``num_generations``, ``beta``, ``loss_type``...) or verl
+0.9's trainer keys (``algorithm.adv_estimator``, ``actor_rollout_ref.rollout.n``, ``trainer.save_freq``...) loads
+here: a key whose meaning is ours is **renamed** (its value carried over, translated where the spelling of a
+value differs), a key that changes nothing here is **accepted** (at every value, or only at the values that
+leave the run as ours is: ``use_dynamic_bsz: false``), and any other is **refused** with what it means there
+and what to write instead. The tables are :data:`hybridflow.train.dialect_trl.TRL` and
+:data:`hybridflow.train.dialect_verl.VERL`; docs/migrating.md's table is generated from them
+(``python -m hybridflow.train.aliases --write docs/migrating.md``) and a test keeps the two equal.
 """
 
 from __future__ import annotations
@@ -14,97 +17,200 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+Context = Mapping[str, Any]  # every key the config gives (dotted, as written) and "algorithm" as it will run
+Convert = Callable[[Any, Context], dict[str, Any]]
+
+
+class Refused(ValueError):
+    """A foreign key (or one of its values) with no meaning here; the message says why and what to write."""
+
+
+class ConfigKeyError(KeyError):
+    """Every bad key of a config at once, one line each (a ``KeyError`` whose text is not quoted)."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+    def __str__(self) -> str:
+        if len(self.problems) == 1:
+            return self.problems[0]
+        return f"{len(self.problems)} config keys need a fix:\n" + "\n".join(f"  - {p}" for p in self.problems)
+
+
+ANY = object()  # ``harmless=ANY``: no value of the key changes anything here
+OFF: tuple[Any, ...] = (None, False, 0, 0.0, "", (), [], {})  # a feature we lack, switched off: harmless
+
 
 @dataclass(frozen=True, kw_only=True)
 class ForeignKey:
-    """A verl/TRL key: ``target`` when it means exactly our key, else ``advice`` on what to write."""
+    """One TRL or verl key. ``target``: our key, the value kept; ``convert``: the value as our keys (it may
+    raise :class:`Refused` for a value with no meaning here); ``harmless``: values that change nothing here
+    (accepted and dropped; :data:`ANY` for all); otherwise refused. ``meaning`` is what it does there, ``why``
+    the reason it is accepted or refused (with what to write instead)."""
 
     source: str
+    meaning: str
     target: str | None = None
-    advice: str = ""
+    convert: Convert | None = None
+    harmless: Any = None
+    why: str = ""
+    first: bool = False  # decides the algorithm: translated before the keys whose value depends on it
+
+    def __post_init__(self) -> None:
+        if self.target is None and self.convert is None and self.harmless is None and not self.why:
+            raise ValueError(f"{self.source} key ({self.meaning}): a refusal must say why")
 
     @property
-    def nested(self) -> bool:
-        """verl's keys live in sections (``actor_rollout_ref.actor.*``) and match at any depth; TRL's are
-        top-level fields of its config and match only there (``actor.learning_rate`` is just a typo)."""
-        return self.source == "verl"
+    def status(self) -> str:
+        """``renamed`` (the value kept), ``translated`` (by ``convert``, which may refuse some values),
+        ``accepted``, ``accepted at ...`` (refused otherwise) or ``refused``."""
+        if self.target is not None:
+            return "renamed"
+        if self.convert is not None:
+            return "translated"
+        if self.harmless is ANY:
+            return "accepted"
+        if self.harmless is OFF:
+            return "accepted when off (null, false, 0 or empty); else refused"
+        if self.harmless is not None:
+            return "accepted at " + ", ".join(_show(v) for v in self.harmless) + "; else refused"
+        return "refused"
+
+    def resolve(self, key: str, value: Any, context: Context) -> dict[str, Any]:
+        """Our keys for ``key: value`` (empty when harmless); raises :class:`Refused` naming the key."""
+        if self.harmless is ANY or (self.harmless is not None and _among(value, self.harmless)):
+            return {}
+        try:
+            if self.convert is not None:
+                return self.convert(value, context)
+        except Refused as err:
+            raise Refused(f"{self.label(key)}={value!r}: {err}") from None
+        if self.target is not None:
+            return {self.target: value}
+        raise Refused(f"{self.label(key)}={value!r}: {self.why}")
+
+    def label(self, key: str) -> str:
+        return f"{key!r} ({self.source}: {self.meaning})"
 
 
-def _same(source: str, target: str) -> ForeignKey:
-    return ForeignKey(source=source, target=target)
+def _among(value: Any, values: tuple[Any, ...]) -> bool:
+    return any(type(value) is type(v) or (isinstance(value, int | float) and isinstance(v, int | float)
+                                          and not isinstance(value, bool) and not isinstance(v, bool))
+               for v in values if value == v) or (value is None and None in values)
 
 
-# verl's are recognised by their last dotted parts (``actor_rollout_ref.rollout.n`` ends with ``rollout.n``).
-FOREIGN: dict[str, ForeignKey] = {
-    "rollout.n": _same("verl", "algorithm_options.n"),
-    "num_generations": _same("TRL", "algorithm_options.n"),
-    "max_response_length": _same("verl", "algorithm_options.max_new_tokens"),
-    "max_completion_length": _same("TRL", "algorithm_options.max_new_tokens"),
-    "rollout.temperature": _same("verl", "algorithm_options.temperature"),
-    "temperature": _same("TRL", "algorithm_options.temperature"),
-    "rollout.top_p": _same("verl", "algorithm_options.top_p"),
-    "top_p": _same("TRL", "algorithm_options.top_p"),
-    "rollout.top_k": _same("verl", "algorithm_options.top_k"),
-    "top_k": _same("TRL", "algorithm_options.top_k"),
-    "train_batch_size": _same("verl", "data.batch_size"),  # prompts per step in both
-    "actor.optim.lr": _same("verl", "actor.lr"),
-    "learning_rate": _same("TRL", "actor.lr"),
-    "ppo_epochs": _same("verl", "actor.epochs"),
-    "num_iterations": _same("TRL", "actor.epochs"),
-    "clip_ratio_high": _same("verl", "algorithm_options.clip_ratio_high"),
-    "loss_agg_mode": _same("verl", "algorithm_options.loss_agg"),
-    "entropy_coeff": _same("verl", "algorithm_options.entropy_coef"),
-    "total_training_steps": _same("verl", "steps"),
-    "max_steps": _same("TRL", "steps"),
-    "test_freq": _same("verl", "validation_every"),
-    "eval_steps": _same("TRL", "validation_every"),
-    "save_freq": _same("verl", "checkpoint_every"),
-    "save_steps": _same("TRL", "checkpoint_every"),
-    "max_actor_ckpt_to_keep": _same("verl", "keep_checkpoints"),
-    "save_total_limit": _same("TRL", "keep_checkpoints"),
-    "ppo_mini_batch_size": ForeignKey(source="verl", advice=(
-        "verl's ppo_mini_batch_size counts prompts per mini-batch; here actor.mini_batches is how many "
-        "mini-batches a step's batch is cut into: set actor.mini_batches = data.batch_size / ppo_mini_batch_size")),
-    "kl_loss_coef": ForeignKey(source="verl", advice=(
-        "verl's kl_loss_coef weighs a KL term in the actor loss (use_kl_loss: true); here that is "
-        "algorithm_options.kl_coef for grpo, dr_grpo, gspo and reinforce_pp (a loss term), while ppo, rloo "
-        "and remax use algorithm_options.kl_coef as a reward penalty (verl's algorithm.kl_ctrl.kl_coef)")),
-    "beta": ForeignKey(source="TRL", advice=(
-        "TRL's beta is the KL coefficient: here algorithm_options.kl_coef (a loss term in grpo, as in TRL)")),
-    "train_files": ForeignKey(source="verl", advice="verl's data.train_files is data.path here (one file or "
-                                                    "a datasets directory)"),
-    "val_files": ForeignKey(source="verl", advice="verl's data.val_files is data.val_path here (one file)"),
-}
-
-FREE_FORM = ("algorithm_options", "meshes", "roles")  # sections whose keys are not ours to judge here
+def _show(value: Any) -> str:
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else repr(value)
 
 
-def translate_foreign_keys(data: Mapping[str, Any], known: Callable[[str], bool]) -> dict[str, Any]:
-    """``data`` with verl/TRL keys renamed to ours; a key whose meaning differs raises, saying what to write.
+def lookup(key: str) -> tuple[str, ForeignKey] | None:
+    """The TRL field (top level only) or verl key that ``key`` names, as ``(its full name, entry)``."""
+    from hybridflow.train.dialect_trl import TRL
+    from hybridflow.train.dialect_verl import verl_key
 
-    ``known(dotted_key)`` tells whether a key is already ours (those are never touched).
-    """
-    out = _copy(data)
-    for key, value in _flatten(data):
-        if known(key) or key.split(".")[0] in FREE_FORM:
+    if "." not in key and key in TRL:
+        return key, TRL[key]
+    return verl_key(key)
+
+
+def foreign_leaf(key: str) -> bool:
+    """Whether ``key`` is one TRL field or verl key whose value may itself be a mapping (TRL's
+    ``model_init_kwargs``, verl's ``rollout.engine_kwargs.vllm``): such a value is read whole, not as sub-keys."""
+    from hybridflow.train.dialect_trl import TRL
+    from hybridflow.train.dialect_verl import table
+
+    if "." not in key and key in TRL:
+        return True
+    found = lookup(key)
+    return found is not None and found[0] in table() and "**" not in found[0]
+
+
+def translate(pairs: list[tuple[str, Any]], native: Callable[[str], bool], problems: list[str],
+              unknown: Callable[[str], str]) -> list[tuple[str, Any]]:
+    """``pairs`` (dotted key, value; later ones win) with every foreign key translated to ours. Each key that
+    is neither ours (``native``) nor a known foreign one, and each refusal or clash, appends a line to
+    ``problems`` (``unknown(key)`` words an unknown key) instead of raising, so one pass names them all."""
+    ours = [(k, v) for k, v in pairs if native(k)]
+    given = dict(ours)
+    foreign: list[tuple[str, str, ForeignKey, Any]] = []
+    for key, value in pairs:
+        if native(key):
             continue
-        name = next((n for n, f in FOREIGN.items() if key == n or (f.nested and key.endswith("." + n))), None)
-        if name is None:
+        found = lookup(key)
+        if found is None:
+            problems.append(unknown(key))
+        else:
+            foreign.append((key, found[0], found[1], value))
+    context: dict[str, Any] = {full: value for _, full, _, value in foreign}
+    context.update(given)
+    produced: dict[str, tuple[str, Any]] = {}
+    for key, _full, entry, value in sorted(foreign, key=lambda item: not item[2].first):
+        context["algorithm"] = given.get("algorithm", produced.get("algorithm", ("", "grpo"))[1])
+        try:
+            result = entry.resolve(key, value, context)
+        except Refused as err:
+            problems.append(f"{err} (docs/migrating.md)")
             continue
-        foreign = FOREIGN[name]
-        if foreign.target is None:
-            raise KeyError(f"config key {key!r} is a {foreign.source} name: {foreign.advice} (docs/migrating.md)")
-        if _get(out, foreign.target) is not None:
-            raise KeyError(f"config keys {key!r} ({foreign.source}) and {foreign.target!r} are the same setting; "
-                           f"keep {foreign.target!r}")
-        _delete(out, key.split("."))
-        _set(out, foreign.target.split("."), value)
-    return out
+        for target, new in result.items():
+            clash = _clash(key, entry, target, new, given, produced)
+            if clash:
+                problems.append(clash)
+            else:
+                produced[target] = (key, new)
+    return ours + [(target, value) for target, (_, value) in produced.items()]
+
+
+_ABSENT = object()
+
+
+def _given(given: Mapping[str, Any], target: str) -> Any:
+    """``target``'s value among our keys: given itself, or inside a mapping given whole (``algorithm_options``)."""
+    if target in given:
+        return given[target]
+    parts = target.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        node = given.get(".".join(parts[:cut]), _ABSENT)
+        for part in parts[cut:]:
+            node = node.get(part, _ABSENT) if isinstance(node, Mapping) else _ABSENT
+        if node is not _ABSENT:
+            return node
+    return _ABSENT
+
+
+def _clash(key: str, entry: ForeignKey, target: str, value: Any, given: Mapping[str, Any],
+           produced: Mapping[str, tuple[str, Any]]) -> str:
+    ours = _given(given, target)
+    if ours is not _ABSENT and ours != value:
+        return (f"config keys {key!r} ({entry.source}) and {target!r} are the same setting; keep {target!r} "
+                f"(they say {value!r} and {ours!r})")
+    if target in produced and produced[target][1] != value:
+        other = produced[target][0]
+        return f"config keys {other!r} and {key!r} both set {target!r} ({produced[target][1]!r} vs {value!r}): keep one"
+    return ""
+
+
+def edit_distance(a: str, b: str) -> int:
+    """Levenshtein distance: insertions, deletions and substitutions turning ``a`` into ``b``."""
+    previous = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        current = [i]
+        for j, cb in enumerate(b, 1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (ca != cb)))
+        previous = current
+    return previous[-1]
+
+
+def closest(key: str, candidates: list[str], limit: int = 3) -> list[str]:
+    """The ``candidates`` within a typo's reach of ``key`` (edit distance at most a quarter of it, 1 to 3)."""
+    reach = max(1, min(3, len(key) // 4))
+    scored = sorted((edit_distance(key, c), c) for c in set(candidates) if abs(len(c) - len(key)) <= reach)
+    return [c for d, c in scored if d <= reach][:limit]
 
 
 def check_algorithm_options(factory: Any, options: Mapping[str, Any], algorithm: str) -> None:
-    """Options the graph factory does not take are refused naming the key (a foreign name with its advice),
-    instead of the factory's raw ``TypeError``."""
+    """Options the graph factory does not take are refused all at once, each named with its fix (a TRL/verl
+    name's meaning here, or the option a typo was meant to be), instead of the factory's raw ``TypeError``."""
     if not callable(factory):
         return
     try:
@@ -113,52 +219,59 @@ def check_algorithm_options(factory: Any, options: Mapping[str, Any], algorithm:
         return
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
         return
+    valid = sorted(p for p in parameters if p != "reward_kind")
+    problems = []
     for key in options:
         if key in parameters:
             continue
-        foreign = FOREIGN.get(key)
+        found = lookup(key)
         hint = ""
-        if foreign is not None:
-            hint = f" ({foreign.source} name: {foreign.advice or 'write ' + repr(foreign.target)})"
-        raise KeyError(f"config key 'algorithm_options.{key}': {algorithm} takes no option {key!r}{hint}; "
-                       f"its options are {sorted(parameters)}")
+        if found is not None:
+            entry = found[1]
+            hint = f" ({entry.source}: {entry.meaning}; {entry.why or 'here ' + repr(entry.target)})"
+        elif closest(key, valid):
+            hint = f"; did you mean {' or '.join(repr(c) for c in closest(key, valid))}?"
+        problems.append(f"config key 'algorithm_options.{key}': {algorithm} takes no option {key!r}{hint}; "
+                        f"its options are {valid}")
+    if problems:
+        raise ConfigKeyError(problems)
 
 
-def _flatten(data: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
-    items: list[tuple[str, Any]] = []
-    for key, value in data.items():
-        if isinstance(value, Mapping) and value and str(key) not in FREE_FORM:
-            items += _flatten(value, f"{prefix}{key}.")
-        else:
-            items.append((f"{prefix}{key}", value))
-    return items
+def table_markdown() -> str:
+    """docs/migrating.md's key table, generated from the dialect tables (tested equal to the doc)."""
+    from hybridflow.train.dialect_trl import TRL
+    from hybridflow.train.dialect_verl import documented_verl_keys
+
+    lines = ["| key | from | meaning there | here |", "|---|---|---|---|"]
+    rows = [*((f"`{name}`", entry) for name, entry in TRL.items()), *documented_verl_keys()]
+    for name, entry in rows:
+        here = f"`{entry.target}`" if entry.target else entry.status
+        if entry.why:
+            here = f"{here}: {entry.why}"
+        lines.append(f"| {name} | {entry.source} | {entry.meaning} | {_cell(here)} |")
+    return "\n".join(lines) + "\n"
 
 
-def _copy(data: Mapping[str, Any]) -> dict[str, Any]:
-    return {key: _copy(value) if isinstance(value, Mapping) else value for key, value in data.items()}
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
 
 
-def _get(data: Mapping[str, Any], dotted: str) -> Any:
-    node: Any = data
-    for key in dotted.split("."):
-        if not isinstance(node, Mapping) or key not in node:
-            return None
-        node = node[key]
-    return node
+START, END = "<!-- alias table: generated by python -m hybridflow.train.aliases -->\n", "<!-- end alias table -->"
 
 
-def _set(data: dict[str, Any], keys: list[str], value: Any) -> None:
-    for key in keys[:-1]:
-        data = data.setdefault(key, {})
-    data[keys[-1]] = value
+def write_table(path: str) -> None:
+    """Replace the generated table between its markers in ``path`` (docs/migrating.md)."""
+    from pathlib import Path
+
+    text = Path(path).read_text()
+    head, rest = text.split(START, 1)
+    Path(path).write_text(head + START + table_markdown() + END + rest.split(END, 1)[1])
 
 
-def _delete(data: dict[str, Any], keys: list[str]) -> None:
-    """Remove ``keys`` and the sections it leaves empty (``actor_rollout_ref.rollout`` after its ``n``)."""
-    parents = [data]
-    for key in keys[:-1]:
-        parents.append(parents[-1][key])
-    parents[-1].pop(keys[-1])
-    for depth in range(len(keys) - 1, 0, -1):
-        if not parents[depth]:
-            parents[depth - 1].pop(keys[depth - 1])
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:2] == ["--write"]:
+        write_table(sys.argv[2])
+    else:
+        print(table_markdown(), end="")

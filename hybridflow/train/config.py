@@ -1,7 +1,7 @@
 """The typed training config: frozen dataclasses, loaded from YAML with dotted ``key=value`` overrides.
 
-Unknown keys and wrong types are rejected with the dotted key in the message; the dataclasses are
-the only schema.
+Unknown keys (all of them at once, hybridflow/train/config_keys.py) and wrong types are rejected with the dotted
+key in the message; the dataclasses are the only schema.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from hybridflow.planner.agents import WORKLOAD_KEYS, AgentWorkload
 from hybridflow.planner.modes import check_choice
 from hybridflow.runtime.liveness import Liveness
 from hybridflow.runtime.protocols import DEFAULT_ROLLOUT, AdapterSpec, OptimSpec
-from hybridflow.train.aliases import translate_foreign_keys
+from hybridflow.train.config_keys import checked, flatten
 
 TRACKERS = ("jsonl", "tensorboard", "wandb", "mlflow")  # hybridflow/train/trackers.py
 
@@ -299,49 +299,27 @@ def _config_key(name: str) -> str:
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> TrainConfig:
-    """Read YAML (``yaml.safe_load``), apply ``a.b=value`` overrides (values parsed as YAML), validate."""
+    """Read YAML (``yaml.safe_load``), apply ``a.b=value`` overrides (values parsed as YAML), validate. TRL's and
+    verl's keys are translated (:mod:`hybridflow.train.aliases`); every bad key is named in one error."""
     data: dict[str, Any] = {}
     if path is not None:
         loaded = yaml.safe_load(Path(path).read_text())
         if loaded is not None and not isinstance(loaded, dict):
             raise TypeError(f"{path}: the config must be a mapping of keys, not a {type(loaded).__name__}")
         data = loaded or {}
+    pairs = flatten(TrainConfig, data)
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise ValueError(f"override {item!r} must look like dotted.key=value")
-        _set_dotted(data, key.split("."), yaml.safe_load(raw))
-    return from_mapping(TrainConfig, translate_foreign_keys(data, known_key))
+        pairs += flatten(TrainConfig, {key: yaml.safe_load(raw)})
+    return from_mapping(TrainConfig, checked(TrainConfig, pairs))
 
 
 def config_from_dotted(items: Mapping[str, Any], base: Mapping[str, Any] | None = None) -> TrainConfig:
     """A config from ``{"dotted.key": value}`` pairs (Python values, as a caller writes them) over ``base``."""
-    data: dict[str, Any] = {}
-    for key, value in {**(base or {}), **items}.items():
-        _set_dotted(data, key.split("."), value)
-    return from_mapping(TrainConfig, translate_foreign_keys(data, known_key))
-
-
-def known_key(dotted: str) -> bool:
-    """Whether ``dotted`` names a field of :class:`TrainConfig` (or lies inside a free-form mapping field)."""
-    cls: Any = TrainConfig
-    for part in dotted.split("."):
-        if not (dataclasses.is_dataclass(cls) and isinstance(cls, type)):
-            return True
-        hints = typing.get_type_hints(cls)
-        if part not in hints:
-            return False
-        cls = next((a for a in typing.get_args(hints[part]) if a is not type(None)), hints[part]) \
-            if typing.get_origin(hints[part]) in (typing.Union, types.UnionType) else hints[part]
-    return True
-
-
-def _set_dotted(data: dict[str, Any], keys: list[str], value: Any) -> None:
-    for key in keys[:-1]:
-        data = data.setdefault(key, {})
-        if not isinstance(data, dict):
-            raise TypeError(f"override {'.'.join(keys)}: {key!r} is not a section")
-    data[keys[-1]] = value
+    pairs = [pair for key, value in {**(base or {}), **items}.items() for pair in flatten(TrainConfig, {key: value})]
+    return from_mapping(TrainConfig, checked(TrainConfig, pairs))
 
 
 T = typing.TypeVar("T")

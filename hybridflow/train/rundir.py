@@ -32,7 +32,8 @@ RUN_ONLY_KEYS = ("steps", "output_dir", "executor", "ray_address", "progress", "
                  "checkpoint_every", "keep_checkpoints", "validation_every", "validation_samples", "liveness")
 # What hybridflow writes into a run directory; --overwrite removes only these (never a user's other files).
 RUN_FILES = ("config.json", "plan.json", "metrics.jsonl", "checkpoints", "tensorboard", "reward_curve.png",
-             "report.html", "plots", "final", "validation_samples.jsonl", "torchrun_workers.json")
+             "report.html", "plots", "final", "validation_samples.jsonl", "torchrun_workers.json",
+             "wandb", "mlruns")  # the last two: what the wandb and mlflow trackers write (hybridflow/train/trackers.py)
 KEPT_ON_OVERWRITE = ("init_model",)  # a cache keyed by its recipe (hybridflow_init.json): safe to reuse
 
 
@@ -144,7 +145,11 @@ def check_fingerprint(checkpoint: Path, current: Mapping[str, Any], *, allow_cha
 def check_steps_left(checkpoint: Path, steps: int) -> int:
     """The checkpoint's step, refusing a run that would train nothing."""
     start = checkpoint_step(checkpoint)
-    if start >= steps:
+    if start == steps:
+        raise RunDirectoryError(f"the run is finished: checkpoint {checkpoint} is at its last step ({steps}), "
+                                f"nothing left to train (its policy is in final/); raise steps (e.g. "
+                                f"steps={2 * steps}) to train on")
+    if start > steps:
         raise RunDirectoryError(f"checkpoint {checkpoint} is at step {start} and steps={steps}: nothing left to "
                                 f"train; raise steps (e.g. steps={start + steps}) to continue")
     return start

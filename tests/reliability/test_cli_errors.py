@@ -62,3 +62,12 @@ def test_a_worker_failure_names_the_step_it_happened_in() -> None:
                                 where="host h (Ray node abc, pid 42)")
     assert failed.value.step == 7 and "host h (Ray node abc, pid 42)" in str(failed.value)
     assert describe(failed.value)[0] == RUN_FAILED
+
+
+def test_every_bad_config_key_is_printed_not_only_the_first() -> None:
+    from hybridflow.train.aliases import ConfigKeyError
+
+    code, text = describe(ConfigKeyError(["unknown config key 'stepz'", "unknown config key 'data.pth'"]))
+    assert code == BAD_INPUT and text.splitlines() == ["2 config keys need a fix:", "  - unknown config key 'stepz'",
+                                                       "  - unknown config key 'data.pth'"]
+    assert describe(ConfigKeyError(["one"])) == (BAD_INPUT, "one")

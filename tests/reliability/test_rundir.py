@@ -78,7 +78,8 @@ def test_resume_past_the_last_step_is_an_error(finished_run: Path, tmp_path: Pat
                                               capsys: pytest.CaptureFixture[str]) -> None:
     _copy(finished_run, tmp_path)
     assert _train(tmp_path, "steps=2", "--resume") == 2
-    assert "nothing left to train" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "nothing left to train" in err and "the run is finished" in err  # it ended with a checkpoint
 
 
 def test_a_torn_metrics_line_is_repaired_and_reported(finished_run: Path, tmp_path: Path,
@@ -90,6 +91,7 @@ def test_a_torn_metrics_line_is_repaired_and_reported(finished_run: Path, tmp_pa
     assert "dropped 1 torn line(s) (line 3)" in capsys.readouterr().err
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == [0, 1, 2]
+    assert (run / "checkpoints" / "step_000003").is_dir()  # the last step, though not a multiple of 2
 
 
 def test_config_json_is_written_only_after_validation(finished_run: Path, tmp_path: Path) -> None:
@@ -140,3 +142,33 @@ def test_the_latest_checkpoint_is_the_highest_step_not_the_last_name(tmp_path: P
         (tmp_path / "checkpoints" / name / "trainer.json").write_text("{}")
     latest = latest_checkpoint(tmp_path)
     assert latest is not None and latest.name == "step_1000000"
+
+
+def test_the_last_step_is_checkpointed() -> None:
+    """So --resume of a finished run finds it finished (above) instead of training its last steps again; the
+    torn-metrics test above resumes a 3-step run with checkpoint_every=2 through that path."""
+    from hybridflow.train.loop import checkpoint_due
+
+    config = load_config(None, [*QUICK, "steps=5", "checkpoint_every=2"])
+    assert [step for step in range(5) if checkpoint_due(step, config)] == [1, 3, 4]
+    assert not any(checkpoint_due(step, load_config(None, [*QUICK, "steps=5"])) for step in range(5))
+
+
+def test_overwrite_accepts_the_folders_the_trackers_wrote(tmp_path: Path) -> None:
+    for name in ("wandb", "mlruns", "checkpoints"):
+        (tmp_path / name / "inner").mkdir(parents=True)
+    (tmp_path / "config.json").write_text("{}")
+    begin_run(tmp_path, load_config(None, QUICK), load_graph("grpo"), overwrite=True)
+    assert not (tmp_path / "wandb").exists() and not (tmp_path / "mlruns").exists()
+
+
+def test_the_summary_names_tensorboard_only_when_it_is_on(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from hybridflow.cli.train import summary
+
+    result = SimpleNamespace(history=[{"reward/mean": 0.5}], start_step=0, metrics_path=tmp_path / "metrics.jsonl",
+                             run_dir=tmp_path, curve_path=None, report_path=None, export_path=None)
+    assert not any("tensorboard" in line for line in summary(result, load_config(None, QUICK)))
+    on = summary(result, load_config(None, [*QUICK, "tensorboard=true", "trackers=[tensorboard]"]))
+    assert any(line.startswith("tensorboard:") for line in on)

@@ -174,5 +174,5 @@ def test_the_loop_offers_prompts_past_its_end_only_for_its_last_checkpoint() -> 
 
     one_off, k2 = ExecutionMode(pipeline="one_step_off"), ExecutionMode(pipeline="async", max_staleness=2)
     assert prompt_horizon(4, 2, one_off) == 5  # the checkpoint at step 4 holds step 4's batch
-    assert prompt_horizon(5, 2, k2) == 6  # the last checkpoint is at step 4: it holds steps 4 and 5
+    assert prompt_horizon(5, 2, k2) == 7  # the last checkpoint is at step 5 (the run's end): it holds steps 5 and 6
     assert prompt_horizon(5, 0, k2) == 5 and prompt_horizon(4, 2, ExecutionMode(pipeline="sync")) == 4

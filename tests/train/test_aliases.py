@@ -23,13 +23,21 @@ def test_verl_and_trl_names_with_our_meaning_are_renamed() -> None:
 
 @pytest.mark.parametrize(("override", "advice"), [
     ("actor_rollout_ref.actor.ppo_mini_batch_size=4", r"actor.mini_batches = data.batch_size / ppo_mini_batch_size"),
-    ("actor_rollout_ref.actor.kl_loss_coef=0.001", r"algorithm_options.kl_coef for grpo"),
-    ("beta=0.04", r"TRL's beta"),
-    ("data.train_files=x.parquet", r"data.path"),
+    ("actor_rollout_ref.actor.ppo_mini_batch_size=3 data.train_batch_size=8", r"a multiple of it"),
+    ("loss_type=bnpo", r"nearest is loss_type 'dapo'"),
 ])
 def test_names_with_another_meaning_are_refused_with_the_fix(override: str, advice: str) -> None:
     with pytest.raises(KeyError, match=advice):
-        load_config(None, [override])
+        load_config(None, override.split())
+
+
+def test_names_that_mean_ours_are_renamed_and_two_of_them_must_agree() -> None:
+    config = load_config(None, ["beta=0.04", "data.train_files=x.parquet"])
+    assert config.algorithm_options == {"kl_coef": 0.04} and config.data.path == "x.parquet"
+    with pytest.raises(KeyError, match=r"both set 'algorithm_options.kl_coef' \(0.04 vs 0.01\)"):
+        load_config(None, ["beta=0.04", "actor_rollout_ref.actor.kl_loss_coef=0.01"])
+    with pytest.raises(KeyError, match=r"'rloo' has no KL loss term"):
+        load_config(None, ["algorithm=rloo", "beta=0.04"])
 
 
 def test_both_spellings_of_one_setting_are_refused() -> None:
@@ -39,7 +47,7 @@ def test_both_spellings_of_one_setting_are_refused() -> None:
 
 def test_an_option_the_algorithm_does_not_take_is_named_not_a_type_error() -> None:
     config = load_config(None, ["algorithm_options.kl_loss_coef=0.1"])
-    with pytest.raises(KeyError, match=r"'algorithm_options.kl_loss_coef'.*verl name.*its options are"):
+    with pytest.raises(KeyError, match=r"'algorithm_options.kl_loss_coef'.*\(verl: .*its options are"):
         setup.build_graph(config)
 
 

@@ -47,3 +47,13 @@ def test_the_walkthrough_runs_as_written(tmp_path: Path, monkeypatch: pytest.Mon
     loaded = subprocess.run([sys.executable, "load_export.py", str(run / "final")], capture_output=True, text=True,
                             env=env, timeout=120)
     assert loaded.returncode == 0, loaded.stderr[-2000:]
+    assert "What is 2 + 3?" in loaded.stdout  # the built-in char tokenizer keeps its spaces (load_tokenizer)
+
+
+def test_the_load_example_guards_its_vllm_start() -> None:
+    """vLLM's engine processes import the script again: everything runs under the ``__main__`` guard."""
+    import ast
+
+    tree = ast.parse(_files()["load_export.py"])
+    top = [node for node in tree.body if not isinstance(node, ast.Import | ast.ImportFrom | ast.FunctionDef)]
+    assert len(top) == 1 and isinstance(top[0], ast.If) and "__main__" in ast.unparse(top[0].test)
