@@ -1,6 +1,6 @@
 """Execution modes on the published pairs: colocated sync vs split asynchronous runs of one experiment.
 
-Three records of ../shared/calibration/published_runs.json have a ``companion_split_run``: the same
+Three records of benchmarks/data/published_runs.json have a ``companion_split_run``: the same
 experiment on split pools, run asynchronously, and faster than colocated. Each pair is entered twice:
 
 - **as run**: the colocated arm costed ``sync`` on all GPUs (exactly as ``benchmarks/published_runs.py``

@@ -1,4 +1,4 @@
-"""The planner's cost model against six published verl runs (../shared/calibration/published_runs.json).
+"""The planner's cost model against six published verl runs (benchmarks/data/published_runs.json).
 
 Every run is entered as it ran (its mapping: everything colocated; its layouts, lengths, offload and
 batching), costed with the priors and with one calibration shared by all runs, and compared with the
@@ -51,7 +51,7 @@ from hybridflow.planner.fit import FITTED, HELD, fit_calibration
 from hybridflow.planner.published import MeasuredCase, case_from_record
 
 ROOT = Path(__file__).resolve().parents[1]
-RUNS = ROOT.parent / "shared" / "calibration" / "published_runs.json"
+RUNS = ROOT / "benchmarks" / "data" / "published_runs.json"
 
 MATH_PROMPT = 200  # DAPO-Math-17k prompts with the DAPO instruction template: ~150-250 tokens
 GSM8K_PROMPT = 130  # GSM8K question with verl's "Let's think step by step ... ####" template

@@ -1,7 +1,7 @@
 """Calibrations shipped with hybridflow, loadable by name (``--calibration verl-published``).
 
 ``verl-published``: one set of constants fitted by ``benchmarks/published_runs.py --fit`` to the six
-published verl runs of ``../shared/calibration/published_runs.json`` (H20, B200, H100; 8-128 GPUs),
+published verl runs of ``benchmarks/data/published_runs.json`` (H20, B200, H100; 8-128 GPUs),
 shared by every device, with ``decode_mfu`` held at its prior (``fit.HELD``: those colocated runs cannot
 identify it). Refit and paste when the cost model changes; ``docs/benchmarks.md`` shows how far it leaves
 each run.
