@@ -101,10 +101,13 @@ def ring_seconds(bytes_per_gpu: float, ranks: int, bandwidth: float) -> float:
 
 
 def shard_ranks(layout: RoleLayout, shape: Shape) -> int:
-    """How many DP ranks split the parameters: all of them, or one machine's worth for HYBRID_SHARD."""
+    """How many ranks split one pipeline stage's parameters and states: the stage's ranks (``dp / pp``: each
+    stage holds its own layers, so its shards spread over its own data and sequence parallel ranks, as FSDP and
+    Megatron's distributed optimizer over DP x CP do), or one machine's worth for HYBRID_SHARD."""
+    stage = max(1, layout.dp // layout.pp)
     if layout.sharding is Sharding.HYBRID_SHARD:
-        return max(1, min(layout.dp, layout.shard_size or shape.counts[-1] // layout.tp))
-    return layout.dp
+        return max(1, min(stage, layout.shard_size or shape.counts[-1] // layout.tp))
+    return stage
 
 
 def stage_params(model: ModelSpec, layout: RoleLayout) -> float:
@@ -368,8 +371,9 @@ def update_cost(model: ModelSpec, kind: RoleKind, load: NodeLoad, layout: RoleLa
     if layout.sharding in FULL_SHARDS:
         # Parameters gathered for every micro batch's forward and backward; gradients reduce-scattered.
         sync = _param_gathers(model, layout, shape, 3 * batch.micro_batches)
-        if layout.sharding is Sharding.HYBRID_SHARD and layout.dp > ranks:
-            sync += batch.optimizer_steps * 2 * ring_seconds(grad_bytes / ranks, layout.dp // ranks, shape.inter)
+        replicas = max(1, layout.dp // layout.pp) // ranks
+        if layout.sharding is Sharding.HYBRID_SHARD and replicas > 1:
+            sync += batch.optimizer_steps * 2 * ring_seconds(grad_bytes / ranks, replicas, shape.inter)
     else:
         # One all-reduce (reduce-scatter + all-gather) per optimizer step; ZeRO gathers updated shards instead.
         data = max(1, layout.dp // layout.pp)

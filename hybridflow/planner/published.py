@@ -176,13 +176,19 @@ def _layout(record: Mapping[str, Any], extra: Mapping[str, Any], roles: list[str
     tp, pp = int(par.get("tp") or 1), int(par.get("pp") or 1)
     sp = int(par.get("ulysses_sp") or par.get("cp") or 1)
     gpus = int(record["gpus"]["count"])
+    if gpus % (tp * pp * sp):
+        raise ValueError(f"published run {record.get('id')!r}: {gpus} GPUs do not split into tp={tp} x pp={pp} x "
+                         f"sp/cp={sp} slices; fix train_parallelism")
+    # RoleLayout.dp counts every rank of a tensor-parallel slice (GPUs / tp); pipeline stages and sequence/context
+    # parallel ranks split it, so the data-parallel ranks a batch is divided over are GPUs / (tp x pp x sp) and the
+    # ranks a (distributed) optimizer shards over are GPUs / (tp x pp) (costs.shard_ranks).
     layout: dict[str, Any] = {"data_parallel_size": gpus // tp, "sequence_parallel": sp, "pipeline_parallel": pp,
                               "expert_parallel": int(par.get("ep") or 1)}
     rollout_tp = extra.get("rollout_tp") or record.get("rollout_tp")
     if rollout_tp:
         layout["rollout_tp"] = {"actor": int(rollout_tp)}
     backend = str(record.get("train_backend", "")).lower()
-    if par.get("fsdp_size") and int(par["fsdp_size"]) < gpus // tp:
+    if par.get("fsdp_size") and int(par["fsdp_size"]) < gpus // (tp * pp):
         layout["sharding"], layout["fsdp_size"] = "HYBRID_SHARD", int(par["fsdp_size"])
     elif "megatron" in backend:
         layout["sharding"] = "ZERO1"  # Megatron's distributed optimizer shards optimizer states over DP
@@ -218,13 +224,27 @@ def _settings(record: Mapping[str, Any], extra: Mapping[str, Any], lengths: Leng
         train_budget = train_budget or extra["token_budget"]
         forward_budget = forward_budget or extra["token_budget"]
     util = record.get("rollout_gpu_memory_utilization") or extra.get("gpu_memory_utilization")
-    return RunSettings(lengths=lengths, mini_batch_size=int(mini) * samples if mini else None,
+    return RunSettings(lengths=lengths, padding=padded(record, extra), mini_batch_size=int(mini) * samples if mini else None,
                        train_tokens_per_gpu=int(train_budget) if train_budget else None,
                        forward_tokens_per_gpu=int(forward_budget) if forward_budget else None,
                        offload=tuple(sorted(chosen.items())), gpu_memory_utilization=float(util) if util else None,
                        rollout_sleep=bool(extra.get("rollout_sleep")), epochs=int(extra.get("epochs", 1)),
                        enforce_eager=_eager(record), controller_batches=_verl(record),
                        max_prompt_len=int(record["prompt_len_max"]) if record.get("prompt_len_max") else None)
+
+
+def padded(record: Mapping[str, Any], extra: Mapping[str, Any]) -> bool:
+    """Whether the run's forward and update passes pad every row: verl's ``model.use_remove_padding: false``, as
+    the record (top level or under ``micro_batch``) or its ``hybridflow`` overrides state it. A record that does
+    not say is costed packed: every script behind these records sets ``use_remove_padding=True``."""
+    for source in (extra, record, record.get("micro_batch") or {}):
+        if source.get("use_remove_padding") is not None:
+            value = source["use_remove_padding"]
+            if not isinstance(value, bool):
+                raise ValueError(f"published run {record.get('id')!r}: use_remove_padding={value!r} must be true "
+                                 "or false")
+            return not value
+    return False
 
 
 def _verl(record: Mapping[str, Any]) -> bool:
