@@ -14,6 +14,7 @@ from hybridflow.graph import NodeLoad, Op, RoleKind
 from hybridflow.planner.calibration import DEFAULT_CONSTANTS, Constants
 from hybridflow.planner.devices import DTYPE_BYTES, DeviceSpec
 from hybridflow.planner.models import ModelSpec
+from hybridflow.planner.overlays import ControllerOverlay, controller_seconds
 from hybridflow.planner.plan import RoleLayout, Sharding
 from hybridflow.planner.settings import DEFAULT_SETTINGS, RunSettings
 
@@ -26,14 +27,6 @@ EAGER_LAYER_OVERHEAD_S = 250e-6  # per layer and decode step without CUDA graphs
 USABLE_MEMORY = 0.9  # fraction of device memory a plan may use; the rest is CUDA context and fragmentation
 DRIVER_SECONDS_PER_ROW = 1e-6  # driver-side compute nodes and reward functions, per sequence
 ACTIVATION_BYTES_PER_TOKEN_HIDDEN = 34  # Korthikanti et al. 2022, per layer, 16-bit, with flash attention
-
-TOKEN_ID_BYTES = 8  # verl's DataProto holds token ids, masks and positions as int64
-SCORE_BYTES = 4  # and per-token log-probs, entropies, advantages, returns as fp32
-# fp32 per-token fields a call carries in (beside the token tensors) and returns, by op: a forward returns its
-# log-probs (the policy's old_log_prob also its entropy); the update takes old log-probs, advantages,
-# returns, token-level scores and rewards.
-CONTROLLER_FIELDS = {Op.GENERATE: (0, 0), Op.LOGPROB: (0, 2), Op.REF_LOGPROB: (1, 1), Op.VALUES: (1, 1),
-                     Op.SCORE: (1, 1), Op.UPDATE: (5, 0)}
 
 FULL_SHARDS = (Sharding.FULL_SHARD, Sharding.ZERO3, Sharding.HYBRID_SHARD)
 FORWARD_OPS = (Op.LOGPROB, Op.REF_LOGPROB, Op.VALUES, Op.SCORE)
@@ -48,6 +41,7 @@ class Shape:
     inter: float = 25e9  # the cluster's inter-node bandwidth per GPU (bytes/s)
     run: RunSettings = DEFAULT_SETTINGS  # the run's step recipe (lengths, mini-batches, offload...)
     constants: Constants = DEFAULT_CONSTANTS  # the device's calibrated efficiencies
+    overlay: ControllerOverlay | None = None  # another framework's costs, when pricing its runs (overlays.py)
 
     @cached_property
     def size(self) -> int:
@@ -259,27 +253,6 @@ def batching(load: NodeLoad, layout: RoleLayout, shape: Shape, *, train: bool) -
     return Batching(tokens_per_gpu=minis * tokens_rank / layout.pp, seq=seq, micro_tokens=micro_tokens,
                     micro_batches=minis * micro, optimizer_steps=minis if train else 0,
                     attention_seq=attention_tokens(load, shape))
-
-
-def controller_seconds(load: NodeLoad, shape: Shape, prompt_len: float | None = None) -> float:
-    """verl's single-controller data path: every worker call ships the step's whole batch from the
-    controller and returns its outputs there, padded to the length caps (``RunSettings.controller_batches``).
-
-    A row carries prompts (``P``), responses and the response mask (``R`` each), input ids, attention mask
-    and positions (``P + R`` each) as int64, plus the op's fp32 per-token fields (``CONTROLLER_FIELDS``);
-    a generate call returns the token tensors. ``P`` is ``max_prompt_len`` (else the mean prompt), ``R``
-    the response cap. The controller serialises and ships them at ``controller_gbs``.
-    """
-    run = shape.run
-    if not run.controller_batches:
-        return 0.0
-    rows = max(load.sequences, 1)
-    prompt = run.max_prompt_len or (prompt_len if prompt_len is not None else load.prompt_tokens / rows)
-    response = run.lengths.max if run.lengths is not None else load.response_tokens / rows
-    tokens = TOKEN_ID_BYTES * (prompt + 2 * response + 3 * (prompt + response))
-    fields_in, fields_out = CONTROLLER_FIELDS.get(load.op, (0, 0))
-    per_row = tokens + SCORE_BYTES * response * (fields_in + fields_out)
-    return rows * per_row / (shape.constants.controller_gbs * 1e9)
 
 
 def flops_per_token(model: ModelSpec, seq: float, passes: int, *, train: bool = False) -> float:

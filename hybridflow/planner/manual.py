@@ -26,6 +26,7 @@ from hybridflow.planner.models import ModelSpec
 from hybridflow.planner.modes import DEFAULT_STALENESS, check_choice, explain_choice, overlap_blocker
 from hybridflow.planner.plan import ROLLOUT_SUFFIX, Plan, SearchStats, Sharding
 from hybridflow.planner.problem import Problem, build_problem, role_adapters
+from hybridflow.planner.overlays import ControllerOverlay
 from hybridflow.planner.settings import RunSettings
 from hybridflow.planner.support import LayoutSupport
 
@@ -149,7 +150,8 @@ def evaluate_mapping(graph: Graph, models: Mapping[str, ModelSpec], workload: Wo
                      max_staleness: int | None = None, stream_chunks: int = 1,
                      support: Mapping[str, LayoutSupport] | None = None, agent: AgentWorkload | None = None,
                      lora: LoraPlan | Mapping[str, LoraPlan] | None = None,
-                     shared_weights: Mapping[str, str] | None = None) -> Plan:
+                     shared_weights: Mapping[str, str] | None = None,
+                     overlay: ControllerOverlay | None = None) -> Plan:
     """Cost a hand-written mapping with the planner's model; fields left None are chosen by the planner.
 
     ``rollout_tp`` fixes the tensor-parallel size of a policy's rollout engine (verl's
@@ -164,7 +166,8 @@ def evaluate_mapping(graph: Graph, models: Mapping[str, ModelSpec], workload: Wo
     role, the layouts its backend runs (:class:`~hybridflow.planner.support.LayoutSupport`); a fixed field
     outside it is a ValueError naming the role and backend. ``agent``: the multi-turn nodes' inputs, as in
     ``plan_placement``. ``lora`` and ``shared_weights`` as ``PlannerOptions``' (adapters always); a role that
-    shares another's weights runs on that role's GPUs: the mapping may omit it or give it the same GPUs.
+    shares another's weights runs on that role's GPUs: the mapping may omit it or give it the same GPUs. ``overlay``:
+    another framework's costs, to price its runs (:mod:`.overlays`).
 
     The plan is executable like an auto plan. A group that does not fit memory makes the plan
     infeasible, with a problem naming the group and the overflow (an OOM risk), instead of raising.
@@ -195,7 +198,7 @@ def evaluate_mapping(graph: Graph, models: Mapping[str, ModelSpec], workload: Wo
         problem = build_problem(graph, models, workload, cluster, detach=detach, settings=settings,
                                 calibration=calibration, pipeline=mode, max_staleness=bound,
                                 stream_chunks=stream_chunks, support=support, agent=agent, adapters=adapters,
-                                shared_weights=shared)
+                                shared_weights=shared, overlay=overlay)
         splits = {"sequence_parallel": sequence_parallel, "pipeline_parallel": pipeline_parallel,
                   "expert_parallel": expert_parallel, "fsdp_size": fsdp_size}
         fixed = _Fixed(data_parallel_size, sharding, micro_batch_sizes, rollout_tp, splits, gradient_checkpointing,
@@ -208,7 +211,7 @@ def evaluate_mapping(graph: Graph, models: Mapping[str, ModelSpec], workload: Wo
             chunk_problem = build_problem(graph, models, chunk, cluster, detach=detach, settings=settings,
                                           calibration=calibration, pipeline=mode, max_staleness=bound,
                                           stream_chunks=stream_chunks, support=support, agent=agent,
-                                          adapters=adapters, shared_weights=shared)
+                                          adapters=adapters, shared_weights=shared, overlay=overlay)
             streamed = (stream_chunks, _place(chunk_problem, mapping, _pinned(fixed, placements))[0])
         plans.append(build_plan(problem, placements, search=stats, problems=problems, streamed=streamed))
     if pipeline != "auto":

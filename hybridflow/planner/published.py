@@ -49,6 +49,7 @@ class MeasuredCase:
     layout: Mapping[str, Any]  # evaluate_mapping keyword arguments
     settings: RunSettings
     measured: Mapping[str, float]  # "step", verl phase names or graph node names -> seconds
+    overlay: ControllerOverlay | None = None  # the framework's own costs (verl's controller traffic)
 
     @property
     def device(self) -> str:
@@ -56,7 +57,7 @@ class MeasuredCase:
 
     def plan(self, calibration: Calibration | None = None) -> Plan:
         return evaluate_mapping(self.graph, self.models, self.workload, self.cluster, self.mapping,
-                                settings=self.settings, calibration=calibration, **self.layout)
+                                settings=self.settings, calibration=calibration, overlay=self.overlay, **self.layout)
 
     def predict(self, calibration: Calibration | None = None) -> dict[str, float]:
         """Predicted seconds for every measured key."""
@@ -128,7 +129,8 @@ def case_from_record(record: Mapping[str, Any], overrides: Mapping[str, Any] | N
     return MeasuredCase(id=str(record["id"]), graph=graph, models=dict.fromkeys(roles, model), workload=workload,
                          cluster=cluster, mapping=dict.fromkeys(roles, every), layout=_layout(record, extra, roles),
                          settings=_settings(record, extra, lengths, samples),
-                         measured=measured_times(record, workload, samples, cluster.num_gpus))
+                         measured=measured_times(record, workload, samples, cluster.num_gpus),
+                         overlay=overlay_for(record))
 
 
 def _graph(record: Mapping[str, Any], rollout_logprobs: bool) -> Graph:
@@ -229,7 +231,7 @@ def _settings(record: Mapping[str, Any], extra: Mapping[str, Any], lengths: Leng
                        forward_tokens_per_gpu=int(forward_budget) if forward_budget else None,
                        offload=tuple(sorted(chosen.items())), gpu_memory_utilization=float(util) if util else None,
                        rollout_sleep=bool(extra.get("rollout_sleep")), epochs=int(extra.get("epochs", 1)),
-                       enforce_eager=_eager(record), controller_batches=_verl(record),
+                       enforce_eager=_eager(record),
                        max_prompt_len=int(record["prompt_len_max"]) if record.get("prompt_len_max") else None)
 
 
@@ -247,9 +249,10 @@ def padded(record: Mapping[str, Any], extra: Mapping[str, Any]) -> bool:
     return False
 
 
-def _verl(record: Mapping[str, Any]) -> bool:
-    """verl's trainer ships every call's whole padded batch through its single controller (DataProto)."""
-    return "verl" in str(record.get("framework", "")).lower()
+def overlay_for(record: Mapping[str, Any]) -> ControllerOverlay | None:
+    """verl's trainer ships every call's whole padded batch through its single controller (``DataProto``), padded
+    to the prompt and response caps: a :class:`ControllerOverlay` for verl's records, None otherwise."""
+    return ControllerOverlay() if "verl" in str(record.get("framework", "")).lower() else None
 
 
 def _eager(record: Mapping[str, Any]) -> bool:

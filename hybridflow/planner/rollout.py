@@ -23,12 +23,12 @@ from hybridflow.planner.costs import (
     USABLE_MEMORY,
     Cost,
     Shape,
-    controller_seconds,
     moe_slowdown,
 )
 from hybridflow.planner.devices import DTYPE_BYTES
 from hybridflow.planner.lengths import LengthDistribution
 from hybridflow.planner.models import ModelSpec
+from hybridflow.planner.overlays import controller_seconds
 from hybridflow.planner.plan import RoleLayout, Sharding
 
 

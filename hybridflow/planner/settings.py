@@ -55,10 +55,8 @@ class RunSettings:
       the next rollout [``free_cache_engine``]; its weights travel over the host link both ways.
     - ``enforce_eager``: the engine decodes without CUDA graphs [``enforce_eager``]: every layer's kernels
       are launched from Python at every step.
-    - ``controller_batches``: every worker call ships the step's whole batch from a single controller and
-      returns its outputs there, padded to the length caps (verl's ``DataProto`` dispatch); hybridflow's own
-      runtime keeps a step's fields on the ranks and ships only what a group lacks. ``max_prompt_len``: the
-      prompt cap those padded batches carry [``data.max_prompt_length``] (None: the mean prompt).
+    - ``max_prompt_len``: the run's prompt cap [``data.max_prompt_length``] (None: the mean prompt); what a
+      framework that pads batches to the caps ships (``overlays.ControllerOverlay``).
     """
 
     lengths: LengthDistribution | None = None
@@ -72,7 +70,6 @@ class RunSettings:
     max_num_seqs: int = 1024
     rollout_sleep: bool = False
     enforce_eager: bool = False
-    controller_batches: bool = False
     max_prompt_len: int | None = None
     notes: tuple[str, ...] = field(default=(), compare=False)
 
@@ -121,8 +118,7 @@ SETTING_KEYS = {
     "max_num_seqs": "the rollout engine's cap on sequences in flight",
     "rollout_sleep": "true when the colocated engine frees its memory between rollouts",
     "enforce_eager": "true when the engine runs without CUDA graphs",
-    "controller_batches": "true when every call ships its whole padded batch through one controller (verl)",
-    "max_prompt_len": "the prompt cap padded batches carry, in tokens (verl data.max_prompt_length)",
+    "max_prompt_len": "the prompt cap in tokens (data.max_prompt_length)",
 }
 _OFFLOAD_PARTS = {"params": "params", "param": "params", "grads": "grads", "grad": "grads",
                   "optimizer": "optimizer", "optim": "optimizer"}
@@ -165,7 +161,7 @@ def settings_from_dict(data: Mapping[str, Any], *, mean_response_len: int, where
             values[key] = _number(data, key, where, int)
     if data.get("gpu_memory_utilization") is not None:
         values["gpu_memory_utilization"] = _number(data, "gpu_memory_utilization", where, float)
-    for key in ("padding", "rollout_sleep", "enforce_eager", "controller_batches"):
+    for key in ("padding", "rollout_sleep", "enforce_eager"):
         if data.get(key) is not None:
             if not isinstance(data[key], bool):
                 raise ValueError(f"{where}.{key}={data[key]!r} must be true or false: {SETTING_KEYS[key]}")
