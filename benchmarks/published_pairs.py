@@ -131,7 +131,7 @@ TRAINER_WAIT = ("wait_prev_gen", "gen")
 def split_phases(plan: Plan, published: dict[str, float], calibration: Calibration | None) -> dict[str, float]:
     """Predicted seconds for each published phase of a split arm (``SPLIT_PHASES``, ``TRAINER_WAIT``, ``step``)."""
     seconds = {node.node: node.seconds for node in plan.nodes}
-    overhead = (calibration or Calibration()).for_device(plan.groups[0].device).step_overhead_s
+    overhead = float(dict(plan.extra).get("step_terms_s", 0.0))  # amortised validation and checkpoints
     predicted = {}
     for key in published:
         if key == "step":

@@ -73,11 +73,6 @@ class Problem:
     overlay: ControllerOverlay | None = None  # another framework's costs, when pricing its runs (overlays.py)
 
     @property
-    def step_overhead_s(self) -> float:
-        """Fixed seconds per step (reward, advantages, data loading), from the first device's constants."""
-        return self.calibration.for_device(self.cluster.device_names[0]).step_overhead_s
-
-    @property
     def role_names(self) -> tuple[str, ...]:
         return tuple(role.name for role in self.roles)
 

@@ -9,6 +9,7 @@ is where a benchmark states its assumptions.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,7 @@ from hybridflow.planner.cluster import Cluster
 from hybridflow.planner.lengths import LengthDistribution
 from hybridflow.planner.manual import evaluate_mapping
 from hybridflow.planner.models import ModelSpec
+from hybridflow.planner.overlays import ControllerOverlay
 from hybridflow.planner.plan import Plan
 from hybridflow.planner.settings import Offload, RunSettings
 
@@ -232,7 +234,18 @@ def _settings(record: Mapping[str, Any], extra: Mapping[str, Any], lengths: Leng
                        offload=tuple(sorted(chosen.items())), gpu_memory_utilization=float(util) if util else None,
                        rollout_sleep=bool(extra.get("rollout_sleep")), epochs=int(extra.get("epochs", 1)),
                        enforce_eager=_eager(record),
-                       max_prompt_len=int(record["prompt_len_max"]) if record.get("prompt_len_max") else None)
+                       max_prompt_len=int(record["prompt_len_max"]) if record.get("prompt_len_max") else None,
+                       **_step_terms(extra))
+
+
+# What a measured step holds beyond its graph (``step_terms.py``), from a record's ``hybridflow`` mapping: the
+# benchmark states each from the run's script (test_freq, save_freq, val_kwargs.n) and how its step was averaged.
+STEP_TERM_KEYS = {"reward_workers": int, "validations_per_step": float, "validation_prompts": int,
+                  "validation_samples": int, "checkpoints_per_step": float}
+
+
+def _step_terms(extra: Mapping[str, Any]) -> dict[str, Any]:
+    return {key: kind(extra[key]) for key, kind in STEP_TERM_KEYS.items() if extra.get(key) is not None}
 
 
 def padded(record: Mapping[str, Any], extra: Mapping[str, Any]) -> bool:
@@ -255,9 +268,21 @@ def overlay_for(record: Mapping[str, Any]) -> ControllerOverlay | None:
     return ControllerOverlay() if "verl" in str(record.get("framework", "")).lower() else None
 
 
+# verl's rollout.enforce_eager default: True through 0.5 (ppo_trainer.yaml at v0.3.0.post0 and v0.4.1, rollout.yaml at
+# v0.5.0: "Set enforce_eager=True when [free_cache_engine is] enabled"), False from 0.6.0 (rollout.yaml at v0.6.0).
+VERL_EAGER_UNTIL = (0, 5)
+
+
 def _eager(record: Mapping[str, Any]) -> bool:
-    """verl's rollout ``enforce_eager=True`` (no CUDA graphs), as the record's engine note states it."""
-    return "enforce_eager=true" in str(record.get("rollout_engine", "")).lower().replace(" ", "")
+    """verl's rollout ``enforce_eager`` (no CUDA graphs): as the record's engine note states it, else verl's
+    default for the record's ``framework_version`` (``VERL_EAGER_UNTIL``); False when neither says."""
+    stated = re.search(r"enforce_eager\s*[=:]?\s*(true|false)", str(record.get("rollout_engine", "")).lower())
+    if stated:
+        return stated.group(1) == "true"
+    if "verl" not in str(record.get("framework", "")).lower():
+        return False
+    version = re.search(r"(\d+)\.(\d+)", str(record.get("framework_version") or ""))
+    return version is not None and (int(version.group(1)), int(version.group(2))) <= VERL_EAGER_UNTIL
 
 
 def log_error(predicted: Mapping[str, float], measured: Mapping[str, float]) -> float:

@@ -37,7 +37,7 @@ ROUND = DeviceSpec(name="ROUND", memory_bytes=100 * GIB, hbm_bandwidth=1000 * GB
                    link="NVLink", link_bandwidth=100 * GB, host_bandwidth=10 * GB)
 # Overheads off and round efficiencies, so every term can be computed by hand.
 PLAIN = Constants(train_mfu=0.5, eff_half_tokens=1000, hbm_efficiency=0.5, decode_mfu=0.5, prefill_mfu=0.5,
-                  host_efficiency=0.5, decode_step_overhead_s=0.0, phase_overhead_s=0.0, step_overhead_s=0.0)
+                  host_efficiency=0.5, decode_step_overhead_s=0.0, phase_overhead_s=0.0)
 MODEL = ModelSpec(name="round", params=1_000_000_000, layers=10, hidden=1000, heads=10, kv_heads=10, vocab=1000)
 ROWS, PROMPT, RESPONSE = 64, 100, 900
 
