@@ -56,10 +56,10 @@ from typing import Any
 
 from hybridflow.planner.calibration import Calibration
 from hybridflow.planner.fit import FITTED, HELD, fit_calibration
+from hybridflow.planner.published import MeasuredCase, case_from_record
 
 # Held at their priors when fitting on these runs (module docstring).
 PUBLISHED_HELD = (*HELD, "phase_overhead_s")
-from hybridflow.planner.published import MeasuredCase, case_from_record
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / "benchmarks" / "data" / "published_runs.json"

@@ -34,7 +34,7 @@ def _text(rng: random.Random, words: int) -> str:
     return f"{body}. The answer is \\boxed{{{rng.randint(0, 999)}}}."
 
 
-def _tokenizer(vocab: int, rng: random.Random):  # noqa: ANN202 - transformers' fast tokenizer
+def _tokenizer(vocab: int, rng: random.Random):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 

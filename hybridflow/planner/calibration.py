@@ -29,7 +29,7 @@ class Constants:
     phase_overhead_s: float = 0.0  # per role phase: dispatch, data collation, cache clears
     micro_batch_overhead_s: float = 0.0  # per micro batch pass and optimizer step: launches, Python dispatch
     moe_efficiency: float = 0.5  # expert layers' share of the dense efficiency (small grouped GEMMs)
-    controller_gbs: float = 1.0  # GB/s verl's controller ships whole padded batches at (overlays.ControllerOverlay only)
+    controller_gbs: float = 1.0  # GB/s verl's controller ships padded batches at (overlays.ControllerOverlay only)
 
     def __post_init__(self) -> None:
         for item in fields(self):

@@ -24,9 +24,9 @@ from hybridflow.planner.groups import GroupEvaluator
 from hybridflow.planner.layouts import Constraint, usable_bytes
 from hybridflow.planner.models import ModelSpec
 from hybridflow.planner.modes import DEFAULT_STALENESS, check_choice, explain_choice, overlap_blocker
+from hybridflow.planner.overlays import ControllerOverlay
 from hybridflow.planner.plan import ROLLOUT_SUFFIX, Plan, SearchStats, Sharding
 from hybridflow.planner.problem import Problem, build_problem, role_adapters
-from hybridflow.planner.overlays import ControllerOverlay
 from hybridflow.planner.settings import RunSettings
 from hybridflow.planner.support import LayoutSupport
 

@@ -35,9 +35,10 @@ class ControllerOverlay:
     """verl's single controller: its synchronous trainer makes the step's calls one after another, the driver's
     rule-based reward included (``ray_trainer.fit``: ``reward`` before ``old_log_prob``, unless
     ``launch_reward_fn_async``), where hybridflow's schedule overlaps a driver node with the GPU nodes that do not
-    need it (``serial_driver``); and it ships every call's batch, padded to the run's prompt cap (``RunSettings.max_prompt_len``
-    [``data.max_prompt_length``]; None: the mean prompt) and response cap. The rate is the calibrated
-    ``Constants.controller_gbs`` (serialise, object store, deserialise), fitted on verl's runs and read only here."""
+    need it (``serial_driver``); and it ships every call's batch, padded to the run's prompt cap
+    (``RunSettings.max_prompt_len`` [``data.max_prompt_length``]; None: the mean prompt) and response cap. The rate
+    is the calibrated ``Constants.controller_gbs`` (serialise, object store, deserialise), fitted on verl's runs and
+    read only here."""
 
     serial_driver: bool = True
 

@@ -228,7 +228,8 @@ def _settings(record: Mapping[str, Any], extra: Mapping[str, Any], lengths: Leng
         train_budget = train_budget or extra["token_budget"]
         forward_budget = forward_budget or extra["token_budget"]
     util = record.get("rollout_gpu_memory_utilization") or extra.get("gpu_memory_utilization")
-    return RunSettings(lengths=lengths, padding=padded(record, extra), mini_batch_size=int(mini) * samples if mini else None,
+    return RunSettings(lengths=lengths, padding=padded(record, extra),
+                       mini_batch_size=int(mini) * samples if mini else None,
                        train_tokens_per_gpu=int(train_budget) if train_budget else None,
                        forward_tokens_per_gpu=int(forward_budget) if forward_budget else None,
                        offload=tuple(sorted(chosen.items())), gpu_memory_utilization=float(util) if util else None,

@@ -24,10 +24,10 @@ from hybridflow.planner.groups import GroupEvaluator
 from hybridflow.planner.layouts import GroupLayout
 from hybridflow.planner.models import ModelSpec
 from hybridflow.planner.modes import DEFAULT_STALENESS, OVERLAPPED, check_choice, explain_choice, overlap_blocker
+from hybridflow.planner.overlays import ControllerOverlay
 from hybridflow.planner.plan import Plan, SearchStats, detachable_policies
 from hybridflow.planner.problem import Problem, build_problem, role_adapters
 from hybridflow.planner.schedule import Schedule, Sharing, compile_schedule, makespan, shared_step
-from hybridflow.planner.overlays import ControllerOverlay
 from hybridflow.planner.settings import RunSettings
 from hybridflow.planner.support import LayoutSupport
 from hybridflow.planner.units import GpuUnits, MachineUnits, State, Token, Units
