@@ -219,15 +219,29 @@ def sequence_tokens(load: NodeLoad, shape: Shape) -> float:
     return prompt + (lengths.max if shape.run.padding else lengths.mean)
 
 
-def attention_tokens(load: NodeLoad, shape: Shape) -> float:
+def packed_sequence_tokens(load: NodeLoad, shape: Shape) -> float:
     """The length of the sequence a token belongs to, averaged over tokens: ``E[s²]/E[s]`` with ``s = prompt +
-    response``. Packed sequences attend only within themselves, and a long sequence holds more of the tokens,
-    so causal attention costs ``2·L·H`` FLOPs per token times this, not times the mean length."""
+    response`` (a long sequence holds more of the tokens); the mean length when every response has one."""
     lengths = shape.run.lengths
-    if lengths is None or shape.run.padding:
+    if lengths is None:
         return sequence_tokens(load, shape)
     prompt = load.prompt_tokens / max(load.sequences, 1)
     return (prompt * prompt + 2 * prompt * lengths.mean + lengths.second_moment) / (prompt + lengths.mean)
+
+
+def attention_tokens(load: NodeLoad, shape: Shape, micro_tokens: float | None = None) -> float:
+    """The keys a token's causal attention costs ``2·L·H·d`` FLOPs for, as the runtime runs it.
+
+    With varlen kernels (flash-attention on GPUs) packed sequences attend only within themselves:
+    :func:`packed_sequence_tokens`; padded rows the row. On CPU (``DeviceSpec.varlen_attention`` False)
+    transformers' sdpa/eager attention computes the whole square of its row and masks it: a packed micro batch
+    is one row of ``micro_tokens`` (``backends/common/packing.py``), a padded row is ``prompt + max``, and the
+    square is twice the causal half the formula counts."""
+    if shape.device.varlen_attention:
+        return sequence_tokens(load, shape) if shape.run.padding else packed_sequence_tokens(load, shape)
+    if shape.run.padding or micro_tokens is None:
+        return 2 * sequence_tokens(load, shape)
+    return 2 * micro_tokens
 
 
 def batching(load: NodeLoad, layout: RoleLayout, shape: Shape, *, train: bool) -> Batching:
@@ -243,7 +257,8 @@ def batching(load: NodeLoad, layout: RoleLayout, shape: Shape, *, train: bool) -
     tokens_rank = rows_rank * seq / layout.sp  # per GPU of an SP group, per mini-batch
     budget = run.train_tokens_per_gpu if train else run.forward_tokens_per_gpu
     if budget:
-        micro = max(1, math.ceil(tokens_rank / budget))
+        # An SP group shares each row: its rows are cut on their whole length against the budget x sp (verl).
+        micro = budget_micro_batches(load, shape, rows_rank, tokens_rank * layout.sp, budget * layout.sp)
         micro_tokens = tokens_rank / micro
     else:
         rows_micro = min(layout.micro_batch_size if train else
@@ -252,7 +267,22 @@ def batching(load: NodeLoad, layout: RoleLayout, shape: Shape, *, train: bool) -
         micro_tokens = rows_micro * seq / layout.sp
     return Batching(tokens_per_gpu=minis * tokens_rank / layout.pp, seq=seq, micro_tokens=micro_tokens,
                     micro_batches=minis * micro, optimizer_steps=minis if train else 0,
-                    attention_seq=attention_tokens(load, shape))
+                    attention_seq=attention_tokens(load, shape, micro_tokens * layout.sp))
+
+
+def budget_micro_batches(load: NodeLoad, shape: Shape, rows: int, tokens: float, budget: float) -> int:
+    """Micro batches the runtime cuts ``rows`` rows of ``tokens`` tokens into under a token budget
+    (``runtime.balancing.token_micro_batches``: consecutive rows, greedily, at least one row each).
+
+    Padded, every row costs ``prompt + max``: ``floor(budget / row)`` rows a micro batch. Packed, a greedy cut
+    leaves each micro batch short of the budget by the part of the next row that would have fit; that row is
+    drawn length-biased, so the gap is on average half the token-weighted row length (``E[s²]/(2E[s])``,
+    renewal theory), and a micro batch holds ``budget - E[s²]/(2E[s])`` tokens (at least one row)."""
+    if shape.run.padding:
+        return max(1, math.ceil(rows / max(1, int(budget // sequence_tokens(load, shape)))))
+    mean = sequence_tokens(load, shape)
+    fill = max(budget - packed_sequence_tokens(load, shape) / 2, mean, 1.0)
+    return max(1, min(rows, math.ceil(tokens / fill)), math.ceil(tokens / budget))
 
 
 def flops_per_token(model: ModelSpec, seq: float, passes: int, *, train: bool = False) -> float:

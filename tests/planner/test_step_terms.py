@@ -167,3 +167,40 @@ def test_run_settings_refuse_rates_outside_a_step():
         RunSettings(validations_per_step=2)
     with pytest.raises(ValueError, match=r"reward_workers=0 must be a positive integer"):
         RunSettings(reward_workers=0)
+
+
+def test_budget_micro_batches_follow_the_runtimes_greedy_cut():
+    import random
+
+    from hybridflow.graph import NodeLoad as Load
+    from hybridflow.planner.costs import budget_micro_batches
+    from hybridflow.runtime.balancing import token_micro_batches
+
+    lengths = LengthDistribution.lognormal(mean=300, max=2000)
+    draw = random.Random(0)
+    sizes, weights = zip(*lengths.points, strict=True)
+    rows = [PROMPT + round(size) for size in draw.choices(sizes, weights, k=4096)]
+    load = Load("n", Op.LOGPROB, 4096, 4096 * PROMPT, 4096 * 300)
+    shape = Shape(ROUND, (1,), run=RunSettings(lengths=lengths), constants=PLAIN)
+    for budget in (1024, 2048, 8192):
+        runtime = len(token_micro_batches(rows, budget))
+        planned = budget_micro_batches(load, shape, len(rows), sum(rows), budget)
+        assert abs(planned - runtime) <= 0.1 * runtime, (budget, planned, runtime)
+        assert planned > sum(rows) / budget  # the greedy cut never fills every budget
+    padded = Shape(ROUND, (1,), run=RunSettings(lengths=lengths, padding=True), constants=PLAIN)
+    assert budget_micro_batches(load, padded, 4096, 4096 * 2100, 8192) == -(-4096 // 3)  # 3 rows of 2,100 a batch
+    assert len(token_micro_batches([PROMPT + 2000] * 4096, 8192)) == budget_micro_batches(load, padded, 4096, 0, 8192)
+
+
+def test_cpu_attention_computes_the_whole_masked_square_of_its_row():
+    from hybridflow.planner.costs import attention_tokens, packed_sequence_tokens
+
+    lengths = LengthDistribution.from_lengths([100, 300, 800])
+    load = NodeLoad("n", Op.LOGPROB, 64, 64 * PROMPT, 64 * 400)
+    cpu = DeviceSpec(name="C", memory_bytes=16 * GIB, hbm_bandwidth=35 * GB, flops=(("fp32", TFLOPS),), link="host",
+                     link_bandwidth=GB, varlen_attention=False)
+    run, padded = RunSettings(lengths=lengths), RunSettings(lengths=lengths, padding=True)
+    assert attention_tokens(load, Shape(ROUND, (1,), run=run)) == packed_sequence_tokens(load, Shape(ROUND, (1,),
+                                                                                                      run=run))
+    assert attention_tokens(load, Shape(cpu, (1,), run=run), micro_tokens=4000) == 8000  # one packed row, squared
+    assert attention_tokens(load, Shape(cpu, (1,), run=padded), micro_tokens=4000) == 2 * (PROMPT + 800)
