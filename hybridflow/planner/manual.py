@@ -31,6 +31,7 @@ from hybridflow.planner.settings import RunSettings
 from hybridflow.planner.support import LayoutSupport
 
 PerRole = int | Mapping[str, int] | None
+RoleSharding = Sharding | str | Mapping[str, Sharding | str] | None  # one for every role, or per role
 
 
 def parse_mapping(text: str) -> dict[str, tuple[int, ...]]:
@@ -113,7 +114,7 @@ def _per_role(value: PerRole, role: str, what: str) -> int | None:
     return number
 
 
-def _constraint(role: str, size: int, data_parallel_size: PerRole, sharding: Sharding | str | None,
+def _constraint(role: str, size: int, data_parallel_size: PerRole, sharding: RoleSharding,
                 micro_batch_sizes: PerRole, rollout_tp: PerRole = None,
                 splits: Mapping[str, PerRole] | None = None, checkpointing: bool | None = None) -> Constraint:
     dp = _per_role(data_parallel_size, role, "data_parallel_size")
@@ -131,7 +132,8 @@ def _constraint(role: str, size: int, data_parallel_size: PerRole, sharding: Sha
     parts = {name: _per_role(value, role, name) or 1 for name, value in (splits or {}).items() if name != "fsdp_size"}
     if dp is not None and dp % (parts.get("sequence_parallel", 1) * parts.get("pipeline_parallel", 1)):
         raise ValueError(f"role {role!r}: sequence_parallel x pipeline_parallel must divide data_parallel_size={dp}")
-    return Constraint(tp=size // dp if dp else None, sharding=Sharding(sharding) if sharding else None,
+    chosen = sharding.get(role) if isinstance(sharding, Mapping) else sharding
+    return Constraint(tp=size // dp if dp else None, sharding=Sharding(chosen) if chosen else None,
                       micro_batch_size=_per_role(micro_batch_sizes, role, "micro_batch_sizes"), rollout_tp=rtp,
                       sp=parts.get("sequence_parallel", 1), pp=parts.get("pipeline_parallel", 1),
                       ep=parts.get("expert_parallel", 1), shard_size=_per_role((splits or {}).get("fsdp_size"), role,
@@ -141,7 +143,7 @@ def _constraint(role: str, size: int, data_parallel_size: PerRole, sharding: Sha
 
 def evaluate_mapping(graph: Graph, models: Mapping[str, ModelSpec], workload: Workload, cluster: Cluster,
                      mapping: Mapping[str, Sequence[int]], *, data_parallel_size: PerRole = None,
-                     sharding: Sharding | str | None = Sharding.FULL_SHARD, micro_batch_sizes: PerRole = None,
+                     sharding: RoleSharding = Sharding.FULL_SHARD, micro_batch_sizes: PerRole = None,
                      dtypes: Mapping[str, str] | None = None, rollout_tp: PerRole = None,
                      sequence_parallel: PerRole = None, pipeline_parallel: PerRole = None,
                      expert_parallel: PerRole = None, fsdp_size: PerRole = None,
@@ -152,7 +154,8 @@ def evaluate_mapping(graph: Graph, models: Mapping[str, ModelSpec], workload: Wo
                      lora: LoraPlan | Mapping[str, LoraPlan] | None = None,
                      shared_weights: Mapping[str, str] | None = None,
                      overlay: ControllerOverlay | None = None) -> Plan:
-    """Cost a hand-written mapping with the planner's model; fields left None are chosen by the planner.
+    """Cost a hand-written mapping with the planner's model; fields left None are chosen by the planner
+    (``sharding``: one strategy for every role, or one per role as a mapping).
 
     ``rollout_tp`` fixes the tensor-parallel size of a policy's rollout engine (verl's
     ``rollout.tensor_model_parallel_size``); training layouts use ``data_parallel_size``; a published
@@ -226,7 +229,7 @@ class _Fixed:
     """The fields a user fixed for a manual mapping (None: the planner's layout policy chooses)."""
 
     data_parallel_size: PerRole
-    sharding: Sharding | str | None
+    sharding: RoleSharding
     micro_batch_sizes: PerRole
     rollout_tp: PerRole
     splits: Mapping[str, PerRole]
