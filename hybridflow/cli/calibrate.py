@@ -53,7 +53,7 @@ def _published_cases(path: str) -> list[MeasuredCase]:
     return [case for case in cases if case.measured]
 
 
-def _own_run_case(folder: Path, skip_steps: int, prompt_len: int | None) -> MeasuredCase:
+def case_from_run_dir(folder: Path, skip_steps: int, prompt_len: int | None) -> MeasuredCase:
     """A `hybridflow train` run directory costed with the planner inputs its training planned with
     (``train.placement``), the run's executed padding, budgets and response lengths (``settings_as_run``)."""
     from hybridflow.planner.measured import case_from_run, settings_as_run
@@ -84,7 +84,7 @@ def _run_case(spec: str, skip_steps: int, prompt_len: int | None = None) -> Meas
     folder, sep, config = spec.partition("=")
     config_path = Path(config) if sep else Path(folder) / "plan_inputs.yaml"
     if not sep and not config_path.is_file() and (Path(folder) / "config.json").is_file():
-        return _own_run_case(Path(folder), skip_steps, prompt_len)
+        return case_from_run_dir(Path(folder), skip_steps, prompt_len)
     if not config_path.is_file():
         raise FileNotFoundError(f"--run {spec}: no planner inputs: neither {Path(folder) / 'config.json'} (a "
                                 f"`hybridflow train` run directory) nor {config_path}; pass a run directory or write "
