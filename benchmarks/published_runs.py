@@ -34,8 +34,9 @@ Assumptions shared by every run (also in ``hybridflow.planner.published.DEFAULTS
   parallelism is costed as Ulysses sequence parallelism (the same all-to-all volume, to first order).
 - verl's trainer ships every worker call's whole batch through its single controller and back (DataProto
   through the Ray object store), padded to the prompt and response caps (``prompt_len_max``,
-  ``response_len_max``): ``RunSettings.controller_batches`` with ``max_prompt_len``, at the calibrated
-  ``controller_gbs``. Every run here is verl's, so every run pays it; it matters at the 28K cap (10 GB a call).
+  ``response_len_max``): the verl overlay every verl record gets (``overlays.ControllerOverlay``, with
+  ``RunSettings.max_prompt_len``), at the calibrated ``controller_gbs``. Every run here is verl's, so every run
+  pays it; it matters at the 28K cap (10 GB a call). hybridflow's own plans never carry it.
 
 ``--companions`` costs each record's ``companion_split_run`` (the same experiment on split pools, run
 asynchronously) in its own mode on its published split with its own script's settings, beside the colocated
