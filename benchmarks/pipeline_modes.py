@@ -84,7 +84,7 @@ CALIBRATION_MODES = ("sync, colocated on 3 GPUs", "sync, split 1+2")
 # sequences an engine, which tells the two apart (fit.HELD holds decode_mfu for GPU calibrations, whose
 # colocated runs cannot). Held at its prior instead, the pooled ranking's tau is 0.84, not 0.93 (docs/benchmarks.md).
 FITTED = ("train_mfu", "eff_half_tokens", "decode_mfu", "decode_step_overhead_s", "phase_overhead_s",
-          "micro_batch_overhead_s", "step_overhead_s")
+          "micro_batch_overhead_s")
 LEARNING_MODES = {
     "sync": ["pipeline=sync"],
     "one_step_off": ["pipeline=one_step_off"],

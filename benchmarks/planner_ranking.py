@@ -46,8 +46,7 @@ from hybridflow.planner.published import MeasuredCase
 from hybridflow.planner.settings import RunSettings
 
 SKIP_STEPS = 2  # warm-up steps left out of every run (first-step allocations, Ray actor start)
-FITTED = ("train_mfu", "eff_half_tokens", "decode_step_overhead_s", "phase_overhead_s", "micro_batch_overhead_s",
-          "step_overhead_s")
+FITTED = ("train_mfu", "eff_half_tokens", "decode_step_overhead_s", "phase_overhead_s", "micro_batch_overhead_s")
 
 
 def placements(roles: tuple[str, ...]) -> dict[str, dict[str, list[int]]]:

@@ -1,6 +1,6 @@
 """Execution modes on the published pairs: colocated sync vs split asynchronous runs of one experiment.
 
-Three records of ../shared/calibration/published_runs.json have a ``companion_split_run``: the same
+Three records of benchmarks/data/published_runs.json have a ``companion_split_run``: the same
 experiment on split pools, run asynchronously, and faster than colocated. Each pair is entered twice:
 
 - **as run**: the colocated arm costed ``sync`` on all GPUs (exactly as ``benchmarks/published_runs.py``
@@ -131,7 +131,7 @@ TRAINER_WAIT = ("wait_prev_gen", "gen")
 def split_phases(plan: Plan, published: dict[str, float], calibration: Calibration | None) -> dict[str, float]:
     """Predicted seconds for each published phase of a split arm (``SPLIT_PHASES``, ``TRAINER_WAIT``, ``step``)."""
     seconds = {node.node: node.seconds for node in plan.nodes}
-    overhead = (calibration or Calibration()).for_device(plan.groups[0].device).step_overhead_s
+    overhead = float(dict(plan.extra).get("step_terms_s", 0.0))  # amortised validation and checkpoints
     predicted = {}
     for key in published:
         if key == "step":

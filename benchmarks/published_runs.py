@@ -1,4 +1,4 @@
-"""The planner's cost model against six published verl runs (../shared/calibration/published_runs.json).
+"""The planner's cost model against six published verl runs (benchmarks/data/published_runs.json).
 
 Every run is entered as it ran (its mapping: everything colocated; its layouts, lengths, offload and
 batching), costed with the priors and with one calibration shared by all runs, and compared with the
@@ -8,9 +8,11 @@ sources' own. What the sources leave out is assumed below, once per run, with th
     .venv/bin/python benchmarks/published_runs.py [--runs PATH] [--fit] [--per-device] [--write-calibration FILE]
         [--markdown] [--export-records FILE] [--companions]
 
-``--fit`` fits the calibration on these runs (``hybridflow calibrate --published PATH`` fits the same
-way from the records alone), with ``fit.HELD`` (``decode_mfu``) held at its prior: these colocated runs
-cannot tell it apart from the drain to the longest response (``docs/planner.md``, "Calibration"); without
+``--fit`` fits the calibration on these runs (``hybridflow calibrate --published PATH --hold
+decode_mfu,phase_overhead_s`` fits the same way from the records alone), with ``PUBLISHED_HELD`` held at its
+priors: ``decode_mfu`` (``fit.HELD``: these colocated runs cannot tell it apart from the drain to the longest
+response, ``docs/planner.md``, "Calibration") and ``phase_overhead_s`` (left free, it becomes a per-call constant
+standing in for what the model misses on the short runs: 3.3 s a phase, ``docs/benchmarks.md``); without
 it the script uses the shipped ``verl-published`` calibration (``hybridflow/planner/calibrations.py``,
 pasted from ``--fit --write-calibration``).
 
@@ -19,15 +21,22 @@ Assumptions shared by every run (also in ``hybridflow.planner.published.DEFAULTS
 - Response lengths follow a lognormal with the stated mean whose 99.9th percentile is the cap; packed
   sequences (remove-padding) for forward and update passes; the sync rollout waits for the longest.
 - verl's ``gen`` phase holds the engine's wake/sleep and the weight resharding; ``step`` is the sum of the
-  phases plus a per-step overhead (reward, advantages, data loading).
+  phases, run one after another (verl's synchronous trainer; ``overlays.ControllerOverlay``), the driver's
+  rule-based reward among them (detokenise and score each sample, serially), plus what its step timer holds
+  on average beyond the graph: validation every ``test_freq`` steps and checkpoint writes every ``save_freq``
+  steps, as each run's script sets them (``ASSUMPTIONS``; ``hybridflow.planner.step_terms``). Data loading and
+  logging fall outside verl's step timer. There is no fitted per-step constant.
+- The rollout decodes eagerly (no CUDA graphs) where verl's default did (``enforce_eager: True`` through 0.5) and
+  the record does not say otherwise (``published.VERL_EAGER_UNTIL``).
 - The engine sleeps between rollouts (``free_cache_engine``); verl's default gpu_memory_utilization is
   0.5 when a run does not give one.
 - Megatron runs shard optimizer states over data-parallel ranks (distributed optimizer: ZeRO-1); context
   parallelism is costed as Ulysses sequence parallelism (the same all-to-all volume, to first order).
 - verl's trainer ships every worker call's whole batch through its single controller and back (DataProto
   through the Ray object store), padded to the prompt and response caps (``prompt_len_max``,
-  ``response_len_max``): ``RunSettings.controller_batches`` with ``max_prompt_len``, at the calibrated
-  ``controller_gbs``. Every run here is verl's, so every run pays it; it matters at the 28K cap (10 GB a call).
+  ``response_len_max``): the verl overlay every verl record gets (``overlays.ControllerOverlay``, with
+  ``RunSettings.max_prompt_len``), at the calibrated ``controller_gbs``. Every run here is verl's, so every run
+  pays it; it matters at the 28K cap (10 GB a call). hybridflow's own plans never carry it.
 
 ``--companions`` costs each record's ``companion_split_run`` (the same experiment on split pools, run
 asynchronously) in its own mode on its published split with its own script's settings, beside the colocated
@@ -50,8 +59,11 @@ from hybridflow.planner.calibration import Calibration
 from hybridflow.planner.fit import FITTED, HELD, fit_calibration
 from hybridflow.planner.published import MeasuredCase, case_from_record
 
+# Held at their priors when fitting on these runs (module docstring).
+PUBLISHED_HELD = (*HELD, "phase_overhead_s")
+
 ROOT = Path(__file__).resolve().parents[1]
-RUNS = ROOT.parent / "shared" / "calibration" / "published_runs.json"
+RUNS = ROOT / "benchmarks" / "data" / "published_runs.json"
 
 MATH_PROMPT = 200  # DAPO-Math-17k prompts with the DAPO instruction template: ~150-250 tokens
 GSM8K_PROMPT = 130  # GSM8K question with verl's "Let's think step by step ... ####" template
@@ -67,12 +79,20 @@ DAPO_7B_MEAN = 1500  # Qwen2.5-Math-7B on DAPO-Math-17k, averaged over a run
 DAPO_7B_LONG_MEAN = DAPO_7B_MEAN
 DAPO_30B_MEAN = 2500  # Qwen3-30B-A3B-Base, 8K cap, 400 steps: a stronger base reasons longer; the cap binds
 GSM8K_MEAN = 250  # a 7B instruct model's GSM8K chain of thought
+AIME_2024 = 30  # validation prompts of the DAPO recipes' aime-2024.parquet (AIME 2024 I and II; val_kwargs.n=1)
+GSM8K_TEST = 1319  # GSM8K's test split, verl's gsm8k preprocessing (val_kwargs.n defaults to 1, greedy)
+# What each published step averages over beyond its graph (hybridflow.planner.step_terms): verl's step timer holds
+# its validation (every test_freq steps) and checkpoint writes (every save_freq steps, and at the last step when
+# save_freq > 0), so a run average holds 1/test_freq validations and 1/save_freq checkpoints per step.
+EVERY_10TH_VALIDATES_ON_AIME = {"validations_per_step": 0.1, "validation_prompts": AIME_2024}
+EVERY_20TH_VALIDATES_ON_AIME = {"validations_per_step": 0.05, "validation_prompts": AIME_2024}
 
 # Per run: what the record leaves out (or contradicts), with the reason.
 ASSUMPTIONS: dict[str, dict[str, Any]] = {
     "verl_doc_onestepoff_colocate_fsdp2_16xH20": {
         "prompt_len": MATH_PROMPT, "response_len_mean": DAPO_7B_MEAN,
         "response_len_max": 8192,  # the shipped script's cap; the doc's 20,480 contradicts it (record notes)
+        **EVERY_10TH_VALIDATES_ON_AIME,  # the script: test_freq=10, val_kwargs.n=1, save_freq=-1
     },
     "verl_doc_fullyasync_colocate_64xH20": {
         "prompt_len": MATH_PROMPT, "response_len_mean": DAPO_7B_LONG_MEAN,
@@ -82,6 +102,7 @@ ASSUMPTIONS: dict[str, dict[str, Any]] = {
         "gpu_memory_utilization": 0.8,  # as in the same authors' one-step-off script
         "token_budget": 2 * (2048 + 28672),  # verl DAPO recipe: 2 x (prompt + response) per GPU
         "dynamic_bsz": True,
+        **EVERY_20TH_VALIDATES_ON_AIME,  # the sibling scripts: test_freq=20, val_kwargs.n=1, save_freq=-1
     },
     "verl_doc_fullyasync_colocate_qwen3_30b_a3b_128xH20": {
         "prompt_len": MATH_PROMPT, "response_len_mean": DAPO_30B_MEAN,
@@ -89,17 +110,25 @@ ASSUMPTIONS: dict[str, dict[str, Any]] = {
         "rollout_tp": 4, "train_parallelism": {"tp": 2, "cp": 2, "ep": 8},
         "offload": {"actor_param": True, "actor_grad": True, "actor_optimizer": True, "ref_param": True},
         "gpu_memory_utilization": 0.8, "token_budget": 2 * (2048 + 8192), "dynamic_bsz": True,
+        **EVERY_20TH_VALIDATES_ON_AIME,  # the sibling script: test_freq=20, val_kwargs.n=1, save_freq=-1
     },
     "verl_doc_dpsk_deepseek_v3_671b_96xH20": {
         "prompt_len": MATH_PROMPT,  # mean response 1,960 and cap 9,632 are published
         "gpu_memory_utilization": 0.6,  # in the record's rollout_engine note
+        # The script: test_freq=10 on aime-2024 (val_kwargs.n=1), save_freq=100 (Megatron dist checkpoint).
+        **EVERY_10TH_VALIDATES_ON_AIME, "checkpoints_per_step": 0.01,
     },
     "verl_pr7833_qwen35_9b_gsm8k_8xB200": {
         "prompt_len": GSM8K_PROMPT, "response_len_mean": 400,  # a 2026 9B reasons longer than GSM8K_MEAN
         "model": "qwen3-8b",  # Qwen3.5-9B's text stack approximated by Qwen3-8B's shape (8.2B of 9B weights)
+        # The published step is the mean of steps 2-6 of a 6-step run (total_training_steps=6) of the script with
+        # test_freq=5 and save_freq=20: steps 5 and 6 (the last) validate on GSM8K's test split, step 6 (the last,
+        # save_freq > 0) writes a checkpoint: 2 validations and 1 checkpoint in the 5 averaged steps.
+        "validations_per_step": 2 / 5, "validation_prompts": GSM8K_TEST, "checkpoints_per_step": 1 / 5,
     },
     "rocm_blog_verl_ppo_qwen2_7b_gsm8k_8xH100": {
-        # The step is derived from tokens/GPU/s, so it scales with these two assumed lengths.
+        # The step is derived from tokens/GPU/s, so it scales with these two assumed lengths. Its average leaves out
+        # the steps with step % 10 == 0 (the record), where validation and checkpoints fall: no step terms.
         "prompt_len": GSM8K_PROMPT, "response_len_mean": GSM8K_MEAN,
     },
 }
@@ -226,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     calibrations: dict[str, Calibration | None] = {"priors": None}
     if args.fit:
         devices = [case.device for case in cases] if args.per_device else None
-        fitted = fit_calibration([(case.predict, case.measured) for case in cases], names=FITTED, held=HELD,
+        fitted = fit_calibration([(case.predict, case.measured) for case in cases], names=FITTED, held=PUBLISHED_HELD,
                                  devices=devices, source="benchmarks/published_runs.py --fit")
         calibrations["calibrated"] = fitted
         if args.write_calibration:

@@ -3,7 +3,9 @@
 Inputs: ``--published FILE`` (records in the format of ``published_runs.json``; a record's
 ``hybridflow`` mapping states what the record leaves out) and/or ``--run DIR[=PLAN_CONFIG]``
 (a ``hybridflow train`` run directory with ``plan.json`` and ``metrics.jsonl``; its planner inputs come
-from a ``hybridflow plan --config`` YAML, by default ``DIR/plan_inputs.yaml``). Prints each case's worst
+from the run's own ``config.json`` as ``hybridflow train`` planned it, with the padding and token budgets of its
+``plan.json`` and the response lengths of its ``metrics.jsonl``, or from a ``hybridflow plan --config`` YAML,
+``PLAN_CONFIG`` or ``DIR/plan_inputs.yaml`` when there is one). Prints each case's worst
 predicted/measured ratio before and after and the constants held at their starting values (``--hold``,
 default ``fit.HELD``: constants such runs do not constrain), writes ``--out`` for ``hybridflow plan --calibration``.
 """
@@ -29,6 +31,9 @@ def add_parser(subparsers: Any) -> None:
                         help="a hybridflow train run directory; PLAN_CONFIG (a `hybridflow plan --config` YAML "
                              "with its cluster, models and workload) defaults to DIR/plan_inputs.yaml")
     parser.add_argument("--skip-steps", type=int, default=1, help="warm-up steps of a run to ignore (default 1)")
+    parser.add_argument("--prompt-len", type=int, default=None,
+                        help="mean prompt tokens of the --run directories costed from their config.json (default: "
+                             "the config's data.max_prompt_length)")
     parser.add_argument("--fit", default=",".join(FITTED), help=f"constants to fit (default {','.join(FITTED)})")
     parser.add_argument("--hold", default=",".join(HELD),
                         help=f"constants kept at their starting values, not fitted: ones the runs cannot constrain "
@@ -48,16 +53,42 @@ def _published_cases(path: str) -> list[MeasuredCase]:
     return [case for case in cases if case.measured]
 
 
-def _run_case(spec: str, skip_steps: int) -> MeasuredCase:
+def case_from_run_dir(folder: Path, skip_steps: int, prompt_len: int | None) -> MeasuredCase:
+    """A `hybridflow train` run directory costed with the planner inputs its training planned with
+    (``train.placement``), the run's executed padding, budgets and response lengths (``settings_as_run``)."""
+    from hybridflow.planner.measured import case_from_run, settings_as_run
+    from hybridflow.planner.plan import Plan
+    from hybridflow.train import placement, setup
+    from hybridflow.train.config import load_config
+
+    config = load_config(folder / "config.json")
+    prompt = prompt_len or config.data.max_prompt_length
+    if not prompt:
+        raise ValueError(f"--run {folder}: its config sets no data.max_prompt_length; pass --prompt-len (the mean "
+                         "prompt tokens of its data)")
+    graph = setup.build_graph(config)
+    plan = Plan.from_json((folder / "plan.json").read_text())
+    settings = settings_as_run(plan, placement.run_settings(config, graph), folder / "metrics.jsonl")
+    final = folder / "final"
+    models = placement.role_models(config, graph, str(final) if (final / "config.json").is_file() else None)
+    work = placement.workload(config, graph, prompt, settings)
+    return case_from_run(folder, graph=graph, models=models, workload=work, cluster=placement.planner_cluster(config),
+                         settings=settings, skip_steps=skip_steps)
+
+
+def _run_case(spec: str, skip_steps: int, prompt_len: int | None = None) -> MeasuredCase:
     from hybridflow.cli.plan import _models, build_cluster, run_settings
     from hybridflow.graph import Workload, load_graph
     from hybridflow.planner.measured import case_from_run
 
     folder, sep, config = spec.partition("=")
     config_path = Path(config) if sep else Path(folder) / "plan_inputs.yaml"
+    if not sep and not config_path.is_file() and (Path(folder) / "config.json").is_file():
+        return case_from_run_dir(Path(folder), skip_steps, prompt_len)
     if not config_path.is_file():
-        raise FileNotFoundError(f"--run {spec}: no planner inputs at {config_path}; write a `hybridflow plan "
-                                "--config` YAML (cluster, models, batch_size, prompt_len, response_len...)")
+        raise FileNotFoundError(f"--run {spec}: no planner inputs: neither {Path(folder) / 'config.json'} (a "
+                                f"`hybridflow train` run directory) nor {config_path}; pass a run directory or write "
+                                "a `hybridflow plan --config` YAML (cluster, models, batch_size, prompt_len...)")
     import yaml
 
     options = yaml.safe_load(config_path.read_text()) or {}
@@ -75,7 +106,7 @@ def _run_case(spec: str, skip_steps: int) -> MeasuredCase:
 
 def run(args: argparse.Namespace) -> int:
     cases = [case for path in args.published for case in _published_cases(path)]
-    cases += [_run_case(spec, args.skip_steps) for spec in args.runs]
+    cases += [_run_case(spec, args.skip_steps, args.prompt_len) for spec in args.runs]
     if not cases:
         raise ValueError("nothing to calibrate on: give --published FILE or --run DIR")
     held = [name.strip() for name in str(args.hold).split(",") if name.strip()]

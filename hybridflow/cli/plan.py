@@ -123,7 +123,8 @@ def agent_workload(settings: dict[str, Any]) -> AgentWorkload | None:
 
 RUN_KEYS = ("max_response_len", "lengths_from", "mini_batch_size", "epochs", "train_tokens_per_gpu",
             "forward_tokens_per_gpu", "offload", "gpu_memory_utilization", "max_num_seqs", "rollout_sleep",
-            "enforce_eager", "padding")
+            "enforce_eager", "padding", "max_prompt_len", "reward_workers", "validations_per_step",
+            "validation_prompts", "validation_samples", "checkpoints_per_step")
 
 
 def run_settings(settings: dict[str, Any], mean_response_len: int) -> RunSettings:

@@ -14,6 +14,7 @@ from hybridflow.planner.layouts import GroupLayout, engine_layout
 from hybridflow.planner.plan import GroupPlan, NodeEstimate, Plan, RoleLayout, SearchStats
 from hybridflow.planner.problem import Problem, RoleWork
 from hybridflow.planner.schedule import DRIVER, Schedule, Sharing, compile_schedule, shared_step, stream_schedule
+from hybridflow.planner.step_terms import step_terms
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,11 @@ def build_plan(problem: Problem, groups: Sequence[Placement], *, search: SearchS
         spans = [(min(a for (j, _), (a, _) in zip(origin, pieces, strict=True) if j == i),
                   max(b for (j, _), (_, b) in zip(origin, pieces, strict=True) if j == i))
                  for i in range(len(schedule.nodes))]
-    step = span + problem.step_overhead_s
+    terms = step_terms(problem, groups)
+    step = span + sum(terms.values())
+    if any(terms.values()):
+        extra["step_terms_s"] = sum(terms.values())
+        extra["step_terms"] = ", ".join(f"{name} {seconds:.3g} s" for name, seconds in terms.items() if seconds)
     extra["idle_fraction"] = round(idle_fraction(step, groups), 6)
     if problem.mode.pipeline == "async":
         extra["batch_latency_s"] = latency  # what modes.describe_mode explains the async step with

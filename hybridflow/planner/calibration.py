@@ -28,9 +28,8 @@ class Constants:
     decode_step_overhead_s: float = 0.002  # per engine step: scheduler, sampling, graph launch (vLLM ~1-3 ms)
     phase_overhead_s: float = 0.0  # per role phase: dispatch, data collation, cache clears
     micro_batch_overhead_s: float = 0.0  # per micro batch pass and optimizer step: launches, Python dispatch
-    step_overhead_s: float = 0.0  # per training step: reward, advantages, data loading, logging
     moe_efficiency: float = 0.5  # expert layers' share of the dense efficiency (small grouped GEMMs)
-    controller_gbs: float = 1.0  # GB/s a single controller ships whole padded batches at (serialise + object store)
+    controller_gbs: float = 1.0  # GB/s verl's controller ships padded batches at (overlays.ControllerOverlay only)
 
     def __post_init__(self) -> None:
         for item in fields(self):
@@ -51,6 +50,10 @@ class Constants:
     def from_dict(cls, data: dict[str, Any], *, where: str = "constants") -> Constants:
         known = {item.name for item in fields(cls)}
         unknown = sorted(set(data) - known)
+        if "step_overhead_s" in unknown:
+            raise ValueError(f"{where}: step_overhead_s is no longer a constant: the step's reward, validation and "
+                             "checkpoint terms are modelled (hybridflow.planner.step_terms); delete the key, or refit "
+                             "with `hybridflow calibrate`")
         if unknown:
             raise ValueError(f"{where}: unknown constants {unknown}; known: {sorted(known)}")
         try:
@@ -67,7 +70,7 @@ RANGES: dict[str, tuple[float, float]] = {
     "train_mfu": (0.1, 0.75), "eff_half_tokens": (64, 8192), "hbm_efficiency": (0.3, 0.95),
     "decode_mfu": (0.1, 0.8), "prefill_mfu": (0.1, 0.8), "host_efficiency": (0.1, 0.9),
     "decode_step_overhead_s": (0.0, 0.05), "phase_overhead_s": (0.0, 60.0),
-    "micro_batch_overhead_s": (0.0, 1.0), "step_overhead_s": (0.0, 300.0),
+    "micro_batch_overhead_s": (0.0, 1.0),
     "moe_efficiency": (0.1, 1.0), "controller_gbs": (0.1, 10.0),
 }
 

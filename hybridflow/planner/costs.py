@@ -14,6 +14,7 @@ from hybridflow.graph import NodeLoad, Op, RoleKind
 from hybridflow.planner.calibration import DEFAULT_CONSTANTS, Constants
 from hybridflow.planner.devices import DTYPE_BYTES, DeviceSpec
 from hybridflow.planner.models import ModelSpec
+from hybridflow.planner.overlays import ControllerOverlay, controller_seconds
 from hybridflow.planner.plan import RoleLayout, Sharding
 from hybridflow.planner.settings import DEFAULT_SETTINGS, RunSettings
 
@@ -26,14 +27,6 @@ EAGER_LAYER_OVERHEAD_S = 250e-6  # per layer and decode step without CUDA graphs
 USABLE_MEMORY = 0.9  # fraction of device memory a plan may use; the rest is CUDA context and fragmentation
 DRIVER_SECONDS_PER_ROW = 1e-6  # driver-side compute nodes and reward functions, per sequence
 ACTIVATION_BYTES_PER_TOKEN_HIDDEN = 34  # Korthikanti et al. 2022, per layer, 16-bit, with flash attention
-
-TOKEN_ID_BYTES = 8  # verl's DataProto holds token ids, masks and positions as int64
-SCORE_BYTES = 4  # and per-token log-probs, entropies, advantages, returns as fp32
-# fp32 per-token fields a call carries in (beside the token tensors) and returns, by op: a forward returns its
-# log-probs (the policy's old_log_prob also its entropy); the update takes old log-probs, advantages,
-# returns, token-level scores and rewards.
-CONTROLLER_FIELDS = {Op.GENERATE: (0, 0), Op.LOGPROB: (0, 2), Op.REF_LOGPROB: (1, 1), Op.VALUES: (1, 1),
-                     Op.SCORE: (1, 1), Op.UPDATE: (5, 0)}
 
 FULL_SHARDS = (Sharding.FULL_SHARD, Sharding.ZERO3, Sharding.HYBRID_SHARD)
 FORWARD_OPS = (Op.LOGPROB, Op.REF_LOGPROB, Op.VALUES, Op.SCORE)
@@ -48,6 +41,7 @@ class Shape:
     inter: float = 25e9  # the cluster's inter-node bandwidth per GPU (bytes/s)
     run: RunSettings = DEFAULT_SETTINGS  # the run's step recipe (lengths, mini-batches, offload...)
     constants: Constants = DEFAULT_CONSTANTS  # the device's calibrated efficiencies
+    overlay: ControllerOverlay | None = None  # another framework's costs, when pricing its runs (overlays.py)
 
     @cached_property
     def size(self) -> int:
@@ -101,10 +95,13 @@ def ring_seconds(bytes_per_gpu: float, ranks: int, bandwidth: float) -> float:
 
 
 def shard_ranks(layout: RoleLayout, shape: Shape) -> int:
-    """How many DP ranks split the parameters: all of them, or one machine's worth for HYBRID_SHARD."""
+    """How many ranks split one pipeline stage's parameters and states: the stage's ranks (``dp / pp``: each
+    stage holds its own layers, so its shards spread over its own data and sequence parallel ranks, as FSDP and
+    Megatron's distributed optimizer over DP x CP do), or one machine's worth for HYBRID_SHARD."""
+    stage = max(1, layout.dp // layout.pp)
     if layout.sharding is Sharding.HYBRID_SHARD:
-        return max(1, min(layout.dp, layout.shard_size or shape.counts[-1] // layout.tp))
-    return layout.dp
+        return max(1, min(stage, layout.shard_size or shape.counts[-1] // layout.tp))
+    return stage
 
 
 def stage_params(model: ModelSpec, layout: RoleLayout) -> float:
@@ -222,15 +219,29 @@ def sequence_tokens(load: NodeLoad, shape: Shape) -> float:
     return prompt + (lengths.max if shape.run.padding else lengths.mean)
 
 
-def attention_tokens(load: NodeLoad, shape: Shape) -> float:
+def packed_sequence_tokens(load: NodeLoad, shape: Shape) -> float:
     """The length of the sequence a token belongs to, averaged over tokens: ``E[s²]/E[s]`` with ``s = prompt +
-    response``. Packed sequences attend only within themselves, and a long sequence holds more of the tokens,
-    so causal attention costs ``2·L·H`` FLOPs per token times this, not times the mean length."""
+    response`` (a long sequence holds more of the tokens); the mean length when every response has one."""
     lengths = shape.run.lengths
-    if lengths is None or shape.run.padding:
+    if lengths is None:
         return sequence_tokens(load, shape)
     prompt = load.prompt_tokens / max(load.sequences, 1)
     return (prompt * prompt + 2 * prompt * lengths.mean + lengths.second_moment) / (prompt + lengths.mean)
+
+
+def attention_tokens(load: NodeLoad, shape: Shape, micro_tokens: float | None = None) -> float:
+    """The keys a token's causal attention costs ``2·L·H·d`` FLOPs for, as the runtime runs it.
+
+    With varlen kernels (flash-attention on GPUs) packed sequences attend only within themselves:
+    :func:`packed_sequence_tokens`; padded rows the row. On CPU (``DeviceSpec.varlen_attention`` False)
+    transformers' sdpa/eager attention computes the whole square of its row and masks it: a packed micro batch
+    is one row of ``micro_tokens`` (``backends/common/packing.py``), a padded row is ``prompt + max``, and the
+    square is twice the causal half the formula counts."""
+    if shape.device.varlen_attention:
+        return sequence_tokens(load, shape) if shape.run.padding else packed_sequence_tokens(load, shape)
+    if shape.run.padding or micro_tokens is None:
+        return 2 * sequence_tokens(load, shape)
+    return 2 * micro_tokens
 
 
 def batching(load: NodeLoad, layout: RoleLayout, shape: Shape, *, train: bool) -> Batching:
@@ -246,7 +257,8 @@ def batching(load: NodeLoad, layout: RoleLayout, shape: Shape, *, train: bool) -
     tokens_rank = rows_rank * seq / layout.sp  # per GPU of an SP group, per mini-batch
     budget = run.train_tokens_per_gpu if train else run.forward_tokens_per_gpu
     if budget:
-        micro = max(1, math.ceil(tokens_rank / budget))
+        # An SP group shares each row: its rows are cut on their whole length against the budget x sp (verl).
+        micro = budget_micro_batches(load, shape, rows_rank, tokens_rank * layout.sp, budget * layout.sp)
         micro_tokens = tokens_rank / micro
     else:
         rows_micro = min(layout.micro_batch_size if train else
@@ -255,28 +267,22 @@ def batching(load: NodeLoad, layout: RoleLayout, shape: Shape, *, train: bool) -
         micro_tokens = rows_micro * seq / layout.sp
     return Batching(tokens_per_gpu=minis * tokens_rank / layout.pp, seq=seq, micro_tokens=micro_tokens,
                     micro_batches=minis * micro, optimizer_steps=minis if train else 0,
-                    attention_seq=attention_tokens(load, shape))
+                    attention_seq=attention_tokens(load, shape, micro_tokens * layout.sp))
 
 
-def controller_seconds(load: NodeLoad, shape: Shape, prompt_len: float | None = None) -> float:
-    """verl's single-controller data path: every worker call ships the step's whole batch from the
-    controller and returns its outputs there, padded to the length caps (``RunSettings.controller_batches``).
+def budget_micro_batches(load: NodeLoad, shape: Shape, rows: int, tokens: float, budget: float) -> int:
+    """Micro batches the runtime cuts ``rows`` rows of ``tokens`` tokens into under a token budget
+    (``runtime.balancing.token_micro_batches``: consecutive rows, greedily, at least one row each).
 
-    A row carries prompts (``P``), responses and the response mask (``R`` each), input ids, attention mask
-    and positions (``P + R`` each) as int64, plus the op's fp32 per-token fields (``CONTROLLER_FIELDS``);
-    a generate call returns the token tensors. ``P`` is ``max_prompt_len`` (else the mean prompt), ``R``
-    the response cap. The controller serialises and ships them at ``controller_gbs``.
-    """
-    run = shape.run
-    if not run.controller_batches:
-        return 0.0
-    rows = max(load.sequences, 1)
-    prompt = run.max_prompt_len or (prompt_len if prompt_len is not None else load.prompt_tokens / rows)
-    response = run.lengths.max if run.lengths is not None else load.response_tokens / rows
-    tokens = TOKEN_ID_BYTES * (prompt + 2 * response + 3 * (prompt + response))
-    fields_in, fields_out = CONTROLLER_FIELDS.get(load.op, (0, 0))
-    per_row = tokens + SCORE_BYTES * response * (fields_in + fields_out)
-    return rows * per_row / (shape.constants.controller_gbs * 1e9)
+    Padded, every row costs ``prompt + max``: ``floor(budget / row)`` rows a micro batch. Packed, a greedy cut
+    leaves each micro batch short of the budget by the part of the next row that would have fit; that row is
+    drawn length-biased, so the gap is on average half the token-weighted row length (``E[s²]/(2E[s])``,
+    renewal theory), and a micro batch holds ``budget - E[s²]/(2E[s])`` tokens (at least one row)."""
+    if shape.run.padding:
+        return max(1, math.ceil(rows / max(1, int(budget // sequence_tokens(load, shape)))))
+    mean = sequence_tokens(load, shape)
+    fill = max(budget - packed_sequence_tokens(load, shape) / 2, mean, 1.0)
+    return max(1, min(rows, math.ceil(tokens / fill)), math.ceil(tokens / budget))
 
 
 def flops_per_token(model: ModelSpec, seq: float, passes: int, *, train: bool = False) -> float:
@@ -368,8 +374,9 @@ def update_cost(model: ModelSpec, kind: RoleKind, load: NodeLoad, layout: RoleLa
     if layout.sharding in FULL_SHARDS:
         # Parameters gathered for every micro batch's forward and backward; gradients reduce-scattered.
         sync = _param_gathers(model, layout, shape, 3 * batch.micro_batches)
-        if layout.sharding is Sharding.HYBRID_SHARD and layout.dp > ranks:
-            sync += batch.optimizer_steps * 2 * ring_seconds(grad_bytes / ranks, layout.dp // ranks, shape.inter)
+        replicas = max(1, layout.dp // layout.pp) // ranks
+        if layout.sharding is Sharding.HYBRID_SHARD and replicas > 1:
+            sync += batch.optimizer_steps * 2 * ring_seconds(grad_bytes / ranks, replicas, shape.inter)
     else:
         # One all-reduce (reduce-scatter + all-gather) per optimizer step; ZeRO gathers updated shards instead.
         data = max(1, layout.dp // layout.pp)

@@ -30,6 +30,9 @@ class DeviceSpec:
     link_bandwidth: float  # bytes/s, one direction, per GPU
     source: str = ""
     host_bandwidth: float = 25 * 10**9  # bytes/s, one direction, GPU <-> host memory (PCIe; CPU offload)
+    # Attention skips what a sequence cannot see (flash-attention's causal varlen kernels, packed or padded); on
+    # CPU, transformers' sdpa/eager path computes every query against every key of its row and masks after.
+    varlen_attention: bool = True
 
     def __post_init__(self) -> None:
         for field_name in ("memory_bytes", "hbm_bandwidth", "link_bandwidth", "host_bandwidth"):
@@ -93,7 +96,8 @@ _CATALOGUE = (
     # ~2.5 GHz: 160 GFLOP/s; one core streams ~35 GB/s. Measured on the project's 2-core AMD EPYC (Zen 5) VM:
     # 108 GFLOP/s in a 1-thread 1024^3 fp32 matmul, 35 GB/s in a 64 MiB copy.
     DeviceSpec(name="CPU", memory_bytes=16 * GIB, hbm_bandwidth=35 * GB, flops=(("fp32", 160 * GFLOPS),),
-               link="host", link_bandwidth=10 * GB, source="one core of an AVX-512 server CPU per logical GPU"),
+               link="host", link_bandwidth=10 * GB, source="one core of an AVX-512 server CPU per logical GPU",
+               varlen_attention=False),
 )
 
 DEVICES: dict[str, DeviceSpec] = {device.name: device for device in _CATALOGUE}

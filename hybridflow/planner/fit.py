@@ -22,7 +22,7 @@ from hybridflow.planner.calibration import DEFAULT_CONSTANTS, RANGES, Calibratio
 
 # What ``hybridflow calibrate`` may fit: one efficiency per kind of work and the fixed overheads.
 FITTED = ("train_mfu", "decode_mfu", "hbm_efficiency", "moe_efficiency", "decode_step_overhead_s",
-          "phase_overhead_s", "step_overhead_s", "controller_gbs")
+          "phase_overhead_s", "controller_gbs")
 # Held at their priors by default. The criterion: a constant is held when the usual calibration runs cannot
 # tell its term apart from another one, so a free fit would move it to absorb that other term's error.
 # decode_mfu prices compute-bound decode steps, an engine near its full concurrency. Colocated runs, what

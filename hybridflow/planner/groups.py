@@ -88,7 +88,8 @@ class GroupEvaluator:
     def shape(self, device: str, counts: Sequence[int]) -> Shape:
         cluster = self.problem.cluster
         return Shape(cluster.device(device), tuple(sorted(counts, reverse=True)), cluster.inter_node_bandwidth,
-                     run=self.problem.settings, constants=self.problem.calibration.for_device(device))
+                     run=self.problem.settings, constants=self.problem.calibration.for_device(device),
+                     overlay=self.problem.overlay)
 
     def front(self, role: str, shape: Shape) -> list[Candidate]:
         key = (role, (shape.device.name, shape.counts))

@@ -24,12 +24,14 @@ from hybridflow.planner.groups import GroupEvaluator
 from hybridflow.planner.layouts import Constraint, usable_bytes
 from hybridflow.planner.models import ModelSpec
 from hybridflow.planner.modes import DEFAULT_STALENESS, check_choice, explain_choice, overlap_blocker
+from hybridflow.planner.overlays import ControllerOverlay
 from hybridflow.planner.plan import ROLLOUT_SUFFIX, Plan, SearchStats, Sharding
 from hybridflow.planner.problem import Problem, build_problem, role_adapters
 from hybridflow.planner.settings import RunSettings
 from hybridflow.planner.support import LayoutSupport
 
 PerRole = int | Mapping[str, int] | None
+RoleSharding = Sharding | str | Mapping[str, Sharding | str] | None  # one for every role, or per role
 
 
 def parse_mapping(text: str) -> dict[str, tuple[int, ...]]:
@@ -112,7 +114,7 @@ def _per_role(value: PerRole, role: str, what: str) -> int | None:
     return number
 
 
-def _constraint(role: str, size: int, data_parallel_size: PerRole, sharding: Sharding | str | None,
+def _constraint(role: str, size: int, data_parallel_size: PerRole, sharding: RoleSharding,
                 micro_batch_sizes: PerRole, rollout_tp: PerRole = None,
                 splits: Mapping[str, PerRole] | None = None, checkpointing: bool | None = None) -> Constraint:
     dp = _per_role(data_parallel_size, role, "data_parallel_size")
@@ -130,7 +132,8 @@ def _constraint(role: str, size: int, data_parallel_size: PerRole, sharding: Sha
     parts = {name: _per_role(value, role, name) or 1 for name, value in (splits or {}).items() if name != "fsdp_size"}
     if dp is not None and dp % (parts.get("sequence_parallel", 1) * parts.get("pipeline_parallel", 1)):
         raise ValueError(f"role {role!r}: sequence_parallel x pipeline_parallel must divide data_parallel_size={dp}")
-    return Constraint(tp=size // dp if dp else None, sharding=Sharding(sharding) if sharding else None,
+    chosen = sharding.get(role) if isinstance(sharding, Mapping) else sharding
+    return Constraint(tp=size // dp if dp else None, sharding=Sharding(chosen) if chosen else None,
                       micro_batch_size=_per_role(micro_batch_sizes, role, "micro_batch_sizes"), rollout_tp=rtp,
                       sp=parts.get("sequence_parallel", 1), pp=parts.get("pipeline_parallel", 1),
                       ep=parts.get("expert_parallel", 1), shard_size=_per_role((splits or {}).get("fsdp_size"), role,
@@ -140,7 +143,7 @@ def _constraint(role: str, size: int, data_parallel_size: PerRole, sharding: Sha
 
 def evaluate_mapping(graph: Graph, models: Mapping[str, ModelSpec], workload: Workload, cluster: Cluster,
                      mapping: Mapping[str, Sequence[int]], *, data_parallel_size: PerRole = None,
-                     sharding: Sharding | str | None = Sharding.FULL_SHARD, micro_batch_sizes: PerRole = None,
+                     sharding: RoleSharding = Sharding.FULL_SHARD, micro_batch_sizes: PerRole = None,
                      dtypes: Mapping[str, str] | None = None, rollout_tp: PerRole = None,
                      sequence_parallel: PerRole = None, pipeline_parallel: PerRole = None,
                      expert_parallel: PerRole = None, fsdp_size: PerRole = None,
@@ -149,8 +152,10 @@ def evaluate_mapping(graph: Graph, models: Mapping[str, ModelSpec], workload: Wo
                      max_staleness: int | None = None, stream_chunks: int = 1,
                      support: Mapping[str, LayoutSupport] | None = None, agent: AgentWorkload | None = None,
                      lora: LoraPlan | Mapping[str, LoraPlan] | None = None,
-                     shared_weights: Mapping[str, str] | None = None) -> Plan:
-    """Cost a hand-written mapping with the planner's model; fields left None are chosen by the planner.
+                     shared_weights: Mapping[str, str] | None = None,
+                     overlay: ControllerOverlay | None = None) -> Plan:
+    """Cost a hand-written mapping with the planner's model; fields left None are chosen by the planner
+    (``sharding``: one strategy for every role, or one per role as a mapping).
 
     ``rollout_tp`` fixes the tensor-parallel size of a policy's rollout engine (verl's
     ``rollout.tensor_model_parallel_size``); training layouts use ``data_parallel_size``; a published
@@ -164,7 +169,8 @@ def evaluate_mapping(graph: Graph, models: Mapping[str, ModelSpec], workload: Wo
     role, the layouts its backend runs (:class:`~hybridflow.planner.support.LayoutSupport`); a fixed field
     outside it is a ValueError naming the role and backend. ``agent``: the multi-turn nodes' inputs, as in
     ``plan_placement``. ``lora`` and ``shared_weights`` as ``PlannerOptions``' (adapters always); a role that
-    shares another's weights runs on that role's GPUs: the mapping may omit it or give it the same GPUs.
+    shares another's weights runs on that role's GPUs: the mapping may omit it or give it the same GPUs. ``overlay``:
+    another framework's costs, to price its runs (:mod:`.overlays`).
 
     The plan is executable like an auto plan. A group that does not fit memory makes the plan
     infeasible, with a problem naming the group and the overflow (an OOM risk), instead of raising.
@@ -195,7 +201,7 @@ def evaluate_mapping(graph: Graph, models: Mapping[str, ModelSpec], workload: Wo
         problem = build_problem(graph, models, workload, cluster, detach=detach, settings=settings,
                                 calibration=calibration, pipeline=mode, max_staleness=bound,
                                 stream_chunks=stream_chunks, support=support, agent=agent, adapters=adapters,
-                                shared_weights=shared)
+                                shared_weights=shared, overlay=overlay)
         splits = {"sequence_parallel": sequence_parallel, "pipeline_parallel": pipeline_parallel,
                   "expert_parallel": expert_parallel, "fsdp_size": fsdp_size}
         fixed = _Fixed(data_parallel_size, sharding, micro_batch_sizes, rollout_tp, splits, gradient_checkpointing,
@@ -208,7 +214,7 @@ def evaluate_mapping(graph: Graph, models: Mapping[str, ModelSpec], workload: Wo
             chunk_problem = build_problem(graph, models, chunk, cluster, detach=detach, settings=settings,
                                           calibration=calibration, pipeline=mode, max_staleness=bound,
                                           stream_chunks=stream_chunks, support=support, agent=agent,
-                                          adapters=adapters, shared_weights=shared)
+                                          adapters=adapters, shared_weights=shared, overlay=overlay)
             streamed = (stream_chunks, _place(chunk_problem, mapping, _pinned(fixed, placements))[0])
         plans.append(build_plan(problem, placements, search=stats, problems=problems, streamed=streamed))
     if pipeline != "auto":
@@ -223,7 +229,7 @@ class _Fixed:
     """The fields a user fixed for a manual mapping (None: the planner's layout policy chooses)."""
 
     data_parallel_size: PerRole
-    sharding: Sharding | str | None
+    sharding: RoleSharding
     micro_batch_sizes: PerRole
     rollout_tp: PerRole
     splits: Mapping[str, PerRole]

@@ -4,11 +4,13 @@ node times in its ``metrics.jsonl`` (``time/<node>``, ``time/step``), re-costed 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from hybridflow.graph import Graph, Workload
 from hybridflow.planner.cluster import Cluster
+from hybridflow.planner.lengths import LengthDistribution
 from hybridflow.planner.metrics_file import metric, metrics_rows
 from hybridflow.planner.models import ModelSpec
 from hybridflow.planner.plan import Plan
@@ -40,7 +42,24 @@ def layout_arguments(plan: Plan) -> dict[str, Any]:
     return {"data_parallel_size": {lay.role: lay.dp for lay in layouts},
             "rollout_tp": {lay.role: lay.rollout_tp for lay in layouts},
             "micro_batch_sizes": {lay.role: lay.micro_batch_size for lay in layouts},
-            "sharding": None}
+            "sharding": {lay.role: lay.sharding for lay in layouts}}
+
+
+def settings_as_run(plan: Plan, settings: RunSettings, metrics: str | Path | None = None) -> RunSettings:
+    """``settings`` with what the run executed: the plan's padding and token budgets (one per run when every GPU
+    role's layout holds the same; the layouts are what the engines cut by) and, from its ``metrics.jsonl``, the
+    response lengths it generated (``LengthDistribution.from_metrics``)."""
+    layouts = [layout for group in plan.groups for layout in group.layouts]
+    train = {layout.max_tokens_per_micro_batch for layout in layouts}
+    forward = {layout.forward_max_tokens_per_micro_batch or layout.max_tokens_per_micro_batch for layout in layouts}
+    changes: dict[str, Any] = {"padding": any(layout.padding for layout in layouts)}
+    if len(train) == 1:
+        changes["train_tokens_per_gpu"] = train.pop() or None
+    if len(forward) == 1:
+        changes["forward_tokens_per_gpu"] = forward.pop() or None
+    if metrics is not None:
+        changes["lengths"] = LengthDistribution.from_metrics(metrics)
+    return replace(settings, **changes)
 
 
 def case_from_run(run_dir: str | Path, *, graph: Graph, models: Mapping[str, ModelSpec], workload: Workload,

@@ -6,7 +6,7 @@ generate node start at once on its group, and its consumers take the batch gener
 before (only its transfer to them is waited for); the rollout group's busy time also counts the engine
 loading the weights the trainer ships (``weight_load``). The step is the later of the two pools:
 
-    step = max(R, T) + step_overhead,   R = generate + load (+ other nodes on the rollout's GPUs),
+    step = max(R, T) + step terms,   R = generate + load (+ other nodes on the rollout's GPUs),
     T = the makespan of every other node, the weight export included in the policy's last update.
 
 ``async`` with ``max_staleness`` k: the detached pool generates continuously. When a sequence finishes a
@@ -19,7 +19,7 @@ updates ahead of the trainer. In steady state, with step period P:
     P >= T                          the trainer pool, as in one_step_off
     (k+1)·P >= D + T                a batch enters k+1 trainer steps before its training ends, so its
                                     latency D (first prompt to longest response) and its training fit there
-    step = max(R_async, T, (D + T) / (k + 1)) + step_overhead
+    step = max(R_async, T, (D + T) / (k + 1)) + step terms (step_terms.py)
 
 D is taken as the synchronous generation time of one batch on the pool (tail-bound, ``generate_cost``):
 the latency of a batch whose longest response decodes beside the others. That one term is what k buys in
@@ -125,13 +125,13 @@ def streamed_generate_seconds(model: ModelSpec, load: NodeLoad, prompt_len: int,
 
 
 def async_step(rollout_s: float, trainer_s: float, latency_s: float, max_staleness: int) -> float:
-    """An ``async`` step without the overhead: the slower pool, or a batch's latency plus its training
+    """An ``async`` step without the step terms: the slower pool, or a batch's latency plus its training
     spread over the ``max_staleness + 1`` trainer steps it may take (module docstring)."""
     return max(rollout_s, trainer_s, (latency_s + trainer_s) / (max_staleness + 1))
 
 
 def pool_seconds(plan: Plan) -> tuple[float, float]:
-    """(rollout pool, trainer pool) busy seconds of an overlapped plan's step, without the overhead."""
+    """(rollout pool, trainer pool) busy seconds of an overlapped plan's step, without the step terms."""
     rollout_groups = {plan.group_index(role) for role in plan.detached_rollouts.values()}
     rollout = max((n.end_s for n in plan.nodes if n.group in rollout_groups), default=0.0)
     trainer = max((n.end_s for n in plan.nodes if n.group not in rollout_groups), default=0.0)

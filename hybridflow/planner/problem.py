@@ -14,6 +14,7 @@ from hybridflow.planner.costs import FORWARD_OPS
 from hybridflow.planner.execution import ExecutionMode
 from hybridflow.planner.models import ModelSpec
 from hybridflow.planner.modes import check_pipeline
+from hybridflow.planner.overlays import ControllerOverlay
 from hybridflow.planner.plan import ROLLOUT_SUFFIX, rollout_role
 from hybridflow.planner.settings import DEFAULT_SETTINGS, RunSettings
 from hybridflow.planner.support import ANY_LAYOUT, LayoutSupport
@@ -69,11 +70,7 @@ class Problem:
     mode: ExecutionMode = field(default_factory=ExecutionMode)  # overlapped modes: detached generate nodes
     agents: tuple[AgentNode, ...] = ()  # multi-turn generate nodes and the inputs they are costed with
     shared_weights: Mapping[str, str] = field(default_factory=dict)  # guest role -> the role whose weights it uses
-
-    @property
-    def step_overhead_s(self) -> float:
-        """Fixed seconds per step (reward, advantages, data loading), from the first device's constants."""
-        return self.calibration.for_device(self.cluster.device_names[0]).step_overhead_s
+    overlay: ControllerOverlay | None = None  # another framework's costs, when pricing its runs (overlays.py)
 
     @property
     def role_names(self) -> tuple[str, ...]:
@@ -97,7 +94,7 @@ def build_problem(graph: Graph, models: Mapping[str, ModelSpec], workload: Workl
                   support: Mapping[str, LayoutSupport] | None = None,
                   micro_batch_sizes: Mapping[str, int] | None = None,
                   agent: AgentWorkload | None = None, adapters: Mapping[str, LoraPlan] | None = None,
-                  shared_weights: Mapping[str, str] | None = None) -> Problem:
+                  shared_weights: Mapping[str, str] | None = None, overlay: ControllerOverlay | None = None) -> Problem:
     """Check the inputs against each other and precompute per-role loads and edge sizes.
 
     ``detach`` names trainable policies whose rollout runs on GPUs of its own: their generate nodes move
@@ -112,7 +109,8 @@ def build_problem(graph: Graph, models: Mapping[str, ModelSpec], workload: Workl
     ``adapters``: per trainable role, the LoRA adapter it trains (:mod:`.adapters`; its ``sync`` None becomes the
     dry run's engine: adapter-only on GPUs, where vLLM runs, merged on CPU). ``shared_weights``: frozen roles that
     run on a LoRA role's engine with its adapter disabled (``{"reference": "actor"}``): their nodes move to that
-    role, which holds no second copy of the base.
+    role, which holds no second copy of the base. ``overlay``: another framework's costs laid over the model, to
+    price that framework's runs (:mod:`.overlays`; never for a plan hybridflow runs).
     """
     if not isinstance(graph, Graph):
         raise TypeError(f"graph must be a hybridflow Graph, got {type(graph).__name__}; use load_graph('ppo')")
@@ -172,7 +170,7 @@ def build_problem(graph: Graph, models: Mapping[str, ModelSpec], workload: Workl
                    graph=graph, workload=workload, cluster=cluster, roles=tuple(roles), driver_roles=tuple(drivers),
                    edge_bytes=edge_bytes(graph, workload), node_role=node_role, apart=apart, max_tp=max_tp,
                    settings=settings or DEFAULT_SETTINGS, calibration=calibration or DEFAULT_CALIBRATION,
-                   mode=mode, agents=agents, shared_weights=shared)
+                   mode=mode, agents=agents, shared_weights=shared, overlay=overlay)
 
 
 def role_adapters(graph: Graph, lora: LoraPlan | Mapping[str, LoraPlan] | None) -> dict[str, LoraPlan]:

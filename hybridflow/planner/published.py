@@ -9,6 +9,7 @@ is where a benchmark states its assumptions.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,7 @@ from hybridflow.planner.cluster import Cluster
 from hybridflow.planner.lengths import LengthDistribution
 from hybridflow.planner.manual import evaluate_mapping
 from hybridflow.planner.models import ModelSpec
+from hybridflow.planner.overlays import ControllerOverlay
 from hybridflow.planner.plan import Plan
 from hybridflow.planner.settings import Offload, RunSettings
 
@@ -49,6 +51,7 @@ class MeasuredCase:
     layout: Mapping[str, Any]  # evaluate_mapping keyword arguments
     settings: RunSettings
     measured: Mapping[str, float]  # "step", verl phase names or graph node names -> seconds
+    overlay: ControllerOverlay | None = None  # the framework's own costs (verl's controller traffic)
 
     @property
     def device(self) -> str:
@@ -56,7 +59,7 @@ class MeasuredCase:
 
     def plan(self, calibration: Calibration | None = None) -> Plan:
         return evaluate_mapping(self.graph, self.models, self.workload, self.cluster, self.mapping,
-                                settings=self.settings, calibration=calibration, **self.layout)
+                                settings=self.settings, calibration=calibration, overlay=self.overlay, **self.layout)
 
     def predict(self, calibration: Calibration | None = None) -> dict[str, float]:
         """Predicted seconds for every measured key."""
@@ -128,7 +131,8 @@ def case_from_record(record: Mapping[str, Any], overrides: Mapping[str, Any] | N
     return MeasuredCase(id=str(record["id"]), graph=graph, models=dict.fromkeys(roles, model), workload=workload,
                          cluster=cluster, mapping=dict.fromkeys(roles, every), layout=_layout(record, extra, roles),
                          settings=_settings(record, extra, lengths, samples),
-                         measured=measured_times(record, workload, samples, cluster.num_gpus))
+                         measured=measured_times(record, workload, samples, cluster.num_gpus),
+                         overlay=overlay_for(record))
 
 
 def _graph(record: Mapping[str, Any], rollout_logprobs: bool) -> Graph:
@@ -176,13 +180,19 @@ def _layout(record: Mapping[str, Any], extra: Mapping[str, Any], roles: list[str
     tp, pp = int(par.get("tp") or 1), int(par.get("pp") or 1)
     sp = int(par.get("ulysses_sp") or par.get("cp") or 1)
     gpus = int(record["gpus"]["count"])
+    if gpus % (tp * pp * sp):
+        raise ValueError(f"published run {record.get('id')!r}: {gpus} GPUs do not split into tp={tp} x pp={pp} x "
+                         f"sp/cp={sp} slices; fix train_parallelism")
+    # RoleLayout.dp counts every rank of a tensor-parallel slice (GPUs / tp); pipeline stages and sequence/context
+    # parallel ranks split it, so the data-parallel ranks a batch is divided over are GPUs / (tp x pp x sp) and the
+    # ranks a (distributed) optimizer shards over are GPUs / (tp x pp) (costs.shard_ranks).
     layout: dict[str, Any] = {"data_parallel_size": gpus // tp, "sequence_parallel": sp, "pipeline_parallel": pp,
                               "expert_parallel": int(par.get("ep") or 1)}
     rollout_tp = extra.get("rollout_tp") or record.get("rollout_tp")
     if rollout_tp:
         layout["rollout_tp"] = {"actor": int(rollout_tp)}
     backend = str(record.get("train_backend", "")).lower()
-    if par.get("fsdp_size") and int(par["fsdp_size"]) < gpus // tp:
+    if par.get("fsdp_size") and int(par["fsdp_size"]) < gpus // (tp * pp):
         layout["sharding"], layout["fsdp_size"] = "HYBRID_SHARD", int(par["fsdp_size"])
     elif "megatron" in backend:
         layout["sharding"] = "ZERO1"  # Megatron's distributed optimizer shards optimizer states over DP
@@ -218,23 +228,62 @@ def _settings(record: Mapping[str, Any], extra: Mapping[str, Any], lengths: Leng
         train_budget = train_budget or extra["token_budget"]
         forward_budget = forward_budget or extra["token_budget"]
     util = record.get("rollout_gpu_memory_utilization") or extra.get("gpu_memory_utilization")
-    return RunSettings(lengths=lengths, mini_batch_size=int(mini) * samples if mini else None,
+    return RunSettings(lengths=lengths, padding=padded(record, extra),
+                       mini_batch_size=int(mini) * samples if mini else None,
                        train_tokens_per_gpu=int(train_budget) if train_budget else None,
                        forward_tokens_per_gpu=int(forward_budget) if forward_budget else None,
                        offload=tuple(sorted(chosen.items())), gpu_memory_utilization=float(util) if util else None,
                        rollout_sleep=bool(extra.get("rollout_sleep")), epochs=int(extra.get("epochs", 1)),
-                       enforce_eager=_eager(record), controller_batches=_verl(record),
-                       max_prompt_len=int(record["prompt_len_max"]) if record.get("prompt_len_max") else None)
+                       enforce_eager=_eager(record),
+                       max_prompt_len=int(record["prompt_len_max"]) if record.get("prompt_len_max") else None,
+                       **_step_terms(extra))
 
 
-def _verl(record: Mapping[str, Any]) -> bool:
-    """verl's trainer ships every call's whole padded batch through its single controller (DataProto)."""
-    return "verl" in str(record.get("framework", "")).lower()
+# What a measured step holds beyond its graph (``step_terms.py``), from a record's ``hybridflow`` mapping: the
+# benchmark states each from the run's script (test_freq, save_freq, val_kwargs.n) and how its step was averaged.
+STEP_TERM_KEYS = {"reward_workers": int, "validations_per_step": float, "validation_prompts": int,
+                  "validation_samples": int, "checkpoints_per_step": float}
+
+
+def _step_terms(extra: Mapping[str, Any]) -> dict[str, Any]:
+    return {key: kind(extra[key]) for key, kind in STEP_TERM_KEYS.items() if extra.get(key) is not None}
+
+
+def padded(record: Mapping[str, Any], extra: Mapping[str, Any]) -> bool:
+    """Whether the run's forward and update passes pad every row: verl's ``model.use_remove_padding: false``, as
+    the record (top level or under ``micro_batch``) or its ``hybridflow`` overrides state it. A record that does
+    not say is costed packed: every script behind these records sets ``use_remove_padding=True``."""
+    for source in (extra, record, record.get("micro_batch") or {}):
+        if source.get("use_remove_padding") is not None:
+            value = source["use_remove_padding"]
+            if not isinstance(value, bool):
+                raise ValueError(f"published run {record.get('id')!r}: use_remove_padding={value!r} must be true "
+                                 "or false")
+            return not value
+    return False
+
+
+def overlay_for(record: Mapping[str, Any]) -> ControllerOverlay | None:
+    """verl's trainer ships every call's whole padded batch through its single controller (``DataProto``), padded
+    to the prompt and response caps: a :class:`ControllerOverlay` for verl's records, None otherwise."""
+    return ControllerOverlay() if "verl" in str(record.get("framework", "")).lower() else None
+
+
+# verl's rollout.enforce_eager default: True through 0.5 (ppo_trainer.yaml at v0.3.0.post0 and v0.4.1, rollout.yaml at
+# v0.5.0: "Set enforce_eager=True when [free_cache_engine is] enabled"), False from 0.6.0 (rollout.yaml at v0.6.0).
+VERL_EAGER_UNTIL = (0, 5)
 
 
 def _eager(record: Mapping[str, Any]) -> bool:
-    """verl's rollout ``enforce_eager=True`` (no CUDA graphs), as the record's engine note states it."""
-    return "enforce_eager=true" in str(record.get("rollout_engine", "")).lower().replace(" ", "")
+    """verl's rollout ``enforce_eager`` (no CUDA graphs): as the record's engine note states it, else verl's
+    default for the record's ``framework_version`` (``VERL_EAGER_UNTIL``); False when neither says."""
+    stated = re.search(r"enforce_eager\s*[=:]?\s*(true|false)", str(record.get("rollout_engine", "")).lower())
+    if stated:
+        return stated.group(1) == "true"
+    if "verl" not in str(record.get("framework", "")).lower():
+        return False
+    version = re.search(r"(\d+)\.(\d+)", str(record.get("framework_version") or ""))
+    return version is not None and (int(version.group(1)), int(version.group(2))) <= VERL_EAGER_UNTIL
 
 
 def log_error(predicted: Mapping[str, float], measured: Mapping[str, float]) -> float:

@@ -34,6 +34,8 @@ def render_plan(plan: Plan, title: str) -> None:
     console.print(nodes)
     console.print(f"bottleneck: {plan.bottleneck}")
     console.print(f"execution mode: {dict(plan.extra).get('pipeline_choice') or describe_mode(plan)}")
+    if dict(plan.extra).get("step_terms"):
+        console.print(f"step beyond the graph (amortised): {dict(plan.extra)['step_terms']}")
     if dict(plan.extra).get("agent_schedule"):
         console.print(str(dict(plan.extra)["agent_schedule"]))
     if dict(plan.extra).get("lora"):

@@ -1,8 +1,11 @@
 """Generation as an engine runs it: continuous batching over a distribution of response lengths.
 
 Each engine (``rollout_tp`` GPUs) owns ``n`` of the step's sequences and keeps up to ``c`` in flight:
-``c`` is bounded by the layout's batch, the engine's ``max_num_seqs`` and the KV cache left after
-the weights (``gpu_memory_utilization``). Prompts are prefilled once (shared by their samples). The
+``c`` is bounded by the layout's batch, the engine's ``max_num_seqs`` and its KV cache (:func:`kv_blocks`:
+vLLM's own sizing, ``gpu_memory_utilization x total - weights``, in blocks of ``KV_BLOCK_TOKENS``). vLLM admits
+a sequence when its prompt's blocks are free, not its full length, so ``c`` is what the cache holds at the mean
+context of a sequence in flight; when the survivors of the drain outgrow it, it preempts the newest and
+recomputes them later (:func:`decode_seconds`). Prompts are prefilled once (shared by their samples). The
 engine decodes ``(n - c) · mean / c`` steps at full concurrency, then its last cohort of ``c``
 sequences drains with fewer in flight at every step; a synchronous step waits for the slowest
 engine, the one holding the longest of all the step's responses (the ``rows/(rows+1)`` quantile).
@@ -15,10 +18,17 @@ import math
 from dataclasses import dataclass
 
 from hybridflow.graph import NodeLoad
-from hybridflow.planner.costs import EAGER_LAYER_OVERHEAD_S, Cost, Shape, controller_seconds, moe_slowdown
+from hybridflow.planner.costs import (
+    EAGER_LAYER_OVERHEAD_S,
+    USABLE_MEMORY,
+    Cost,
+    Shape,
+    moe_slowdown,
+)
 from hybridflow.planner.devices import DTYPE_BYTES
 from hybridflow.planner.lengths import LengthDistribution
 from hybridflow.planner.models import ModelSpec
+from hybridflow.planner.overlays import controller_seconds
 from hybridflow.planner.plan import RoleLayout, Sharding
 
 
@@ -70,32 +80,74 @@ def _dtype(unit: int, dtypes: tuple[str, ...]) -> str:
     return dtypes[0]
 
 
+# vLLM's KV cache block (``--block-size``, default 16 tokens on CUDA): the cache is allocated and freed in blocks.
+KV_BLOCK_TOKENS = 16
+
+
+def kv_blocks(engine: Engine) -> int | None:
+    """KV cache blocks per engine GPU as vLLM sizes them; None when the run gives no ``gpu_memory_utilization``.
+
+    vLLM's share is per instance: ``gpu_memory_utilization x total`` less what its own profile run finds in it
+    (the weights; activations of one ``max_num_batched_tokens`` batch are small beside them). Memory the process
+    held before the engine started (trainer shards left on the GPU) is not taken out of the cache: vLLM refuses
+    to start instead when the free memory is below its share (``Free memory on device ... is less than desired GPU
+    memory utilization``), which :func:`generate_cost`'s transient bytes make the group's memory check catch."""
+    run = engine.shape.run
+    if run.gpu_memory_utilization is None:
+        return None
+    budget = run.gpu_memory_utilization * engine.shape.device.memory_bytes - engine.weights
+    return max(0, int(budget // (KV_BLOCK_TOKENS * engine.kv_token)))
+
+
+def kv_tokens(engine: Engine) -> float | None:
+    """Tokens the engine's KV cache holds (:func:`kv_blocks` x ``KV_BLOCK_TOKENS``), None without a memory share."""
+    blocks = kv_blocks(engine)
+    return None if blocks is None else float(blocks * KV_BLOCK_TOKENS)
+
+
 def concurrency(engine: Engine, per_engine: int, batch: int, prompt_len: float, lengths: LengthDistribution,
                 resident: float = 0.0) -> int:
-    """Sequences in flight: the layout's batch, ``max_num_seqs``, and what the KV cache holds at the mean
-    context of a sequence in flight (prompt + length-biased age). The engine's memory share
-    (``gpu_memory_utilization``) counts everything on the GPU, so the role's ``resident`` bytes (trainer
-    shards left on the GPU) and the engine's weights come out of it first."""
+    """Sequences in flight: the layout's batch, ``max_num_seqs``, and what the KV cache (:func:`kv_tokens`) holds
+    at the mean context of a sequence in flight (prompt + length-biased age): vLLM admits on the blocks a sequence
+    holds now, so most of those admitted finish before they would have filled a full-length reservation.
+    ``resident`` (trainer shards left on the GPU) does not shrink the cache (:func:`kv_blocks`)."""
+    del resident  # vLLM's memory share is its own; the group's memory check prices the resident bytes
     run = engine.shape.run
     cap = min(per_engine, batch, run.max_num_seqs)
-    if run.gpu_memory_utilization is not None:
-        budget = run.gpu_memory_utilization * engine.shape.device.memory_bytes - engine.weights - resident
-        context = prompt_len + lengths.mean_age()
-        cap = min(cap, max(1, int(budget / (engine.kv_token * context))))
+    cache = kv_tokens(engine)
+    if cache is not None:
+        cap = min(cap, max(1, int(cache / (prompt_len + lengths.mean_age()))))
     return max(cap, 1)
 
 
 def decode_seconds(engine: Engine, per_engine: int, in_flight: int, prompt_len: float,
                    lengths: LengthDistribution, rows: int) -> float:
     """Bulk steps at full concurrency, then the last cohort draining. The step waits for the slowest
-    engine: the one that drew the longest of all ``rows`` responses."""
+    engine: the one that drew the longest of all ``rows`` responses.
+
+    In the drain the survivors' contexts grow; once they hold more than the KV cache (:func:`kv_tokens`) vLLM
+    preempts the newest (``RECOMPUTE``): the cache runs as many as it holds, the rest wait and their contexts are
+    prefilled again when they return (:func:`preempted_seconds`)."""
     cohort = min(per_engine, in_flight)
     bulk_steps = (per_engine - cohort) * lengths.mean / in_flight
     seconds = bulk_steps * engine.step_seconds(in_flight, prompt_len + lengths.mean_age())
+    cache = kv_tokens(engine)
     for start, end, alive in lengths.survivors(lengths.expected_max(rows)):
         running = max(1.0, cohort * alive)
-        seconds += (end - start) * engine.step_seconds(running, prompt_len + (start + end) / 2)
+        context = prompt_len + (start + end) / 2
+        fits = running if cache is None else max(1.0, min(running, cache / context))
+        seconds += (end - start) * running / fits * engine.step_seconds(fits, context)
+        if fits < running:
+            seconds += preempted_seconds(engine, (running - fits) * (prompt_len + start))
     return seconds
+
+
+def preempted_seconds(engine: Engine, tokens: float) -> float:
+    """Recomputing ``tokens`` of preempted sequences' contexts when they are admitted again: a prefill on the
+    engine (vLLM's default preemption mode recomputes rather than swapping the blocks to host memory)."""
+    model, shape = engine.model, engine.shape
+    peak = shape.device.peak_flops(_dtype(engine.unit, shape.device.dtypes))
+    return 2 * model.active * tokens / engine.rtp / (peak * shape.constants.prefill_mfu)
 
 
 def prefill_seconds(model: ModelSpec, tokens: float, layout: RoleLayout, shape: Shape) -> float:
@@ -122,8 +174,12 @@ def generate_cost(model: ModelSpec, load: NodeLoad, prompt_len: int, layout: Rol
     prefill = prefill_seconds(model, math.ceil(load.prompt_tokens / engines), layout, shape)
     decode = decode_seconds(engine, per_engine, in_flight, prompt_len, lengths, rows)
     reuse = layout.sharding is Sharding.NO_SHARD and layout.tp == rtp
-    if shape.run.gpu_memory_utilization is not None:  # the engine fills its share, resident bytes included
-        transient = max(shape.run.gpu_memory_utilization * shape.device.memory_bytes - resident, engine.weights)
+    if shape.run.gpu_memory_utilization is not None:
+        # The engine takes its whole share on top of what is resident; its share already holds the CUDA context
+        # and graphs the usable fraction keeps aside, so the group's check reads resident + share <= total,
+        # the check vLLM makes at start (kv_blocks).
+        share = shape.run.gpu_memory_utilization * shape.device.memory_bytes
+        transient = max(share - (1 - USABLE_MEMORY) * shape.device.memory_bytes, engine.weights)
     else:
         kv_cache = in_flight * engine.kv_token * (prompt_len + lengths.mean_age())
         transient = (0 if reuse else engine.weights) + kv_cache + in_flight * model.vocab * 4 / rtp

@@ -29,10 +29,10 @@ from dataclasses import dataclass
 
 from hybridflow.graph import Op
 from hybridflow.planner.cluster import Cluster
-from hybridflow.planner.costs import DRIVER_SECONDS_PER_ROW
 from hybridflow.planner.modes import OVERLAPPED, async_step
 from hybridflow.planner.plan import ROLLOUT_SUFFIX
 from hybridflow.planner.problem import Problem
+from hybridflow.planner.step_terms import driver_seconds
 
 DRIVER = -1
 
@@ -54,6 +54,16 @@ class Schedule:
         return {name: i for i, name in enumerate(self.nodes)}
 
 
+def serialise_driver_nodes(preds: list[list[tuple[int, float]]], group_of: Sequence[int]) -> None:
+    """A driver node waits for every node before it in graph order and holds back every node after it: a
+    controller that makes one call at a time (``overlays.ControllerOverlay.serial_driver``)."""
+    for i, group in enumerate(group_of):
+        if group == DRIVER:
+            preds[i].extend((j, 0.0) for j in range(i))
+            for k in range(i + 1, len(group_of)):
+                preds[k].append((i, 0.0))
+
+
 def compile_schedule(problem: Problem, role_group: Mapping[str, int]) -> Schedule:
     """The skeleton for roles placed as ``role_group`` (role -> group index)."""
     graph = problem.graph
@@ -61,7 +71,6 @@ def compile_schedule(problem: Problem, role_group: Mapping[str, int]) -> Schedul
     position = {name: i for i, name in enumerate(nodes)}
     group_of = tuple(DRIVER if problem.node_role[name] is None else role_group[str(problem.node_role[name])]
                      for name in nodes)
-    rows = problem.workload.sequences(graph)
     preds: list[list[tuple[int, float]]] = [[] for _ in nodes]
     cross = 0
     for (src, dst), size in problem.edge_bytes.items():
@@ -70,7 +79,10 @@ def compile_schedule(problem: Problem, role_group: Mapping[str, int]) -> Schedul
         if a != b and a != DRIVER and b != DRIVER:
             cross += size
         preds[position[dst]].append((position[src], size / problem.cluster.driver_bandwidth if moves else 0.0))
-    driver = tuple(rows * DRIVER_SECONDS_PER_ROW if group == DRIVER else 0.0 for group in group_of)
+    driver = tuple(driver_seconds(problem, name) if group == DRIVER else 0.0 for name, group in zip(nodes, group_of,
+                                                                                                  strict=True))
+    if problem.overlay is not None and problem.overlay.serial_driver:
+        serialise_driver_nodes(preds, group_of)
     overlapped: tuple[bool, ...] = ()
     if problem.mode.pipeline in OVERLAPPED:
         overlapped = tuple(str(problem.node_role[name]).endswith(ROLLOUT_SUFFIX) and graph.node(name).op is Op.GENERATE

@@ -24,6 +24,7 @@ from hybridflow.planner.groups import GroupEvaluator
 from hybridflow.planner.layouts import GroupLayout
 from hybridflow.planner.models import ModelSpec
 from hybridflow.planner.modes import DEFAULT_STALENESS, OVERLAPPED, check_choice, explain_choice, overlap_blocker
+from hybridflow.planner.overlays import ControllerOverlay
 from hybridflow.planner.plan import Plan, SearchStats, detachable_policies
 from hybridflow.planner.problem import Problem, build_problem, role_adapters
 from hybridflow.planner.schedule import Schedule, Sharing, compile_schedule, makespan, shared_step
@@ -234,13 +235,15 @@ def _better(new: Key, old: Key) -> bool:
 
 def plan_placement(graph: Graph, models: Mapping[str, ModelSpec], workload: Workload, cluster: Cluster, *,
                    options: PlannerOptions | None = None, settings: RunSettings | None = None,
-                   calibration: Calibration | None = None, agent: AgentWorkload | None = None) -> Plan:
+                   calibration: Calibration | None = None, agent: AgentWorkload | None = None,
+                   overlay: ControllerOverlay | None = None) -> Plan:
     """The plan with the least modelled step time (ties: fewer cross-group bytes, then less idle time).
 
     ``settings`` is the run's step recipe (response lengths, mini-batches, offload...); ``calibration``
     the cost model's fitted constants (``Calibration.load(path)``, written by ``hybridflow calibrate``);
     ``agent`` what the graph's multi-turn generate nodes do (:class:`~hybridflow.planner.agents.AgentWorkload`):
-    the plan records the faster agent schedule in ``mode.agent_schedule`` and why in ``extra["agent_schedule"]``.
+    the plan records the faster agent schedule in ``mode.agent_schedule`` and why in ``extra["agent_schedule"]``;
+    ``overlay`` another framework's costs, to price its runs (:mod:`.overlays`; hybridflow's own plans pass none).
 
     With ``options.lora`` the trainable roles train adapters (``lora_when="needed"``: only when full fine-tuning
     fits nowhere); ``extra["lora"]`` gives their trainable weights, gradient and optimizer memory and sync bytes.
@@ -249,7 +252,7 @@ def plan_placement(graph: Graph, models: Mapping[str, ModelSpec], workload: Work
     """
     opts = options or PlannerOptions()
     adapters = role_adapters(graph, opts.lora)
-    inputs = (graph, models, workload, cluster, opts, settings, calibration, agent)
+    inputs = (graph, models, workload, cluster, opts, settings, calibration, agent, overlay)
     if not adapters or opts.lora_when == "always":
         return _plan(*inputs, adapters=adapters, shared=opts.shared_weights)
     try:
@@ -270,7 +273,8 @@ def _with_extra(plan: Plan, key: str, value: str) -> Plan:
 
 
 def _plan(graph: Graph, models: Mapping[str, ModelSpec], workload: Workload, cluster: Cluster, opts: PlannerOptions,
-          settings: RunSettings | None, calibration: Calibration | None, agent: AgentWorkload | None, *,
+          settings: RunSettings | None, calibration: Calibration | None, agent: AgentWorkload | None,
+          overlay: ControllerOverlay | None, *,
           adapters: Mapping[str, LoraPlan], shared: Mapping[str, str]) -> Plan:
     """The search over every mode ``opts`` asks for, with these adapters and shared weights."""
     start = time.perf_counter()
@@ -281,7 +285,7 @@ def _plan(graph: Graph, models: Mapping[str, ModelSpec], workload: Workload, clu
         problem = build_problem(graph, models, workload, cluster, detach=detach, max_tp=opts.max_tp,
                                 settings=settings, calibration=calibration, pipeline=pipeline,
                                 max_staleness=bound, support=opts.support, micro_batch_sizes=opts.micro_batch_sizes,
-                                agent=agent, adapters=adapters, shared_weights=shared)
+                                agent=agent, adapters=adapters, shared_weights=shared, overlay=overlay)
         searcher = Searcher(problem, opts.units(cluster))
         placements = searcher.run()
         visited += searcher.visited + searcher.evaluator.evaluations

@@ -58,10 +58,13 @@ class RunSettings:
       the next rollout [``free_cache_engine``]; its weights travel over the host link both ways.
     - ``enforce_eager``: the engine decodes without CUDA graphs [``enforce_eager``]: every layer's kernels
       are launched from Python at every step.
-    - ``controller_batches``: every worker call ships the step's whole batch from a single controller and
-      returns its outputs there, padded to the length caps (verl's ``DataProto`` dispatch); hybridflow's own
-      runtime keeps a step's fields on the ranks and ships only what a group lacks. ``max_prompt_len``: the
-      prompt cap those padded batches carry [``data.max_prompt_length``] (None: the mean prompt).
+    - ``reward_workers``: processes a rule-based reward scores samples in (verl's reward managers: 1, the driver's
+      loop; hybridflow's reward pool: its workers). ``validations_per_step``: validation passes a measured step
+      holds on average [verl: 1 / ``test_freq`` inside its step timer; 0 when the step leaves them out] over
+      ``validation_prompts`` x ``validation_samples`` rows [``val_kwargs.n``]; ``checkpoints_per_step``: the
+      same for checkpoints [1 / ``save_freq``] (``step_terms.py``).
+    - ``max_prompt_len``: the run's prompt cap [``data.max_prompt_length``] (None: the mean prompt); what a
+      framework that pads batches to the caps ships (``overlays.ControllerOverlay``).
     """
 
     lengths: LengthDistribution | None = None
@@ -75,8 +78,12 @@ class RunSettings:
     max_num_seqs: int = 1024
     rollout_sleep: bool = False
     enforce_eager: bool = False
-    controller_batches: bool = False
     max_prompt_len: int | None = None
+    reward_workers: int = 1
+    validations_per_step: float = 0.0
+    validation_prompts: int = 0
+    validation_samples: int = 1
+    checkpoints_per_step: float = 0.0
     notes: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
@@ -90,6 +97,16 @@ class RunSettings:
             raise ValueError(f"{owner}.epochs={self.epochs} exceeds {MAX_EPOCHS} passes over a step's batch; use at "
                              f"most {MAX_EPOCHS} (PPO recipes use 1-10)")
         _positive_int(owner, "max_num_seqs", self.max_num_seqs, allow_none=False)
+        for name in ("reward_workers", "validation_samples"):
+            _positive_int(owner, name, getattr(self, name), allow_none=False)
+        if not isinstance(self.validation_prompts, int) or isinstance(self.validation_prompts, bool) \
+                or self.validation_prompts < 0:
+            raise ValueError(f"{owner}.validation_prompts={self.validation_prompts!r} must be a count >= 0")
+        for name in ("validations_per_step", "checkpoints_per_step"):
+            rate = getattr(self, name)
+            if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate <= 1:
+                raise ValueError(f"{owner}.{name}={rate!r} must be a rate in [0, 1] per step, e.g. 0.1 for every "
+                                 "10th step")
         util = self.gpu_memory_utilization
         if util is not None and not 0 < util <= 1:
             raise ValueError(f"{owner}.gpu_memory_utilization={util!r} must be in (0, 1], e.g. 0.6")
@@ -127,8 +144,12 @@ SETTING_KEYS = {
     "max_num_seqs": "the rollout engine's cap on sequences in flight",
     "rollout_sleep": "true when the colocated engine frees its memory between rollouts",
     "enforce_eager": "true when the engine runs without CUDA graphs",
-    "controller_batches": "true when every call ships its whole padded batch through one controller (verl)",
-    "max_prompt_len": "the prompt cap padded batches carry, in tokens (verl data.max_prompt_length)",
+    "max_prompt_len": "the prompt cap in tokens (data.max_prompt_length)",
+    "reward_workers": "processes scoring rule-based rewards (1: the driver's loop)",
+    "validations_per_step": "validation passes per step, e.g. 0.1 for one every 10 steps",
+    "validation_prompts": "validation prompts per validation pass",
+    "validation_samples": "samples per validation prompt",
+    "checkpoints_per_step": "checkpoints written per step, e.g. 0.05 for one every 20 steps",
 }
 _OFFLOAD_PARTS = {"params": "params", "param": "params", "grads": "grads", "grad": "grads",
                   "optimizer": "optimizer", "optim": "optimizer"}
@@ -166,12 +187,13 @@ def settings_from_dict(data: Mapping[str, Any], *, mean_response_len: int, where
         raise ValueError(f"{where}: unknown keys {unknown}; known: {sorted(SETTING_KEYS)}")
     values: dict[str, Any] = {}
     for key in ("mini_batch_size", "epochs", "train_tokens_per_gpu", "forward_tokens_per_gpu", "max_num_seqs",
-                "max_prompt_len"):
+                "max_prompt_len", "reward_workers", "validation_prompts", "validation_samples"):
         if data.get(key) is not None:
             values[key] = _number(data, key, where, int)
-    if data.get("gpu_memory_utilization") is not None:
-        values["gpu_memory_utilization"] = _number(data, "gpu_memory_utilization", where, float)
-    for key in ("padding", "rollout_sleep", "enforce_eager", "controller_batches"):
+    for key in ("gpu_memory_utilization", "validations_per_step", "checkpoints_per_step"):
+        if data.get(key) is not None:
+            values[key] = _number(data, key, where, float)
+    for key in ("padding", "rollout_sleep", "enforce_eager"):
         if data.get(key) is not None:
             if not isinstance(data[key], bool):
                 raise ValueError(f"{where}.{key}={data[key]!r} must be true or false: {SETTING_KEYS[key]}")

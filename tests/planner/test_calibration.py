@@ -15,9 +15,9 @@ from hybridflow.planner.fit import HELD, fit_calibration, fit_constants, loss
 from hybridflow.planner.published import MeasuredCase, case_from_record
 
 TRUTH = Constants(train_mfu=0.42, decode_mfu=0.3, hbm_efficiency=0.62, moe_efficiency=0.4,
-                  decode_step_overhead_s=0.004, phase_overhead_s=3.0, step_overhead_s=12.0)
+                  decode_step_overhead_s=0.004, phase_overhead_s=3.0)
 FITTED = ("train_mfu", "decode_mfu", "hbm_efficiency", "moe_efficiency", "decode_step_overhead_s",
-          "phase_overhead_s", "step_overhead_s")
+          "phase_overhead_s")
 
 
 def record(run_id: str, *, model: str, device: str, nodes: int, prompts: int, n: int, cap: int, mean: int,
@@ -94,10 +94,11 @@ def test_held_constants_stay_at_their_start_and_are_recorded(tmp_path):
         Calibration.load(path)
 
 
-def test_the_shipped_calibration_holds_decode_mfu_at_its_prior():
+def test_the_shipped_calibration_holds_decode_mfu_and_the_phase_overhead_at_their_priors():
     shipped = Calibration.load("verl-published")
-    assert shipped.held == HELD == ("decode_mfu",)
+    assert HELD == ("decode_mfu",) and shipped.held == (*HELD, "phase_overhead_s")
     assert shipped.default.decode_mfu == Constants().decode_mfu
+    assert shipped.default.phase_overhead_s == Constants().phase_overhead_s == 0.0
 
 
 def test_calibration_files_round_trip_and_bad_ones_name_the_field(tmp_path):
@@ -114,8 +115,12 @@ def test_calibration_files_round_trip_and_bad_ones_name_the_field(tmp_path):
     path.write_text(json.dumps(data))
     with pytest.raises(ValueError, match=r"unknown constants \['train_mfu_typo'\]"):
         Calibration.load(path)
-    with pytest.raises(ValueError, match=r"Constants.step_overhead_s=-1 must be >= 0"):
-        Constants(step_overhead_s=-1)
+    with pytest.raises(ValueError, match=r"Constants.phase_overhead_s=-1 must be >= 0"):
+        Constants(phase_overhead_s=-1)
+    data["devices"]["H20"] = {"step_overhead_s": 47.6}  # a calibration from before the step's terms were modelled
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"step_overhead_s is no longer a constant.*step_terms"):
+        Calibration.load(path)
     with pytest.raises(ValueError, match=r"Constants.controller_gbs=0 must be > 0 GB/s"):
         Constants(controller_gbs=0)
 
@@ -127,7 +132,7 @@ def test_the_calibrate_command_writes_what_plan_loads(tmp_path, capsys):
         records.append({**item, "timings_s": dict(case.measured)})
     runs.write_text(json.dumps(records))
     out = tmp_path / "calibration.json"
-    assert main(["calibrate", "--published", str(runs), "--fit", "train_mfu,step_overhead_s", "--out", str(out)]) == 0
+    assert main(["calibrate", "--published", str(runs), "--fit", "train_mfu,phase_overhead_s", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "before" in printed and "after" in printed
     assert "held at the priors (not fitted): decode_mfu=0.5" in printed

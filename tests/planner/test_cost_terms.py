@@ -15,7 +15,6 @@ from hybridflow.planner.costs import (
     Shape,
     attention_tokens,
     batching,
-    controller_seconds,
     efficiency,
     engine_switch,
     flops_per_token,
@@ -30,6 +29,7 @@ from hybridflow.planner.costs import (
 )
 from hybridflow.planner.devices import GB, GIB, TFLOPS, DeviceSpec
 from hybridflow.planner.lengths import LengthDistribution
+from hybridflow.planner.overlays import ControllerOverlay, controller_seconds
 from hybridflow.planner.rollout import Engine, concurrency, generate_cost
 from hybridflow.planner.settings import Offload, RunSettings
 
@@ -37,7 +37,7 @@ ROUND = DeviceSpec(name="ROUND", memory_bytes=100 * GIB, hbm_bandwidth=1000 * GB
                    link="NVLink", link_bandwidth=100 * GB, host_bandwidth=10 * GB)
 # Overheads off and round efficiencies, so every term can be computed by hand.
 PLAIN = Constants(train_mfu=0.5, eff_half_tokens=1000, hbm_efficiency=0.5, decode_mfu=0.5, prefill_mfu=0.5,
-                  host_efficiency=0.5, decode_step_overhead_s=0.0, phase_overhead_s=0.0, step_overhead_s=0.0)
+                  host_efficiency=0.5, decode_step_overhead_s=0.0, phase_overhead_s=0.0)
 MODEL = ModelSpec(name="round", params=1_000_000_000, layers=10, hidden=1000, heads=10, kv_heads=10, vocab=1000)
 ROWS, PROMPT, RESPONSE = 64, 100, 900
 
@@ -248,12 +248,12 @@ def test_packed_attention_sees_the_token_weighted_sequence_length():
     assert cost.seconds == pytest.approx(by_hand, rel=1e-9)
 
 
-def test_a_single_controller_ships_every_call_padded_to_the_caps():
+def test_verls_controller_overlay_ships_every_call_padded_to_the_caps():
     lengths = LengthDistribution.from_lengths([100, 300, 800])  # cap (max) 800
     constants = Constants(**{**PLAIN.__dict__, "controller_gbs": 2.0})
-    run = RunSettings(lengths=lengths, controller_batches=True, max_prompt_len=256)
-    verl = shape(run, constants=constants)
-    assert controller_seconds(load(Op.LOGPROB), shape(RunSettings(lengths=lengths), constants=constants)) == 0.0
+    run = RunSettings(lengths=lengths, max_prompt_len=256)
+    verl = Shape(ROUND, (1,), 25e9, run=run, constants=constants, overlay=ControllerOverlay())
+    assert controller_seconds(load(Op.LOGPROB), shape(run, constants=constants)) == 0.0  # hybridflow: no overlay
     # int64 prompts, responses, response mask, input ids, attention mask, positions; fp32 per-token fields.
     tokens = 8 * (256 + 2 * 800 + 3 * (256 + 800))
     policy = ROWS * (tokens + 4 * 800 * 2) / 2e9  # old log-probs and entropies come back
@@ -261,13 +261,12 @@ def test_a_single_controller_ships_every_call_padded_to_the_caps():
     assert controller_seconds(load(Op.LOGPROB), verl) == pytest.approx(policy, rel=1e-12)
     assert controller_seconds(load(Op.UPDATE), verl) == pytest.approx(update, rel=1e-12)
     layout = RoleLayout(role="actor", dp=1, micro_batch_size=8)
-    plain = update_cost(MODEL, RoleKind.POLICY, load(Op.UPDATE), layout, shape(RunSettings(lengths=lengths),
-                                                                              constants=constants))
+    plain = update_cost(MODEL, RoleKind.POLICY, load(Op.UPDATE), layout, shape(run, constants=constants))
     shipped = update_cost(MODEL, RoleKind.POLICY, load(Op.UPDATE), layout, verl)
     assert shipped.seconds - plain.seconds == pytest.approx(update, rel=1e-9)
     gen = NodeLoad("g", Op.GENERATE, ROWS, 8 * PROMPT, ROWS * 400)
     rollout = RoleLayout(role="actor", dp=1, rollout_batch_size=ROWS)
-    kept = shape(RunSettings(lengths=lengths), constants=constants)
+    kept = shape(run, constants=constants)
     extra = generate_cost(MODEL, gen, PROMPT, rollout, verl).seconds - generate_cost(MODEL, gen, PROMPT, rollout,
                                                                                     kept).seconds
     assert extra == pytest.approx(ROWS * tokens / 2e9, rel=1e-9)  # a generate call returns the token tensors

@@ -63,3 +63,31 @@ def test_calibrate_from_a_run_directory_recovers_the_constant(tmp_path, capsys):
     assert Calibration.load(out).default.train_mfu == pytest.approx(0.3, rel=0.02)
     assert main(["calibrate", "--run", str(tmp_path / "missing"), "--out", str(out)]) == 2
     assert "no planner inputs" in capsys.readouterr().err
+
+
+def test_calibrate_from_a_train_run_directory_alone_reads_its_config_plan_and_lengths(tmp_path, capsys):
+    from dataclasses import asdict
+
+    from hybridflow.planner.lengths import LengthDistribution
+    from hybridflow.train import placement, setup
+    from hybridflow.train.config import load_config
+
+    config = load_config(None, ["algorithm=grpo", "num_gpus=2", "data.batch_size=8", "data.max_prompt_length=24"])
+    graph = setup.build_graph(config)
+    lengths = LengthDistribution.from_lengths([8, 12, 20, 32])  # what from_metrics makes of mean 18, max 32
+    truth = RunSettings(lengths=LengthDistribution.lognormal(mean=18, max=32))
+    plan = evaluate_mapping(graph, placement.role_models(config, graph), placement.workload(config, graph, 24, truth),
+                            placement.planner_cluster(config), {"actor": (0, 1), "reference": (0, 1)},
+                            settings=truth, calibration=Calibration(default=TRUTH))
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(asdict(config)))
+    (folder / "plan.json").write_text(plan.to_json())
+    times = {f"time/{node.node}": node.seconds for node in plan.nodes} | {"time/step": plan.step_time_s}
+    rows = [{"step": step, "response_length/mean": lengths.mean, "response_length/max": lengths.max, **times}
+            for step in range(3)]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = tmp_path / "calibration.json"
+    assert main(["calibrate", "--run", str(folder), "--fit", "train_mfu", "--out", str(out)]) == 0
+    assert Calibration.load(out).default.train_mfu == pytest.approx(0.3, rel=0.02)
+    assert "1.00x" in capsys.readouterr().out  # re-costed exactly as planned, after the fit
