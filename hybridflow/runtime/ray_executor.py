@@ -99,9 +99,11 @@ def _init_ray(ray: Any, torch: Any, *, address: str | None, num_gpus: int, num_c
         start_reaper(os.environ["RAY_AUTH_TOKEN"])  # a SIGKILLed driver must not leave the cluster running
         logical = None if torch.cuda.is_available() else max(num_gpus, MIN_LOGICAL_GPUS)
         # address="local": always a cluster of our own, never another user's that happens to run here.
+        # enable_metrics_collection off: the dashboard agent then serves no unauthenticated Prometheus page.
         with _loopback_node():
             ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 2, num_gpus=logical,
-                     include_dashboard=False, _node_ip_address="127.0.0.1", runtime_env=env, log_to_driver=False)
+                     include_dashboard=False, _node_ip_address="127.0.0.1", runtime_env=env, log_to_driver=False,
+                     _system_config={"enable_metrics_collection": False})
 
 
 @contextlib.contextmanager
