@@ -4,13 +4,9 @@ training."""
 from __future__ import annotations
 
 import argparse
-import contextlib
-import signal
-import threading
-from collections.abc import Iterator
 from typing import Any
 
-from hybridflow.cli.errors import Terminated
+from hybridflow.train.signals import sigterm_as_interrupt
 
 
 def add_parser(subparsers: Any) -> None:
@@ -31,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     from hybridflow.train.loop import train
 
     # Scripts that build their own namespace (examples/train_ppo.py under torchrun) may lack the newer flags.
-    with _sigterm_as_interrupt():
+    with sigterm_as_interrupt():  # stops the run like Ctrl-C (hybridflow/train/signals.py)
         result = train(_load(args.config, args.overrides), resume=args.resume,
                        overwrite=getattr(args, "overwrite", False), resume_from=getattr(args, "resume_from", None),
                        allow_config_change=getattr(args, "allow_config_change", False))
@@ -49,26 +45,6 @@ def run(args: argparse.Namespace) -> int:
     if result.export_path is not None:
         print(f"final model:  {result.export_path} (Hugging Face format)")
     return 0
-
-
-@contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM raises :class:`~hybridflow.cli.errors.Terminated` (a KeyboardInterrupt) in the main thread, so it
-    stops the run as Ctrl-C does: the controller and its workers shut down, the CLI prints one line. A handler
-    someone else installed (torchrun's) is left alone."""
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        yield
-        return
-
-    def terminate(signum: int, frame: object) -> None:
-        raise Terminated
-
-    signal.signal(signal.SIGTERM, terminate)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _load(path: str | None, overrides: list[str]) -> Any:
