@@ -114,7 +114,7 @@ def test_a_hung_worker_ends_a_training_run_naming_the_step(local_ray: None, tmp_
                  "plot=false", "trackers=[]", f"output_dir={tmp_path / 'run'}", "liveness.heartbeat_interval_s=0.5",
                  "liveness.heartbeat_timeout_s=3"])
     err = capsys.readouterr().err
-    assert stopped, "the run ended before a worker could be stopped"
+    assert stopped, f"the run ended (exit {code}) before a worker could be stopped: {err[-1500:]}"
     assert code == 1 and "Traceback" not in err
     assert re.search(r"worker of role '\w+' rank 0 \(group 0\) on host .* pid \d+\).*during step \d+ "
                      r"\(last completed step: \d+\): no heartbeat", err), err
