@@ -156,9 +156,9 @@ def check_reachable(address: str, *, timeout_s: float = CONNECT_TIMEOUT_S) -> No
 def enable_token_auth() -> None:
     """Turn on Ray's token authentication with a fresh random token for the cluster this process starts.
 
-    Ray binds its gRPC servers to every interface, so without a token anyone who can reach this machine
-    could submit code to the cluster. The token lives in this process's environment (inherited by the
-    cluster's processes only), never on disk.
+    The cluster listens on loopback only (:func:`_loopback_node`); the token keeps out other users of this
+    machine, who could otherwise submit code to it. The token lives in this process's environment (inherited
+    by the cluster's processes only), never on disk.
     """
     os.environ["RAY_AUTH_MODE"] = "token"
     os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
