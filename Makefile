@@ -9,7 +9,7 @@ export OMP_NUM_THREADS := 1
 export MKL_NUM_THREADS := 1
 export TOKENIZERS_PARALLELISM := false
 # Only for the clusters tests start by hand (ray.cluster_utils); a cluster hybridflow starts itself always
-# uses token auth with a per-driver token, because Ray listens on every interface (docs/security.md).
+# listens on loopback only and uses token auth with a per-driver token (docs/security.md).
 export RAY_AUTH_MODE := disabled
 export RAY_USAGE_STATS_ENABLED := 0
 export HF_HUB_OFFLINE := 1

@@ -37,16 +37,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run(args)
     import torch.distributed as dist
 
+    from hybridflow.cli.errors import TERMINATED, describe
     from hybridflow.runtime.torchrun_executor import serve, stop_serving
     from hybridflow.runtime.torchrun_protocol import init_world
+    from hybridflow.train.signals import sigterm_deferred
 
     world = init_world(timeout_s=args.timeout_s)
     if world.rank != 0:
-        serve(world)
+        with sigterm_deferred() as terminated:  # rank 0 got it too: it stops the run and then tells us to leave
+            serve(world)
         dist.destroy_process_group()
-        return 0
+        return TERMINATED if terminated else 0
     try:
         code = run(argparse.Namespace(**{**vars(args), "overrides": [*args.overrides, "executor=torchrun"]}))
+    except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM (torchrun forwards it): one line, as `hybridflow train`
+        code, line = describe(err)
+        print(f"hybridflow train (torchrun rank 0): error: {line}", file=sys.stderr)
     finally:
         stop_serving(world)  # on failure too, so serving ranks exit instead of waiting for the idle timeout
     dist.destroy_process_group()

@@ -11,14 +11,13 @@ import errno
 import sys
 from collections.abc import Iterator
 
+from hybridflow.train.signals import Terminated
+
 BAD_INPUT = 2
 RUN_FAILED = 1
 INTERRUPTED = 130
 TERMINATED = 143  # 128 + SIGTERM, what a shell reports for a process SIGTERM ended
 
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (a scheduler, Kubernetes, ``kill``) seen as Ctrl-C: the run stops the way an interrupt does."""
 
 # Exceptions our validation raises for a config, data file, graph or plan it refuses.
 _BAD_INPUT_TYPES: tuple[type[BaseException], ...] = (ValueError, KeyError, TypeError, AttributeError, ImportError,

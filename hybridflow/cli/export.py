@@ -1,8 +1,9 @@
 """``hybridflow export RUN_DIR|CHECKPOINT OUT``: a checkpoint (torch, FSDP or DeepSpeed) as a Hugging Face directory.
 
-A full fine-tuning checkpoint becomes an HF model directory. A LoRA run's checkpoint (adapters only) becomes a peft
-adapter directory naming the run's base model; ``--merged`` also writes the base with the adapters merged in, an HF
-model directory, to ``OUT/merged``.
+Only the format the checkpoint's ``trainer.json`` recorded is read; fsdp and deepspeed checkpoints are
+unpickled, so they need ``--trust-checkpoint``. A full fine-tuning checkpoint becomes an HF model directory. A LoRA
+run's checkpoint (adapters only) becomes a peft adapter directory naming the run's base model; ``--merged`` also
+writes the base with the adapters merged in, an HF model directory, to ``OUT/merged``.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--merged", action="store_true",
                         help="LoRA runs: also write the base model with the adapters merged in to OUT/merged "
                              "(needs the base model's weights)")
+    parser.add_argument("--trust-checkpoint", action="store_true",
+                        help="read an fsdp or deepspeed checkpoint, whose files are unpickled (they can run code): "
+                             "only for checkpoints you or your own job wrote. torch checkpoints need no trust")
     parser.set_defaults(run=run)
 
 
@@ -46,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
 
     checkpoint = checkpoint_of(args.checkpoint)
     source = role_dir(checkpoint, args.role)
-    state = checkpoint_state(source)
+    state = checkpoint_state(source, trust=getattr(args, "trust_checkpoint", False))
     config = run_config(source)
     spec = run_lora(config, args.role)
     if spec is not None or is_adapter_state(state):

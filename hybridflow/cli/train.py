@@ -4,13 +4,9 @@ training."""
 from __future__ import annotations
 
 import argparse
-import contextlib
-import signal
-import threading
-from collections.abc import Iterator
 from typing import Any
 
-from hybridflow.cli.errors import Terminated
+from hybridflow.train.signals import sigterm_as_interrupt
 
 
 def add_parser(subparsers: Any) -> None:
@@ -32,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
 
     # Scripts that build their own namespace (examples/train_ppo.py under torchrun) may lack the newer flags.
     config = _load(args.config, args.overrides)
-    with _sigterm_as_interrupt():
+    with sigterm_as_interrupt():  # stops the run like Ctrl-C (hybridflow/train/signals.py)
         result = train(config, resume=args.resume,
                        overwrite=getattr(args, "overwrite", False), resume_from=getattr(args, "resume_from", None),
                        allow_config_change=getattr(args, "allow_config_change", False))
@@ -59,26 +55,6 @@ def summary(result: Any, config: Any) -> list[str]:
     if result.export_path is not None:
         lines.append(f"final model:  {result.export_path} (Hugging Face format)")
     return lines
-
-
-@contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM raises :class:`~hybridflow.cli.errors.Terminated` (a KeyboardInterrupt) in the main thread, so it
-    stops the run as Ctrl-C does: the controller and its workers shut down, the CLI prints one line. A handler
-    someone else installed (torchrun's) is left alone."""
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        yield
-        return
-
-    def terminate(signum: int, frame: object) -> None:
-        raise Terminated
-
-    signal.signal(signal.SIGTERM, terminate)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _load(path: str | None, overrides: list[str]) -> Any:

@@ -7,9 +7,9 @@ as numpy (:meth:`Batch.to_wire`); a dead actor surfaces as :class:`WorkerFailedE
 Every wait on the actors has a deadline and a heartbeat (:mod:`~hybridflow.runtime.liveness`): a hung
 (stopped) actor fails the call within ``heartbeat_timeout_s + heartbeat_interval_s``, naming where it ran.
 
-A locally started cluster runs with Ray's token authentication and a fresh random token per process:
-Ray 2.60's gRPC servers listen on every interface whatever ``_node_ip_address`` says, so loopback alone
-cannot keep other machines out (docs/security.md).
+A locally started cluster listens on loopback only (:func:`_loopback_node`) and runs with Ray's token
+authentication and a fresh random token per process, which keeps out other users of the same machine
+(docs/security.md).
 
 Device types are Ray custom resources named ``gpu_type:<plan device>`` (``gpu_type:A100-80G``), one
 unit per GPU: start real nodes with ``ray start --num-gpus 8 --resources '{"gpu_type:A100-80G": 8}'``.
@@ -45,6 +45,8 @@ WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALL
               "HF_HUB_OFFLINE": "1"}
 READY_TIMEOUT_S = 60.0
 CONNECT_TIMEOUT_S = 10.0  # a ray_address that does not accept a TCP connection within this is refused
+# Off, Ray keeps a loopback node address (see _loopback_node).
+LOCAL_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 CLOSE_TIMEOUT_S = 30.0  # engines get this long to stop (vLLM) before their actors are killed
 # Logical GPUs a locally started CPU-only cluster declares, so later plans in the same process fit too.
 MIN_LOGICAL_GPUS = 8
@@ -97,8 +99,38 @@ def _init_ray(ray: Any, torch: Any, *, address: str | None, num_gpus: int, num_c
         start_reaper(os.environ["RAY_AUTH_TOKEN"])  # a SIGKILLed driver must not leave the cluster running
         logical = None if torch.cuda.is_available() else max(num_gpus, MIN_LOGICAL_GPUS)
         # address="local": always a cluster of our own, never another user's that happens to run here.
-        ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 2, num_gpus=logical,
-                 include_dashboard=False, _node_ip_address="127.0.0.1", runtime_env=env, log_to_driver=False)
+        # enable_metrics_collection off: the dashboard agent then serves no unauthenticated Prometheus page.
+        with _loopback_node():
+            ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 2, num_gpus=logical,
+                     include_dashboard=False, _node_ip_address="127.0.0.1", runtime_env=env, log_to_driver=False,
+                     _system_config={"enable_metrics_collection": False})
+
+
+@contextlib.contextmanager
+def _loopback_node() -> Iterator[None]:
+    """Start the local cluster with node address 127.0.0.1, so every server of it binds to loopback.
+
+    Ray 2.60 swaps ``_node_ip_address="127.0.0.1"`` for the machine's routable address unless
+    ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER`` is off (its macOS/Windows default, read into
+    ``ray_constants.ENABLE_RAY_CLUSTER`` at import); given a loopback node address, GCS, raylet, workers,
+    the dashboard agent (HTTP, gRPC, ``/metrics``), the runtime-env agent and the autoscaler's and API
+    server's metrics pages all bind to 127.0.0.1 (``tests/reliability/test_ray_liveness.py`` lists them
+    against docs/security.md). The variable reaches the cluster's processes through their environment and
+    is put back afterwards, so clusters started later by hand (``ray.cluster_utils``) are unaffected.
+    """
+    from ray._private import ray_constants
+
+    saved_flag, saved_env = ray_constants.ENABLE_RAY_CLUSTER, os.environ.get(LOCAL_ONLY_ENV)
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    os.environ[LOCAL_ONLY_ENV] = "0"
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved_flag
+        if saved_env is None:
+            os.environ.pop(LOCAL_ONLY_ENV, None)
+        else:
+            os.environ[LOCAL_ONLY_ENV] = saved_env
 
 
 def check_reachable(address: str, *, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
@@ -124,9 +156,9 @@ def check_reachable(address: str, *, timeout_s: float = CONNECT_TIMEOUT_S) -> No
 def enable_token_auth() -> None:
     """Turn on Ray's token authentication with a fresh random token for the cluster this process starts.
 
-    Ray binds its gRPC servers to every interface, so without a token anyone who can reach this machine
-    could submit code to the cluster. The token lives in this process's environment (inherited by the
-    cluster's processes only), never on disk.
+    The cluster listens on loopback only (:func:`_loopback_node`); the token keeps out other users of this
+    machine, who could otherwise submit code to it. The token lives in this process's environment (inherited
+    by the cluster's processes only), never on disk.
     """
     os.environ["RAY_AUTH_MODE"] = "token"
     os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)

@@ -1,4 +1,9 @@
-"""Atomic checkpoints: written into a temporary directory, then renamed into place."""
+"""Atomic checkpoints: written into a temporary directory, then renamed into place.
+
+``trainer.json`` records each role's checkpoint format (``"formats": {"actor": "torch"}``), read from the
+files the backend has just written into the fresh temporary directory; ``hybridflow export`` reads only
+the recorded format, so files added to a checkpoint later (a crafted DCP ``.metadata``) are never opened.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,9 @@ from typing import Any
 from hybridflow.train.file_checks import MANIFEST, checkpoint_problem, json_problem
 
 _PREFIX = "step_"
+DEEPSPEED_TAG = "hybridflow"  # backends/deepspeed/engine.py CHECKPOINT_TAG
+# The file (or folder) each backend's role checkpoint is made of, in the order they are told apart.
+FORMAT_MARKERS = {"torch": "state.pt", "fsdp": ".metadata", "deepspeed": DEEPSPEED_TAG}
 
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:
@@ -29,6 +37,7 @@ def save_checkpoint(run_dir: Path, step: int, write_roles: Callable[[str], None]
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     write_roles(str(tmp / "roles"))
+    state = {**state, "formats": written_formats(tmp / "roles")}
     (tmp / "trainer.json").write_text(json.dumps({"step": step, **state}, indent=2))
     _write_manifest(tmp)
     _sync_tree(tmp)
@@ -45,6 +54,21 @@ def _write_manifest(root: Path) -> None:
     files = {path.relative_to(root).as_posix(): path.stat().st_size for path in sorted(root.rglob("*"))
              if path.is_file()}
     (root / MANIFEST).write_text(json.dumps({"files": files}, indent=0))
+
+
+def written_formats(roles: Path) -> dict[str, str]:
+    """``{role: format}`` of the role directories a backend has just written under ``roles`` (torch, fsdp,
+    deepspeed; ``unknown`` for a custom backend's own layout)."""
+    found = sorted(p for p in roles.iterdir() if p.is_dir()) if roles.is_dir() else []
+    return {path.name: files_format(path) or "unknown" for path in found}
+
+
+def files_format(path: Path) -> str | None:
+    """The format a role directory's files look like; trusted only for a directory this process just wrote."""
+    for kind, marker in FORMAT_MARKERS.items():
+        if (path / marker).exists():
+            return kind
+    return None
 
 
 def _sync_tree(root: Path) -> None:

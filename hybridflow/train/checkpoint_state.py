@@ -1,25 +1,38 @@
 """A policy's whole weights read back from a checkpoint on disk, whichever backend wrote it (no workers started).
 
-| backend | files under ``checkpoints/step_N/roles/<role>/`` | read with |
-|---|---|---|
-| torch | ``state.pt`` (``{"model", "optimizer"}``) | ``torch.load(weights_only=True)`` |
-| fsdp | DCP shards and ``.metadata`` | ``dcp_to_torch_save`` (no process group) |
-| deepspeed | ``hybridflow/`` tag with ZeRO shards | DeepSpeed's ``zero_to_fp32`` |
+| backend | files under ``checkpoints/step_N/roles/<role>/`` | read with | unpickles |
+|---|---|---|---|
+| torch | ``state.pt`` (``{"model", "optimizer"}``) | ``torch.load(weights_only=True)`` | no |
+| fsdp | DCP shards and ``.metadata`` | ``dcp_to_torch_save`` (no process group) | yes (``.metadata``) |
+| deepspeed | ``hybridflow/`` tag with ZeRO shards | DeepSpeed's ``zero_to_fp32`` | yes (``torch.load``) |
+
+The format read is the one the checkpoint's ``trainer.json`` recorded when it was written, never one
+guessed from the files present; the unpickling ones need ``trust=True`` (``hybridflow export
+--trust-checkpoint``). A checkpoint from before formats were recorded is read as torch when it has a
+``state.pt`` and otherwise needs ``trust=True`` too, whatever its files look like.
 """
 
 from __future__ import annotations
 
 import json
 import pickle
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from hybridflow.train.checkpoint import DEEPSPEED_TAG, FORMAT_MARKERS, files_format
 from hybridflow.train.file_checks import file_problem, manifest_problem
 
-DEEPSPEED_TAG = "hybridflow"  # backends/deepspeed/engine.py CHECKPOINT_TAG
+UNPICKLING = {"fsdp": "its DCP .metadata is a pickle",
+              "deepspeed": "DeepSpeed's model states are read with torch.load(weights_only=False)"}
+TRUST_FLAG = "--trust-checkpoint"
+
+
+class UntrustedCheckpointError(ValueError):
+    """Reading this checkpoint would unpickle (run code from) one of its files, and nobody said it is trusted."""
 
 
 def role_dir(checkpoint: str | Path, role: str = "actor") -> Path:
@@ -28,17 +41,23 @@ def role_dir(checkpoint: str | Path, role: str = "actor") -> Path:
     if not path.is_dir():
         raise FileNotFoundError(f"checkpoint {str(path)!r} is not a directory")
     for candidate in (path / "roles" / role, path):
-        if _format(candidate) is not None:
+        if files_format(candidate) is not None:  # only where to look; the format read is the recorded one
             return candidate
     raise FileNotFoundError(f"{path} holds no {role!r} weights: expected roles/{role}/ with state.pt (torch), "
                             f".metadata (fsdp, DCP) or {DEEPSPEED_TAG}/ (deepspeed); found "
                             f"{sorted(p.name for p in path.iterdir())}")
 
 
-def checkpoint_state(directory: str | Path) -> dict[str, torch.Tensor]:
-    """Whole fp32-or-saved-dtype weights from one role's checkpoint directory (see :func:`role_dir`)."""
+def checkpoint_state(directory: str | Path, *, trust: bool = False) -> dict[str, torch.Tensor]:
+    """Whole fp32-or-saved-dtype weights from one role's checkpoint directory (see :func:`role_dir`), read in
+    the format its checkpoint recorded; an unpickling format is refused unless ``trust``."""
     path = Path(directory)
-    kind = _format(path)
+    kind = checkpoint_format(path)
+    if kind in UNPICKLING and not trust:
+        raise UntrustedCheckpointError(
+            f"{path} holds a {kind} checkpoint and {UNPICKLING[kind]}: reading it runs whatever code the file "
+            f"carries. Pass {TRUST_FLAG} only if you or your own job wrote it (else ask for its hf/ safetensors "
+            "view, which carries no code)")
     if kind == "torch":
         try:
             state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
@@ -46,9 +65,45 @@ def checkpoint_state(directory: str | Path) -> dict[str, torch.Tensor]:
             raise ValueError(f"{path / 'state.pt'} cannot be loaded ({str(err).splitlines()[0]}); it is truncated "
                              "or corrupt: use an older checkpoint of the run") from err
         return dict(state["model"])
-    if kind in ("fsdp", "deepspeed"):
-        return _sharded_state(path, kind)
-    raise FileNotFoundError(f"{path}: not a torch, fsdp or deepspeed role checkpoint")
+    return _sharded_state(path, kind)
+
+
+def checkpoint_format(directory: Path) -> str:
+    """The format ``trainer.json`` of the checkpoint holding this role directory recorded for it.
+
+    Checkpoints written before formats were recorded: ``torch`` when a ``state.pt`` is there (read without
+    unpickling), else the format the files look like, which :func:`checkpoint_state` reads only if trusted.
+    """
+    recorded = _recorded_formats(directory)
+    if recorded is None:
+        legacy = files_format(directory)
+        if legacy is None:
+            raise FileNotFoundError(f"{directory}: not a torch, fsdp or deepspeed role checkpoint")
+        if legacy != "torch":
+            print(f"note: {directory}'s checkpoint records no format (written by an older hybridflow); its files "
+                  f"look like {legacy}", file=sys.stderr)
+        return legacy
+    kind = recorded.get(directory.name)
+    if kind not in FORMAT_MARKERS:
+        raise ValueError(f"{directory}: trainer.json records format {kind!r} for role {directory.name!r}; "
+                         f"export reads {sorted(FORMAT_MARKERS)} (a custom backend's checkpoint is its own to read)")
+    if not (directory / FORMAT_MARKERS[kind]).exists():
+        raise FileNotFoundError(f"{directory}: trainer.json records a {kind} checkpoint but "
+                                f"{FORMAT_MARKERS[kind]} is missing; the checkpoint is incomplete: use an older one")
+    return kind
+
+
+def _recorded_formats(directory: Path) -> dict[str, str] | None:
+    """``trainer.json``'s ``formats`` for the checkpoint ``<checkpoint>/roles/<role>``; None if it records none."""
+    trainer = directory.resolve().parent.parent / "trainer.json"
+    if not trainer.is_file():
+        return None
+    try:
+        formats = json.loads(trainer.read_text()).get("formats")
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as err:
+        raise ValueError(f"{trainer} is not a JSON object ({err}); the checkpoint is unusable: use an older "
+                         "one") from err
+    return formats if isinstance(formats, dict) else None
 
 
 def base_model_dir(checkpoint: str | Path) -> Path:
@@ -98,16 +153,6 @@ def recorded_base_model(checkpoint: str | Path) -> Path | None:
         return None
     model = config.get("model", {})
     return Path(model["path"]) if model.get("path") else Path(config["_run_dir"]) / "init_model"
-
-
-def _format(path: Path) -> str | None:
-    if (path / "state.pt").is_file():
-        return "torch"
-    if (path / ".metadata").is_file():
-        return "fsdp"
-    if (path / DEEPSPEED_TAG).is_dir():
-        return "deepspeed"
-    return None
 
 
 def _sharded_state(path: Path, kind: str) -> dict[str, torch.Tensor]:

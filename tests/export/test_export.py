@@ -111,7 +111,12 @@ def test_cli_converts_a_checkpoint_to_the_same_weights_as_its_hf_view(tmp_path: 
     run = tmp_path / "run"
     train(load_config(None, ["steps=1", "checkpoint_every=1", f"output_dir={run}", *setting, *QUICK]))
     checkpoint = run / "checkpoints" / "step_000001"
-    assert main(["export", str(checkpoint), str(tmp_path / "out")]) == 0
+    backend = setting[0].removeprefix("roles.actor.backend=")
+    assert json.loads((checkpoint / "trainer.json").read_text())["formats"]["actor"] == backend
+    trust = [] if backend == "torch" else ["--trust-checkpoint"]  # fsdp and deepspeed files are unpickled
+    if trust:
+        assert main(["export", str(checkpoint), str(tmp_path / "out")]) == 2
+    assert main(["export", str(checkpoint), str(tmp_path / "out"), *trust]) == 0
     converted, view, final = (_safetensors(p) for p in (tmp_path / "out", checkpoint / "hf", run / "final"))
     assert converted.keys() == view.keys() == final.keys()
     for name in converted:
@@ -122,3 +127,75 @@ def test_export_of_a_folder_without_weights_names_what_it_expects(tmp_path: Path
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["export", str(tmp_path), str(tmp_path / "out")]) == 2
     assert "state.pt (torch), .metadata (fsdp, DCP)" in capsys.readouterr().err
+
+
+class _Planted:
+    """Unpickling it creates ``path``: proof that a file was unpickled."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, tuple[str, str]]:
+        return open, (str(self.path), "w")
+
+
+def _crafted_checkpoint(root: Path, formats: dict[str, str] | None, *, state_pt: bool) -> tuple[Path, Path, Path]:
+    """A checkpoint of a tiny model with a DCP ``.metadata`` and a DeepSpeed model-states file planted beside
+    (or instead of) its ``state.pt``: ``(checkpoint, model dir, marker a planted file creates when unpickled)``."""
+    import pickle
+
+    tokenizer = char_tokenizer()
+    model = build_tiny_causal_lm("tiny-qwen2", vocab_size=len(tokenizer), seed=0)
+    model_dir = save_model_dir(model, tokenizer, root / "model")
+    checkpoint, marker = root / "checkpoints" / "step_000001", root / "UNPICKLED"
+    actor = checkpoint / "roles" / "actor"
+    (actor / "hybridflow").mkdir(parents=True)
+    if state_pt:
+        torch.save({"model": model.state_dict()}, actor / "state.pt")
+    for planted in (actor / ".metadata", actor / "hybridflow" / "mp_rank_00_model_states.pt"):
+        planted.write_bytes(pickle.dumps(_Planted(marker)))
+    trainer = {"step": 1, "seed": 0} | ({"formats": formats} if formats is not None else {})
+    (checkpoint / "trainer.json").write_text(json.dumps(trainer))
+    return checkpoint, model_dir, marker
+
+
+@pytest.mark.parametrize("formats", [{"actor": "torch"}, None], ids=["recorded-torch", "unrecorded"])
+def test_export_of_a_torch_checkpoint_never_opens_planted_pickles(tmp_path: Path, formats: dict[str, str] | None,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    checkpoint, model_dir, marker = _crafted_checkpoint(tmp_path, formats, state_pt=True)
+    assert main(["export", str(checkpoint), str(tmp_path / "out"), "--model", str(model_dir)]) == 0
+    assert not marker.exists(), "a planted .metadata or mp_rank_00_model_states.pt was unpickled"
+    assert _safetensors(tmp_path / "out").keys() == _safetensors(model_dir).keys()
+
+
+@pytest.mark.parametrize("formats", [{"actor": "fsdp"}, {"actor": "deepspeed"}, None],
+                         ids=["recorded-fsdp", "recorded-deepspeed", "unrecorded"])
+def test_export_refuses_an_unpickling_checkpoint_without_trust_checkpoint(
+        tmp_path: Path, formats: dict[str, str] | None, capsys: pytest.CaptureFixture[str]) -> None:
+    checkpoint, model_dir, marker = _crafted_checkpoint(tmp_path, formats, state_pt=False)
+    assert main(["export", str(checkpoint), str(tmp_path / "out"), "--model", str(model_dir)]) == 2
+    err = capsys.readouterr().err
+    assert "--trust-checkpoint" in err and "Traceback" not in err and not marker.exists(), err
+    assert (formats or {}).get("actor", "fsdp") in err  # unrecorded: its files look like DCP (.metadata)
+
+
+def test_a_checkpoint_records_the_format_its_backend_wrote(tmp_path: Path) -> None:
+    from hybridflow.train.checkpoint import save_checkpoint
+
+    def write_roles(directory: str) -> None:
+        (Path(directory) / "actor").mkdir(parents=True)
+        (Path(directory) / "actor" / ".metadata").write_bytes(b"")
+        (Path(directory) / "critic" / "hybridflow").mkdir(parents=True)
+
+    written = save_checkpoint(tmp_path, 3, write_roles, {"seed": 0})
+    recorded = json.loads((written / "trainer.json").read_text())["formats"]
+    assert recorded == {"actor": "fsdp", "critic": "deepspeed"}
+
+
+def test_a_torch_checkpoint_whose_state_pt_was_swapped_for_pickles_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The run recorded torch: the planted files are not read in its place, even with --trust-checkpoint."""
+    checkpoint, model_dir, marker = _crafted_checkpoint(tmp_path, {"actor": "torch"}, state_pt=False)
+    code = main(["export", str(checkpoint), str(tmp_path / "out"), "--model", str(model_dir), "--trust-checkpoint"])
+    err = capsys.readouterr().err
+    assert code == 2 and "records a torch checkpoint but state.pt is missing" in err and not marker.exists(), err

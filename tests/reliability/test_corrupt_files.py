@@ -268,10 +268,10 @@ def test_loading_a_broken_fsdp_checkpoint_names_it_and_the_fix(tmp_path: Path) -
                                          r"\w+.*\); it is truncated or corrupt: resume from an older checkpoint"):
         dcp_checkpoint.load(str(actor), model, torch.optim.AdamW(model.parameters()))
     with pytest.raises(ValueError, match=r"the fsdp checkpoint .*roles/actor cannot be loaded .*use an older"):
-        checkpoint_state(actor)
+        checkpoint_state(actor, trust=True)  # trusted: the corruption is what is checked here
     _truncate(actor / ".metadata")
     with pytest.raises(ValueError, match=r"\.metadata is truncated or corrupt .*use an older checkpoint"):
-        checkpoint_state(actor)
+        checkpoint_state(actor, trust=True)
 
 
 def test_loading_a_broken_deepspeed_checkpoint_names_the_file(tmp_path: Path) -> None:
@@ -282,7 +282,7 @@ def test_loading_a_broken_deepspeed_checkpoint_names_the_file(tmp_path: Path) ->
     _truncate(critic / "hybridflow" / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
     from hybridflow.train.checkpoint_state import checkpoint_state
 
-    assert set(checkpoint_state(run / STEP_2 / "roles" / "actor")) == {"weight", "bias"}  # another role's file
+    assert set(checkpoint_state(run / STEP_2 / "roles" / "actor", trust=True)) == {"weight", "bias"}  # another role's
 
     class Failing:  # DeepSpeed's engine, failing as its torch.load of a truncated shard does
         def load_checkpoint(self, *args: object, **kwargs: object) -> None:

@@ -114,7 +114,7 @@ def test_a_hung_worker_ends_a_training_run_naming_the_step(local_ray: None, tmp_
                  "plot=false", "trackers=[]", f"output_dir={tmp_path / 'run'}", "liveness.heartbeat_interval_s=0.5",
                  "liveness.heartbeat_timeout_s=3"])
     err = capsys.readouterr().err
-    assert stopped, "the run ended before a worker could be stopped"
+    assert stopped, f"the run ended (exit {code}) before a worker could be stopped: {err[-1500:]}"
     assert code == 1 and "Traceback" not in err
     assert re.search(r"worker of role '\w+' rank 0 \(group 0\) on host .* pid \d+\).*during step \d+ "
                      r"\(last completed step: \d+\): no heartbeat", err), err
@@ -132,41 +132,91 @@ def _group_workers(token: str) -> list[int]:
 
 
 def test_the_local_cluster_refuses_clients_without_its_token(local_ray: None) -> None:
+    from hybridflow.runtime.ray_executor import LOCAL_ONLY_ENV
+
     address = ray.get_runtime_context().gcs_address
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")} | {"RAY_AUTH_MODE": "disabled"}
+    # The loopback switch as our cluster's processes have it: without it a client rewrites 127.0.0.1 to this
+    # machine's routable address, where nothing listens. A refused client retries for the GCS wait time
+    # (90 s in tests/conftest.py); 5 s is enough to see the refusal.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")} | \
+        {"RAY_AUTH_MODE": "disabled", LOCAL_ONLY_ENV: "0", "RAY_gcs_server_port_wait_time_s": "5"}
     probe = f"import ray; ray.init(address={address!r}); print('JOINED')"
-    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode != 0 and "JOINED" not in done.stdout
     assert "Authentication" in done.stderr or "auth" in done.stderr.lower()
 
 
-def test_every_socket_the_cluster_opens_beyond_loopback_needs_the_token(local_ray: None) -> None:
-    """Ray 2.60 binds its servers to every interface: each one our cluster opens beyond loopback must be a gRPC
-    server (token-checked, as the test above shows) or a read-only Prometheus metrics page."""
+def test_every_socket_the_cluster_listens_on_is_listed_in_security_md(local_ray: None) -> None:
+    """Each listening socket of the run's processes matches a row of docs/security.md's table: its process, its
+    address (loopback), its port if the row fixes one; a token row refuses a request without the token, a
+    ``none`` row serves only a Prometheus page."""
+    from hybridflow.runtime.ray_reaper import holds_session
+
+    rows = _documented_sockets()
+    class Probe:  # defined here, so Ray ships it by value (workers cannot import this test module)
+        def pid(self) -> int:
+            return os.getpid()
+
+    actor = ray.remote(num_cpus=0)(Probe).remote()  # at least one worker of the kind a run starts
+    ray.get(actor.pid.remote(), timeout=60)
+    session = {ray._private.worker._global_node.get_session_dir_path()}
+    ours = {p.pid: p for p in psutil.process_iter() if p.pid == os.getpid() or holds_session(p, session)}
+    seen = set()
+    for conn in psutil.net_connections(kind="inet"):
+        if conn.status != psutil.CONN_LISTEN or conn.pid not in ours:
+            continue
+        process, ip = _process_key(ours[conn.pid]), conn.laddr.ip.removeprefix("::ffff:")
+        matching = [row for row in rows if row[0] == process and row[2] in ("any", str(conn.laddr.port))]
+        assert matching, f"{process} listens on {ip}:{conn.laddr.port}, which docs/security.md does not list"
+        row = min(matching, key=lambda r: r[2] == "any")  # a row fixing this port before the process's 'any' row
+        assert ip == row[1], f"{process} listens on {ip}:{conn.laddr.port}, docs/security.md says {row[1]}"
+        _check_authentication(ip, conn.laddr.port, row)
+        seen.add(process)
+    ray.kill(actor)
+    assert {"gcs_server", "raylet", "the driver", "ray::<worker or actor>"} <= seen, seen
+
+
+def _documented_sockets() -> list[tuple[str, str, str, str]]:
+    """``(process, address, port, authentication)`` per row of docs/security.md's listening-sockets table."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "security.md").read_text()
+    table = text.split("<!-- listening-sockets:begin")[1].split("<!-- listening-sockets:end -->")[0]
+    rows = []
+    for line in table.splitlines()[3:]:  # the marker's tail, the header and the rule
+        cells = [cell.strip().strip("`") for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 5:
+            rows.append((cells[0], cells[1], cells[2], cells[4]))
+    assert len(rows) >= 5, f"docs/security.md's socket table did not parse: {table!r}"
+    return rows
+
+
+def _process_key(process: psutil.Process) -> str:
+    """The name docs/security.md's table gives a process: Ray's binaries and agents by name, Ray's Python
+    services by script, every other ``ray::`` process as a worker, this process as the driver."""
+    if process.pid == os.getpid():
+        return "the driver"
+    name = process.name()
+    if name in ("gcs_server", "raylet", "ray::DashboardAgent", "ray::RuntimeEnvAgent"):
+        return name
+    if name.startswith("ray::"):
+        return "ray::<worker or actor>"
+    scripts = [Path(part).name for part in process.cmdline() if part.endswith(".py")]
+    return scripts[0] if scripts else name
+
+
+def _check_authentication(ip: str, port: int, row: tuple[str, str, str, str]) -> None:
     import http.client
 
-    token = os.environ["RAY_AUTH_TOKEN"]
-    assert os.environ["RAY_AUTH_MODE"] == "token" and len(token) == 64
-    ours = set()
-    for process in psutil.process_iter():
-        try:
-            if process.environ().get("RAY_AUTH_TOKEN") == token:
-                ours.add(process.pid)
-        except psutil.Error:  # another user's process, or one that just exited
-            continue
-    wide = [conn for conn in psutil.net_connections(kind="tcp") if conn.status == psutil.CONN_LISTEN
-            and conn.pid in ours and conn.laddr.ip not in ("127.0.0.1", "::1")]
-    assert wide, "expected Ray to listen beyond loopback (if it no longer does, docs/security.md can say so)"
-    for conn in wide:
-        host = "127.0.0.1" if conn.laddr.ip in ("0.0.0.0", "::") else conn.laddr.ip
-        client = http.client.HTTPConnection(host, conn.laddr.port, timeout=5)
-        try:
-            client.request("GET", "/")
-            reply = client.getresponse()
-            body = reply.read(200).decode(errors="replace")
-        except (http.client.HTTPException, OSError):
-            continue  # not HTTP/1: a gRPC server, which refuses calls without the token
-        finally:
-            client.close()
-        assert reply.status >= 400 or body.startswith("# HELP"), \
-            f"{conn.laddr} ({psutil.Process(conn.pid).name()}) serves {reply.status} {body[:80]!r} without a token"
+    client = http.client.HTTPConnection(ip, port, timeout=5)
+    try:
+        client.request("GET", "/")
+        reply = client.getresponse()
+        status, body = reply.status, reply.read(200).decode(errors="replace")
+    except (http.client.HTTPException, OSError):
+        status, body = None, ""  # not HTTP/1: a gRPC server, which refuses calls without the token (test above)
+    finally:
+        client.close()
+    if row[3] == "none":
+        assert status == 200 and body.startswith("# HELP"), f"{row[0]} on {port}: {status} {body[:80]!r}"
+    else:
+        assert status is None or status in (401, 403), \
+            f"{row[0]} on {ip}:{port} answers {status} {body[:80]!r} without the token"

@@ -149,3 +149,42 @@ def test_config_selects_the_torchrun_executor_which_needs_a_torchrun_world(tmp_p
         current_world()
     with pytest.raises(ValueError, match="must be one of"):
         load_config(CONFIG, ["executor=mpi"])
+
+
+SLEEPY_REWARD = '''
+import os, time
+def marks_then_sleeps(response, ground_truth):
+    if response != ground_truth:
+        open(os.environ["HF_TEST_MARKER"], "w").close()
+        time.sleep(600)
+    return 1.0
+'''
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_torchrun_job_stops_it_like_ctrl_c(tmp_path: Path) -> None:
+    """torchrun forwards SIGTERM to every rank: rank 0 stops the run and says so in one line, the serving rank
+    waits for rank 0's word instead of vanishing mid-call; neither prints a traceback (torchrun prints its own)."""
+    import signal
+    import time
+
+    (tmp_path / "rewards.py").write_text(SLEEPY_REWARD)
+    marker = tmp_path / "scoring"
+    torchrun = Path(sys.executable).parent / "torchrun"
+    command = [str(torchrun), "--standalone", "--nproc_per_node=2", str(ROOT / "examples" / "train_ppo.py"),
+               "--config", str(CONFIG), "steps=1", f"output_dir={tmp_path / 'run'}", "model.sft_steps=0",
+               "data.batch_size=4", "data.num_examples=16", f"data.reward={tmp_path / 'rewards.py'}:marks_then_sleeps"]
+    process = subprocess.Popen(command, cwd=tmp_path, env=_env(HF_TEST_MARKER=str(marker)), text=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 240
+        while not marker.exists() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert marker.exists(), f"the run never reached its first reward: {_tail(process.communicate()[1])}"
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=90)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert "hybridflow train (torchrun rank 0): error: terminated (SIGTERM)" in err, _tail(err)
+    assert "train_ppo.py" not in err and err.count("Traceback") <= 1, _tail(err)  # torchrun's own, no rank's
