@@ -47,7 +47,8 @@ def _nbytes(named: Any) -> int:
 
 def hybrid_lora_vllm(rank: int, world_size: int) -> dict[str, Any]:
     spec = dataclasses.replace(role_spec(lr=2e-2, grad_clip=1.0, rollout="vllm",
-                                         rollout_options={"rollout_dtype": "fp32", "kv_cache_gib": 1}),
+                                         rollout_options={"rollout_dtype": "fp32", "kv_cache_gib": 1,
+                                                          "lora_versions": 2}),
                                lora=ADAPTERS)
     engine = build_engine(spec, layout(dp=1), context(rank, world_size))
     batch = rollout_batch(8, seed=3)
