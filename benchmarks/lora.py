@@ -59,19 +59,20 @@ def predicted_step_ratio(d_in: int, rank: int = RANK, alpha: float = ALPHA) -> f
     return alpha / math.sqrt(3 * rank * d_in)
 
 
-def learning(variants: list[str], seeds: int, steps: int, model: Path, out: Path) -> dict[str, list[dict[str, float]]]:
+def learning(variants: list[str], seeds: range, steps: int, model: Path, out: Path
+             ) -> dict[str, list[dict[str, float]]]:
     """Reward rise and drift per seed of each variant (learning_spread's GRPO run, lr and lora varied)."""
     import learning_spread
 
     base_file, base_overrides = learning_spread.CURVE_RUNS["grpo"]
     overrides = [o for o in base_overrides if not o.startswith(("actor.lr=", "steps="))]
     results: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
-    for seed in range(seeds):  # seeds outermost: every variant sees the same stretch of machine load
+    for seed in seeds:  # seeds outermost: every variant sees the same stretch of machine load
         for name in variants:
             multiple, lora = VARIANTS[name]
             key = f"grpo_{name}"
-            learning_spread.CURVE_RUNS[key] = (base_file, [*overrides, f"steps={steps}",
-                                                           f"actor.lr={FULL_LR * multiple:g}", *([LORA] if lora else [])])
+            lr = f"actor.lr={FULL_LR * multiple:g}"
+            learning_spread.CURVE_RUNS[key] = (base_file, [*overrides, f"steps={steps}", lr, *([LORA] if lora else [])])
             shutil.rmtree(out / f"{key}_{seed}", ignore_errors=True)  # a rerun replaces the run
             row = spread_run(key, seed, model, out)
             row["drift"] = drift(model, out / f"{key}_{seed}" / "final")
@@ -90,8 +91,10 @@ def drift(start: Path, end: Path) -> float:
                            if name.endswith("proj.weight"))
 
 
-def _engine_measures(model: str, lora: bool, update: bool, queue: Any) -> None:
-    """The torch actor engine alone (fresh process): one update's Adam state and step sizes, counts, sync bytes."""
+def _engine_measures(model: str, lora: bool, what: str, queue: Any) -> None:
+    """The torch actor engine alone (fresh process). ``what``: ``memory`` (one update: Adam state bytes, the
+    update's peak RSS, then counts and sync bytes), ``steps`` (one update's |dW| per linear layer: a snapshot of
+    the weights would blur the memory measure, so it runs apart) or ``sync`` (counts and sync bytes only)."""
     from hybridflow.graph import Op
     from hybridflow.runtime import default_plan
     from hybridflow.runtime.batch import Batch
@@ -103,33 +106,36 @@ def _engine_measures(model: str, lora: bool, update: bool, queue: Any) -> None:
                          [f"actor.lr={FULL_LR}", "actor.mini_batches=1", "progress=false", *([LORA] if lora else [])])
     graph = build_graph(config)
     plan = default_plan(graph, num_gpus=1)
-    worker = GroupWorker(group=0, rank=0, world_size=1, device="cpu", specs=[role_specs(config, graph, model)["actor"]],
-                         layouts=[plan.layout("actor")])
+    worker = GroupWorker(group=0, rank=0, world_size=1, device="cpu",
+                         specs=[role_specs(config, graph, model)["actor"]], layouts=[plan.layout("actor")])
     worker.setup()
-    engine = worker.engines["actor"]
+    engine, nodes = worker.engines["actor"], {node.op: node for node in graph.nodes}
     found: dict[str, Any] = {}
-    reset_peak_rss()  # from here: the update's own peak (the model load's transient copies are behind us)
-    found["loaded_rss_mib"] = rss_mib("VmRSS")
-    if update:
-        before = {name: tensor.clone() for name, tensor in engine.iter_full_weights()}
-        one_update(worker, {node.op: node for node in graph.nodes}, Op, Batch)
-        found.update(optimizer_bytes(engine.optimizer))
+    if what == "steps":
+        before = {name: tensor.clone() for name, tensor in engine.iter_full_weights() if name.endswith("proj.weight")}
+        one_update(worker, nodes, Op, Batch)
         steps: dict[str, list[float]] = {}
         for name, tensor in engine.iter_full_weights():
-            if name.endswith("proj.weight"):  # (d_out, d_in)
+            if name in before:  # (d_out, d_in)
                 module = name.split(".")[-2]
                 steps.setdefault(module, [tensor.shape[1]]).append(float((tensor - before[name]).norm()))
-        found["steps"] = {module: [values[0], statistics.mean(values[1:])] for module, values in steps.items()}
-    found["update_peak_rss_mib"] = rss_mib("VmHWM")
+        queue.put({"steps": {module: [values[0], statistics.mean(values[1:])] for module, values in steps.items()}})
+        worker.close()
+        return
+    if what == "memory":
+        reset_peak_rss()  # from here: the update's own peak (the model load's transient copies are behind us)
+        found["loaded_rss_mib"] = rss_mib("VmRSS")
+        one_update(worker, nodes, Op, Batch)
+        found["update_peak_rss_mib"] = rss_mib("VmHWM")
+        found.update(optimizer_bytes(engine.optimizer))
     params = {id(p): p for p in engine.model.parameters()}.values()
     tied = set(engine.tied_weights())  # a tied copy (lm_head = embeddings) travels as a name, not as bytes
     named_full = [(n, t.numel() * t.element_size()) for n, t in engine.iter_full_weights() if n not in tied]
+    adapter = sum(t.numel() * t.element_size() for _, t in engine.iter_adapter_weights()) if lora else 0
     found.update(trainable=sum(p.numel() for p in params if p.requires_grad),
                  frozen=sum(p.numel() for p in params if not p.requires_grad),
-                 full_bytes=sum(size for _, size in named_full),
-                 embedding_bytes=sum(size for n, size in named_full if "embed" in n or "lm_head" in n),
-                 adapter_bytes=sum(t.numel() * t.element_size() for _, t in engine.iter_adapter_weights()) if lora else 0,
-                 peak_rss_mib=rss_mib("VmHWM"))
+                 full_bytes=sum(size for _, size in named_full), adapter_bytes=adapter,
+                 embedding_bytes=sum(size for n, size in named_full if "embed" in n or "lm_head" in n))
     worker.close()
     queue.put(found)
 
@@ -154,8 +160,9 @@ def one_update(worker: Any, nodes: dict[Any, Any], op: Any, batch_type: Any) -> 
     rows = batch_type({"prompts": prompts, "prompt_mask": torch.ones_like(prompts), "responses": responses,
                        "response_mask": torch.ones_like(responses)})
     old = worker.run(nodes[op.LOGPROB], rows).outputs["old_logprobs"]
-    worker.run(nodes[op.UPDATE], rows.union(batch_type({"old_logprobs": old, "ref_logprobs": old, "loss_mask": rows["response_mask"],
-                                            "advantages": torch.randn(old.shape, generator=gen)})))
+    fields = {"old_logprobs": old, "ref_logprobs": old, "loss_mask": rows["response_mask"],
+              "advantages": torch.randn(old.shape, generator=gen)}
+    worker.run(nodes[op.UPDATE], rows.union(batch_type(fields)))
 
 
 def optimizer_bytes(optimizer: torch.optim.Optimizer) -> dict[str, int]:
@@ -169,13 +176,12 @@ def optimizer_bytes(optimizer: torch.optim.Optimizer) -> dict[str, int]:
             "optimized": sum(p.numel() for group in optimizer.param_groups for p in group["params"])}
 
 
-def engine_measures(model: Path, variants: tuple[str, ...] = ("full", "lora"), *, update: bool = True
-                    ) -> dict[str, dict[str, Any]]:
+def engine_measures(model: Path, what: str, variants: tuple[str, ...] = ("full", "lora")) -> dict[str, dict[str, Any]]:
     context = multiprocessing.get_context("spawn")  # a fresh process each: peak RSS is the variant's own
     found = {}
     for name in variants:
         queue = context.Queue()
-        process = context.Process(target=_engine_measures, args=(str(model), name == "lora", update, queue))
+        process = context.Process(target=_engine_measures, args=(str(model), name == "lora", what, queue))
         process.start()
         found[name] = queue.get(timeout=900)
         process.join()
@@ -211,11 +217,10 @@ def planner_params(model: str | Path) -> tuple[int, int]:
 def report_memory(label: str, measured: dict[str, dict[str, Any]]) -> dict[str, float]:
     full, lora = measured["full"], measured["lora"]
     print(f"## memory, {label} (torch actor, AdamW, one update)\n| variant | trainable | frozen | Adam moment bytes | "
-          "8 x trainable | RSS after load MiB | update peak RSS MiB | process peak RSS MiB |\n|---|---|---|---|---|---|---|---|")
+          "8 x trainable | RSS after load MiB | update peak RSS MiB |\n|---|---|---|---|---|---|---|")
     for name, row in measured.items():
         print(f"| {name} | {row['trainable']:,} | {row['frozen']:,} | {row['moment_bytes']:,} | "
-              f"{8 * row['trainable']:,} | {row['loaded_rss_mib']:.0f} | {row['update_peak_rss_mib']:.0f} | "
-              f"{row['peak_rss_mib']:.0f} |")
+              f"{8 * row['trainable']:,} | {row['loaded_rss_mib']:.0f} | {row['update_peak_rss_mib']:.0f} |")
         assert row["moment_bytes"] == 8 * row["optimized"] == 8 * row["trainable"], row  # fp32 exp_avg + exp_avg_sq
     assert lora["frozen"] == full["trainable"]  # frozen = every base weight
     states = 8 * lora["frozen"] - lora["moment_bytes"]
@@ -230,7 +235,8 @@ def report_memory(label: str, measured: dict[str, dict[str, Any]]) -> dict[str, 
 
 def report_steps(label: str, measured: dict[str, dict[str, Any]]) -> dict[str, list[float]]:
     print(f"## update size, {label}: LoRA |dW| / full FT |dW| after one Adam step at the same lr\n"
-          "| module | d_in | measured | predicted alpha/sqrt(3 r d_in) | lr multiple matching full FT |\n|---|---|---|---|---|")
+          "| module | d_in | measured | predicted alpha/sqrt(3 r d_in) | lr multiple matching full FT |\n"
+          "|---|---|---|---|---|")
     rows = {}
     for module, (d_in, full_step) in measured["full"]["steps"].items():
         ratio = measured["lora"]["steps"][module][1] / full_step
@@ -271,6 +277,7 @@ def report_learning(runs: dict[str, list[dict[str, float]]]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + seeds - 1")
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"learning variants, of {list(VARIANTS)}")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench_lora")
@@ -283,15 +290,18 @@ def main() -> None:
     if not args.skip_measures:
         wide, qwen = random_model(args.out, "wide_31m", WIDE), random_model(args.out, "qwen2.5-0.5b_shape", QWEN05)
         for label, path in (("tiny (hidden 128)", model), ("31M (hidden 512)", wide)):
-            measured = engine_measures(path)
-            results[label] = {"memory": report_memory(label, measured), "steps": report_steps(label, measured),
+            measured = engine_measures(path, "memory")
+            results[label] = {"memory": report_memory(label, measured),
+                              "steps": report_steps(label, engine_measures(path, "steps")),
                               "sync": report_sync(label, path, measured["lora"])}
-        results["qwen2.5-0.5b shape"] = {"sync": report_sync("Qwen2.5-0.5B shape (random init)", qwen, engine_measures(
-            qwen, ("lora",), update=False)["lora"])}
+        qwen_sync = engine_measures(qwen, "sync", ("lora",))["lora"]
+        results["qwen2.5-0.5b shape"] = {"sync": report_sync("Qwen2.5-0.5B shape (random init)", qwen, qwen_sync)}
         planned, params = planner_params("llama3-8b")
-        print(f"planner, Llama-3-8B rank 16 all-linear: {planned:,} adapter weights / {params:,} = {planned / params:.2%}")
+        print(f"planner, Llama-3-8B rank 16 all-linear: {planned:,} adapter weights / {params:,} = "
+              f"{planned / params:.2%}")
     if not args.skip_learning:
-        results["learning"] = learning(args.variants.split(","), args.seeds, args.steps, model, args.out)
+        results["learning"] = learning(args.variants.split(","), range(args.first_seed, args.first_seed + args.seeds),
+                                       args.steps, model, args.out)
         report_learning(results["learning"])
     (args.out / "lora.json").write_text(json.dumps(results, indent=2))
 
