@@ -258,14 +258,17 @@ def report_sync(label: str, model: Path, lora: dict[str, Any]) -> dict[str, floa
 
 def report_learning(runs: dict[str, list[dict[str, float]]]) -> None:
     rises = {name: [row["rise"] for row in rows] for name, rows in runs.items()}
-    mean_full, std_full = statistics.mean(rises["full"]), statistics.stdev(rises["full"])
+    spread = {name: statistics.stdev(values) if len(values) > 1 else math.nan for name, values in rises.items()}
     print("## learning (GRPO, reverse)\n| variant | lr | rise per seed | mean | std | drift | s per run |\n"
           "|---|---|---|---|---|---|---|")
     for name, rows in runs.items():
         print(f"| {name} | {FULL_LR * VARIANTS[name][0]:g} | {', '.join(f'{r:+.3f}' for r in rises[name])} | "
-              f"{statistics.mean(rises[name]):+.3f} | {statistics.stdev(rises[name]):.3f} | "
+              f"{statistics.mean(rises[name]):+.3f} | {spread[name]:.3f} | "
               f"{statistics.mean(row['drift'] for row in rows):.3f} | "
               f"{statistics.mean(row['seconds'] for row in rows):.0f} |")
+    if "full" not in runs or len(rises["full"]) < 2:
+        return  # no seed spread of full fine-tuning to compare with (a partial run: --first-seed, one seed)
+    mean_full, std_full = statistics.mean(rises["full"]), spread["full"]
     for name in runs:
         if VARIANTS[name][1]:
             mean = statistics.mean(rises[name])
