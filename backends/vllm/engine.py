@@ -19,6 +19,7 @@ from hybridflow.planner import LayoutSupport, RoleLayout
 from hybridflow.planner.adapters import SYNC_MODES, adapter_sync_refusal
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.protocols import (
+    AdapterSpec,
     Engine,
     GenerateBatch,
     RoleSpec,
@@ -43,7 +44,8 @@ class VllmOptions:
     A LoRA policy (``RoleSpec.lora``): ``lora_sync`` ``adapter`` sends only the adapter per update (vLLM's
     ``enable_lora``, the base loaded once), ``merged`` the merged whole weights; unset, the adapter when vLLM can
     take it (:func:`~hybridflow.planner.adapters.adapter_sync_refusal`), else merged; the planner costs the
-    same. ``lora_versions``: adapter versions kept loaded (vLLM's ``max_loras``), k+1 for a staleness bound k.
+    same. ``lora_versions``: adapter versions kept loaded (vLLM's ``max_loras``); unset, the role's
+    ``policy_versions`` (k+1 for the run's staleness bound k, from the execution mode), and never fewer.
     """
 
     rollout_dtype: str | None = None
@@ -52,7 +54,7 @@ class VllmOptions:
     gpu_memory_utilization: float = 0.5
     sleep_level: int = 0
     lora_sync: str | None = None
-    lora_versions: int = 2
+    lora_versions: int | None = None
     engine_args: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -63,30 +65,49 @@ class VllmOptions:
         if parsed.lora_sync is not None and parsed.lora_sync not in SYNC_MODES:
             raise ValueError(f"role {role!r}: vllm option lora_sync={parsed.lora_sync!r} must be one of "
                              f"{list(SYNC_MODES)} or unset")
-        if isinstance(parsed.lora_versions, bool) or not isinstance(parsed.lora_versions, int) \
-                or parsed.lora_versions < 1:
+        if parsed.lora_versions is not None and (isinstance(parsed.lora_versions, bool) or not isinstance(
+                parsed.lora_versions, int) or parsed.lora_versions < 1):
             raise ValueError(f"role {role!r}: vllm option lora_versions={parsed.lora_versions!r} must be an integer "
-                             ">= 1 (k+1 for a staleness bound k)")
+                             ">= 1 (k+1 for a staleness bound k) or unset (the run's k+1)")
         return parsed
+
+    def adapter_versions(self, spec: RoleSpec) -> int:
+        """Adapter versions to keep loaded: ``lora_versions``, else ``spec.policy_versions`` (k+1); a value below
+        k+1 is refused (an in-flight trajectory would lose the adapter it started with)."""
+        if self.lora_versions is None:
+            return spec.policy_versions
+        if self.lora_versions < spec.policy_versions:
+            raise ValueError(f"role {spec.name!r}: rollout_options.lora_versions={self.lora_versions} keeps fewer "
+                             f"adapter versions than may be generating at once ({spec.policy_versions}: the run's "
+                             f"staleness bound k={spec.policy_versions - 1}, plus one); set lora_versions >= "
+                             f"{spec.policy_versions} or leave it unset")
+        return self.lora_versions
 
     def adapter_sync(self, spec: RoleSpec, trainer: Any) -> bool:
         """Whether ``trainer``'s updates reach vLLM as adapters alone; raises when ``lora_sync: adapter`` asks
         for what vLLM cannot take, and falls back to merged weights (logged) when unset."""
-        if spec.lora is None or not getattr(trainer, "has_adapters", False):
+        has_adapters = spec.lora is not None and getattr(trainer, "has_adapters", False)
+        return self.takes_adapter(spec.name, spec.lora if has_adapters else None)
+
+    def takes_adapter(self, role: str, lora: AdapterSpec | None) -> bool:
+        """Whether the updates of a policy training ``lora`` (None: none) reach this vLLM engine as the adapter
+        alone, by :meth:`adapter_sync`'s rule (``role``: the policy, or its detached rollout)."""
+        policy = role.split(":", 1)[0]
+        if lora is None:
             if self.lora_sync == "adapter":
-                raise ValueError(f"role {spec.name!r}: rollout_options.lora_sync=adapter, but the role trains no "
-                                 f"LoRA adapters (set roles.{spec.name}.lora or drop lora_sync)")
+                raise ValueError(f"role {role!r}: rollout_options.lora_sync=adapter, but the role trains no "
+                                 f"LoRA adapters (set roles.{policy}.lora or drop lora_sync)")
             return False
         if self.lora_sync == "merged":
             return False
-        refusal = adapter_sync_refusal(role=spec.name, init=spec.lora.init, target_modules=spec.lora.target_modules,
+        refusal = adapter_sync_refusal(role=policy, init=lora.init, target_modules=lora.target_modules,
                                        sleep_level=self.sleep_level)
         if refusal is None:
             return True
         if self.lora_sync == "adapter":
-            raise ValueError(f"role {spec.name!r}: rollout_options.lora_sync=adapter is impossible: {refusal}; set "
+            raise ValueError(f"role {role!r}: rollout_options.lora_sync=adapter is impossible: {refusal}; set "
                              "lora_sync: merged (the merged weights travel in full)")
-        logger.warning("role %r: LoRA updates reach vLLM as merged whole weights: %s", spec.name, refusal)
+        logger.warning("role %r: LoRA updates reach vLLM as merged whole weights: %s", role, refusal)
         return False
 
     def rollout_config(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext,
@@ -95,7 +116,8 @@ class VllmOptions:
                              tensor_parallel_size=layout.rollout_tp, seed=spec.seed + context.rank,
                              device=context.device, max_model_len=self.max_model_len,
                              kv_cache_gib=self.kv_cache_gib, gpu_memory_utilization=self.gpu_memory_utilization,
-                             lora_rank=lora_rank, lora_versions=self.lora_versions,
+                             lora_rank=lora_rank,
+                             lora_versions=self.adapter_versions(spec) if lora_rank is not None else 1,
                              engine_args=self.bounded_args(layout))
 
     def bounded_args(self, layout: RoleLayout) -> dict[str, Any]:
@@ -166,6 +188,11 @@ class VllmRoleEngine:
         self.last_sync = self.rollout.load_adapter(named, config)
 
     @property
+    def takes_adapters(self) -> bool:
+        """Whether the engine was started with LoRA (it then takes :meth:`load_adapter`, else whole weights)."""
+        return self.rollout.adapters is not None
+
+    @property
     def needs_weights(self) -> bool:
         """True after a level-2 sleep, which discarded the weights."""
         return self.rollout.needs_weights
@@ -199,7 +226,9 @@ class VllmBackend:
 class VllmRolloutFactory:
     """The ``vllm`` rollout, configured by ``RoleSpec.rollout_options`` (:class:`VllmOptions`).
 
-    Standalone: a frozen policy with ``rollout: vllm`` (a policy's detached rollout) is a vLLM engine alone.
+    Standalone: a frozen policy with ``rollout: vllm`` (a policy's detached rollout) is a vLLM engine alone;
+    the rollout of a LoRA policy (``RoleSpec.serves_adapter``) takes the adapter alone by the same rule
+    (:meth:`VllmOptions.takes_adapter`), the controller shipping it instead of the merged weights.
     A trainable policy's trainer is wrapped in a :class:`HybridEngine` generating on a vLLM engine in the
     same process, weights handed over in place in the engine's dtype; a LoRA policy's, its adapter alone
     (:meth:`VllmOptions.adapter_sync`).
@@ -213,7 +242,9 @@ class VllmRolloutFactory:
               trainer: Engine | None) -> Engine:
         options = VllmOptions.parse(spec.rollout_options, spec.name)
         if trainer is None:
-            return VllmRoleEngine(spec, layout, context, options)
+            adapter = spec.serves_adapter
+            lora_rank = adapter.rank if adapter is not None and options.takes_adapter(spec.name, adapter) else None
+            return VllmRoleEngine(spec, layout, context, options, lora_rank=lora_rank)
         if spec.kind is not RoleKind.POLICY:
             raise ValueError(f"role {spec.name!r} is a {spec.kind.value}: rollout: vllm applies to policies (a "
                              "trainable one generates through a hybrid engine, a frozen one is served by vLLM)")

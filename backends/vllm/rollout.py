@@ -49,7 +49,7 @@ class RolloutConfig:
     kv_cache_gib: int = 1  # CPU only: VLLM_CPU_KVCACHE_SPACE
     gpu_memory_utilization: float = 0.5
     lora_rank: int | None = None  # LoRA adapters synced alone: vLLM's enable_lora with this rank
-    lora_versions: int = 2  # adapter versions kept loaded (vLLM's max_loras): k+1 for a staleness bound k
+    lora_versions: int = 1  # adapter versions kept loaded (vLLM's max_loras): k+1 for a staleness bound k
     engine_args: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -16,6 +16,8 @@ from hybridflow.runtime.engines import rollout_factory
 from hybridflow.runtime.executor import WorkerGroup
 from hybridflow.runtime.protocols import (
     OP_CAPABILITIES,
+    AdapterModel,
+    AdapterSink,
     RoleSpec,
     Scorer,
     TurnGenerator,
@@ -96,13 +98,28 @@ def check_streaming(graph: Graph, mode: ExecutionMode) -> bool:
     return mode.stream_chunks > 1
 
 
-def check_capabilities(graph: Graph, plan: Plan, groups: list[WorkerGroup]) -> None:
-    """Every engine can do what its role's nodes ask of it (and a detached rollout's weights can travel)."""
+def held_capabilities(groups: list[WorkerGroup]) -> dict[str, set[str]]:
+    """Per role, the capability protocols every rank's engine of it satisfies (``protocols.capabilities_of``)."""
     held: dict[str, set[str]] = {}
     for group in groups:
         for rank in group.capabilities():
             for role, names in rank.items():
                 held[role] = held.get(role, set(names)) & set(names)  # what every rank of the role has
+    return held
+
+
+def adapter_shipping(plan: Plan, held: dict[str, set[str]]) -> dict[str, bool]:
+    """Per policy with a detached rollout: whether its updates travel as the LoRA adapter alone (the trainer has
+    adapters and every rollout rank takes them), else as whole (merged) weights."""
+    return {policy: AdapterModel.__name__ in held.get(policy, set())
+            and AdapterSink.__name__ in held.get(rollout, set())
+            for policy, rollout in plan.detached_rollouts.items()}
+
+
+def check_capabilities(graph: Graph, plan: Plan, groups: list[WorkerGroup]) -> dict[str, set[str]]:
+    """Every engine can do what its role's nodes ask of it (and a detached rollout's weights can travel); returns
+    what each role holds (:func:`held_capabilities`)."""
+    held = held_capabilities(groups)
     needs: list[tuple[str, str, type]] = [(plan.runs_on(str(node.role), generates=node.op is Op.GENERATE),
                                            node.op.value, OP_CAPABILITIES[node.op])
                                           for node in graph.nodes if node.op in OP_CAPABILITIES
@@ -117,3 +134,4 @@ def check_capabilities(graph: Graph, plan: Plan, groups: list[WorkerGroup]) -> N
                             f"capability (runtime/protocols.py), but its backend built one with "
                             f"{sorted(held.get(role, set()))}; implement {capability.__name__} or choose "
                             "another backend")
+    return held

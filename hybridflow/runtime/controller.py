@@ -8,7 +8,8 @@ reference log-probs on a GPU group.
 When the plan gives a policy's rollout GPUs of its own (``actor:rollout``), the policy's generate nodes
 run there and the controller ships the trainer's weights to it: once at start, after each update of
 the policy (within the same step, so the next rollout samples the new policy) and after a checkpoint
-load. Each shipment's seconds and bytes are step metrics (``actor/weight_sync/...``), beside the plan's
+load. A LoRA policy whose rollout takes adapters (vLLM) ships the adapter alone, the base loaded there once.
+Each shipment's seconds and bytes are step metrics (``actor/weight_sync/...``), beside the plan's
 estimate (``weight_sync/planned_bytes``, ``weight_sync/planned_seconds``). A checkpoint of an overlapped
 mode also holds the rollout's work for later steps (:mod:`.rollout_state`), so a resumed run continues as
 the uninterrupted one.
@@ -21,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from types import TracebackType
@@ -32,7 +33,13 @@ from hybridflow.planner import Plan
 from hybridflow.planner.execution import ExecutionMode
 from hybridflow.registry import COMPUTE_FNS
 from hybridflow.runtime.batch import Batch
-from hybridflow.runtime.checks import check_capabilities, check_layouts, check_placement, check_streaming
+from hybridflow.runtime.checks import (
+    adapter_shipping,
+    check_capabilities,
+    check_layouts,
+    check_placement,
+    check_streaming,
+)
 from hybridflow.runtime.dispatch import DriverTarget, GroupTarget, Outcome, Served, Target, timed
 from hybridflow.runtime.errors import RuntimeStepError
 from hybridflow.runtime.executor import Executor, LocalExecutor, WorkerGroup
@@ -83,7 +90,9 @@ class Controller:
         check_placement(graph, plan, self.driver_roles)
         overlapped = check_pipeline(self.mode, graph, plan)
         check_streaming(graph, self.mode)
-        specs = with_rollout_specs(plan, specs)
+        # k+1 policy versions may be generating at once (a rollout keeping adapter versions keeps that many).
+        specs = {name: replace(spec, policy_versions=self.mode.k + 1)
+                 for name, spec in with_rollout_specs(plan, specs).items()}
         check_layouts(graph, plan, specs)  # before any engine loads a model
         self.executor = executor or LocalExecutor()
         if self.mode.overlapped and not self.executor.runs_overlapped:
@@ -95,7 +104,7 @@ class Controller:
         self.ledger = StepLedger(len(self.groups))
         self.node_states = _node_states(graph)
         try:
-            check_capabilities(graph, plan, self.groups)
+            self._adapter_shipping = adapter_shipping(plan, check_capabilities(graph, plan, self.groups))
             self._targets = self._make_targets()
             # one_step_off is the rollouter one update ahead on whole batches (ExecutionMode.segment_budget).
             self._overlap = None if overlapped is None else Overlap(Rollouter(
@@ -216,7 +225,8 @@ class Controller:
         source, target = self.plan.group_index(policy), self.plan.group_index(rollout)
         assert source is not None and target is not None
         dtype = self.plan.layout(rollout).dtype
-        exported = self._dispatchers[source].submit(_timed_export, self.groups[source], policy, dtype)
+        exported = self._dispatchers[source].submit(_timed_export, self.groups[source], policy, dtype,
+                                                    self._adapter_shipping[policy])
         return self._dispatchers[target].submit(_import, self.groups[target], rollout, exported)
 
     def sync_rollouts(self) -> dict[str, WeightSyncStats]:
@@ -256,9 +266,9 @@ class Controller:
 NODE_STATES = "node_states.json"  # beside the roles' checkpoints: driver-side state (adaptive KL coefficients)
 
 
-def _timed_export(group: WorkerGroup, role: str, dtype: str) -> tuple[Any, float]:
+def _timed_export(group: WorkerGroup, role: str, dtype: str, adapter: bool) -> tuple[Any, float]:
     started = time.perf_counter()
-    return group.export_weights(role, dtype), started
+    return group.export_weights(role, dtype, adapter), started
 
 
 def _import(group: WorkerGroup, role: str, exported: Future[tuple[Any, float]]) -> WeightSyncStats:

@@ -56,9 +56,9 @@ class WorkerGroup(Protocol):
     def load_checkpoint(self, directory: str) -> None:
         ...
 
-    def export_weights(self, role: str, dtype: str) -> Any:
-        """``role``'s whole weights in ``dtype`` as an opaque handle another group's :meth:`import_weights`
-        accepts (the packed weights here; an object-store reference under Ray)."""
+    def export_weights(self, role: str, dtype: str, adapter: bool = False) -> Any:
+        """``role``'s whole weights in ``dtype`` (``adapter``: its LoRA adapter alone) as an opaque handle another
+        group's :meth:`import_weights` accepts (the packed weights here; an object-store reference under Ray)."""
         ...
 
     def import_weights(self, role: str, weights: Any) -> list[dict[str, float]]:
@@ -173,8 +173,8 @@ class LocalWorkerGroup:
     def load_checkpoint(self, directory: str) -> None:
         self._all(lambda worker: worker.load_checkpoint(directory))
 
-    def export_weights(self, role: str, dtype: str) -> Any:
-        return self._all(lambda worker: worker.export_weights(role, dtype))[0]
+    def export_weights(self, role: str, dtype: str, adapter: bool = False) -> Any:
+        return self._all(lambda worker: worker.export_weights(role, dtype, adapter))[0]
 
     def import_weights(self, role: str, weights: Any) -> list[dict[str, float]]:
         return self._all(lambda worker: worker.import_weights(role, weights))

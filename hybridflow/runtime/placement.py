@@ -53,9 +53,11 @@ def rollout_spec(trainer: RoleSpec, name: str, **changes: Any) -> RoleSpec:
 
     It keeps the policy's backend, options, ``rollout`` and ``rollout_options``: a standalone rollout factory
     (vLLM) then builds the role's engine by itself, any other generates on a frozen copy that the policy's
-    backend builds (:func:`hybridflow.runtime.engines.build_engine`).
+    backend builds (:func:`hybridflow.runtime.engines.build_engine`). A LoRA policy's rollout serves its adapter
+    (``serves_adapter``): the model is the adapter's base.
     """
     spec = RoleSpec(name=name, kind=RoleKind.FROZEN_POLICY, model=trainer.model, seed=trainer.seed,
                     backend=trainer.backend, options=trainer.options,
-                    rollout=trainer.rollout, rollout_options=trainer.rollout_options)
+                    rollout=trainer.rollout, rollout_options=trainer.rollout_options,
+                    serves_adapter=trainer.lora, policy_versions=trainer.policy_versions)
     return replace(spec, **changes)

@@ -127,7 +127,12 @@ class RoleSpec:
     ``lora``: train LoRA adapters over the frozen model (trainable policies only). ``shares_policy``: a frozen
     role that is that LoRA policy's base model (the same ``model``): where the plan puts both on one group,
     it runs on the policy's engine with adapters disabled and loads no model of its own (the planner's cue
-    to cost it as no weights).
+    to cost it as no weights). ``serves_adapter``: a detached rollout of a LoRA policy (set by
+    :func:`~hybridflow.runtime.placement.rollout_spec`): a rollout engine that takes adapters (vLLM) loads
+    ``model`` once as the base and each update as a new adapter version; any other takes the merged weights.
+    ``policy_versions``: how many versions of the policy's weights may be generating at once on this role's
+    rollout, the execution mode's staleness bound k plus one (the controller sets it from its mode); a rollout
+    that keeps versions loaded (vLLM's LoRA adapters) keeps at least this many.
     """
 
     name: str
@@ -141,6 +146,8 @@ class RoleSpec:
     rollout_options: Mapping[str, Any] = field(default_factory=dict)
     lora: AdapterSpec | None = None
     shares_policy: str | None = None
+    serves_adapter: AdapterSpec | None = None
+    policy_versions: int = 1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", RoleKind(self.kind))
@@ -149,6 +156,13 @@ class RoleSpec:
                              "trains adapters on a trainable policy only; remove it here")
         if self.shares_policy is not None and self.kind is not RoleKind.FROZEN_POLICY:
             raise ValueError(f"role {self.name!r} ({self.kind}): shares_policy is for a frozen policy (a reference)")
+        if self.serves_adapter is not None and self.kind is not RoleKind.FROZEN_POLICY:
+            raise ValueError(f"role {self.name!r} ({self.kind}): serves_adapter is for a frozen policy (a detached "
+                             "rollout of a LoRA policy); a trainable policy trains its own (lora)")
+        if isinstance(self.policy_versions, bool) or not isinstance(self.policy_versions, int) \
+                or self.policy_versions < 1:
+            raise ValueError(f"role {self.name!r}: policy_versions={self.policy_versions!r} must be an integer >= 1 "
+                             "(the staleness bound k plus one)")
         if self.kind.trainable and self.optim is None:
             object.__setattr__(self, "optim", OptimSpec())
         if not self.rollout:
@@ -264,7 +278,7 @@ class AdapterModel(Protocol):
     Its :class:`WeightSource` stream is the merged weights (base + scale * B @ A, HF names), so every whole-weight
     consumer works unchanged; these methods serve consumers that take adapters (peft format). Training engines
     have them whether or not they train adapters (``has_adapters`` says which; without adapters the two adapter
-    methods raise), so this protocol is not one of :data:`CAPABILITIES`.
+    methods raise), so :func:`capabilities_of` reports it only for an engine whose ``has_adapters`` is true.
     """
 
     has_adapters: bool
@@ -345,7 +359,13 @@ class WeightSink(Protocol):
 
 @runtime_checkable
 class AdapterSink(Protocol):
-    """A rollout engine that takes LoRA adapters over a base it loaded once (vLLM with ``enable_lora``)."""
+    """A rollout engine that takes LoRA adapters over a base it loaded once (vLLM with ``enable_lora``).
+
+    An engine class may have the method whether or not it was started to take adapters: ``takes_adapters`` says,
+    and :func:`capabilities_of` reports the protocol only when it is true.
+    """
+
+    takes_adapters: bool
 
     def load_adapter(self, named: Iterable[tuple[str, torch.Tensor]], config: Mapping[str, Any]) -> None:
         """A new adapter version: peft-named whole tensors (``adapter_model.safetensors``) and peft's
@@ -431,8 +451,14 @@ CAPABILITIES: tuple[type, ...] = (Engine, Generator, TurnGenerator, LogProbModel
 
 
 def capabilities_of(engine: object) -> frozenset[str]:
-    """The names of the capability protocols ``engine`` satisfies (what a worker reports for its roles)."""
-    return frozenset(cap.__name__ for cap in CAPABILITIES if isinstance(engine, cap))
+    """The names of the capability protocols ``engine`` satisfies (what a worker reports for its roles), with
+    :class:`AdapterModel` and :class:`AdapterSink` where the engine has adapters or takes them."""
+    names = {cap.__name__ for cap in CAPABILITIES if isinstance(engine, cap)}
+    if isinstance(engine, AdapterModel) and engine.has_adapters:
+        names.add(AdapterModel.__name__)
+    if isinstance(engine, AdapterSink) and engine.takes_adapters:
+        names.add(AdapterSink.__name__)
+    return frozenset(names)
 
 
 def parse_options(cls: type[T], options: Mapping[str, Any], *, role: str, owner: str) -> T:

@@ -3,7 +3,8 @@
 When a plan gives a policy's rollout GPUs of its own (``actor:rollout``), the controller ships the
 trainer's weights there after every update: every trainer rank drains :func:`full_weights` (FSDP and
 ZeRO-3 gather each parameter collectively), rank 0 packs them as numpy, and each rollout rank loads
-them into its engine. Under Ray the packed weights go from the trainer's node to the rollout's through
+them into its engine. A LoRA policy whose rollout takes adapters ships :func:`adapter_weights` alone
+(:class:`AdapterShipment`). Under Ray the packed weights go from the trainer's node to the rollout's through
 the object store without passing through the controller.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -27,6 +29,16 @@ StateWire = dict[str, tuple[str, np.ndarray]]
 Shipment = tuple[StateWire, dict[str, str]]
 """Weights on their way to another group: the packed tensors and ``{alias: name}`` for tied copies,
 which travel as a name rather than as bytes (the receiver points the alias at the tensor)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdapterShipment:
+    """A LoRA policy's adapter on its way to a rollout that takes adapters (:class:`~hybridflow.runtime.protocols.
+    AdapterSink`): the packed peft-named tensors and peft's ``adapter_config.json`` content. The base stays where
+    the rollout loaded it, so only these bytes travel."""
+
+    tensors: StateWire
+    config: dict[str, Any]
 
 
 def full_weights(engine: WeightSource, dtype: str) -> Iterator[tuple[str, torch.Tensor]]:

@@ -25,7 +25,15 @@ from hybridflow.runtime.batch import Batch, Wire
 from hybridflow.runtime.engines import build_engines
 from hybridflow.runtime.protocols import Collective, RoleSpec, SamplingParams, WorkerContext, capabilities_of
 from hybridflow.runtime.step_store import Join, RankStore
-from hybridflow.runtime.weights import Shipment, full_weights, state_from_wire, state_to_wire, wire_bytes
+from hybridflow.runtime.weights import (
+    AdapterShipment,
+    Shipment,
+    adapter_weights,
+    full_weights,
+    state_from_wire,
+    state_to_wire,
+    wire_bytes,
+)
 
 # The prompt's attention mask travels with ``prompts`` wherever they go (it is not a graph field).
 COMPANIONS = {"prompts": "prompt_mask"}
@@ -165,11 +173,18 @@ class GroupWorker:
             return rollout_role(role)
         return role
 
-    def export_weights(self, role: str, dtype: str) -> Shipment | None:
-        """``role``'s whole weights in ``dtype``: rank 0 returns them packed, the other ranks only take part
-        in the gathers (every rank of a sharded trainer must drain the stream together). A tied copy
-        (``lm_head`` = embeddings) travels as its name only."""
+    def export_weights(self, role: str, dtype: str, adapter: bool = False) -> Shipment | AdapterShipment | None:
+        """``role``'s whole weights in ``dtype`` (with ``adapter``, its LoRA adapter alone): rank 0 returns them
+        packed, the other ranks only take part in the gathers (every rank of a sharded trainer must drain the
+        stream together). A tied copy (``lm_head`` = embeddings) travels as its name only."""
         engine = self.engines[role]
+        if adapter:
+            tensors = adapter_weights(engine, dtype)
+            if self.rank == 0:
+                return AdapterShipment(tensors=state_to_wire(tensors), config=engine.adapter_config())
+            for _ in tensors:
+                pass
+            return None
         aliases = dict(engine.tied_weights())
         named = full_weights(engine, dtype)
         if self.rank == 0:
@@ -178,15 +193,23 @@ class GroupWorker:
             pass
         return None
 
-    def export_weights_parts(self, role: str, dtype: str) -> tuple[int, Shipment | None]:
+    def export_weights_parts(self, role: str, dtype: str, adapter: bool = False
+                             ) -> tuple[int, Shipment | AdapterShipment | None]:
         """:meth:`export_weights` as (tensor count, weights): Ray returns the two as separate objects, so the
         controller can wait on the small one while the weights travel straight to the receivers."""
-        shipment = self.export_weights(role, dtype)
+        shipment = self.export_weights(role, dtype, adapter)
+        if isinstance(shipment, AdapterShipment):
+            return len(shipment.tensors), shipment
         return (len(shipment[0]) if shipment is not None else 0), shipment
 
-    def import_weights(self, role: str, shipment: Shipment) -> dict[str, float]:
-        """Load weights another group exported into ``role``'s engine; returns what arrived."""
+    def import_weights(self, role: str, shipment: Shipment | AdapterShipment) -> dict[str, float]:
+        """Load weights another group exported into ``role``'s engine (an adapter as its next version); returns
+        what arrived."""
         start = time.perf_counter()
+        if isinstance(shipment, AdapterShipment):
+            self.engines[role].load_adapter(state_from_wire(shipment.tensors).items(), shipment.config)
+            return {"bytes": float(wire_bytes(shipment.tensors)), "tensors": float(len(shipment.tensors)),
+                    "seconds": time.perf_counter() - start}
         wire, aliases = shipment
         state = state_from_wire(wire)
         state.update({alias: state[name] for alias, name in aliases.items()})

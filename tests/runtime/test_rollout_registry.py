@@ -19,7 +19,7 @@ from hybridflow.graph import Graph, load_graph
 from hybridflow.planner import GroupPlan, Plan, RoleLayout
 from hybridflow.registry import ROLLOUTS, Registry, RegistryError
 from hybridflow.runtime import Batch, Controller, OptimSpec, RoleSpec, default_plan
-from hybridflow.runtime.protocols import Engine, SamplingParams, WorkerContext, parse_options
+from hybridflow.runtime.protocols import AdapterSpec, Engine, SamplingParams, WorkerContext, parse_options
 
 TOKENIZER = char_tokenizer()
 LOADER = PromptLoader(records=task_examples("reverse", 64), tokenizer=TOKENIZER, batch_size=4)
@@ -79,9 +79,34 @@ class LoopRollout:
         self.closed = True
 
 
+class AdapterLoopRollout(LoopRollout):
+    """A :class:`LoopRollout` that takes a LoRA policy's adapters over the base it loaded once (an ``AdapterSink``,
+    as vLLM with ``enable_lora``): each version is merged here, ``W + (alpha / r) B A``, onto that base."""
+
+    takes_adapters = True
+
+    def __init__(self, spec: RoleSpec, context: WorkerContext, options: LoopOptions) -> None:
+        super().__init__(spec, context, options)
+        self.base = {name: tensor.clone() for name, tensor in self.model.state_dict().items()}
+        self.policy_versions, self.adapters = spec.policy_versions, []  # (tensor names, config) per version
+
+    def load_adapter(self, named: Iterable[tuple[str, torch.Tensor]], config: dict[str, Any]) -> None:
+        tensors = dict(named)
+        self.adapters.append((sorted(tensors), config))
+        scale = config["lora_alpha"] / config["r"]
+        merged = dict(self.base)
+        for name, lora_a in tensors.items():
+            if ".lora_A." in name:
+                module = name.removeprefix("base_model.model.").split(".lora_A.")[0]
+                lora_b = tensors[name.replace(".lora_A.", ".lora_B.")]
+                merged[module + ".weight"] = self.base[module + ".weight"] + scale * lora_b @ lora_a
+        self.model.load_state_dict(merged)
+
+
 class LoopRolloutFactory:
-    """Standalone (a detached rollout is this engine alone); colocated, the trainer's weights reach it before
-    the first generation (it loads its own copy, which need not match the trainer's)."""
+    """Standalone (a detached rollout is this engine alone, taking adapters when its policy trains them);
+    colocated, the trainer's weights reach it before the first generation (it loads its own copy, which need
+    not match the trainer's)."""
 
     standalone = True
 
@@ -89,8 +114,9 @@ class LoopRolloutFactory:
               trainer: Engine | None) -> Engine:
         from hybridflow.backends.common.hybrid import HybridEngine
 
-        rollout = LoopRollout(spec, context, parse_options(LoopOptions, spec.rollout_options, role=spec.name,
-                                                           owner="loop rollout"))
+        engine = AdapterLoopRollout if trainer is None and spec.serves_adapter is not None else LoopRollout
+        rollout = engine(spec, context, parse_options(LoopOptions, spec.rollout_options, role=spec.name,
+                                                      owner="loop rollout"))
         if trainer is None:
             return rollout
         return HybridEngine(trainer, rollout, weight_dtype=layout.dtype, synced=False)
@@ -170,6 +196,47 @@ def test_a_detached_rollout_is_the_engine_alone_and_receives_every_update(random
             controller.step(LOADER.batch(step), step=step)
         assert rollout.generations == 2 and rollout.loads == 3  # shipped at start, then after each update
         assert _same_weights(rollout.model, trainer.model)
+
+
+def test_a_lora_policys_detached_rollout_takes_the_adapter_alone_and_generates_with_the_merged_policy(
+        random_model_dir: Path):
+    graph = _graph()
+    specs = {"actor": RoleSpec(name="actor", kind="policy", model=str(random_model_dir), optim=OptimSpec(lr=1e-2),
+                               rollout=NAME, lora=AdapterSpec(rank=4, alpha=8.0)),
+             "reference": RoleSpec(name="reference", kind="frozen_policy", model=str(random_model_dir))}
+    plan = Plan(algorithm="grpo", groups=(_group((0,), ["actor"]), _group((1,), ["actor:rollout", "reference"])),
+                driver_roles=("reward",), weight_sync_bytes=4321, weight_sync_seconds=0.5)
+    scorer = RuleScorer(TASKS.get("reverse").reward, TOKENIZER)
+    with Controller(graph, plan, specs=specs, driver_roles={"reward": scorer}) as controller:
+        rollout, trainer = _engine(controller, 1, "actor:rollout"), _engine(controller, 0, "actor")
+        assert isinstance(rollout, AdapterLoopRollout) and rollout.policy_versions == 1  # sync: k = 0
+        for step in range(2):
+            result = controller.step(LOADER.batch(step), step=step)
+        adapter = dict(trainer.iter_adapter_weights())
+        merged = dict(trainer.iter_full_weights())
+        shipped = rollout.model.state_dict()
+    assert rollout.loads == 0 and len(rollout.adapters) == 3  # no whole weights: at start, then after each update
+    assert rollout.adapters[-1] == (sorted(adapter), trainer.adapter_config())
+    assert result.metrics["actor/weight_sync/bytes"] == sum(t.numel() * t.element_size() for t in adapter.values())
+    assert result.metrics["actor/weight_sync/tensors"] == len(adapter)
+    assert result.metrics["weight_sync/planned_bytes"] == 4321  # the plan's estimate, logged beside it
+    assert any(not torch.equal(merged[n], rollout.base[n]) for n in merged if n in rollout.base), "no update"
+    assert all(torch.allclose(shipped[name], merged[name], atol=1e-6) for name in shipped)
+
+
+def test_the_controller_gives_rollouts_k_plus_one_policy_versions(random_model_dir: Path):
+    from hybridflow.planner.execution import ExecutionMode
+
+    specs = {"actor": RoleSpec(name="actor", kind="policy", model=str(random_model_dir), optim=OptimSpec(lr=1e-2),
+                               rollout=NAME, lora=AdapterSpec(rank=4)),
+             "reference": RoleSpec(name="reference", kind="frozen_policy", model=str(random_model_dir))}
+    plan = Plan(algorithm="grpo", groups=(_group((0,), ["actor"]), _group((1,), ["actor:rollout", "reference"])),
+                driver_roles=("reward",))
+    scorer = RuleScorer(TASKS.get("reverse").reward, TOKENIZER)
+    for mode, versions in ((ExecutionMode(pipeline="one_step_off"), 2), (ExecutionMode(pipeline="async",
+                                                                                       max_staleness=2), 3)):
+        with Controller(_graph(), plan, specs=specs, driver_roles={"reward": scorer}, mode=mode) as controller:
+            assert _engine(controller, 1, "actor:rollout").policy_versions == versions
 
 
 def test_the_factory_checks_its_own_options(random_model_dir: Path):

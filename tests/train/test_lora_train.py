@@ -54,6 +54,9 @@ def test_bad_lora_keys_are_refused_by_name() -> None:
         load_config(CONFIG, ["roles.actor.lora.rnak=4"])
     with pytest.raises(ValueError, match=r"config key 'roles\.reference\.lora'"):
         _specs("roles.reference.lora={rank: 4}")
+    ppo = load_config(CONFIG.parent / "ppo_reverse.yaml", ["roles.critic.lora={rank: 4}"])
+    with pytest.raises(ValueError, match=r"config key 'roles\.critic\.lora'.*LoRA critics are not supported"):
+        role_specs(ppo, build_graph(ppo), "tiny-qwen2")
 
 
 def test_the_reference_runs_on_the_policys_engine_with_adapters_disabled(monkeypatch: pytest.MonkeyPatch) -> None:
