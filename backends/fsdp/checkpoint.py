@@ -40,9 +40,10 @@ def load(directory: str, model: torch.nn.Module, optimizer: torch.optim.Optimize
     from torch.distributed.checkpoint.api import CheckpointException
 
     state = _state(model, optimizer, frozen=frozen)
+    errors: tuple[type[BaseException], ...] = (CheckpointException, *LOAD_ERRORS)
     try:
         dcp.load(state, checkpoint_id=directory)
-    except (CheckpointException, *LOAD_ERRORS) as err:  # a shard or .metadata truncated, garbled or missing
+    except errors as err:  # a shard or .metadata truncated, garbled or missing
         raise unloadable(directory, err, backend="fsdp") from err
     set_model_state_dict(model, state["model"], options=StateDictOptions(strict=frozen))
     if optimizer is not None:
