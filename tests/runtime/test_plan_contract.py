@@ -48,11 +48,16 @@ def test_the_search_plans_only_what_the_backends_run() -> None:
     models = dict.fromkeys(ROLES, LLAMA)
     free = plan_placement(GRPO, models, WORK, cluster)  # a dry run told no backends: any layout
     assert any(lay.tp > 1 or lay.sharding is Sharding.SHARD_GRAD_OP for g in free.groups for lay in g.layouts)
-    fsdp = plan_placement(GRPO, models, WORK, cluster, options=PlannerOptions(support=_support("fsdp")))
-    for group in fsdp.groups:
-        for layout in group.layouts:
-            assert layout.tp == 1 and layout.rollout_tp == 1
-            assert BACKENDS.get("fsdp").support.problems(layout) == []
+    for backend in ("fsdp", "deepspeed"):
+        plan = plan_placement(GRPO, models, WORK, cluster, options=PlannerOptions(support=_support(backend)))
+        for group in plan.groups:
+            for layout in group.layouts:
+                assert BACKENDS.get(backend).support.problems(layout) == [], (backend, layout)
+                # The native rollout generates on the trained model: split as it is for training.
+                assert layout.rollout_tp == layout.tp
+        layouts = [lay for g in plan.groups for lay in g.layouts]
+        # FSDP declares tensor parallelism (FSDP2 x TP), DeepSpeed does not: placement auto plans it on FSDP only.
+        assert any(lay.tp > 1 for lay in layouts) is (backend == "fsdp"), layouts
     # Full replicas of an 8B model with Adam do not fit 80 GB: the torch backend's plan is refused by name.
     with pytest.raises(InfeasibleError, match=r"with the layouts backend 'torch' runs \(shardings \['NO_SHARD'\]"):
         plan_placement(GRPO, models, WORK, cluster, options=PlannerOptions(support=_support("torch")))
@@ -197,7 +202,7 @@ def test_plan_cli_takes_backends_and_stays_torch_free_without_them() -> None:
                           timeout=120)
     assert done.returncode == 0, done.stderr
     plan = Plan.from_json(done.stdout)
-    assert all(lay.tp == 1 for g in plan.groups for lay in g.layouts)
+    assert all(BACKENDS.get("fsdp").support.problems(lay) == [] for g in plan.groups for lay in g.layouts)
     bad = subprocess.run([*base, "--backend", "critic=torch"], capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "'critic' is not a GPU role" in bad.stderr
 
