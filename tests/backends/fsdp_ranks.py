@@ -112,6 +112,10 @@ def frozen_ops(rank: int, world_size: int) -> dict[str, Any]:
 
 
 def all_checks(rank: int, world_size: int, strategies: list[str]) -> dict[str, Any]:
-    """Every FSDP scenario in one spawn (process start-up and imports dominate on a small CPU)."""
+    """Every FSDP scenario in one spawn (process start-up and imports dominate on a small CPU), tensor parallelism
+    (tp = the two ranks) included."""
+    import tp_ranks
+
     return {"first_step": first_step(rank, world_size, strategies),
-            "train": train_resume_generate(rank, world_size)}
+            "train": train_resume_generate(rank, world_size),
+            "tp": tp_ranks.tp_checks(rank, world_size, world_size)}
