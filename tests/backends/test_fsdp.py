@@ -95,6 +95,15 @@ def test_lora_under_tensor_parallelism_is_refused_naming_tp(fsdp_results: list[d
     assert "set tp=1" in fsdp_results[0]["tp"]["lora_refusal"]
 
 
+@pytest.mark.slow
+def test_an_offloading_layout_is_reported_and_trains_alike_on_cpu(fsdp_results: list[dict[str, Any]]) -> None:
+    for result in (r["offload"] for r in fsdp_results):
+        executed = result["executed"]
+        assert executed["offload_params"] and executed["offload_grads"] and executed["offload_optimizer"]
+        assert executed["offload_policy"] == "OffloadPolicy"  # CPUOffloadPolicy needs an accelerator
+        assert result["losses"]["offloaded"] == result["losses"]["resident"]
+
+
 def test_a_tp_that_does_not_divide_the_group_or_the_heads_is_refused() -> None:
     from hybridflow.backends.fsdp import FsdpRoleEngine
     from hybridflow.backends.fsdp.tensor_parallel import check_divisible

@@ -230,3 +230,30 @@ def test_a_rollouts_tensor_parallelism_is_its_engines() -> None:
     with pytest.raises(ValueError, match=r"role 'actor:rollout' \(backend 'torch'\): rollout_tp=2 \(its rollout "
                                          r"engine runs rollout_tp <= 1\)"):
         check_layouts(graph, plan, specs("native"))
+
+
+def test_offload_reaches_the_layouts_and_the_search_keeps_to_what_the_backend_offloads() -> None:
+    from hybridflow.planner import Offload, RunSettings
+
+    cluster, models = Cluster.parse("4xA100-80G"), dict.fromkeys(ROLES, ModelSpec.preset("qwen2.5-0.5b"))
+    settings = RunSettings(offload={"actor": Offload(params=True, grads=True, optimizer=True)})
+    for backend in ("fsdp", "deepspeed"):
+        plan = plan_placement(GRPO, models, WORK, cluster, settings=settings,
+                              options=PlannerOptions(support=_support(backend)))
+        actor = plan.layout("actor")
+        assert actor.offloaded == {"params", "grads", "optimizer"} and plan.layout("reference").offloaded == set()
+        assert BACKENDS.get(backend).support.problems(actor) == []
+        if backend == "deepspeed" and actor.dp > 1:
+            assert actor.sharding in (Sharding.ZERO3, Sharding.FULL_SHARD)  # ZeRO offloads parameters at stage 3
+
+
+def test_the_run_config_offload_key_reaches_the_planner() -> None:
+    from hybridflow.planner import Offload
+    from hybridflow.train.placement import run_settings
+
+    config = load_config(None, ["roles={actor: {backend: fsdp, offload: [params, grads, optimizer]}, "
+                                "reference: {backend: deepspeed, options: {offload_optimizer: true}}}"])
+    assert dict(run_settings(config, GRPO).offload) == {
+        "actor": Offload(params=True, grads=True, optimizer=True), "reference": Offload(optimizer=True)}
+    with pytest.raises(ValueError, match=r"config key 'roles.\*.offload'=\['gpu'\]: give a list of params"):
+        load_config(None, ["roles={actor: {offload: [gpu]}}"])
