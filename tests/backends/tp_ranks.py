@@ -48,9 +48,11 @@ def tp_checks(rank: int, world_size: int, tp: int) -> dict[str, Any]:
 
     mask = rows["response_mask"]
     out: dict[str, Any] = {}
-    want = whole(RoleKind.FROZEN_POLICY).log_probs(batch, with_entropy=True)
-    for padding in (False, True):
-        got = split(RoleKind.FROZEN_POLICY, padding=padding).log_probs(rows, with_entropy=True)
+    reference = whole(RoleKind.FROZEN_POLICY)
+    want = reference.log_probs(batch, with_entropy=True)
+    frozen = {padding: split(RoleKind.FROZEN_POLICY, padding=padding) for padding in (False, True)}
+    for padding, engine in frozen.items():
+        got = engine.log_probs(rows, with_entropy=True)
         for name in ("logprobs", "entropy"):
             out[f"{name}_{'padded' if padding else 'packed'}"] = masked_gap(
                 got[name], want[name].chunk(dp)[rank // tp], mask)
@@ -59,7 +61,7 @@ def tp_checks(rank: int, world_size: int, tp: int) -> dict[str, Any]:
     out["scores"] = float((split(RoleKind.REWARD_MODEL).score(rows)["scores"]
                            - whole(RoleKind.REWARD_MODEL).score(batch)["scores"].chunk(dp)[rank // tp]).abs().max())
     out.update(_update_checks(split(RoleKind.POLICY), whole(RoleKind.POLICY), rows, batch, full_value))
-    out.update(_generation_checks(split, whole, rows))
+    out.update(_generation_checks(frozen[False], reference, rows))
     try:
         split(RoleKind.POLICY, spec=dataclasses.replace(role_spec(), lora=AdapterSpec(rank=4)))
         out["lora_refusal"] = ""
@@ -98,13 +100,12 @@ def _update_checks(engine: Any, reference: Any, rows: Batch, batch: Batch, full:
     return out
 
 
-def _generation_checks(split: Any, whole: Any, rows: Batch) -> dict[str, Any]:
-    """Greedy tokens against the unsharded model's, and a sampled rollout (peers must draw alike, or their
-    collectives would part)."""
+def _generation_checks(engine: Any, whole: Any, rows: Batch) -> dict[str, Any]:
+    """Greedy tokens against the unsharded model's (``whole``), and a sampled rollout (peers must draw alike, or
+    their collectives would part)."""
     prompts = rows.select(["prompts", "prompt_mask"])
-    engine = split(RoleKind.FROZEN_POLICY)
     greedy = engine.generate(prompts, SamplingParams(max_new_tokens=6, greedy=True))
-    reference = whole(RoleKind.FROZEN_POLICY).generate(prompts, SamplingParams(max_new_tokens=6, greedy=True))
+    reference = whole.generate(prompts, SamplingParams(max_new_tokens=6, greedy=True))
     sampled = engine.generate(prompts, SamplingParams(max_new_tokens=6, temperature=1.0, seed=3))
     return {"greedy_equal": bool(torch.equal(greedy["responses"], reference["responses"])),
             "sampled": sampled["responses"]}
