@@ -12,6 +12,7 @@ from hybridflow.backends.common import modeling, turns
 from hybridflow.backends.common.micro_batches import MicroBatching
 
 from hybridflow.agents.protocols import TurnRequest, TurnResult
+from hybridflow.planner.plan import OFFLOAD_PARTS
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.protocols import GenerateBatch, RoleSpec, SamplingParams, WorkerContext
 
@@ -46,6 +47,13 @@ class ForwardOps(MicroBatching):
     use_hf_generate: bool = False
     forward_max_tokens: int = 0  # the layout's token budget of a forward micro batch (0: rows)
     weights_version: int = 0  # the updates these weights have had (GradientSteps.train_step): what turns carry
+    offloaded: frozenset[str] = frozenset()  # the parts it keeps in host memory (RoleLayout.offloaded)
+    tensor_parallel: int = 1  # the layout's tp: consecutive ranks that split each layer and share their rows
+
+    @property
+    def data_parallel_rank(self) -> int:
+        """This rank's data-parallel shard: tensor-parallel peers sample alike (their forwards are collectives)."""
+        return self.context.rank // self.tensor_parallel
 
     @contextlib.contextmanager
     def whole_weights(self) -> Iterator[None]:
@@ -63,7 +71,9 @@ class ForwardOps(MicroBatching):
                 "forward_micro_batch_size": self.forward_batch_size, "rollout_batch_size": self.rollout_batch_size,
                 "padding": self.padding, "max_tokens_per_micro_batch": getattr(self, "max_tokens", 0),
                 "forward_max_tokens_per_micro_batch": self.forward_max_tokens,
-                "gradient_checkpointing": bool(getattr(self.model, "is_gradient_checkpointing", False))}
+                "gradient_checkpointing": bool(getattr(self.model, "is_gradient_checkpointing", False)),
+                "tp": self.tensor_parallel,
+                **{f"offload_{part}": part in self.offloaded for part in OFFLOAD_PARTS}}
 
     def generate(self, batch: Batch, sampling: SamplingParams) -> Batch:
         """Samples in waves of at most ``rollout_batch_size`` rows (the plan's bound on sequences in flight,
@@ -76,7 +86,7 @@ class ForwardOps(MicroBatching):
                 outputs.append(modeling.generate(
                     self.model, wave, max_new_tokens=sampling.max_new_tokens, greedy=sampling.greedy,
                     temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
-                    seed=sampling.rank_seed(self.context.rank) + index * WAVE_SEED_STRIDE,
+                    seed=sampling.rank_seed(self.data_parallel_rank) + index * WAVE_SEED_STRIDE,
                     use_hf_generate=self.use_hf_generate, logprobs=sampling.logprobs))
         if len(outputs) == 1:
             return Batch(outputs[0])

@@ -61,10 +61,14 @@ def non_finite(role: str, what: str = "loss on a rank") -> NonFiniteLossError:
 
 
 def clip_and_step(role: str, model: Any, optimizer: torch.optim.Optimizer, grad_clip: float, *, set_to_none: bool,
-                  whole: Callable[[torch.Tensor], torch.Tensor] = lambda norm: norm) -> dict[str, float]:
+                  whole: Callable[[torch.Tensor], torch.Tensor] = lambda norm: norm,
+                  clip: Callable[[list[torch.nn.Parameter], float], torch.Tensor] | None = None) -> dict[str, float]:
     """Clip the gradients to ``grad_clip`` and take the optimizer step; a non-finite norm zeroes the gradients and
-    raises instead. ``whole`` turns a sharded norm into the whole one (FSDP's DTensor)."""
-    grad_norm = whole(torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip))
+    raises instead. ``whole`` turns a sharded norm into the whole one (FSDP's DTensor); ``clip`` replaces
+    ``clip_grad_norm_`` (returning the norm before clipping), for parameters it cannot norm together."""
+    params = list(model.parameters())
+    norm = clip or torch.nn.utils.clip_grad_norm_
+    grad_norm = whole(norm(params, grad_clip))
     if not torch.isfinite(grad_norm):
         optimizer.zero_grad(set_to_none=set_to_none)
         raise non_finite(role, "gradient norm")
@@ -105,7 +109,7 @@ class GradientSteps(MicroBatching):
                     sums, finite = accumulate(mini, micro_batches=micros,
                                               forward=self.training_forward, loss=loss, options=options,
                                               backward=self.backward, norm=self.mini_batch_norm(mini) if
-                                              global_norm else None, ranks=self.context.world_size)
+                                              global_norm else None, ranks=self.data_parallel_ranks())
                     for key, value in {**sums, **self.optimizer_step(finite, optim)}.items():
                         totals[key] = totals.get(key, 0.0) + value
                     steps += 1
@@ -125,6 +129,10 @@ class GradientSteps(MicroBatching):
         local = loss_norm(mini[name])
         tokens, seqs = self.sum_over_ranks([local.tokens, local.seqs])
         return LossNorm(tokens=tokens, seqs=seqs, horizon=local.horizon)
+
+    def data_parallel_ranks(self) -> int:
+        """The ranks the gradient all-reduce averages over: the group's, unless tensor-parallel peers share rows."""
+        return self.context.world_size
 
     def sum_over_ranks(self, values: list[float]) -> list[float]:
         """``values`` summed over the group's ranks (through the context's collective)."""

@@ -18,6 +18,7 @@ from hybridflow.backends.common.weight_streams import WeightStreams
 from hybridflow.backends.deepspeed.config import DeepSpeedOptions, build_config, zero_stage
 
 from hybridflow.planner import LayoutSupport, RoleLayout, Sharding
+from hybridflow.planner.plan import OFFLOAD_PARTS
 from hybridflow.runtime.protocols import OptimSpec, RoleSpec, WorkerContext
 
 CHECKPOINT_TAG = "hybridflow"
@@ -64,12 +65,16 @@ class DeepSpeedRoleEngine(ForwardOps, GradientSteps, WeightStreams):
         self.adapter_layers = adapters.lora_layers(model)
         if layout.gradient_checkpointing and spec.kind.trainable:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        config = build_config(spec, layout, self.options, micro_batch_size=self.micro_batch_size)
+        config = build_config(spec, layout, self.options, micro_batch_size=self.micro_batch_size,
+                              pin_memory=device.type == "cuda")
+        zero = config["zero_optimization"]
+        self.offloaded = frozenset(({"optimizer", "grads"} if "offload_optimizer" in zero else set())
+                                   | ({"params"} if "offload_param" in zero else set()))
         self.engine: Any = None
         if spec.kind.trainable:
             optimizer = None
             trainable = trainable_parameters(model)  # a LoRA policy's adapters alone
-            if not self.options.offload_optimizer:
+            if "optimizer" not in config:  # else ZeRO-Offload's CPU Adam, which DeepSpeed builds
                 optim = spec.optim or OptimSpec()
                 optimizer = torch.optim.AdamW(trainable, lr=optim.lr, betas=optim.betas,
                                               weight_decay=optim.weight_decay)
@@ -179,6 +184,9 @@ class DeepSpeedRoleEngine(ForwardOps, GradientSteps, WeightStreams):
             self.engine.destroy()
 
 
+_SHARDED = frozenset({Sharding.ZERO1, Sharding.ZERO2, Sharding.SHARD_GRAD_OP, Sharding.ZERO3, Sharding.FULL_SHARD})
+
+
 class DeepSpeedBackend:
     """Builds :class:`DeepSpeedRoleEngine` s; the runtime applies the spec's rollout to them (``runtime.engines``)."""
 
@@ -188,9 +196,14 @@ class DeepSpeedBackend:
         backend="deepspeed", shardings=frozenset({Sharding.NO_SHARD, Sharding.ZERO1, Sharding.ZERO2,
                                                   Sharding.SHARD_GRAD_OP, Sharding.ZERO3, Sharding.FULL_SHARD}),
         gradient_checkpointing=True, rollout_batch_size=True, packing=True, token_budgets=True,
-        offload=frozenset({"optimizer"}),
+        offload=frozenset(OFFLOAD_PARTS),
+        # ZeRO-Offload moves gradient partitions with the optimizer states; parameters go at ZeRO-3 only.
+        offload_sets=tuple(frozenset(parts) for parts in (("optimizer",), ("grads", "optimizer"), ("params",),
+                                                          ("params", "optimizer"), OFFLOAD_PARTS)),
+        offload_shardings=(("params", frozenset({Sharding.ZERO3, Sharding.FULL_SHARD})),
+                           ("optimizer", _SHARDED), ("grads", _SHARDED)),
         notes={"sharding": "HYBRID_SHARD runs on backend fsdp",
-               "tp": "no training backend here has tensor parallelism"})
+               "tp": "tensor parallelism runs on backend fsdp"})
 
     def build_role(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext) -> DeepSpeedRoleEngine:
         return DeepSpeedRoleEngine(spec, layout, context)

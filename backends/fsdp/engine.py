@@ -13,9 +13,10 @@ from hybridflow.backends.common.distributed import all_ranks_finite, all_ranks_m
 from hybridflow.backends.common.forward import ForwardOps
 from hybridflow.backends.common.training import GradientSteps, clip_and_step, non_finite, trainable_parameters
 from hybridflow.backends.common.weight_streams import WeightStreams
-from hybridflow.backends.fsdp import checkpoint, parallelize
+from hybridflow.backends.fsdp import checkpoint, parallelize, tensor_parallel
 
 from hybridflow.planner import LayoutSupport, RoleLayout, Sharding
+from hybridflow.planner.plan import OFFLOAD_PARTS
 from hybridflow.runtime.protocols import OptimSpec, RoleSpec, WorkerContext, parse_options
 
 
@@ -46,9 +47,9 @@ class FsdpRoleEngine(ForwardOps, GradientSteps, WeightStreams):
     """
 
     def __init__(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext) -> None:
-        if layout.tp != 1:
-            raise ValueError(f"RoleLayout({spec.name}).tp={layout.tp}: the fsdp backend shards over data-parallel "
-                             "ranks only; use tp=1 (rollout_tp sets the vllm rollout's tensor parallelism)")
+        if context.world_size % layout.tp:
+            raise ValueError(f"RoleLayout({spec.name}).tp={layout.tp} must divide the group's {context.world_size} "
+                             "ranks (dp x tp of them)")
         FsdpOptions.from_spec(spec)
         ensure_process_group(context, spec.options, role=spec.name)
         self.spec, self.context = spec, context
@@ -66,10 +67,15 @@ class FsdpRoleEngine(ForwardOps, GradientSteps, WeightStreams):
         if layout.gradient_checkpointing and trainable:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.to(context.device)
-        self.setup = parallelize.resolve_sharding(layout.sharding, world_size=context.world_size,
-                                                  shard_size=layout.shard_size)
-        self.model = parallelize.shard_model(model, self.setup, device_type=torch.device(context.device).type,
-                                             param_dtype=layout.dtype if trainable else None)
+        self.tensor_parallel = layout.tp
+        device_type = torch.device(context.device).type
+        self.setup = parallelize.resolve_sharding(layout.sharding, world_size=context.world_size // layout.tp,
+                                                  shard_size=layout.shard_size, tp=layout.tp)
+        self.offloaded = layout.offloaded
+        self.offload_policy = parallelize.offload_policy(layout.offloaded, device_type=device_type, role=spec.name)
+        self.model = parallelize.shard_model(model, self.setup, device_type=device_type,
+                                             param_dtype=layout.dtype if trainable else None, tp=layout.tp,
+                                             offload=self.offload_policy, role=spec.name)
         self.optimizer: torch.optim.Optimizer | None = None
         if trainable:
             optim = spec.optim or OptimSpec()
@@ -81,6 +87,11 @@ class FsdpRoleEngine(ForwardOps, GradientSteps, WeightStreams):
 
     def executed_sharding(self) -> str:
         return self.setup.strategy.value
+
+    def executed_layout(self) -> dict[str, Any]:
+        """The common report, and the offload as run: ``offload_policy`` names FSDP2's policy (``OffloadPolicy``,
+        nothing moved, on a CPU device where every tensor is in host memory already)."""
+        return {**super().executed_layout(), "offload_policy": type(self.offload_policy).__name__}
 
     @contextlib.contextmanager
     def whole_weights(self) -> Iterator[None]:
@@ -110,7 +121,11 @@ class FsdpRoleEngine(ForwardOps, GradientSteps, WeightStreams):
         return all_ranks_max(value)  # every rank runs as many micro batches: each forward is a collective
 
     def sum_over_ranks(self, values: list[float]) -> list[float]:
-        return all_ranks_sum(values)  # the default group: the ranks this engine shards and averages over
+        # The default group: every rank of a tensor-parallel slice holds the same rows, so they count once.
+        return [value / self.tensor_parallel for value in all_ranks_sum(values)]
+
+    def data_parallel_ranks(self) -> int:
+        return self.context.world_size // self.tensor_parallel  # the ranks FSDP averages gradients over
 
     def optimizer_step(self, finite: bool, optim: OptimSpec) -> dict[str, float]:
         assert self.optimizer is not None
@@ -118,6 +133,10 @@ class FsdpRoleEngine(ForwardOps, GradientSteps, WeightStreams):
         if not all_ranks_finite(finite):
             self.optimizer.zero_grad(set_to_none=True)
             raise non_finite(self.spec.name)
+        if self.tensor_parallel > 1:  # parameters on two meshes (data x tensor, data alone): one norm over both
+            world = self.context.world_size
+            return clip_and_step(self.spec.name, self.model, self.optimizer, optim.grad_clip, set_to_none=True,
+                                 clip=lambda params, norm: tensor_parallel.clip_gradients(params, norm, world))
         return clip_and_step(self.spec.name, self.model, self.optimizer, optim.grad_clip, set_to_none=True,
                              whole=full_value)
 
@@ -186,12 +205,16 @@ class FsdpBackend:
     """Builds :class:`FsdpRoleEngine` s; the runtime applies the spec's rollout to them (``runtime.engines``)."""
 
     name = "fsdp"
-    # ZeRO-1 (optimizer states only) has no FSDP2 equivalent: the nearest would shard gradients too.
+    # ZeRO-1 (optimizer states only) has no FSDP2 equivalent: the nearest would shard gradients too. Tensor
+    # parallelism: any tp dividing the heads (the planner's search only proposes those); offload: FSDP2's
+    # CPUOffloadPolicy, which moves parameters, gradients and optimizer states together.
     support = LayoutSupport(backend="fsdp", shardings=frozenset({Sharding.NO_SHARD, Sharding.SHARD_GRAD_OP,
                                                                  Sharding.FULL_SHARD, Sharding.HYBRID_SHARD}),
-                            gradient_checkpointing=True, rollout_batch_size=True, packing=True, token_budgets=True,
+                            max_tp=None, max_rollout_tp=None, rollout_follows_tp=True, gradient_checkpointing=True,
+                            rollout_batch_size=True, packing=True, token_budgets=True,
+                            offload=frozenset(OFFLOAD_PARTS), offload_sets=(frozenset(OFFLOAD_PARTS),),
                             notes={"sharding": "ZeRO stages run on backend deepspeed",
-                                   "tp": "no training backend here has tensor parallelism"})
+                                   "offload": "optimizer states alone (ZeRO-Offload) run on backend deepspeed"})
 
     def build_role(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext) -> FsdpRoleEngine:
         return FsdpRoleEngine(spec, layout, context)

@@ -82,6 +82,12 @@ def _tps(role: RoleWork, shape: Shape) -> list[int]:
     return [tp for tp in (1, 2, 4, 8) if shape.size % tp == 0 and shape.tp_allowed(tp) and heads % tp == 0]
 
 
+def _training_tps(role: RoleWork, shape: Shape, max_tp: int | None) -> list[int]:
+    """Tensor parallelism of training and forward passes: each rank holds whole query and key-value heads
+    (Megatron's rule; a rollout engine may replicate KV heads instead, :func:`_tps`)."""
+    return [tp for tp in _tps(role, shape) if (max_tp is None or tp <= max_tp) and role.model.kv_heads % tp == 0]
+
+
 def _micro_batches(rows: int) -> list[int]:
     return [size for size in POWERS if size <= max(rows, 1)]
 
@@ -129,7 +135,7 @@ def _generate_front(role: RoleWork, base: RoleLayout, shape: Shape, prompt_len: 
         return [(0, 0.0, base)]
     points = []
     resident = static_bytes(role.model, role.kind, base, shape)
-    for rtp in [fixed_rtp] if fixed_rtp else support.rollout_tps(_tps(role, shape)):
+    for rtp in [fixed_rtp] if fixed_rtp else support.rollout_tps(_tps(role, shape), base.tp):
         per_engine = -(-role.rows // (shape.size // rtp))
         # A backend that decodes a rank's whole share at once is costed so.
         batches = {b for b in ROLLOUT_BATCHES if b < per_engine} if support.rollout_batch_size else set()
@@ -203,18 +209,26 @@ def role_candidates(role: RoleWork, shape: Shape, dtype: str, prompt_len: int,
     candidates = []
     forwards: dict[tuple[int, Sharding | None], Front2] = {}
     rollouts: dict[tuple[int, Sharding], Front2] = {}
-    tps = [fixed.tp] if fixed.tp else support.tps([tp for tp in _tps(role, shape) if max_tp is None or tp <= max_tp])
+    offload = shape.run.offload_of(role.name)
+    offloaded = frozenset(part for part in ("params", "grads", "optimizer") if getattr(offload, part))
+    tps = [fixed.tp] if fixed.tp else support.tps(_training_tps(role, shape, max_tp))
     for tp in tps:
         dp = shape.size // tp
         shardings = _shardings(role, dp, shape)
         if fixed.sharding is not None:
             shardings = (_frozen_equivalent(role, fixed.sharding) if dp > 1 else Sharding.NO_SHARD,)
         shardings = tuple(s for s in shardings if dp == 1 or support.runs_sharding(s))
+        # A backend offloading these parts under some shardings only is searched under those; one that cannot
+        # offload them at all is left to the controller's refusal (runtime.checks), which names the field.
+        if not support.offload_problems(offloaded, Sharding.NO_SHARD, 1):
+            shardings = tuple(s for s in shardings if dp == 1 or not support.offload_problems(offloaded, s, dp))
         for sharding in shardings:
             base = RoleLayout(role=role.name, dp=dp, tp=tp, sharding=sharding, dtype=dtype, sp=fixed.sp,
                               pp=fixed.pp, ep=fixed.ep, shard_size=fixed.shard_size, padding=shape.run.padding,
                               max_tokens_per_micro_batch=shape.run.train_tokens_per_gpu or 0,
-                              forward_max_tokens_per_micro_batch=shape.run.forward_tokens_per_gpu or 0)
+                              forward_max_tokens_per_micro_batch=shape.run.forward_tokens_per_gpu or 0,
+                              offload_params=offload.params, offload_grads=offload.grads,
+                              offload_optimizer=offload.optimizer)
             static = static_bytes(role.model, role.kind, base, shape)
             if static > usable_bytes(shape) and constraint is None:
                 continue

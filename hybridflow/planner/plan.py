@@ -16,6 +16,7 @@ from hybridflow.graph import Graph, Op
 from hybridflow.planner.execution import ExecutionMode
 
 ROLLOUT_SUFFIX = ":rollout"
+OFFLOAD_PARTS = ("params", "grads", "optimizer")  # what a role can keep in host memory (RoleLayout.offload_*)
 
 
 def rollout_role(policy: str) -> str:
@@ -70,6 +71,11 @@ class RoleLayout:
     # rows up to that many tokens (each at least one row) instead of micro_batch_size rows; 0: row micro batches.
     max_tokens_per_micro_batch: int = 0
     forward_max_tokens_per_micro_batch: int = 0  # 0: forward_micro_batch_size rows
+    # Trainer state kept in host memory, not on the GPU (RunSettings.offload of the role, verl's param_offload /
+    # optimizer_offload): parameters, gradients, optimizer states. ``offloaded`` names the parts.
+    offload_params: bool = False
+    offload_grads: bool = False
+    offload_optimizer: bool = False
     # The role runs on this role's engine and weights, holding none of its own: a reference that is a LoRA policy's
     # base runs ref_logprob with the policy's adapter disabled. Its other fields are the host's. "": its own.
     shares_weights_with: str = ""
@@ -88,6 +94,11 @@ class RoleLayout:
                              "(dp counts every rank of a tensor-parallel slice; sp and pp split it)")
         if self.dtype not in ("bf16", "fp16", "fp32"):
             raise ValueError(f"RoleLayout({self.role}).dtype={self.dtype!r} must be bf16, fp16 or fp32")
+
+    @property
+    def offloaded(self) -> frozenset[str]:
+        """The parts (``params``, ``grads``, ``optimizer``) this role keeps in host memory."""
+        return frozenset(part for part in OFFLOAD_PARTS if getattr(self, f"offload_{part}"))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -39,7 +39,7 @@ def role_support(spec: RoleSpec) -> LayoutSupport:
         return getattr(factory, "support", None) or LayoutSupport(backend=f"rollout {spec.rollout}")
     support = getattr(BACKENDS.get(spec.backend), "support", None) or LayoutSupport(backend=spec.backend)
     if hasattr(factory, "max_rollout_tp"):  # else the backend's own engine generates: its declaration holds
-        support = replace(support, max_rollout_tp=factory.max_rollout_tp)
+        support = replace(support, max_rollout_tp=factory.max_rollout_tp, rollout_follows_tp=False)
     return support
 
 

@@ -21,6 +21,7 @@ from hybridflow.data.splits import DataFiles
 from hybridflow.planner import ExecutionMode, Plan
 from hybridflow.planner.agents import WORKLOAD_KEYS, AgentWorkload
 from hybridflow.planner.modes import check_choice
+from hybridflow.planner.settings import parse_offload
 from hybridflow.runtime.liveness import Liveness
 from hybridflow.runtime.protocols import DEFAULT_ROLLOUT, AdapterSpec, OptimSpec
 from hybridflow.train.config_keys import checked, flatten
@@ -94,7 +95,7 @@ class PlannerInputs:
         "max_response_len": "the generate node's max_new_tokens (algorithm_options)",
         "gpu_memory_utilization": "roles.<policy>.rollout_options.gpu_memory_utilization",
         "rollout_sleep": "roles.<policy>.rollout_options.sleep_level",
-        "offload": "roles.<name>.options.offload_optimizer (backend deepspeed)"}
+        "offload": "roles.<name>.offload"}
 
     def __post_init__(self) -> None:
         if self.lengths_from and self.mean_response_len is not None:
@@ -156,6 +157,8 @@ class RoleConfig:
     ``max_concurrent_requests``: most forward requests in flight to the role's workers; ``lora``: train LoRA
     adapters on this policy instead of all its weights (:class:`~hybridflow.runtime.protocols.AdapterSpec`: rank,
     alpha, dropout, target_modules, init); the reference is then its base model with the adapters disabled.
+    ``offload``: the trainer state the role keeps in host memory, a list of ``params``, ``grads``, ``optimizer``
+    (the layout's ``offload_*`` fields; which combinations each backend runs: docs/backends.md).
     """
 
     model: str | None = None
@@ -167,8 +170,14 @@ class RoleConfig:
     max_tokens_per_micro_batch: int | None = None
     max_concurrent_requests: int | None = None
     lora: AdapterSpec | None = None
+    offload: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        try:
+            parse_offload("<name>", self.offload, "roles")
+        except ValueError as err:
+            raise ValueError(f"config key 'roles.*.offload'={self.offload!r}: give a list of params, grads, "
+                             "optimizer") from err
         for name in ("micro_batch_size", "max_tokens_per_micro_batch", "max_concurrent_requests"):
             value = getattr(self, name)
             if value is not None and value < 1:

@@ -32,7 +32,7 @@ from hybridflow.planner.adapters import LoraPlan, adapter_sync_refusal, sync_mod
 from hybridflow.planner.agents import AgentWorkload
 from hybridflow.planner.models import from_config_dict
 from hybridflow.planner.problem import shareable_references
-from hybridflow.planner.settings import Offload, RunSettings
+from hybridflow.planner.settings import Offload, RunSettings, parse_offload
 from hybridflow.runtime.protocols import DEFAULT_ROLLOUT
 from hybridflow.train.config import TrainConfig
 
@@ -121,7 +121,8 @@ def run_settings(config: TrainConfig, graph: Graph) -> RunSettings:
       (the planner's budgets are one per run; roles with their own are set on the plan's layouts afterwards,
       ``setup.with_token_budgets``, and costed by rows);
     - a vLLM rollout's ``gpu_memory_utilization`` and sleep (``roles.<policy>.rollout_options``);
-    - offload from the backends' options (DeepSpeed ``offload_optimizer``);
+    - offload from ``roles.<name>.offload`` (and DeepSpeed's ``offload_optimizer`` option), which the planner
+      writes into the role's layouts (``RoleLayout.offload_*``);
     - the response lengths from ``planner_settings`` (what a run cannot state: ``lengths_from`` an earlier
       run's metrics, or ``mean_response_len``, a lognormal capped at the graph's ``max_new_tokens``).
     """
@@ -136,8 +137,7 @@ def run_settings(config: TrainConfig, graph: Graph) -> RunSettings:
                              f"in (0, max_new_tokens={cap}]")
         lengths = LengthDistribution.lognormal(mean=mean, max=cap)
     rows = config.data.batch_size * graph.samples_per_prompt
-    offload = tuple((name, Offload(optimizer=True)) for name, role in sorted(config.roles.items())
-                    if role.backend == "deepspeed" and role.options.get("offload_optimizer"))
+    offload = role_offload(config)
     vllm = next((role.rollout_options for role in config.roles.values() if role.rollout == "vllm"), None)
     budgets = {entry.max_tokens_per_micro_batch if (entry := config.roles.get(role.name)) else None
                for role in graph.roles if role.kind.needs_gpu}
@@ -148,6 +148,19 @@ def run_settings(config: TrainConfig, graph: Graph) -> RunSettings:
                        max_prompt_len=config.data.max_prompt_length, offload=offload,
                        gpu_memory_utilization=vllm.get("gpu_memory_utilization") if vllm is not None else None,
                        rollout_sleep=bool(vllm.get("sleep_level")) if vllm is not None else False)
+
+
+def role_offload(config: TrainConfig) -> tuple[tuple[str, Offload], ...]:
+    """What each role keeps in host memory: ``roles.<name>.offload``, plus the optimizer for a DeepSpeed role with
+    the ``offload_optimizer`` option (the same thing said the older way)."""
+    chosen = []
+    for name, role in sorted(config.roles.items()):
+        offload = parse_offload(name, role.offload, "roles")
+        if role.backend == "deepspeed" and role.options.get("offload_optimizer"):
+            offload = replace(offload, optimizer=True)
+        if offload.any:
+            chosen.append((name, offload))
+    return tuple(chosen)
 
 
 def planner_cluster(config: TrainConfig) -> Cluster:

@@ -111,7 +111,26 @@ def frozen_ops(rank: int, world_size: int) -> dict[str, Any]:
     return gaps
 
 
+def offload_step(rank: int, world_size: int) -> dict[str, Any]:
+    """A layout offloading everything on CPU ranks: the engine reports it, applies no FSDP2 policy (it cannot run
+    without an accelerator; the tensors are in host memory already) and trains as the resident engine does."""
+    from hybridflow.backends.fsdp import FsdpRoleEngine
+
+    batch = rank_rows(rollout_batch(8), rank, world_size)
+    losses = {}
+    for name, fields in (("resident", {}), ("offloaded", dict.fromkeys(("offload_params", "offload_grads",
+                                                                       "offload_optimizer"), True))):
+        engine = FsdpRoleEngine(role_spec(), layout(**fields), context(rank, world_size))
+        losses[name] = [engine.train_step(batch, loss=LOSSES.get("ppo_policy"), options={})["loss"] for _ in range(2)]
+    return {"executed": engine.executed_layout(), "losses": losses}
+
+
 def all_checks(rank: int, world_size: int, strategies: list[str]) -> dict[str, Any]:
-    """Every FSDP scenario in one spawn (process start-up and imports dominate on a small CPU)."""
+    """Every FSDP scenario in one spawn (process start-up and imports dominate on a small CPU), tensor parallelism
+    (tp = the two ranks) included."""
+    import tp_ranks
+
     return {"first_step": first_step(rank, world_size, strategies),
-            "train": train_resume_generate(rank, world_size)}
+            "train": train_resume_generate(rank, world_size),
+            "tp": tp_ranks.tp_checks(rank, world_size, world_size),
+            "offload": offload_step(rank, world_size)}

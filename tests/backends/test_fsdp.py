@@ -1,4 +1,7 @@
-"""The FSDP2 backend on two gloo ranks: agreement with the torch reference, training, checkpoints, generation."""
+"""The FSDP2 backend on two gloo ranks: agreement with the torch reference, training, checkpoints, generation; and
+tensor parallelism (FSDP2 x TP, tp=2): forward passes, updates, weight shipping, generation and checkpoints equal
+the unsharded model's. The dp=2 x tp=2 version (four ranks) is ``benchmarks/tensor_parallel.py``, too slow for the
+suite on two cores."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ import pytest
 pytest.importorskip("transformers")
 import fsdp_ranks
 import torch
+import tp_ranks
 from harness import context, layout, role_spec, run_ranks
 
 from hybridflow.planner import Sharding
@@ -54,11 +58,64 @@ def test_bf16_training_moves_weights_and_resumes_from_a_sharded_checkpoint(fsdp_
     assert ranks[0]["checksum"] == ranks[1]["checksum"]
 
 
-def test_tensor_parallel_layouts_are_refused_with_the_field_named() -> None:
-    from hybridflow.backends.fsdp import FsdpRoleEngine
+def test_forward_passes_under_tensor_parallelism_equal_the_unsharded_model(fsdp_results: list[dict[str, Any]]) -> None:
+    for result in (r["tp"] for r in fsdp_results):
+        for name in ("logprobs_packed", "entropy_packed", "logprobs_padded", "entropy_padded", "values", "scores"):
+            assert result[name] < 1e-5, (name, result[name])
 
-    with pytest.raises(ValueError, match=r"tp=2"):
+
+@pytest.mark.slow
+def test_a_tensor_parallel_update_equals_the_unsharded_one(fsdp_results: list[dict[str, Any]]) -> None:
+    for result in (r["tp"] for r in fsdp_results):
+        assert result["executed"]["tp"] == 2
+        assert result["grad_gap"] < 1e-5  # clipped gradients, relative to the largest: the norm is right too
+        norm, reference = result["grad_norm"]
+        assert norm == pytest.approx(reference, rel=1e-5) and norm > 10 * tp_ranks.CLIP
+        assert result["weight_gap"] < 1e-5
+        assert result["restore_gap"] == 0.0  # DCP saves and restores the 2-D shards
+
+
+@pytest.mark.slow
+def test_weights_leave_a_tensor_parallel_engine_whole(fsdp_results: list[dict[str, Any]]) -> None:
+    for result in (r["tp"] for r in fsdp_results):
+        assert result["shapes"]
+        assert result["initial_weight_gap"] == 0.0 and result["stream_gap"] == 0.0
+
+
+@pytest.mark.slow
+def test_tensor_parallel_peers_generate_alike(fsdp_results: list[dict[str, Any]]) -> None:
+    for result in (r["tp"] for r in fsdp_results):
+        assert result["greedy_equal"]
+    # Same rows, same seed: the same tokens (else the peers' collectives would part).
+    assert torch.equal(fsdp_results[0]["tp"]["sampled"], fsdp_results[1]["tp"]["sampled"])
+
+
+@pytest.mark.slow
+def test_lora_under_tensor_parallelism_is_refused_naming_tp(fsdp_results: list[dict[str, Any]]) -> None:
+    assert "set tp=1" in fsdp_results[0]["tp"]["lora_refusal"]
+
+
+@pytest.mark.slow
+def test_an_offloading_layout_is_reported_and_trains_alike_on_cpu(fsdp_results: list[dict[str, Any]]) -> None:
+    for result in (r["offload"] for r in fsdp_results):
+        executed = result["executed"]
+        assert executed["offload_params"] and executed["offload_grads"] and executed["offload_optimizer"]
+        assert executed["offload_policy"] == "OffloadPolicy"  # CPUOffloadPolicy needs an accelerator
+        assert result["losses"]["offloaded"] == result["losses"]["resident"]
+
+
+def test_a_tp_that_does_not_divide_the_group_or_the_heads_is_refused() -> None:
+    from hybridflow.backends.fsdp import FsdpRoleEngine
+    from hybridflow.backends.fsdp.tensor_parallel import check_divisible
+
+    from hybridflow.models import tiny_config
+
+    with pytest.raises(ValueError, match=r"tp=2 must divide the group's 1 ranks"):
         FsdpRoleEngine(role_spec(), layout(tp=2, dp=1), context())
+    config = tiny_config("tiny-qwen2", vocab_size=51)  # 4 heads, 2 key-value heads
+    check_divisible(config, 2, role="actor")
+    with pytest.raises(ValueError, match=r"tp=4 must divide the model's \{'num_key_value_heads': 2\}"):
+        check_divisible(config, 4, role="actor")
 
 
 def test_hybrid_shard_size_must_divide_the_group() -> None:

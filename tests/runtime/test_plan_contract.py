@@ -48,11 +48,16 @@ def test_the_search_plans_only_what_the_backends_run() -> None:
     models = dict.fromkeys(ROLES, LLAMA)
     free = plan_placement(GRPO, models, WORK, cluster)  # a dry run told no backends: any layout
     assert any(lay.tp > 1 or lay.sharding is Sharding.SHARD_GRAD_OP for g in free.groups for lay in g.layouts)
-    fsdp = plan_placement(GRPO, models, WORK, cluster, options=PlannerOptions(support=_support("fsdp")))
-    for group in fsdp.groups:
-        for layout in group.layouts:
-            assert layout.tp == 1 and layout.rollout_tp == 1
-            assert BACKENDS.get("fsdp").support.problems(layout) == []
+    for backend in ("fsdp", "deepspeed"):
+        plan = plan_placement(GRPO, models, WORK, cluster, options=PlannerOptions(support=_support(backend)))
+        for group in plan.groups:
+            for layout in group.layouts:
+                assert BACKENDS.get(backend).support.problems(layout) == [], (backend, layout)
+                # The native rollout generates on the trained model: split as it is for training.
+                assert layout.rollout_tp == layout.tp
+        layouts = [lay for g in plan.groups for lay in g.layouts]
+        # FSDP declares tensor parallelism (FSDP2 x TP), DeepSpeed does not: placement auto plans it on FSDP only.
+        assert any(lay.tp > 1 for lay in layouts) is (backend == "fsdp"), layouts
     # Full replicas of an 8B model with Adam do not fit 80 GB: the torch backend's plan is refused by name.
     with pytest.raises(InfeasibleError, match=r"with the layouts backend 'torch' runs \(shardings \['NO_SHARD'\]"):
         plan_placement(GRPO, models, WORK, cluster, options=PlannerOptions(support=_support("torch")))
@@ -197,7 +202,7 @@ def test_plan_cli_takes_backends_and_stays_torch_free_without_them() -> None:
                           timeout=120)
     assert done.returncode == 0, done.stderr
     plan = Plan.from_json(done.stdout)
-    assert all(lay.tp == 1 for g in plan.groups for lay in g.layouts)
+    assert all(BACKENDS.get("fsdp").support.problems(lay) == [] for g in plan.groups for lay in g.layouts)
     bad = subprocess.run([*base, "--backend", "critic=torch"], capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "'critic' is not a GPU role" in bad.stderr
 
@@ -225,3 +230,30 @@ def test_a_rollouts_tensor_parallelism_is_its_engines() -> None:
     with pytest.raises(ValueError, match=r"role 'actor:rollout' \(backend 'torch'\): rollout_tp=2 \(its rollout "
                                          r"engine runs rollout_tp <= 1\)"):
         check_layouts(graph, plan, specs("native"))
+
+
+def test_offload_reaches_the_layouts_and_the_search_keeps_to_what_the_backend_offloads() -> None:
+    from hybridflow.planner import Offload, RunSettings
+
+    cluster, models = Cluster.parse("4xA100-80G"), dict.fromkeys(ROLES, ModelSpec.preset("qwen2.5-0.5b"))
+    settings = RunSettings(offload={"actor": Offload(params=True, grads=True, optimizer=True)})
+    for backend in ("fsdp", "deepspeed"):
+        plan = plan_placement(GRPO, models, WORK, cluster, settings=settings,
+                              options=PlannerOptions(support=_support(backend)))
+        actor = plan.layout("actor")
+        assert actor.offloaded == {"params", "grads", "optimizer"} and plan.layout("reference").offloaded == set()
+        assert BACKENDS.get(backend).support.problems(actor) == []
+        if backend == "deepspeed" and actor.dp > 1:
+            assert actor.sharding in (Sharding.ZERO3, Sharding.FULL_SHARD)  # ZeRO offloads parameters at stage 3
+
+
+def test_the_run_config_offload_key_reaches_the_planner() -> None:
+    from hybridflow.planner import Offload
+    from hybridflow.train.placement import run_settings
+
+    config = load_config(None, ["roles={actor: {backend: fsdp, offload: [params, grads, optimizer]}, "
+                                "reference: {backend: deepspeed, options: {offload_optimizer: true}}}"])
+    assert dict(run_settings(config, GRPO).offload) == {
+        "actor": Offload(params=True, grads=True, optimizer=True), "reference": Offload(optimizer=True)}
+    with pytest.raises(ValueError, match=r"config key 'roles.\*.offload'=\['gpu'\]: give a list of params"):
+        load_config(None, ["roles={actor: {offload: [gpu]}}"])
