@@ -7,7 +7,9 @@ weighting and the metric averaging are written once, here.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -19,6 +21,9 @@ from hybridflow.loss_norm import LossNorm, accepts_norm, loss_norm
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.errors import NonFiniteLossError
 from hybridflow.runtime.protocols import LossFn, OptimSpec, RoleSpec, WorkerContext
+
+
+SCHEDULE_FILE = "schedule.json"  # in each trainable role's checkpoint directory: {"updates": N}
 
 
 def accumulate(mini: Batch, *, micro_batches: list[Batch], forward: Callable[[Batch], dict[str, torch.Tensor]],
@@ -95,6 +100,8 @@ class GradientSteps(MicroBatching):
         totals: dict[str, float] = {}
         steps = 0
         global_norm = accepts_norm(loss)
+        for group in self.param_groups():  # the schedule's rate for this update, whatever the backend
+            group["lr"] = optim.lr * optim.lr_factor(self.weights_version)
         self.train_mode(True)
         try:
             for _ in range(optim.epochs):
@@ -131,6 +138,29 @@ class GradientSteps(MicroBatching):
         flat = torch.tensor(values, dtype=torch.float64)
         self.context.collective.all_reduce_mean([flat])
         return (flat * self.context.world_size).tolist()
+
+    def param_groups(self) -> list[dict[str, Any]]:
+        """The optimizer's parameter groups, whose ``lr`` the schedule sets before each update (default: those
+        of an ``optimizer`` attribute)."""
+        optimizer = getattr(self, "optimizer", None)
+        if optimizer is None:
+            raise TypeError(f"role {self.spec.name!r}: the engine exposes no optimizer parameter groups for the "
+                            "learning-rate schedule (implement GradientSteps.param_groups)")
+        groups: list[dict[str, Any]] = optimizer.param_groups
+        return groups
+
+    def save_schedule(self, directory: str) -> None:
+        """Write the updates taken so far (the schedule's position) beside the role's checkpoint (rank 0)."""
+        if self.context.rank == 0:
+            path = Path(directory)
+            path.mkdir(parents=True, exist_ok=True)
+            (path / SCHEDULE_FILE).write_text(json.dumps({"updates": self.weights_version}))
+
+    def load_schedule(self, directory: str) -> None:
+        """Resume the schedule where the checkpoint left it (a checkpoint from before schedules: at update 0)."""
+        path = Path(directory) / SCHEDULE_FILE
+        if path.is_file():
+            self.weights_version = int(json.loads(path.read_text())["updates"])
 
     def training_forward(self, micro: Batch) -> dict[str, torch.Tensor]:
         """What a trainable role's loss reads: values for a critic, log-probs and entropy for a policy."""

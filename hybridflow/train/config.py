@@ -65,12 +65,29 @@ class OptimConfig(OptimSpec):
     batch its roles take when the user fixes one (rows per forward/backward pass per rank: ``actor`` for the
     policy, reference and reward model, ``critic`` for value models; ``roles.<name>.micro_batch_size`` wins).
     A fixed micro batch is an input of the plan, never a second value at run time; unset, the planner chooses
-    (``placement: auto|manual``) or the one-group plan takes 64."""
+    (``placement: auto|manual``) or the one-group plan takes 64.
+
+    ``lr_scheduler`` (``constant``, ``linear``, ``cosine``), ``warmup_steps`` or ``warmup_ratio``, and
+    ``min_lr_ratio`` (the cosine floor) shape the learning rate over the run's ``steps`` (:class:`OptimSpec`);
+    the schedule's length is the run's own, so ``total_steps`` is not a key."""
 
     micro_batch_size: int | None = None
 
-    def spec(self) -> OptimSpec:
-        return OptimSpec(**{f.name: getattr(self, f.name) for f in dataclasses.fields(OptimSpec)})
+    def __post_init__(self) -> None:
+        if self.total_steps:
+            raise ValueError("config key 'total_steps' of actor/critic is the run's own: the schedule spans the "
+                             "run's 'steps'; drop it")
+        if self.lr_scheduler != "constant" or self.warmup_ratio:  # checked again, with the run's steps, in spec()
+            object.__setattr__(self, "total_steps", 1)
+        try:
+            super().__post_init__()
+        finally:
+            object.__setattr__(self, "total_steps", 0)
+
+    def spec(self, total_steps: int = 0) -> OptimSpec:
+        """The runtime's spec, its schedule spanning ``total_steps`` updates (the run's ``steps``)."""
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(OptimSpec)}
+        return OptimSpec(**{**values, "total_steps": total_steps})
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -304,7 +304,7 @@ def role_specs(config: TrainConfig, graph: Graph, model_dir: str, plan: Plan | N
                              "adapters train on a trainable policy (e.g. roles.actor.lora), remove the key")
         specs[role.name] = RoleSpec(name=role.name, kind=role.kind, model=entry.model or model_dir,
                                     backend=entry.backend or "torch", seed=config.seed,
-                                    optim=optim.spec() if role.kind.trainable else None,
+                                    optim=optim.spec(config.steps) if role.kind.trainable else None,
                                     options=entry.options, rollout=entry.rollout,
                                     rollout_options=entry.rollout_options, lora=entry.lora)
     specs.update({name: replace(specs[name], shares_policy=policy)
