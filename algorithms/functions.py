@@ -83,7 +83,7 @@ def grpo_advantages(scores: torch.Tensor, response_mask: torch.Tensor, uid: torc
 
 @COMPUTE_FNS.register("mask_truncated")
 def mask_truncated(loss_mask: torch.Tensor, response_mask: torch.Tensor, *, max_new_tokens: int) -> torch.Tensor:
-    """The loss mask without the truncated responses' tokens (TRL's ``mask_truncated_completions``). (B, T) -> (B, T)."""
+    """The loss mask without truncated responses (TRL's ``mask_truncated_completions``). (B, T) -> (B, T)."""
     return core.truncation_mask(loss_mask, response_mask, max_new_tokens=max_new_tokens)
 
 
@@ -154,7 +154,7 @@ def _add_kl_and_entropy(loss: torch.Tensor, stats: dict[str, torch.Tensor], outp
         kl = core.kl_loss(outputs["logprobs"], batch["ref_logprobs"], mask, kl_type, loss_agg, norm=norm)
         loss = loss + kl_coef * kl
         metrics["kl_loss"] = kl.detach()  # the term as the loss aggregates it
-        # The estimator's mean per trained token, whatever loss_agg: TRL's ``kl`` (the update loop weights it by tokens).
+        # The estimator's mean per trained token whatever loss_agg, TRL's ``kl`` (the update loop weighs it by tokens).
         metrics["kl"] = masked_mean(core.kl_penalty(outputs["logprobs"].detach(), batch["ref_logprobs"], kl_type),
                                     mask)
     if "entropy" in outputs:

@@ -22,7 +22,6 @@ from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.errors import NonFiniteLossError
 from hybridflow.runtime.protocols import LossFn, OptimSpec, RoleSpec, WorkerContext
 
-
 SCHEDULE_FILE = "schedule.json"  # in each trainable role's checkpoint directory: {"updates": N}
 
 

@@ -41,8 +41,8 @@ class ModelConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class DataConfig(DataFiles):
-    """Prompts from a built-in ``task`` or a file (jsonl, parquet, a ``datasets`` directory) at ``path``, read as
-    :class:`~hybridflow.data.splits.DataFiles` says (column keys, splits, validation, prompt length).
+    """Prompts from a built-in ``task`` or files (jsonl, parquet, a ``datasets`` directory; one or a list) at
+    ``path``, read as :class:`~hybridflow.data.splits.DataFiles` says (column keys, splits, validation, prompt length).
 
     ``reward``: one reward function or a list (``math``, ``file.py:fn``, ``module:fn``; required with
     ``path``), weighed by ``reward_weights``; they run in worker processes, each call within
@@ -51,7 +51,7 @@ class DataConfig(DataFiles):
     """
 
     task: str = "reverse"
-    path: str | None = None
+    path: str | list[str] | None = None
     reward: str | list[str] | None = None
     reward_weights: list[float] | None = None
     reward_timeout_s: float = 60.0
@@ -238,6 +238,8 @@ class TrainConfig:
     keep_checkpoints: int = 0  # > 0: only the newest K checkpoints stay on disk
     validation_every: int = 0  # > 0: a validation pass every N steps (and after the last step)
     validation_samples: int = 8  # completions per validation pass kept in the samples table
+    validate_before_train: bool = False  # a validation pass before the first step, logged on step 0's line
+    console_metrics_every: int = 0  # > 0: one line of key metrics on stderr every N steps (TRL/verl style)
     # Where metrics go besides metrics.jsonl (always written: `hybridflow report` reads it). docs/configuration.md
     trackers: list[str] = field(default_factory=lambda: ["tensorboard"])
     tensorboard: bool = True
@@ -288,9 +290,12 @@ class TrainConfig:
                 raise ValueError(f"config key {name!r}={getattr(self, name)} must be >= 1")
         if self.checkpoint_every < 0:
             raise ValueError(f"config key 'checkpoint_every'={self.checkpoint_every} must be >= 0 (0: never)")
-        for name in ("keep_checkpoints", "validation_every"):
+        for name in ("keep_checkpoints", "validation_every", "console_metrics_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"config key {name!r}={getattr(self, name)} must be >= 0 (0: off)")
+        if self.validate_before_train and not (self.data.val_path or self.data.val_fraction):
+            raise ValueError("config key 'validate_before_train' needs validation prompts: set data.val_path (a file "
+                             "or a list) or data.val_fraction")
         unknown = sorted(set(self.trackers) - set(TRACKERS))
         if unknown:
             raise ValueError(f"config key 'trackers' has {unknown}; the trackers are {list(TRACKERS)}")

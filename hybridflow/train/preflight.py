@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hybridflow.data.rewards import RewardScorer
+from hybridflow.data.splits import paths
 from hybridflow.graph import Graph
 from hybridflow.planner import Plan
 from hybridflow.planner.cluster import MAX_CLUSTER_GPUS
@@ -232,8 +233,10 @@ def check_vocabulary(config: TrainConfig, tokenizer: Any) -> None:
 
 def check_files(config: TrainConfig) -> None:
     """Data and plan files exist and are readable; a plan file is a valid plan."""
-    for key, value in (("data.path", config.data.path), ("data.val_path", config.data.val_path),
-                       ("plan_file", config.plan_file)):
+    named = [(key if isinstance(value, str) else f"{key}[{i}]", item)
+             for key, value in (("data.path", config.data.path), ("data.val_path", config.data.val_path))
+             for i, item in enumerate(paths(value))]
+    for key, value in (*named, ("plan_file", config.plan_file)):
         if value is None:
             continue
         path = Path(value).expanduser()
@@ -329,7 +332,7 @@ def probe_rewards(config: TrainConfig, records: list[dict[str, Any]], tokenizer:
                     response_ids=tokenizer(str(truth), add_special_tokens=False)["input_ids"])
     used = scorer or setup.reward_scorer(config, tokenizer)
     try:
-        used.score([sample])
+        used.score([sample], track=False)
     except RewardFunctionError as err:
         raise ValueError(f"{err} (checked before training, on row 0 with its ground truth as the response)") from err
     finally:

@@ -5,10 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 from harness import context, layout, rollout_batch
-from transformers import get_constant_schedule_with_warmup, get_cosine_with_min_lr_schedule_with_warmup, \
-    get_linear_schedule_with_warmup
-
 from hybridflow.backends.torch.engine import TorchRoleEngine
+from transformers import (
+    get_constant_schedule_with_warmup,
+    get_cosine_with_min_lr_schedule_with_warmup,
+    get_linear_schedule_with_warmup,
+)
+
 from hybridflow.graph import RoleKind
 from hybridflow.registry import LOSSES
 from hybridflow.runtime.protocols import OptimSpec, RoleSpec
