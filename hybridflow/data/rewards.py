@@ -179,11 +179,11 @@ def batch_samples(batch: Batch, tokenizer: Any) -> list[Sample]:
     for i, (text, truth) in enumerate(zip(texts, batch["ground_truth"], strict=True)):
         context = truth if isinstance(truth, GroundTruth) else None
         ids = batch["responses"][i][batch["response_mask"][i].bool()].tolist()
-        samples.append(Sample(index=i, prompt=context.prompt if context and context.prompt else prompts[i],
+        samples.append(Sample(index=i, prompt=context.prompt if context is not None and context.prompt else prompts[i],
                               prompt_text=prompts[i], response=text, ground_truth=str(truth),
-                              data_source=context.data_source if context else None,
-                              extra_info=context.extra_info if context else None,
-                              columns=context.columns if context else None, response_ids=ids))
+                              data_source=context.data_source if context is not None else None,
+                              extra_info=context.extra_info if context is not None else None,
+                              columns=context.columns if context is not None else None, response_ids=ids))
     return samples
 
 

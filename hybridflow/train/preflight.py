@@ -325,10 +325,10 @@ def probe_rewards(config: TrainConfig, records: list[dict[str, Any]], tokenizer:
     truth = reward_target(record)
     context = truth if isinstance(truth, GroundTruth) else None
     prompt = str(record["prompt"])
-    sample = Sample(index=0, prompt=context.prompt if context and context.prompt else prompt, prompt_text=prompt,
-                    response=str(truth), ground_truth=str(truth),
-                    data_source=context.data_source if context else None,
-                    extra_info=context.extra_info if context else None, columns=context.columns if context else None,
+    known = context is not None  # a GroundTruth of "" (a prompt-only row) still carries its columns
+    sample = Sample(index=0, prompt=context.prompt if known and context.prompt else prompt, prompt_text=prompt,
+                    response=str(truth), ground_truth=str(truth), data_source=context.data_source if known else None,
+                    extra_info=context.extra_info if known else None, columns=context.columns if known else None,
                     response_ids=tokenizer(str(truth), add_special_tokens=False)["input_ids"])
     used = scorer or setup.reward_scorer(config, tokenizer)
     try:
