@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -325,11 +326,11 @@ def probe_rewards(config: TrainConfig, records: list[dict[str, Any]], tokenizer:
     truth = reward_target(record)
     context = truth if isinstance(truth, GroundTruth) else None
     prompt = str(record["prompt"])
-    known = context is not None  # a GroundTruth of "" (a prompt-only row) still carries its columns
-    sample = Sample(index=0, prompt=context.prompt if known and context.prompt else prompt, prompt_text=prompt,
-                    response=str(truth), ground_truth=str(truth), data_source=context.data_source if known else None,
-                    extra_info=context.extra_info if known else None, columns=context.columns if known else None,
+    sample = Sample(index=0, prompt=prompt, prompt_text=prompt, response=str(truth), ground_truth=str(truth),
                     response_ids=tokenizer(str(truth), add_special_tokens=False)["input_ids"])
+    if context is not None:  # a GroundTruth of "" (a prompt-only row) is falsy but still carries its columns
+        sample = replace(sample, prompt=context.prompt or prompt, data_source=context.data_source,
+                         extra_info=context.extra_info, columns=context.columns)
     used = scorer or setup.reward_scorer(config, tokenizer)
     try:
         used.score([sample], track=False)

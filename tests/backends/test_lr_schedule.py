@@ -14,6 +14,7 @@ from transformers import (
 
 from hybridflow.graph import RoleKind
 from hybridflow.registry import LOSSES
+from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.protocols import OptimSpec, RoleSpec
 from hybridflow.train.config import load_config
 
@@ -91,3 +92,24 @@ def test_engine_follows_the_schedule_and_resumes_it(tmp_path: object) -> None:
     assert [_update(resumed, step) for step in (3, 4)] == pytest.approx(rates[3:])
     for name, value in straight.state_dict().items():  # the same rates gave the same weights
         torch.testing.assert_close(resumed.state_dict()[name], value)
+
+
+def test_entropy_and_kl_are_token_means_of_the_whole_update() -> None:
+    """Micro batches of unequal token counts: the logged means weigh each token once (not each micro batch)."""
+    from hybridflow.backends.common import modeling
+
+    batch = rollout_batch(rows=8, seed=3)
+    lengths = torch.tensor([5, 5, 5, 5, 1, 1, 1, 1])  # the second micro batch holds a fifth of the tokens
+    mask = (torch.arange(5)[None, :] < lengths[:, None]).long()
+    batch = Batch({**batch.tensors, "response_mask": mask, "loss_mask": mask,
+                   "ref_logprobs": batch["old_logprobs"] - 0.5})
+    spec = RoleSpec(name="actor", kind=RoleKind.POLICY, model="tiny-qwen2", optim=OptimSpec(lr=1e-6), seed=0)
+    engine = TorchRoleEngine(spec, layout(dp=1, micro_batch_size=4), context())
+    with torch.no_grad():
+        out = modeling.policy_outputs(engine.model, batch, with_entropy=True, packed=True)
+    want = float((out["entropy"] * mask).sum() / mask.sum())
+    metrics = engine.train_step(batch, loss=LOSSES.get("ppo_policy"), options={"kl_coef": 0.1, "kl_type": "k3",
+                                                                              "loss_agg": "seq-mean-token-sum-norm"})
+    assert metrics["entropy"] == pytest.approx(want, rel=1e-4)
+    kl = torch.exp(batch["ref_logprobs"] - out["logprobs"]) - (batch["ref_logprobs"] - out["logprobs"]) - 1
+    assert metrics["kl"] == pytest.approx(float((kl * mask).sum() / mask.sum()), rel=1e-4)

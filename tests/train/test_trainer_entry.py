@@ -11,11 +11,13 @@ import trl_rewards
 
 from hybridflow import GRPOTrainer
 from hybridflow.data.reward_pool import in_a_worker, reward_timeout
-from hybridflow.train.config import TrainConfig
+from hybridflow.train.config import TrainConfig, load_config
+from hybridflow.train.metrics import console_line
 from hybridflow.train.trainer import config_mapping, write_rows
 
-ROWS = [{"prompt": [{"role": "user", "content": f"say {w}"}], "task": "math" if i % 2 else "chat"}
-        for i, w in enumerate(["ab", "cd", "ef", "gh", "ij", "kl", "mn", "op"])]
+WORDS = ["ab", "cd", "ef", "gh", "ij", "kl", "mn", "op"]
+ROWS = [{"prompt": [{"role": "user", "content": f"say {w}"}], "task": "math" if i % 2 else "chat",
+         "data_source": "math" if i % 2 else "chat"} for i, w in enumerate(WORDS)]
 
 
 @dataclasses.dataclass
@@ -43,9 +45,20 @@ def test_a_trl_script_trains_on_an_in_memory_dataset(tmp_path: Path) -> None:
     assert [r["step"] for r in rows] == [0, 1]
     assert 0.0 <= rows[0]["reward/short_answers/mean"] <= 1.0 and "reward/only_math/mean" in rows[0]
     assert "val/reward/mean" in rows[0]  # the pass before training, on step 0's line
+    assert {"val/math/reward/mean", "val/chat/reward/mean"} & set(rows[0])  # per data source, as verl
+    assert rows[0]["actor/kl"] < 1e-4  # before its first update the policy is the reference: the KL starts at 0
     table = [json.loads(line) for line in (result.run_dir / "validation_samples.jsonl").read_text().splitlines()]
     assert table[0]["step"] == -1 and {"prompt", "response", "reward"} <= set(table[0])
     assert (result.run_dir / "final" / "model.safetensors").is_file()
+
+
+def test_console_lines_and_their_keys() -> None:
+    line = console_line(2, 10, {"reward/mean": 0.5, "reward/f/mean": 0.25, "actor/kl": 0.012345, "time/step": 1.5})
+    assert line == "step 3/10 | reward/mean 0.5 | reward/f/mean 0.25 | actor/kl 0.01235 | time/step 1.5"
+    with pytest.raises(ValueError, match="console_metrics_every"):
+        load_config(None, ["console_metrics_every=-1"])
+    with pytest.raises(ValueError, match=r"validate_before_train.*data\.val_path"):
+        load_config(None, ["validate_before_train=true"])
 
 
 def test_rows_are_written_once_by_content(tmp_path: Path) -> None:
