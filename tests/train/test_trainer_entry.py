@@ -38,14 +38,14 @@ def test_a_trl_script_trains_on_an_in_memory_dataset(tmp_path: Path) -> None:
     options = {**config_mapping(args)["algorithm_options"], "mask_truncated": True, "scale_rewards": "batch"}
     trainer = GRPOTrainer("tiny-qwen2", [trl_rewards.short_answers, trl_rewards.only_math],
                           args={**config_mapping(args), "model": {"sft_steps": 0}, "algorithm_options": options,
-                                "actor": {"lr_scheduler": "linear", "warmup_steps": 1},
+                                "actor": {"lr": 2e-3, "lr_scheduler": "linear", "warmup_steps": 1},
                                 "data": {"batch_size": 4, "val_fraction": 0.25}, "validate_before_train": True,
                                 "progress": False, "tensorboard": False, "plot": False, "console_metrics_every": 1},
                           train_dataset=ROWS)
     result = trainer.train()
     rows = [json.loads(line) for line in result.metrics_path.read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1]
-    assert rows[0]["actor/lr"] == 0.0 and rows[1]["actor/lr"] == pytest.approx(TrainConfig().actor.lr)  # warmup
+    assert rows[0]["actor/lr"] == 0.0 and rows[1]["actor/lr"] == pytest.approx(2e-3)  # one warmup step, then the peak
     assert 0.0 <= rows[0]["reward/short_answers/mean"] <= 1.0 and "reward/only_math/mean" in rows[0]
     assert "val/reward/mean" in rows[0]  # the pass before training, on step 0's line
     assert {"val/math/reward/mean", "val/chat/reward/mean"} & set(rows[0])  # per data source, as verl
