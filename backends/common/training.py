@@ -112,8 +112,9 @@ class GradientSteps(MicroBatching):
         totals: dict[str, float] = {}
         steps = 0
         global_norm = accepts_norm(loss)
-        for group in self.param_groups():  # the schedule's rate for this update, whatever the backend
-            group["lr"] = optim.lr * optim.lr_factor(self.weights_version)
+        if optim.lr_scheduler != "constant" or optim.warmup:  # a constant rate stays the optimizer's own
+            for group in self.param_groups():  # the schedule's rate for this update, whatever the backend
+                group["lr"] = optim.lr * optim.lr_factor(self.weights_version)
         self.train_mode(True)
         try:
             for _ in range(optim.epochs):
