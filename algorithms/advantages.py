@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from hybridflow.algorithms.kl import kl_penalty
 from hybridflow.algorithms.masked import masked_sum, masked_whiten, on_mask
-from hybridflow.algorithms.modes import KLType
+from hybridflow.algorithms.modes import SCALE_REWARDS, KLType, ScaleRewards, check_choice
 
 
 def scores_to_token_rewards(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
@@ -119,16 +119,36 @@ def _uid_stats(values: torch.Tensor, uid: torch.Tensor) -> tuple[torch.Tensor, t
 
 
 def grpo_advantages(scores: torch.Tensor, response_mask: torch.Tensor, group_size: int | None = None,
-                    norm_by_std: bool = True, eps: float = 1e-6, *, uid: torch.Tensor | None = None) -> torch.Tensor:
-    """Group-relative outcome advantages: each score minus its group's mean, over its std.
+                    norm_by_std: bool = True, eps: float = 1e-6, *, uid: torch.Tensor | None = None,
+                    scale: ScaleRewards = "group") -> torch.Tensor:
+    """Group-relative outcome advantages: each score minus its group's mean, over a std.
 
-    ``norm_by_std=False`` is Dr.GRPO's advantage (no difficulty bias). Groups: see the module docstring.
-    (B,), (B, T) -> (B, T).
+    ``scale`` (TRL's ``scale_rewards``): ``group``, the std of the prompt's group; ``batch``, the (sample) std of
+    every score in the batch; ``none``, no division (Dr.GRPO's advantage, no difficulty bias), which
+    ``norm_by_std=False`` also selects. Groups: see the module docstring. (B,), (B, T) -> (B, T).
     """
+    check_choice("scale_rewards", scale, SCALE_REWARDS)
     mean, std, _ = group_stats(scores, group_size, uid)
     centred = scores - mean
-    normed = centred / (std + eps) if norm_by_std else centred
+    if not norm_by_std or scale == "none":
+        normed = centred
+    elif scale == "batch":
+        normed = centred / ((scores.std() if len(scores) > 1 else scores.new_zeros(())) + eps)
+    else:
+        normed = centred / (std + eps)
     return normed.reshape(-1, 1) * response_mask
+
+
+def truncation_mask(loss_mask: torch.Tensor, response_mask: torch.Tensor, *, max_new_tokens: int) -> torch.Tensor:
+    """``loss_mask`` with every truncated response's row zeroed (TRL's ``mask_truncated_completions``): a response
+    that used its whole ``max_new_tokens`` budget without the rollout stopping it earlier. (B, T), (B, T) -> (B, T).
+
+    Deviation from TRL, which checks the last token for EOS: a response whose EOS is exactly its last allowed token
+    counts as truncated here too (the graph sees lengths, not token ids).
+    """
+    positions = torch.arange(1, response_mask.shape[-1] + 1, device=response_mask.device)
+    lengths = torch.where(response_mask != 0, positions, 0).amax(dim=-1)
+    return loss_mask * (lengths < max_new_tokens).to(loss_mask.dtype).unsqueeze(-1)
 
 
 def rloo_advantages(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_size: int | None = None, *,

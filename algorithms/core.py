@@ -31,6 +31,7 @@ from hybridflow.algorithms.advantages import (
     remax_advantages,
     rloo_advantages,
     scores_to_token_rewards,
+    truncation_mask,
 )
 from hybridflow.algorithms.aggregation import LossNorm, aggregate_loss, loss_norm, sum_loss_norms
 from hybridflow.algorithms.dapo import (
@@ -48,7 +49,7 @@ from hybridflow.algorithms.losses import (
     value_loss,
 )
 from hybridflow.algorithms.masked import masked_mean, masked_sum, masked_var, masked_whiten, on_mask
-from hybridflow.algorithms.modes import KL_TYPES, LOSS_AGGS, KLType, LossAgg
+from hybridflow.algorithms.modes import KL_TYPES, LOSS_AGGS, SCALE_REWARDS, KLType, LossAgg, ScaleRewards
 
 from hybridflow.logits import token_entropy as entropy_from_logits
 from hybridflow.logits import token_logprobs as logprobs_from_logits
@@ -58,12 +59,14 @@ __all__ = [
     "DAPO_CLIP_RATIO_HIGH",
     "KL_TYPES",
     "LOSS_AGGS",
+    "SCALE_REWARDS",
     "AdaptiveKLController",
     "FixedKLController",
     "KLController",
     "KLType",
     "LossAgg",
     "LossNorm",
+    "ScaleRewards",
     "aggregate_loss",
     "entropy_bonus",
     "entropy_from_logits",
@@ -90,5 +93,6 @@ __all__ = [
     "rloo_advantages",
     "scores_to_token_rewards",
     "sum_loss_norms",
+    "truncation_mask",
     "value_loss",
 ]

@@ -76,8 +76,15 @@ def gae(token_rewards: torch.Tensor, values: torch.Tensor, response_mask: torch.
 
 @COMPUTE_FNS.register("grpo_advantages")
 def grpo_advantages(scores: torch.Tensor, response_mask: torch.Tensor, uid: torch.Tensor | None = None, *,
-                    group_size: int | None = None, norm_by_std: bool = True) -> torch.Tensor:
-    return core.grpo_advantages(scores, response_mask, group_size, norm_by_std, uid=uid)
+                    group_size: int | None = None, norm_by_std: bool = True,
+                    scale_rewards: core.ScaleRewards = "group") -> torch.Tensor:
+    return core.grpo_advantages(scores, response_mask, group_size, norm_by_std, uid=uid, scale=scale_rewards)
+
+
+@COMPUTE_FNS.register("mask_truncated")
+def mask_truncated(loss_mask: torch.Tensor, response_mask: torch.Tensor, *, max_new_tokens: int) -> torch.Tensor:
+    """The loss mask without truncated responses (TRL's ``mask_truncated_completions``). (B, T) -> (B, T)."""
+    return core.truncation_mask(loss_mask, response_mask, max_new_tokens=max_new_tokens)
 
 
 @COMPUTE_FNS.register("rloo_advantages")
@@ -146,11 +153,13 @@ def _add_kl_and_entropy(loss: torch.Tensor, stats: dict[str, torch.Tensor], outp
     if kl_coef:
         kl = core.kl_loss(outputs["logprobs"], batch["ref_logprobs"], mask, kl_type, loss_agg, norm=norm)
         loss = loss + kl_coef * kl
-        metrics["kl_loss"] = kl.detach()
+        metrics["kl_loss"] = kl.detach()  # the term as the loss aggregates it
+        # The estimator's mean per trained token whatever loss_agg, TRL's ``kl`` (the update loop weighs it by tokens).
+        metrics["kl"] = masked_mean(core.kl_penalty(outputs["logprobs"].detach(), batch["ref_logprobs"], kl_type),
+                                    mask)
     if "entropy" in outputs:
-        entropy = core.entropy_bonus(outputs["entropy"], mask, loss_agg, norm=norm)
-        loss = loss - entropy_coef * entropy
-        metrics["entropy"] = entropy.detach()
+        loss = loss - entropy_coef * core.entropy_bonus(outputs["entropy"], mask, loss_agg, norm=norm)
+        metrics["entropy"] = masked_mean(outputs["entropy"].detach(), mask)  # nats per trained token
     return loss, metrics
 
 

@@ -18,7 +18,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from hybridflow.algorithms.modes import LOSS_AGGS, ROLLOUT_CORRECTIONS, LossAgg, RolloutCorrection, check_choice
+from hybridflow.algorithms.modes import (
+    LOSS_AGGS,
+    ROLLOUT_CORRECTIONS,
+    SCALE_REWARDS,
+    LossAgg,
+    RolloutCorrection,
+    ScaleRewards,
+    check_choice,
+)
 
 from hybridflow.graph import DEFAULT_MAX_NEW_TOKENS, Graph, GraphBuilder, RoleKind
 from hybridflow.registry import ALGORITHMS
@@ -102,14 +110,31 @@ def _top(top_p: float, top_k: int) -> Options:
     return {**({"top_p": top_p} if top_p != 1.0 else {}), **({"top_k": top_k} if top_k else {})}
 
 
+def _sample(g: GraphBuilder, actor: str, *, n: int, temperature: float, max_new_tokens: int,
+            mask_truncated: bool = False, **sampling: Any) -> None:
+    """The sampling generate node; with ``mask_truncated`` (TRL's ``mask_truncated_completions``) its loss mask
+    passes through a ``mask_truncated`` node that zeroes the responses cut at ``max_new_tokens``."""
+    if not mask_truncated:
+        g.generate(actor, n=n, temperature=temperature, max_new_tokens=max_new_tokens, loss_mask=True, **sampling)
+        return
+    outputs = ("responses", "response_mask", *(("rollout_logprobs",) if sampling.get("logprobs") else ()),
+               "sampled_loss_mask")
+    g.generate(actor, n=n, temperature=temperature, max_new_tokens=max_new_tokens, loss_mask=True, outputs=outputs,
+               **sampling)
+    g.compute("mask_truncated", fn="mask_truncated", inputs=("sampled_loss_mask", "response_mask"),
+              outputs=("loss_mask",), max_new_tokens=max_new_tokens)
+
+
 def _rollout(name: str, *, n: int, reference: bool, temperature: float, max_new_tokens: int,
-             reward_kind: RoleKind | str, sampling: Options | None = None) -> tuple[GraphBuilder, str]:
+             reward_kind: RoleKind | str, sampling: Options | None = None,
+             mask_truncated: bool = False) -> tuple[GraphBuilder, str]:
     """A graph that samples ``n`` responses per prompt, scores them and takes their old (and reference) log-probs."""
     g = GraphBuilder(name)
     actor = g.role("actor", RoleKind.POLICY)
     ref = g.role("reference", RoleKind.FROZEN_POLICY) if reference else None
     reward = g.role("reward", reward_kind)
-    g.generate(actor, n=n, temperature=temperature, max_new_tokens=max_new_tokens, loss_mask=True, **(sampling or {}))
+    _sample(g, actor, n=n, temperature=temperature, max_new_tokens=max_new_tokens, mask_truncated=mask_truncated,
+            **(sampling or {}))
     g.score(reward)
     if ref is not None:
         g.ref_logprob(ref)
@@ -118,11 +143,17 @@ def _rollout(name: str, *, n: int, reference: bool, temperature: float, max_new_
 
 
 def _group_relative(g: GraphBuilder, actor: str, *, n: int, norm_by_std: bool, loss: str, kl_coef: float | None,
-                    options: Options, correction: _Correction | None = None) -> Graph:
+                    options: Options, correction: _Correction | None = None,
+                    scale_rewards: ScaleRewards = "group") -> Graph:
     """GRPO's tail: group-relative advantages, then the actor's update (with a KL term when ``kl_coef`` is set)."""
     correction = correction or _Correction()
+    check_choice("scale_rewards", scale_rewards, SCALE_REWARDS)
+    if not norm_by_std and scale_rewards != "group":
+        raise ValueError(f"algorithm options norm_by_std=False and scale_rewards={scale_rewards!r} conflict: "
+                         "norm_by_std=False is scale_rewards='none'; give one")
+    scale: Options = {"scale_rewards": scale_rewards} if scale_rewards != "group" else {}
     g.compute("advantages", fn="grpo_advantages", inputs=("scores", "loss_mask", "uid"),
-              outputs=("advantages",), norm_by_std=norm_by_std)
+              outputs=("advantages",), norm_by_std=norm_by_std, **scale)
     options = {**options, **correction.options}
     if kl_coef is None:
         g.update(actor, loss=loss, inputs=(*TRAINED, "old_logprobs", *correction.inputs, "advantages"), **options)
@@ -164,14 +195,31 @@ def grpo(*, n: int = 4, kl_coef: float = 0.04, clip_ratio: float = 0.2, clip_rat
          loss_agg: LossAgg = "token-mean", entropy_coef: float = 0.0, norm_by_std: bool = True,
          temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
          rollout_correction: RolloutCorrection | None = None, rollout_is_cap: float = DEFAULT_IS_CAP,
+         scale_rewards: ScaleRewards = "group", mask_truncated: bool = False, loss_scale_factor: float | None = None,
          reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
-    """GRPO: group-normalised outcome advantages, KL to the reference as a loss term, no critic."""
+    """GRPO: group-normalised outcome advantages, KL to the reference as a loss term, no critic.
+
+    ``scale_rewards`` (``group``, ``batch``, ``none``) and ``mask_truncated`` are TRL's ``scale_rewards`` and
+    ``mask_truncated_completions``; ``loss_scale_factor`` the constant ``seq-mean-token-sum-norm`` divides by
+    (TRL's ``loss_type="dr_grpo"`` is that mode with ``max_new_tokens`` here; docs/algorithms.md)."""
     correction = _correction(rollout_correction, rollout_is_cap)
     g, actor = _rollout("grpo", n=n, reference=True, temperature=temperature, max_new_tokens=max_new_tokens,
-                        reward_kind=reward_kind, sampling={**_top(top_p, top_k), **correction.sampling})
+                        reward_kind=reward_kind, sampling={**_top(top_p, top_k), **correction.sampling},
+                        mask_truncated=mask_truncated)
     return _group_relative(g, actor, n=n, norm_by_std=norm_by_std, loss="ppo_policy", kl_coef=kl_coef,
-                           options=_actor_options(clip_ratio, clip_ratio_high, loss_agg, entropy_coef),
-                           correction=correction)
+                           options=_actor_options(clip_ratio, clip_ratio_high, loss_agg, entropy_coef,
+                                                  **_scale_factor(loss_agg, loss_scale_factor)),
+                           correction=correction, scale_rewards=scale_rewards)
+
+
+def _scale_factor(loss_agg: str, loss_scale_factor: float | None) -> Options:
+    """The ``loss_scale_factor`` option (left out unset), read by ``seq-mean-token-sum-norm`` alone."""
+    if loss_scale_factor is None:
+        return {}
+    if loss_agg != "seq-mean-token-sum-norm" or not loss_scale_factor > 0:
+        raise ValueError(f"algorithm option loss_scale_factor={loss_scale_factor} is the positive constant of "
+                         f"loss_agg='seq-mean-token-sum-norm'; loss_agg is {loss_agg!r}")
+    return {"loss_scale_factor": loss_scale_factor}
 
 
 @ALGORITHMS.register("grpo_no_ref")
@@ -180,14 +228,18 @@ def grpo_no_ref(*, n: int = 4, clip_ratio: float = 0.2, clip_ratio_high: float |
                 temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
                 max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
                 rollout_correction: RolloutCorrection | None = None, rollout_is_cap: float = DEFAULT_IS_CAP,
+                scale_rewards: ScaleRewards = "group", mask_truncated: bool = False,
+                loss_scale_factor: float | None = None,
                 reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
     """GRPO without a reference model: no KL term and no reference role, so nothing is placed for one."""
     correction = _correction(rollout_correction, rollout_is_cap)
     g, actor = _rollout("grpo_no_ref", n=n, reference=False, temperature=temperature, max_new_tokens=max_new_tokens,
-                        reward_kind=reward_kind, sampling={**_top(top_p, top_k), **correction.sampling})
+                        reward_kind=reward_kind, sampling={**_top(top_p, top_k), **correction.sampling},
+                        mask_truncated=mask_truncated)
     return _group_relative(g, actor, n=n, norm_by_std=norm_by_std, loss="ppo_policy", kl_coef=None,
-                           options=_actor_options(clip_ratio, clip_ratio_high, loss_agg, entropy_coef),
-                           correction=correction)
+                           options=_actor_options(clip_ratio, clip_ratio_high, loss_agg, entropy_coef,
+                                                  **_scale_factor(loss_agg, loss_scale_factor)),
+                           correction=correction, scale_rewards=scale_rewards)
 
 
 @ALGORITHMS.register("dr_grpo")
@@ -195,14 +247,14 @@ def dr_grpo(*, n: int = 4, kl_coef: float = 0.0, clip_ratio: float = 0.2, clip_r
             entropy_coef: float = 0.0, temperature: float = 1.0,
             top_p: float = 1.0, top_k: int = 0, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
             rollout_correction: RolloutCorrection | None = None, rollout_is_cap: float = DEFAULT_IS_CAP,
-            reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
+            mask_truncated: bool = False, reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
     """Dr.GRPO (https://arxiv.org/abs/2503.20783): GRPO without the std normalisation of advantages and with
     each response's token sum divided by a constant (``max_new_tokens``), not its length; no KL (and no
     reference role) unless ``kl_coef`` > 0."""
     correction = _correction(rollout_correction, rollout_is_cap)
     g, actor = _rollout("dr_grpo", n=n, reference=kl_coef > 0, temperature=temperature,
                         max_new_tokens=max_new_tokens, reward_kind=reward_kind,
-                        sampling={**_top(top_p, top_k), **correction.sampling})
+                        sampling={**_top(top_p, top_k), **correction.sampling}, mask_truncated=mask_truncated)
     options = _actor_options(clip_ratio, clip_ratio_high, "seq-mean-token-sum-norm", entropy_coef,
                              loss_scale_factor=max_new_tokens)
     return _group_relative(g, actor, n=n, norm_by_std=False, loss="ppo_policy", kl_coef=kl_coef or None,
@@ -230,15 +282,17 @@ def dapo(*, n: int = 8, clip_ratio: float = 0.2, clip_ratio_high: float = 0.28, 
          overlong_buffer: int = 0, overlong_penalty: float = 1.0, max_rounds: int = 3, temperature: float = 1.0,
          top_p: float = 1.0, top_k: int = 0,
          max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, rollout_correction: RolloutCorrection | None = None,
-         rollout_is_cap: float = DEFAULT_IS_CAP, reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
+         rollout_is_cap: float = DEFAULT_IS_CAP, mask_truncated: bool = False,
+         reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
     """DAPO (https://arxiv.org/abs/2503.14476): GRPO without KL or reference, clip-higher, the token-level loss,
     overlong reward shaping over the last ``overlong_buffer`` tokens (0: off) and dynamic sampling: groups whose
-    rewards are all equal are dropped and up to ``max_rounds`` more rollouts refill the batch."""
+    rewards are all equal are dropped and up to ``max_rounds`` more rollouts refill the batch. ``mask_truncated``:
+    the paper's overlong filtering (no loss on truncated responses; TRL's ``mask_truncated_completions``)."""
     g = GraphBuilder("dapo")
     actor, reward = g.role("actor", RoleKind.POLICY), g.role("reward", reward_kind)
     correction = _correction(rollout_correction, rollout_is_cap)
-    g.generate(actor, n=n, temperature=temperature, max_new_tokens=max_new_tokens, loss_mask=True,
-               **_top(top_p, top_k), **correction.sampling)
+    _sample(g, actor, n=n, temperature=temperature, max_new_tokens=max_new_tokens, mask_truncated=mask_truncated,
+            **_top(top_p, top_k), **correction.sampling)
     g.score(reward, outputs=("raw_scores",) if overlong_buffer else None)
     if overlong_buffer:
         g.compute("overlong_shaping", fn="overlong_penalized_scores", inputs=("raw_scores", "response_mask"),

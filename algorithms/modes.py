@@ -12,6 +12,11 @@ KLType = Literal["k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl",
                  "k1+", "kl+", "abs+", "k2+", "mse+", "k3+", "low_var_kl+"]
 KL_TYPES: tuple[str, ...] = get_args(KLType)
 
+ScaleRewards = Literal["group", "batch", "none"]
+SCALE_REWARDS: tuple[str, ...] = get_args(ScaleRewards)
+"""How group-relative advantages are scaled (TRL's ``scale_rewards``): by the std of the prompt's group, of the
+whole batch, or not at all (Dr.GRPO)."""
+
 RolloutCorrection = Literal["tis", "decoupled"]
 ROLLOUT_CORRECTIONS: tuple[str, ...] = get_args(RolloutCorrection)
 

@@ -16,6 +16,10 @@ from typing import Any
 
 import torch
 
+TOKEN_MEAN_METRICS = frozenset({"entropy", "kl"})
+"""Loss metrics that are per-token means over the loss mask (nats per token): the update loop averages them over
+micro batches and ranks weighted by trained tokens, so they are the update's exact token means."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class LossNorm:

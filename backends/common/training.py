@@ -7,7 +7,9 @@ weighting and the metric averaging are written once, here.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -15,10 +17,12 @@ from hybridflow.backends.common import modeling
 from hybridflow.backends.common.micro_batches import MicroBatching
 
 from hybridflow.graph import RoleKind
-from hybridflow.loss_norm import LossNorm, accepts_norm, loss_norm
+from hybridflow.loss_norm import TOKEN_MEAN_METRICS, LossNorm, accepts_norm, loss_norm
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.errors import NonFiniteLossError
 from hybridflow.runtime.protocols import LossFn, OptimSpec, RoleSpec, WorkerContext
+
+SCHEDULE_FILE = "schedule.json"  # in each trainable role's checkpoint directory: {"updates": N}
 
 
 def accumulate(mini: Batch, *, micro_batches: list[Batch], forward: Callable[[Batch], dict[str, torch.Tensor]],
@@ -45,9 +49,22 @@ def accumulate(mini: Batch, *, micro_batches: list[Batch], forward: Callable[[Ba
         factor = ranks if norm is not None else weight
         backward(value * factor)
         sums["loss"] = sums.get("loss", 0.0) + float(value.detach()) * factor
+        tokens = trained_tokens(micro)
+        sums[TOKENS] = sums.get(TOKENS, 0.0) + tokens
         for key, stat in stats.items():
-            sums[key] = sums.get(key, 0.0) + float(torch.as_tensor(stat).detach()) * weight
+            # Per-token means add up as token sums (divided once the update's tokens are counted on every rank).
+            share = tokens if key in TOKEN_MEAN_METRICS else weight
+            sums[key] = sums.get(key, 0.0) + float(torch.as_tensor(stat).detach()) * share
     return sums, True
+
+
+TOKENS = "_trained_tokens"  # accumulate's count of loss-mask tokens, folded into the token means by train_step
+
+
+def trained_tokens(batch: Batch) -> float:
+    """Tokens a loss trains on in ``batch``: its ``loss_mask`` (``response_mask`` without one; 0 without either)."""
+    name = "loss_mask" if "loss_mask" in batch else "response_mask"
+    return float(batch[name].sum()) if name in batch else 0.0
 
 
 def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
@@ -99,6 +116,9 @@ class GradientSteps(MicroBatching):
         totals: dict[str, float] = {}
         steps = 0
         global_norm = accepts_norm(loss)
+        if optim.lr_scheduler != "constant" or optim.warmup:  # a constant rate stays the optimizer's own
+            for group in self.param_groups():  # the schedule's rate for this update, whatever the backend
+                group["lr"] = optim.lr * optim.lr_factor(self.weights_version)
         self.train_mode(True)
         try:
             for _ in range(optim.epochs):
@@ -117,7 +137,18 @@ class GradientSteps(MicroBatching):
             self.train_mode(False)
             if steps:
                 self.weights_version += 1
-        return {key: value / steps for key, value in totals.items()}
+        return self.update_metrics(totals, steps)
+
+    def update_metrics(self, totals: dict[str, float], steps: int) -> dict[str, float]:
+        """Means over the update's optimizer steps; the :data:`TOKEN_MEAN_METRICS` as exact means over every trained
+        token of the update on all ranks (whatever the loss aggregation, micro batches or ranks)."""
+        tokens = totals.pop(TOKENS, 0.0)
+        means = {key: value / steps for key, value in totals.items() if key not in TOKEN_MEAN_METRICS}
+        keys = sorted(key for key in totals if key in TOKEN_MEAN_METRICS)
+        if keys:
+            *sums, count = self.sum_over_ranks([*(totals[key] for key in keys), tokens])
+            means.update({key: value / count if count > 0 else 0.0 for key, value in zip(keys, sums, strict=True)})
+        return means
 
     def mini_batch_norm(self, mini: Batch) -> LossNorm | None:
         """The counts of the whole mini batch: this rank's rows plus every other rank's (the same T everywhere:
@@ -139,6 +170,29 @@ class GradientSteps(MicroBatching):
         flat = torch.tensor(values, dtype=torch.float64)
         self.context.collective.all_reduce_mean([flat])
         return (flat * self.context.world_size).tolist()
+
+    def param_groups(self) -> list[dict[str, Any]]:
+        """The optimizer's parameter groups, whose ``lr`` the schedule sets before each update (default: those
+        of an ``optimizer`` attribute)."""
+        optimizer = getattr(self, "optimizer", None)
+        if optimizer is None:
+            raise TypeError(f"role {self.spec.name!r}: the engine exposes no optimizer parameter groups for the "
+                            "learning-rate schedule (implement GradientSteps.param_groups)")
+        groups: list[dict[str, Any]] = optimizer.param_groups
+        return groups
+
+    def save_schedule(self, directory: str) -> None:
+        """Write the updates taken so far (the schedule's position) beside the role's checkpoint (rank 0)."""
+        if self.context.rank == 0:
+            path = Path(directory)
+            path.mkdir(parents=True, exist_ok=True)
+            (path / SCHEDULE_FILE).write_text(json.dumps({"updates": self.weights_version}))
+
+    def load_schedule(self, directory: str) -> None:
+        """Resume the schedule where the checkpoint left it (a checkpoint from before schedules: at update 0)."""
+        path = Path(directory) / SCHEDULE_FILE
+        if path.is_file():
+            self.weights_version = int(json.loads(path.read_text())["updates"])
 
     def training_forward(self, micro: Batch) -> dict[str, torch.Tensor]:
         """What a trainable role's loss reads: values for a critic, log-probs and entropy for a policy."""

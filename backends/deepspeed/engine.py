@@ -108,6 +108,10 @@ class DeepSpeedRoleEngine(ForwardOps, GradientSteps, WeightStreams):
     def zero_grad(self) -> None:
         return None  # ``engine.step()`` zeroes what it applied
 
+    def param_groups(self) -> list[dict[str, Any]]:
+        groups: list[dict[str, Any]] = self.engine.optimizer.param_groups  # ZeRO's wrapper exposes the base groups
+        return groups
+
     def most_over_ranks(self, value: int) -> int:
         return all_ranks_max(value)  # every rank runs as many micro batches: each forward is a collective
 
@@ -166,6 +170,8 @@ class DeepSpeedRoleEngine(ForwardOps, GradientSteps, WeightStreams):
             return
         Path(directory).mkdir(parents=True, exist_ok=True)
         self.engine.save_checkpoint(directory, tag=CHECKPOINT_TAG, exclude_frozen_parameters=self.has_adapters)
+        if self.spec.kind.trainable:
+            self.save_schedule(directory)
 
     def load_checkpoint(self, directory: str) -> None:
         if self.engine is None:
@@ -177,6 +183,8 @@ class DeepSpeedRoleEngine(ForwardOps, GradientSteps, WeightStreams):
             raise unloadable(directory, err, backend="deepspeed") from err
         if path is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint tagged {CHECKPOINT_TAG!r} in {directory!r}")
+        if self.spec.kind.trainable:
+            self.load_schedule(directory)
 
     def close(self) -> None:
         """Release DeepSpeed's hooks and partitioned buffers (``DeepSpeedEngine.destroy``)."""

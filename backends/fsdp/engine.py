@@ -179,9 +179,13 @@ class FsdpRoleEngine(ForwardOps, GradientSteps, WeightStreams):
 
     def save_checkpoint(self, directory: str) -> None:
         checkpoint.save(directory, self.model, self.optimizer, frozen=not self.has_adapters)
+        if self.optimizer is not None:
+            self.save_schedule(directory)
 
     def load_checkpoint(self, directory: str) -> None:
         checkpoint.load(directory, self.model, self.optimizer, frozen=not self.has_adapters)
+        if self.optimizer is not None:
+            self.load_schedule(directory)
 
     def close(self) -> None:
         """Nothing to stop: the process group belongs to the worker, shards are plain memory."""

@@ -97,6 +97,8 @@ class TorchRoleEngine(ForwardOps, GradientSteps, WeightStreams):
             model = {name: tensor for name, tensor in model.items() if adapters.is_adapter_key(name)}
         state = {"model": model, "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None}
         torch.save(state, path / "state.pt")
+        if self.optimizer is not None:
+            self.save_schedule(directory)
 
     def load_checkpoint(self, directory: str) -> None:
         file = Path(directory) / "state.pt"
@@ -111,6 +113,7 @@ class TorchRoleEngine(ForwardOps, GradientSteps, WeightStreams):
             self.model.load_state_dict(state["model"])
         if self.optimizer is not None and state["optimizer"] is not None:
             self.optimizer.load_state_dict(state["optimizer"])
+            self.load_schedule(directory)
 
     def close(self) -> None:
         """Nothing to stop: the model and optimizer are plain memory, freed with the engine."""

@@ -29,25 +29,38 @@ def load_records(path: str | Path, *, prompt_key: str = "prompt", answer_key: st
 
     ``prompt_key`` / ``answer_key`` name the columns (dotted keys reach nested ones, e.g.
     ``reward_model.ground_truth``); ``answer_key=None`` tries ``ground_truth`` then verl's
-    ``reward_model.ground_truth``. A prompt may be a string or chat messages. The row's other
-    columns (``data_source``, ``extra_info``...) are kept for reward functions.
+    ``reward_model.ground_truth``, and a file with neither in any row is prompt-only (every ground truth "",
+    for reward functions that need none, as TRL allows). A prompt may be a string or chat messages (a
+    ``messages`` column serves when there is no ``prompt``). The row's other columns (``data_source``,
+    ``extra_info``...) are kept for reward functions.
     """
     table = read_table(path, split=split, field=field)
+    # Prompt-only (TRL's convention): no row names a ground truth, so every one gets "" and the reward functions
+    # judge the response alone. A file where only some rows have one is a data error, named at the first row.
+    prompt_only = answer_key is None and not any(has_key(row, k) for row in table.rows for k in ANSWER_KEYS)
     records = []
     for index, row in enumerate(table.rows):
         where = table.where(index)
-        prompt = check_prompt(lookup(row, prompt_key, where=where, field="data.prompt_key"), where)
+        column = MESSAGES if prompt_key == PROMPT and PROMPT not in row and MESSAGES in row else prompt_key
+        prompt = check_prompt(lookup(row, column, where=where, field="data.prompt_key"), where)
+        extras = {name: value for name, value in row.items() if name not in (column, GROUND_TRUTH)}
+        if prompt_only:
+            records.append({PROMPT: prompt, GROUND_TRUTH: "", **extras})
+            continue
         key = answer_key or next((k for k in ANSWER_KEYS if has_key(row, k)), None)
         if key is None:
-            raise MissingColumnError(f"{where}: no {ANSWER_KEYS[0]!r} column (nor verl's {ANSWER_KEYS[1]!r}); columns "
-                                     f"present: {sorted(row)}. Set data.answer_key to the column that holds the "
-                                     "ground truth (dotted keys reach nested columns)")
+            raise MissingColumnError(f"{where}: no {ANSWER_KEYS[0]!r} column (nor verl's {ANSWER_KEYS[1]!r}), though "
+                                     f"other rows have one; columns present: {sorted(row)}. Give every row its ground "
+                                     "truth, or none (a prompt-only dataset), or set data.answer_key to the column "
+                                     "that holds it (dotted keys reach nested columns)")
         answer = lookup(row, key, where=where, field="data.answer_key")
         if answer is None:
             raise ValueError(f"{where}: the ground truth {key!r} is null; every row needs one")
-        extras = {name: value for name, value in row.items() if name not in (prompt_key, GROUND_TRUTH)}
         records.append({PROMPT: prompt, GROUND_TRUTH: _as_text(answer), **extras})
     return records
+
+
+MESSAGES = "messages"  # a chat dataset's conversation column: the prompt when the rows have no "prompt"
 
 
 def _as_text(answer: Any) -> str:

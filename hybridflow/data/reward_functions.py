@@ -8,9 +8,12 @@ Accepted signatures:
 - batched, TRL's: ``fn(prompts, completions, **columns)`` -> list of floats, called with keywords
   (``completions`` is what marks it; ``prompts``, ``completion_ids`` and any data column may be asked for).
 
-Every value must be a real, finite number: a string, ``None``, NaN or inf is an error naming the
-function, the sample, its prompt and its response. So is anything the function raises, ``SystemExit`` and
-other ``BaseException``s included (only ``KeyboardInterrupt`` goes through: it is the user's).
+Every value must be a real, finite number or ``None``: a string, NaN or inf is an error naming the
+function, the sample, its prompt and its response. ``None`` (TRL's convention) means "this function does not
+score this sample": the sample's reward is the weighted sum over the functions that did
+(:class:`~hybridflow.data.rewards.RewardScorer`), and a sample no function scored is an error. So is anything
+the function raises, ``SystemExit`` and other ``BaseException``s included (only ``KeyboardInterrupt`` goes
+through: it is the user's).
 """
 
 from __future__ import annotations
@@ -66,13 +69,13 @@ class RewardFunction:
     weight: float = 1.0
     source: str | None = None  # the data.reward spec it was loaded from: a worker process loads it by this
 
-    def __call__(self, samples: Sequence[Sample]) -> list[float]:
-        """Unweighted rewards of ``samples``, checked to be finite floats."""
+    def __call__(self, samples: Sequence[Sample]) -> list[float | None]:
+        """Unweighted rewards of ``samples``, checked to be finite floats (or None: not scored by this function)."""
         if self.style == "batched":
             return self._batched(samples)
         return [self._one(sample) for sample in samples]
 
-    def _one(self, sample: Sample) -> float:
+    def _one(self, sample: Sample) -> float | None:
         if self.style == "verl":
             offered = {"data_source": sample.data_source, "solution_str": sample.response,
                        "ground_truth": sample.ground_truth, "extra_info": sample.extra_info}
@@ -90,7 +93,7 @@ class RewardFunction:
                                       f"{describe(sample)}", sample=sample.index) from err
         return check_value(value, self.name, sample)
 
-    def _batched(self, samples: Sequence[Sample]) -> list[float]:
+    def _batched(self, samples: Sequence[Sample]) -> list[float | None]:
         columns = batch_columns(samples)
         missing = sorted(self.required - set(columns))
         if missing:
@@ -183,8 +186,11 @@ def reward_function(fn: Callable[..., Any], *, name: str | None = None, weight: 
 FLOAT32_MAX = 3.4028234663852886e38  # scores travel as float32 tensors: a larger reward becomes inf there
 
 
-def check_value(value: Any, name: str, sample: Sample) -> float:
-    """``value`` as a float if it is a real, finite number; otherwise an error naming the function and sample."""
+def check_value(value: Any, name: str, sample: Sample) -> float | None:
+    """``value`` as a float if it is a real, finite number, None as None (the function skips the sample);
+    otherwise an error naming the function and sample."""
+    if value is None:
+        return None
     if hasattr(value, "item") and getattr(value, "ndim", None) == 0:  # 0-d numpy arrays and torch tensors
         value = value.item()
     if isinstance(value, numbers.Real) and math.isfinite(float(value)) and abs(float(value)) <= FLOAT32_MAX:

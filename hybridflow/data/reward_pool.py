@@ -25,7 +25,8 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from typing import Any
@@ -64,7 +65,7 @@ class RewardPool:
             self.close()
             raise
 
-    def score(self, samples: Sequence[Sample]) -> list[list[float]]:
+    def score(self, samples: Sequence[Sample]) -> list[list[float | None]]:
         """Each function's unweighted values of ``samples``, in ``rewards`` order."""
         if self._closed:
             raise RuntimeError("the reward pool is closed")
@@ -78,12 +79,12 @@ class RewardPool:
         if not samples:
             return [[] for _ in self.rewards]
         futures = [self._threads.submit(self._run, position, chunk) for position, chunk in tasks]
-        values: list[list[float]] = [[] for _ in self.rewards]
+        values: list[list[float | None]] = [[] for _ in self.rewards]
         for (position, _), future in zip(tasks, futures, strict=True):
             values[position].extend(future.result())
         return values
 
-    def _run(self, position: int, chunk: list[Sample]) -> list[float]:
+    def _run(self, position: int, chunk: list[Sample]) -> list[float | None]:
         worker = self._idle.get()
         try:
             worker.wait_ready(self.rewards)
@@ -143,11 +144,11 @@ class _Worker:
                                "in data.reward as 'path/to/file.py:function'")
         self.ready = True
 
-    def call(self, position: int, chunk: list[Sample], reward: RewardFunction, timeout_s: float) -> list[float]:
+    def call(self, position: int, chunk: list[Sample], reward: RewardFunction, timeout_s: float) -> list[float | None]:
         """``reward``'s values of ``chunk``; every call (one per sample, or one per batch) within ``timeout_s``."""
         self.connection.send((position, chunk))
         calls = [chunk[:1]] if reward.style == "batched" else [[sample] for sample in chunk]
-        values: list[float] = []
+        values: list[float | None] = []
         for (sample, *_) in calls:
             what = (f"a batch of {len(chunk)} samples (first: {describe(sample)})" if reward.style == "batched"
                     else describe(sample))
@@ -188,6 +189,29 @@ def _portable(reward: RewardFunction) -> tuple[str | None, RewardFunction | None
     if reward.source is not None:
         return reward.source, None, reward.name, reward.weight
     return None, reward, reward.name, reward.weight
+
+
+def in_a_worker(fn: Callable[..., Any]) -> bool:
+    """Whether a fresh interpreter can load ``fn`` from its pickle (the reward pool's workers): it pickles, and not
+    by reference to the ``__main__`` script (which a worker does not run)."""
+    try:
+        payload = pickle.dumps(fn)
+    except (pickle.PicklingError, TypeError, AttributeError):
+        return False
+    return b"__main__" not in payload
+
+
+def reward_timeout(rewards: Sequence[Any], timeout_s: float) -> float | None:
+    """``timeout_s`` when every reward can run in the worker pool, else None (in-process, unbounded), warning once
+    with the names of those that cannot."""
+    local = [getattr(fn, "__name__", repr(fn)) for fn in rewards if callable(fn) and not in_a_worker(fn)]
+    if not local:
+        return timeout_s
+    warnings.warn(f"reward functions {local} cannot be loaded by a worker process (a lambda, a nested function or "
+                  "one defined in the __main__ script): every reward function runs in this process, without "
+                  "data.reward_timeout_s; define them at module level in an importable module to keep the deadline",
+                  stacklevel=3)
+    return None
 
 
 def serve_fd(fd: int) -> None:

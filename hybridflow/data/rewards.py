@@ -53,6 +53,7 @@ class RewardScorer:
     timeout_s: float | None = None
     workers: int | None = None  # default: up to 4, one per CPU
     _pool: _LazyPool = field(init=False, repr=False, compare=False)
+    _means: _RewardMeans = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.rewards:
@@ -60,32 +61,76 @@ class RewardScorer:
         if self.timeout_s is not None and not self.timeout_s > 0:
             raise ValueError(f"config key 'data.reward_timeout_s'={self.timeout_s} must be > 0 (seconds per call)")
         object.__setattr__(self, "_pool", _LazyPool())
+        object.__setattr__(self, "_means", _RewardMeans())
 
     def __call__(self, batch: Batch) -> Batch:
         total, _ = self.score(batch_samples(batch, self.tokenizer))
         return Batch({"scores": torch.tensor(total, dtype=torch.float32)})
 
-    def score(self, samples: Sequence[Sample]) -> tuple[list[float], dict[str, list[float]]]:
-        """The weighted total per sample, and each function's unweighted rewards (for validation tables)."""
+    def score(self, samples: Sequence[Sample], *,
+              track: bool = True) -> tuple[list[float], dict[str, list[float | None]]]:
+        """The weighted total per sample over the functions that scored it (a None is TRL's "not mine"), and each
+        function's unweighted rewards (None where it skipped; for validation tables). ``track``: count them in
+        :meth:`drain_means` (training samples; validation and probes pass False)."""
         if self.timeout_s is None:
             values = [reward(samples) for reward in self.rewards]
         else:
             values = self._pool.get(self.rewards, self.timeout_s, self.workers).score(samples)
-        total = [sum(r.weight * v[i] for r, v in zip(self.rewards, values, strict=True)) for i in range(len(samples))]
+        total = [self._total(values, i, sample) for i, sample in enumerate(samples)]
         for sample, score in zip(samples, total, strict=True):
             if not abs(score) <= FLOAT32_MAX:  # each value was in range: only the weighted sum can overflow
                 raise RewardFunctionError(
                     f"the weighted sum of reward functions {[r.name for r in self.rewards]} (data.reward_weights "
                     f"{[r.weight for r in self.rewards]}) is {score!r} for {describe(sample)}, beyond float32's range; "
                     "lower the weights or the rewards", sample=sample.index)
-        parts: dict[str, list[float]] = {}
+        parts: dict[str, list[float | None]] = {}
         for position, (reward, value) in enumerate(zip(self.rewards, values, strict=True)):
             parts[reward.name if reward.name not in parts else f"{reward.name}#{position}"] = value
+        if track:
+            self._means.add(parts)
         return total, parts
+
+    def _total(self, values: Sequence[Sequence[float | None]], index: int, sample: Sample) -> float:
+        answered = [(r.weight, v[index]) for r, v in zip(self.rewards, values, strict=True) if v[index] is not None]
+        if not answered:
+            names = [r.name for r in self.rewards]
+            who = f"reward function {names[0]!r} returned None" if len(names) == 1 else \
+                f"every reward function ({names}) returned None"
+            raise RewardFunctionError(f"{who} for {describe(sample)}: None means 'not scored by this function', and "
+                                      "each sample needs a score from at least one function (return a float, or add "
+                                      "a function that scores such samples)", sample=sample.index)
+        return sum(weight * float(value) for weight, value in answered if value is not None)
+
+    def drain_means(self) -> dict[str, float]:
+        """``reward/<name>/mean`` of every function over the samples it scored since the last drain (None skipped:
+        TRL's ``rewards/<name>/mean``); empty when nothing was scored. The training loop drains once per step."""
+        return self._means.drain()
 
     def close(self) -> None:
         """Stop the worker processes, if any started; a later score starts new ones."""
         self._pool.close()
+
+
+class _RewardMeans:
+    """Running sums and counts of each function's rewards (None skipped), thread-safe: scores of one step may come
+    from several chunks or threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sums: dict[str, list[float]] = {}
+
+    def add(self, parts: dict[str, list[float | None]]) -> None:
+        with self._lock:
+            for name, values in parts.items():
+                answered = [v for v in values if v is not None]
+                entry = self._sums.setdefault(name, [0.0, 0.0])
+                entry[0] += sum(answered)
+                entry[1] += len(answered)
+
+    def drain(self) -> dict[str, float]:
+        with self._lock:
+            sums, self._sums = self._sums, {}
+        return {f"reward/{name}/mean": total / count for name, (total, count) in sums.items() if count}
 
 
 class _LazyPool:
@@ -134,11 +179,11 @@ def batch_samples(batch: Batch, tokenizer: Any) -> list[Sample]:
     for i, (text, truth) in enumerate(zip(texts, batch["ground_truth"], strict=True)):
         context = truth if isinstance(truth, GroundTruth) else None
         ids = batch["responses"][i][batch["response_mask"][i].bool()].tolist()
-        samples.append(Sample(index=i, prompt=context.prompt if context and context.prompt else prompts[i],
+        samples.append(Sample(index=i, prompt=context.prompt if context is not None and context.prompt else prompts[i],
                               prompt_text=prompts[i], response=text, ground_truth=str(truth),
-                              data_source=context.data_source if context else None,
-                              extra_info=context.extra_info if context else None,
-                              columns=context.columns if context else None, response_ids=ids))
+                              data_source=context.data_source if context is not None else None,
+                              extra_info=context.extra_info if context is not None else None,
+                              columns=context.columns if context is not None else None, response_ids=ids))
     return samples
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,7 +26,7 @@ class DataFiles:
     prompt_key: str = "prompt"
     answer_key: str | None = None
     split: str = "train"
-    val_path: str | None = None
+    val_path: str | list[str] | None = None
     val_split: str = "test"
     val_fraction: float = 0.0
     max_prompt_length: int | None = None
@@ -46,7 +47,7 @@ class DataSpec(DataFiles):
     """Where prompts come from: ``path`` (a ``.jsonl`` / ``.parquet`` file or a ``datasets.save_to_disk``
     directory), read as :class:`DataFiles` says; ``seed`` picks a held-out validation fraction."""
 
-    path: str
+    path: str | list[str]
     seed: int = 0
 
 
@@ -58,12 +59,30 @@ class DataSplits:
     validation: list[Record]
 
 
+def paths(value: str | Sequence[str] | None) -> list[str]:
+    """A path key's files: one path, or a list of them (``[]`` when unset)."""
+    if value is None:
+        return []
+    return [value] if isinstance(value, str) else list(value)
+
+
+def load_files(value: str | Sequence[str], files: DataFiles, *, split: str, field: str) -> list[Record]:
+    """The records of every file ``value`` names (``field``: the config key, indexed in errors for a list)."""
+    names = paths(value)
+    if not names:
+        raise ValueError(f"config key {field!r} is an empty list; name at least one data file")
+    records: list[Record] = []
+    for i, name in enumerate(names):
+        records += load_records(name, prompt_key=files.prompt_key, answer_key=files.answer_key, split=split,
+                                field=field if isinstance(value, str) else f"{field}[{i}]")
+    return records
+
+
 def load_splits(spec: DataSpec) -> DataSplits:
     """The records ``spec`` names, split into train and validation."""
-    train = load_records(spec.path, prompt_key=spec.prompt_key, answer_key=spec.answer_key, split=spec.split)
+    train = load_files(spec.path, spec, split=spec.split, field="data.path")
     if spec.val_path:
-        validation = load_records(spec.val_path, prompt_key=spec.prompt_key, answer_key=spec.answer_key,
-                                  split=spec.val_split, field="data.val_path")
+        validation = load_files(spec.val_path, spec, split=spec.val_split, field="data.val_path")
         return DataSplits(train=train, validation=validation)
     if spec.val_fraction:
         train, validation = hold_out(train, spec.val_fraction, seed=spec.seed)

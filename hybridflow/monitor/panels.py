@@ -3,7 +3,7 @@
 Keys follow :mod:`hybridflow.train.metrics` and the losses: step-level ``reward/mean``,
 ``reward/std``, ``kl``, ``response_length/{mean,max}``, ``time/<node>``, ``throughput/<node>_tokens_per_s``,
 ``memory/rss_gb``, ``gpu/*``, ``agent/*`` (multi-turn rollouts); per role ``<role>/loss``, ``pg_loss``,
-``vf_loss``, ``kl_loss``, ``approx_kl``, ``entropy``, ``clipfrac``, ``clipfrac_lower``, ``vf_clipfrac``,
+``vf_loss``, ``kl``, ``kl_loss``, ``approx_kl``, ``entropy``, ``clipfrac``, ``clipfrac_lower``, ``vf_clipfrac``,
 ``grad_norm``, ``lr``.
 No plotting here, so the choice is testable without matplotlib.
 """
@@ -59,7 +59,7 @@ def _role_metric(*names: str) -> Callable[[str], bool]:
 
 SPECS = (
     _Spec(filename="kl.png", title="KL to the reference policy", ylabel="KL (nats / token)", scale="linear",
-          match=lambda k: k == "kl" or _role_metric("kl_loss", "approx_kl")(k)),
+          match=lambda k: k == "kl" or _role_metric("kl", "kl_loss", "approx_kl")(k)),
     _Spec(filename="entropy.png", title="Policy entropy", ylabel="nats / token", scale="linear",
           match=_role_metric("entropy")),
     _Spec(filename="clip_fraction.png", title="Clip fraction", ylabel="fraction of tokens clipped", scale="fraction",

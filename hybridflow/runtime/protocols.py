@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
@@ -48,7 +49,15 @@ LossFn = Callable[..., "tuple[torch.Tensor, dict[str, torch.Tensor]]"]
 
 @dataclass(frozen=True, kw_only=True)
 class OptimSpec:
-    """How a trainable role is optimised. ``mini_batches`` splits one update into optimizer steps."""
+    """How a trainable role is optimised. ``mini_batches`` splits one update into optimizer steps.
+
+    The learning rate follows ``lr_scheduler`` over the run's updates (one per training step, as verl counts
+    them; every mini batch and epoch of an update shares its rate): ``constant``, ``linear`` (to 0 at the last
+    update) or ``cosine`` (to ``min_lr_ratio`` x ``lr``), each after a linear warmup over ``warmup_steps``
+    updates (or ``warmup_ratio`` of them, rounded up), as transformers' schedules define them: update ``k``
+    (0-based) trains at ``lr * lr_factor(k)``. ``total_steps`` is the schedule's length, set by the run to its
+    ``steps``; 0 (a spec built by hand) is only valid with a constant schedule.
+    """
 
     lr: float = 1e-4
     weight_decay: float = 0.0
@@ -56,6 +65,11 @@ class OptimSpec:
     grad_clip: float = 1.0
     epochs: int = 1
     mini_batches: int = 1
+    lr_scheduler: str = "constant"
+    warmup_steps: int = 0
+    warmup_ratio: float = 0.0
+    min_lr_ratio: float = 0.0
+    total_steps: int = 0
 
     def __post_init__(self) -> None:
         if self.lr <= 0:
@@ -63,6 +77,46 @@ class OptimSpec:
         for name in ("epochs", "mini_batches"):
             if getattr(self, name) < 1:
                 raise ValueError(f"OptimSpec.{name}={getattr(self, name)} must be >= 1")
+        if self.lr_scheduler not in LR_SCHEDULERS:
+            raise ValueError(f"OptimSpec.lr_scheduler={self.lr_scheduler!r} must be one of {list(LR_SCHEDULERS)}")
+        if self.warmup_steps < 0 or self.total_steps < 0:
+            raise ValueError(f"OptimSpec.warmup_steps={self.warmup_steps} and total_steps={self.total_steps} must "
+                             "be >= 0")
+        if not 0.0 <= self.warmup_ratio < 1.0:
+            raise ValueError(f"OptimSpec.warmup_ratio={self.warmup_ratio} must be in [0, 1)")
+        if self.warmup_ratio and self.warmup_steps:
+            raise ValueError("OptimSpec.warmup_steps and warmup_ratio both set: give one (ratio: a share of the "
+                             "run's steps)")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"OptimSpec.min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
+        if self.min_lr_ratio and self.lr_scheduler != "cosine":
+            raise ValueError(f"OptimSpec.min_lr_ratio={self.min_lr_ratio} is the floor of the cosine schedule; "
+                             f"lr_scheduler is {self.lr_scheduler!r}")
+        if self.total_steps == 0 and (self.lr_scheduler != "constant" or self.warmup_ratio):
+            raise ValueError(f"OptimSpec.lr_scheduler={self.lr_scheduler!r} (or warmup_ratio) needs total_steps, "
+                             "the updates the schedule spans")
+
+    @property
+    def warmup(self) -> int:
+        """Warmup updates: ``warmup_steps``, or ``ceil(warmup_ratio * total_steps)`` (transformers' rounding)."""
+        return self.warmup_steps or math.ceil(self.warmup_ratio * self.total_steps)
+
+    def lr_factor(self, update: int) -> float:
+        """The multiple of ``lr`` that update ``update`` (0-based) trains at; transformers' ``get_*_schedule_with
+        _warmup`` lambdas (cosine with ``min_lr_ratio`` as ``cosine_with_min_lr``)."""
+        warmup = self.warmup
+        if update < warmup:
+            return update / max(1, warmup)
+        if self.lr_scheduler == "constant":
+            return 1.0
+        progress = (update - warmup) / max(1, self.total_steps - warmup)
+        if self.lr_scheduler == "linear":
+            return max(0.0, 1.0 - progress)
+        cosine = max(0.0, 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0))))
+        return self.min_lr_ratio + (1.0 - self.min_lr_ratio) * cosine
+
+
+LR_SCHEDULERS = ("constant", "linear", "cosine")
 
 
 ADAPTER_INITS = ("default", "gaussian", "pissa", "olora")

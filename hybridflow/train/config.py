@@ -42,8 +42,8 @@ class ModelConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class DataConfig(DataFiles):
-    """Prompts from a built-in ``task`` or a file (jsonl, parquet, a ``datasets`` directory) at ``path``, read as
-    :class:`~hybridflow.data.splits.DataFiles` says (column keys, splits, validation, prompt length).
+    """Prompts from a built-in ``task`` or files (jsonl, parquet, a ``datasets`` directory; one or a list) at
+    ``path``, read as :class:`~hybridflow.data.splits.DataFiles` says (column keys, splits, validation, prompt length).
 
     ``reward``: one reward function or a list (``math``, ``file.py:fn``, ``module:fn``; required with
     ``path``), weighed by ``reward_weights``; they run in worker processes, each call within
@@ -52,7 +52,7 @@ class DataConfig(DataFiles):
     """
 
     task: str = "reverse"
-    path: str | None = None
+    path: str | list[str] | None = None
     reward: str | list[str] | None = None
     reward_weights: list[float] | None = None
     reward_timeout_s: float = 60.0
@@ -66,12 +66,29 @@ class OptimConfig(OptimSpec):
     batch its roles take when the user fixes one (rows per forward/backward pass per rank: ``actor`` for the
     policy, reference and reward model, ``critic`` for value models; ``roles.<name>.micro_batch_size`` wins).
     A fixed micro batch is an input of the plan, never a second value at run time; unset, the planner chooses
-    (``placement: auto|manual``) or the one-group plan takes 64."""
+    (``placement: auto|manual``) or the one-group plan takes 64.
+
+    ``lr_scheduler`` (``constant``, ``linear``, ``cosine``), ``warmup_steps`` or ``warmup_ratio``, and
+    ``min_lr_ratio`` (the cosine floor) shape the learning rate over the run's ``steps`` (:class:`OptimSpec`);
+    the schedule's length is the run's own, so ``total_steps`` is not a key."""
 
     micro_batch_size: int | None = None
 
-    def spec(self) -> OptimSpec:
-        return OptimSpec(**{f.name: getattr(self, f.name) for f in dataclasses.fields(OptimSpec)})
+    def __post_init__(self) -> None:
+        if self.total_steps:
+            raise ValueError("config key 'total_steps' of actor/critic is the run's own: the schedule spans the "
+                             "run's 'steps'; drop it")
+        if self.lr_scheduler != "constant" or self.warmup_ratio:  # checked again, with the run's steps, in spec()
+            object.__setattr__(self, "total_steps", 1)
+        try:
+            super().__post_init__()
+        finally:
+            object.__setattr__(self, "total_steps", 0)
+
+    def spec(self, total_steps: int = 0) -> OptimSpec:
+        """The runtime's spec, its schedule spanning ``total_steps`` updates (the run's ``steps``)."""
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(OptimSpec)}
+        return OptimSpec(**{**values, "total_steps": total_steps})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -230,6 +247,8 @@ class TrainConfig:
     keep_checkpoints: int = 0  # > 0: only the newest K checkpoints stay on disk
     validation_every: int = 0  # > 0: a validation pass every N steps (and after the last step)
     validation_samples: int = 8  # completions per validation pass kept in the samples table
+    validate_before_train: bool = False  # a validation pass before the first step, logged on step 0's line
+    console_metrics_every: int = 0  # > 0: one line of key metrics on stderr every N steps (TRL/verl style)
     # Where metrics go besides metrics.jsonl (always written: `hybridflow report` reads it). docs/configuration.md
     trackers: list[str] = field(default_factory=lambda: ["tensorboard"])
     tensorboard: bool = True
@@ -280,9 +299,12 @@ class TrainConfig:
                 raise ValueError(f"config key {name!r}={getattr(self, name)} must be >= 1")
         if self.checkpoint_every < 0:
             raise ValueError(f"config key 'checkpoint_every'={self.checkpoint_every} must be >= 0 (0: never)")
-        for name in ("keep_checkpoints", "validation_every"):
+        for name in ("keep_checkpoints", "validation_every", "console_metrics_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"config key {name!r}={getattr(self, name)} must be >= 0 (0: off)")
+        if self.validate_before_train and not (self.data.val_path or self.data.val_fraction):
+            raise ValueError("config key 'validate_before_train' needs validation prompts: set data.val_path (a file "
+                             "or a list) or data.val_fraction")
         unknown = sorted(set(self.trackers) - set(TRACKERS))
         if unknown:
             raise ValueError(f"config key 'trackers' has {unknown}; the trackers are {list(TRACKERS)}")

@@ -6,7 +6,7 @@ import json
 import sys
 import time
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from functools import partial
@@ -24,7 +24,7 @@ from hybridflow.train import setup
 from hybridflow.train.checkpoint import save_checkpoint
 from hybridflow.train.config import TrainConfig
 from hybridflow.train.export import export_policy
-from hybridflow.train.metrics import MetricsWriter, step_metrics
+from hybridflow.train.metrics import MetricsWriter, console_line, step_metrics
 from hybridflow.train.prepare import PreparedRun, prepare_run
 from hybridflow.train.retention import prune_checkpoints
 from hybridflow.train.rundir import begin_run
@@ -46,16 +46,18 @@ class TrainResult:
 
 def train(config: TrainConfig, *, resume: bool = False, graph: Graph | None = None, plan: Plan | None = None,
           specs: Mapping[str, RoleSpec] | None = None, overwrite: bool = False, resume_from: str | None = None,
-          allow_config_change: bool = False) -> TrainResult:
+          allow_config_change: bool = False, rewards: Sequence[Any] | None = None) -> TrainResult:
     """Run ``config.steps`` steps (from the latest checkpoint when ``resume``); write metrics and a curve.
 
     The run's values are composed once (:func:`~hybridflow.train.prepare.prepare_run`: graph, plan, data,
     reward), before anything is written or loaded. ``graph``, ``plan`` and ``specs`` are built from ``config``
     unless given: a caller that made them (the classic API, a notebook) passes the values themselves, and the
     run executes exactly those.
-    ``overwrite``, ``resume_from`` and ``allow_config_change``: see :mod:`hybridflow.train.rundir`.
+    ``overwrite``, ``resume_from`` and ``allow_config_change``: see :mod:`hybridflow.train.rundir`. ``rewards``:
+    reward functions as objects (callables or ``data.reward`` specs), in place of ``data.reward``
+    (:class:`~hybridflow.train.trainer.GRPOTrainer`).
     """
-    prepared = prepare_run(config, graph=graph, plan=plan, specs=specs, note=partial(_note, config))
+    prepared = prepare_run(config, graph=graph, plan=plan, specs=specs, note=partial(_note, config), rewards=rewards)
     try:
         return _train(prepared, resume=resume, overwrite=overwrite, resume_from=resume_from,
                       allow_config_change=allow_config_change)
@@ -94,6 +96,14 @@ def _train(prepared: PreparedRun, *, resume: bool, overwrite: bool, resume_from:
         horizon = prompt_horizon(config.steps, config.checkpoint_every, controller.mode)
         progress = _Progress(range(start, config.steps), enabled=config.progress,
                              label=f"{config.algorithm} from step {start}")
+        validation = partial(validate, controller, graph, tokenizer=tokenizer, scorer=scorer, seed=config.seed,
+                             batch_size=config.data.batch_size, table_rows=config.validation_samples)
+        before = None
+        if config.validate_before_train and val_data is not None and start == 0:
+            _note(config, f"validating before training ({len(val_data.records)} prompts)")
+            before = validation(val_data.records)
+            writer.write_table(-1, TABLE, before.samples)  # step -1: the weights before any update
+        scorer.drain_means()  # the probe's and validation's scores are not the first step's
         for step in progress:
             began = time.perf_counter()
             running.step = step
@@ -102,17 +112,21 @@ def _train(prepared: PreparedRun, *, resume: bool, overwrite: bool, resume_from:
             upcoming = partial(_upcoming, loader, horizon)
             result = controller.step(loader.batch(step), step=step, more=more, upcoming=upcoming)
             metrics = step_metrics(result, time.perf_counter() - began, graph)
+            metrics.update(scorer.drain_means())
             if step == 0:  # once per run (a resumed run keeps step 0's line)
                 metrics.update(data_metrics)
+            if before is not None and step == start:
+                metrics.update(before.metrics)
             if val_data is not None and config.validation_every and (
                     (step + 1) % config.validation_every == 0 or step + 1 == config.steps):
-                checked = validate(controller, graph, val_data.records, tokenizer, scorer, seed=config.seed,
-                                   batch_size=config.data.batch_size, table_rows=config.validation_samples)
+                checked = validation(val_data.records)
                 metrics.update(checked.metrics)
                 writer.write_table(step, TABLE, checked.samples)
             writer.write(step, metrics)
             history.append({"step": step, **metrics})
             progress.show(metrics)
+            if config.console_metrics_every and (step + 1) % config.console_metrics_every == 0:
+                print(console_line(step, config.steps, metrics), file=sys.stderr, flush=True)
             if checkpoint_due(step, config):
                 def write_roles(directory: str) -> None:  # role states plus the hf/ view beside them
                     controller.save_checkpoint(directory)

@@ -49,6 +49,19 @@ def step_metrics(result: StepResult, seconds: float, graph: Graph | None = None)
     return out
 
 
+CONSOLE_KEYS = ("reward/mean", "reward/std", "actor/pg_loss", "actor/kl", "actor/entropy", "actor/grad_norm",
+                "actor/lr", "critic/vf_loss", "response_length/mean", "val/reward/mean", "time/step")
+"""What a console metric line shows, in order, when the step has it (TRL's and verl's usual columns)."""
+
+
+def console_line(step: int, steps: int, metrics: Mapping[str, float]) -> str:
+    """``step 3/10 | reward/mean 0.512 | ...``: one line of a step's key metrics, and each ``reward/<fn>/mean``."""
+    keys = [*CONSOLE_KEYS[:2], *sorted(k for k in metrics if k.startswith("reward/") and k.endswith("/mean")
+                                       and k != "reward/mean"), *CONSOLE_KEYS[2:]]
+    shown = [f"{key} {metrics[key]:.4g}" for key in keys if key in metrics]
+    return " | ".join([f"step {step + 1}/{steps}", *shown])
+
+
 def _node_throughput(result: StepResult, graph: Graph) -> dict[str, float]:
     """Tokens per second of each role node: decoded tokens for rollout, whole sequences otherwise."""
     batch, out = result.batch, dict[str, float]()

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from hybridflow.data.rewards import RewardScorer
+from hybridflow.data.splits import paths
 from hybridflow.graph import Graph
 from hybridflow.planner import Plan
 from hybridflow.planner.cluster import MAX_CLUSTER_GPUS
@@ -243,8 +245,10 @@ def check_vocabulary(config: TrainConfig, tokenizer: Any) -> None:
 
 def check_files(config: TrainConfig) -> None:
     """Data and plan files exist and are readable; a plan file is a valid plan."""
-    for key, value in (("data.path", config.data.path), ("data.val_path", config.data.val_path),
-                       ("plan_file", config.plan_file)):
+    named = [(key if isinstance(value, str) else f"{key}[{i}]", item)
+             for key, value in (("data.path", config.data.path), ("data.val_path", config.data.val_path))
+             for i, item in enumerate(paths(value))]
+    for key, value in (*named, ("plan_file", config.plan_file)):
         if value is None:
             continue
         path = Path(value).expanduser()
@@ -333,14 +337,14 @@ def probe_rewards(config: TrainConfig, records: list[dict[str, Any]], tokenizer:
     truth = reward_target(record)
     context = truth if isinstance(truth, GroundTruth) else None
     prompt = str(record["prompt"])
-    sample = Sample(index=0, prompt=context.prompt if context and context.prompt else prompt, prompt_text=prompt,
-                    response=str(truth), ground_truth=str(truth),
-                    data_source=context.data_source if context else None,
-                    extra_info=context.extra_info if context else None, columns=context.columns if context else None,
+    sample = Sample(index=0, prompt=prompt, prompt_text=prompt, response=str(truth), ground_truth=str(truth),
                     response_ids=tokenizer(str(truth), add_special_tokens=False)["input_ids"])
+    if context is not None:  # a GroundTruth of "" (a prompt-only row) is falsy but still carries its columns
+        sample = replace(sample, prompt=context.prompt or prompt, data_source=context.data_source,
+                         extra_info=context.extra_info, columns=context.columns)
     used = scorer or setup.reward_scorer(config, tokenizer)
     try:
-        used.score([sample])
+        used.score([sample], track=False)
     except RewardFunctionError as err:
         raise ValueError(f"{err} (checked before training, on row 0 with its ground truth as the response)") from err
     finally:

@@ -9,7 +9,7 @@ plan it is given.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,22 +44,26 @@ class PreparedRun:
 
 
 def prepare_run(config: TrainConfig, *, graph: Graph | None = None, plan: Plan | None = None,
-                specs: Mapping[str, RoleSpec] | None = None, note: Any = None) -> PreparedRun:
+                specs: Mapping[str, RoleSpec] | None = None, note: Any = None,
+                rewards: Sequence[Any] | None = None) -> PreparedRun:
     """Build and check everything ``config`` names, planning once (see the module).
 
     ``graph``, ``plan`` and ``specs``: a caller's own values (the classic API, a notebook), executed as they
     are (a given plan is still checked against the roles' backends). ``note``: a progress callback.
+    ``rewards``: reward functions as objects (callables or specs), in place of ``data.reward``.
     """
+    if rewards is not None and config.data.reward is not None:
+        raise ValueError("reward functions given both as objects and in config key 'data.reward'; give one")
     graph = graph or setup.build_graph(config)
     check_config(config, graph, plan)  # config-only checks, before anything is read
-    splits = setup.data_splits(config)
+    splits = setup.data_splits(config, rewards_given=rewards is not None)
     if note is not None:
         note(f"preparing {len(splits.train)} prompts")
     tokenizer = setup.policy_tokenizer(config)
     check_vocabulary(config, tokenizer)
     train_data, validation = setup.prepare_data(config, splits, tokenizer)
     check_prompts(config, graph, train_data.records, tokenizer, train_data.longest_prompt_tokens)
-    scorer = setup.reward_scorer(config, tokenizer)  # its worker processes start at the probe, serve the run
+    scorer = setup.reward_scorer(config, tokenizer, rewards)  # its worker processes start at the probe, serve the run
     try:
         probe_rewards(config, train_data.records, tokenizer, scorer)
         if plan is None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -19,14 +19,14 @@ from hybridflow.data import (
     char_tokenizer,
     check_reward_configured,
     hold_out,
-    load_records,
     load_splits,
     prepare_records,
     task_examples,
 )
 from hybridflow.data import reward_scorer as load_reward_scorer
 from hybridflow.data.dataset import Record
-from hybridflow.data.splits import DataFiles
+from hybridflow.data.reward_pool import reward_timeout
+from hybridflow.data.splits import DataFiles, load_files
 from hybridflow.data.tokenizer import PLAIN_CHAT_TEMPLATE, WIDE_ALPHABET, load_tokenizer
 from hybridflow.graph import Graph, Op, RoleKind, load_graph
 from hybridflow.graph.agents import with_environment
@@ -47,18 +47,18 @@ def max_prompt_tokens(data: list[Record], tokenizer: Any) -> int:
     return max(len(tokenizer(record["prompt"])["input_ids"]) for record in data[:512])
 
 
-def data_splits(config: TrainConfig) -> DataSplits:
-    """Train and validation records: a file (``data.path``, which needs ``data.reward``) or a built-in task."""
+def data_splits(config: TrainConfig, *, rewards_given: bool = False) -> DataSplits:
+    """Train and validation records: files (``data.path``, which needs ``data.reward`` or reward functions given
+    as objects: ``rewards_given``) or a built-in task."""
     data = config.data
     if data.path:
-        check_reward_configured(data_path=data.path, reward=data.reward)
+        check_reward_configured(data_path=str(data.path), reward=data.reward or rewards_given)
         files = {f.name: getattr(data, f.name) for f in dataclasses.fields(DataFiles)}
         return load_splits(DataSpec(path=data.path, seed=config.seed, **files))
     train = task_examples(data.task, data.num_examples, seed=config.seed)
     if data.val_path:
-        return DataSplits(train=train, validation=load_records(data.val_path, prompt_key=data.prompt_key,
-                                                               answer_key=data.answer_key, split=data.val_split,
-                                                               field="data.val_path"))
+        return DataSplits(train=train, validation=load_files(data.val_path, data, split=data.val_split,
+                                                             field="data.val_path"))
     if data.val_fraction:
         train, validation = hold_out(train, data.val_fraction, seed=config.seed)
         return DataSplits(train=train, validation=validation)
@@ -306,7 +306,7 @@ def role_specs(config: TrainConfig, graph: Graph, model_dir: str, plan: Plan | N
                              f"adapters train on a trainable policy (e.g. roles.actor.lora){critic}, remove the key")
         specs[role.name] = RoleSpec(name=role.name, kind=role.kind, model=entry.model or model_dir,
                                     backend=entry.backend or "torch", seed=config.seed,
-                                    optim=optim.spec() if role.kind.trainable else None,
+                                    optim=optim.spec(config.steps) if role.kind.trainable else None,
                                     options=entry.options, rollout=entry.rollout,
                                     rollout_options=entry.rollout_options, lora=entry.lora)
     specs.update({name: replace(specs[name], shares_policy=policy)
@@ -348,9 +348,13 @@ def shared_references(graph: Graph, specs: Mapping[str, RoleSpec]) -> dict[str, 
     return shared
 
 
-def reward_scorer(config: TrainConfig, tokenizer: Any) -> RewardScorer:
+def reward_scorer(config: TrainConfig, tokenizer: Any, given: Sequence[Any] | None = None) -> RewardScorer:
     """``data.reward`` (one function or a weighted list), else the built-in task's rule; signatures checked now.
-    The functions run in worker processes under ``data.reward_timeout_s``, started by the first score."""
+    The functions run in worker processes under ``data.reward_timeout_s``, started by the first score. ``given``:
+    functions as objects instead (in-process when a worker cannot load one: ``reward_pool.reward_timeout``)."""
+    if given is not None:
+        return load_reward_scorer(list(given), tokenizer, weights=config.data.reward_weights,
+                                  timeout_s=reward_timeout(list(given), config.data.reward_timeout_s))
     rewards = config.data.task if config.data.reward is None else config.data.reward  # [] is refused, not the task's
     return load_reward_scorer(rewards, tokenizer, weights=config.data.reward_weights,
                               timeout_s=config.data.reward_timeout_s)

@@ -39,19 +39,23 @@ def generate_node(graph: Graph) -> Node:
     raise ValueError(f"the {graph.name} graph has no generate node to validate with")
 
 
-def validate(controller: Any, graph: Graph, records: Sequence[Record], tokenizer: Any, scorer: RewardScorer, *,
+def validate(controller: Any, graph: Graph, records: Sequence[Record], *, tokenizer: Any, scorer: RewardScorer,
              seed: int, batch_size: int, table_rows: int = 8) -> ValidationResult:
-    """Generate once per validation prompt, score with ``scorer``; mean/std reward and response length."""
+    """Generate once per validation prompt, score with ``scorer``; mean/std reward and response length, overall
+    (``val/reward/mean``...) and per data source (``val/<data_source>/reward/mean``... for rows with a
+    ``data_source`` column), each reward function's mean when there are several."""
     node = generate_node(graph)
     rewards: list[float] = []
     lengths: list[float] = []
-    parts: dict[str, list[float]] = {}
+    parts: dict[str, list[float | None]] = {}
     rows: list[dict[str, Any]] = []
+    sources: list[str | None] = []
     for start in range(0, len(records), batch_size):
         prompts = encode_prompts(records[start:start + batch_size], tokenizer)
         generated = controller.generate(node.name, prompts, seed=seed)
         samples = batch_samples(generated, tokenizer)
-        total, by_function = scorer.score(samples)
+        sources += [sample.data_source for sample in samples]
+        total, by_function = scorer.score(samples, track=False)
         traces = list(generated["agent_trace"]) if node.environment else [None] * len(samples)
         if node.environment:  # the environment's rewards count as in training
             weight = env_reward_weight(graph)
@@ -61,11 +65,22 @@ def validate(controller: Any, graph: Graph, records: Sequence[Record], tokenizer
         for name, values in by_function.items():
             parts.setdefault(name, []).extend(values)
         rows += [{"prompt": sample.prompt_text, "response": sample.response, "ground_truth": sample.ground_truth,
-                  "reward": reward, **({"trajectory": json.loads(trace)} if trace else {})}
-                 for sample, reward, trace in zip(samples, total, traces, strict=True)]
-    metrics = {"val/reward/mean": statistics.fmean(rewards),
-               "val/reward/std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
-               "val/response_length/mean": statistics.fmean(lengths), "val/prompts": float(len(rewards))}
-    if len(parts) > 1:  # several weighted functions: each one's own mean too
-        metrics.update({f"val/reward/{name}/mean": statistics.fmean(values) for name, values in parts.items()})
+                  "reward": reward, **({"data_source": sample.data_source} if sample.data_source else {}),
+                  **({"rewards": {name: values[i] for name, values in by_function.items()}}
+                     if len(by_function) > 1 else {}),
+                  **({"trajectory": json.loads(trace)} if trace else {})}
+                 for i, (sample, reward, trace) in enumerate(zip(samples, total, traces, strict=True))]
+    metrics = _summary("val", rewards, lengths)
+    if len(parts) > 1:  # several weighted functions: each one's own mean too (over the samples it scored)
+        metrics.update({f"val/reward/{name}/mean": statistics.fmean(answered) for name, values in parts.items()
+                        if (answered := [v for v in values if v is not None])})
+    for source in sorted({source for source in sources if source}):  # verl's per-source validation metrics
+        chosen = [i for i, s in enumerate(sources) if s == source]
+        metrics.update(_summary(f"val/{source}", [rewards[i] for i in chosen], [lengths[i] for i in chosen]))
     return ValidationResult(metrics=metrics, samples=rows[:table_rows])
+
+
+def _summary(prefix: str, rewards: list[float], lengths: list[float]) -> dict[str, float]:
+    return {f"{prefix}/reward/mean": statistics.fmean(rewards),
+            f"{prefix}/reward/std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
+            f"{prefix}/response_length/mean": statistics.fmean(lengths), f"{prefix}/prompts": float(len(rewards))}
