@@ -147,6 +147,10 @@ def _add_kl_and_entropy(loss: torch.Tensor, stats: dict[str, torch.Tensor], outp
         kl = core.kl_loss(outputs["logprobs"], batch["ref_logprobs"], mask, kl_type, loss_agg, norm=norm)
         loss = loss + kl_coef * kl
         metrics["kl_loss"] = kl.detach()
+    if "ref_logprobs" in batch:
+        # k1 of the current policy to the reference per trained token: the step's ``kl`` metric when the update
+        # took its old log-probs from its own forward (hybridflow/graph/skipping.py), so no batch field holds them.
+        metrics["ref_kl"] = masked_mean(outputs["logprobs"].detach() - batch["ref_logprobs"], mask)
     if "entropy" in outputs:
         entropy = core.entropy_bonus(outputs["entropy"], mask, loss_agg, norm=norm)
         loss = loss - entropy_coef * entropy

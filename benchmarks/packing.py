@@ -89,6 +89,7 @@ def main() -> None:
     for key, value in {"hidden_size": 256, "intermediate_size": 1024, "num_hidden_layers": 4,
                        "max_position_embeddings": PROMPT_CAP + args.cap + 8}.items():
         setattr(config, key, value)
+    config.layer_types = ["full_attention"] * config.num_hidden_layers  # derived at construction: follow the depth
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)

@@ -70,6 +70,7 @@ def build_model(preset: Preset, vocab_size: int) -> Any:
     config = tiny_config("tiny-qwen2", vocab_size=vocab_size)
     for key, value in preset.sizes.items():
         setattr(config, key, value)
+    config.layer_types = ["full_attention"] * config.num_hidden_layers  # derived at construction: follow the depth
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(config)
 
