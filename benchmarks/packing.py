@@ -82,6 +82,7 @@ def main() -> None:
                         help="tokens per packed micro batch (0: what --micro-rows padded rows of the prompt cap "
                              "plus the mean response hold, so both sides run passes of a similar size)")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--no-generate", action="store_true", help="the two phases only, no end-to-end step")
     args = parser.parse_args()
     torch.set_num_threads(1)
     tokenizer = char_tokenizer()
@@ -111,9 +112,6 @@ def main() -> None:
         for name, side in (("padded", padded), ("packed", packed)):
             phases["update"][name].append(timed(lambda side=side: side.train_step(rows, loss=ppo_policy,
                                                                                    options=options)))
-    prompts = rows.select(["prompts", "prompt_mask"])
-    packed.model.config.eos_token_id = len(tokenizer) + 7  # never sampled: every row decodes to the cap
-    generate = timed(lambda: packed.generate(prompts, SamplingParams(max_new_tokens=args.cap, seed=0)))
     ideal = padded_tokens / real
     print(f"{args.rows} rows, prompts 8-{PROMPT_CAP} tokens, responses lognormal mean {args.cap // 5} (cap "
           f"{args.cap}, longest {rows['responses'].shape[1]}), Qwen2 hidden 256 x 4 layers, one thread; padded "
@@ -127,6 +125,11 @@ def main() -> None:
     for phase, sides in medians.items():
         speedup = sides["padded"] / sides["packed"]
         print(f"| {phase} | {sides['padded']:.2f} | {sides['packed']:.2f} | {speedup:.2f}x | {speedup / ideal:.2f} |")
+    if args.no_generate:
+        return
+    prompts = rows.select(["prompts", "prompt_mask"])
+    packed.model.config.eos_token_id = len(tokenizer) + 7  # never sampled: every row decodes to the cap
+    generate = timed(lambda: packed.generate(prompts, SamplingParams(max_new_tokens=args.cap, seed=0)))
     for label, logprob_passes in (("GRPO step (generate, ref log-probs, update)", 1),
                                   ("GRPO step with the old-log-prob pass kept", 2)):
         steps = {name: generate + logprob_passes * medians["logprob"][name] + medians["update"][name]
