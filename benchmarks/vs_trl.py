@@ -34,6 +34,7 @@ from hybridflow.data import TASKS, PromptLoader, RuleScorer, char_tokenizer, tas
 from hybridflow.graph import load_graph, with_detached_logprobs
 from hybridflow.models import save_model_dir
 from hybridflow.runtime import Controller, OptimSpec, RoleSpec, default_plan
+from hybridflow.train.setup import with_token_budgets
 
 BETA, LR, WARMUP = 0.04, 1e-5, 2
 
@@ -95,7 +96,7 @@ class Side:
 
 
 def hybridflow_side(model_dir: Path, tokenizer: Any, records: list[dict[str, str]], preset: Preset, *,
-                    executor: Any = None, num_gpus: int = 1, skip: bool = True) -> Side:
+                    executor: Any = None, num_gpus: int = 1, skip: bool = True, max_tokens: int = 0) -> Side:
     graph = load_graph("grpo", n=preset.generations, kl_coef=BETA, max_new_tokens=preset.new_tokens,
                        reward_kind="reward_function")
     if skip:  # as `hybridflow train` builds it (skip_known_passes, one epoch, one mini batch, sync)
@@ -104,6 +105,8 @@ def hybridflow_side(model_dir: Path, tokenizer: Any, records: list[dict[str, str
                               optim=OptimSpec(lr=LR) if r.kind.trainable else None)
              for r in graph.roles if r.kind.needs_gpu}
     plan = default_plan(graph, num_gpus=num_gpus, micro_batch_sizes=dict.fromkeys(specs, preset.rows))
+    if max_tokens:  # packed micro batches of at most this many tokens (CPU attention is dense over a packed row)
+        plan = with_token_budgets(plan, dict.fromkeys(specs, max_tokens))
     controller = Controller(graph, plan, specs=specs, executor=executor,
                             driver_roles={"reward": RuleScorer(TASKS.get("reverse").reward, tokenizer)})
     return Side(controller, PromptLoader(records=records, tokenizer=tokenizer, batch_size=preset.prompts))
@@ -184,6 +187,8 @@ def main() -> None:
     parser.add_argument("--ray", action="store_true", help="also run the Ray executor")
     parser.add_argument("--keep", action="store_true",
                         help="also run hybridflow with the old-log-prob pass kept (the graph as written)")
+    parser.add_argument("--max-tokens", type=int, default=0,
+                        help="also run hybridflow with token-budget micro batches of this many tokens per pass")
     parser.add_argument("--dp", type=int, default=1,
                         help="also run with the roles data-parallel over this many logical GPUs (CPU processes "
                              "under Ray, threads locally); 1 = only the single-GPU comparison")
@@ -198,6 +203,9 @@ def main() -> None:
     if args.keep:
         sides["hybridflow (local, old log-probs kept)"] = hybridflow_side(model_dir, tokenizer, records, preset,
                                                                           skip=False)
+    if args.max_tokens:
+        sides[f"hybridflow (local, {args.max_tokens}-token micro batches)"] = hybridflow_side(
+            model_dir, tokenizer, records, preset, max_tokens=args.max_tokens)
     if args.dp > 1:
         sides[f"hybridflow (local, dp={args.dp} threads)"] = hybridflow_side(model_dir, tokenizer, records, preset,
                                                                            num_gpus=args.dp)
