@@ -157,6 +157,10 @@ def _add_kl_and_entropy(loss: torch.Tensor, stats: dict[str, torch.Tensor], outp
         # The estimator's mean per trained token whatever loss_agg, TRL's ``kl`` (the update loop weighs it by tokens).
         metrics["kl"] = masked_mean(core.kl_penalty(outputs["logprobs"].detach(), batch["ref_logprobs"], kl_type),
                                     mask)
+    if "ref_logprobs" in batch:
+        # k1 of the current policy to the reference per trained token: the step's ``kl`` metric when the update
+        # took its old log-probs from its own forward (hybridflow/graph/skipping.py), so no batch field holds them.
+        metrics["ref_kl"] = masked_mean(outputs["logprobs"].detach() - batch["ref_logprobs"], mask)
     if "entropy" in outputs:
         loss = loss - entropy_coef * core.entropy_bonus(outputs["entropy"], mask, loss_agg, norm=norm)
         metrics["entropy"] = masked_mean(outputs["entropy"].detach(), mask)  # nats per trained token

@@ -10,6 +10,9 @@ actor's ``ppo_policy`` update (:mod:`hybridflow.algorithms.offpolicy`). The samp
 ``loss_mask`` (``response_mask`` unless the rollout engine masks tokens, e.g. a multi-turn rollout's tool outputs)
 and every advantage, KL-in-reward and update node reads it where it means the tokens trained on; the score node
 and DAPO's overlong shaping read ``response_mask`` (what was decoded, and how long it is).
+Every graph is built without the forward passes nothing reads (``GraphBuilder.build(prune_unread=True)``): with
+``kl_coef: 0`` (and no ``kl_target``) no KL term reads the reference's log-probs, so the reference pass and role
+are skipped (recorded in ``Graph.skipped``) and never loaded.
 This module imports no torch, so listing or planning algorithms stays fast.
 """
 
@@ -45,10 +48,23 @@ def _policy_roles(g: GraphBuilder, reward_kind: RoleKind | str) -> tuple[str, st
 
 def _kl_rewards(g: GraphBuilder, kl_coef: float, scores: str = "scores", kl_target: float | None = None,
                 kl_horizon: float = 10000.0) -> None:
-    """KL-in-reward; with ``kl_target`` the coefficient adapts to keep the KL near it (starting at ``kl_coef``)."""
+    """KL-in-reward; with ``kl_target`` the coefficient adapts to keep the KL near it (starting at ``kl_coef``).
+    A fixed ``kl_coef`` of 0 penalises nothing: the scores become token rewards without reading the reference's
+    (or the actor's) log-probs, so the graph's build skips those passes (:func:`_build`)."""
+    if not kl_coef and kl_target is None:
+        g.compute("token_rewards", fn="token_rewards", inputs=(scores, "loss_mask"), outputs=("token_rewards",))
+        return
     adaptive: Options = {"kl_target": kl_target, "kl_horizon": kl_horizon} if kl_target is not None else {}
     g.compute("kl_rewards", fn="kl_penalized_rewards", inputs=(scores, "old_logprobs", "ref_logprobs", "loss_mask"),
               outputs=("token_rewards",), kl_coef=kl_coef, **adaptive)
+
+
+def _build(g: GraphBuilder, kl_coef: float | None, kl_target: float | None = None) -> Graph:
+    """The graph, without the forward passes nothing reads (:func:`~hybridflow.graph.skipping.prune_unread`):
+    with a fixed ``kl_coef`` of 0 no node reads the reference's log-probs, and the reference is not loaded
+    (TRL's ``beta: 0``)."""
+    why = "kl_coef=0" if not kl_coef and kl_target is None else ""
+    return g.build(prune_unread=True, why=why)
 
 
 def _actor_options(clip_ratio: float, clip_ratio_high: float | None = None, loss_agg: LossAgg = "token-mean",
@@ -155,12 +171,12 @@ def _group_relative(g: GraphBuilder, actor: str, *, n: int, norm_by_std: bool, l
     g.compute("advantages", fn="grpo_advantages", inputs=("scores", "loss_mask", "uid"),
               outputs=("advantages",), norm_by_std=norm_by_std, **scale)
     options = {**options, **correction.options}
-    if kl_coef is None:
+    if not kl_coef:  # None or 0: no KL term, so the update reads no reference log-probs
         g.update(actor, loss=loss, inputs=(*TRAINED, "old_logprobs", *correction.inputs, "advantages"), **options)
     else:
         g.update(actor, loss=loss, inputs=(*TRAINED, "old_logprobs", *correction.inputs, "ref_logprobs", "advantages"),
                  **options, kl_coef=kl_coef, kl_type="low_var_kl")
-    return g.build()
+    return _build(g, kl_coef)
 
 
 @ALGORITHMS.register("ppo")
@@ -187,7 +203,7 @@ def ppo(*, kl_coef: float = 0.05, kl_target: float | None = None, kl_horizon: fl
     g.update(critic, loss="value", inputs=(*TRAINED, "values", "returns"), clip_range=value_clip)
     g.update(actor, loss="ppo_policy", inputs=(*TRAINED, "old_logprobs", *correction.inputs, "advantages"),
              **_actor_options(clip_ratio, clip_ratio_high, loss_agg, entropy_coef), **correction.options)
-    return g.build()
+    return _build(g, kl_coef, kl_target)
 
 
 @ALGORITHMS.register("grpo")
@@ -252,7 +268,7 @@ def dr_grpo(*, n: int = 4, kl_coef: float = 0.0, clip_ratio: float = 0.2, clip_r
     each response's token sum divided by a constant (``max_new_tokens``), not its length; no KL (and no
     reference role) unless ``kl_coef`` > 0."""
     correction = _correction(rollout_correction, rollout_is_cap)
-    g, actor = _rollout("dr_grpo", n=n, reference=kl_coef > 0, temperature=temperature,
+    g, actor = _rollout("dr_grpo", n=n, reference=True, temperature=temperature,
                         max_new_tokens=max_new_tokens, reward_kind=reward_kind,
                         sampling={**_top(top_p, top_k), **correction.sampling}, mask_truncated=mask_truncated)
     options = _actor_options(clip_ratio, clip_ratio_high, "seq-mean-token-sum-norm", entropy_coef,
@@ -269,7 +285,7 @@ def gspo(*, n: int = 4, kl_coef: float = 0.0, clip_ratio: float = 3e-4, clip_rat
     """GSPO (https://arxiv.org/abs/2507.18071): GRPO's advantages, importance ratio and clipping per sequence
     (the paper's clip range 3e-4 / 4e-4); no KL (and no reference role) unless ``kl_coef`` > 0."""
     check_choice("loss_agg", loss_agg, LOSS_AGGS)
-    g, actor = _rollout("gspo", n=n, reference=kl_coef > 0, temperature=temperature, max_new_tokens=max_new_tokens,
+    g, actor = _rollout("gspo", n=n, reference=True, temperature=temperature, max_new_tokens=max_new_tokens,
                         reward_kind=reward_kind, sampling=_top(top_p, top_k))
     options: Options = {"clip_ratio": clip_ratio, "clip_ratio_high": clip_ratio_high, "loss_agg": loss_agg,
                         "entropy_coef": entropy_coef}
@@ -320,7 +336,7 @@ def rloo(*, n: int = 4, kl_coef: float = 0.05, clip_ratio: float = 0.2, clip_rat
               outputs=("advantages",))
     g.update(actor, loss="ppo_policy", inputs=(*TRAINED, "old_logprobs", *correction.inputs, "advantages"),
              **_actor_options(clip_ratio, clip_ratio_high, loss_agg, entropy_coef), **correction.options)
-    return g.build()
+    return _build(g, kl_coef)
 
 
 @ALGORITHMS.register("remax")
@@ -347,7 +363,7 @@ def remax(*, kl_coef: float = 0.05, clip_ratio: float = 0.2, clip_ratio_high: fl
               outputs=("advantages",))
     g.update(actor, loss="ppo_policy", inputs=(*TRAINED, "old_logprobs", *correction.inputs, "advantages"),
              **_actor_options(clip_ratio, clip_ratio_high, loss_agg, entropy_coef), **correction.options)
-    return g.build()
+    return _build(g, kl_coef)
 
 
 def _reinforce_pp(name: str, n: int, kl_coef: float, gamma: float, temperature: float, max_new_tokens: int,
@@ -365,7 +381,7 @@ def _reinforce_pp(name: str, n: int, kl_coef: float, gamma: float, temperature: 
                   outputs=("advantages",), gamma=gamma)
     g.update(actor, loss="ppo_policy", inputs=(*TRAINED, "old_logprobs", *correction.inputs, "advantages"), **options,
              **correction.options)
-    return g.build()
+    return _build(g, kl_coef)
 
 
 @ALGORITHMS.register("reinforce_pp")

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-TOKEN_MEAN_METRICS = frozenset({"entropy", "kl"})
+TOKEN_MEAN_METRICS = frozenset({"entropy", "kl", "ref_kl"})
 """Loss metrics that are per-token means over the loss mask (nats per token): the update loop averages them over
 micro batches and ranks weighted by trained tokens, so they are the update's exact token means."""
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import threading
 from pathlib import Path
 from typing import Any
@@ -80,7 +81,12 @@ def policy_outputs(model: Any, batch: Batch, *, with_entropy: bool, packed: bool
     """Log-probs (and entropy) of the response tokens. Each (B, T); 0 where ``response_mask`` is 0 when ``packed``."""
     if packed:
         rows = _pack(model, batch)
-        logits = model(input_ids=rows.input_ids, position_ids=rows.position_ids, use_cache=False).logits[0, rows.emit]
+        if keeps_logits(model):  # the LM head on the M emitting tokens only, not all N packed ones (TRL's trim)
+            logits = model(input_ids=rows.input_ids, position_ids=rows.position_ids, use_cache=False,
+                           logits_to_keep=rows.emit).logits[0]
+        else:
+            logits = model(input_ids=rows.input_ids, position_ids=rows.position_ids,
+                           use_cache=False).logits[0, rows.emit]
         targets = batch["responses"][rows.rows, rows.cols]
         out = {"logprobs": rows.scatter(token_logprobs(logits, targets))}  # (M, V) -> (M,) -> (B, T)
         if with_entropy:
@@ -88,12 +94,30 @@ def policy_outputs(model: Any, batch: Batch, *, with_entropy: bool, packed: bool
         return out
     input_ids, mask, positions = sequence_inputs(batch)
     prompt_len, response_len = batch["prompts"].shape[1], batch["responses"].shape[1]
-    logits = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
-    logits = logits[:, prompt_len - 1:prompt_len - 1 + response_len]  # position t predicts token t + 1
+    if keeps_logits(model):  # the last T + 1 positions, P - 1 .. P + T - 1: the first T predict the responses
+        logits = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=False,
+                       logits_to_keep=response_len + 1).logits[:, :response_len]
+    else:
+        logits = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
+        logits = logits[:, prompt_len - 1:prompt_len - 1 + response_len]  # position t predicts token t + 1
     out = {"logprobs": token_logprobs(logits, batch["responses"])}
     if with_entropy:
         out["entropy"] = token_entropy(logits)
     return out
+
+
+def keeps_logits(model: Any) -> bool:
+    """Whether the HF model under any wrapper takes ``logits_to_keep`` (transformers' causal LMs: a tensor of
+    positions runs the LM head on those alone), so a pass over a long prompt projects only the response tokens."""
+    inner = _hf_module(model)
+    base = inner.get_base_model() if hasattr(inner, "get_base_model") else inner  # a peft model's HF model
+    cls = type(base)
+    if cls not in _KEEPS_LOGITS:
+        _KEEPS_LOGITS[cls] = "logits_to_keep" in inspect.signature(cls.forward).parameters
+    return _KEEPS_LOGITS[cls]
+
+
+_KEEPS_LOGITS: dict[type, bool] = {}  # per model class: its forward's signature does not change
 
 
 def value_outputs(model: Any, batch: Batch, *, packed: bool = True) -> dict[str, torch.Tensor]:

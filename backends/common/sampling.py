@@ -9,6 +9,7 @@ log-prob under the trainer's definition.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -40,6 +41,9 @@ def sample(model: Any, prompts: torch.Tensor, prompt_mask: torch.Tensor, *, max_
 
     ``row_seeds`` gives each row a generator of its own (``seed`` is then unused): a row samples the same
     whichever rows share its batch (agent turns are batched by arrival, not by row).
+
+    Rows that ended leave the decoding batch (:class:`_Decoding`), so a long-tail step decodes about its real
+    tokens, not every row to the longest one's length.
     """
     generator = torch.Generator(device=prompts.device).manual_seed(seed)
     row_generators = None if row_seeds is None else [
@@ -47,29 +51,69 @@ def sample(model: Any, prompts: torch.Tensor, prompt_mask: torch.Tensor, *, max_
     mask = prompt_mask.long()
     positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
     out = model(input_ids=prompts, attention_mask=mask, position_ids=positions, use_cache=True)
-    past, logits = out.past_key_values, out.logits[:, -1]
-    position = positions[:, -1:] + 1
-    finished = torch.zeros(len(prompts), dtype=torch.bool, device=prompts.device)
+    state = _Decoding(past=out.past_key_values, mask=mask, position=positions[:, -1:] + 1, generators=row_generators,
+                      rows=torch.arange(len(prompts), device=prompts.device))
+    logits = out.logits[:, -1]
     tokens, chosen = [], []
     for _ in range(max_new_tokens):
         if greedy:
             token = logits.argmax(dim=-1)
         else:
             probs = torch.softmax(_filter(logits.float() / temperature, top_k, top_p), dim=-1)
-            if row_generators is None:
+            if state.generators is None:
                 token = torch.multinomial(probs, 1, generator=generator).squeeze(1)
             else:
                 token = torch.cat([torch.multinomial(probs[i:i + 1], 1, generator=row_generator)[0]
-                                   for i, row_generator in enumerate(row_generators)])
-        token = token.masked_fill(finished, pad)
-        tokens.append(token)
+                                   for i, row_generator in enumerate(state.generators)])
+        token = token.masked_fill(state.finished, pad)
+        tokens.append(state.full(token, pad))
         if logprobs:
-            chosen.append(token_logprobs(logits[:, None], token[:, None])[:, 0].float())  # (B,)
-        finished |= token == eos
-        if bool(finished.all()) or len(tokens) == max_new_tokens:
+            chosen.append(state.full(token_logprobs(logits[:, None], token[:, None])[:, 0].float(), 0.0))  # (B,)
+        state.finished |= token == eos
+        if bool(state.finished.all()) or len(tokens) == max_new_tokens:
             break
-        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-        out = model(input_ids=token[:, None], attention_mask=mask, position_ids=position, past_key_values=past,
-                    use_cache=True)
-        past, logits, position = out.past_key_values, out.logits[:, -1], position + 1
+        token = state.drop_finished(token)
+        state.mask = torch.cat([state.mask, torch.ones_like(state.mask[:, :1])], dim=1)
+        out = model(input_ids=token[:, None], attention_mask=state.mask, position_ids=state.position,
+                    past_key_values=state.past, use_cache=True)
+        state.past, logits, state.position = out.past_key_values, out.logits[:, -1], state.position + 1
     return torch.stack(tokens, dim=1), torch.stack(chosen, dim=1) if logprobs else None
+
+
+@dataclass
+class _Decoding:
+    """The rows still in the decoding batch: their KV cache, attention mask, next positions, own generators,
+    indices among the prompts (``rows``) and which of them ended (``finished``; they leave at the next
+    :meth:`drop_finished` that finds enough of them)."""
+
+    past: Any
+    mask: torch.Tensor
+    position: torch.Tensor
+    generators: list[torch.Generator] | None
+    rows: torch.Tensor
+    finished: torch.Tensor = field(init=False)
+    total: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.total = len(self.rows)
+        self.finished = torch.zeros(len(self.rows), dtype=torch.bool, device=self.rows.device)
+
+    def full(self, values: torch.Tensor, fill: float) -> torch.Tensor:
+        """(rows still decoding,) -> (B,): ``fill`` for the rows that left."""
+        if len(self.rows) == self.total:
+            return values
+        return values.new_full((self.total,), fill).index_put((self.rows,), values)
+
+    def drop_finished(self, token: torch.Tensor) -> torch.Tensor:
+        """Take the ended rows out of the batch once they are an eighth of it (each copy of the cache costs
+        about one decode step); a cache that cannot select rows keeps them (they decode padding)."""
+        ended = int(self.finished.sum())
+        if ended * 8 < len(self.rows) or not hasattr(self.past, "batch_select_indices"):
+            return token
+        keep = (~self.finished).nonzero().squeeze(1)
+        self.past.batch_select_indices(keep)
+        self.mask, self.position, self.rows = self.mask[keep], self.position[keep], self.rows[keep]
+        if self.generators is not None:
+            self.generators = [self.generators[int(i)] for i in keep]
+        self.finished = self.finished[keep]
+        return token[keep]

@@ -16,7 +16,7 @@ import torch
 from hybridflow.backends.common import modeling
 from hybridflow.backends.common.micro_batches import MicroBatching
 
-from hybridflow.graph import RoleKind
+from hybridflow.graph import DETACHED_LOGPROBS, RoleKind
 from hybridflow.loss_norm import TOKEN_MEAN_METRICS, LossNorm, accepts_norm, loss_norm
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.errors import NonFiniteLossError
@@ -27,7 +27,8 @@ SCHEDULE_FILE = "schedule.json"  # in each trainable role's checkpoint directory
 
 def accumulate(mini: Batch, *, micro_batches: list[Batch], forward: Callable[[Batch], dict[str, torch.Tensor]],
                loss: LossFn, options: Mapping[str, Any], backward: Callable[[torch.Tensor], None],
-               norm: LossNorm | None = None, ranks: int = 1) -> tuple[dict[str, float], bool]:
+               norm: LossNorm | None = None, ranks: int = 1,
+               detached: str | None = None) -> tuple[dict[str, float], bool]:
     """Forward and backward every micro batch of ``mini`` (``micro_batches``, its consecutive pieces); returns
     (metrics, all losses finite).
 
@@ -36,13 +37,18 @@ def accumulate(mini: Batch, *, micro_batches: list[Batch], forward: Callable[[Ba
     it goes backward times ``ranks``, undoing the mean the gradient all-reduce takes over ranks. Without
     one (a loss that takes no ``norm``), micro losses are means weighted by their share of rows. The
     ``loss`` metric is the mini batch's loss on this rank's share, the others are row-weighted means.
-    Stops at the first non-finite loss without calling ``backward`` on it.
+    Stops at the first non-finite loss without calling ``backward`` on it. ``detached``: a field the loss reads
+    that is this forward's own log-probs, detached (a single on-policy pass: the old log-probs, whose pass the
+    graph skipped, :mod:`hybridflow.graph.skipping`).
     """
     sums: dict[str, float] = {}
     kwargs = {**options, "norm": norm} if norm is not None else options
     for micro in micro_batches:
         fields = {name: micro.tensors[name] for name in micro.tensors}
-        value, stats = loss(outputs=forward(micro), batch=fields, **kwargs)
+        outputs = forward(micro)
+        if detached is not None:
+            fields[detached] = outputs["logprobs"].detach()
+        value, stats = loss(outputs=outputs, batch=fields, **kwargs)
         if not torch.isfinite(value):
             return sums, False
         weight = len(micro) / len(mini)
@@ -65,6 +71,22 @@ def trained_tokens(batch: Batch) -> float:
     """Tokens a loss trains on in ``batch``: its ``loss_mask`` (``response_mask`` without one; 0 without either)."""
     name = "loss_mask" if "loss_mask" in batch else "response_mask"
     return float(batch[name].sum()) if name in batch else 0.0
+
+
+def detached_field(role: str, options: Mapping[str, Any],
+                   optim: OptimSpec) -> tuple[Mapping[str, Any], str | None]:
+    """The loss's options without ``detached_logprobs`` and the field it names (None: the update reads its old
+    log-probs as an input). Refused unless the update is a single pass (one epoch, one mini batch): after a first
+    optimizer step the update's own log-probs are no longer the rollout policy's."""
+    if DETACHED_LOGPROBS not in options:
+        return options, None
+    if optim.epochs != 1 or optim.mini_batches != 1:
+        raise ValueError(f"role {role!r}: the update computes {options[DETACHED_LOGPROBS]!r} from its own forward "
+                         f"(option {DETACHED_LOGPROBS}), which holds for a single pass only, but it runs "
+                         f"epochs={optim.epochs}, mini_batches={optim.mini_batches}: keep the log-prob node "
+                         "(build the graph without with_detached_logprobs for this role)")
+    rest = {key: value for key, value in options.items() if key != DETACHED_LOGPROBS}
+    return rest, str(options[DETACHED_LOGPROBS])
 
 
 def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
@@ -113,6 +135,7 @@ class GradientSteps(MicroBatching):
         if not self.spec.kind.trainable:
             raise TypeError(f"role {self.spec.name!r} ({self.spec.kind}) is frozen and cannot be updated")
         optim = self.spec.optim or OptimSpec()
+        options, detached = detached_field(self.spec.name, options, optim)
         totals: dict[str, float] = {}
         steps = 0
         global_norm = accepts_norm(loss)
@@ -129,7 +152,8 @@ class GradientSteps(MicroBatching):
                     sums, finite = accumulate(mini, micro_batches=micros,
                                               forward=self.training_forward, loss=loss, options=options,
                                               backward=self.backward, norm=self.mini_batch_norm(mini) if
-                                              global_norm else None, ranks=self.data_parallel_ranks())
+                                              global_norm else None, ranks=self.data_parallel_ranks(),
+                                              detached=detached)
                     for key, value in {**sums, **self.optimizer_step(finite, optim)}.items():
                         totals[key] = totals.get(key, 0.0) + value
                     steps += 1

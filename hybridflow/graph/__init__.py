@@ -20,12 +20,14 @@ from hybridflow.graph.loading import load_graph
 from hybridflow.graph.node import DEFAULT_MAX_NEW_TOKENS, OP_PORTS, Node
 from hybridflow.graph.render import FORMATS, from_dict, from_json, render, to_dict, to_json
 from hybridflow.graph.roles import ALLOWED_OPS, Op, Role, RoleKind
+from hybridflow.graph.skipping import DETACHED_LOGPROBS, SkippedPass, prune_unread, with_detached_logprobs
 from hybridflow.graph.workload import NodeLoad, Workload, edge_bytes, field_bytes, node_loads
 
 __all__ = [
     "ALLOWED_OPS",
     "DEFAULT_INPUTS",
     "DEFAULT_MAX_NEW_TOKENS",
+    "DETACHED_LOGPROBS",
     "FORMATS",
     "OP_PORTS",
     "STANDARD_FIELDS",
@@ -46,6 +48,7 @@ __all__ = [
     "Role",
     "RoleKind",
     "RoleOpError",
+    "SkippedPass",
     "UnknownRoleError",
     "Workload",
     "edge_bytes",
@@ -55,7 +58,9 @@ __all__ = [
     "from_json",
     "load_graph",
     "node_loads",
+    "prune_unread",
     "render",
     "to_dict",
     "to_json",
+    "with_detached_logprobs",
 ]

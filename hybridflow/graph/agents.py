@@ -45,7 +45,7 @@ def with_environment(graph: Graph, environment: str, *, env_options: Mapping[str
     for node in nodes:
         rollout = rollouts.get(node.port_inputs().get("responses", "")) if node.op is Op.SCORE else None
         rewritten += [node] if rollout is None else _scored_multi_turn(node, rollout, env_reward_weight)
-    return Graph(graph.name, graph.roles, tuple(rewritten), graph.inputs)
+    return dataclasses.replace(graph, nodes=tuple(rewritten))
 
 
 def _multi_turn(node: Node, agent: Mapping[str, Any]) -> Node:
@@ -97,4 +97,4 @@ def with_schedule(graph: Graph, schedule: str | None) -> Graph:
     nodes = tuple(dataclasses.replace(node, options=freeze_options({**node.options_dict, "agent_schedule": chosen},
                                                                      node.name))
                   if node.environment and node.option("agent_schedule") is None else node for node in graph.nodes)
-    return Graph(graph.name, graph.roles, nodes, graph.inputs)
+    return dataclasses.replace(graph, nodes=nodes)

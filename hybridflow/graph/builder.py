@@ -6,6 +6,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from hybridflow.graph import skipping
 from hybridflow.graph.graph import DEFAULT_INPUTS, Graph
 from hybridflow.graph.node import Node, Scalar, field_names, freeze_options, op_ports
 from hybridflow.graph.roles import Op, Role, RoleKind
@@ -95,8 +96,14 @@ class GraphBuilder:
         self._nodes.append(node)
         return node_name
 
-    def build(self) -> Graph:
-        return Graph(self.name, tuple(self._roles), tuple(self._nodes), self.inputs)
+    def build(self, *, prune_unread: bool = False, why: str = "") -> Graph:
+        """The validated graph. With ``prune_unread``, forward passes nothing reads are skipped instead of refused
+        as dead (and roles left without nodes dropped), each recorded with ``why``
+        (:func:`~hybridflow.graph.skipping.prune_unread`)."""
+        if not prune_unread:
+            return Graph(self.name, tuple(self._roles), tuple(self._nodes), self.inputs)
+        roles, nodes, skipped = skipping.prune_unread(self._roles, self._nodes, why=why)
+        return Graph(self.name, roles, nodes, self.inputs, skipped)
 
     def _role_op(self, op: Op, role: str, name: str | None, inputs: Fields, outputs: Fields,
                  options: Mapping[str, Scalar]) -> str:

@@ -19,6 +19,7 @@ from hybridflow.graph.errors import (
 )
 from hybridflow.graph.node import DEFAULT_MAX_NEW_TOKENS, Node, freeze_options
 from hybridflow.graph.roles import Op, Role, RoleKind
+from hybridflow.graph.skipping import SkippedPass
 
 DEFAULT_INPUTS = ("prompts", "ground_truth", "uid")
 # Ops that work row by row on generated rows, so a streamed step can run them on each finished chunk
@@ -42,17 +43,20 @@ class Graph:
 
     Construction validates; an invalid graph cannot exist. Edges are derived from fields: a node
     depends on the producer of every field it reads. ``inputs`` are the fields the dataset provides.
+    ``skipped``: the passes taken out because their results are known (:mod:`hybridflow.graph.skipping`).
     """
 
     name: str
     roles: tuple[Role, ...]
     nodes: tuple[Node, ...]
     inputs: tuple[str, ...] = DEFAULT_INPUTS
+    skipped: tuple[SkippedPass, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "roles", tuple(self.roles))
         object.__setattr__(self, "nodes", tuple(self.nodes))
         object.__setattr__(self, "inputs", tuple(self.inputs))
+        object.__setattr__(self, "skipped", tuple(self.skipped))
         _validate(self)
 
     def role(self, name: str) -> Role:
@@ -174,7 +178,7 @@ class Graph:
         """A copy where ``role`` has another kind (e.g. a reward model becomes a reward function)."""
         self.role(role)
         roles = tuple(Role(r.name, RoleKind(kind)) if r.name == role else r for r in self.roles)
-        return Graph(self.name, roles, self.nodes, self.inputs)
+        return replace(self, roles=roles)
 
     def with_node_options(self, node: str, **options: object) -> Graph:
         """A copy where ``node`` has these options changed (``n=8``, ``temperature=0.7``...)."""
@@ -183,7 +187,7 @@ class Graph:
             replace(n, options=freeze_options({**n.options_dict, **options}, node)) if n.name == node else n
             for n in self.nodes
         )
-        return Graph(self.name, self.roles, nodes, self.inputs)
+        return replace(self, nodes=nodes)
 
 
 def _section(nodes: Iterable[Node], edges: Iterable[Edge], filter_name: str) -> set[str]:

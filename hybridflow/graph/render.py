@@ -8,6 +8,7 @@ from typing import Any
 from hybridflow.graph.graph import Graph
 from hybridflow.graph.node import Node, freeze_options
 from hybridflow.graph.roles import Op, Role
+from hybridflow.graph.skipping import SkippedPass
 
 FORMATS = ("text", "mermaid", "dot", "json")
 
@@ -30,7 +31,7 @@ def to_dict(graph: Graph) -> dict[str, Any]:
         if node.options:
             entry["options"] = node.options_dict
         nodes.append(entry)
-    return {
+    out = {
         "name": graph.name,
         "inputs": list(graph.inputs),
         "roles": [{"name": role.name, "kind": role.kind.value} for role in graph.roles],
@@ -38,6 +39,9 @@ def to_dict(graph: Graph) -> dict[str, Any]:
         "edges": [{"src": e.src, "dst": e.dst, "fields": list(e.fields)} for e in graph.edges],
         "stages": [list(stage) for stage in graph.stages()],
     }
+    if graph.skipped:  # absent when nothing was skipped, so such a graph's JSON is as it was
+        out["skipped"] = [{"node": s.node, "reason": s.reason, "role": s.role} for s in graph.skipped]
+    return out
 
 
 def from_dict(data: dict[str, Any]) -> Graph:
@@ -48,7 +52,8 @@ def from_dict(data: dict[str, Any]) -> Graph:
              fn=n.get("fn"), loss=n.get("loss"), options=freeze_options(n.get("options", {}), n["name"]))
         for n in data["nodes"]
     )
-    return Graph(data["name"], roles, nodes, tuple(data["inputs"]))
+    skipped = tuple(SkippedPass(s["node"], s["reason"], s.get("role")) for s in data.get("skipped", ()))
+    return Graph(data["name"], roles, nodes, tuple(data["inputs"]), skipped)
 
 
 def to_json(graph: Graph) -> str:
@@ -76,6 +81,9 @@ def to_text(graph: Graph) -> str:
             lines.append(f"      in:  {', '.join(node.inputs) or '-'}")
             if node.outputs:
                 lines.append(f"      out: {', '.join(node.outputs)}")
+    if graph.skipped:
+        lines.append("skipped (results known in advance):")
+        lines.extend(f"  {skipped.describe()}" for skipped in graph.skipped)
     return "\n".join(lines)
 
 

@@ -47,6 +47,7 @@ from hybridflow.runtime.filtering import FilterRounds, with_uids
 from hybridflow.runtime.pipeline import Overlap, Upcoming, check_pipeline, unused_rollout_state
 from hybridflow.runtime.placement import with_rollout_specs
 from hybridflow.runtime.protocols import NodeState, RoleSpec, Scorer
+from hybridflow.runtime.rank_balance import rank_balance
 from hybridflow.runtime.rollouter import Rollouter
 from hybridflow.runtime.scheduler import PartitionSource, Scheduler, StepRecord, WholeStep
 from hybridflow.runtime.service import RoleServices
@@ -82,8 +83,10 @@ class Controller:
     def __init__(self, graph: Graph, plan: Plan, *, specs: Mapping[str, RoleSpec],
                  executor: Executor | None = None, driver_roles: Mapping[str, Scorer] | None = None,
                  seed: int = 0, services: RoleServices | None = None, mode: ExecutionMode | None = None,
-                 eos_token_id: int | None = None) -> None:
+                 eos_token_id: int | None = None, balance_ranks: bool = True) -> None:
         self.graph, self.plan, self.seed = graph, plan, seed
+        # Generated rows reordered so data-parallel ranks get equal tokens (undone in the step's result).
+        self.balance = rank_balance(plan) if balance_ranks else None
         self.mode = plan.mode if mode is None else mode
         self.services = services
         self.driver_roles = dict(driver_roles or {})
@@ -146,9 +149,11 @@ class Controller:
         record = StepRecord()
         source = self._partitions(with_uids(batch, 0), step, record, more, upcoming)
         scheduler = Scheduler(self.graph, submit=self._submit, finished=partial(self._finished, record),
-                              regrouped=self.ledger.rows_changed)
+                              regrouped=self.ledger.rows_changed, balance=self.balance)
         state = scheduler.run(source, seed=self.seed + step)
         metrics = record.metrics
+        if self.balance is not None:
+            metrics.update(self.balance.take_metrics())
         for policy, shipment in record.shipments.items():
             metrics.update(shipment.result().metrics(f"{policy}/weight_sync/"))
         if self.plan.weight_sync_bytes:

@@ -27,6 +27,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import torch
+
 from hybridflow.graph import Graph, Node, Op
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.dispatch import Outcome
@@ -93,14 +95,25 @@ class PartitionSource(Protocol):
 Submit = Callable[[Node, Batch, int, "int | None"], "Future[Outcome]"]  # node, rows, seed, part
 
 
+Balance = Callable[[Batch], "list[int] | None"]
+"""A permutation of generated rows that balances their tokens over data-parallel ranks (None: keep the order)."""
+
+
 class Scheduler:
     """Runs a step's partitions: ``submit`` starts a node's call, ``finished`` hears each node's outcome in
     order of completion, ``regrouped`` tells the ledger the step's rows changed (held shards are stale; its
-    joins: how they came from chunk partitions)."""
+    joins: how they came from chunk partitions).
+
+    ``balance`` reorders the step's rows once they are generated, so each data-parallel rank's share holds
+    about as many tokens as the others (:func:`~hybridflow.runtime.balancing.balanced_order`): once per
+    partition of the step's rows, when its lone generate node finishes with nothing else in flight, or at its
+    start when the rows arrive generated (an overlapped rollout's). The partition's rows come back in their
+    own order."""
 
     def __init__(self, graph: Graph, *, submit: Submit, finished: Callable[[Node, Outcome], None],
-                 regrouped: Callable[[Sequence[Join]], None]) -> None:
+                 regrouped: Callable[[Sequence[Join]], None], balance: Balance | None = None) -> None:
         self.graph, self._submit, self._finished, self._regrouped = graph, submit, finished, regrouped
+        self._balance = balance
 
     def run(self, source: PartitionSource, *, seed: int) -> Batch:
         """The step's rows once ``source``'s partitions, then the rest of the graph, have run."""
@@ -123,9 +136,12 @@ class Scheduler:
         whole = [p for p in partitions if p.part is None]
         if whole and len(partitions) > 1:
             raise ValueError("a partition of the step's rows runs alone (the ledger tracks one set of rows)")
+        states = [p.rows for p in partitions]
+        undo: torch.Tensor | None = None
+        if whole and not joins and "response_mask" in states[0] and whole[0].nodes:
+            states[0], undo = self._balanced(states[0])
         if whole:
             self._regrouped(joins)
-        states = [p.rows for p in partitions]
         expanded = [p.expanded for p in partitions]
         done = [{n.name for n in self.graph.nodes} - set(p.nodes) for p in partitions]
         pending = [list(p.nodes) for p in partitions]
@@ -153,7 +169,22 @@ class Scheduler:
                     states[index] = states[index].union(outcome.outputs)
                 self._finished(node, outcome)
                 done[index].add(node.name)
+                if (partitions[index].part is None and undo is None and not running
+                        and node.name == getattr(self.graph.lone_generate, "name", None)):
+                    states[index], undo = self._balanced(states[index])
+                    if undo is not None:
+                        self._regrouped(())
+        if undo is not None:
+            states[0] = states[0].index(undo)
         return states
+
+    def _balanced(self, rows: Batch) -> tuple[Batch, torch.Tensor | None]:
+        """``rows`` in the balancing order and the permutation that restores them (None: left as they are)."""
+        order = self._balance(rows) if self._balance is not None else None
+        if order is None:
+            return rows, None
+        permutation = torch.tensor(order, dtype=torch.long)
+        return rows.index(permutation), torch.argsort(permutation)
 
 
 @dataclass(frozen=True, kw_only=True)

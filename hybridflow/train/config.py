@@ -238,6 +238,9 @@ class TrainConfig:
     # Forward and update passes over padded rows instead of packed sequences (every role's RoleLayout.padding)
     padding: bool = False
     stream_chunks: int = 1  # pipeline=sync: > 1 hands generated rows on in that many chunks (runtime/streaming.py)
+    # A synchronous single-pass update (actor.epochs 1, actor.mini_batches 1) takes its old log-probs from its own
+    # forward, detached, instead of a log-prob pass before it (hybridflow/graph/skipping.py; TRL does the same)
+    skip_known_passes: bool = True
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     actor: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3))

@@ -38,6 +38,10 @@ def step_metrics(result: StepResult, seconds: float, graph: Graph | None = None)
         if "old_logprobs" in batch and "ref_logprobs" in batch:
             kl = torch.where(trained != 0, batch["old_logprobs"] - batch["ref_logprobs"], 0.0)
             out["kl"] = float(kl.sum() / trained.sum().clamp(min=1))
+        elif "ref_logprobs" in batch:  # old log-probs taken inside a single-pass update: its own k1 to the reference
+            own = [value for key, value in result.metrics.items() if key.endswith("/ref_kl")]
+            if own:
+                out["kl"] = float(own[0])
     if "agent_trace" in batch:
         out.update(agent_metrics(list(batch["agent_trace"])))
     out.update({f"time/{name}": value for name, value in result.node_seconds.items()})

@@ -28,7 +28,7 @@ from hybridflow.data.dataset import Record
 from hybridflow.data.reward_pool import reward_timeout
 from hybridflow.data.splits import DataFiles, load_files
 from hybridflow.data.tokenizer import PLAIN_CHAT_TEMPLATE, WIDE_ALPHABET, load_tokenizer
-from hybridflow.graph import Graph, Op, RoleKind, load_graph
+from hybridflow.graph import Graph, Op, RoleKind, load_graph, with_detached_logprobs
 from hybridflow.graph.agents import with_environment
 from hybridflow.planner import LayoutSupport, Plan, detachable_policies, rollout_role
 from hybridflow.registry import ALGORITHMS, BACKENDS, ENVIRONMENTS
@@ -135,7 +135,20 @@ def build_graph(config: TrainConfig) -> Graph:
     options = {"reward_kind": RoleKind.REWARD_FUNCTION, **config.algorithm_options}
     # An option the algorithm does not take (a verl/TRL name...) is named, not the factory's raw TypeError.
     check_algorithm_options(ALGORITHMS.get(config.algorithm), options, config.algorithm)
-    return with_agent(config, load_graph(config.algorithm, **options))
+    graph = with_agent(config, load_graph(config.algorithm, **options))
+    return with_detached_logprobs(graph, single_pass_roles(config, graph))
+
+
+def single_pass_roles(config: TrainConfig, graph: Graph) -> frozenset[str]:
+    """The policies whose update is one optimizer step on the rollout's own weights, so their old log-probs are the
+    update's own, detached (:func:`~hybridflow.graph.skipping.with_detached_logprobs`): ``skip_known_passes`` on,
+    a synchronous step (``pipeline: sync``; an overlapped mode trains on rows an older policy sampled, and ``auto``
+    is not known until the plan), ``actor.epochs`` 1 and ``actor.mini_batches`` 1."""
+    if not config.skip_known_passes or config.pipeline != "sync":
+        return frozenset()
+    if config.actor.epochs != 1 or config.actor.mini_batches != 1:
+        return frozenset()
+    return frozenset(role.name for role in graph.roles if role.kind is RoleKind.POLICY)
 
 
 def with_agent(config: TrainConfig, graph: Graph) -> Graph:

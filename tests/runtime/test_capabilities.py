@@ -20,6 +20,7 @@ TOKENIZER = char_tokenizer()
 
 
 def _grpo(**actor_options: Any) -> tuple[Any, dict[str, RoleSpec]]:
+    # kl_coef 0: nothing reads a reference, so the graph has none (the spec below is left unused).
     graph = load_graph("grpo", n=4, reward_kind="reward_function", max_new_tokens=6, kl_coef=0.0)
     options = {"vocab_size": len(TOKENIZER)}
     specs = {"actor": RoleSpec(name="actor", kind=RoleKind.POLICY, model="unused", backend=BACKEND,
@@ -92,7 +93,7 @@ def test_unknown_backend_options_are_refused_with_the_valid_ones(backend: str) -
         pytest.importorskip("deepspeed", reason="the deepspeed extra is not installed")
     graph, _ = _grpo()
     specs = {name: RoleSpec(name=name, kind=graph.role(name).kind, model="tiny-qwen2", backend=backend,
-                            options={"shard_sise": 2}) for name in ("actor", "reference")}
+                            options={"shard_sise": 2}) for name in graph.role_names if name != "reward"}
     scorer = RuleScorer(TASKS.get("reverse").reward, TOKENIZER)
     with (pytest.raises(ValueError, match=r"unknown .* option\(s\) \['shard_sise'\]; valid options are"),
           Controller(graph, default_plan(graph), specs=specs, executor=LocalExecutor(),
@@ -111,7 +112,7 @@ def test_rollout_options_of_a_rollout_that_takes_none_are_refused() -> None:
     graph, _ = _grpo()
     specs = {name: RoleSpec(name=name, kind=graph.role(name).kind, model="tiny-qwen2",
                             rollout_options={"sleep_level": 1} if name == "actor" else {})
-             for name in ("actor", "reference")}
+             for name in graph.role_names if name != "reward"}
     scorer = RuleScorer(TASKS.get("reverse").reward, TOKENIZER)
     with (pytest.raises(ValueError, match=r"rollout='native' takes no rollout_options, got \['sleep_level'\]"),
           Controller(graph, default_plan(graph), specs=specs, driver_roles={"reward": scorer})):

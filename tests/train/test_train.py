@@ -29,10 +29,12 @@ def test_cli_trains_and_reports_where_outputs_are(tmp_path: Path, capsys: pytest
     assert code == 0 and "metrics:" in out and "final model:" in out and "report:" in out
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1]
-    for key in ("reward/mean", "reward/std", "kl", "actor/entropy", "actor/clipfrac", "response_length/mean",
+    for key in ("reward/mean", "reward/std", "actor/entropy", "actor/clipfrac", "response_length/mean",
                 "response_length/max", "time/actor_generate", "throughput/tokens_per_s", "memory/rss_gb",
                 "data/filtered_prompts"):
         assert key in rows[0], key
+    # The config's kl_coef is 0: nothing reads a reference, which is neither built nor run, so there is no KL.
+    assert "kl" not in rows[0] and "time/reference_ref_logprob" not in rows[0]
     assert (tmp_path / "plots" / "reward.png").stat().st_size > 1000
     assert "data:image/png;base64," in (tmp_path / "report.html").read_text()
     assert (tmp_path / "final" / "model.safetensors").is_file()  # exported although checkpoint_every is 0
