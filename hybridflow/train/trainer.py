@@ -21,8 +21,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hybridflow.train.aliases import translate_foreign_keys
-from hybridflow.train.config import TrainConfig, from_mapping, known_key
+from hybridflow.train.config import TrainConfig, from_mapping
+from hybridflow.train.config_keys import checked, flatten
 
 Rows = Sequence[Mapping[str, Any]]
 RewardInput = Callable[..., Any] | str
@@ -61,7 +61,7 @@ class GRPOTrainer:
                 raise ValueError(f"config key {key!r} is given by the GRPOTrainer's arguments (model, train_dataset, "
                                  "eval_dataset, algorithm); drop it from args")
             _set(data, key, value)
-        self.config: TrainConfig = from_mapping(TrainConfig, translate_foreign_keys(data, known_key))
+        self.config: TrainConfig = from_mapping(TrainConfig, _translated(data))
 
     def train(self, *, resume: bool = False, overwrite: bool = False) -> Any:
         """Run the config's steps (from the latest checkpoint with ``resume``); returns the
@@ -99,7 +99,12 @@ def _changed_fields(args: Any) -> dict[str, Any]:
             spec.default if spec.default is not dataclasses.MISSING else dataclasses.MISSING)
         if value != default:
             changed[spec.name] = value
-    return translate_foreign_keys(changed, known_key)
+    return _translated(changed)
+
+
+def _translated(data: Mapping[str, Any]) -> dict[str, Any]:
+    """``data`` with TRL's and verl's keys translated (every bad key named in one error), nested again."""
+    return checked(TrainConfig, flatten(TrainConfig, data))
 
 
 def write_rows(dataset: Any, name: str) -> str:
