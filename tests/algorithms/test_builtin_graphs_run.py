@@ -103,7 +103,8 @@ def test_the_policy_loss_adds_kl_and_entropy_terms_when_asked():
     outputs = {"logprobs": batch["old_logprobs"] + 0.05, "entropy": torch.full((4, 5), 2.0)}
     loss_fn = LOSSES.get("ppo_policy")
     plain, metrics = loss_fn(outputs={"logprobs": outputs["logprobs"]}, batch=batch)
-    assert set(metrics) == {"pg_loss", "clipfrac", "approx_kl", "clipfrac_lower"}
+    # ref_kl: the policy's k1 to the reference, logged whenever the batch holds reference log-probs.
+    assert set(metrics) == {"pg_loss", "clipfrac", "approx_kl", "clipfrac_lower", "ref_kl"}
     with_kl, metrics = loss_fn(outputs=outputs, batch=batch, kl_coef=0.5, entropy_coef=0.1)
     assert with_kl.item() == pytest.approx(plain.item() + 0.5 * metrics["kl_loss"].item() - 0.1 * 2.0, abs=1e-6)
     assert metrics["kl_loss"] > 0

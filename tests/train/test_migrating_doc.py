@@ -25,7 +25,7 @@ def _files() -> dict[str, str]:
 
 def _commands() -> list[list[str]]:
     blocks = re.findall(r"```bash\n(.*?)```", DOC, re.DOTALL)
-    return [shlex.split(line) for block in blocks for line in block.splitlines()
+    return [shlex.split(line, comments=True) for block in blocks for line in block.splitlines()
             if line.startswith(("hybridflow init", "hybridflow train", "hybridflow export"))]
 
 
