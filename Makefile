@@ -15,7 +15,7 @@ export RAY_USAGE_STATS_ENABLED := 0
 export HF_HUB_OFFLINE := 1
 PIP_QUIET = 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
 
-.PHONY: install lint test test-fast test-min demo clean
+.PHONY: install lint test test-slow test-all test-fast test-min demo clean
 
 $(STAMP): pyproject.toml setup.py requirements-dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -31,7 +31,15 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy -p hybridflow -p hybridflow.backends -p hybridflow.algorithms
 
+# The suite CI runs; the tests marked slow (learning curves, walkthroughs, several vLLM engines and Ray clusters,
+# each over ~20 s) run with `make test-slow` (or all together: `make test-all`), so CI stays under 15 minutes.
 test: lint
+	$(BIN)/pytest -q -m "not slow"
+
+test-slow: $(STAMP)
+	$(BIN)/pytest -q -m slow
+
+test-all: lint
 	$(BIN)/pytest -q
 
 test-fast: $(STAMP)
