@@ -394,3 +394,25 @@ def _prepare(config: TrainConfig) -> None:
     check_config(config, graph, None)
     plan = setup.build_plan(config, graph, 64, config.model.path, vocab_size=128)
     assert plan.algorithm == config.algorithm and plan.groups
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dialect", ["trl", "verl"])
+def test_the_ports_train_from_their_own_keys(tmp_path: Path, dialect: str) -> None:
+    """The whole run, not just its plan: both ports train their 2 steps and write the checkpoint their keys ask
+    for (TRL's save_steps / verl's save_freq), with TRL's cosine schedule moving the learning rate."""
+    from hybridflow.train.loop import train
+
+    out = tmp_path / "run"
+    if dialect == "trl":
+        (tmp_path / "trl.yaml").write_text(TRL_STYLE.format(out=out))
+        config = load_config(tmp_path / "trl.yaml", ["model.sft_steps=1", "progress=false", "plot=false"])
+    else:
+        config = load_config(None, [*VERL_STYLE, f"trainer.default_local_dir={out}", "model.sft_steps=1",
+                                    "progress=false", "plot=false"])
+    result = train(config)
+    assert [row["step"] for row in result.history] == [0, 1]
+    assert (out / "checkpoints" / "step_000002" / "trainer.json").is_file()
+    if dialect == "trl":
+        assert result.history[0]["actor/lr"] != result.history[1]["actor/lr"]  # the cosine schedule ran
+    assert all("actor/kl" in row for row in result.history)  # beta / kl_loss_coef: a KL term in the loss
