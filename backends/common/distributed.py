@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,8 +29,8 @@ def process_group_backend(device: str) -> str:
 def ensure_process_group(context: WorkerContext, options: Mapping[str, Any], *, role: str) -> None:
     """Initialise the default process group for ``context`` unless it already is, then check it matches.
 
-    A group of one rank gets a private single-process group on a free local port, so sharded code
-    paths run unchanged on one device.
+    A group of one rank gets a private single-process group over an in-memory store (no TCP store, which
+    would listen on every interface), so sharded code paths run unchanged on one device.
     """
     if context.device.startswith("cuda"):
         torch.cuda.set_device(torch.device(context.device))
@@ -42,8 +41,7 @@ def ensure_process_group(context: WorkerContext, options: Mapping[str, Any], *, 
         if init_method is None and all(key in os.environ for key in _ENV_KEYS):
             dist.init_process_group(backend, timeout=timeout)
         elif init_method is None and context.world_size == 1:
-            dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
-                                    timeout=timeout)
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
         elif init_method is None:
             raise RuntimeError(
                 f"role {role!r}: rank {context.rank} of {context.world_size} has no torch.distributed process group; "
@@ -57,13 +55,6 @@ def ensure_process_group(context: WorkerContext, options: Mapping[str, Any], *, 
             f"role {role!r}: the default process group is rank {dist.get_rank()} of {dist.get_world_size()} but the "
             f"worker context says rank {context.rank} of {context.world_size}; a sharded backend needs one process "
             "per rank (use the Ray executor, not threads of the local executor)")
-
-
-def free_port() -> int:
-    """A TCP port that was free a moment ago on this host."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def all_ranks_finite(finite: bool) -> bool:
