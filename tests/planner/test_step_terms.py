@@ -192,7 +192,7 @@ def test_budget_micro_batches_follow_the_runtimes_greedy_cut():
     assert len(token_micro_batches([PROMPT + 2000] * 4096, 8192)) == budget_micro_batches(load, padded, 4096, 0, 8192)
 
 
-def test_cpu_attention_computes_the_whole_masked_square_of_its_row():
+def test_cpu_attention_is_per_sequence_when_packed_and_the_whole_masked_square_when_padded():
     from hybridflow.planner.costs import attention_tokens, packed_sequence_tokens
 
     lengths = LengthDistribution.from_lengths([100, 300, 800])
@@ -202,5 +202,6 @@ def test_cpu_attention_computes_the_whole_masked_square_of_its_row():
     run, padded = RunSettings(lengths=lengths), RunSettings(lengths=lengths, padding=True)
     assert attention_tokens(load, Shape(ROUND, (1,), run=run)) == packed_sequence_tokens(load, Shape(ROUND, (1,),
                                                                                                       run=run))
-    assert attention_tokens(load, Shape(cpu, (1,), run=run), micro_tokens=4000) == 8000  # one packed row, squared
-    assert attention_tokens(load, Shape(cpu, (1,), run=padded), micro_tokens=4000) == 2 * (PROMPT + 800)
+    # backends/common/varlen.py: causal sdpa per packed sequence, as flash-attention varlen on a GPU
+    assert attention_tokens(load, Shape(cpu, (1,), run=run)) == packed_sequence_tokens(load, Shape(cpu, (1,), run=run))
+    assert attention_tokens(load, Shape(cpu, (1,), run=padded)) == 2 * (PROMPT + 800)
