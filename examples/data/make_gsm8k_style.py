@@ -1,6 +1,9 @@
 """Write a small synthetic GSM8K-style dataset in verl's RL parquet format.
 
-    python examples/data/make_gsm8k_style.py [OUT_DIR]     # default: examples/data/gsm8k_style
+    python examples/data/make_gsm8k_style.py [OUT_DIR]     # default: configs/data/gsm8k_style
+
+The default is where the shipped copy lives: package data of ``hybridflow.configs``, which
+``hybridflow init --template grpo_gsm8k_style`` copies next to the config it writes.
 
 Each row is what verl's ``examples/data_preprocess/gsm8k.py`` writes: ``data_source``, ``prompt`` (chat
 messages asking for the answer after ``####``), ``ability``, ``reward_model.ground_truth`` and
@@ -21,6 +24,7 @@ DATA_SOURCE = "gsm8k_style"
 NAMES = ("Ava", "Ben", "Chloe", "Dev", "Elena", "Farid", "Grace", "Hiro", "Ines", "Jonah")
 ITEMS = ("apples", "stickers", "marbles", "books", "pencils", "cookies", "shells", "stamps")
 
+SHIPPED = Path(__file__).resolve().parents[2] / "configs" / "data" / "gsm8k_style"  # the package data's copy
 Problem = tuple[str, str, int]  # question, worked solution, answer
 
 
@@ -111,6 +115,6 @@ def write(out_dir: Path, *, train: int = 48, test: int = 16) -> list[Path]:
 
 
 if __name__ == "__main__":
-    target = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent / "gsm8k_style"
+    target = Path(sys.argv[1]) if len(sys.argv) > 1 else SHIPPED
     for path in write(target):
         print(f"wrote {path}")

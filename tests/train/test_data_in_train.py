@@ -13,7 +13,7 @@ from hybridflow.train.config import load_config
 from hybridflow.train.loop import train
 
 ROOT = Path(__file__).resolve().parents[2]
-GSM8K = ROOT / "examples" / "data" / "gsm8k_style"
+GSM8K = ROOT / "configs" / "data" / "gsm8k_style"
 QUICK = ["model.sft_steps=3", "data.batch_size=4", "algorithm_options.n=2", "algorithm_options.max_new_tokens=4",
          "progress=false", "tensorboard=false", "plot=false", "actor.micro_batch_size=8"]
 TRL_REWARD = '''

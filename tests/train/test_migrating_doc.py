@@ -31,8 +31,7 @@ def _commands() -> list[list[str]]:
 
 @pytest.mark.slow
 def test_the_walkthrough_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "examples").symlink_to(ROOT / "examples")
+    monkeypatch.chdir(tmp_path)  # no clone here: ``init`` writes the data the config names
     for name, text in _files().items():
         (tmp_path / name).write_text(text)
     commands = _commands()
@@ -48,6 +47,24 @@ def test_the_walkthrough_runs_as_written(tmp_path: Path, monkeypatch: pytest.Mon
                             env=env, timeout=120)
     assert loaded.returncode == 0, loaded.stderr[-2000:]
     assert "What is 2 + 3?" in loaded.stdout  # the built-in char tokenizer keeps its spaces (load_tokenizer)
+
+
+def test_the_walkthrough_s_init_writes_the_data_its_train_command_reads(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fast half of the walkthrough: ``init`` into a folder without a clone, the ``train`` command's config
+    and overrides load, and its data files are there (and stay found from another directory)."""
+    from hybridflow.data import load_records
+    from hybridflow.train.config import load_config
+
+    monkeypatch.chdir(tmp_path)
+    init, train = _commands()[:2]
+    assert main(init[1:]) == 0
+    assert train[2] == "--config"
+    config = load_config(train[3], train[4:])
+    monkeypatch.chdir(ROOT)
+    assert isinstance(config.data.path, str) and isinstance(config.data.val_path, str)
+    assert Path(config.data.path).is_relative_to(tmp_path) and Path(config.data.val_path).is_relative_to(tmp_path)
+    assert len(load_records(config.data.path)) == 48 and len(load_records(config.data.val_path)) == 16
 
 
 def test_the_load_example_guards_its_vllm_start() -> None:
