@@ -1,23 +1,25 @@
 """Does the planner predict hybridflow's own runs? Calibrate on one workload, predict another's runs. CPU, Ray.
 
-Workload **A** (calibration): GRPO with the task's rule reward on ``tiny-qwen2`` (32 prompts x 4 samples, 32 new
-tokens) in 3 runs: data parallel on both logical GPUs packed and padded, and the actor and reference on GPUs of
-their own with a token budget. ``hybridflow calibrate``'s own code path fits the constants on them: each run
-directory (``config.json`` + ``plan.json`` + ``metrics.jsonl``) is costed by ``cli.calibrate.case_from_run_dir``.
-Workload **B** (predicted): GRPO on ``tiny-qwen2-wide`` (64 prompts x 4 samples, 48 new tokens), in runs that
-differ in what the issue names and the runtime runs now: packing on/off, token budgets, data parallel on one or
-two GPUs, placements. Each B run's measured step (median of its kept steps) is compared with its prediction
-(target: every run within 1.3x) and the runs are ranked (Kendall tau, target >= 0.8).
+Workload **A** (calibration): GRPO with the task's rule reward on ``tiny-qwen2`` (16 prompts x 4 samples, 24 new
+tokens) in 2 runs: data parallel on both logical GPUs, packed, and the actor and reference on GPUs of their own
+with a token budget. ``hybridflow calibrate``'s own code path fits the constants on them: each run directory
+(``config.json`` + ``plan.json`` + ``metrics.jsonl``) is costed by ``cli.calibrate.case_from_run_dir``.
+Workload **B** (predicted): GRPO on ``tiny-qwen2-wide`` (32 prompts x 4 samples, 32 new tokens), in 8 runs that
+differ in what the issue names and the runtime runs on CPU: packing on/off, token budgets, data parallel on one
+or two GPUs, the actor and reference apart. Each B run's measured step (median of its kept steps) is compared
+with its prediction (target: every run within 1.3x) and the runs are ranked (Kendall tau, target >= 0.8).
+Sized to finish on the shared 2-core machine: 10 runs of 4 steps, ~17 min (each run ~1.5 min of Ray and model
+start). A finished run directory is reused, so a rerun with another ``--fit`` only re-costs (seconds).
 
 The measurement on a shared 2-core machine follows ``benchmarks/planner_ranking.py`` (whose helpers it reuses):
 one worker per logical GPU and core, Ray's workers at the driver's priority, runs interleaved across B's
 configurations when ``--repeats`` > 1; note the load average it prints.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/planner_self.py [--steps 6] [--repeats 1] [--out DIR]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/planner_self.py [--steps 4] [--repeats 1] [--out DIR] [--fit NAMES]
 
-Not yet run to the end (issue 22): one B run (``dp2 packed budget 512``, 3 steps) took 5 minutes on the shared
-2-core machine at load average ~14 (29 s a step), so the 13 runs did not fit the session; ``docs/benchmarks.md``
-records that probe, not a result.
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/planner_self.py --only "B dp2 packed"   # one run, a probe
+
+Results and what the node times say: ``docs/benchmarks.md``, "Predicting hybridflow's own runs".
 """
 
 from __future__ import annotations
@@ -44,16 +46,15 @@ BOTH = {"actor": [0, 1], "reference": [0, 1]}
 APART = {"actor": [0], "reference": [1]}
 ONE = {"actor": [0], "reference": [0]}
 WORKLOADS: dict[str, dict[str, Any]] = {
-    "A": {"model": "tiny-qwen2", "batch_size": 32, "options": {"n": 4, "kl_coef": 0.04, "max_new_tokens": 32}},
-    "B": {"model": "tiny-qwen2-wide", "batch_size": 64, "options": {"n": 4, "kl_coef": 0.04, "max_new_tokens": 48}},
+    "A": {"model": "tiny-qwen2", "batch_size": 16, "options": {"n": 4, "kl_coef": 0.04, "max_new_tokens": 24}},
+    "B": {"model": "tiny-qwen2-wide", "batch_size": 32, "options": {"n": 4, "kl_coef": 0.04, "max_new_tokens": 32}},
 }
 # name -> (meshes, padding, token budget per micro batch for every GPU role or None)
 RUNS: dict[str, dict[str, tuple[dict[str, list[int]], bool, int | None]]] = {
-    "A": {"dp2 packed": (BOTH, False, None), "dp2 padded": (BOTH, True, None), "apart budget 512": (APART, False, 512)},
+    "A": {"dp2 packed": (BOTH, False, None), "apart budget 512": (APART, False, 512)},
     "B": {"dp2 packed": (BOTH, False, None), "dp2 padded": (BOTH, True, None),
           "dp2 packed budget 512": (BOTH, False, 512), "dp2 packed budget 2048": (BOTH, False, 2048),
-          "dp2 padded budget 1024": (BOTH, True, 1024), "apart packed": (APART, False, None),
-          "apart padded": (APART, True, None), "apart budget 1024": (APART, False, 1024),
+          "apart packed": (APART, False, None), "apart budget 1024": (APART, False, 1024),
           "one GPU packed": (ONE, False, None), "one GPU padded": (ONE, True, None)},
 }
 
@@ -84,32 +85,46 @@ def median_case(folders: list[Path], prompt: int) -> MeasuredCase:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=1, help="runs of each workload-B configuration, interleaved")
     parser.add_argument("--out", type=Path, default=Path("runs/planner_self"))
+    parser.add_argument("--only", default="", help="comma-separated 'W name' runs to train (a probe), none costed")
+    parser.add_argument("--fit", default=",".join(FITTED), help=f"constants fitted on A (default {','.join(FITTED)})")
     args = parser.parse_args(argv)
+    names = tuple(name for name in args.fit.split(",") if name)
     args.out.mkdir(parents=True, exist_ok=True)
+    only = set(args.only.split(",")) if args.only else None
     folders: dict[tuple[str, str], list[Path]] = {}
     for workload, repeats in (("A", 1), ("B", args.repeats)):
         for repeat in range(repeats):  # interleaved: every configuration once before any twice
             for name, (meshes, padding, budget) in RUNS[workload].items():
+                if only is not None and f"{workload} {name}" not in only:
+                    continue
                 print(f"{workload} {name} (repeat {repeat}); load average {os.getloadavg()[0]:.1f}", flush=True)
                 out = (args.out / f"{workload}-{slug(name)}-r{repeat}").resolve()
                 settings = config(workload, meshes, padding, budget, args.steps, out)
                 folders.setdefault((workload, name), []).append(train_at_driver_priority(settings, out))
+    if only is not None:
+        return 0
     prompts = {w: prompt_tokens(next(args.out.glob(f"{w}-*.json"))) for w in WORKLOADS}
     cases = {key: median_case(paths, prompts[key[0]]) for key, paths in folders.items()}
     train = [(c.predict, c.measured) for (w, _), c in cases.items() if w == "A"]
-    fitted = fit_calibration(train, names=FITTED, source="benchmarks/planner_self.py (workload A)")
-    print(f"fitted on workload A: {describe(fitted.default, FITTED)}")
-    names = [name for w, name in cases if w == "B"]
-    measured = [cases[("B", name)].measured["step"] for name in names]
-    priors = [cases[("B", name)].predict(Calibration())["step"] for name in names]
-    predicted = [cases[("B", name)].predict(fitted)["step"] for name in names]
+    fitted = fit_calibration(train, names=names, source="benchmarks/planner_self.py (workload A)")
+    print(f"fitted on workload A: {describe(fitted.default, names)}")
+    runs = [name for w, name in cases if w == "B"]
+    measured = [cases[("B", name)].measured["step"] for name in runs]
+    priors = [cases[("B", name)].predict(Calibration())["step"] for name in runs]
+    predicted = [cases[("B", name)].predict(fitted)["step"] for name in runs]
     print("| run (B) | measured step, median (s) | predicted, priors (s) | predicted, calibrated on A (s) | ratio |")
     print("|---|---|---|---|---|")
-    for name, step, prior, after in zip(names, measured, priors, predicted, strict=True):
+    for name, step, prior, after in zip(runs, measured, priors, predicted, strict=True):
         print(f"| {name} | {step:.2f} | {prior:.2f} | {after:.2f} | {after / step:.2f}x |")
+    print("per node (B), measured / calibrated prediction:")
+    for name in runs:
+        case, after = cases[("B", name)], cases[("B", name)].predict(fitted)
+        parts = ", ".join(f"{key} {sec:.2f}/{after.get(key, 0.0):.2f}" for key, sec in sorted(case.measured.items())
+                          if key != "step" and sec > 0.01)
+        print(f"  {name}: {parts}")
     worst = max(math.exp(abs(math.log(p / m))) for p, m in zip(predicted, measured, strict=True))
     tau = kendall_tau(predicted, measured)
     print(f"worst ratio {worst:.2f}x (target 1.3x); Kendall tau, calibrated on A: {tau:.2f}; "
