@@ -88,18 +88,36 @@ def config_mapping(args: Any) -> dict[str, Any]:
 def _changed_fields(args: Any) -> dict[str, Any]:
     """The fields of a GRPOConfig-shaped dataclass that differ from a default instance (what the user set; TRL's
     ``__post_init__`` derives several, which a default instance derives alike), translated to our keys."""
-    try:
-        baseline = type(args)()
-    except (TypeError, ValueError):  # a required field: compare with the declared defaults instead
-        baseline = None
+    baseline = _baseline(args)
     changed: dict[str, Any] = {}
     for spec in dataclasses.fields(args):
         value = getattr(args, spec.name)
         default = getattr(baseline, spec.name) if baseline is not None else (
             spec.default if spec.default is not dataclasses.MISSING else dataclasses.MISSING)
-        if value != default:
+        if value != default or (spec.name in TRL_DEFAULTS_KEPT and hasattr(args, "lr_scheduler_type")):
             changed[spec.name] = value
     return _translated(changed)
+
+
+# TRL's defaults that shape the update and differ from ours: a GRPOConfig that leaves them unset trains with
+# them in TRL (a learning rate of 1e-6 decaying linearly to 0 over max_steps), so a ported one does here too.
+# Issue 24: without the linear decay a ported script's policy moved ~2x further from its reference per step
+# (benchmarks/trl_kl_parity.py, docs/benchmarks.md "vs TRL: the KL gap").
+TRL_DEFAULTS_KEPT = ("learning_rate", "lr_scheduler_type", "max_grad_norm")
+
+
+def _baseline(args: Any) -> Any:
+    """A default instance of ``args``'s class, or None when one cannot be built. transformers' TrainingArguments
+    (so TRL's GRPOConfig) refuses its own defaults (bf16) on a machine without a GPU unless ``use_cpu`` is set:
+    the baseline then takes the given ``use_cpu``, so derived fields (accelerator_config...) compare alike."""
+    for kwargs in ({}, {"use_cpu": getattr(args, "use_cpu", None)}):
+        if kwargs and kwargs["use_cpu"] is None:
+            break
+        try:
+            return type(args)(**kwargs)
+        except (TypeError, ValueError):  # a required field: compare with the declared defaults instead
+            continue
+    return None
 
 
 def _translated(data: Mapping[str, Any]) -> dict[str, Any]:

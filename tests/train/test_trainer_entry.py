@@ -89,3 +89,16 @@ def test_unpicklable_rewards_run_in_process_with_a_warning() -> None:
     assert reward_timeout([trl_rewards.short_answers, "math"], 5.0) == 5.0
     with pytest.warns(UserWarning, match="without data.reward_timeout_s"):
         assert reward_timeout([lambda prompts, completions: [0.0]], 5.0) is None
+
+
+def test_a_ported_trl_config_keeps_trl_defaults_that_shape_the_update(tmp_path: Path) -> None:
+    """Issue 24: TRL trains at 1e-6 decaying linearly to 0 when the GRPOConfig names neither; a ported config does
+    the same here (without the decay the ported run's KL to the reference ran ~2x TRL's). A GRPOConfig built on a
+    machine without a GPU (use_cpu) is read too, its derived fields compared with a default instance alike."""
+    trl = pytest.importorskip("trl")
+    mapping = config_mapping(trl.GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, max_steps=8))
+    assert mapping["actor"] == {"lr": 1e-6, "lr_scheduler": "linear", "grad_clip": 1.0}
+    mapping = config_mapping(trl.GRPOConfig(output_dir=str(tmp_path), use_cpu=True, learning_rate=3e-4,
+                                            lr_scheduler_type="constant", max_steps=8))
+    assert mapping["actor"] == {"lr": 3e-4, "lr_scheduler": "constant", "grad_clip": 1.0}
+    assert mapping["steps"] == 8
