@@ -142,12 +142,14 @@ def run_trl_interleaved(model_dir: Path, tokenizer: Any, records: list[dict[str,
                 side.step()
 
     # TRL's fastest CPU settings here: the whole batch in one forward/backward (no gradient accumulation), one
-    # generation per optimizer step (so it skips the old-log-prob pass), fp32 (bf16 matmuls are slower on AVX2).
+    # generation per optimizer step (so it skips the old-log-prob pass), fp32 (TRL 1.16 defaults to bf16 autocast,
+    # whose matmuls take torch's generic bf16 gemm on AVX2 without AVX-512-BF16, far slower than fp32),
+    # no gradient checkpointing (TRL 1.16 turns it on by default: it recomputes every forward in the backward).
     config = GRPOConfig(output_dir=str(out), use_cpu=True, per_device_train_batch_size=preset.rows,
                         num_generations=preset.generations, steps_per_generation=1, gradient_accumulation_steps=1,
                         max_completion_length=preset.new_tokens, beta=BETA, learning_rate=LR, temperature=1.0,
                         max_steps=WARMUP + steps, logging_steps=1, report_to="none", save_strategy="no",
-                        seed=0, dataloader_num_workers=0, disable_tqdm=True,
+                        seed=0, dataloader_num_workers=0, disable_tqdm=True, gradient_checkpointing=False, bf16=False,
                         **({"use_vllm": True, "vllm_mode": "colocate", "vllm_max_model_length": 256} if vllm else {}))
     if vllm:  # colocated vLLM runs with the external launcher: a one-process torch.distributed world
         import os
