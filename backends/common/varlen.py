@@ -85,8 +85,13 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
     if kwargs.get("sliding_window") is not None:
         raise NotImplementedError(f"{NAME} runs full attention only; enable() keeps sdpa for sliding windows")
     kwargs["is_causal"] = True
-    pieces = [sdpa_attention_forward(module, query[:, :, start:end], key[:, :, start:end], value[:, :, start:end],
-                                     None, **kwargs)[0] for start, end in bounds]
+    # One split per tensor, not a slice per sequence: a slice's backward writes its gradient into a zeroed copy
+    # of the whole row (N x sequences of memory traffic, the packed backward's main cost on CPU); a split's
+    # backward is one concatenation.
+    sizes = [end - start for start, end in bounds]
+    pieces = [sdpa_attention_forward(module, q, k, v, None, **kwargs)[0]
+              for q, k, v in zip(query.split(sizes, dim=2), key.split(sizes, dim=2), value.split(sizes, dim=2),
+                                 strict=True)]
     return torch.cat(pieces, dim=1), None  # (1, N, heads, dim), as sdpa returns it
 
 

@@ -147,6 +147,33 @@ def test_packed_passes_attend_sequence_by_sequence_without_a_mask(monkeypatch: p
     assert varlen.NAME not in (tmp_path / "config.json").read_text()
 
 
+def test_packed_attention_backward_splits_the_row_once() -> None:
+    """The per-sequence pieces come from one split of q, k and v, whose backward is one concatenation; a slice per
+    sequence would write each piece's gradient into a zeroed copy of the whole row (sequences x N traffic)."""
+    from hybridflow.backends.common import varlen
+
+    lengths = [5, 3, 7, 1]
+    position_ids = torch.cat([torch.arange(n) for n in lengths])[None]
+    query, key, value = (torch.randn(1, 2, sum(lengths), 4, requires_grad=True) for _ in range(3))
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.is_causal, module.training = 1, True, True  # type: ignore[assignment]
+    out, _ = varlen.attention(module, query, key, value, None, position_ids=position_ids, dropout=0.0,
+                              scaling=0.5)
+    seen: list[str] = []
+    todo, done = [out.grad_fn], set()
+    while todo:
+        node = todo.pop()
+        if node is None or node in done:
+            continue
+        done.add(node)
+        seen.append(type(node).__name__)
+        todo.extend(parent for parent, _ in node.next_functions)
+    assert not [name for name in seen if name.startswith("SliceBackward")]
+    assert sum(name.startswith("SplitWithSizesBackward") for name in seen) == 3
+    out.sum().backward()
+    assert query.grad is not None and query.grad.shape == query.shape
+
+
 def test_sliding_window_models_keep_sdpa() -> None:
     from hybridflow.backends.common import varlen
     from transformers import AutoModelForCausalLM, Qwen2Config
