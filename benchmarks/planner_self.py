@@ -1,15 +1,16 @@
 """Does the planner predict hybridflow's own runs? Calibrate on one workload, predict another's runs. CPU, Ray.
 
 Workload **A** (calibration): GRPO with the task's rule reward on ``tiny-qwen2`` (16 prompts x 4 samples, 24 new
-tokens) in 2 runs: data parallel on both logical GPUs, packed, and the actor and reference on GPUs of their own
-with a token budget. ``hybridflow calibrate``'s own code path fits the constants on them: each run directory
+tokens) in 4 runs that span rows per engine and micro batch counts: data parallel on both logical GPUs, packed,
+with and without a token budget; the actor and reference on GPUs of their own with a token budget; one GPU,
+padded. ``hybridflow calibrate``'s own code path fits the constants on them: each run directory
 (``config.json`` + ``plan.json`` + ``metrics.jsonl``) is costed by ``cli.calibrate.case_from_run_dir``.
 Workload **B** (predicted): GRPO on ``tiny-qwen2-wide`` (32 prompts x 4 samples, 32 new tokens), in 8 runs that
 differ in what the issue names and the runtime runs on CPU: packing on/off, token budgets, data parallel on one
 or two GPUs, the actor and reference apart. Each B run's measured step (median of its kept steps) is compared
 with its prediction (target: every run within 1.3x) and the runs are ranked (Kendall tau, target >= 0.8).
-Sized to finish on the shared 2-core machine: 10 runs of 4 steps, ~17 min (each run ~1.5 min of Ray and model
-start). A finished run directory is reused, so a rerun with another ``--fit`` only re-costs (seconds).
+Sized for a 2-core machine: ``--steps 8 --repeats 3`` (the recorded run) is 28 runs, ~11 min on a quiet one
+(each run ~20 s, most of it Ray and model start). A finished run directory is reused, so a rerun with another ``--fit`` only re-costs (seconds).
 
 The measurement on a shared 2-core machine follows ``benchmarks/planner_ranking.py`` (whose helpers it reuses):
 one worker per logical GPU and core, Ray's workers at the driver's priority, runs interleaved across B's
@@ -51,7 +52,8 @@ WORKLOADS: dict[str, dict[str, Any]] = {
 }
 # name -> (meshes, padding, token budget per micro batch for every GPU role or None)
 RUNS: dict[str, dict[str, tuple[dict[str, list[int]], bool, int | None]]] = {
-    "A": {"dp2 packed": (BOTH, False, None), "apart budget 512": (APART, False, 512)},
+    "A": {"dp2 packed": (BOTH, False, None), "apart budget 512": (APART, False, 512),
+          "one GPU padded": (ONE, True, None), "dp2 packed budget 256": (BOTH, False, 256)},
     "B": {"dp2 packed": (BOTH, False, None), "dp2 padded": (BOTH, True, None),
           "dp2 packed budget 512": (BOTH, False, 512), "dp2 packed budget 2048": (BOTH, False, 2048),
           "apart packed": (APART, False, None), "apart budget 1024": (APART, False, 1024),
