@@ -10,7 +10,8 @@ differ in what the issue names and the runtime runs on CPU: packing on/off, toke
 or two GPUs, the actor and reference apart. Each B run's measured step (median of its kept steps) is compared
 with its prediction (target: every run within 1.3x) and the runs are ranked (Kendall tau, target >= 0.8).
 Sized for a 2-core machine: ``--steps 8 --repeats 3`` (the recorded run) is 28 runs, ~11 min on a quiet one
-(each run ~20 s, most of it Ray and model start). A finished run directory is reused, so a rerun with another ``--fit`` only re-costs (seconds).
+(each run ~20 s, most of it Ray and model start). A finished run directory is reused, so a rerun with another
+``--fit`` only re-costs (seconds).
 
 The measurement on a shared 2-core machine follows ``benchmarks/planner_ranking.py`` (whose helpers it reuses):
 one worker per logical GPU and core, Ray's workers at the driver's priority, runs interleaved across B's

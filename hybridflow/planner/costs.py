@@ -27,6 +27,27 @@ EAGER_LAYER_OVERHEAD_S = 250e-6  # per layer and decode step without CUDA graphs
 USABLE_MEMORY = 0.9  # fraction of device memory a plan may use; the rest is CUDA context and fragmentation
 DRIVER_SECONDS_PER_ROW = 1e-6  # driver-side compute nodes and reward functions, per sequence
 ACTIVATION_BYTES_PER_TOKEN_HIDDEN = 34  # Korthikanti et al. 2022, per layer, 16-bit, with flash attention
+# Memory-bound (non-matmul) HBM traffic of one token's forward through a decoder layer as Hugging Face transformers
+# runs it under bf16 autocast (modeling_qwen2.py / modeling_llama.py, the code verl's FSDP workers train): two
+# RMSNorms computed in fp32 (cast up, square, mean, scale, cast down, weight: ~36 bytes per hidden unit each), the
+# rotary embedding of q and k (~23), the q/k layout copies around flash-attention (~8) and its inputs and output
+# (~5), two residual adds (6 each): ~120 bytes per hidden unit; and the MLP's SiLU(gate) * up (read 2 + 2 + 2, write
+# 2 + 2: 10 bytes per intermediate unit). Backward moves about twice the forward's bytes, recomputation once more:
+# the same ``passes`` as the FLOPs. These kernels run at the HBM roofline, so they cost what the matmuls do not
+# count: ~5% more for a 7B pass on an H20 (37 FLOP/byte), ~30% on an H100 or B200 (~290 FLOP/byte); Ivanov et al.,
+# "Data Movement Is All You Need" (MLSys 2021), measured such ops at 0.2% of BERT's FLOPs and ~37% of its time.
+# Megatron's fused kernels (Transformer Engine) move fewer bytes than this count.
+NONMATMUL_BYTES_PER_HIDDEN = 120
+NONMATMUL_BYTES_PER_INTERMEDIATE = 10
+# A policy's logits row per token (bf16), beside the head's matmul: verl's dp_actor divides it by the temperature in
+# place (read + write) and runs its entropy (torch.compile'd) and log-prob (flash-attn's triton cross entropy)
+# kernels over it (~3 reads): 5 passes of 2 bytes over the vocabulary.
+LOGIT_BYTES_PER_VOCAB = 10
+# The fraction of peak HBM bandwidth PyTorch's elementwise kernels reach on tensors of a micro batch's size (~20M
+# elements): 3.3 TB/s of an H200's 4.8 for fp16 binary ops on (1024, 20480) (tile-ai/TileOPs#512, PyTorch 2.9.1),
+# 2.5-2.8 TB/s of an H100's 3.35 for gathers and scatters (pytorch/FBGEMM#3993). Not the calibrated
+# ``hbm_efficiency``, which decode's fit holds at its floor (0.30) for what else a decode step costs.
+NONMATMUL_HBM_EFFICIENCY = 0.7
 
 FULL_SHARDS = (Sharding.FULL_SHARD, Sharding.ZERO3, Sharding.HYBRID_SHARD)
 FORWARD_OPS = (Op.LOGPROB, Op.REF_LOGPROB, Op.VALUES, Op.SCORE)
@@ -295,6 +316,25 @@ def flops_per_token(model: ModelSpec, seq: float, passes: int, *, train: bool = 
     return passes * (2 * model.active + attention)
 
 
+def nonmatmul_bytes_per_token(model: ModelSpec, kind: RoleKind, passes: int) -> float:
+    """HBM bytes one token moves through the memory-bound ops of ``passes`` passes (``NONMATMUL_BYTES_PER_*``): the
+    layers' norms, rotary, residuals and MLP activation, and a policy's logits row (``LOGIT_BYTES_PER_VOCAB``).
+    An MoE token's MLP activation covers its routed width, which ``intermediate`` approximates for the presets."""
+    width = model.intermediate or 4 * model.hidden
+    layer = NONMATMUL_BYTES_PER_HIDDEN * model.hidden + NONMATMUL_BYTES_PER_INTERMEDIATE * width
+    logits = LOGIT_BYTES_PER_VOCAB * model.vocab if kind in (RoleKind.POLICY, RoleKind.FROZEN_POLICY) else 0
+    return passes * (model.layers * layer + logits)
+
+
+def nonmatmul_seconds(model: ModelSpec, kind: RoleKind, batch: Batching, layout: RoleLayout, shape: Shape,
+                      passes: int) -> float:
+    """The pass's memory-bound ops (:func:`nonmatmul_bytes_per_token`) over this GPU's tokens at the elementwise
+    kernels' share of HBM bandwidth (``NONMATMUL_HBM_EFFICIENCY``); tensor-parallel ranks split the activations."""
+    tokens = batch.tokens_per_gpu / layout.tp
+    bandwidth = shape.device.hbm_bandwidth * NONMATMUL_HBM_EFFICIENCY
+    return nonmatmul_bytes_per_token(model, kind, passes) * tokens / bandwidth
+
+
 def moe_slowdown(model: ModelSpec, shape: Shape) -> float:
     """How much longer a token's matmuls take when its expert share runs at ``moe_efficiency``."""
     if not model.is_moe:
@@ -346,7 +386,7 @@ def _param_gathers(model: ModelSpec, layout: RoleLayout, shape: Shape, count: in
 def forward_cost(model: ModelSpec, kind: RoleKind, load: NodeLoad, layout: RoleLayout, shape: Shape) -> Cost:
     """A forward-only pass (logprob, ref_logprob, values, score): 2·N_active FLOPs per token plus attention."""
     batch = batching(load, layout, shape, train=False)
-    compute = _compute_seconds(model, batch, layout, shape, 1)
+    compute = _compute_seconds(model, batch, layout, shape, 1) + nonmatmul_seconds(model, kind, batch, layout, shape, 1)
     comm = parallel_comm_seconds(model, batch, layout, shape, 1)
     gather = _param_gathers(model, layout, shape, batch.micro_batches)
     offload = shape.run.offload_of(layout.role)
@@ -366,6 +406,7 @@ def update_cost(model: ModelSpec, kind: RoleKind, load: NodeLoad, layout: RoleLa
     batch = batching(load, layout, shape, train=True)
     passes = 4 if layout.gradient_checkpointing else 3
     compute = _compute_seconds(model, batch, layout, shape, passes)
+    compute += nonmatmul_seconds(model, kind, batch, layout, shape, passes)
     comm = parallel_comm_seconds(model, batch, layout, shape, passes)
     grad_bytes = trainable_stage_params(model, layout) * DTYPE_BYTES[layout.dtype]
     ranks, bandwidth = shard_ranks(layout, shape), shape.collective_bandwidth

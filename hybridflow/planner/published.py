@@ -234,7 +234,7 @@ def _settings(record: Mapping[str, Any], extra: Mapping[str, Any], lengths: Leng
                        forward_tokens_per_gpu=int(forward_budget) if forward_budget else None,
                        offload=tuple(sorted(chosen.items())), gpu_memory_utilization=float(util) if util else None,
                        rollout_sleep=bool(extra.get("rollout_sleep")), epochs=int(extra.get("epochs", 1)),
-                       enforce_eager=_eager(record),
+                       enforce_eager=_eager(record), vllm_v0_engine=_vllm_v0(record),
                        max_prompt_len=int(record["prompt_len_max"]) if record.get("prompt_len_max") else None,
                        **_step_terms(extra))
 
@@ -284,6 +284,20 @@ def _eager(record: Mapping[str, Any]) -> bool:
         return False
     version = re.search(r"(\d+)\.(\d+)", str(record.get("framework_version") or ""))
     return version is not None and (int(version.group(1)), int(version.group(2))) <= VERL_EAGER_UNTIL
+
+
+# The V0 vLLM engines verl vendors (verl/third_party/vllm: 0.3.1, 0.4.2, 0.5.4, 0.6.3, used by verl <= 0.3); from 0.7
+# verl drives vLLM's own LLM with its sleep mode instead.
+VLLM_VENDORED_BEFORE = (0, 7)
+
+
+def _vllm_v0(record: Mapping[str, Any]) -> bool:
+    """Whether the rollout is verl's vendored V0 vLLM engine (``RunSettings.vllm_v0_engine``): a verl record whose
+    engine note names a vLLM release (``x.y.z``) before ``VLLM_VENDORED_BEFORE``."""
+    engine = str(record.get("rollout_engine", "")).lower()
+    version = re.search(r"(\d+)\.(\d+)\.\d+", engine)
+    return ("verl" in str(record.get("framework", "")).lower() and "vllm" in engine and version is not None
+            and (int(version.group(1)), int(version.group(2))) < VLLM_VENDORED_BEFORE)
 
 
 def log_error(predicted: Mapping[str, float], measured: Mapping[str, float]) -> float:

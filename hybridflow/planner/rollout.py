@@ -69,7 +69,9 @@ class Engine:
             size = 2 * in_flight * model.hidden * self.unit * (self.rtp - 1) / self.rtp
             comm = 2 * model.layers * (size / self.shape.span_bandwidth(self.rtp) + self.shape.latency(self.rtp))
         eager = model.layers * EAGER_LAYER_OVERHEAD_S if self.shape.run.enforce_eager else 0.0
-        return max(memory, compute) + comm + eager + constants.decode_step_overhead_s
+        run = self.shape.run
+        serial = V0_SERIAL_STEP_CPU_S if run.vllm_v0_engine and run.enforce_eager else 0.0
+        return max(memory, compute) + comm + eager + serial + constants.decode_step_overhead_s
 
 
 def _dtype(unit: int, dtypes: tuple[str, ...]) -> str:
@@ -79,6 +81,23 @@ def _dtype(unit: int, dtypes: tuple[str, ...]) -> str:
             return dtype
     return dtypes[0]
 
+
+# CPU time of one decode step that vLLM's V0 engine spends with the GPU idle when the step's work runs serially
+# (RunSettings.vllm_v0_engine under enforce_eager): gathering the sampled tokens, pythonizing them, processing outputs,
+# scheduling and preparing the next step's inputs. vllm-project/vllm#6854 (the multi-step scheduling RFC, Llama 3 8B)
+# measured "5-13ms of GPU bubble" per decode step from this; async output processing (vllm#7049) and multi-step
+# scheduling hid it from 0.6.0, but vLLM 0.6's ModelConfig.verify_async_output_proc turns async output off under
+# enforce_eager ("Since, enforce-eager is enabled, async output processor cannot be used", logged by verl's rollouts
+# on vLLM 0.6.3) and verl's vendored engine keeps vLLM's default of one scheduler step. The low end of the range.
+V0_SERIAL_STEP_CPU_S = 5e-3
+# verl's vendored vLLM <= 0.6.3 (RunSettings.vllm_v0_engine) frees its cache engine after every rollout
+# (free_cache_engine) and builds it again before the next (init_cache_engine): vLLM's CacheEngine allocates the GPU
+# KV cache and a CPU swap cache of ``swap_space`` GiB per GPU (verl's LLM: 4), both with torch.zeros ("null block in
+# CpuGpuBlockAllocator requires at least that block to be zeroed-out"). The pinned host block comes back from
+# torch's caching host allocator; zeroing it runs on one thread (Ray's workers: OMP_NUM_THREADS=1), measured at
+# 8.6 GB/s here (torch zero_ of 1 GiB, median of 7, the project's EPYC).
+V0_SWAP_SPACE_BYTES = 4 * 2**30
+HOST_ZERO_BYTES_S = 8.6e9
 
 # vLLM's KV cache block (``--block-size``, default 16 tokens on CUDA): the cache is allocated and freed in blocks.
 KV_BLOCK_TOKENS = 16
@@ -156,6 +175,18 @@ def prefill_seconds(model: ModelSpec, tokens: float, layout: RoleLayout, shape: 
     return 2 * model.active * tokens / layout.rollout_tp / (peak * shape.constants.prefill_mfu)
 
 
+def cache_rebuild_seconds(engine: Engine) -> float:
+    """Rebuilding a vendored V0 engine's cache for a rollout (``V0_SWAP_SPACE_BYTES``): zeroing its CPU swap space on
+    one host thread and its GPU KV cache (:func:`kv_tokens`) at the HBM rate; 0 unless the engine is verl's vendored
+    V0 one and sleeps between rollouts."""
+    run = engine.shape.run
+    if not (run.vllm_v0_engine and run.rollout_sleep):
+        return 0.0
+    cache = (kv_tokens(engine) or 0.0) * engine.kv_token
+    bandwidth = engine.shape.device.hbm_bandwidth * engine.shape.constants.hbm_efficiency
+    return V0_SWAP_SPACE_BYTES / HOST_ZERO_BYTES_S + cache / bandwidth
+
+
 def generate_cost(model: ModelSpec, load: NodeLoad, prompt_len: int, layout: RoleLayout, shape: Shape,
                   resident: float = 0.0) -> Cost:
     """Rollout: compute-bound prefill, then continuous-batching decode (see the module docstring).
@@ -184,4 +215,5 @@ def generate_cost(model: ModelSpec, load: NodeLoad, prompt_len: int, layout: Rol
         kv_cache = in_flight * engine.kv_token * (prompt_len + lengths.mean_age())
         transient = (0 if reuse else engine.weights) + kv_cache + in_flight * model.vocab * 4 / rtp
     dispatch = controller_seconds(load, shape, prompt_len)
-    return Cost(prefill + decode + shape.constants.phase_overhead_s + dispatch, int(transient))
+    rebuild = cache_rebuild_seconds(engine)
+    return Cost(prefill + decode + rebuild + shape.constants.phase_overhead_s + dispatch, int(transient))

@@ -58,6 +58,11 @@ class RunSettings:
       the next rollout [``free_cache_engine``]; its weights travel over the host link both ways.
     - ``enforce_eager``: the engine decodes without CUDA graphs [``enforce_eager``]: every layer's kernels
       are launched from Python at every step.
+    - ``vllm_v0_engine``: the rollout is the V0 vLLM engine verl vendors up to vLLM 0.6.3 (``verl/third_party/vllm``).
+      Under ``enforce_eager`` its CPU work of a decode step (scheduling, input preparation, output processing) runs
+      between its GPU steps, the GPU idle (vLLM turns async output processing off when eager;
+      ``rollout.V0_SERIAL_STEP_CPU_S``); with ``rollout_sleep`` [``free_cache_engine``] it rebuilds its cache engine
+      for every rollout, zeroing the KV cache and the CPU swap space again (``rollout.cache_rebuild_seconds``).
     - ``reward_workers``: processes a rule-based reward scores samples in (verl's reward managers: 1, the driver's
       loop; hybridflow's reward pool: its workers). ``validations_per_step``: validation passes a measured step
       holds on average [verl: 1 / ``test_freq`` inside its step timer; 0 when the step leaves them out] over
@@ -78,6 +83,7 @@ class RunSettings:
     max_num_seqs: int = 1024
     rollout_sleep: bool = False
     enforce_eager: bool = False
+    vllm_v0_engine: bool = False
     max_prompt_len: int | None = None
     reward_workers: int = 1
     validations_per_step: float = 0.0
@@ -144,6 +150,7 @@ SETTING_KEYS = {
     "max_num_seqs": "the rollout engine's cap on sequences in flight",
     "rollout_sleep": "true when the colocated engine frees its memory between rollouts",
     "enforce_eager": "true when the engine runs without CUDA graphs",
+    "vllm_v0_engine": "true when the rollout is verl's vendored V0 vLLM engine (vLLM <= 0.6.3)",
     "max_prompt_len": "the prompt cap in tokens (data.max_prompt_length)",
     "reward_workers": "processes scoring rule-based rewards (1: the driver's loop)",
     "validations_per_step": "validation passes per step, e.g. 0.1 for one every 10 steps",
@@ -193,7 +200,7 @@ def settings_from_dict(data: Mapping[str, Any], *, mean_response_len: int, where
     for key in ("gpu_memory_utilization", "validations_per_step", "checkpoints_per_step"):
         if data.get(key) is not None:
             values[key] = _number(data, key, where, float)
-    for key in ("padding", "rollout_sleep", "enforce_eager"):
+    for key in ("padding", "rollout_sleep", "enforce_eager", "vllm_v0_engine"):
         if data.get(key) is not None:
             if not isinstance(data[key], bool):
                 raise ValueError(f"{where}.{key}={data[key]!r} must be true or false: {SETTING_KEYS[key]}")

@@ -4,7 +4,9 @@ the field; ``hybridflow calibrate`` writes a file that ``hybridflow plan --calib
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -168,3 +170,25 @@ def test_a_record_whose_update_takes_the_rollouts_log_probs_has_no_old_log_prob_
     assert plan.step_time_s < before.step_time_s  # one forward pass fewer
     with pytest.raises(ValueError, match="rollout_logprobs is for GRPO records"):
         case_from_record({**base, "critic": True, "hybridflow": {"rollout_logprobs": True}})
+
+
+def test_the_shipped_calibration_meets_the_published_runs_targets_but_one():
+    """Every published verl run (benchmarks/data/published_runs.json, with benchmarks/published_runs.py's stated
+    assumptions): each step within 1.5x and each phase within 2x of the source's, one calibration for all. The
+    ROCm blog's PPO run (verl 0.3 on vLLM 0.6.3) is the known miss: 0.46x before its V0 engine's serial CPU step,
+    cache rebuild and every pass's memory-bound ops were priced, ~0.59x with them (docs/benchmarks.md)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    try:
+        from published_runs import load_cases
+    finally:
+        sys.path.pop(0)
+    shipped = Calibration.load("verl-published")
+    for case in load_cases():
+        predicted = case.predict(shipped)
+        for key, seconds in case.measured.items():
+            ratio = predicted[key] / seconds
+            if case.id == "rocm_blog_verl_ppo_qwen2_7b_gsm8k_8xH100":
+                assert 0.55 <= ratio <= 1.5, f"{case.id} {key}: {predicted[key]:.0f} s of {seconds:.0f} s"
+                continue
+            limit = 1.5 if key == "step" else 2.0
+            assert 1 / limit <= ratio <= limit, f"{case.id} {key}: {predicted[key]:.0f} s of {seconds:.0f} s"

@@ -11,6 +11,7 @@ from hybridflow.planner import ModelSpec, RoleLayout, Sharding
 from hybridflow.planner.calibration import Constants
 from hybridflow.planner.costs import (
     COLLECTIVE_LATENCY_S,
+    NONMATMUL_HBM_EFFICIENCY,
     WEIGHT_TENSOR_S,
     Shape,
     attention_tokens,
@@ -19,6 +20,7 @@ from hybridflow.planner.costs import (
     engine_switch,
     flops_per_token,
     forward_cost,
+    nonmatmul_bytes_per_token,
     parallel_comm_seconds,
     ring_seconds,
     static_bytes,
@@ -79,8 +81,31 @@ def test_forward_seconds_by_hand():
     seq = PROMPT + RESPONSE
     per_token = 2 * MODEL.params + 2 * MODEL.layers * MODEL.hidden * seq  # weights + causal attention
     expected = ROWS * seq * per_token / (100e12 * efficiency(8 * seq, PLAIN))
+    # Memory-bound ops: per layer 120 bytes per hidden unit + 10 per MLP unit (4 x hidden without a given
+    # intermediate), and the logits row's 10 bytes per vocabulary entry, at the elementwise share of the 1000 GB/s.
+    moved = MODEL.layers * (120 * 1000 + 10 * 4000) + 10 * 1000
+    assert nonmatmul_bytes_per_token(MODEL, RoleKind.FROZEN_POLICY, 1) == moved
+    expected += ROWS * seq * moved / (1000e9 * NONMATMUL_HBM_EFFICIENCY)
     assert per_token == flops_per_token(MODEL, seq, 1)
     assert cost.seconds == pytest.approx(expected, rel=1e-9)
+
+
+def test_memory_bound_ops_follow_the_passes_and_weigh_most_where_flops_outrun_bandwidth():
+    """Backward moves twice the forward's bytes and recomputation once more; a value head has no logits row.
+    The same pass on a device of 8x the FLOPs and the same HBM spends a larger share in those ops."""
+    forward = nonmatmul_bytes_per_token(MODEL, RoleKind.POLICY, 1)
+    assert nonmatmul_bytes_per_token(MODEL, RoleKind.POLICY, 4) == 4 * forward
+    assert nonmatmul_bytes_per_token(MODEL, RoleKind.VALUE, 1) == forward - 10 * MODEL.vocab
+    fast = DeviceSpec(name="FAST", memory_bytes=100 * GIB, hbm_bandwidth=1000 * GB, flops=(("bf16", 800 * TFLOPS),),
+                      link="NVLink", link_bandwidth=100 * GB, host_bandwidth=10 * GB)
+    layout = RoleLayout(role="ref", dp=1, micro_batch_size=8, forward_micro_batch_size=8)
+    memory = ROWS * (PROMPT + RESPONSE) * forward / (1000e9 * NONMATMUL_HBM_EFFICIENCY)
+    shares = []
+    for device in (ROUND, fast):
+        seconds = forward_cost(MODEL, RoleKind.POLICY, load(Op.LOGPROB), layout,
+                               Shape(device, (1,), 25e9, run=RunSettings(), constants=PLAIN)).seconds
+        shares.append(memory / seconds)
+    assert shares[1] > 3 * shares[0]
 
 
 def test_update_pays_one_optimizer_step_per_mini_batch():
@@ -245,6 +270,8 @@ def test_packed_attention_sees_the_token_weighted_sequence_length():
     cost = forward_cost(MODEL, RoleKind.FROZEN_POLICY, load(Op.REF_LOGPROB), layout, run)
     by_hand = (batch.tokens_per_gpu * flops_per_token(MODEL, expected, 1)
                / (100e12 * efficiency(batch.micro_tokens, PLAIN)))
+    by_hand += (batch.tokens_per_gpu * nonmatmul_bytes_per_token(MODEL, RoleKind.FROZEN_POLICY, 1)
+                / (1000e9 * NONMATMUL_HBM_EFFICIENCY))
     assert cost.seconds == pytest.approx(by_hand, rel=1e-9)
 
 

@@ -82,7 +82,9 @@ def test_one_step_off_is_never_slower_than_the_same_split_in_sync(algorithm: str
 
 def test_auto_picks_one_step_off_when_generation_dominates(grpo: Graph) -> None:
     models, hardware = small_models(grpo), cluster()
-    long = Workload(batch_size=64, prompt_len=256, response_len=4096)
+    # 32 prompts: the rollout's 4K drain dominates the step (at 64 the packed passes, their memory-bound ops priced,
+    # catch up with it and the overlap's gain falls to ~1%).
+    long = Workload(batch_size=32, prompt_len=256, response_len=4096)
     auto = plan_placement(grpo, models, long, hardware, options=PlannerOptions(pipeline="auto"))
     sync = plan_placement(grpo, models, long, hardware, options=PlannerOptions(separate_rollout=True))
     assert auto.pipeline == "one_step_off" and auto.detached_rollouts == {"actor": ROLLOUT}
