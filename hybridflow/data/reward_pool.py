@@ -237,6 +237,10 @@ def serve_fd(fd: int) -> None:
             except RewardFunctionError as err:
                 connection.send(("error", str(err), err.sample))
                 break
+            except Exception as err:  # raised around the function (a missing data column): reported, worker kept
+                connection.send(("error", err.args[0] if isinstance(err, KeyError) and err.args else str(err),
+                                 one[0].index))
+                break
 
 
 def _rebuild(item: tuple[str | None, RewardFunction | None, str, float]) -> RewardFunction:

@@ -60,6 +60,9 @@ def marks_then_sleeps(response, ground_truth):
 
 def fine(response, ground_truth):
     return float(response == ground_truth)
+
+def needs_solution(completions, solution):
+    return [float(c == s) for c, s in zip(completions, solution)]
 '''
 
 
@@ -126,6 +129,25 @@ def test_the_pool_replaces_a_killed_process_and_scores_again(rewards: Path) -> N
         with pytest.raises(RewardTimeoutError, match="sample 1"):
             scorer.score([right, wrong])
         assert scorer.score([right, right])[0] == [2.0, 2.0]  # both functions, in a fresh process
+    finally:
+        scorer.close()
+
+
+def test_a_batched_reward_missing_a_column_is_named_through_the_pool(rewards: Path) -> None:
+    """The missing-column check runs before the function, in the pool's worker: its error reaches the driver
+    naming the column (it used to kill the worker, which the driver reported only as a dead process), and the
+    pool scores the next batch."""
+    from hybridflow.data import Sample, reward_scorer
+    from hybridflow.runtime.errors import RewardFunctionError
+
+    scorer = reward_scorer(f"{rewards}:needs_solution", None, timeout_s=5)
+    bare = [Sample(index=i, prompt="p", prompt_text="p", response="r", ground_truth="g") for i in range(2)]
+    good = [Sample(index=i, prompt="p", prompt_text="p", response="r", ground_truth="g",
+                   columns={"solution": s}) for i, s in enumerate(["r", "x"])]
+    try:
+        with pytest.raises(RewardFunctionError, match=r"needs data column\(s\) \['solution'\]"):
+            scorer.score(bare)
+        assert scorer.score(good)[0] == [1.0, 0.0]
     finally:
         scorer.close()
 
