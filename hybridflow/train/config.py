@@ -370,8 +370,26 @@ def from_mapping(cls: type[T], data: Mapping[str, Any], prefix: str = "") -> T:
         home = getattr(cls, "STATED_BY_THE_RUN", {}).get(unknown[0])
         hint = f" (the run states it: {home})" if home else ""
         raise KeyError(f"unknown config key {prefix + unknown[0]!r}{hint}; valid keys here: {sorted(known)}")
-    values = {name: _check(hints[name], value, prefix + name) for name, value in data.items()}
+    values = {name: _check(hints[name], _over_field_default(cls, name, hints[name], value), prefix + name)
+              for name, value in data.items()}
     return cls(**values)
+
+
+def _over_field_default(cls: type, name: str, hint: Any, value: Any) -> Any:
+    """A partial section over the field's own default: ``actor: {grad_clip: 1.0}`` keeps the actor's default
+    lr (1e-3), not the section class's (``OptimSpec``: 1e-4). Only what the field's default changes is carried."""
+    if not (dataclasses.is_dataclass(hint) and isinstance(hint, type) and isinstance(value, Mapping)):
+        return value
+    field = next(f for f in dataclasses.fields(cls) if f.name == name)  # type: ignore[arg-type]
+    if field.default_factory is dataclasses.MISSING:
+        return value
+    try:
+        base, own = field.default_factory(), hint()
+    except TypeError:  # a section without defaults for every field: nothing to carry
+        return value
+    changed = {f.name: getattr(base, f.name) for f in dataclasses.fields(hint)
+               if f.init and getattr(base, f.name) != getattr(own, f.name)}
+    return {**changed, **value}
 
 
 def _check(hint: Any, value: Any, key: str) -> Any:

@@ -45,3 +45,14 @@ def test_wrong_types_are_named(override: str, message: str) -> None:
 def test_malformed_override_is_refused() -> None:
     with pytest.raises(ValueError, match=r"dotted\.key=value"):
         load_config(None, ["steps"])
+
+
+def test_a_partial_optimizer_section_keeps_the_roles_default_lr(tmp_path: Path) -> None:
+    """``actor: {grad_clip: ...}`` changes the clip only: the actor's lr stays 1e-3 and the critic's 3e-3 (the
+    section class's own default, OptimSpec's 1e-4, used to replace them)."""
+    path = tmp_path / "config.yaml"
+    path.write_text("actor:\n  grad_clip: 0.5\ncritic:\n  warmup_steps: 2\n")
+    config = load_config(path)
+    assert (config.actor.lr, config.actor.grad_clip) == (TrainConfig().actor.lr, 0.5) == (1e-3, 0.5)
+    assert (config.critic.lr, config.critic.warmup_steps) == (3e-3, 2)
+    assert load_config(path, ["actor.lr=2e-5"]).actor.lr == 2e-5
