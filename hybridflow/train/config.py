@@ -380,7 +380,7 @@ def _over_field_default(cls: type, name: str, hint: Any, value: Any) -> Any:
     lr (1e-3), not the section class's (``OptimSpec``: 1e-4). Only what the field's default changes is carried."""
     if not (dataclasses.is_dataclass(hint) and isinstance(hint, type) and isinstance(value, Mapping)):
         return value
-    field = next(f for f in dataclasses.fields(cls) if f.name == name)  # type: ignore[arg-type]
+    field = next(f for f in dataclasses.fields(cls) if f.name == name)
     if field.default_factory is dataclasses.MISSING:
         return value
     try:
