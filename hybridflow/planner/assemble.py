@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from hybridflow.planner.agents import choose_schedule, explain_schedule, schedule_seconds
-from hybridflow.planner.costs import Shape, adapter_only, state_bytes, static_bytes, weight_ship, weight_sync
+from hybridflow.planner.costs import Shape, state_bytes, static_bytes
 from hybridflow.planner.devices import DTYPE_BYTES, GIB
 from hybridflow.planner.errors import gib
 from hybridflow.planner.execution import ExecutionMode
@@ -15,6 +15,7 @@ from hybridflow.planner.plan import GroupPlan, NodeEstimate, Plan, RoleLayout, S
 from hybridflow.planner.problem import Problem, RoleWork
 from hybridflow.planner.schedule import DRIVER, Schedule, Sharing, compile_schedule, shared_step, stream_schedule
 from hybridflow.planner.step_terms import step_terms
+from hybridflow.planner.weight_moves import adapter_only, weight_ship, weight_sync
 
 
 @dataclass(frozen=True)

@@ -9,16 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from hybridflow.planner.agents import rollout_cost
-from hybridflow.planner.costs import (
-    Shape,
-    engine_switch,
-    forward_cost,
-    static_bytes,
-    update_cost,
-    weight_load,
-    weight_ship,
-    weight_sync,
-)
+from hybridflow.planner.costs import Shape, forward_cost, static_bytes, update_cost
 from hybridflow.planner.layouts import (
     Candidate,
     Constraint,
@@ -32,6 +23,7 @@ from hybridflow.planner.layouts import (
 from hybridflow.planner.modes import OVERLAPPED, streamed_generate_seconds
 from hybridflow.planner.plan import RoleLayout
 from hybridflow.planner.problem import Problem, RoleWork
+from hybridflow.planner.weight_moves import engine_switch, weight_load, weight_ship, weight_sync
 
 ShapeKey = tuple[str, tuple[int, ...]]
 

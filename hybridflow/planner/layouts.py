@@ -12,20 +12,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from hybridflow.planner.agents import rollout_cost
-from hybridflow.planner.costs import (
-    FULL_SHARDS,
-    USABLE_MEMORY,
-    Shape,
-    engine_switch,
-    forward_cost,
-    static_bytes,
-    update_cost,
-    weight_ship,
-    weight_sync,
-)
+from hybridflow.planner.costs import FULL_SHARDS, USABLE_MEMORY, Shape, forward_cost, static_bytes, update_cost
 from hybridflow.planner.plan import RoleLayout, Sharding
 from hybridflow.planner.problem import RoleWork
 from hybridflow.planner.support import ANY_LAYOUT, LayoutSupport
+from hybridflow.planner.weight_moves import engine_switch, weight_ship, weight_sync
 
 POWERS = (1, 2, 4, 8, 16, 32, 64)
 ROLLOUT_BATCHES = (8, 32, 128, 512, 2048)

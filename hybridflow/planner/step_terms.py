@@ -29,8 +29,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from hybridflow.graph import NodeLoad, Op
-from hybridflow.planner.costs import DRIVER_SECONDS_PER_ROW, engine_switch, static_bytes, weight_sync
+from hybridflow.planner.costs import DRIVER_SECONDS_PER_ROW, static_bytes
 from hybridflow.planner.rollout import generate_cost
+from hybridflow.planner.weight_moves import engine_switch, weight_sync
 
 if TYPE_CHECKING:
     from hybridflow.planner.assemble import Placement

@@ -24,12 +24,13 @@ from hybridflow.planner import (
     rollout_role,
 )
 from hybridflow.planner.calibration import DEFAULT_CONSTANTS
-from hybridflow.planner.costs import COLLECTIVE_LATENCY_S, WEIGHT_TENSOR_S, Shape
+from hybridflow.planner.costs import COLLECTIVE_LATENCY_S, Shape
 from hybridflow.planner.devices import get_device
 from hybridflow.planner.manual import evaluate_mapping, parse_mapping
 from hybridflow.planner.modes import streamed_generate_seconds
 from hybridflow.planner.problem import build_problem
 from hybridflow.planner.rollout import Engine, decode_seconds
+from hybridflow.planner.weight_moves import WEIGHT_TENSOR_S
 from hybridflow.testing import brute_force_step_time, check_plan
 
 ROLLOUT = rollout_role("actor")

@@ -12,12 +12,10 @@ from hybridflow.planner.calibration import Constants
 from hybridflow.planner.costs import (
     COLLECTIVE_LATENCY_S,
     NONMATMUL_HBM_EFFICIENCY,
-    WEIGHT_TENSOR_S,
     Shape,
     attention_tokens,
     batching,
     efficiency,
-    engine_switch,
     flops_per_token,
     forward_cost,
     nonmatmul_bytes_per_token,
@@ -25,15 +23,13 @@ from hybridflow.planner.costs import (
     ring_seconds,
     static_bytes,
     update_cost,
-    weight_load,
-    weight_ship,
-    weight_sync,
 )
 from hybridflow.planner.devices import GB, GIB, TFLOPS, DeviceSpec
 from hybridflow.planner.lengths import LengthDistribution
 from hybridflow.planner.overlays import ControllerOverlay, controller_seconds
 from hybridflow.planner.rollout import Engine, concurrency, generate_cost
 from hybridflow.planner.settings import Offload, RunSettings
+from hybridflow.planner.weight_moves import WEIGHT_TENSOR_S, engine_switch, weight_load, weight_ship, weight_sync
 
 ROUND = DeviceSpec(name="ROUND", memory_bytes=100 * GIB, hbm_bandwidth=1000 * GB, flops=(("bf16", 100 * TFLOPS),),
                    link="NVLink", link_bandwidth=100 * GB, host_bandwidth=10 * GB)

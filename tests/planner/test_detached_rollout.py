@@ -20,8 +20,9 @@ from hybridflow.planner import (
     plan_placement,
     rollout_role,
 )
-from hybridflow.planner.costs import COLLECTIVE_LATENCY_S, USABLE_MEMORY, WEIGHT_TENSOR_S
+from hybridflow.planner.costs import COLLECTIVE_LATENCY_S, USABLE_MEMORY
 from hybridflow.planner.manual import evaluate_mapping, parse_mapping
+from hybridflow.planner.weight_moves import WEIGHT_TENSOR_S
 from hybridflow.testing import check_plan
 from hybridflow.testing.strategies import clusters, graphs, role_models, workloads
 

@@ -23,9 +23,10 @@ from hybridflow.planner import (
     rollout_role,
 )
 from hybridflow.planner.adapters import LoraPlan, sync_mode
-from hybridflow.planner.costs import ADAPTER_LOAD_S, Shape, flops_per_token, state_bytes, weight_ship, weight_sync
+from hybridflow.planner.costs import Shape, flops_per_token, state_bytes
 from hybridflow.planner.devices import get_device
 from hybridflow.planner.models import from_config_dict
+from hybridflow.planner.weight_moves import ADAPTER_LOAD_S, weight_ship, weight_sync
 from hybridflow.testing import check_plan
 
 LLAMA8 = ModelSpec.preset("llama3-8b")

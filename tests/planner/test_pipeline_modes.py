@@ -10,8 +10,9 @@ import pytest
 from hybridflow.cli import main
 from hybridflow.graph import Graph, Workload, load_graph
 from hybridflow.planner import Cluster, ExecutionMode, ModelSpec, Plan, PlannerOptions, plan_placement, rollout_role
-from hybridflow.planner.costs import COLLECTIVE_LATENCY_S, DRIVER_SECONDS_PER_ROW, WEIGHT_TENSOR_S
+from hybridflow.planner.costs import COLLECTIVE_LATENCY_S, DRIVER_SECONDS_PER_ROW
 from hybridflow.planner.manual import evaluate_mapping, parse_mapping
+from hybridflow.planner.weight_moves import WEIGHT_TENSOR_S
 from hybridflow.testing import check_plan
 
 ROLLOUT = rollout_role("actor")
