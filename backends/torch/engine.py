@@ -47,7 +47,10 @@ class TorchRoleEngine(ForwardOps, GradientSteps, WeightStreams):
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model.to(context.device)
         self.optimizer: torch.optim.Optimizer | None = None
+        self.flat_grads: torch.Tensor | None = None
         if spec.kind.trainable:
+            if context.world_size > 1:
+                self.flat_grads = flat_gradients(trainable_parameters(self.model))
             optim = spec.optim or OptimSpec()
             # fused: one kernel over all parameters (CPU and CUDA since torch 2.4); on a 25M-parameter model on
             # one CPU thread 29 ms a step against 109 ms for the per-tensor loop, the default off CUDA
@@ -66,10 +69,15 @@ class TorchRoleEngine(ForwardOps, GradientSteps, WeightStreams):
 
     def optimizer_step(self, finite: bool, optim: OptimSpec) -> dict[str, float]:
         assert self.optimizer is not None
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        flag = torch.tensor([0.0 if finite else 1.0])
         # Every rank joins the same all-reduce even on a bad loss, so no rank is left waiting.
-        self.context.collective.all_reduce_mean([flag, *(p.grad for p in params if p.grad is not None)])
+        if self.flat_grads is not None:  # the gradients and the flag in one buffer: reduced in place
+            self.flat_grads[-1] = 0.0 if finite else 1.0
+            self.context.collective.all_reduce_mean([self.flat_grads])
+            flag = self.flat_grads[-1:]
+        else:
+            flag = torch.tensor([0.0 if finite else 1.0])
+            grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+            self.context.collective.all_reduce_mean([flag, *grads])
         if flag.item() > 0:
             self.optimizer.zero_grad(set_to_none=False)
             raise non_finite(self.spec.name)
@@ -135,3 +143,18 @@ class TorchBackend:
 
 
 BACKEND = TorchBackend()
+
+
+def flat_gradients(params: list[torch.nn.Parameter]) -> torch.Tensor | None:
+    """One fp32 buffer whose slices are ``params``' gradients (as DDP's ``gradient_as_bucket_view``), plus a last
+    element for the step's finite flag, so the data-parallel all-reduce runs on it in place: no gather into a
+    flat copy and back (a 25M-parameter model's 100 MB: ~70 ms of the ~150 ms the copying reduce took on
+    2 CPU ranks). None when the parameters are not all fp32 on one device (reduced tensor by tensor)."""
+    if not params or any(p.dtype != torch.float32 or p.device != params[0].device for p in params):
+        return None
+    flat = torch.zeros(sum(p.numel() for p in params) + 1, device=params[0].device)
+    offset = 0
+    for param in params:
+        param.grad = flat[offset:offset + param.numel()].view_as(param)
+        offset += param.numel()
+    return flat

@@ -49,6 +49,10 @@ class ProcessGroupCollective:
 
         if not tensors:
             return
+        if len(tensors) == 1 and _reducible_in_place(tensors[0], self.device):  # an engine's own flat buffer
+            dist.all_reduce(tensors[0], group=self.group)
+            tensors[0] /= self.world_size
+            return
         # One flat buffer on the collective's device: a single all-reduce, and CPU flags ride with GPU grads.
         flat = torch.cat([t.detach().reshape(-1).to(self.device, torch.float32) for t in tensors])
         dist.all_reduce(flat, group=self.group)
@@ -57,3 +61,8 @@ class ProcessGroupCollective:
         for tensor in tensors:
             tensor.copy_(flat[offset:offset + tensor.numel()].view_as(tensor))
             offset += tensor.numel()
+
+
+def _reducible_in_place(tensor: torch.Tensor, device: str) -> bool:
+    return (tensor.dtype == torch.float32 and tensor.is_contiguous() and tensor.device == torch.device(device)
+            and not tensor.requires_grad)
