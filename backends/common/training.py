@@ -149,11 +149,11 @@ class GradientSteps(MicroBatching):
                 for mini in padded.chunk(optim.mini_batches):
                     self.zero_grad()
                     micros = self.micro_batches(mini, rows=self.micro_batch_size, max_tokens=self.max_tokens)
+                    norm = self.mini_batch_norm(mini) if global_norm else None
                     sums, finite = accumulate(mini, micro_batches=micros,
                                               forward=self.training_forward, loss=loss, options=options,
-                                              backward=self.backward, norm=self.mini_batch_norm(mini) if
-                                              global_norm else None, ranks=self.data_parallel_ranks(),
-                                              detached=detached)
+                                              backward=self._backward_calls(len(micros)), norm=norm,
+                                              ranks=self.data_parallel_ranks(), detached=detached)
                     for key, value in {**sums, **self.optimizer_step(finite, optim)}.items():
                         totals[key] = totals.get(key, 0.0) + value
                     steps += 1
@@ -237,6 +237,22 @@ class GradientSteps(MicroBatching):
 
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
+
+    def before_last_backward(self) -> None:
+        """Called before a mini-batch's last backward, where a data-parallel engine may start reducing each
+        gradient bucket as the backward completes it (default: nothing)."""
+
+    def _backward_calls(self, count: int) -> Callable[[torch.Tensor], None]:
+        left = count
+
+        def backward(loss: torch.Tensor) -> None:
+            nonlocal left
+            left -= 1
+            if left == 0:
+                self.before_last_backward()
+            self.backward(loss)
+
+        return backward
 
     def optimizer_step(self, finite: bool, optim: OptimSpec) -> dict[str, float]:
         raise NotImplementedError

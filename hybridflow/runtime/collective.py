@@ -63,6 +63,13 @@ class ProcessGroupCollective:
             offset += tensor.numel()
 
 
+    def start_sum(self, tensor: torch.Tensor) -> Any:
+        """Start summing ``tensor`` (contiguous, fp32, on the collective's device) over the ranks, in place."""
+        import torch.distributed as dist
+
+        return dist.all_reduce(tensor, group=self.group, async_op=True)
+
+
 def _reducible_in_place(tensor: torch.Tensor, device: str) -> bool:
     return (tensor.dtype == torch.float32 and tensor.is_contiguous() and tensor.device == torch.device(device)
             and not tensor.requires_grad)

@@ -270,6 +270,15 @@ class WorkerContext:
 
 
 @runtime_checkable
+class AsyncSum(Protocol):
+    """A collective that can start an in-place sum over its ranks and return at once (a process group's):
+    ``start_sum(tensor).wait()`` completes it. Engines overlap gradient reduction with the backward through it;
+    every rank must start the same tensors in the same order."""
+
+    def start_sum(self, tensor: torch.Tensor) -> Any: ...
+
+
+@runtime_checkable
 class Engine(Protocol):
     """What every role engine provides: a way to give its resources back (engines, processes, memory)."""
 

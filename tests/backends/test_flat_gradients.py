@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
+from harness import run_ranks
 
 from hybridflow.runtime.collective import _reducible_in_place
 
@@ -35,3 +37,17 @@ def test_only_a_lone_contiguous_fp32_tensor_is_reduced_in_place() -> None:
     assert _reducible_in_place(torch.zeros(4), "cpu")
     assert not _reducible_in_place(torch.zeros(4, dtype=torch.float64), "cpu")  # sums of counts stay float64
     assert not _reducible_in_place(torch.zeros(4, 2).t(), "cpu")
+
+
+@pytest.mark.timeout(120)
+def test_overlapped_bucket_reduce_equals_one_pass_and_a_non_finite_rank_stops_both() -> None:
+    """dp 2 on gloo, 4 micro batches a rank: the buckets summed during the last backward give one pass's gradient
+    over the whole mini batch (one bucket, and many); a NaN loss in one rank's last micro batch (no backward
+    there) makes both ranks raise, the other rank's started buckets met by the stopped rank's."""
+    results = run_ranks(__import__("overlap_ranks").overlap_results)
+    for result in results:
+        gaps = {key: gap for key, gap in result.items() if key.startswith("buckets")}
+        assert len(gaps) == 2 and max(int(key.removeprefix("buckets")) for key in gaps) > 3, gaps
+        assert max(gaps.values()) < 1e-5, gaps
+        assert all(result[key.replace("buckets", "overlapped")] >= 1 for key in gaps), result  # during backward
+        assert result["non_finite"] == "NonFiniteLossError"
