@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import math
-import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from hybridflow.planner.metrics_file import metrics_rows
 
 # Metric families in the order a reader scans them; anything else is listed after these.
 HEADLINE = ("reward/mean", "reward/std", "kl", "response_length/mean", "time/step", "throughput/tokens_per_s",
@@ -52,32 +52,10 @@ def load_run(run_dir: str | Path) -> list[dict[str, float]]:
 
 
 def read_metrics_file(path: Path) -> list[dict[str, float]]:
-    """The rows of a metrics.jsonl. A torn last line (a crash mid-write leaves one) is skipped with a warning;
-    a file that is binary or whose earlier lines are not JSON objects is refused, naming the file and line."""
-    data = path.read_bytes()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise ValueError(f"{path} is not a metrics.jsonl (binary data at byte {err.start}, not UTF-8 text); pass "
-                         "the output_dir of a `hybridflow train` run, whose metrics.jsonl has a JSON object a line"
-                         ) from err
-    lines = [(number, line) for number, line in enumerate(text.splitlines(), start=1) if line.strip()]
-    rows: list[dict[str, float]] = []
-    for position, (number, line) in enumerate(lines):
-        try:
-            row = json.loads(line)
-        except ValueError as err:
-            if position == len(lines) - 1 and rows:
-                print(f"hybridflow: warning: {path} line {number} is torn (an interrupted write); skipped it",
-                      file=sys.stderr)
-                break
-            raise ValueError(f"{path} line {number} is not JSON ({err}); metrics.jsonl holds a JSON object a "
-                             "line: restore the file, or delete the broken lines") from err
-        if not isinstance(row, dict):
-            raise ValueError(f"{path} line {number} is a {type(row).__name__}, not a JSON object of metrics; "
-                             "restore the file, or delete the broken lines")
-        rows.append(row)
-    return rows
+    """The rows of a metrics.jsonl, read by the planner's reader (:mod:`hybridflow.planner.metrics_file`): a torn
+    last line is skipped with a warning; a binary file or an earlier line that is not a JSON object is refused,
+    naming the file and line."""
+    return [row for _, row in metrics_rows(path)]
 
 
 def summarize(run_dir: str | Path) -> RunSummary:
