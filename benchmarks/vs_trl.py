@@ -98,7 +98,7 @@ class Side:
 
 def hybridflow_side(model_dir: Path, tokenizer: Any, records: list[dict[str, str]], preset: Preset, *,
                     executor: Any = None, num_gpus: int = 1, skip: bool = True, max_tokens: int = 0,
-                    rollout: str = "native", rollout_dtype: str = "fp32") -> Side:
+                    rollout: str = "native", rollout_dtype: str = "fp32", train_dtype: str = "fp32") -> Side:
     graph = load_graph("grpo", n=preset.generations, kl_coef=BETA, max_new_tokens=preset.new_tokens,
                        reward_kind="reward_function")
     if skip:  # as `hybridflow train` builds it (skip_known_passes, one epoch, one mini batch, sync)
@@ -108,7 +108,10 @@ def hybridflow_side(model_dir: Path, tokenizer: Any, records: list[dict[str, str
              for r in graph.roles if r.kind.needs_gpu}
     if rollout == "vllm":  # the actor generates with a colocated vLLM engine (fp32, as the trainer) fed each update
         specs["actor"] = replace(specs["actor"], rollout="vllm", rollout_options={"rollout_dtype": rollout_dtype})
-    plan = default_plan(graph, num_gpus=num_gpus, micro_batch_sizes=dict.fromkeys(specs, preset.rows))
+    if train_dtype != "fp32":  # mixed precision as TRL's autocast: FSDP2 keeps fp32 weights, computes in bf16
+        specs["actor"] = replace(specs["actor"], backend="fsdp")
+    plan = default_plan(graph, num_gpus=num_gpus, dtype=train_dtype,
+                        micro_batch_sizes=dict.fromkeys(specs, preset.rows))
     if max_tokens:  # packed micro batches of at most this many tokens (CPU attention is dense over a packed row)
         plan = with_token_budgets(plan, dict.fromkeys(specs, max_tokens))
     controller = Controller(graph, plan, specs=specs, executor=executor,
@@ -119,7 +122,7 @@ def hybridflow_side(model_dir: Path, tokenizer: Any, records: list[dict[str, str
 def run_trl_interleaved(model_dir: Path, tokenizer: Any, records: list[dict[str, str]], steps: int, out: Path,
                         sides: dict[str, Side], preset: Preset, *,
                         vllm: bool = False, threads: int = 1,
-                        rollout_dtype: str = "fp32") -> tuple[list[float], list[float]]:
+                        rollout_dtype: str = "fp32", bf16: bool = False) -> tuple[list[float], list[float]]:
     """TRL's per-step seconds and completion tokens; every side steps once after each TRL step."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, TrainerCallback
@@ -153,7 +156,7 @@ def run_trl_interleaved(model_dir: Path, tokenizer: Any, records: list[dict[str,
                         num_generations=preset.generations, steps_per_generation=1, gradient_accumulation_steps=1,
                         max_completion_length=preset.new_tokens, beta=BETA, learning_rate=LR, temperature=1.0,
                         max_steps=WARMUP + steps, logging_steps=1, report_to="none", save_strategy="no",
-                        seed=0, dataloader_num_workers=0, disable_tqdm=True, gradient_checkpointing=False, bf16=False,
+                        seed=0, dataloader_num_workers=0, disable_tqdm=True, gradient_checkpointing=False, bf16=bf16,
                         **({"use_vllm": True, "vllm_mode": "colocate", "vllm_max_model_length": 256,
                            # the same algorithm as hybridflow's: no truncated importance sampling against the
                            # rollout's log-probs (TRL's default with vLLM; it adds an old-log-prob forward)
@@ -239,6 +242,14 @@ def main() -> None:
                         help="TRL generates with vLLM colocated (use_vllm, vllm_mode='colocate'), not HF generate")
     parser.add_argument("--rollout-dtype", choices=("fp32", "bf16"), default="fp32",
                         help="both sides' vLLM engines (bf16: TRL's own default on CPU; fast with AMX)")
+    parser.add_argument("--trl-bf16", action="store_true",
+                        help="TRL trains under bf16 autocast (its default; fast where the CPU has AMX or AVX512-BF16)")
+    parser.add_argument("--bf16", action="store_true",
+                        help="also run hybridflow in bf16: the actor on the fsdp backend (fp32 weights, bf16 compute: "
+                             "TRL's autocast), the reference in bf16, a bf16 vLLM rollout")
+    parser.add_argument("--ray-only", action="store_true",
+                        help="with --ray: only the Ray vLLM-rollout sides beside the local one (each vLLM side "
+                             "holds an engine and its KV cache: many of them exhaust a small machine's memory)")
     parser.add_argument("--threads", type=int, default=1,
                         help="TRL's torch intra-op threads (its way to use N cores); hybridflow uses them as --dp N")
     parser.add_argument("--dp", type=int, default=1,
@@ -258,26 +269,34 @@ def main() -> None:
     if args.max_tokens:
         sides[f"hybridflow (local, {args.max_tokens}-token micro batches)"] = hybridflow_side(
             model_dir, tokenizer, records, preset, max_tokens=args.max_tokens)
-    if args.vllm:
+    local = not args.ray_only
+    if args.vllm and local:
         sides["hybridflow (local, vLLM rollout)"] = hybridflow_side(model_dir, tokenizer, records, preset,
                                                                     rollout="vllm",
                                                                     rollout_dtype=args.rollout_dtype)
-    if args.dp > 1:
+    if args.bf16 and local:
+        sides["hybridflow (local, bf16, vLLM rollout)"] = hybridflow_side(
+            model_dir, tokenizer, records, preset, rollout="vllm", rollout_dtype="bf16", train_dtype="bf16")
+    if args.dp > 1 and local:
         sides[f"hybridflow (local, dp={args.dp} threads)"] = hybridflow_side(model_dir, tokenizer, records, preset,
                                                                            num_gpus=args.dp)
     if args.ray:
         from hybridflow.runtime.ray_executor import RayExecutor
 
-        for dp in sorted({1, args.dp}):
+        for dp in sorted({1, args.dp}) if local else ():
             sides[f"hybridflow (ray, dp={dp})"] = hybridflow_side(model_dir, tokenizer, records, preset,
                                                                 executor=RayExecutor(), num_gpus=dp)
         if args.vllm and args.dp > 1:  # one vLLM engine per data-parallel worker process
             sides[f"hybridflow (ray, dp={args.dp}, vLLM rollout)"] = hybridflow_side(
                 model_dir, tokenizer, records, preset, executor=RayExecutor(), num_gpus=args.dp, rollout="vllm",
                 rollout_dtype=args.rollout_dtype)
+        if args.bf16 and args.dp > 1:
+            sides[f"hybridflow (ray, dp={args.dp}, bf16, vLLM rollout)"] = hybridflow_side(
+                model_dir, tokenizer, records, preset, executor=RayExecutor(), num_gpus=args.dp, rollout="vllm",
+                rollout_dtype="bf16", train_dtype="bf16")
     trl_seconds, trl_tokens = run_trl_interleaved(model_dir, tokenizer, records, args.steps, work / "trl", sides,
                                                   preset, vllm=args.trl_vllm, threads=args.threads,
-                                                  rollout_dtype=args.rollout_dtype)
+                                                  rollout_dtype=args.rollout_dtype, bf16=args.trl_bf16)
     rows = {"TRL GRPOTrainer": (trl_seconds[WARMUP:], trl_tokens[WARMUP:])}
     rows.update({name: (side.seconds[WARMUP:], [float(t) for t in side.tokens[WARMUP:]])
                  for name, side in sides.items()})
