@@ -95,7 +95,7 @@ V0_SERIAL_STEP_CPU_S = 5e-3
 # KV cache and a CPU swap cache of ``swap_space`` GiB per GPU (verl's LLM: 4), both with torch.zeros ("null block in
 # CpuGpuBlockAllocator requires at least that block to be zeroed-out"). The pinned host block comes back from
 # torch's caching host allocator; zeroing it runs on one thread (Ray's workers: OMP_NUM_THREADS=1), measured at
-# 8.6 GB/s here (torch zero_ of 1 GiB, median of 7, the project's EPYC).
+# 8.6 GB/s here (torch zero_ of 1 GiB, median of 7, on this session's 2-core Intel Xeon).
 V0_SWAP_SPACE_BYTES = 4 * 2**30
 HOST_ZERO_BYTES_S = 8.6e9
 
