@@ -184,3 +184,36 @@ def test_sliding_window_models_keep_sdpa() -> None:
     model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
     assert "sliding_attention" in model.config.layer_types
     assert not varlen.enable(model) and model.config._attn_implementation == "sdpa"
+
+
+def test_cpu_half_precision_packed_attention_goes_backward_in_fp32() -> None:
+    """A bf16 packed row on the CPU: forward per sequence in bf16, backward by the fp32 kernel from the saved
+    log-sum-exp (the bf16 backward kernel is the slow one); values and gradients match an fp64 reference to bf16
+    rounding, with grouped-query heads and sequences of one token."""
+    from hybridflow.backends.common import varlen
+
+    lengths, heads, kv_heads, dim = [5, 17, 3, 40, 1, 29], 4, 2, 16
+    position_ids = torch.cat([torch.arange(n) for n in lengths])[None]
+    generator = torch.Generator().manual_seed(0)
+    exact = [torch.randn(1, h, sum(lengths), dim, generator=generator, dtype=torch.float64)
+             for h in (heads, kv_heads, kv_heads)]
+    upstream = torch.randn(1, sum(lengths), heads, dim, generator=generator, dtype=torch.float64)
+    half = [tensor.to(torch.bfloat16).requires_grad_() for tensor in exact]
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.is_causal, module.training = 2, True, True  # type: ignore[assignment]
+    out, _ = varlen.attention(module, *half, None, position_ids=position_ids, dropout=0.0, scaling=0.25)
+    assert type(out.grad_fn).__name__ == "_HalfForwardFloatBackwardBackward"
+    (out * upstream.to(torch.bfloat16)).sum().backward()
+
+    gold = [tensor.clone().requires_grad_() for tensor in exact]
+    pieces = [torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.25, enable_gqa=True)
+              for q, k, v in zip(*(tensor.split(lengths, dim=2) for tensor in gold), strict=True)]
+    reference = torch.cat(pieces, dim=2).transpose(1, 2)
+    (reference * upstream).sum().backward()
+    for mine, theirs in [(out, reference), *((h.grad, g.grad) for h, g in zip(half, gold, strict=True))]:
+        assert mine is not None and theirs is not None
+        assert float((mine.double() - theirs).abs().max() / theirs.abs().max()) < 1e-2
+
+    fp32 = [tensor.float().requires_grad_() for tensor in exact]  # fp32 keeps transformers' sdpa per sequence
+    out, _ = varlen.attention(module, *fp32, None, position_ids=position_ids, dropout=0.0, scaling=0.25)
+    assert type(out.grad_fn).__name__ != "_HalfForwardFloatBackwardBackward"
