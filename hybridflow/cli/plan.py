@@ -77,7 +77,7 @@ def add_run_arguments(parser: Any) -> None:
     """Devices, network, response lengths and the step recipe (shared with ``hybridflow calibrate``)."""
     parser.add_argument("--device", action="append", default=None, metavar="KEY=VALUE,...",
                         help="define a device: name=X,memory_gb=96,bf16_tflops=148,hbm_gbs=4000,link_gbs=450"
-                             "[,host_gbs=50]; repeatable; the cluster spec may then name it")
+                             "[,host_gbs=50,matmul_fraction=0.8]; repeatable; the cluster spec may then name it")
     parser.add_argument("--inter-node-gbs", type=float, help="inter-node bandwidth per GPU in GB/s (default 25)")
     parser.add_argument("--host-cores", type=int, help="logical CPU GPUs: the cores each host gives them, shared "
                                                       "when more GPUs are busy (default: a core each)")

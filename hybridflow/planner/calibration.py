@@ -19,11 +19,12 @@ FORMAT = "hybridflow-calibration/1"
 class Constants:
     """Achieved fractions and fixed overheads. Efficiencies are fractions of peak; overheads seconds."""
 
-    train_mfu: float = 0.5  # dense-matmul MFU of large training/forward micro batches (tuned FSDP/Megatron)
+    train_mfu: float = 0.5  # share of the device's GEMM ceiling (DeviceSpec.matmul_flops) large training/forward
+    # micro batches' matmuls reach (tuned FSDP/Megatron)
     eff_half_tokens: float = 512  # tokens per micro batch at which efficiency is half of train_mfu
     hbm_efficiency: float = 0.7  # achievable fraction of HBM bandwidth in memory-bound decode
-    decode_mfu: float = 0.5  # fraction of peak FLOP/s a compute-bound decode step reaches
-    prefill_mfu: float = 0.5  # fraction of peak FLOP/s of (chunked) prefill
+    decode_mfu: float = 0.5  # fraction of the GEMM ceiling a compute-bound decode step reaches
+    prefill_mfu: float = 0.5  # fraction of the GEMM ceiling of (chunked) prefill
     host_efficiency: float = 0.5  # fraction of the host link CPU offload achieves (pageable copies)
     decode_step_overhead_s: float = 0.002  # per engine step: scheduler, sampling, graph launch (vLLM ~1-3 ms)
     phase_overhead_s: float = 0.0  # per role phase: dispatch, data collation, cache clears

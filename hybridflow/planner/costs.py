@@ -102,7 +102,8 @@ class Cost:
 
 
 def efficiency(tokens_per_micro_batch: float, constants: Constants = DEFAULT_CONSTANTS) -> float:
-    """Achieved fraction of peak for a micro batch of this many tokens per GPU: small ones underfill."""
+    """Achieved fraction of the device's GEMM ceiling (``DeviceSpec.matmul_flops``) for a micro batch of this many
+    tokens per GPU: small ones underfill."""
     return constants.train_mfu * tokens_per_micro_batch / (tokens_per_micro_batch + constants.eff_half_tokens)
 
 
@@ -342,7 +343,7 @@ def moe_slowdown(model: ModelSpec, shape: Shape) -> float:
 
 
 def _compute_seconds(model: ModelSpec, batch: Batching, layout: RoleLayout, shape: Shape, passes: int) -> float:
-    peak = shape.device.peak_flops(layout.dtype)
+    peak = shape.device.matmul_flops(layout.dtype)
     per_token = flops_per_token(model, batch.attention_seq or batch.seq, passes, train=batch.optimizer_steps > 0)
     flops = per_token * batch.tokens_per_gpu / layout.tp * moe_slowdown(model, shape)
     bubble = 1.0

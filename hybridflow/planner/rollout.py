@@ -63,7 +63,7 @@ class Engine:
         memory = read / (device.hbm_bandwidth * constants.hbm_efficiency)
         attention = 4 * model.layers * model.heads * model.head_dim * context
         flops = in_flight * (2 * model.active * moe_slowdown(model, self.shape) + attention) / self.rtp
-        compute = flops / (device.peak_flops(_dtype(self.unit, device.dtypes)) * constants.decode_mfu)
+        compute = flops / (device.matmul_flops(_dtype(self.unit, device.dtypes)) * constants.decode_mfu)
         comm = 0.0
         if self.rtp > 1:
             size = 2 * in_flight * model.hidden * self.unit * (self.rtp - 1) / self.rtp
@@ -165,13 +165,14 @@ def preempted_seconds(engine: Engine, tokens: float) -> float:
     """Recomputing ``tokens`` of preempted sequences' contexts when they are admitted again: a prefill on the
     engine (vLLM's default preemption mode recomputes rather than swapping the blocks to host memory)."""
     model, shape = engine.model, engine.shape
-    peak = shape.device.peak_flops(_dtype(engine.unit, shape.device.dtypes))
+    peak = shape.device.matmul_flops(_dtype(engine.unit, shape.device.dtypes))
     return 2 * model.active * tokens / engine.rtp / (peak * shape.constants.prefill_mfu)
 
 
 def prefill_seconds(model: ModelSpec, tokens: float, layout: RoleLayout, shape: Shape) -> float:
-    """One engine prefilling ``tokens``: compute-bound, ``2·N_active`` FLOPs a token at ``prefill_mfu``."""
-    peak = shape.device.peak_flops(layout.dtype)
+    """One engine prefilling ``tokens``: compute-bound, ``2·N_active`` FLOPs a token at ``prefill_mfu`` of the
+    device's GEMM ceiling."""
+    peak = shape.device.matmul_flops(layout.dtype)
     return 2 * model.active * tokens / layout.rollout_tp / (peak * shape.constants.prefill_mfu)
 
 

@@ -63,7 +63,7 @@ def seconds(plan: Plan, node: str) -> float:
 
 @pytest.mark.parametrize("max_staleness", [1, 2])
 def test_async_step_by_hand(grpo: Graph, max_staleness: int) -> None:
-    models, hardware, recipe = small_models(grpo), four_gpus(instant_driver=True), long_tail(256, 4096)
+    models, hardware, recipe = small_models(grpo), four_gpus(instant_driver=True), long_tail(256, 8192)
     workload = Workload(batch_size=64, prompt_len=256, response_len=256)
     sync = evaluate_mapping(grpo, models, workload, hardware, SPLIT, settings=recipe)
     plan = evaluate_mapping(grpo, models, workload, hardware, SPLIT, settings=recipe, pipeline="async",

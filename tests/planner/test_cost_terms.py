@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -85,6 +86,19 @@ def test_forward_seconds_by_hand():
     assert per_token == flops_per_token(MODEL, seq, 1)
     assert cost.seconds == pytest.approx(expected, rel=1e-9)
 
+
+
+def test_matmuls_run_on_the_devices_measured_gemm_ceiling():
+    """The same pass on a device whose best GEMM reaches 0.8 of its datasheet: the matmul seconds grow by 1 / 0.8,
+    the memory-bound ops' do not."""
+    layout = RoleLayout(role="ref", dp=1, micro_batch_size=8, forward_micro_batch_size=8)
+    capped = Shape(dataclasses.replace(ROUND, matmul_fraction=0.8), (1,), 25e9, run=RunSettings(), constants=PLAIN)
+    full = forward_cost(MODEL, RoleKind.FROZEN_POLICY, load(Op.REF_LOGPROB), layout, shape()).seconds
+    slow = forward_cost(MODEL, RoleKind.FROZEN_POLICY, load(Op.REF_LOGPROB), layout, capped).seconds
+    seq = PROMPT + RESPONSE
+    matmuls = ROWS * seq * flops_per_token(MODEL, seq, 1) / (100e12 * efficiency(8 * seq, PLAIN))
+    assert slow - full == pytest.approx(matmuls * (1 / 0.8 - 1), rel=1e-9)
+    assert capped.device.matmul_flops("bf16") == pytest.approx(80e12)
 
 def test_memory_bound_ops_follow_the_passes_and_weigh_most_where_flops_outrun_bandwidth():
     """Backward moves twice the forward's bytes and recomputation once more; a value head has no logits row.

@@ -22,6 +22,19 @@ def test_new_devices_have_datasheet_figures_and_sources():
     assert DEVICES["H800"].link_bandwidth < DEVICES["H100-80G"].link_bandwidth
 
 
+
+def test_gemm_ceilings_are_measured_fractions_and_fall_as_the_peak_rises():
+    """MAMF over the datasheet (devices.py): a compute-poor H20 keeps nearly its peak, an H100 or B200 loses a fifth;
+    a device without a measurement keeps its datasheet."""
+    ceilings = {name: DEVICES[name].matmul_fraction for name in ("H20", "A100-80G", "H100-80G", "B200", "MI300X")}
+    assert ceilings["H20"] > ceilings["A100-80G"] > ceilings["H100-80G"] > ceilings["B200"] > ceilings["MI300X"]
+    assert DEVICES["H100-80G"].matmul_flops("bf16") == pytest.approx(794.2 * TFLOPS, rel=1e-3)
+    assert DEVICES["H200"].matmul_fraction == DEVICES["H800"].matmul_fraction == ceilings["H100-80G"]
+    assert DEVICES["L40S"].matmul_fraction == 1.0 and DEVICES["CPU"].matmul_fraction == 1.0
+    assert parse_device("name=X9,memory_gb=64,bf16_tflops=500,hbm_gbs=2000,link_gbs=200").matmul_fraction == 1.0
+    device = parse_device("name=X9,memory_gb=64,bf16_tflops=500,hbm_gbs=2000,link_gbs=200,matmul_fraction=0.8")
+    assert device.matmul_flops("bf16") == pytest.approx(400 * TFLOPS)
+
 def test_a_device_from_the_cli_and_its_use_in_a_cluster():
     device = parse_device("name=X9,memory_gb=64,bf16_tflops=500,hbm_gbs=2000,link_gbs=200")
     assert device.memory_bytes == 64 * GIB and device.peak_flops("bf16") == 500 * TFLOPS
@@ -44,6 +57,8 @@ def test_a_device_from_cluster_yaml(tmp_path):
     ("name=X9,memory_gb=64,bf16_tflops=500,link_gbs=200", r"hbm_gbs is missing"),
     ("name=X9,memory_gb=64,hbm_gbs=2000,link_gbs=200", r"give bf16_tflops or fp16_tflops"),
     ("name=X9,memory=64", r"unknown keys \['memory'\]"),
+    ("name=X9,memory_gb=64,bf16_tflops=500,hbm_gbs=2000,link_gbs=200,matmul_fraction=1.2",
+     r"matmul_fraction='1.2' must be a fraction in \(0, 1\]"),
 ])
 def test_bad_cli_devices_name_the_field(text, message):
     with pytest.raises(ValueError, match=message):
