@@ -13,6 +13,10 @@ same machine load (this box is shared). Reports steps/s and generated tokens/s (
 included) after two warm-up steps, the median step's tokens/s and each hybridflow variant's median seconds
 per node.
 
+hybridflow's vLLM rollouts run compiled (``enforce_eager=False``: vLLM's torch.compile), as TRL's colocated engine
+does (TRL sets no ``enforce_eager``); ``--eager-rollout`` keeps them eager, hybridflow's engine default. On this
+preset compiled decoding is ~1.5x faster (32 rows x 64 tokens in bf16: 0.68 s against 1.07 s eager, one thread).
+
 hybridflow's variants: ``skip`` (what ``hybridflow train`` runs by default: a synchronous single-pass update
 takes its old log-probs from its own forward, :mod:`hybridflow.graph.skipping`) and ``keep`` (the graph's
 ``actor_logprob`` pass kept: the comparison before that rule), both with packed sequences and one micro batch
@@ -98,7 +102,8 @@ class Side:
 
 def hybridflow_side(model_dir: Path, tokenizer: Any, records: list[dict[str, str]], preset: Preset, *,
                     executor: Any = None, num_gpus: int = 1, skip: bool = True, max_tokens: int = 0,
-                    rollout: str = "native", rollout_dtype: str = "fp32", train_dtype: str = "fp32") -> Side:
+                    rollout: str = "native", rollout_dtype: str = "fp32", train_dtype: str = "fp32",
+                    compiled: bool = True) -> Side:
     graph = load_graph("grpo", n=preset.generations, kl_coef=BETA, max_new_tokens=preset.new_tokens,
                        reward_kind="reward_function")
     if skip:  # as `hybridflow train` builds it (skip_known_passes, one epoch, one mini batch, sync)
@@ -106,8 +111,12 @@ def hybridflow_side(model_dir: Path, tokenizer: Any, records: list[dict[str, str
     specs = {r.name: RoleSpec(name=r.name, kind=r.kind, model=str(model_dir),
                               optim=OptimSpec(lr=LR) if r.kind.trainable else None)
              for r in graph.roles if r.kind.needs_gpu}
-    if rollout == "vllm":  # the actor generates with a colocated vLLM engine (fp32, as the trainer) fed each update
-        specs["actor"] = replace(specs["actor"], rollout="vllm", rollout_options={"rollout_dtype": rollout_dtype})
+    if rollout == "vllm":  # the actor generates with a colocated vLLM engine fed each update; compiled (vLLM's
+        # torch.compile, what TRL's colocated engine runs: TRL sets no enforce_eager) unless --eager-rollout
+        options: dict[str, Any] = {"rollout_dtype": rollout_dtype}
+        if compiled:
+            options["engine_args"] = {"enforce_eager": False}
+        specs["actor"] = replace(specs["actor"], rollout="vllm", rollout_options=options)
     if train_dtype != "fp32":  # mixed precision as TRL's autocast: FSDP2 keeps fp32 weights, computes in bf16
         specs["actor"] = replace(specs["actor"], backend="fsdp")
     plan = default_plan(graph, num_gpus=num_gpus, dtype=train_dtype,
@@ -247,6 +256,9 @@ def main() -> None:
     parser.add_argument("--bf16", action="store_true",
                         help="also run hybridflow in bf16: the actor on the fsdp backend (fp32 weights, bf16 compute: "
                              "TRL's autocast), the reference in bf16, a bf16 vLLM rollout")
+    parser.add_argument("--eager-rollout", action="store_true",
+                        help="hybridflow's vLLM engines eager (enforce_eager); default compiled, as TRL's colocated "
+                             "one")
     parser.add_argument("--ray-only", action="store_true",
                         help="with --ray: only the Ray vLLM-rollout sides beside the local one (each vLLM side "
                              "holds an engine and its KV cache: many of them exhaust a small machine's memory)")
@@ -258,6 +270,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     preset = PRESETS[args.model_size]
+    compiled = not args.eager_rollout
     tokenizer = char_tokenizer()
     work = Path(tempfile.mkdtemp())
     model_dir = save_model_dir(build_model(preset, len(tokenizer)), tokenizer, work / "model")
@@ -272,11 +285,12 @@ def main() -> None:
     local = not args.ray_only
     if args.vllm and local:
         sides["hybridflow (local, vLLM rollout)"] = hybridflow_side(model_dir, tokenizer, records, preset,
-                                                                    rollout="vllm",
+                                                                    rollout="vllm", compiled=compiled,
                                                                     rollout_dtype=args.rollout_dtype)
     if args.bf16 and local:
         sides["hybridflow (local, bf16, vLLM rollout)"] = hybridflow_side(
-            model_dir, tokenizer, records, preset, rollout="vllm", rollout_dtype="bf16", train_dtype="bf16")
+            model_dir, tokenizer, records, preset, rollout="vllm", compiled=compiled, rollout_dtype="bf16",
+            train_dtype="bf16")
     if args.dp > 1 and local:
         sides[f"hybridflow (local, dp={args.dp} threads)"] = hybridflow_side(model_dir, tokenizer, records, preset,
                                                                            num_gpus=args.dp)
@@ -289,11 +303,11 @@ def main() -> None:
         if args.vllm and args.dp > 1:  # one vLLM engine per data-parallel worker process
             sides[f"hybridflow (ray, dp={args.dp}, vLLM rollout)"] = hybridflow_side(
                 model_dir, tokenizer, records, preset, executor=RayExecutor(), num_gpus=args.dp, rollout="vllm",
-                rollout_dtype=args.rollout_dtype)
+                compiled=compiled, rollout_dtype=args.rollout_dtype)
         if args.bf16 and args.dp > 1:
             sides[f"hybridflow (ray, dp={args.dp}, bf16, vLLM rollout)"] = hybridflow_side(
                 model_dir, tokenizer, records, preset, executor=RayExecutor(), num_gpus=args.dp, rollout="vllm",
-                rollout_dtype="bf16", train_dtype="bf16")
+                compiled=compiled, rollout_dtype="bf16", train_dtype="bf16")
     trl_seconds, trl_tokens = run_trl_interleaved(model_dir, tokenizer, records, args.steps, work / "trl", sides,
                                                   preset, vllm=args.trl_vllm, threads=args.threads,
                                                   rollout_dtype=args.rollout_dtype, bf16=args.trl_bf16)
