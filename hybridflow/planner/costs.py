@@ -13,6 +13,7 @@ from functools import cached_property
 from hybridflow.graph import NodeLoad, Op, RoleKind
 from hybridflow.planner.calibration import DEFAULT_CONSTANTS, Constants
 from hybridflow.planner.devices import DTYPE_BYTES, DeviceSpec
+from hybridflow.planner.flops import LM_HEAD_KINDS, NONMATMUL_HBM_EFFICIENCY, flops_per_token, nonmatmul_bytes_per_token
 from hybridflow.planner.models import ModelSpec
 from hybridflow.planner.overlays import ControllerOverlay, controller_seconds
 from hybridflow.planner.plan import RoleLayout, Sharding
@@ -25,29 +26,8 @@ EAGER_LAYER_OVERHEAD_S = 250e-6  # per layer and decode step without CUDA graphs
 USABLE_MEMORY = 0.9  # fraction of device memory a plan may use; the rest is CUDA context and fragmentation
 DRIVER_SECONDS_PER_ROW = 1e-6  # driver-side compute nodes and reward functions, per sequence
 ACTIVATION_BYTES_PER_TOKEN_HIDDEN = 34  # Korthikanti et al. 2022, per layer, 16-bit, with flash attention
-# Memory-bound (non-matmul) HBM traffic of one token's forward through a decoder layer as Hugging Face transformers
-# runs it under bf16 autocast (modeling_qwen2.py / modeling_llama.py, the code verl's FSDP workers train): two
-# RMSNorms computed in fp32 (cast up, square, mean, scale, cast down, weight: ~36 bytes per hidden unit each), the
-# rotary embedding of q and k (~23), the q/k layout copies around flash-attention (~8) and its inputs and output
-# (~5), two residual adds (6 each): ~120 bytes per hidden unit; and the MLP's SiLU(gate) * up (read 2 + 2 + 2, write
-# 2 + 2: 10 bytes per intermediate unit). Backward moves about twice the forward's bytes, recomputation once more:
-# the same ``passes`` as the FLOPs. These kernels run at the HBM roofline, so they cost what the matmuls do not
-# count: ~5% more for a 7B pass on an H20 (37 FLOP/byte), ~30% on an H100 or B200 (~290 FLOP/byte); Ivanov et al.,
-# "Data Movement Is All You Need" (MLSys 2021), measured such ops at 0.2% of BERT's FLOPs and ~37% of its time.
-# Megatron's fused kernels (Transformer Engine) move fewer bytes than this count.
-NONMATMUL_BYTES_PER_HIDDEN = 120
-NONMATMUL_BYTES_PER_INTERMEDIATE = 10
-# A policy's logits row per token (bf16), beside the head's matmul: verl's dp_actor divides it by the temperature in
-# place (read + write) and runs its entropy (torch.compile'd) and log-prob (flash-attn's triton cross entropy)
-# kernels over it (~3 reads): 5 passes of 2 bytes over the vocabulary.
-LOGIT_BYTES_PER_VOCAB = 10
-# The fraction of peak HBM bandwidth PyTorch's elementwise kernels reach on tensors of a micro batch's size (~20M
-# elements): 3.3 TB/s of an H200's 4.8 for fp16 binary ops on (1024, 20480) (tile-ai/TileOPs#512, PyTorch 2.9.1),
-# 2.5-2.8 TB/s of an H100's 3.35 for gathers and scatters (pytorch/FBGEMM#3993). Not the calibrated
-# ``hbm_efficiency``, which decode's fit holds at its floor (0.30) for what else a decode step costs.
-NONMATMUL_HBM_EFFICIENCY = 0.7
-
 FULL_SHARDS = (Sharding.FULL_SHARD, Sharding.ZERO3, Sharding.HYBRID_SHARD)
+FSDP_SHARDINGS = (Sharding.FULL_SHARD, Sharding.SHARD_GRAD_OP, Sharding.HYBRID_SHARD)  # torch FSDP's own names
 FORWARD_OPS = (Op.LOGPROB, Op.REF_LOGPROB, Op.VALUES, Op.SCORE)
 
 
@@ -182,6 +162,13 @@ def host_seconds(nbytes: float, shape: Shape) -> float:
     return nbytes / (shape.device.host_bandwidth * shape.constants.host_efficiency)
 
 
+def grad_reduce_bytes(layout: RoleLayout) -> int:
+    """Bytes a gradient element moves in its reduction: fp32 under FSDP's mixed precision (``MixedPrecisionPolicy(
+    reduce_dtype=torch.float32)`` in hybridflow's fsdp backend, as verl's FSDP workers configure it by default),
+    else the role's dtype."""
+    return DTYPE_BYTES["fp32"] if layout.sharding in FSDP_SHARDINGS else DTYPE_BYTES[layout.dtype]
+
+
 def _gather_buffer(model: ModelSpec, layout: RoleLayout) -> int:
     """FSDP holds two unsharded layers at a time (the current and the prefetched one)."""
     if layout.sharding not in FULL_SHARDS:
@@ -205,7 +192,7 @@ def _adapter_activation_bytes(model: ModelSpec, tokens: float, layout: RoleLayou
 
 def _logit_bytes(model: ModelSpec, kind: RoleKind, tokens: float, tp: int) -> float:
     """fp32 logits over the vocabulary for policies; value and reward heads emit one number per token."""
-    return tokens * model.vocab * 4 / tp if kind in (RoleKind.POLICY, RoleKind.FROZEN_POLICY) else 0.0
+    return tokens * model.vocab * 4 / tp if kind in LM_HEAD_KINDS else 0.0
 
 
 def _tp_seconds(model: ModelSpec, tokens: float, collectives_per_layer: int, layout: RoleLayout, shape: Shape,
@@ -303,28 +290,6 @@ def budget_micro_batches(load: NodeLoad, shape: Shape, rows: int, tokens: float,
     return max(1, min(rows, math.ceil(tokens / fill)), math.ceil(tokens / budget))
 
 
-def flops_per_token(model: ModelSpec, seq: float, passes: int, *, train: bool = False) -> float:
-    """``passes`` x (2 x active weights + causal attention ``2·L·heads·head_dim·seq``) per token:
-    1 pass forward, 3 forward + backward, 4 with recomputation.
-
-    Training a LoRA adapter (``train``) skips the frozen weights' gradients: their matmuls run ``passes - 1``
-    times (forward, input gradients, recomputation), attention all ``passes``, the adapter's own ``passes``."""
-    attention = 2 * model.layers * model.heads * model.head_dim * seq
-    if train and model.adapter is not None:
-        return (passes - 1) * 2 * model.active + passes * (attention + 2 * model.adapter_params)
-    return passes * (2 * model.active + attention)
-
-
-def nonmatmul_bytes_per_token(model: ModelSpec, kind: RoleKind, passes: int) -> float:
-    """HBM bytes one token moves through the memory-bound ops of ``passes`` passes (``NONMATMUL_BYTES_PER_*``): the
-    layers' norms, rotary, residuals and MLP activation, and a policy's logits row (``LOGIT_BYTES_PER_VOCAB``).
-    An MoE token's MLP activation covers its routed width, which ``intermediate`` approximates for the presets."""
-    width = model.intermediate or 4 * model.hidden
-    layer = NONMATMUL_BYTES_PER_HIDDEN * model.hidden + NONMATMUL_BYTES_PER_INTERMEDIATE * width
-    logits = LOGIT_BYTES_PER_VOCAB * model.vocab if kind in (RoleKind.POLICY, RoleKind.FROZEN_POLICY) else 0
-    return passes * (model.layers * layer + logits)
-
-
 def nonmatmul_seconds(model: ModelSpec, kind: RoleKind, batch: Batching, layout: RoleLayout, shape: Shape,
                       passes: int) -> float:
     """The pass's memory-bound ops (:func:`nonmatmul_bytes_per_token`) over this GPU's tokens at the elementwise
@@ -342,9 +307,11 @@ def moe_slowdown(model: ModelSpec, shape: Shape) -> float:
     return 1 - share + share / shape.constants.moe_efficiency
 
 
-def _compute_seconds(model: ModelSpec, batch: Batching, layout: RoleLayout, shape: Shape, passes: int) -> float:
+def _compute_seconds(model: ModelSpec, kind: RoleKind, batch: Batching, layout: RoleLayout, shape: Shape,
+                     passes: int) -> float:
     peak = shape.device.matmul_flops(layout.dtype)
-    per_token = flops_per_token(model, batch.attention_seq or batch.seq, passes, train=batch.optimizer_steps > 0)
+    per_token = flops_per_token(model, batch.attention_seq or batch.seq, passes, train=batch.optimizer_steps > 0,
+                                head=kind in LM_HEAD_KINDS)
     flops = per_token * batch.tokens_per_gpu / layout.tp * moe_slowdown(model, shape)
     bubble = 1.0
     if layout.pp > 1:  # 1F1B: (micro batches + stages - 1) slots for the micro batches of each mini-batch
@@ -374,6 +341,18 @@ def parallel_comm_seconds(model: ModelSpec, batch: Batching, layout: RoleLayout,
     return seconds
 
 
+def overlapped(busy: float, beside: float, units: float, shape: Shape) -> float:
+    """A pass whose compute stream is ``busy`` for that long, with ``beside`` seconds of FSDP all-gathers,
+    reduce-scatters and the host copies feeding them on their own streams: FSDP prefetches each unit's (decoder
+    layer's) all-gather while the unit before it computes and reduce-scatters its gradients while the next one runs
+    backward (PyTorch FSDP's forward/backward prefetch; Zhao et al., "PyTorch FSDP", VLDB 2023, section 3.3), so the
+    pass waits for the first unit's share and for whatever the compute cannot cover. A device whose collectives
+    block the rank (a CPU on gloo) adds them."""
+    if not shape.device.overlaps_collectives:
+        return busy + beside
+    return max(busy, beside) + beside / max(units, 1.0)
+
+
 def _param_gathers(model: ModelSpec, layout: RoleLayout, shape: Shape, count: int) -> float:
     if layout.sharding not in FULL_SHARDS:
         return 0.0
@@ -385,18 +364,27 @@ def _param_gathers(model: ModelSpec, layout: RoleLayout, shape: Shape, count: in
 def forward_cost(model: ModelSpec, kind: RoleKind, load: NodeLoad, layout: RoleLayout, shape: Shape) -> Cost:
     """A forward-only pass (logprob, ref_logprob, values, score): 2·N_active FLOPs per token plus attention."""
     batch = batching(load, layout, shape, train=False)
-    compute = _compute_seconds(model, batch, layout, shape, 1) + nonmatmul_seconds(model, kind, batch, layout, shape, 1)
+    compute = _compute_seconds(model, kind, batch, layout, shape, 1)
+    compute += nonmatmul_seconds(model, kind, batch, layout, shape, 1)
     comm = parallel_comm_seconds(model, batch, layout, shape, 1)
     gather = _param_gathers(model, layout, shape, batch.micro_batches)
     offload = shape.run.offload_of(layout.role)
     moved = state_bytes(model, kind, layout, shape)[0] * offload.params
-    swap = 2 * host_seconds(moved, shape)  # offloaded weights come in for the pass and leave after it
+    if kind.trainable:  # verl's manual offload: a trainable role's weights come in for the phase, leave after it
+        swap = 2 * host_seconds(moved, shape)
+    else:
+        # FSDP's own CPU offload (FSDP1 CPUOffload(offload_params=True), FSDP2 CPUOffloadPolicy; what verl's
+        # reference always runs and hybridflow's fsdp backend runs) copies a frozen shard in at every unshard, once
+        # a micro batch, beside the all-gather it feeds, and writes nothing back.
+        gather += batch.micro_batches * host_seconds(moved, shape)
+        swap = 0.0
     tokens = batch.micro_tokens
     transient = (2 * _activation_layer_bytes(model, tokens, layout) + _logit_bytes(model, kind, tokens, layout.tp)
                  + moved)
     fixed = shape.constants.phase_overhead_s + batch.micro_batches * shape.constants.micro_batch_overhead_s
     fixed += controller_seconds(load, shape)
-    return Cost(compute + comm + gather + swap + fixed, int(transient) + _gather_buffer(model, layout))
+    passes = overlapped(compute + comm, gather, model.layers / layout.pp, shape)
+    return Cost(passes + swap + fixed, int(transient) + _gather_buffer(model, layout))
 
 
 def update_cost(model: ModelSpec, kind: RoleKind, load: NodeLoad, layout: RoleLayout, shape: Shape) -> Cost:
@@ -404,14 +392,15 @@ def update_cost(model: ModelSpec, kind: RoleKind, load: NodeLoad, layout: RoleLa
     gradient sync and an optimizer step per mini-batch, offloaded state in and out once per phase."""
     batch = batching(load, layout, shape, train=True)
     passes = 4 if layout.gradient_checkpointing else 3
-    compute = _compute_seconds(model, batch, layout, shape, passes)
+    compute = _compute_seconds(model, kind, batch, layout, shape, passes)
     compute += nonmatmul_seconds(model, kind, batch, layout, shape, passes)
     comm = parallel_comm_seconds(model, batch, layout, shape, passes)
-    grad_bytes = trainable_stage_params(model, layout) * DTYPE_BYTES[layout.dtype]
+    grad_bytes = trainable_stage_params(model, layout) * grad_reduce_bytes(layout)
     ranks, bandwidth = shard_ranks(layout, shape), shape.collective_bandwidth
     if layout.sharding in FULL_SHARDS:
-        # Parameters gathered for every micro batch's forward and backward; gradients reduce-scattered.
-        sync = _param_gathers(model, layout, shape, 3 * batch.micro_batches)
+        # Parameters gathered for every micro batch's forward and backward; its gradients reduce-scattered.
+        sync = _param_gathers(model, layout, shape, 2 * batch.micro_batches)
+        sync += batch.micro_batches * ring_seconds(grad_bytes, ranks, shape.span_bandwidth(ranks * layout.tp))
         replicas = max(1, layout.dp // layout.pp) // ranks
         if layout.sharding is Sharding.HYBRID_SHARD and replicas > 1:
             sync += batch.optimizer_steps * 2 * ring_seconds(grad_bytes / ranks, replicas, shape.inter)
@@ -419,6 +408,9 @@ def update_cost(model: ModelSpec, kind: RoleKind, load: NodeLoad, layout: RoleLa
         # One all-reduce (reduce-scatter + all-gather) per optimizer step; ZeRO gathers updated shards instead.
         data = max(1, layout.dp // layout.pp)
         sync = batch.optimizer_steps * 2 * ring_seconds(grad_bytes, data, bandwidth)
+    # FSDP's (and ZeRO-3's) gathers and reduce-scatters run beside the passes; the other reductions after them.
+    hidden = sync if layout.sharding in FULL_SHARDS else 0.0
+    passes_seconds = overlapped(compute + comm, hidden, model.layers / layout.pp, shape) + sync - hidden
     weights, grads, states = state_bytes(model, kind, layout, shape)
     offload = shape.run.offload_of(layout.role)
     # The optimizer step reads and writes the trained weights only (a LoRA adapter's, not the frozen base).
@@ -445,4 +437,4 @@ def update_cost(model: ModelSpec, kind: RoleKind, load: NodeLoad, layout: RoleLa
     launches = batch.micro_batches * passes + batch.optimizer_steps
     fixed = shape.constants.phase_overhead_s + launches * shape.constants.micro_batch_overhead_s
     fixed += controller_seconds(load, shape)
-    return Cost(compute + comm + sync + optimizer + swap + fixed, int(transient))
+    return Cost(passes_seconds + optimizer + swap + fixed, int(transient))

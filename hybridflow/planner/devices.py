@@ -37,6 +37,9 @@ class DeviceSpec:
     # The best dense GEMM rate measured on the device over its datasheet peak (sources above ``_CATALOGUE``): every
     # compute-bound term runs on ``peak_flops * matmul_fraction``; 1.0 where no measurement was found.
     matmul_fraction: float = 1.0
+    # Collectives and host copies run on their own streams beside the compute (CUDA/HIP streams: FSDP prefetches a
+    # unit's all-gather while the one before computes); on a CPU with gloo they block the rank.
+    overlaps_collectives: bool = True
 
     def __post_init__(self) -> None:
         for field_name in ("memory_bytes", "hbm_bandwidth", "link_bandwidth", "host_bandwidth"):
@@ -132,7 +135,7 @@ _CATALOGUE = (
     # 108 GFLOP/s in a 1-thread 1024^3 fp32 matmul, 35 GB/s in a 64 MiB copy.
     DeviceSpec(name="CPU", memory_bytes=16 * GIB, hbm_bandwidth=35 * GB, flops=(("fp32", 160 * GFLOPS),),
                link="host", link_bandwidth=10 * GB, source="one core of an AVX-512 server CPU per logical GPU",
-               varlen_attention=False),
+               varlen_attention=False, overlaps_collectives=False),
 )
 
 DEVICES: dict[str, DeviceSpec] = {device.name: device for device in _CATALOGUE}

@@ -87,6 +87,20 @@ class ModelSpec:
         return self.active_params or self.params
 
     @property
+    def head_params(self) -> int:
+        """The LM head's weights (vocabulary x hidden, tied or not): one matmul for every position whose logits are
+        computed."""
+        return self.vocab * self.hidden
+
+    @property
+    def layer_matmul_params(self) -> int:
+        """Active weights a token is multiplied by in the decoder layers: the input embedding is a lookup, not a
+        matmul, and the head is counted apart (:attr:`head_params`), since a value model has none and a prefill
+        computes logits for one position a sequence."""
+        embeddings = self.vocab * self.hidden * (1 if self.tie_embeddings else 2)
+        return max(self.active - embeddings, 0)
+
+    @property
     def is_moe(self) -> bool:
         return self.experts > 0
 

@@ -62,7 +62,8 @@ class Engine:
                 + in_flight * context * self.kv_token)
         memory = read / (device.hbm_bandwidth * constants.hbm_efficiency)
         attention = 4 * model.layers * model.heads * model.head_dim * context
-        flops = in_flight * (2 * model.active * moe_slowdown(model, self.shape) + attention) / self.rtp
+        multiplied = model.layer_matmul_params + model.head_params  # every sequence samples from its logits
+        flops = in_flight * (2 * multiplied * moe_slowdown(model, self.shape) + attention) / self.rtp
         compute = flops / (device.matmul_flops(_dtype(self.unit, device.dtypes)) * constants.decode_mfu)
         comm = 0.0
         if self.rtp > 1:
@@ -166,14 +167,15 @@ def preempted_seconds(engine: Engine, tokens: float) -> float:
     engine (vLLM's default preemption mode recomputes rather than swapping the blocks to host memory)."""
     model, shape = engine.model, engine.shape
     peak = shape.device.matmul_flops(_dtype(engine.unit, shape.device.dtypes))
-    return 2 * model.active * tokens / engine.rtp / (peak * shape.constants.prefill_mfu)
+    return 2 * model.layer_matmul_params * tokens / engine.rtp / (peak * shape.constants.prefill_mfu)
 
 
 def prefill_seconds(model: ModelSpec, tokens: float, layout: RoleLayout, shape: Shape) -> float:
-    """One engine prefilling ``tokens``: compute-bound, ``2·N_active`` FLOPs a token at ``prefill_mfu`` of the
-    device's GEMM ceiling."""
+    """One engine prefilling ``tokens``: compute-bound, 2 FLOPs a token per decoder-layer weight at ``prefill_mfu``
+    of the device's GEMM ceiling. The head runs on one position a sequence (vLLM's ``LogitsProcessor`` keeps the
+    sampled positions' hidden states before its matmul), which the per-step decode cost already counts."""
     peak = shape.device.matmul_flops(layout.dtype)
-    return 2 * model.active * tokens / layout.rollout_tp / (peak * shape.constants.prefill_mfu)
+    return 2 * model.layer_matmul_params * tokens / layout.rollout_tp / (peak * shape.constants.prefill_mfu)
 
 
 def cache_rebuild_seconds(engine: Engine) -> float:

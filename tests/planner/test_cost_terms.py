@@ -12,20 +12,19 @@ from hybridflow.planner import ModelSpec, RoleLayout, Sharding
 from hybridflow.planner.calibration import Constants
 from hybridflow.planner.costs import (
     COLLECTIVE_LATENCY_S,
-    NONMATMUL_HBM_EFFICIENCY,
     Shape,
     attention_tokens,
     batching,
     efficiency,
-    flops_per_token,
     forward_cost,
-    nonmatmul_bytes_per_token,
+    grad_reduce_bytes,
     parallel_comm_seconds,
     ring_seconds,
     static_bytes,
     update_cost,
 )
 from hybridflow.planner.devices import GB, GIB, TFLOPS, DeviceSpec
+from hybridflow.planner.flops import NONMATMUL_HBM_EFFICIENCY, flops_per_token, nonmatmul_bytes_per_token
 from hybridflow.planner.lengths import LengthDistribution
 from hybridflow.planner.overlays import ControllerOverlay, controller_seconds
 from hybridflow.planner.rollout import Engine, concurrency, generate_cost
@@ -39,6 +38,8 @@ PLAIN = Constants(train_mfu=0.5, eff_half_tokens=1000, hbm_efficiency=0.5, decod
                   host_efficiency=0.5, decode_step_overhead_s=0.0, phase_overhead_s=0.0)
 MODEL = ModelSpec(name="round", params=1_000_000_000, layers=10, hidden=1000, heads=10, kv_heads=10, vocab=1000)
 ROWS, PROMPT, RESPONSE = 64, 100, 900
+# A prefill multiplies by the decoder layers' weights: the embedding is a lookup, the head runs on sampled positions.
+PREFILL_WEIGHTS = MODEL.params - 2 * MODEL.vocab * MODEL.hidden
 
 
 def shape(run: RunSettings | None = None, gpus: int = 1, constants: Constants = PLAIN) -> Shape:
@@ -76,7 +77,8 @@ def test_forward_seconds_by_hand():
     layout = RoleLayout(role="ref", dp=1, micro_batch_size=8, forward_micro_batch_size=8)
     cost = forward_cost(MODEL, RoleKind.FROZEN_POLICY, load(Op.REF_LOGPROB), layout, shape())
     seq = PROMPT + RESPONSE
-    per_token = 2 * MODEL.params + 2 * MODEL.layers * MODEL.hidden * seq  # weights + causal attention
+    # Every weight but the input embedding (a lookup, not a matmul; the head is one) + causal attention.
+    per_token = 2 * (MODEL.params - MODEL.vocab * MODEL.hidden) + 2 * MODEL.layers * MODEL.hidden * seq
     expected = ROWS * seq * per_token / (100e12 * efficiency(8 * seq, PLAIN))
     # Memory-bound ops: per layer 120 bytes per hidden unit + 10 per MLP unit (4 x hidden without a given
     # intermediate), and the logits row's 10 bytes per vocabulary entry, at the elementwise share of the 1000 GB/s.
@@ -116,6 +118,50 @@ def test_memory_bound_ops_follow_the_passes_and_weigh_most_where_flops_outrun_ba
                                Shape(device, (1,), 25e9, run=RunSettings(), constants=PLAIN)).seconds
         shares.append(memory / seconds)
     assert shares[1] > 3 * shares[0]
+
+
+def test_flops_count_the_head_only_where_logits_are_computed():
+    """A value model's head is one column; recomputation reruns the decoder layers, not the head; attention's
+    backward is 2.5 forwards (FlashAttention-2)."""
+    seq = PROMPT + RESPONSE
+    layers = 2 * (MODEL.params - 2 * MODEL.vocab * MODEL.hidden)
+    head = 2 * MODEL.vocab * MODEL.hidden
+    attention = 2 * MODEL.layers * MODEL.hidden * seq
+    assert flops_per_token(MODEL, seq, 1, head=False) == layers + attention
+    assert flops_per_token(MODEL, seq, 1) == layers + head + attention
+    assert flops_per_token(MODEL, seq, 3) == 3 * (layers + head) + 3.5 * attention
+    assert flops_per_token(MODEL, seq, 4) - flops_per_token(MODEL, seq, 3) == layers + attention
+    layout = RoleLayout(role="n", dp=1, micro_batch_size=8, forward_micro_batch_size=8)
+    policy = forward_cost(MODEL, RoleKind.FROZEN_POLICY, load(Op.REF_LOGPROB), layout, shape()).seconds
+    value = forward_cost(MODEL, RoleKind.VALUE, load(Op.VALUES), layout, shape()).seconds
+    logits = ROWS * seq * 10 * MODEL.vocab / (1000e9 * NONMATMUL_HBM_EFFICIENCY)  # the logits row's elementwise ops
+    assert policy - value == pytest.approx(ROWS * seq * head / (100e12 * efficiency(8 * seq, PLAIN)) + logits)
+
+
+def test_fsdp_reduces_gradients_in_fp32_beside_the_passes():
+    """FULL_SHARD: two bf16 all-gathers and one fp32 reduce-scatter a micro batch. A GPU runs them on their own
+    streams, so only the first layer's share shows past the compute; a CPU on gloo waits for all of them."""
+    blocking = Shape(dataclasses.replace(ROUND, overlaps_collectives=False), (2,), 25e9, run=RunSettings(),
+                     constants=PLAIN)
+    layout = RoleLayout(role="actor", dp=2, micro_batch_size=8, sharding=Sharding.FULL_SHARD)
+    waits = update_cost(MODEL, RoleKind.POLICY, load(Op.UPDATE), layout, blocking).seconds
+    hides = update_cost(MODEL, RoleKind.POLICY, load(Op.UPDATE), layout, shape(gpus=2)).seconds
+    micro_batches = ROWS // 2 // 8
+    beside = micro_batches * (2 * ring_seconds(2 * MODEL.params, 2, 100e9) + ring_seconds(4 * MODEL.params, 2, 100e9))
+    assert waits - hides == pytest.approx(beside * (1 - 1 / MODEL.layers), rel=1e-9)
+    assert grad_reduce_bytes(layout) == 4
+    assert grad_reduce_bytes(dataclasses.replace(layout, sharding=Sharding.ZERO3)) == 2  # DeepSpeed: the model's dtype
+
+
+def test_a_frozen_offloaded_shard_comes_in_every_micro_batch():
+    """FSDP's own CPU offload copies a frozen role's weights in at each unshard and never writes them back."""
+    blocking = Shape(dataclasses.replace(ROUND, overlaps_collectives=False), (1,), 25e9,
+                     run=RunSettings(offload={"ref": Offload(params=True)}), constants=PLAIN)
+    resident = Shape(blocking.device, (1,), 25e9, run=RunSettings(), constants=PLAIN)
+    layout = RoleLayout(role="ref", dp=1, forward_micro_batch_size=16)
+    moved = forward_cost(MODEL, RoleKind.FROZEN_POLICY, load(Op.REF_LOGPROB), layout, blocking).seconds
+    kept = forward_cost(MODEL, RoleKind.FROZEN_POLICY, load(Op.REF_LOGPROB), layout, resident).seconds
+    assert moved - kept == pytest.approx(ROWS // 16 * 2 * MODEL.params / (10e9 * 0.5), rel=1e-9)
 
 
 def test_update_pays_one_optimizer_step_per_mini_batch():
@@ -169,7 +215,7 @@ def test_a_synchronous_rollout_waits_for_the_longest_response():
     gen = NodeLoad("g", Op.GENERATE, ROWS, 8 * PROMPT, ROWS * RESPONSE)
     point = generate_cost(MODEL, gen, PROMPT, layout, shape())
     engine = Engine(MODEL, shape(), 1, 2)
-    prefill = 2 * MODEL.params * 8 * PROMPT / (100e12 * 0.5)
+    prefill = 2 * PREFILL_WEIGHTS * 8 * PROMPT / (100e12 * 0.5)
     assert point.seconds == pytest.approx(prefill + RESPONSE * engine.step_seconds(ROWS, PROMPT + RESPONSE / 2))
     tail = LengthDistribution(((450.0, 0.5), (1350.0, 0.5)))  # same mean, half the rows run 3x longer
     tailed = generate_cost(MODEL, gen, PROMPT, layout, shape(RunSettings(lengths=tail)))
@@ -183,7 +229,7 @@ def test_continuous_batching_decodes_the_bulk_at_full_concurrency():
     gen = NodeLoad("g", Op.GENERATE, ROWS, 8 * PROMPT, ROWS * RESPONSE)
     cost = generate_cost(MODEL, gen, PROMPT, layout, shape())
     engine = Engine(MODEL, shape(), 1, 2)
-    prefill = 2 * MODEL.params * 8 * PROMPT / (100e12 * 0.5)
+    prefill = 2 * PREFILL_WEIGHTS * 8 * PROMPT / (100e12 * 0.5)
     bulk_steps = (ROWS - 16) * RESPONSE / 16  # 48 sequences' tokens at 16 in flight
     context = PROMPT + RESPONSE / 2
     expected = prefill + (bulk_steps + RESPONSE) * engine.step_seconds(16, context)
@@ -217,7 +263,7 @@ def test_moe_flops_follow_active_weights_and_memory_follows_all():
     assert moe.active < moe.params / 8
     layout = RoleLayout(role="actor", dp=1)
     assert static_bytes(moe, RoleKind.POLICY, layout, shape()) == pytest.approx(16 * moe.params, rel=1e-6)
-    assert flops_per_token(moe, 0, 1) == 2 * moe.active
+    assert flops_per_token(moe, 0, 1) == 2 * (moe.active - moe.vocab * moe.hidden)  # the input embedding is a lookup
     # One token reads the dense weights and k of E experts; many tokens read every expert.
     dense = moe.params - moe.expert_params
     assert moe.weights_read(1) == pytest.approx(dense + moe.expert_params * 8 / 128)
