@@ -55,7 +55,7 @@ def reap(driver: int, token: str) -> int:
     import psutil
 
     try:
-        born = psutil.Process(driver).create_time()
+        born: float | None = started(psutil.Process(driver))
     except psutil.NoSuchProcess:
         born = None
     known: dict[int, float] = {}
@@ -106,7 +106,7 @@ def run_processes(*, known: dict[int, float], sessions: set[str], token: str) ->
         if process.pid == os.getpid():
             continue
         try:
-            ours = known.get(process.pid) == process.create_time() or \
+            ours = known.get(process.pid) == started(process) or \
                 (bool(sessions) and holds_session(process, sessions)) or \
                 process.environ().get("RAY_AUTH_TOKEN") == token
         except psutil.Error:
@@ -129,7 +129,7 @@ def _record_ray_descendants(driver: int, known: dict[int, float], sessions: set[
             command = child.cmdline()
             named = session_dirs(command)
             if child.pid != os.getpid() and (named or _is_ray_process(child.name(), command)):
-                known[child.pid] = child.create_time()
+                known[child.pid] = started(child)
                 sessions |= named
         except psutil.Error:
             continue
@@ -161,12 +161,25 @@ def _still_running(processes: list[Any], *, timeout_s: float) -> list[Any]:
         time.sleep(0.1)
 
 
+def started(process: Any) -> float:
+    """When ``process`` started, as a value that stays the same while it runs: on Linux its ``starttime`` in clock
+    ticks since boot (``/proc/<pid>/stat``, field 22). psutil's ``create_time()`` adds the boot time, which Linux
+    recomputes from the wall clock at every read, so a clock step or an NTP correction changes it for a live process
+    (giampaolo/psutil#2526, #1724): a watcher comparing it would take its driver for dead and end the live run."""
+    try:
+        with open(f"/proc/{process.pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()  # the command name, in parentheses, may hold spaces
+        return float(fields[19])
+    except (OSError, IndexError, ValueError):  # not Linux, or gone: psutil's wall-clock value
+        return float(process.create_time())
+
+
 def _alive(pid: int, born: float) -> bool:
     import psutil
 
     try:
         process = psutil.Process(pid)
-        return process.create_time() == born and process.status() != psutil.STATUS_ZOMBIE
+        return started(process) == born and process.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
 
