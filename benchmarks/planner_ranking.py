@@ -30,6 +30,7 @@ import argparse
 import itertools
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -108,13 +109,17 @@ def run(workload: str, name: str, meshes: dict[str, list[int]], repeat: int, ste
 
 def train_at_driver_priority(settings: dict[str, Any], out: Path) -> Path:
     """``hybridflow train`` on ``settings`` (whose ``output_dir`` is ``out``) in a process of its own, its config
-    saved beside the run as ``out.json``; a finished run (its metrics written) is reused.
+    saved beside the run as ``out.json``; a finished run (a metrics row for every step) is reused, one killed
+    part way is run again.
 
     Ray starts its workers 15 nice levels below the driver: on a shared machine every other process then
     preempts the logical GPUs. The benchmarks measure workers at the driver's priority.
     """
-    if (out / "metrics.jsonl").is_file():
+    metrics = out / "metrics.jsonl"
+    if metrics.is_file() and len(metrics.read_text().splitlines()) >= settings["steps"]:
         return out
+    if out.exists():
+        shutil.rmtree(out)  # hybridflow train refuses a non-empty output_dir it would not resume
     path = out.parent / f"{out.name}.json"
     path.write_text(json.dumps(settings))  # JSON is YAML
     env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_worker_niceness": "0"}
