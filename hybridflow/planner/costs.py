@@ -353,16 +353,21 @@ def overlapped(busy: float, beside: float, units: float, shape: Shape) -> float:
     return max(busy, beside) + beside / max(units, 1.0)
 
 
+def _shard_ring(nbytes: float, layout: RoleLayout, shape: Shape) -> float:
+    """An all-gather or reduce-scatter of ``nbytes`` (the full buffer) over the role's shard group."""
+    ranks = shard_ranks(layout, shape)
+    return ring_seconds(nbytes, ranks, shape.span_bandwidth(ranks * layout.tp))
+
+
 def _param_gathers(model: ModelSpec, layout: RoleLayout, shape: Shape, count: int) -> float:
     if layout.sharding not in FULL_SHARDS:
         return 0.0
-    shard = stage_params(model, layout) * DTYPE_BYTES[layout.dtype]
-    ranks = shard_ranks(layout, shape)
-    return count * ring_seconds(shard, ranks, shape.span_bandwidth(ranks * layout.tp))
+    return count * _shard_ring(stage_params(model, layout) * DTYPE_BYTES[layout.dtype], layout, shape)
 
 
 def forward_cost(model: ModelSpec, kind: RoleKind, load: NodeLoad, layout: RoleLayout, shape: Shape) -> Cost:
-    """A forward-only pass (logprob, ref_logprob, values, score): 2·N_active FLOPs per token plus attention."""
+    """A forward-only pass (logprob, ref_logprob, values, score): one pass of :func:`flops_per_token` and the
+    memory-bound ops, with FSDP's gathers (and a frozen role's offloaded shard) beside it."""
     batch = batching(load, layout, shape, train=False)
     compute = _compute_seconds(model, kind, batch, layout, shape, 1)
     compute += nonmatmul_seconds(model, kind, batch, layout, shape, 1)
@@ -388,8 +393,9 @@ def forward_cost(model: ModelSpec, kind: RoleKind, load: NodeLoad, layout: RoleL
 
 
 def update_cost(model: ModelSpec, kind: RoleKind, load: NodeLoad, layout: RoleLayout, shape: Shape) -> Cost:
-    """Forward + backward (6·N_active FLOPs per token, 8· with recomputation) over every mini-batch and epoch,
-    gradient sync and an optimizer step per mini-batch, offloaded state in and out once per phase."""
+    """Forward + backward (3 passes of :func:`flops_per_token`, 4 with recomputation) over every mini-batch and
+    epoch, gradient sync (FSDP's beside the passes) and an optimizer step per mini-batch, offloaded state in and
+    out once per phase."""
     batch = batching(load, layout, shape, train=True)
     passes = 4 if layout.gradient_checkpointing else 3
     compute = _compute_seconds(model, kind, batch, layout, shape, passes)
@@ -397,20 +403,20 @@ def update_cost(model: ModelSpec, kind: RoleKind, load: NodeLoad, layout: RoleLa
     comm = parallel_comm_seconds(model, batch, layout, shape, passes)
     grad_bytes = trainable_stage_params(model, layout) * grad_reduce_bytes(layout)
     ranks, bandwidth = shard_ranks(layout, shape), shape.collective_bandwidth
+    beside = after = 0.0  # gradient sync on its own streams during the passes, and after them
     if layout.sharding in FULL_SHARDS:
-        # Parameters gathered for every micro batch's forward and backward; its gradients reduce-scattered.
-        sync = _param_gathers(model, layout, shape, 2 * batch.micro_batches)
-        sync += batch.micro_batches * ring_seconds(grad_bytes, ranks, shape.span_bandwidth(ranks * layout.tp))
+        # Parameters gathered for every micro batch's forward and backward; its gradients reduce-scattered. FSDP
+        # (and ZeRO-3) run these beside the passes.
+        beside = (_param_gathers(model, layout, shape, 2 * batch.micro_batches)
+                  + batch.micro_batches * _shard_ring(grad_bytes, layout, shape))
         replicas = max(1, layout.dp // layout.pp) // ranks
         if layout.sharding is Sharding.HYBRID_SHARD and replicas > 1:
-            sync += batch.optimizer_steps * 2 * ring_seconds(grad_bytes / ranks, replicas, shape.inter)
+            beside += batch.optimizer_steps * 2 * ring_seconds(grad_bytes / ranks, replicas, shape.inter)
     else:
         # One all-reduce (reduce-scatter + all-gather) per optimizer step; ZeRO gathers updated shards instead.
         data = max(1, layout.dp // layout.pp)
-        sync = batch.optimizer_steps * 2 * ring_seconds(grad_bytes, data, bandwidth)
-    # FSDP's (and ZeRO-3's) gathers and reduce-scatters run beside the passes; the other reductions after them.
-    hidden = sync if layout.sharding in FULL_SHARDS else 0.0
-    passes_seconds = overlapped(compute + comm, hidden, model.layers / layout.pp, shape) + sync - hidden
+        after = batch.optimizer_steps * 2 * ring_seconds(grad_bytes, data, bandwidth)
+    passes_seconds = overlapped(compute + comm, beside, model.layers / layout.pp, shape) + after
     weights, grads, states = state_bytes(model, kind, layout, shape)
     offload = shape.run.offload_of(layout.role)
     # The optimizer step reads and writes the trained weights only (a LoRA adapter's, not the frozen base).

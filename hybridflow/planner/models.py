@@ -97,7 +97,7 @@ class ModelSpec:
         """Active weights a token is multiplied by in the decoder layers: the input embedding is a lookup, not a
         matmul, and the head is counted apart (:attr:`head_params`), since a value model has none and a prefill
         computes logits for one position a sequence."""
-        embeddings = self.vocab * self.hidden * (1 if self.tie_embeddings else 2)
+        embeddings = self.head_params * (1 if self.tie_embeddings else 2)
         return max(self.active - embeddings, 0)
 
     @property
