@@ -35,6 +35,7 @@ from hybridflow.planner import GroupPlan, Plan
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.errors import WorkerFailedError
 from hybridflow.runtime.executor import NamedWorkerCalls, WorkerGroup, group_specs, shut_down_all
+from hybridflow.runtime.host_memory import ENV as HOST_MALLOC_ENV
 from hybridflow.runtime.liveness import Liveness
 from hybridflow.runtime.protocols import RoleSpec
 from hybridflow.runtime.ray_reaper import start_reaper
@@ -89,7 +90,9 @@ def _keep_sigterm_handler() -> Iterator[None]:
 
 
 def _init_ray(ray: Any, torch: Any, *, address: str | None, num_gpus: int, num_cpus: int | None) -> None:
-    env = {"env_vars": WORKER_ENV}
+    # The driver's malloc policy reaches its workers (hybridflow.runtime.host_memory).
+    policy = {HOST_MALLOC_ENV: os.environ[HOST_MALLOC_ENV]} if HOST_MALLOC_ENV in os.environ else {}
+    env = {"env_vars": {**WORKER_ENV, **policy}}
     if address:
         # A cluster someone started: its auth mode is theirs (`ray start` with RAY_AUTH_MODE=token is safe).
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")

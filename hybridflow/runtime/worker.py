@@ -23,6 +23,7 @@ from hybridflow.planner import RoleLayout, rollout_role
 from hybridflow.registry import LOSSES
 from hybridflow.runtime.batch import Batch, Wire
 from hybridflow.runtime.engines import build_engines
+from hybridflow.runtime.host_memory import keep_freed_host_memory
 from hybridflow.runtime.protocols import Collective, RoleSpec, SamplingParams, WorkerContext, capabilities_of
 from hybridflow.runtime.step_store import Join, RankStore
 from hybridflow.runtime.weights import (
@@ -107,7 +108,10 @@ class GroupWorker:
         return _node_ip(), port
 
     def setup(self) -> None:
-        """Build every role's engine with the backend and the rollout engine its spec names."""
+        """Build every role's engine with the backend and the rollout engine its spec names. A CPU rank first makes
+        malloc keep what it frees (:mod:`hybridflow.runtime.host_memory`)."""
+        if self.device == "cpu":
+            keep_freed_host_memory()
         context = WorkerContext(group=self.group, rank=self.rank, world_size=self.world_size, device=self.device,
                                 collective=self.collective)
         build_engines(self.specs, self.layouts, context, into=self.engines)
