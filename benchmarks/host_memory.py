@@ -7,7 +7,7 @@ ratio system / keep of the medians and the minor page faults per pass.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/host_memory.py [--repeats 3]
 
-Results: ``docs/benchmarks.md``, "Host memory on CPU ranks".
+Results: ``docs/benchmarks.md``, "Host memory kept on CPU ranks".
 """
 
 from __future__ import annotations

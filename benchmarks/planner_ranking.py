@@ -168,23 +168,25 @@ def median_case(folders: list[Path], workload: str, prompt: int) -> MeasuredCase
     return replace(cases[0], measured=measured)
 
 
+def _concordance(xs: list[float], ys: list[float]) -> tuple[int, int, int, int]:
+    """(concordant - discordant pairs, all pairs, pairs xs does not tie, pairs ys does not tie)."""
+    pairs = list(itertools.combinations(range(len(xs)), 2))
+    signs = [(xs[i] - xs[j]) * (ys[i] - ys[j]) for i, j in pairs]
+    score = sum(sign > 0 for sign in signs) - sum(sign < 0 for sign in signs)
+    return score, len(pairs), sum(xs[i] != xs[j] for i, j in pairs), sum(ys[i] != ys[j] for i, j in pairs)
+
+
 def kendall_tau(xs: list[float], ys: list[float]) -> float:
     """Kendall's tau-a: (concordant - discordant pairs) / all pairs; a pair tied in either list scores 0."""
-    pairs = list(itertools.combinations(range(len(xs)), 2))
-    score = sum((xs[i] - xs[j]) * (ys[i] - ys[j]) > 0 for i, j in pairs)
-    score -= sum((xs[i] - xs[j]) * (ys[i] - ys[j]) < 0 for i, j in pairs)
-    return score / len(pairs)
+    score, pairs, _, _ = _concordance(xs, ys)
+    return score / pairs
 
 
 def kendall_tau_b(xs: list[float], ys: list[float]) -> float:
     """Kendall's tau-b (scipy.stats.kendalltau's default): tau-a's numerator over sqrt((n0 - ties in xs)(n0 - ties
     in ys)), so a pair one list ties (two runs the planner costs the same) leaves the score's range instead of
     counting against it."""
-    pairs = list(itertools.combinations(range(len(xs)), 2))
-    signs = [(xs[i] - xs[j]) * (ys[i] - ys[j]) for i, j in pairs]
-    untied_x = sum(xs[i] != xs[j] for i, j in pairs)
-    untied_y = sum(ys[i] != ys[j] for i, j in pairs)
-    score = sum(sign > 0 for sign in signs) - sum(sign < 0 for sign in signs)
+    score, _, untied_x, untied_y = _concordance(xs, ys)
     return score / math.sqrt(untied_x * untied_y) if untied_x and untied_y else 0.0
 
 

@@ -4,9 +4,9 @@ glibc's malloc serves a request above its mmap threshold (128 KiB, rising to at 
 freed) with a fresh ``mmap`` and unmaps it on ``free``. A CPU rank allocates its activations, logits and gradients
 anew in every pass, so each large tensor's pages fault in again and the kernel zeroes them: on this project's 2-core
 Xeon a 32 MiB fp32 output costs 8,192 minor faults, ~1.5 us each, and a (8192, 256) x (256, 1024) matmul runs at 105
-GFLOP/s where it runs at 163 into a reused buffer (``docs/benchmarks.md``, "Host memory on CPU ranks"). Per token, a
-large micro batch then costs more than a small one, which is neither the hardware's arithmetic nor what the planner
-prices.
+GFLOP/s where it runs at 163 into a reused buffer (``docs/benchmarks.md``, "Host memory kept on CPU ranks"). Per
+token, a large micro batch then costs more than a small one, which is neither the hardware's arithmetic nor what the
+planner prices.
 
 :func:`keep_freed_host_memory` turns glibc's mmap path off (``M_MMAP_MAX`` 0: every block comes from the heap, and a
 freed one is reused) and raises the heap's trim threshold to ``TRIM_THRESHOLD_BYTES``, so the top of the heap is

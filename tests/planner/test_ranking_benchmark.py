@@ -33,3 +33,12 @@ def test_kendall_tau_counts_concordant_minus_discordant_pairs(ranking):
     assert ranking.kendall_tau([1, 2, 3, 4], [10, 20, 30, 40]) == 1.0
     assert ranking.kendall_tau([1, 2, 3, 4], [40, 30, 20, 10]) == -1.0
     assert ranking.kendall_tau([1, 2, 3], [1, 3, 2]) == pytest.approx(1 / 3)
+
+
+def test_kendall_tau_b_leaves_tied_pairs_out_of_the_range_as_scipy_does(ranking):
+    from scipy.stats import kendalltau
+
+    predicted, measured = [1, 1, 2, 3, 4, 4, 5, 6], [1.1, 0.9, 2, 3.2, 3.9, 4.4, 5, 6.1]
+    assert ranking.kendall_tau_b(predicted, measured) == pytest.approx(kendalltau(predicted, measured).statistic)
+    assert ranking.kendall_tau(predicted, measured) == pytest.approx(26 / 28)  # the two tied pairs score 0
+    assert ranking.kendall_tau_b([1, 1, 1], [1, 2, 3]) == 0.0  # one list all ties: no ranking to score
