@@ -14,6 +14,15 @@ import pytest
 from hybridflow.train.signals import Terminated, sigterm_as_interrupt, sigterm_deferred
 
 
+@pytest.fixture(autouse=True)
+def default_sigterm() -> Any:
+    """Each test starts from SIGTERM's default action: an earlier test in the same process that ran ``ray.init``
+    leaves Ray's handler (``sys.exit``) installed, which these tests would keep as "someone's handler"."""
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    yield
+    signal.signal(signal.SIGTERM, previous)
+
+
 def _sigterm_self() -> None:
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(5)  # the handler runs at the next bytecode; reaching the end means it did not raise
