@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from hybridflow.train.signals import Terminated, sigterm_as_interrupt, sigterm_d
 
 
 @pytest.fixture(autouse=True)
-def default_sigterm() -> Any:
+def default_sigterm() -> Iterator[None]:
     """Each test starts from SIGTERM's default action: an earlier test in the same process that ran ``ray.init``
     leaves Ray's handler (``sys.exit``) installed, which these tests would keep as "someone's handler"."""
     previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
