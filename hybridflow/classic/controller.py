@@ -239,6 +239,13 @@ class SingleController:
         if checkpoint is None:
             raise FileNotFoundError(f"nothing to save: {run_dir} has no checkpoint yet; call fit() first")
         target = Path(path)
+        replaceable = target.is_dir() and ((target / "saved.json").is_file() or not any(target.iterdir()))
+        if target.exists() and not replaceable:
+            raise FileExistsError(f"SingleController.save: {str(target)!r} exists and was not written by save() (no "
+                                  "saved.json); refusing to replace it: choose an absent or empty directory")
+        if target.resolve() == run_dir.resolve() or run_dir.resolve().is_relative_to(target.resolve()):
+            raise ValueError(f"SingleController.save: {str(target)!r} holds the run directory {str(run_dir)!r} it "
+                             "would copy from: choose a directory outside it")
         tmp = target.with_name(f".{target.name}.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.copytree(checkpoint, tmp / "checkpoint")

@@ -30,6 +30,9 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--merged", action="store_true",
                         help="LoRA runs: also write the base model with the adapters merged in to OUT/merged "
                              "(needs the base model's weights)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace OUT if it holds a previous export (a directory with hybridflow_export.json); "
+                             "any other non-empty OUT is refused")
     parser.add_argument("--trust-checkpoint", action="store_true",
                         help="read an fsdp or deepspeed checkpoint, whose files are unpickled (they can run code): "
                              "only for checkpoints you or your own job wrote. torch checkpoints need no trust")
@@ -46,11 +49,12 @@ def run(args: argparse.Namespace) -> int:
         role_dir,
         run_config,
     )
-    from hybridflow.train.export import save_hf_dir
+    from hybridflow.train.export import check_export_target, save_hf_dir
 
     checkpoint = checkpoint_of(args.checkpoint)
     source = role_dir(checkpoint, args.role)
     state = checkpoint_state(source, trust=getattr(args, "trust_checkpoint", False))
+    check_export_target(Path(args.out), checkpoint, overwrite=getattr(args, "overwrite", False))
     config = run_config(source)
     spec = run_lora(config, args.role)
     if spec is not None or is_adapter_state(state):

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from hybridflow.runtime.protocols import AdapterSpec
-from hybridflow.train.export import write_dir_atomically
+from hybridflow.train.export import EXPORT_MARKER, write_dir_atomically
 
 ADAPTER = "default"  # peft's name of a model's only adapter (backends/common/adapters.py ADAPTER)
 _INITS: dict[str, Any] = {"default": True, "gaussian": "gaussian", "pissa": "pissa", "olora": "olora"}
@@ -74,7 +74,7 @@ def save_adapter_dir(state: Mapping[str, torch.Tensor], spec: AdapterSpec, base_
     def write(tmp: Path) -> None:
         save_file(peft_names(state), str(tmp / "adapter_model.safetensors"), metadata={"format": "pt"})
         config.save_pretrained(str(tmp))
-        (tmp / "hybridflow_export.json").write_text(json.dumps({"kind": "lora_adapter"}))
+        (tmp / EXPORT_MARKER).write_text(json.dumps({"kind": "lora_adapter"}))
 
     return write_dir_atomically(Path(out), write)
 

@@ -22,6 +22,7 @@ from hybridflow.graph import Graph, RoleKind
 from hybridflow.runtime.weights import DTYPES, state_from_wire
 
 EXPORT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+EXPORT_MARKER = "hybridflow_export.json"  # written into every export: what marks a directory safe to replace
 
 
 def policy_role(graph: Graph) -> str:
@@ -80,15 +81,54 @@ def save_hf_dir(state: Mapping[str, torch.Tensor], base_model: str | Path, token
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         _write_generation_config(model, base_model, tokenizer, tmp)
-        (tmp / "hybridflow_export.json").write_text(json.dumps({"base_model": str(base_model),
+        (tmp / EXPORT_MARKER).write_text(json.dumps({"base_model": str(base_model),
                                                                 "dtype": str(chosen).removeprefix("torch.")}))
 
     return write_dir_atomically(out, write)
 
 
+class ExportTargetError(ValueError):
+    """An export's output directory would lose something hybridflow did not write there."""
+
+
+def is_previous_export(path: Path) -> bool:
+    """Whether ``path`` is a directory an export wrote (its :data:`EXPORT_MARKER` is there)."""
+    return (path / EXPORT_MARKER).is_file()
+
+
+def check_export_target(out: Path, checkpoint: Path, *, overwrite: bool) -> None:
+    """Refuse an ``out`` whose writing would delete what the export did not write.
+
+    ``out`` must be absent, an empty directory, or (with ``overwrite``) a previous export; it may not be
+    ``checkpoint``, hold it, or lie inside the checkpoints folder of ``checkpoint``'s run.
+    """
+    target, source = out.resolve(), checkpoint.resolve()
+    shelf = source.parent if source.parent.name == "checkpoints" else source
+    if target == source or source.is_relative_to(target):
+        raise ExportTargetError(f"OUT {str(out)!r} holds the checkpoint being exported ({source}); writing it would "
+                                "delete the checkpoint: choose a directory outside the run")
+    if target.is_relative_to(shelf):
+        raise ExportTargetError(f"OUT {str(out)!r} lies inside the run's checkpoints ({shelf}), which the run "
+                                "manages: choose a directory outside them")
+    if target.exists() and not target.is_dir():
+        raise ExportTargetError(f"OUT {str(out)!r} is a file, not a directory: choose another path")
+    if not target.is_dir() or not any(target.iterdir()):
+        return
+    if not is_previous_export(target):
+        raise ExportTargetError(f"OUT {str(out)!r} already holds files an export did not write (no {EXPORT_MARKER}): "
+                                "choose an absent or empty directory")
+    if not overwrite:
+        raise ExportTargetError(f"OUT {str(out)!r} holds a previous export: pass --overwrite to replace it, or "
+                                "choose another directory")
+
+
 def write_dir_atomically(out: Path, write: Callable[[Path], object]) -> Path:
-    """``write(tmp)`` into a temporary directory beside ``out``, then renamed into place (an old ``out``
-    replaced): a failed export leaves no half-written directory."""
+    """``write(tmp)`` into a temporary directory beside ``out``, then renamed into place: a failed export
+    leaves no half-written directory. An ``out`` already there is replaced only if an export wrote it (or
+    it is empty); anything else is refused before any writing, so nothing a user put there is deleted."""
+    if out.exists() and not (out.is_dir() and (is_previous_export(out) or not any(out.iterdir()))):
+        raise ExportTargetError(f"{str(out)!r} exists and was not written by an export (no {EXPORT_MARKER}); "
+                                "refusing to replace it: choose an absent or empty directory")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:

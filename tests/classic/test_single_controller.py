@@ -92,6 +92,13 @@ def test_tutorial_mapping_trains_end_to_end_with_cache_and_request_bound(tmp_pat
     assert rows[0]["throughput/reward_score_tokens_per_s"] > 0 and rows[0]["throughput/actor_generate_tokens_per_s"] > 0
     saved = ctl.save(tmp_path / "saved")
     assert (saved / "checkpoint" / "trainer.json").is_file() and (saved / "plan.json").is_file()
+    assert ctl.save(saved) == saved  # a previous save is replaced; anything else is refused, left as it was
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    for target in (tmp_path / "mine", tmp_path):  # user files; a directory holding the run itself
+        with pytest.raises((FileExistsError, ValueError), match="save"):
+            ctl.save(target)
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
     ctl.load(saved)
     again = ctl.fit(steps=3)
     assert again.start_step == 2 and [row["step"] for row in again.history] == [2]
