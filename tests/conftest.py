@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,7 +25,47 @@ def _cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--shuffle", metavar="SEED", default=None,
+                     help="run the test files in a seeded random order, and each file's tests in a seeded random "
+                          "order (module fixtures stay shared): shows that no test depends on another's leftovers. "
+                          "'random' picks a seed; the seed is printed, so a failing order can be replayed")
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    seed = _shuffle_seed(config)
+    return None if seed is None else f"shuffled: --shuffle={seed}"
+
+
+def _shuffle_seed(config: pytest.Config) -> int | None:
+    chosen = config.getoption("--shuffle")
+    if chosen is None:
+        return None
+    if chosen == "random":
+        config.option.shuffle = chosen = str(random.SystemRandom().randrange(10**6))
+    try:
+        return int(chosen)
+    except ValueError as err:
+        raise pytest.UsageError(f"--shuffle={chosen!r}: give an integer seed or 'random'") from err
+
+
+def _shuffle(items: list[pytest.Item], seed: int) -> None:
+    """Files in a seeded order, each file's tests in a seeded order, in place."""
+    rng = random.Random(seed)
+    by_file: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        by_file.setdefault(str(item.path), []).append(item)
+    files = sorted(by_file)
+    rng.shuffle(files)
+    for name in files:
+        rng.shuffle(by_file[name])
+    items[:] = [item for name in files for item in by_file[name]]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    seed = _shuffle_seed(config)
+    if seed is not None:
+        _shuffle(items, seed)
     if _cuda_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,31 @@ from hybridflow.planner.plan import OFFLOAD_PARTS
 from hybridflow.runtime.protocols import OptimSpec, RoleSpec, WorkerContext
 
 CHECKPOINT_TAG = "hybridflow"
+
+
+_LOCAL_RANK_LOCK = threading.Lock()
+_local_rank_users = 0  # engines being built now (in-process ranks are threads): the last one out puts it back
+
+
+@contextlib.contextmanager
+def _launcher_local_rank(rank: str) -> Iterator[None]:
+    """``LOCAL_RANK`` while DeepSpeed builds an engine (it insists on a launcher's; Ray and spawned ranks have none),
+    removed after if it was not there before: a leftover one makes later code in the process (transformers'
+    TrainingArguments, for one) take it for a distributed launch and wait on a rendezvous that never comes."""
+    global _local_rank_users
+    with _LOCAL_RANK_LOCK:
+        ours = _local_rank_users > 0 or "LOCAL_RANK" not in os.environ
+        if ours:
+            os.environ.setdefault("LOCAL_RANK", rank)
+            _local_rank_users += 1
+    try:
+        yield
+    finally:
+        with _LOCAL_RANK_LOCK:
+            if ours:
+                _local_rank_users -= 1
+                if _local_rank_users == 0:
+                    os.environ.pop("LOCAL_RANK", None)
 
 
 def import_deepspeed() -> Any:
@@ -45,12 +71,14 @@ class DeepSpeedRoleEngine(ForwardOps, GradientSteps, WeightStreams):
         if layout.tp != 1:
             raise ValueError(f"RoleLayout({spec.name}).tp={layout.tp}: the deepspeed backend is data parallel only; "
                              "use tp=1")
+        device = torch.device(context.device)
+        with _launcher_local_rank(str(device.index or 0) if device.type == "cuda" else str(context.rank)):
+            self._build(spec, layout, context, device)
+
+    def _build(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext, device: torch.device) -> None:
         deepspeed = import_deepspeed()
         self.options = DeepSpeedOptions.from_spec(spec)
         ensure_process_group(context, spec.options, role=spec.name)
-        # DeepSpeed insists on a launcher's LOCAL_RANK; Ray and spawned ranks have none.
-        device = torch.device(context.device)
-        os.environ.setdefault("LOCAL_RANK", str(device.index or 0) if device.type == "cuda" else str(context.rank))
         deepspeed.init_distributed(dist_backend="nccl" if context.device.startswith("cuda") else "gloo",
                                    dist_init_required=False)
         self.spec, self.context, self.stage = spec, context, zero_stage(layout)

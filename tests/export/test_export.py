@@ -109,7 +109,11 @@ ZERO3_ON_TWO_RAY_RANKS = ["roles.actor.backend=deepspeed", "executor=ray", "num_
 ])
 def test_cli_converts_a_checkpoint_to_the_same_weights_as_its_hf_view(tmp_path: Path, setting: list[str]) -> None:
     run = tmp_path / "run"
+    launcher = os.environ.get("LOCAL_RANK")
     train(load_config(None, ["steps=1", "checkpoint_every=1", f"output_dir={run}", *setting, *QUICK]))
+    # DeepSpeed needs LOCAL_RANK while it builds; an in-process run leaves none behind (transformers would
+    # take a leftover one for a distributed launch: the order-dependent failure of test_trainer_entry).
+    assert os.environ.get("LOCAL_RANK") == launcher
     checkpoint = run / "checkpoints" / "step_000001"
     backend = setting[0].removeprefix("roles.actor.backend=")
     assert json.loads((checkpoint / "trainer.json").read_text())["formats"]["actor"] == backend
