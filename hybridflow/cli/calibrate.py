@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hybridflow.planner.calibration import Calibration
+from hybridflow.planner.calibration import FORMAT, Calibration
 from hybridflow.planner.fit import FITTED, HELD, describe, fit_calibration, loss
 from hybridflow.planner.published import MeasuredCase, case_from_record
 
@@ -105,6 +105,7 @@ def _run_case(spec: str, skip_steps: int, prompt_len: int | None = None) -> Meas
 
 
 def run(args: argparse.Namespace) -> int:
+    _check_out(Path(args.out))
     cases = [case for path in args.published for case in _published_cases(path)]
     cases += [_run_case(spec, args.skip_steps, args.prompt_len) for spec in args.runs]
     if not cases:
@@ -128,3 +129,17 @@ def run(args: argparse.Namespace) -> int:
     fitted.save(args.out)
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
+
+
+def _check_out(out: Path) -> None:
+    """``--out`` may replace a calibration file, never another file or a directory."""
+    if out.is_dir():
+        raise ValueError(f"--out {out}: a directory; give the path of the calibration file to write")
+    if out.exists():
+        try:
+            written = json.loads(out.read_text()).get("format") == FORMAT
+        except (ValueError, UnicodeDecodeError, AttributeError):
+            written = False
+        if not written:
+            raise ValueError(f"--out {out}: exists and is not a calibration file; refusing to replace it: choose "
+                             "another path")

@@ -16,11 +16,23 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from hybridflow.monitor.report import render_table, summarize, write_report
 
+    if args.html is not None and Path(args.html).exists() and not _is_report(Path(args.html)):
+        raise ValueError(f"--html {args.html}: exists and is not a hybridflow report; refusing to replace it: "
+                         "choose another path")
     print(render_table(summarize(args.run_dir)))
     files = write_report(args.run_dir, plots_dir=args.plots, html_path=args.html)
     for path in files.plots:
         print(f"wrote {path}")
     print(f"wrote {files.html} (open it in a browser)")
     return 0
+
+
+def _is_report(path: Any) -> bool:
+    try:
+        return path.is_file() and "<h1>hybridflow report</h1>" in path.read_text(errors="replace")
+    except OSError:
+        return False

@@ -91,3 +91,17 @@ def test_write_dir_atomically_refuses_to_replace_what_no_export_wrote(tmp_path: 
         write_dir_atomically(out, lambda tmp: (tmp / EXPORT_MARKER).write_text("{}"))
     assert (out / "data.bin").read_bytes() == b"1"
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.")]  # no temporary left behind
+
+
+def test_calibrate_and_report_replace_only_files_they_wrote(run: Path, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    notes = tmp_path / "notes.json"
+    notes.write_text('{"mine": true}')
+    assert main(["calibrate", "--run", str(run), "--out", str(notes)]) == 2
+    assert "--out" in capsys.readouterr().err and notes.read_text() == '{"mine": true}'
+    assert main(["calibrate", "--run", str(run), "--out", str(tmp_path)]) == 2
+    metrics = (run / "metrics.jsonl").read_text()
+    assert main(["report", str(run), "--html", str(run / "metrics.jsonl")]) == 2
+    assert "--html" in capsys.readouterr().err and (run / "metrics.jsonl").read_text() == metrics
+    assert main(["report", str(run), "--html", str(tmp_path / "page.html")]) == 0
+    assert main(["report", str(run), "--html", str(tmp_path / "page.html")]) == 0  # its own page: replaced
