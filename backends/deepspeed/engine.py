@@ -26,28 +26,29 @@ CHECKPOINT_TAG = "hybridflow"
 
 
 _LOCAL_RANK_LOCK = threading.Lock()
-_local_rank_users = 0  # engines being built now (in-process ranks are threads): the last one out puts it back
+_local_rank_holders = 0  # live engines that set LOCAL_RANK (in-process ranks are threads); the last one out removes it
 
 
-@contextlib.contextmanager
-def _launcher_local_rank(rank: str) -> Iterator[None]:
-    """``LOCAL_RANK`` while DeepSpeed builds an engine (it insists on a launcher's; Ray and spawned ranks have none),
-    removed after if it was not there before: a leftover one makes later code in the process (transformers'
-    TrainingArguments, for one) take it for a distributed launch and wait on a rendezvous that never comes."""
-    global _local_rank_users
+def _hold_local_rank(rank: str) -> bool:
+    """Set ``LOCAL_RANK`` for a new engine unless a launcher set it: DeepSpeed insists on one (at build and in
+    ZeRO-3's hooks) and Ray and spawned ranks have none. True when the engine holds it, to release on close."""
+    global _local_rank_holders
     with _LOCAL_RANK_LOCK:
-        ours = _local_rank_users > 0 or "LOCAL_RANK" not in os.environ
-        if ours:
-            os.environ.setdefault("LOCAL_RANK", rank)
-            _local_rank_users += 1
-    try:
-        yield
-    finally:
-        with _LOCAL_RANK_LOCK:
-            if ours:
-                _local_rank_users -= 1
-                if _local_rank_users == 0:
-                    os.environ.pop("LOCAL_RANK", None)
+        if _local_rank_holders == 0 and "LOCAL_RANK" in os.environ:
+            return False  # a launcher's
+        os.environ.setdefault("LOCAL_RANK", rank)
+        _local_rank_holders += 1
+        return True
+
+
+def _release_local_rank() -> None:
+    """The last engine holding ``LOCAL_RANK`` removes it: a leftover one makes later code in the process
+    (transformers' TrainingArguments, for one) take it for a distributed launch and wait on a rendezvous."""
+    global _local_rank_holders
+    with _LOCAL_RANK_LOCK:
+        _local_rank_holders -= 1
+        if _local_rank_holders == 0:
+            os.environ.pop("LOCAL_RANK", None)
 
 
 def import_deepspeed() -> Any:
@@ -71,14 +72,21 @@ class DeepSpeedRoleEngine(ForwardOps, GradientSteps, WeightStreams):
         if layout.tp != 1:
             raise ValueError(f"RoleLayout({spec.name}).tp={layout.tp}: the deepspeed backend is data parallel only; "
                              "use tp=1")
-        device = torch.device(context.device)
-        with _launcher_local_rank(str(device.index or 0) if device.type == "cuda" else str(context.rank)):
-            self._build(spec, layout, context, device)
-
-    def _build(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext, device: torch.device) -> None:
         deepspeed = import_deepspeed()
         self.options = DeepSpeedOptions.from_spec(spec)
         ensure_process_group(context, spec.options, role=spec.name)
+        device = torch.device(context.device)
+        self.engine: Any = None
+        self._holds_local_rank = _hold_local_rank(str(device.index or 0) if device.type == "cuda" else
+                                                  str(context.rank))
+        try:
+            self._build(spec, layout, context, device, deepspeed)
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext, device: torch.device,
+               deepspeed: Any) -> None:
         deepspeed.init_distributed(dist_backend="nccl" if context.device.startswith("cuda") else "gloo",
                                    dist_init_required=False)
         self.spec, self.context, self.stage = spec, context, zero_stage(layout)
@@ -98,7 +106,6 @@ class DeepSpeedRoleEngine(ForwardOps, GradientSteps, WeightStreams):
         zero = config["zero_optimization"]
         self.offloaded = frozenset(({"optimizer", "grads"} if "offload_optimizer" in zero else set())
                                    | ({"params"} if "offload_param" in zero else set()))
-        self.engine: Any = None
         if spec.kind.trainable:
             optimizer = None
             trainable = trainable_parameters(model)  # a LoRA policy's adapters alone
@@ -215,9 +222,12 @@ class DeepSpeedRoleEngine(ForwardOps, GradientSteps, WeightStreams):
             self.load_schedule(directory)
 
     def close(self) -> None:
-        """Release DeepSpeed's hooks and partitioned buffers (``DeepSpeedEngine.destroy``)."""
+        """Release DeepSpeed's hooks and partitioned buffers (``DeepSpeedEngine.destroy``), and ``LOCAL_RANK``."""
         if self.engine is not None:
             self.engine.destroy()
+        if self._holds_local_rank:
+            self._holds_local_rank = False
+            _release_local_rank()
 
 
 _SHARDED = frozenset({Sharding.ZERO1, Sharding.ZERO2, Sharding.SHARD_GRAD_OP, Sharding.ZERO3, Sharding.FULL_SHARD})
