@@ -5,13 +5,14 @@ tokens) in 4 runs that span rows per engine and micro batch counts: data paralle
 with and without a token budget; the actor and reference on GPUs of their own with a token budget; one GPU,
 padded. ``hybridflow calibrate``'s own code path fits the constants on them: each run directory
 (``config.json`` + ``plan.json`` + ``metrics.jsonl``) is costed by ``cli.calibrate.case_from_run_dir``.
-Workload **B** (predicted): GRPO on ``tiny-qwen2-wide`` (32 prompts x 4 samples, 32 new tokens), in 8 runs that
+Workload **B** (predicted): GRPO on ``tiny-qwen2-wide`` (32 prompts x 4 samples, 32 new tokens), in 9 runs that
 differ in what the issue names and the runtime runs on CPU: packing on/off, token budgets, data parallel on one
-or two GPUs, the actor and reference apart. Each B run's measured step (median of its kept steps) is compared
-with its prediction (target: every run within 1.3x) and the runs are ranked (Kendall tau, target >= 0.8: tau-b,
-scipy's default, which leaves out of its range a pair the planner costs the same, e.g. a token budget that never
-binds; tau-a, which scores such a pair 0, is printed beside it).
-Sized for a 2-core machine: ``--steps 8 --repeats 3`` (the recorded run) is 28 runs, ~11 min on a quiet one
+or two GPUs, the actor and reference apart, the actor on the fsdp backend offloaded (``ROLES``). Each B run's
+measured step (median of its kept steps) is compared with its prediction (target: every run within 1.3x) and
+the runs are ranked (Kendall tau, target >= 0.8: tau-b, scipy's default, which leaves out of its range a pair the
+planner costs the same, e.g. a token budget that never binds; tau-a, which scores such a pair 0, is printed
+beside it).
+Sized for a 2-core machine: ``--steps 8 --repeats 3`` (the recorded run) is 31 runs, ~12 min on a quiet one
 (each run ~20 s, most of it Ray and model start). A finished run directory is reused, so a rerun with another
 ``--fit`` only re-costs (seconds).
 
@@ -22,6 +23,9 @@ configurations when ``--repeats`` > 1; note the load average it prints.
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/planner_self.py [--steps 4] [--repeats 1] [--out DIR] [--fit NAMES]
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/planner_self.py --only "B dp2 packed"   # one run, a probe
+
+``--only`` naming every A run as well costs the B runs it names (calibrated on A), e.g. the offload row alone:
+``--only "A dp2 packed,A apart budget 512,A one GPU padded,A dp2 packed budget 256,B dp2 fsdp offloaded"``.
 
 Results and what the node times say: ``docs/benchmarks.md``, "Predicting hybridflow's own runs".
 """
@@ -60,14 +64,23 @@ RUNS: dict[str, dict[str, tuple[dict[str, list[int]], bool, int | None]]] = {
     "B": {"dp2 packed": (BOTH, False, None), "dp2 padded": (BOTH, True, None),
           "dp2 packed budget 512": (BOTH, False, 512), "dp2 packed budget 2048": (BOTH, False, 2048),
           "apart packed": (APART, False, None), "apart budget 1024": (APART, False, 1024),
-          "one GPU packed": (ONE, False, None), "one GPU padded": (ONE, True, None)},
+          "one GPU packed": (ONE, False, None), "one GPU padded": (ONE, True, None),
+          "dp2 fsdp offloaded": (BOTH, False, None)},
+}
+# Role settings beside the defaults: the actor on the fsdp backend with its parameters, gradients and optimizer
+# states offloaded (RunSettings.trainable_offload "per_unshard", as hybridflow runs it). On a CPU device its tensors
+# are in host memory already: the backend applies no CPUOffloadPolicy and the planner prices no host copies.
+ROLES: dict[tuple[str, str], dict[str, dict[str, Any]]] = {
+    ("B", "dp2 fsdp offloaded"): {"actor": {"backend": "fsdp", "offload": ["params", "grads", "optimizer"]}},
 }
 
 
 def config(workload: str, meshes: dict[str, list[int]], padding: bool, budget: int | None, steps: int,
-           out: Path) -> dict[str, Any]:
+           out: Path, extra: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     spec = WORKLOADS[workload]
-    roles = {role: {"max_tokens_per_micro_batch": budget} for role in meshes} if budget else {}
+    roles: dict[str, dict[str, Any]] = {role: {"max_tokens_per_micro_batch": budget} for role in meshes if budget}
+    for role, options in (extra or {}).items():
+        roles[role] = {**roles.get(role, {}), **options}
     return {"roles": roles, "algorithm": "grpo", "seed": 0, "steps": steps, "executor": "ray", "num_gpus": 2,
             "algorithm_options": {**spec["options"], "reward_kind": "reward_function"}, "padding": padding,
             "placement": "manual", "meshes": meshes, "model": {"name": spec["model"], "sft_steps": 0},
@@ -107,10 +120,10 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 print(f"{workload} {name} (repeat {repeat}); load average {os.getloadavg()[0]:.1f}", flush=True)
                 out = (args.out / f"{workload}-{slug(name)}-r{repeat}").resolve()
-                settings = config(workload, meshes, padding, budget, args.steps, out)
+                settings = config(workload, meshes, padding, budget, args.steps, out, ROLES.get((workload, name)))
                 folders.setdefault((workload, name), []).append(train_at_driver_priority(settings, out))
-    if only is not None:
-        return 0
+    if only is not None and not (all(f"A {name}" in only for name in RUNS["A"]) and any(w == "B" for w, _ in folders)):
+        return 0  # a probe: without every calibration run there is nothing to fit, without a B run nothing to predict
     prompts = {w: prompt_tokens(next(args.out.glob(f"{w}-*.json"))) for w in WORKLOADS}
     cases = {key: median_case(paths, prompts[key[0]]) for key, paths in folders.items()}
     train = [(c.predict, c.measured) for (w, _), c in cases.items() if w == "A"]
@@ -131,6 +144,9 @@ def main(argv: list[str] | None = None) -> int:
                           if key != "step" and sec > 0.01)
         print(f"  {name}: {parts}")
     worst = max(math.exp(abs(math.log(p / m))) for p, m in zip(predicted, measured, strict=True))
+    if len(runs) < 2:
+        print(f"worst ratio {worst:.2f}x (target 1.3x); one run (B): no ranking")
+        return 0
     taus = {name: f"{kendall_tau_b(ranked, measured):.2f} (tau-a {kendall_tau(ranked, measured):.2f})"
             for name, ranked in (("calibrated on A", predicted), ("priors", priors))}
     print(f"worst ratio {worst:.2f}x (target 1.3x); Kendall tau-b (target >= 0.8), "

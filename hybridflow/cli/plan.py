@@ -90,6 +90,9 @@ def add_run_arguments(parser: Any) -> None:
     parser.add_argument("--forward-tokens-per-gpu", type=int, help="dynamic batching budget of forward passes")
     parser.add_argument("--offload", action="append", default=None, metavar="ROLE=PARTS",
                         help="CPU offload of a role, e.g. actor=params+optimizer (parts: params, grads, optimizer)")
+    parser.add_argument("--trainable-offload", choices=("per_unshard", "per_phase"), default=None,
+                        help="how a trainable role's offload moves: per_unshard as hybridflow runs it (default; "
+                             "FSDP2 CPUOffloadPolicy, ZeRO-Offload), per_phase as verl does")
     parser.add_argument("--gpu-memory-utilization", type=float, help="rollout engine's share of device memory")
     parser.add_argument("--max-num-seqs", type=int, help="rollout engine's cap on sequences in flight")
     parser.add_argument("--rollout-sleep", action="store_true", default=None,
@@ -122,8 +125,8 @@ def agent_workload(settings: dict[str, Any]) -> AgentWorkload | None:
 
 
 RUN_KEYS = ("max_response_len", "lengths_from", "mini_batch_size", "epochs", "train_tokens_per_gpu",
-            "forward_tokens_per_gpu", "offload", "gpu_memory_utilization", "max_num_seqs", "rollout_sleep",
-            "enforce_eager", "padding", "max_prompt_len", "reward_workers", "validations_per_step",
+            "forward_tokens_per_gpu", "offload", "trainable_offload", "gpu_memory_utilization", "max_num_seqs",
+            "rollout_sleep", "enforce_eager", "padding", "max_prompt_len", "reward_workers", "validations_per_step",
             "validation_prompts", "validation_samples", "checkpoints_per_step")
 
 

@@ -15,6 +15,7 @@ from hybridflow.planner.calibration import DEFAULT_CONSTANTS, Constants
 from hybridflow.planner.devices import DTYPE_BYTES, DeviceSpec
 from hybridflow.planner.flops import LM_HEAD_KINDS, NONMATMUL_HBM_EFFICIENCY, flops_per_token, nonmatmul_bytes_per_token
 from hybridflow.planner.models import ModelSpec
+from hybridflow.planner.offload import HostTraffic, TrainerShard, forward_traffic, host_seconds, update_traffic
 from hybridflow.planner.overlays import ControllerOverlay, controller_seconds
 from hybridflow.planner.plan import RoleLayout, Sharding
 from hybridflow.planner.settings import DEFAULT_SETTINGS, RunSettings
@@ -157,9 +158,28 @@ def static_bytes(model: ModelSpec, kind: RoleKind, layout: RoleLayout, shape: Sh
     return int(sum(state_bytes(model, kind, layout, shape)) - offloaded_bytes(model, kind, layout, shape))
 
 
-def host_seconds(nbytes: float, shape: Shape) -> float:
-    """Moving ``nbytes`` per GPU between device and host memory (all GPUs of a machine in parallel)."""
-    return nbytes / (shape.device.host_bandwidth * shape.constants.host_efficiency)
+ZERO_SHARDINGS = (Sharding.ZERO1, Sharding.ZERO2, Sharding.ZERO3)
+
+
+def trainer_shard(model: ModelSpec, layout: RoleLayout, shape: Shape) -> TrainerShard:
+    """A trainable role's state on one GPU as offload moves it (``offload.TrainerShard``). The parameter shard is
+    the fp32 master under FSDP (FSDP2 keeps it as the sharded parameter and casts it at the all-gather, hybridflow's
+    fsdp backend), the role's dtype under ZeRO (the fp32 master stays with DeepSpeed's CPU optimizer); every
+    sharding but NO_SHARD splits the stored state over the shard ranks (FSDP2 stores shards under SHARD_GRAD_OP
+    too)."""
+    shards = 1 if layout.sharding is Sharding.NO_SHARD else shard_ranks(layout, shape)
+    stored = DTYPE_BYTES[layout.dtype] if layout.sharding in ZERO_SHARDINGS else DTYPE_BYTES["fp32"]
+    trained = trainable_stage_params(model, layout) / shards
+    return TrainerShard(unshard_bytes=(stage_params(model, layout) + adapter_stage_params(model, layout)) * stored
+                        / shards, gradient_bytes=trained * grad_reduce_bytes(layout),
+                        weight_bytes=trained * DTYPE_BYTES[layout.dtype], trained_params=trained,
+                        units=model.layers / layout.pp)
+
+
+def per_unshard(kind: RoleKind, shape: Shape) -> bool:
+    """Whether a role's offload is priced as hybridflow runs it (``RunSettings.trainable_offload``); a frozen role's
+    always is (FSDP's own CPU offload, which verl's reference runs too)."""
+    return not kind.trainable or shape.run.trainable_offload == "per_unshard"
 
 
 def grad_reduce_bytes(layout: RoleLayout) -> int:
@@ -375,14 +395,19 @@ def forward_cost(model: ModelSpec, kind: RoleKind, load: NodeLoad, layout: RoleL
     gather = _param_gathers(model, layout, shape, batch.micro_batches)
     offload = shape.run.offload_of(layout.role)
     moved = state_bytes(model, kind, layout, shape)[0] * offload.params
-    if kind.trainable:  # verl's manual offload: a trainable role's weights come in for the phase, leave after it
-        swap = 2 * host_seconds(moved, shape)
-    else:
+    swap = 0.0
+    if not kind.trainable:
         # FSDP's own CPU offload (FSDP1 CPUOffload(offload_params=True), FSDP2 CPUOffloadPolicy; what verl's
         # reference always runs and hybridflow's fsdp backend runs) copies a frozen shard in at every unshard, once
         # a micro batch, beside the all-gather it feeds, and writes nothing back.
         gather += batch.micro_batches * host_seconds(moved, shape)
-        swap = 0.0
+    elif per_unshard(kind, shape):  # the same for a trainable role's fp32 shard (offload.forward_traffic)
+        traffic = forward_traffic(offload, trainer_shard(model, layout, shape), unshards=batch.micro_batches,
+                                  shape=shape)
+        gather += traffic.beside
+        moved = traffic.transient_bytes
+    else:  # verl's manual offload: a trainable role's weights come in for the phase, leave after it
+        swap = 2 * host_seconds(moved, shape)
     tokens = batch.micro_tokens
     transient = (2 * _activation_layer_bytes(model, tokens, layout) + _logit_bytes(model, kind, tokens, layout.tp)
                  + moved)
@@ -416,17 +441,27 @@ def update_cost(model: ModelSpec, kind: RoleKind, load: NodeLoad, layout: RoleLa
         # One all-reduce (reduce-scatter + all-gather) per optimizer step; ZeRO gathers updated shards instead.
         data = max(1, layout.dp // layout.pp)
         after = batch.optimizer_steps * 2 * ring_seconds(grad_bytes, data, bandwidth)
-    passes_seconds = overlapped(compute + comm, beside, model.layers / layout.pp, shape) + after
-    weights, grads, states = state_bytes(model, kind, layout, shape)
     offload = shape.run.offload_of(layout.role)
+    traffic = HostTraffic()  # hybridflow's offload (offload.update_traffic); verl's per-phase swap is below
+    if per_unshard(kind, shape):
+        full = layout.sharding in FULL_SHARDS  # two unshards and a reduce-scatter per micro batch
+        traffic = update_traffic(offload, trainer_shard(model, layout, shape),
+                                 unshards=batch.micro_batches * (2 if full else 1),
+                                 reductions=batch.micro_batches if full else batch.optimizer_steps,
+                                 reductions_beside=full, steps=batch.optimizer_steps, shape=shape)
+    passes_seconds = (overlapped(compute + comm, beside + traffic.beside, model.layers / layout.pp, shape) + after
+                      + traffic.after)
+    weights, grads, states = state_bytes(model, kind, layout, shape)
     # The optimizer step reads and writes the trained weights only (a LoRA adapter's, not the frozen base).
     trained = weights if model.adapter is None else (
         adapter_stage_params(model, layout) * DTYPE_BYTES[layout.dtype] / (ranks if layout.sharding in FULL_SHARDS
                                                                            else 1))
     optimizer = batch.optimizer_steps * 2 * (trained + grads + states) / (shape.device.hbm_bandwidth
                                                                           * shape.constants.hbm_efficiency)
+    if not traffic.device_optimizer:  # it steps on the host (in traffic.after)
+        optimizer = 0.0
     moved = weights * offload.params + grads * offload.grads + states * offload.optimizer
-    swap = 2 * host_seconds(moved, shape)
+    swap = 0.0 if per_unshard(kind, shape) else 2 * host_seconds(moved, shape)
     tokens = batch.micro_tokens
     layer = _activation_layer_bytes(model, tokens, layout)
     layers = model.layers / layout.pp
@@ -435,11 +470,13 @@ def update_cost(model: ModelSpec, kind: RoleKind, load: NodeLoad, layout: RoleLa
         activations = layers * tokens * model.hidden * DTYPE_BYTES[layout.dtype] + layer
     else:
         activations = layers * layer
-    # Offloaded weights and gradients are back for forward and backward; offloaded optimizer states only for
-    # the optimizer step, when the activations are gone.
-    during_passes = weights * offload.params + grads * offload.grads
     passes_peak = activations + 2 * _logit_bytes(model, kind, tokens, layout.tp) + 2 * _gather_buffer(model, layout)
-    transient = max(passes_peak + during_passes, moved)
+    if per_unshard(kind, shape):  # the offloaded state never comes back whole: a unit's copies at a time
+        transient = passes_peak + traffic.transient_bytes
+    else:
+        # verl's swap: offloaded weights and gradients are back for forward and backward; offloaded optimizer
+        # states only for the optimizer step, when the activations are gone.
+        transient = max(passes_peak + weights * offload.params + grads * offload.grads, moved)
     launches = batch.micro_batches * passes + batch.optimizer_steps
     fixed = shape.constants.phase_overhead_s + launches * shape.constants.micro_batch_overhead_s
     fixed += controller_seconds(load, shape)

@@ -232,11 +232,19 @@ def _settings(record: Mapping[str, Any], extra: Mapping[str, Any], lengths: Leng
                        mini_batch_size=int(mini) * samples if mini else None,
                        train_tokens_per_gpu=int(train_budget) if train_budget else None,
                        forward_tokens_per_gpu=int(forward_budget) if forward_budget else None,
-                       offload=tuple(sorted(chosen.items())), gpu_memory_utilization=float(util) if util else None,
+                       offload=tuple(sorted(chosen.items())), trainable_offload=trainable_offload(record),
+                       gpu_memory_utilization=float(util) if util else None,
                        rollout_sleep=bool(extra.get("rollout_sleep")), epochs=int(extra.get("epochs", 1)),
                        enforce_eager=_eager(record), vllm_v0_engine=_vllm_v0(record),
                        max_prompt_len=int(record["prompt_len_max"]) if record.get("prompt_len_max") else None,
                        **_step_terms(extra))
+
+
+def trainable_offload(record: Mapping[str, Any]) -> str:
+    """How the record's framework moves a trainable role's offloaded state (``RunSettings.trainable_offload``): verl's
+    FSDP workers load it whole onto the GPU for each phase and offload it after (``per_phase``); any other framework
+    as FSDP2's ``CPUOffloadPolicy`` or ZeRO-Offload run it (``per_unshard``), as hybridflow does."""
+    return "per_phase" if "verl" in str(record.get("framework", "")).lower() else "per_unshard"
 
 
 # What a measured step holds beyond its graph (``step_terms.py``), from a record's ``hybridflow`` mapping: the

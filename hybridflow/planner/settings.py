@@ -27,6 +27,10 @@ class Offload:
 
 NO_OFFLOAD = Offload()
 
+# How a trainable role's offloaded state travels (``RunSettings.trainable_offload``): hybridflow's way, FSDP2's
+# ``CPUOffloadPolicy`` and ZeRO-Offload, or verl's swap around each phase.
+TRAINABLE_OFFLOADS = ("per_unshard", "per_phase")
+
 
 MAX_EPOCHS = 100  # passes over one step's samples; PPO recipes use 1-10, and each pass is a whole update's work
 
@@ -51,6 +55,11 @@ class RunSettings:
     - ``train_tokens_per_gpu`` / ``forward_tokens_per_gpu``: dynamic batching budgets
       [``ppo_max_token_len_per_gpu``, ``log_prob_max_token_len_per_gpu``]; they replace row micro batches.
     - ``offload``: per role [``actor.fsdp_config.param_offload`` ...].
+    - ``trainable_offload``: how a trainable role's offloaded state moves. ``per_unshard`` (the default, as
+      hybridflow's backends run it: FSDP2 ``CPUOffloadPolicy``, ZeRO-Offload): the parameter shard comes in at every
+      unshard, the reduced gradients go out after every reduction and the optimizer steps on the host.
+      ``per_phase`` (verl's FSDP workers, ``load_fsdp_model_to_gpu`` / ``offload_fsdp_model_to_cpu``): the state
+      comes back whole for a phase and leaves after it; verl's published records are costed this way.
     - ``gpu_memory_utilization``: the rollout engine's share of device memory (weights + KV cache);
       None lets the planner size the engine's batch to fit. ``max_num_seqs``: the engine's cap on
       sequences in flight.
@@ -79,6 +88,7 @@ class RunSettings:
     train_tokens_per_gpu: int | None = None
     forward_tokens_per_gpu: int | None = None
     offload: tuple[tuple[str, Offload], ...] = ()
+    trainable_offload: str = "per_unshard"
     gpu_memory_utilization: float | None = None
     max_num_seqs: int = 1024
     rollout_sleep: bool = False
@@ -113,6 +123,10 @@ class RunSettings:
             if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate <= 1:
                 raise ValueError(f"{owner}.{name}={rate!r} must be a rate in [0, 1] per step, e.g. 0.1 for every "
                                  "10th step")
+        if self.trainable_offload not in TRAINABLE_OFFLOADS:
+            raise ValueError(f"{owner}.trainable_offload={self.trainable_offload!r} must be one of "
+                             f"{list(TRAINABLE_OFFLOADS)}: per_unshard as hybridflow runs it (FSDP2 CPUOffloadPolicy, "
+                             "ZeRO-Offload), per_phase as verl does")
         util = self.gpu_memory_utilization
         if util is not None and not 0 < util <= 1:
             raise ValueError(f"{owner}.gpu_memory_utilization={util!r} must be in (0, 1], e.g. 0.6")
@@ -146,6 +160,8 @@ SETTING_KEYS = {
     "train_tokens_per_gpu": "dynamic batching budget of update passes (ppo_max_token_len_per_gpu)",
     "forward_tokens_per_gpu": "dynamic batching budget of forward passes (log_prob_max_token_len_per_gpu)",
     "offload": "per role, what stays in host memory: {actor: [params, optimizer]} or actor=params+optimizer",
+    "trainable_offload": "how a trainable role's offload moves: per_unshard (hybridflow: FSDP2 CPUOffloadPolicy, "
+                         "ZeRO-Offload) or per_phase (verl's swap around each phase)",
     "gpu_memory_utilization": "the rollout engine's share of device memory, in (0, 1]",
     "max_num_seqs": "the rollout engine's cap on sequences in flight",
     "rollout_sleep": "true when the colocated engine frees its memory between rollouts",
@@ -205,6 +221,11 @@ def settings_from_dict(data: Mapping[str, Any], *, mean_response_len: int, where
             if not isinstance(data[key], bool):
                 raise ValueError(f"{where}.{key}={data[key]!r} must be true or false: {SETTING_KEYS[key]}")
             values[key] = data[key]
+    if data.get("trainable_offload") is not None:
+        if data["trainable_offload"] not in TRAINABLE_OFFLOADS:
+            raise ValueError(f"{where}.trainable_offload={data['trainable_offload']!r} must be one of "
+                             f"{list(TRAINABLE_OFFLOADS)}: {SETTING_KEYS['trainable_offload']}")
+        values["trainable_offload"] = data["trainable_offload"]
     if data.get("lengths_from"):
         values["lengths"] = LengthDistribution.from_metrics(str(data["lengths_from"]))
     elif data.get("max_response_len") is not None:

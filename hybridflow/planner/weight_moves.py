@@ -9,12 +9,15 @@ from hybridflow.planner.costs import (
     COLLECTIVE_LATENCY_S,
     Shape,
     host_seconds,
+    per_unshard,
     ring_seconds,
     shard_ranks,
     state_bytes,
+    trainer_shard,
 )
 from hybridflow.planner.devices import DTYPE_BYTES
 from hybridflow.planner.models import ModelSpec
+from hybridflow.planner.offload import host_is_device_memory
 from hybridflow.planner.plan import RoleLayout, Sharding
 
 WEIGHT_TENSOR_S = 1e-3  # per weight tensor refreshed: its gather/broadcast call, conversion and engine load
@@ -51,12 +54,17 @@ def weight_sync(model: ModelSpec, layout: RoleLayout, shape: Shape) -> tuple[flo
 def engine_switch(model: ModelSpec, kind: RoleKind, layout: RoleLayout, shape: Shape) -> float:
     """Seconds a colocated engine's wake and sleep cost per step: the engine's weights go to host memory
     and back when it sleeps (``RunSettings.rollout_sleep``), and an offloaded trainer's weights come in
-    to be resharded into the engine and leave again."""
+    to be resharded into the engine: as hybridflow runs it (``per_unshard``) its parameter shard is copied in at the
+    unshard and nothing is written back (on a CPU device nothing moves); verl's (``per_phase``) weights come in
+    and leave again."""
     seconds = 0.0
     if shape.run.rollout_sleep:
         seconds += 2 * host_seconds(model.params * DTYPE_BYTES[layout.dtype] / layout.rollout_tp, shape)
     if kind.trainable and shape.run.offload_of(layout.role).params:
-        seconds += 2 * host_seconds(state_bytes(model, kind, layout, shape)[0], shape)
+        if not per_unshard(kind, shape):
+            seconds += 2 * host_seconds(state_bytes(model, kind, layout, shape)[0], shape)
+        elif not host_is_device_memory(shape):
+            seconds += host_seconds(trainer_shard(model, layout, shape).unshard_bytes, shape)
     return seconds
 
 

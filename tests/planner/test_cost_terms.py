@@ -174,9 +174,10 @@ def test_update_pays_one_optimizer_step_per_mini_batch():
     assert four.seconds - one.seconds == pytest.approx(3 * optimizer_step, rel=1e-9)
 
 
-def test_offload_moves_its_bytes_over_the_host_link_and_frees_them():
+def test_verls_offload_moves_its_bytes_over_the_host_link_and_frees_them():
+    """verl's per-phase swap (``trainable_offload="per_phase"``); hybridflow's own: test_trainable_offload.py."""
     layout = RoleLayout(role="actor", dp=1, micro_batch_size=8)
-    run = RunSettings(offload={"actor": Offload(params=True, optimizer=True)})
+    run = RunSettings(offload={"actor": Offload(params=True, optimizer=True)}, trainable_offload="per_phase")
     kept = update_cost(MODEL, RoleKind.POLICY, load(Op.UPDATE), layout, shape())
     moved = update_cost(MODEL, RoleKind.POLICY, load(Op.UPDATE), layout, shape(run))
     offloaded = (2 + 12) * MODEL.params  # bf16 weights and fp32 master + Adam states
@@ -190,7 +191,7 @@ def test_offload_moves_its_bytes_over_the_host_link_and_frees_them():
 
 def test_engine_sleep_and_an_offloaded_trainer_cost_host_transfers():
     layout = RoleLayout(role="actor", dp=2, rollout_tp=2)
-    asleep = RunSettings(rollout_sleep=True, offload={"actor": Offload(params=True)})
+    asleep = RunSettings(rollout_sleep=True, offload={"actor": Offload(params=True)}, trainable_offload="per_phase")
     seconds = engine_switch(MODEL, RoleKind.POLICY, layout, shape(asleep, 2))
     engine_weights = MODEL.params * 2 / 2
     trainer_weights = MODEL.params * 2  # NO_SHARD: every rank holds them
