@@ -93,6 +93,10 @@ def check_part(name: str, mode: str, work: Path, out: Path, limit: float) -> dic
                "--result", str(result_file)]
     row = run_part(command, limit=limit, log=out / "logs" / f"{name}.log", env=child_env(mode))
     row.update(limit_s=limit, log=f"logs/{name}.log")
+    if name != "model":
+        shutil.rmtree(work / name, ignore_errors=True)  # its run directory: ~1 GB a part in GPU mode (the export)
+    if row["status"] == "pass" and not result_file.is_file():
+        row.update(status="fail", reason="the part exited 0 without writing its result")
     if row["status"] == "pass":
         row["result"] = json.loads(result_file.read_text())
         problems = row["result"].get("problems") or []

@@ -61,8 +61,8 @@ class Part:
 PARTS = (
     Part(name="attention", summary="packed vs padded bf16 log-probs, packed attention forced onto the flash kernel",
          cuda_only="the flash attention kernel is CUDA's"),
-    Part(name="torch", summary="GRPO, torch backend, bf16, packed, no recomputation"),
-    Part(name="torch-checkpointing", summary="GRPO, torch backend, bf16, packed, gradient checkpointing",
+    Part(name="torch", summary="GRPO, torch backend, packed, no recomputation"),
+    Part(name="torch-checkpointing", summary="GRPO, torch backend, packed, gradient checkpointing",
          checkpointing=True),
     Part(name="fsdp2", summary="GRPO, FSDP2 FULL_SHARD on one rank (NCCL; gloo on a CPU)", backend="fsdp",
          sharding="FULL_SHARD"),
