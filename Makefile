@@ -82,5 +82,31 @@ demo: $(STAMP)
 	@echo "GRPO on string reversal, tiny Qwen2 on CPU, Ray executor (a local Ray starts by itself; ~2 min):"
 	$(BIN)/hybridflow train --config configs/grpo_reverse.yaml executor=ray steps=300 output_dir=runs/demo --overwrite
 
+# A lent GPU machine (docs/benchmarks.md, "GPU check"): the device image's own python and packages, nothing from the
+# network. The checkout runs from source with its entry points written to $(GPU_CHECK_SITE) (no build step); wheels
+# carried in $(GPU_CHECK_WHEELS) (DeepSpeed and its dependencies) are installed there when they install.
+# GPU_CHECK_ARGS="--parts fsdp2,lora" reruns some parts only.
+GPU_CHECK_PYTHON ?= python3
+GPU_CHECK_SITE := .gpu-check-site
+GPU_CHECK_WHEELS ?= wheels
+GPU_CHECK_OUT ?= $(if $(OUT),$(OUT),runs/gpu_check)
+GPU_CHECK_ARGS ?=
+GPU_CHECK_RUN = PYTHONPATH=$(CURDIR):$(CURDIR)/$(GPU_CHECK_SITE) $(GPU_CHECK_PYTHON) benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
+
+.PHONY: gpu-check gpu-check-cpu
+
+gpu-check:
+	rm -rf $(GPU_CHECK_SITE) && $(GPU_CHECK_PYTHON) benchmarks/gpu_check_site.py $(GPU_CHECK_SITE)
+	if ls $(GPU_CHECK_WHEELS)/*.whl >/dev/null 2>&1; then $(GPU_CHECK_PYTHON) -m pip install -q --no-deps --no-index \
+		--target $(GPU_CHECK_SITE) $(GPU_CHECK_WHEELS)/*.whl || echo "the wheels in $(GPU_CHECK_WHEELS) did not install"; fi
+	$(GPU_CHECK_RUN) --out $(GPU_CHECK_OUT)
+
+# The same script on the CPU (tiny model, fp32, gloo; 1-3 min on two cores) with the dev venv's python: what CI runs
+# so that the check cannot rot.
+gpu-check-cpu: GPU_CHECK_PYTHON = $(BIN)/python
+gpu-check-cpu: $(STAMP)
+	rm -rf $(GPU_CHECK_SITE) && $(GPU_CHECK_PYTHON) benchmarks/gpu_check_site.py $(GPU_CHECK_SITE)
+	$(GPU_CHECK_RUN) --cpu --out $(GPU_CHECK_OUT)-cpu
+
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .pytest_cache .ruff_cache
