@@ -22,23 +22,31 @@ from hybridflow.train.file_checks import checkpoint_problem
 pytestmark = pytest.mark.timeout(240)
 
 STEPS = 3
-CUT = 1  # the gate opens once this many steps are logged: the next step's first reward call pauses
+CUT = 1  # the first reward call of step CUT + 1 (1-based) pauses: SIGTERM reaches the run there
+ROWS = 4 * 2  # data.batch_size x algorithm_options.n: reward calls a step
 QUICK = ["model.sft_steps=0", "data.batch_size=4", "data.num_examples=16", "algorithm_options.n=2",
          "algorithm_options.max_new_tokens=6", "progress=false", "tensorboard=false", "plot=false", "trackers=[]",
          f"steps={STEPS}", "checkpoint_every=100"]
 REWARDS = '''
 import os, time
 
-def gated(response, ground_truth):
-    """Once the gate file exists, the first call on a real sample marks it and pauses; every call scores alike."""
-    if response != ground_truth and os.path.exists(os.environ["HF_TEST_GATE"]):
-        try:
-            os.close(os.open(os.environ["HF_TEST_MARKER"], os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-        except FileExistsError:
-            pass
-        else:
+def paused(response, ground_truth):
+    """Call number HF_TEST_PAUSE_AT on a real sample (the probe scores the ground truth) marks HF_TEST_MARKER and
+    sleeps HF_TEST_PAUSE_S; the calls are counted by files claimed in HF_TEST_CALLS (concurrent callers too)."""
+    if response != ground_truth:
+        calls = os.environ["HF_TEST_CALLS"]
+        os.makedirs(calls, exist_ok=True)
+        index = len(os.listdir(calls))
+        while True:
+            try:
+                os.close(os.open(os.path.join(calls, str(index)), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                break
+            except FileExistsError:
+                index += 1
+        if index == int(os.environ["HF_TEST_PAUSE_AT"]):
+            open(os.environ["HF_TEST_MARKER"], "w").close()
             time.sleep(float(os.environ["HF_TEST_PAUSE_S"]))
-    return (len(response) % 4) / 3
+    return (sum(map(ord, response)) % 7) / 6  # varies within a group: the policy trains
 '''
 CLI = "import sys; from hybridflow.cli import main; sys.exit(main(sys.argv[1:]))"
 API = """
@@ -69,13 +77,14 @@ def rewards(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def uninterrupted(rewards: Path, tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    """The metrics of the run no signal interrupts (the gate never opens)."""
+    """The metrics of the run no signal interrupts (no reward call pauses)."""
     run = tmp_path_factory.mktemp("uninterrupted") / "run"
     with pytest.MonkeyPatch.context() as env:
-        env.setenv("HF_TEST_GATE", str(run / "no-gate"))
-        env.setenv("HF_TEST_MARKER", str(run / "no-marker"))
+        env.setenv("HF_TEST_CALLS", str(run.parent / "calls"))
+        env.setenv("HF_TEST_MARKER", str(run.parent / "marker"))
+        env.setenv("HF_TEST_PAUSE_AT", "-1")
         env.setenv("HF_TEST_PAUSE_S", "0")
-        assert main(["train", *QUICK, f"output_dir={run}", f"data.reward={rewards}:gated"]) == 0
+        assert main(["train", *QUICK, f"output_dir={run}", f"data.reward={rewards}:paused"]) == 0
     return _rows(run)
 
 
@@ -86,20 +95,16 @@ def _rows(run: Path) -> list[dict[str, Any]]:
 
 def _preempted(tmp_path: Path, rewards: Path, *words: str, pause_s: float, script: str = CLI
                ) -> tuple[int, str, float]:
-    """Start a run, open the gate once CUT steps are logged, SIGTERM it once the next step's reward pauses;
-    returns the exit code, stderr and the seconds from the signal to the exit."""
-    run, gate, marker = tmp_path / "run", tmp_path / "gate", tmp_path / "marker"
-    env = {**os.environ, "HF_TEST_GATE": str(gate), "HF_TEST_MARKER": str(marker), "HF_TEST_PAUSE_S": str(pause_s),
-           "OMP_NUM_THREADS": "1"}
+    """Start a run and SIGTERM it once step CUT + 1's first reward call pauses; returns the exit code, stderr and
+    the seconds from the signal to the exit."""
+    run, marker = tmp_path / "run", tmp_path / "marker"
+    env = {**os.environ, "HF_TEST_CALLS": str(tmp_path / "calls"), "HF_TEST_MARKER": str(marker),
+           "HF_TEST_PAUSE_AT": str(CUT * ROWS), "HF_TEST_PAUSE_S": str(pause_s), "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-c", script, *(["train"] if script == CLI else []), *QUICK, f"output_dir={run}",
-               f"data.reward={rewards}:gated", *words]
+               f"data.reward={rewards}:paused", *words]
     process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 180
-        while process.poll() is None and time.monotonic() < deadline and not (
-                (run / "metrics.jsonl").is_file() and len((run / "metrics.jsonl").read_text().splitlines()) >= CUT):
-            time.sleep(0.1)
-        gate.touch()
         while not marker.exists() and process.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
         assert marker.exists(), f"the run never reached step {CUT + 1}'s reward: {process.communicate()[1]}"
@@ -112,9 +117,15 @@ def _preempted(tmp_path: Path, rewards: Path, *words: str, pause_s: float, scrip
     return process.returncode, err, time.monotonic() - sent
 
 
-def _resumed_equals(tmp_path: Path, rewards: Path, uninterrupted: list[dict[str, Any]], *words: str) -> None:
+def _resumed_equals(tmp_path: Path, rewards: Path, uninterrupted: list[dict[str, Any]],
+                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--resume`` (in this process, no reward call pausing) ends with the uninterrupted run's metrics."""
     run = tmp_path / "run"
-    assert main(["train", "--resume", *QUICK, f"output_dir={run}", f"data.reward={rewards}:gated", *words]) == 0
+    monkeypatch.setenv("HF_TEST_CALLS", str(tmp_path / "calls"))
+    monkeypatch.setenv("HF_TEST_MARKER", str(tmp_path / "marker"))
+    monkeypatch.setenv("HF_TEST_PAUSE_AT", "-1")
+    monkeypatch.setenv("HF_TEST_PAUSE_S", "0")
+    assert main(["train", "--resume", *QUICK, f"output_dir={run}", f"data.reward={rewards}:paused"]) == 0
     assert _rows(run) == uninterrupted
 
 
@@ -140,9 +151,7 @@ def test_sigterm_finishes_the_step_in_flight_checkpoints_it_and_resume_continues
     assert (f"hybridflow train: error: terminated (SIGTERM) after {done} of {STEPS} steps: checkpoint "
             f"step_{done:06d} written; resume with --resume") in err, err
     _intact_checkpoint(tmp_path / "run", done)
-    monkeypatch.setenv("HF_TEST_GATE", str(tmp_path / "gate"))  # open, and its one pause spent (marker exists)
-    monkeypatch.setenv("HF_TEST_MARKER", str(tmp_path / "marker"))
-    _resumed_equals(tmp_path, rewards, uninterrupted)
+    _resumed_equals(tmp_path, rewards, uninterrupted, monkeypatch)
 
 
 def test_a_step_past_the_grace_is_abandoned_and_the_one_before_it_checkpointed(
@@ -154,9 +163,7 @@ def test_a_step_past_the_grace_is_abandoned_and_the_one_before_it_checkpointed(
             f"within sigterm_grace_s=1 and was abandoned; checkpoint step_{CUT:06d} written; resume with --resume"
             ) in err, err
     _intact_checkpoint(tmp_path / "run", CUT)
-    monkeypatch.setenv("HF_TEST_GATE", str(tmp_path / "gate"))
-    monkeypatch.setenv("HF_TEST_MARKER", str(tmp_path / "marker"))
-    _resumed_equals(tmp_path, rewards, uninterrupted)
+    _resumed_equals(tmp_path, rewards, uninterrupted, monkeypatch)
 
 
 @pytest.mark.ray
