@@ -178,3 +178,28 @@ def test_under_ray_the_python_api_raises_terminated_after_the_checkpoint_not_sys
     assert "SystemExit" not in err and "Traceback" not in err, err
     assert f"Terminated: after {CUT + 1} of {STEPS} steps: checkpoint step_{CUT + 1:06d} written" in err, err
     _intact_checkpoint(tmp_path / "run", CUT + 1)
+
+
+def test_reward_workers_outlive_a_sigterm_to_the_process_group(rewards: Path, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchrun (and ``kill -- -PGID``) SIGTERMs a rank's whole process group: the reward processes leave the
+    signal to the driver, which needs them to finish the step in flight, and kills them when it closes the pool."""
+    from hybridflow.data.reward_functions import Sample
+    from hybridflow.data.reward_pool import RewardPool
+    from hybridflow.data.rewards import load_reward_functions
+
+    monkeypatch.setenv("HF_TEST_CALLS", str(tmp_path / "calls"))
+    monkeypatch.setenv("HF_TEST_PAUSE_AT", "-1")
+    pool = RewardPool(load_reward_functions(f"{rewards}:paused"), timeout_s=60, workers=1)
+    try:
+        sample = Sample(index=0, prompt="p", prompt_text="p", response="abc", ground_truth="x")
+        assert pool.score([sample]) == [[(sum(map(ord, "abc")) % 7) / 6]]
+        for worker in pool._started:
+            worker.process.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        assert all(worker.process.poll() is None for worker in pool._started)
+        assert pool.score([sample]) == [[(sum(map(ord, "abc")) % 7) / 6]]
+    finally:
+        pool.close()
+    for worker in pool._started:
+        assert worker.process.wait(timeout=10) == -signal.SIGKILL
