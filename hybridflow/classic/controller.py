@@ -173,7 +173,6 @@ class SingleController:
         from hybridflow.train.config import ModelConfig, RoleConfig
         from hybridflow.train.loop import train
         from hybridflow.train.setup import layout_support
-        from hybridflow.train.signals import sigterm_as_interrupt
 
         # A role the strategy shards runs on FSDP (as verl's FSDP workers do) unless the settings name its
         # backend; the mapping is costed for those backends, and each role's micro batch is the plan's.
@@ -203,8 +202,8 @@ class SingleController:
         if resume:
             assert self._resume_from is not None
             _copy_tree(self._resume_from / "checkpoint", run_dir / "checkpoints" / self._resume_name)
-        with sigterm_as_interrupt():  # SIGTERM stops the run as Ctrl-C does: Terminated, a KeyboardInterrupt
-            self.result = train(settings, resume=resume, graph=graph, plan=plan)
+        # SIGTERM: train() checkpoints the last finished step and raises Terminated (hybridflow/train/signals.py)
+        self.result = train(settings, resume=resume, graph=graph, plan=plan)
         return self.result
 
     def _backend(self, role: str) -> str | None:

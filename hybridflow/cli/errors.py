@@ -27,8 +27,9 @@ _BAD_INPUT_TYPES: tuple[type[BaseException], ...] = (ValueError, KeyError, TypeE
 
 def describe(err: BaseException) -> tuple[int, str]:
     """``(exit code, one line)`` for ``err``."""
-    if isinstance(err, Terminated):
-        return TERMINATED, "terminated (SIGTERM); a run resumes from its last checkpoint with --resume"
+    if isinstance(err, Terminated):  # a run's own says which checkpoint it wrote (hybridflow/train/preemption.py)
+        return TERMINATED, f"terminated (SIGTERM) {err}" if str(err) else \
+            "terminated (SIGTERM); a run resumes from its last checkpoint with --resume"
     if isinstance(err, KeyboardInterrupt):
         return INTERRUPTED, "interrupted; a run resumes from its last checkpoint with --resume"
     chain = list(_chain(err))

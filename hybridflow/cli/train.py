@@ -6,8 +6,6 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from hybridflow.train.signals import sigterm_as_interrupt
-
 
 def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser("train", help="train a policy with an RL graph (local or Ray executor)")
@@ -28,10 +26,10 @@ def run(args: argparse.Namespace) -> int:
 
     # Scripts that build their own namespace (examples/train_ppo.py under torchrun) may lack the newer flags.
     config = _load(args.config, args.overrides)
-    with sigterm_as_interrupt():  # stops the run like Ctrl-C (hybridflow/train/signals.py)
-        result = train(config, resume=args.resume,
-                       overwrite=getattr(args, "overwrite", False), resume_from=getattr(args, "resume_from", None),
-                       allow_config_change=getattr(args, "allow_config_change", False))
+    # SIGTERM: train() checkpoints the last finished step and raises Terminated (hybridflow/train/signals.py)
+    result = train(config, resume=args.resume,
+                   overwrite=getattr(args, "overwrite", False), resume_from=getattr(args, "resume_from", None),
+                   allow_config_change=getattr(args, "allow_config_change", False))
     for line in summary(result, config):
         print(line)
     return 0

@@ -217,7 +217,11 @@ def reward_timeout(rewards: Sequence[Any], timeout_s: float) -> float | None:
 def serve_fd(fd: int) -> None:
     """A worker process, on its end of the socket ``fd``: load the functions, answer requests until it closes."""
     _die_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the driver handles it
+    # Ctrl-C reaches the whole process group, and so does a SIGTERM from torchrun (to each rank's group) or a
+    # `kill -- -PGID`: the driver handles both, and a SIGTERM lets the step in flight finish, which needs this
+    # process. It still dies with the driver (above) and when the pool closes (SIGKILL).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     connection = Connection(fd)
     try:
         rewards = [_rebuild(item) for item in pickle.loads(connection.recv_bytes())]

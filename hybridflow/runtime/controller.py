@@ -106,6 +106,7 @@ class Controller:
         self._driver = ThreadPoolExecutor(2, thread_name_prefix="driver")
         self.ledger = StepLedger(len(self.groups))
         self.node_states = _node_states(graph)
+        self._step_calls: list[tuple[Node, Future[Outcome] | None]] = []  # the step in flight's (abandon_step)
         try:
             self._adapter_shipping = adapter_shipping(plan, check_capabilities(graph, plan, self.groups))
             self._targets = self._make_targets()
@@ -146,6 +147,7 @@ class Controller:
         scheduler (:mod:`.scheduler`).
         """
         self.ledger.begin_step()
+        self._step_calls = []
         record = StepRecord()
         source = self._partitions(with_uids(batch, 0), step, record, more, upcoming)
         scheduler = Scheduler(self.graph, submit=self._submit, finished=partial(self._finished, record),
@@ -197,10 +199,29 @@ class Controller:
         outcome = self._targets[self._placed_role(found)].submit_rows(found, prompts, seed).result()
         return prompts.union(outcome.outputs)
 
+    def abandon_step(self) -> bool:
+        """Give up the step in flight (its caller stopped waiting, e.g. a SIGTERM's grace ran out): its calls not
+        yet started are cancelled; a call already running finishes on its queue, before anything queued later
+        (a checkpoint). Returns whether what a checkpoint holds is still as the last finished step left it: no
+        update and no compute node keeping state across steps has started, and the mode does not overlap the
+        rollout with training (its rollout state moves as soon as the step takes a batch)."""
+        for _, call in self._step_calls:
+            if call is not None:
+                call.cancel()
+        if self._overlap is not None:
+            return False
+        # A call still None was being submitted when the caller stopped waiting: it may have started.
+        return not any((node.op is Op.UPDATE or node.name in self.node_states)
+                       and (call is None or not call.cancelled()) for node, call in self._step_calls)
+
     def _submit(self, node: Node, state: Batch, seed: int, part: int | None) -> Future[Outcome]:
+        self._step_calls.append((node, None))
         if node.op is Op.COMPUTE:
-            return self._driver.submit(timed, lambda: _run_compute(node, state, self.node_states.get(node.name)))
-        return self._target(node).submit(node, state, seed, part=part)
+            call = self._driver.submit(timed, lambda: _run_compute(node, state, self.node_states.get(node.name)))
+        else:
+            call = self._target(node).submit(node, state, seed, part=part)
+        self._step_calls[-1] = (node, call)
+        return call
 
     def _target(self, node: Node) -> Target:
         """Where ``node`` runs: its driver scorer, or its role's (or detached rollout's) group."""

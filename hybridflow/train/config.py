@@ -247,6 +247,9 @@ class TrainConfig:
     critic: OptimConfig = field(default_factory=lambda: OptimConfig(lr=3e-3))
     output_dir: str = "runs/train"
     checkpoint_every: int = 0
+    # SIGTERM: the step in flight gets this long to finish (else it is abandoned), then the last finished step is
+    # checkpointed and the run exits 143; 0: stop at once, no checkpoint (hybridflow/train/preemption.py)
+    sigterm_grace_s: float = 20.0
     keep_checkpoints: int = 0  # > 0: only the newest K checkpoints stay on disk
     validation_every: int = 0  # > 0: a validation pass every N steps (and after the last step)
     validation_samples: int = 8  # completions per validation pass kept in the samples table
@@ -302,6 +305,9 @@ class TrainConfig:
                 raise ValueError(f"config key {name!r}={getattr(self, name)} must be >= 1")
         if self.checkpoint_every < 0:
             raise ValueError(f"config key 'checkpoint_every'={self.checkpoint_every} must be >= 0 (0: never)")
+        if not 0 <= self.sigterm_grace_s < math.inf:
+            raise ValueError(f"config key 'sigterm_grace_s'={self.sigterm_grace_s} must be a number of seconds >= 0 "
+                             "(0: a SIGTERM stops the run at once, without a checkpoint)")
         for name in ("keep_checkpoints", "validation_every", "console_metrics_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"config key {name!r}={getattr(self, name)} must be >= 0 (0: off)")

@@ -313,8 +313,9 @@ TRL: dict[str, ForeignKey] = {
     "save_on_each_node": _noop("save on every node", "checkpoints are written once per run here"),
     "save_total_limit": _conv(lambda v, c: {} if v is None else {"keep_checkpoints": v}, "checkpoints kept",
                               "keep_checkpoints"),
-    "enable_jit_checkpoint": _no("checkpoint on a preemption signal", "not supported: SIGTERM stops a run, "
-                                 "--resume restarts it from its last checkpoint"),
+    "enable_jit_checkpoint": _conv(lambda v, c: {} if v else {"sigterm_grace_s": 0}, "checkpoint on a preemption "
+                                   "signal", "true: what SIGTERM does here anyway (sigterm_grace_s); false: "
+                                   "sigterm_grace_s 0, SIGTERM stops at once"),
     "push_to_hub": _no("upload to the Hub", "no Hub uploads: hybridflow export, then huggingface-cli upload"),
     "hub_token": _noop("Hub token", _HUB),
     "hub_private_repo": _noop("Hub repo privacy", _HUB),

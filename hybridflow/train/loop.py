@@ -6,7 +6,7 @@ import json
 import sys
 import time
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from functools import partial
@@ -25,9 +25,11 @@ from hybridflow.train.checkpoint import save_checkpoint
 from hybridflow.train.config import TrainConfig
 from hybridflow.train.export import export_policy
 from hybridflow.train.metrics import MetricsWriter, console_line, step_metrics
+from hybridflow.train.preemption import Preemption
 from hybridflow.train.prepare import PreparedRun, prepare_run
 from hybridflow.train.retention import prune_checkpoints
 from hybridflow.train.rundir import begin_run
+from hybridflow.train.signals import GracefulStop, Terminated, stop_on_sigterm
 from hybridflow.train.validation import TABLE, validate
 
 
@@ -57,15 +59,17 @@ def train(config: TrainConfig, *, resume: bool = False, graph: Graph | None = No
     reward functions as objects (callables or ``data.reward`` specs), in place of ``data.reward``
     (:class:`~hybridflow.train.trainer.GRPOTrainer`).
     """
-    prepared = prepare_run(config, graph=graph, plan=plan, specs=specs, note=partial(_note, config), rewards=rewards)
-    try:
-        return _train(prepared, resume=resume, overwrite=overwrite, resume_from=resume_from,
-                      allow_config_change=allow_config_change)
-    finally:
-        prepared.scorer.close()  # its worker processes
+    with stop_on_sigterm(config.sigterm_grace_s) as stop:  # hybridflow/train/signals.py
+        prepared = prepare_run(config, graph=graph, plan=plan, specs=specs, note=partial(_note, config),
+                               rewards=rewards)
+        try:
+            return _train(prepared, stop, resume=resume, overwrite=overwrite, resume_from=resume_from,
+                          allow_config_change=allow_config_change)
+        finally:
+            prepared.scorer.close()  # its worker processes
 
 
-def _train(prepared: PreparedRun, *, resume: bool, overwrite: bool, resume_from: str | None,
+def _train(prepared: PreparedRun, stop: GracefulStop, *, resume: bool, overwrite: bool, resume_from: str | None,
            allow_config_change: bool) -> TrainResult:
     config, graph, plan = prepared.config, prepared.graph, prepared.plan
     run_dir = Path(config.output_dir).resolve()  # Ray workers run elsewhere: every path they see is absolute
@@ -104,37 +108,56 @@ def _train(prepared: PreparedRun, *, resume: bool, overwrite: bool, resume_from:
             before = validation(val_data.records)
             writer.write_table(-1, TABLE, before.samples)  # step -1: the weights before any update
         scorer.drain_means()  # the probe's and validation's scores are not the first step's
-        for step in progress:
-            began = time.perf_counter()
-            running.step = step
-            # A filter's extra rounds draw prompts from beyond the run's own steps, so reruns see the same ones.
-            more = partial(_extra_prompts, loader, config.steps, step)
-            upcoming = partial(_upcoming, loader, horizon)
-            result = controller.step(loader.batch(step), step=step, more=more, upcoming=upcoming)
-            metrics = step_metrics(result, time.perf_counter() - began, graph)
-            metrics.update(scorer.drain_means())
-            if step == 0:  # once per run (a resumed run keeps step 0's line)
-                metrics.update(data_metrics)
-            if before is not None and step == start:
-                metrics.update(before.metrics)
-            if val_data is not None and config.validation_every and (
-                    (step + 1) % config.validation_every == 0 or step + 1 == config.steps):
-                checked = validation(val_data.records)
-                metrics.update(checked.metrics)
-                writer.write_table(step, TABLE, checked.samples)
-            writer.write(step, metrics)
-            history.append({"step": step, **metrics})
-            progress.show(metrics)
-            if config.console_metrics_every and (step + 1) % config.console_metrics_every == 0:
-                print(console_line(step, config.steps, metrics), file=sys.stderr, flush=True)
-            if checkpoint_due(step, config):
-                def write_roles(directory: str) -> None:  # role states plus the hf/ view beside them
-                    controller.save_checkpoint(directory)
-                    if not adapter_policy:  # a LoRA checkpoint stays adapter-sized: its base is model_dir
-                        export_policy(controller, graph, model_dir, tokenizer, Path(directory).parent / "hf")
 
-                save_checkpoint(run_dir, step + 1, write_roles, {"seed": config.seed, "fingerprint": begin.fingerprint})
-                prune_checkpoints(run_dir, config.keep_checkpoints)
+        def write_roles(directory: str) -> None:  # role states plus the hf/ view beside them
+            controller.save_checkpoint(directory)
+            if not adapter_policy:  # a LoRA checkpoint stays adapter-sized: its base is model_dir
+                export_policy(controller, graph, model_dir, tokenizer, Path(directory).parent / "hf")
+
+        def write_checkpoint(done: int) -> Path:
+            written = save_checkpoint(run_dir, done, write_roles, {"seed": config.seed,
+                                                                   "fingerprint": begin.fingerprint})
+            prune_checkpoints(run_dir, config.keep_checkpoints)
+            return written
+
+        preemption = Preemption(stop=stop, steps=config.steps, write=write_checkpoint)
+        if checkpoint is not None and run_dir in checkpoint.resolve().parents:  # --resume-from another run's: not
+            preemption.saved(start, checkpoint)  # where --resume looks, so a SIGTERM before a step writes one here
+        with stop.deferred():  # a SIGTERM from here on checkpoints the last finished step (preemption.py)
+            for step in progress:
+                preemption.check(done=step)
+                began = time.perf_counter()
+                running.step = step
+                # A filter's extra rounds draw prompts from beyond the run's own steps, so reruns see the same ones.
+                more = partial(_extra_prompts, loader, config.steps, step)
+                upcoming = partial(_upcoming, loader, horizon)
+                try:
+                    with stop.abandonable():
+                        result = controller.step(loader.batch(step), step=step, more=more, upcoming=upcoming)
+                except Terminated:
+                    if not stop.abandoned:
+                        raise
+                    raise preemption.abandoned(step, intact=controller.abandon_step()) from None
+                metrics = step_metrics(result, time.perf_counter() - began, graph)
+                metrics.update(scorer.drain_means())
+                if step == 0:  # once per run (a resumed run keeps step 0's line)
+                    metrics.update(data_metrics)
+                if before is not None and step == start:
+                    metrics.update(before.metrics)
+                if val_data is not None and config.validation_every and (
+                        (step + 1) % config.validation_every == 0 or step + 1 == config.steps):
+                    checked = _validated(stop, validation, val_data.records)
+                    if checked is not None:
+                        metrics.update(checked.metrics)
+                        writer.write_table(step, TABLE, checked.samples)
+                writer.write(step, metrics)
+                history.append({"step": step, **metrics})
+                progress.show(metrics)
+                if config.console_metrics_every and (step + 1) % config.console_metrics_every == 0:
+                    print(console_line(step, config.steps, metrics), file=sys.stderr, flush=True)
+                if checkpoint_due(step, config):
+                    preemption.saved(step + 1, write_checkpoint(step + 1))
+            # A SIGTERM during the last step ends no run early: it has finished, and exports final/ as usual.
         _note(config, f"exporting the final policy to {run_dir / 'final'}")
         exported = export_policy(controller, graph, model_dir, tokenizer, run_dir / "final")
     writer.close()
@@ -146,6 +169,20 @@ def _train(prepared: PreparedRun, *, resume: bool, overwrite: bool, resume_from:
         curve = run_dir / "plots" / "reward.png" if (run_dir / "plots" / "reward.png").is_file() else None
     return TrainResult(run_dir=run_dir, metrics_path=writer.path, curve_path=curve, history=history,
                        start_step=start, report_path=report, export_path=exported)
+
+
+def _validated(stop: GracefulStop, validation: Callable[[Any], Any], records: Any) -> Any:
+    """A validation pass, or None when a SIGTERM asked to stop before it (none is started) or during it past
+    the grace (it is abandoned: the step it follows is finished and gets checkpointed)."""
+    if stop.requested:
+        return None
+    try:
+        with stop.abandonable():
+            return validation(records)
+    except Terminated:
+        if not stop.abandoned:
+            raise
+        return None
 
 
 def checkpoint_due(step: int, config: TrainConfig) -> bool:

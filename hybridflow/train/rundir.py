@@ -29,7 +29,8 @@ from hybridflow.train.file_checks import checkpoint_problem
 # Keys that change how a run is executed, observed or how long it goes, not what a step computes:
 # resuming with other values is the normal case (more steps, another executor, a quieter console).
 RUN_ONLY_KEYS = ("steps", "output_dir", "executor", "ray_address", "progress", "plot", "tensorboard", "trackers",
-                 "checkpoint_every", "keep_checkpoints", "validation_every", "validation_samples", "liveness")
+                 "checkpoint_every", "sigterm_grace_s", "keep_checkpoints", "validation_every", "validation_samples",
+                 "liveness")
 # What hybridflow writes into a run directory; --overwrite removes only these (never a user's other files).
 RUN_FILES = ("config.json", "plan.json", "metrics.jsonl", "checkpoints", "tensorboard", "reward_curve.png",
              "report.html", "plots", "final", "validation_samples.jsonl", "torchrun_workers.json",

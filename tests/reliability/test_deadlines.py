@@ -297,8 +297,9 @@ def test_sigterm_stops_a_cli_run_like_ctrl_c(executor: str, rewards: Path, tmp_p
         pytest.importorskip("ray")
     marker = tmp_path / "scoring"
     env = {**os.environ, "HF_TEST_MARKER": str(marker), "OMP_NUM_THREADS": "1"}
+    # sigterm_grace_s=0: at once, as Ctrl-C (the checkpointing stop: tests/reliability/test_preemption.py)
     words = [*QUICK, f"output_dir={tmp_path / 'run'}", f"data.reward={rewards}:marks_then_sleeps",
-             f"executor={executor}"]
+             f"executor={executor}", "sigterm_grace_s=0"]
     process = subprocess.Popen([sys.executable, "-c", CLI, "train", *words], env=env,
                                stderr=subprocess.PIPE, text=True)
     try:

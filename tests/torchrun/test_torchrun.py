@@ -174,7 +174,8 @@ def test_sigterm_to_a_torchrun_job_stops_it_like_ctrl_c(tmp_path: Path) -> None:
     torchrun = Path(sys.executable).parent / "torchrun"
     command = [str(torchrun), "--standalone", "--nproc_per_node=2", str(ROOT / "examples" / "train_ppo.py"),
                "--config", str(CONFIG), "steps=1", f"output_dir={tmp_path / 'run'}", "model.sft_steps=0",
-               "data.batch_size=4", "data.num_examples=16", f"data.reward={tmp_path / 'rewards.py'}:marks_then_sleeps"]
+               "data.batch_size=4", "data.num_examples=16", f"data.reward={tmp_path / 'rewards.py'}:marks_then_sleeps",
+               "sigterm_grace_s=1"]  # rank 0 abandons the hung step after 1 s, well inside torchrun's 30 s
     process = subprocess.Popen(command, cwd=tmp_path, env=_env(HF_TEST_MARKER=str(marker)), text=True,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:

@@ -56,3 +56,15 @@ def test_a_partial_optimizer_section_keeps_the_roles_default_lr(tmp_path: Path) 
     assert (config.actor.lr, config.actor.grad_clip) == (TrainConfig().actor.lr, 0.5) == (1e-3, 0.5)
     assert (config.critic.lr, config.critic.warmup_steps) == (3e-3, 2)
     assert load_config(path, ["actor.lr=2e-5"]).actor.lr == 2e-5
+
+
+@pytest.mark.parametrize("value", ["-1", ".inf", "soon"])
+def test_a_bad_sigterm_grace_is_named(value: str) -> None:
+    with pytest.raises((ValueError, TypeError), match=r"'sigterm_grace_s'"):
+        load_config(None, [f"sigterm_grace_s={value}"])
+
+
+def test_trls_jit_checkpoint_maps_onto_the_sigterm_grace() -> None:
+    assert load_config(None, ["sigterm_grace_s=5"]).sigterm_grace_s == 5.0
+    assert load_config(None, ["enable_jit_checkpoint=true"]).sigterm_grace_s == TrainConfig().sigterm_grace_s > 0
+    assert load_config(None, ["enable_jit_checkpoint=false"]).sigterm_grace_s == 0  # TRL's: SIGTERM stops at once
