@@ -52,8 +52,9 @@ def check_numbers(settings: Mapping[str, Any], *, config: str | None, from_file:
             continue
         number = float(given) if isinstance(given, int | float) and not isinstance(given, bool) else math.nan
         if not math.isfinite(number) or not (least <= number if closed else least < number) or number > most:
-            span = f"{'[' if closed else '('}{least:g}, {most:g}]"
-            raise ValueError(f"{option_name(key, config, from_file)}={given!r} must be a finite number in {span}")
+            span = f"in {'[' if closed else '('}{least:g}, {most:g}]" if math.isfinite(most) else \
+                f"{'>=' if closed else '>'} {least:g}"
+            raise ValueError(f"{option_name(key, config, from_file)}={given!r} must be a finite number {span}")
 
 
 def model_spec(text: str, name: str) -> ModelSpec:
