@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import numbers
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -134,8 +136,16 @@ class _Runner:
             raise EnvironmentFailure(f"environment {self.trajectory.environment!r} raised in {what} {where}: "
                                      f"{type(err).__name__}: {err}") from err
 
+    def _returned(self, what: str, value: object, wanted: str) -> EnvironmentFailure:
+        """A failure naming the environment, the method, what it returned and should have, the row and turn."""
+        return EnvironmentFailure(f"environment {self.trajectory.environment!r} returned {_shown(value)} from "
+                                  f"{what} on row {self.record.index} (turn {self.trajectory.turns}); {wanted}")
+
     def start(self) -> None:
         shown = self._call("reset", self.env.reset, self.record)
+        if not (shown is None or isinstance(shown, Prompt) or _messages(shown)):
+            raise self._returned("reset", shown, "reset must return a list of messages (dicts with 'role' and "
+                                 "'content'), [] or a Prompt")
         if isinstance(shown, Prompt):  # the environment's own prompt replaces the row's
             self.trajectory.prompt_ids = self.renderer.prompt_ids(shown.messages, tools=shown.tools)
         elif shown:  # messages before the first turn: nothing is sampled yet, so the prompt is rendered anew
@@ -170,6 +180,12 @@ class _Runner:
             trajectory.truncated, self.live = True, False
             return
         step: EnvStep = self._call("step", self.env.step, text)
+        if not isinstance(step, EnvStep) or not _messages(step.observation):
+            raise self._returned("step", step, "step must return an EnvStep(observation=[messages], reward=float, "
+                                 "done=bool)")
+        if isinstance(step.reward, bool) or not isinstance(step.reward, numbers.Real) or not math.isfinite(step.reward):
+            raise self._returned("step", step, "its reward must be a finite number (the run's reward, and so the "
+                                 "loss, would not be one)")
         trajectory.env_reward += float(step.reward)
         trajectory.tool_results.extend(step.tool_results)
         trajectory.parse_errors += int(step.info.get("parse_errors", 0))
@@ -185,6 +201,16 @@ class _Runner:
             return
         trajectory.extend(observation, sampled=False)
         trajectory.transcript.extend(step.observation)
+
+
+def _messages(value: object) -> bool:
+    return isinstance(value, list) and all(isinstance(item, dict) for item in value)
+
+
+def _shown(value: object, width: int = 120) -> str:
+    text = repr(value)
+    text = text[:width] + "..." if len(text) > width else text
+    return text if text.startswith(type(value).__name__) else f"{type(value).__name__} {text}"
 
 
 class _Late(Exception):

@@ -13,11 +13,11 @@ default ``fit.HELD``: constants such runs do not constrain), writes ``--out`` fo
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
+from hybridflow.files import read_json, read_yaml
 from hybridflow.planner.calibration import FORMAT, Calibration
 from hybridflow.planner.fit import FITTED, HELD, describe, fit_calibration, loss
 from hybridflow.planner.published import MeasuredCase, case_from_record
@@ -46,7 +46,7 @@ def add_parser(subparsers: Any) -> None:
 
 
 def _published_cases(path: str) -> list[MeasuredCase]:
-    records = json.loads(Path(path).read_text())
+    records = read_json(path, what="--published")
     if not isinstance(records, list):
         raise ValueError(f"{path}: expected a JSON list of run records")
     cases = [case_from_record(record) for record in records]
@@ -89,15 +89,14 @@ def _run_case(spec: str, skip_steps: int, prompt_len: int | None = None) -> Meas
         raise FileNotFoundError(f"--run {spec}: no planner inputs: neither {Path(folder) / 'config.json'} (a "
                                 f"`hybridflow train` run directory) nor {config_path}; pass a run directory or write "
                                 "a `hybridflow plan --config` YAML (cluster, models, batch_size, prompt_len...)")
-    import yaml
-
-    options = yaml.safe_load(config_path.read_text()) or {}
+    options = read_yaml(config_path, what=f"--run {spec}: planner inputs") or {}
     if not isinstance(options, dict) or "cluster" not in options:
         raise ValueError(f"{config_path}: needs at least 'cluster' and 'models' keys")
     graph = load_graph(str(options.get("algorithm", "ppo")), reward_kind=options.get("reward_kind", "reward_model"))
     gpu_roles = [role.name for role in graph.roles if role.kind.needs_gpu]
     given = {str(k): str(v) for k, v in (options.get("models") or {}).items()}
-    models = _models(graph.role_names, gpu_roles, given)
+    models = _models(graph.role_names, gpu_roles, given,
+                     {role: f"{config_path}: models.{role}={model}" for role, model in given.items()})
     workload = Workload(batch_size=int(options.get("batch_size", 1024)), prompt_len=int(options.get("prompt_len", 512)),
                         response_len=int(options.get("response_len", 512)), n_samples=options.get("n_samples"))
     return case_from_run(folder, graph=graph, models=models, workload=workload, cluster=build_cluster(options),

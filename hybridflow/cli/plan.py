@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
+from hybridflow.cli.plan_options import check_numbers, model_spec
+from hybridflow.files import read_yaml
 from hybridflow.graph import Workload, load_graph
 from hybridflow.planner import Cluster, InfeasibleError, LayoutSupport, ModelSpec, Plan, PlannerOptions, plan_placement
 from hybridflow.planner.adapters import LoraPlan
@@ -167,14 +168,15 @@ def build_cluster(settings: dict[str, Any]) -> Cluster:
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
     settings = dict(DEFAULTS)
     models: dict[str, str] = {}
+    sources: dict[str, str] = {}  # role -> where its model was named
     if args.config:
-        import yaml
-
-        loaded = yaml.safe_load(Path(args.config).read_text()) or {}
+        loaded = read_yaml(args.config, what="--config") or {}
         if not isinstance(loaded, dict):
             raise ValueError(f"{args.config}: expected a mapping of options")
         models.update({str(k): str(v) for k, v in (loaded.pop("models", None) or {}).items()})
+        sources.update({role: f"{args.config}: models.{role}={model}" for role, model in models.items()})
         settings.update(loaded)
+        settings["from_file"] = set(loaded)
     for key, value in vars(args).items():
         if value is not None and key not in ("model", "config", "json", "run", "command", "device", "offload",
                                              "backend"):
@@ -192,7 +194,8 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
             raise ValueError(f"--model names role {key!r} twice; give each role one model")
         seen.add(key)
         models[key] = value
-    settings["models"] = models
+        sources[key] = f"--model {item.strip()}"
+    settings["models"], settings["model_sources"] = models, sources
     return settings
 
 
@@ -242,7 +245,8 @@ def backend_support(items: list[str], gpu_roles: list[str]) -> dict[str, LayoutS
     return support
 
 
-def _models(graph_roles: list[str], gpu_roles: list[str], given: dict[str, str]) -> dict[str, ModelSpec]:
+def _models(graph_roles: list[str], gpu_roles: list[str], given: dict[str, str],
+            sources: dict[str, str] | None = None) -> dict[str, ModelSpec]:
     unknown = sorted(set(given) - set(graph_roles) - {"*"})
     if unknown:
         raise ValueError(f"--model names roles {unknown} that the algorithm lacks; roles: {graph_roles}")
@@ -251,7 +255,8 @@ def _models(graph_roles: list[str], gpu_roles: list[str], given: dict[str, str])
         text = given.get(role, given.get("*"))
         if text is None:
             raise ValueError(f"no model for role {role!r}; add --model {role}=llama3-8b (or a bare --model MODEL)")
-        specs[role] = ModelSpec.parse(text)
+        source = role if role in given else "*"
+        specs[role] = model_spec(text, (sources or {}).get(source, f"--model {text}"))
     return specs
 
 
@@ -263,9 +268,7 @@ TRAIN_ONLY_KEYS = frozenset({"placement", "meshes", "plan_file", "data", "model"
 def is_train_config(path: str | None) -> bool:
     if not path:
         return False
-    import yaml
-
-    loaded = yaml.safe_load(Path(path).read_text()) or {}
+    loaded = read_yaml(path, what="--config") or {}
     return isinstance(loaded, dict) and bool(TRAIN_ONLY_KEYS & set(loaded))
 
 
@@ -291,10 +294,11 @@ def run(args: argparse.Namespace) -> int:
     settings = _settings(args)
     if not settings.get("cluster"):
         raise ValueError("--cluster is required, e.g. --cluster 8xA100-80G")
+    check_numbers(settings, config=args.config, from_file=settings.get("from_file", set()))
     graph = load_graph(str(settings["algorithm"]), reward_kind=settings["reward_kind"])
     cluster = build_cluster(settings)
     gpu_roles = [role.name for role in graph.roles if role.kind.needs_gpu]
-    models = _models(graph.role_names, gpu_roles, settings["models"])
+    models = _models(graph.role_names, gpu_roles, settings["models"], settings["model_sources"])
     workload = Workload(batch_size=int(settings["batch_size"]), prompt_len=int(settings["prompt_len"]),
                         response_len=int(settings["response_len"]), n_samples=settings.get("n_samples"))
     steps = run_settings(settings, workload.response_len)

@@ -125,9 +125,9 @@ class Cluster:
     @classmethod
     def from_yaml(cls, path: str | Path) -> Cluster:
         """Nodes from YAML: ``nodes: [{type: A100-80G, gpus: 8, count: 2}, {gpus: {A100-80G: 4, T4: 2}}]``."""
-        import yaml
+        from hybridflow.files import read_yaml
 
-        data = yaml.safe_load(Path(path).read_text())
+        data = read_yaml(path, what="cluster file")
         if not isinstance(data, Mapping) or not isinstance(data.get("nodes"), list) or not data["nodes"]:
             raise ValueError(f"{path}: expected a mapping with a non-empty 'nodes' list")
         return cls.from_dict(data, name=str(path))

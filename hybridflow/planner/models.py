@@ -6,12 +6,12 @@ parameter count (a Llama-like shape is derived).
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from hybridflow.files import read_json
 from hybridflow.planner.adapters import LoraPlan
 
 
@@ -148,14 +148,18 @@ class ModelSpec:
             file = file / "config.json"
         if not file.is_file():
             raise FileNotFoundError(f"no HF config at {file}")
-        config: dict[str, Any] = json.loads(file.read_text())
+        config = read_json(file, what="model config")
+        if not isinstance(config, dict):
+            raise ValueError(f"model config {str(file)!r} holds a {type(config).__name__}, not a Hugging Face config")
         return from_config_dict(config, name=str(config.get("_name_or_path") or file.parent.name or file.stem))
 
     @classmethod
     def from_params(cls, params: float, *, name: str | None = None) -> ModelSpec:
         """A Llama-like shape for ``params`` weights: hidden ≈ 128 × layers, 8 KV heads, 32k vocabulary."""
-        if params <= 0:
-            raise ValueError(f"ModelSpec.from_params: params={params} must be positive")
+        if not 0 < params <= MAX_MODEL_PARAMS:
+            raise ValueError(f"a model of {params:.3g} weights: a parameter count must be positive and at most "
+                             f"{MAX_MODEL_PARAMS:.0e} (bf16 weights beyond it fill more memory than the planner's "
+                             "largest cluster holds)")
         # Non-embedding weights ≈ 12·L·h² and h ≈ 128·L (the usual aspect ratio) give h ≈ (128·N/12)^(1/3).
         hidden = max(64, round((128 * params / 12) ** (1 / 3) / 64) * 64)
         layers = max(1, round(params / (12 * hidden * hidden)))
@@ -173,9 +177,15 @@ class ModelSpec:
         if Path(value).exists():
             return cls.from_hf_config(value)
         count = _parse_count(value)
-        if count is not None:
-            return cls.from_params(count, name=value)
-        return cls.preset(value)
+        if count is None:
+            return cls.preset(value)
+        if not math.isfinite(count) or count <= 0:
+            raise ValueError(f"{value!r} is not a model name or size (a parameter count is a finite number > 0: 7e9, "
+                             f"8B); known: {sorted(PRESETS)}, or a config.json path")
+        return cls.from_params(count, name=value)
+
+
+MAX_MODEL_PARAMS = 1e16  # 20 PB of bf16 weights: more than the largest cluster (1 << 17 GPUs of 141 GB) holds
 
 
 def _parse_count(text: str) -> float | None:

@@ -33,6 +33,8 @@ TRAINABLE_OFFLOADS = ("per_unshard", "per_phase")
 
 
 MAX_EPOCHS = 100  # passes over one step's samples; PPO recipes use 1-10, and each pass is a whole update's work
+MAX_STEP_ROWS = 1 << 22  # samples of one step: every step's tensors are sized by them before anything runs
+MAX_SEQUENCE_TOKENS = 1 << 20  # prompt or response tokens: 1M, beyond the longest context of public models
 
 
 def _positive_int(owner: str, name: str, value: Any, *, allow_none: bool = True) -> None:

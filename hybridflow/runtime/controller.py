@@ -339,6 +339,35 @@ def _run_compute(node: Node, state: Batch, kept: NodeState | None = None) -> tup
     if len(values) != len(node.outputs):
         raise ValueError(f"compute node {node.name!r}: fn {node.fn!r} returned {len(values)} values for outputs "
                          f"{list(node.outputs)}")
+    _check_finite(node, {name: state[name] for name in node.inputs}, dict(zip(node.outputs, values, strict=True)))
     return Batch.from_fields(dict(zip(node.outputs, values, strict=True))), kept.metrics() if kept else {}
 
 
+
+
+def _check_finite(node: Node, inputs: Mapping[str, Any], outputs: Mapping[str, Any]) -> None:
+    """A compute node that turns finite rows into NaN or inf (advantages of rewards near float32's limit, a user's
+    function) fails here, naming the node, its function, the rows and their inputs, before a loss is non-finite.
+    Rows whose inputs were not finite already (masked positions) are not its doing and pass."""
+    import torch
+
+    def rows_finite(value: Any, rows: int) -> torch.Tensor | None:
+        if not (isinstance(value, torch.Tensor) and value.is_floating_point() and value.ndim and len(value) == rows):
+            return None
+        return torch.isfinite(value.reshape(rows, -1)).all(dim=1)
+
+    for name, value in outputs.items():
+        finite = rows_finite(value, len(value)) if isinstance(value, torch.Tensor) and value.ndim else None
+        if finite is None or bool(finite.all()):
+            continue
+        rows = len(value)
+        known = {key: found for key, found in ((key, rows_finite(item, rows)) for key, item in inputs.items())
+                 if found is not None}
+        bad = [row for row in (~finite).nonzero().flatten().tolist() if all(bool(ok[row]) for ok in known.values())]
+        if not bad:
+            continue
+        shown = {key: inputs[key][bad[0]].flatten()[:4].tolist() for key in known}
+        raise RuntimeStepError(f"compute node {node.name!r} (fn {node.fn!r}) made non-finite {name!r} at rows "
+                               f"{bad[:10]} from finite inputs (row {bad[0]}: {shown}); values near float32's limit "
+                               "overflow it: rescale the rewards (or fix the function) so the loss stays finite",
+                               node=node.name)

@@ -20,8 +20,9 @@ from hybridflow.data.splits import paths
 from hybridflow.graph import Graph
 from hybridflow.planner import Plan
 from hybridflow.planner.cluster import MAX_CLUSTER_GPUS
-from hybridflow.planner.settings import MAX_EPOCHS
+from hybridflow.planner.settings import MAX_EPOCHS, MAX_STEP_ROWS
 from hybridflow.train import setup
+from hybridflow.train.bounds import check_sizes
 from hybridflow.train.config import INT64_MAX, OptimConfig, TrainConfig
 from hybridflow.train.file_checks import safetensors_problem
 
@@ -32,6 +33,7 @@ def check_config(config: TrainConfig, graph: Graph, plan: Plan | None = None) ->
     check_node_options(graph)
     check_step_rows(config, graph)
     check_model_paths(config)
+    check_sizes(config, graph)  # upper bounds of size-like keys, before anything is allocated
     check_rollouts(config)
     check_files(config)
     setup.reward_scorer(config, tokenizer=None)  # loads each function and checks its signature
@@ -58,9 +60,6 @@ def check_ranges(config: TrainConfig) -> None:
                          "data.reward=math), or drop the key to use the built-in task's rule")
     for name, optim in (("actor", config.actor), ("critic", config.critic)):
         _check_optim(name, optim)
-
-
-MAX_STEP_ROWS = 1 << 22  # samples of one step: every step's tensors are sized by them before anything runs
 
 
 def check_step_rows(config: TrainConfig, graph: Graph) -> None:

@@ -188,3 +188,32 @@ def test_an_engine_that_batches_continuously_is_called_from_every_trajectory_thr
                                settings=AgentSettings(max_tokens=400, max_turn_tokens=120), seeds=[0, 1, 2, 3])
     # The first turns go together (nothing precedes them); after that each trajectory sends its own.
     assert all(t.turns == 2 for t in out) and server.batches == calls == [4, 1, 1, 1, 1]
+
+
+class WrongReturns(CalculatorLike):
+    """Returns ``answer`` from step on row 1 (or from reset, with ``in_reset``)."""
+
+    def __init__(self, answer: object, *, in_reset: bool = False) -> None:
+        super().__init__()
+        self.answer, self.in_reset = answer, in_reset
+
+    def reset(self, record: EnvRecord) -> list[dict]:
+        self.row = record.index
+        return self.answer if self.in_reset and self.row == 1 else []  # type: ignore[return-value]
+
+    def step(self, turn: str) -> EnvStep:
+        return self.answer if self.row == 1 else super().step(turn)  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize(("answer", "in_reset", "what"), [
+    (None, False, r"returned NoneType None from step on row 1 \(turn 1\); step must return an EnvStep"),
+    (EnvStep(reward=float("nan")), False, r"returned EnvStep\(.*reward=nan.*\) from step on row 1 \(turn 1\); its "
+                                          r"reward must be a finite number"),
+    (EnvStep(reward="1.0"), False,  # type: ignore[arg-type]
+     r"returned EnvStep.*reward='1.0'.* from step on row 1 \(turn 1\); its reward must be a finite"),
+    ("hello", True, r"returned str 'hello' from reset on row 1 \(turn 0\); reset must return a list of messages"),
+])
+def test_an_environment_that_returns_the_wrong_thing_names_itself_the_row_and_the_turn(
+        answer: object, in_reset: bool, what: str) -> None:
+    with pytest.raises(EnvironmentFailure, match=r"environment 'calc' " + what):
+        roll("qwen2", [CALL], rows=2, env_factory=lambda record: WrongReturns(answer, in_reset=in_reset))

@@ -221,4 +221,4 @@ def test_cli_plan_pipeline_async_with_a_staleness(capsys: pytest.CaptureFixture[
     assert main([*args, "--pipeline", "auto"]) == 0
     assert "execution mode: async k=" in capsys.readouterr().out
     assert main([*args, "--pipeline", "async", "--max-staleness", "-1"]) == 2
-    assert "max_staleness=-1" in capsys.readouterr().err
+    assert "--max-staleness=-1 must be at least 0" in capsys.readouterr().err

@@ -69,4 +69,4 @@ def test_bad_cli_input_is_a_clean_error(capsys):
     assert main(["plan", "--cluster", "8xA100", "--model", "actor=llama3-8b"]) == 2
     assert "no model for role" in capsys.readouterr().err
     assert main(["plan", "--cluster", "8xA100", "--model", "llama3-8b", "--batch-size", "-4"]) == 2
-    assert "batch_size=-4" in capsys.readouterr().err
+    assert "--batch-size=-4 must be at least 1" in capsys.readouterr().err

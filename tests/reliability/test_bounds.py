@@ -69,6 +69,14 @@ TRAIN: list[tuple[str, str, int, str]] = [
     ("num_gpus huge", "num_gpus=1000000000000", 2, r"1000000000000 GPUs exceed the planner's bound"),
     ("rows of a step huge", "data.batch_size=4000000 data.num_examples=4000000 algorithm_options.n=2", 2,
      r"8000000 rows, more than \d+; lower data\.batch_size or algorithm_options\.n"),
+    # size-like keys, bounded before anything is allocated (hybridflow/train/bounds.py)
+    ("generated prompts beyond host memory", "data.num_examples=10000000000", 2,
+     r"'data\.num_examples'=10000000000 exceeds \d+: each generated prompt holds about 1024 bytes of host memory"),
+    ("sft batch huge", "model.sft_batch_size=1000000000000", 2, r"'model\.sft_batch_size'=1000000000000 exceeds"),
+    ("response beyond the context", "algorithm_options.max_new_tokens=1000000", 2,
+     r"'algorithm_options\.max_new_tokens'=1000000 exceeds 255: the model's context"),
+    ("lora rank beyond the width", "roles.actor.lora.rank=1000000000", 2,
+     r"'roles\.actor\.lora\.rank'=1000000000 exceeds 128: every weight it adapts"),
     # numbers: type, int64, finiteness, range
     ("temperature a string", "algorithm_options.temperature=hot", 2,
      r"algorithm_options\.temperature \(node 'actor_generate'\)='hot' must be a number, got str"),
@@ -160,11 +168,11 @@ PLAN: list[tuple[str, str, str]] = [
     ("manual id of 10^18", "--cluster 8xA100-80G --manual actor=1000000000000000000",
      r"GPU id 1000000000000000000 is beyond"),
     ("stream chunks huge", "--cluster 8xA100-80G --manual actor=0-3,critic=0-3,reward=4-7,reference=4-7 "
-     "--stream-chunks 1000000000", r"stream_chunks=1000000000 must be <= 1024"),
+     "--stream-chunks 1000000000", r"--stream-chunks=1000000000 must be at least 1 and at most 1024"),
     ("stream chunks beyond prompts", "--cluster 8xA100-80G --manual actor=0-3,critic=0-3,reward=4-7,reference=4-7 "
      "--batch-size 16 --stream-chunks 17", r"stream_chunks=17 exceeds the 16 prompts of a step"),
     ("staleness huge", "--cluster 8xA100-80G --pipeline async --max-staleness 1000000000",
-     r"max_staleness=1000000000 must be <= 1024"),
+     r"--max-staleness=1000000000 must be at least 0 and at most 1024"),
 ]
 
 
