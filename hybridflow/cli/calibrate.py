@@ -136,8 +136,8 @@ def _check_out(out: Path) -> None:
         raise ValueError(f"--out {out}: a directory; give the path of the calibration file to write")
     if out.exists():
         try:
-            written = json.loads(out.read_text()).get("format") == FORMAT
-        except (ValueError, UnicodeDecodeError, AttributeError):
+            written = read_json(out).get("format") == FORMAT
+        except (ValueError, AttributeError):
             written = False
         if not written:
             raise ValueError(f"--out {out}: exists and is not a calibration file; refusing to replace it: choose "
