@@ -15,6 +15,7 @@ def main() -> None:
         critic_model_device_mesh=[0, 1, 2, 3],
         reward_model_device_mesh=[4, 5],
         reference_model_device_mesh=[4, 5],
+        rollout_device_mesh=[6, 7],  # the actor's rollout on GPUs of its own: data_parallel_size engines
         data_parallel_size=2,
         fsdp_sharding_strategy="FULL_SHARD",
         reward_model_micro_batch_size=8,
@@ -26,7 +27,8 @@ def main() -> None:
     controller = SingleController(
         config=dp_config, actor_model="tiny-qwen2", critic_model="tiny-qwen2", reward_model="tiny-qwen2",
         reference_model="tiny-qwen2", use_half_precision=True,
-        settings={"steps": 5, "data.batch_size": 8, "output_dir": "runs/classic_tutorial"},
+        settings={"steps": 5, "data.batch_size": 8, "output_dir": "runs/classic_tutorial",
+                  "executor": "ray"},  # FULL_SHARD ranks are processes: Ray workers on the logical GPUs
     )
     controller.plan()
     result = controller.fit()

@@ -1,7 +1,7 @@
 """4xA100 + 2xT4: the planner places the roles, and a CPU rehearsal runs that exact plan.
 
 The plan is made for production sizes (a 7B actor and reference, a 1.5B reward model) on a mixed
-cluster; the rehearsal executes the same groups, devices, dtypes and micro batches with tiny
+cluster; the rehearsal executes the same groups, devices and dtypes (replicas, capped micro batches) with tiny
 models on logical GPUs, so the mapping is exercised end to end before any GPU is booked.
 
     .venv/bin/python examples/heterogeneous.py
@@ -11,18 +11,22 @@ from dataclasses import replace
 from pathlib import Path
 
 from hybridflow.graph import Workload, load_graph
-from hybridflow.planner import Cluster, ModelSpec, Plan, plan_placement
-from hybridflow.train.config import DataConfig, ModelConfig, RoleConfig, TrainConfig
+from hybridflow.planner import Cluster, ModelSpec, Plan, RoleLayout, Sharding, plan_placement
+from hybridflow.train.config import DataConfig, ModelConfig, TrainConfig
 from hybridflow.train.loop import train
 
 
 def rehearsal(plan: Plan) -> Plan:
-    """The plan with training tensor parallelism run as data parallelism: the CPU backends have no TP.
+    """The plan as the CPU's torch backend runs it: training and rollout tensor parallelism become data
+    parallelism, shards become replicas, micro batches are capped at 16 rows (the tiny batch).
 
-    Groups, GPUs, devices, dtypes and micro batches are the plan's own.
+    Groups, GPUs, devices and dtypes are the plan's own.
     """
-    groups = tuple(replace(group, layouts=tuple(replace(lay, dp=lay.dp * lay.tp, tp=1) for lay in group.layouts))
-                   for group in plan.groups)
+    def cpu(lay: RoleLayout) -> RoleLayout:
+        return replace(lay, dp=lay.dp * lay.tp, tp=1, rollout_tp=1, sharding=Sharding.NO_SHARD,
+                       micro_batch_size=min(lay.micro_batch_size, 16))
+
+    groups = tuple(replace(group, layouts=tuple(cpu(lay) for lay in group.layouts)) for group in plan.groups)
     return replace(plan, groups=groups)
 
 
@@ -36,14 +40,12 @@ def main(output_dir: str = "runs/heterogeneous", steps: int = 3) -> None:
         layouts = ", ".join(f"{lay.role}: {lay.dtype} mbs={lay.micro_batch_size} dp={lay.dp}" for lay in group.layouts)
         print(f"GPUs {list(group.gpus)} ({group.device}): {layouts}")
     run_dir = Path(output_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "plan.json").write_text(rehearsal(plan).to_json())
-    # The rehearsal follows the plan, micro batches included (capped at the tiny batch).
-    roles = {lay.role: RoleConfig(micro_batch_size=min(lay.micro_batch_size, 16))
-             for group in plan.groups for lay in group.layouts}
+    plan_file = run_dir.with_name(f"{run_dir.name}_plan.json")  # beside the run: a new run's directory starts empty
+    plan_file.parent.mkdir(parents=True, exist_ok=True)
+    plan_file.write_text(rehearsal(plan).to_json())
     config = TrainConfig(algorithm="grpo", algorithm_options={"n": 4, "max_new_tokens": 8,
                                                               "reward_kind": "reward_model"},
-                         steps=steps, num_gpus=plan.num_gpus, plan_file=str(run_dir / "plan.json"), roles=roles,
+                         steps=steps, num_gpus=plan.num_gpus, plan_file=str(plan_file),
                          model=ModelConfig(sft_steps=20), data=DataConfig(task="reverse", batch_size=4),
                          output_dir=str(run_dir), progress=False, plot=False, tensorboard=False)
     result = train(config)

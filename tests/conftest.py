@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -72,6 +73,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _no_ray_connection_outlives_its_file() -> Iterator[None]:
+    """A file that connected this process to Ray disconnects it at its end: the next file (in any order) starts
+    from no connection, as its own cluster fixtures and ``ensure_ray`` expect."""
+    yield
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -71,6 +71,8 @@ def ensure_ray(*, address: str | None, num_gpus: int, num_cpus: int | None = Non
     if address:
         check_reachable(address)  # even with Ray already up in this process: a bad address is named, not ignored
     if ray.is_initialized():
+        if address:
+            _check_same_cluster(address, ray.get_runtime_context().gcs_address)
         return
     with _keep_sigterm_handler():
         _init_ray(ray, torch, address=address, num_gpus=num_gpus, num_cpus=num_cpus)
@@ -134,6 +136,25 @@ def _loopback_node() -> Iterator[None]:
             os.environ.pop(LOCAL_ONLY_ENV, None)
         else:
             os.environ[LOCAL_ONLY_ENV] = saved_env
+
+
+def _check_same_cluster(address: str, connected: str) -> None:
+    """Refuse ``address`` when this process is connected to another cluster: its workers would start there."""
+    import socket
+
+    def endpoint(text: str) -> tuple[str, int] | None:
+        found = re.fullmatch(r"\[?([^\]/]+?)\]?:(\d+)", text.strip())
+        if found is None:
+            return None
+        try:
+            return socket.gethostbyname(found.group(1)), int(found.group(2))
+        except OSError:
+            return found.group(1), int(found.group(2))
+
+    wanted, current = endpoint(address), endpoint(connected)
+    if wanted is not None and current is not None and wanted != current:
+        raise RuntimeError(f"ray_address {address!r}: this process is already connected to the Ray cluster at "
+                           f"{connected}; call ray.shutdown() first, or leave ray_address unset to use that one")
 
 
 def check_reachable(address: str, *, timeout_s: float = CONNECT_TIMEOUT_S) -> None:

@@ -288,6 +288,15 @@ def test_a_silent_ray_address_times_out_within_the_bound(monkeypatch: pytest.Mon
         ray_executor.check_reachable("ray://10.0.0.9:10001")
 
 
+def test_an_address_of_another_cluster_than_the_one_connected_is_refused() -> None:
+    from hybridflow.runtime.ray_executor import _check_same_cluster
+
+    _check_same_cluster("localhost:6379", "127.0.0.1:6379")  # the same cluster, spelled otherwise
+    _check_same_cluster("auto", "127.0.0.1:6379")  # Ray's own forms are Ray's to resolve
+    with pytest.raises(RuntimeError, match=r"'127\.0\.0\.1:43703'.*already connected.*127\.0\.0\.1:6379"):
+        _check_same_cluster("127.0.0.1:43703", "127.0.0.1:6379")
+
+
 CLI = "import sys; from hybridflow.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
