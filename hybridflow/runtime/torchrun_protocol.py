@@ -35,6 +35,7 @@ from hybridflow.runtime import safe_wire
 DEFAULT_TIMEOUT_S = 1800.0
 IDLE_TIMEOUT_S = 7 * 24 * 3600.0
 HEARTBEAT_INTERVAL_S = 0.5
+STORE_TIMEOUT_S = 60  # how long one call of our own store client waits before it raises
 _HEARTBEAT_KEY = "hybridflow/heartbeat/{rank}"
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -160,7 +161,7 @@ def _store() -> Any:
     import torch.distributed as dist
 
     return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                         timeout=datetime.timedelta(seconds=60), wait_for_workers=False)
+                         timeout=datetime.timedelta(seconds=STORE_TIMEOUT_S), wait_for_workers=False)
 
 
 class Heartbeat:
@@ -189,7 +190,7 @@ class Heartbeat:
 
     def stop(self) -> None:
         self._stopped.set()
-        self._thread.join(timeout=HEARTBEAT_INTERVAL_S + 60)  # a store call gives up after its 60 s timeout
+        self._thread.join(timeout=HEARTBEAT_INTERVAL_S + STORE_TIMEOUT_S)  # a store call in flight gives up by then
 
 
 class Heartbeats:
