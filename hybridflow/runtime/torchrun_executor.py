@@ -31,6 +31,7 @@ from hybridflow.runtime.liveness import Liveness
 from hybridflow.runtime.protocols import RoleSpec
 from hybridflow.runtime.step_store import Join
 from hybridflow.runtime.torchrun_protocol import (
+    Heartbeat,
     Heartbeats,
     RemoteError,
     Reply,
@@ -41,7 +42,6 @@ from hybridflow.runtime.torchrun_protocol import (
     recv_request,
     send_reply,
     send_request,
-    start_heartbeat,
 )
 from hybridflow.runtime.worker import WORKER_CALLS, GroupWorker, NodeResult
 
@@ -273,11 +273,20 @@ def _close_all(workers: Sequence[GroupWorker]) -> None:
 
 def serve(world: TorchrunWorld) -> None:
     """A non-zero rank's loop: answer rank 0's requests until ``exit`` (or until rank 0 is gone)."""
+    heartbeat = Heartbeat(world)
+    try:
+        _serve(world)
+    finally:
+        heartbeat.stop()
+
+
+def _serve(world: TorchrunWorld) -> None:
     hosted: HostedWorker | None = None
-    start_heartbeat(world)
     while True:
         request = recv_request(world)
-        if request.kind == "exit":
+        if request.kind == "exit":  # after a ``stop`` normally; after a failure rank 0 may not have sent one
+            if hosted is not None:
+                hosted.worker.close()
             return
         try:
             value = None

@@ -163,24 +163,33 @@ def _store() -> Any:
                          timeout=datetime.timedelta(seconds=60), wait_for_workers=False)
 
 
-def start_heartbeat(world: TorchrunWorld) -> threading.Thread:
-    """Bump this rank's counter in the store every ``HEARTBEAT_INTERVAL_S`` (a daemon thread; it stops
-    when the process is stopped, which is the point)."""
-    store, key = _store(), _HEARTBEAT_KEY.format(rank=world.rank)
+class Heartbeat:
+    """This rank's counter in the store, bumped every ``HEARTBEAT_INTERVAL_S`` by a thread of its own.
 
-    def beat() -> None:
+    :meth:`stop` ends and joins the thread: a thread left inside the store's C++ call when the interpreter
+    exits is unwound through a ``noexcept`` frame, and the process aborts ("terminate called without an
+    active exception") after a run that succeeded.
+    """
+
+    def __init__(self, world: TorchrunWorld) -> None:
+        self._store, self._key = _store(), _HEARTBEAT_KEY.format(rank=world.rank)
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name=f"hybridflow-heartbeat-{world.rank}", daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
         count = 0
-        while True:
+        while not self._stopped.is_set():
             count += 1
             try:
-                store.set(key, str(count))
+                self._store.set(self._key, str(count))
             except RuntimeError:  # the store (rank 0's launcher) is gone: the job is ending
                 return
-            time.sleep(HEARTBEAT_INTERVAL_S)
+            self._stopped.wait(HEARTBEAT_INTERVAL_S)
 
-    thread = threading.Thread(target=beat, name=f"hybridflow-heartbeat-{world.rank}", daemon=True)
-    thread.start()
-    return thread
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join(timeout=HEARTBEAT_INTERVAL_S + 60)  # a store call gives up after its 60 s timeout
 
 
 class Heartbeats:

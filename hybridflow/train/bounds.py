@@ -70,7 +70,7 @@ def size_bounds(config: TrainConfig, graph: Graph) -> list[SizeBound]:
                   "longer than any model's context", "lower it to the model's context less max_new_tokens"),
         SizeBound("agent.max_turn_tokens", config.agent.max_turn_tokens, response_high, response_why,
                   "lower it (at most max_new_tokens is sampled in all turns together)"),
-        SizeBound("segment_tokens", config.segment_tokens or None, response_high, response_why,
+        SizeBound("pipeline.segment_tokens", config.pipeline.segment_tokens or None, response_high, response_why,
                   "lower it (0: a quarter of max_new_tokens)"),
     ]
     for name, optim in (("actor", config.actor), ("critic", config.critic)):
