@@ -63,8 +63,8 @@ def demonstrations(tokenizer: Any, count: int, *, tool_fraction: float, seed: in
 
 def warm_model(out: Path, *, tool_fraction: float, sft_steps: int = SFT_STEPS) -> Path:
     """The shared starting point: a tiny Qwen2 with the agent's wide tokenizer, SFT-warmed (seed 0)."""
-    from hybridflow.data.tokenizer import PLAIN_CHAT_TEMPLATE, WIDE_ALPHABET, char_tokenizer
     from hybridflow.models import build_tiny_causal_lm, save_model_dir
+    from hybridflow.models.tokenizer import PLAIN_CHAT_TEMPLATE, WIDE_ALPHABET, char_tokenizer
     from hybridflow.train.sft import sft_on_demonstrations
 
     target = out / f"warm_model_f{tool_fraction:g}_s{sft_steps}"

@@ -208,7 +208,7 @@ def random_model(out: Path, name: str, sizes: dict[str, Any]) -> Path:
 
 def planner_params(model: str | Path) -> tuple[int, int]:
     """The planner's adapter and whole parameter counts at rank 16 for a preset name or an HF directory."""
-    from hybridflow.planner.adapters import LoraPlan
+    from hybridflow.planner.lora_costs import LoraPlan
     from hybridflow.planner.models import ModelSpec
 
     spec = ModelSpec.from_hf_config(model) if isinstance(model, Path) else ModelSpec.preset(model)

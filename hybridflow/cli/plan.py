@@ -11,10 +11,10 @@ from hybridflow.cli.plan_options import check_numbers, model_spec
 from hybridflow.files import read_yaml
 from hybridflow.graph import Workload, load_graph
 from hybridflow.planner import Cluster, InfeasibleError, LayoutSupport, ModelSpec, Plan, PlannerOptions, plan_placement
-from hybridflow.planner.adapters import LoraPlan
 from hybridflow.planner.agents import AgentWorkload
 from hybridflow.planner.calibration import Calibration
 from hybridflow.planner.devices import GB, device_from_mapping, parse_device
+from hybridflow.planner.lora_costs import LoraPlan
 from hybridflow.planner.plan import ROLLOUT_SUFFIX
 from hybridflow.planner.problem import role_adapters, shareable_references
 from hybridflow.planner.settings import RunSettings, settings_from_dict

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hybridflow.train.aliases import ANY, OFF, Context, ForeignKey, Refused
+from hybridflow.train.foreign_keys import ANY, OFF, Context, ForeignKey, Refused
 
 SOURCE = "TRL"
 KL_LOSS = ("grpo", "dr_grpo", "gspo")  # algorithms whose kl_coef is a loss term with the k3 estimator, as TRL's

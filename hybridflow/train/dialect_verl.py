@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from hybridflow.train.aliases import Context, ForeignKey, Refused
 from hybridflow.train.dialect_verl_workers import (
     KL_LOSS,
     KL_REWARD,
@@ -26,6 +25,7 @@ from hybridflow.train.dialect_verl_workers import (
     unless_null,
     worker_keys,
 )
+from hybridflow.train.foreign_keys import Context, ForeignKey, Refused
 
 ESTIMATORS = {"gae": "ppo", "grpo": "grpo", "rloo": "rloo", "remax": "remax", "reinforce_plus_plus": "reinforce_pp",
               "reinforce_plus_plus_baseline": "reinforce_pp_baseline"}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hybridflow.train.aliases import ANY, OFF, Context, ForeignKey, Refused
+from hybridflow.train.foreign_keys import ANY, OFF, Context, ForeignKey, Refused
 
 SOURCE = "verl"
 ACTOR = "actor_rollout_ref.actor."

@@ -29,8 +29,8 @@ from hybridflow.planner import (
     plan_placement,
     rollout_role,
 )
-from hybridflow.planner.adapters import LoraPlan, adapter_sync_refusal, sync_mode
 from hybridflow.planner.agents import WORKLOAD_KEYS, AgentWorkload
+from hybridflow.planner.lora_costs import LoraPlan, adapter_sync_refusal, sync_mode
 from hybridflow.planner.models import from_config_dict
 from hybridflow.planner.problem import shareable_references
 from hybridflow.planner.settings import Offload, RunSettings, parse_offload

@@ -24,7 +24,7 @@ from hybridflow.planner.settings import MAX_EPOCHS, MAX_STEP_ROWS
 from hybridflow.train import setup
 from hybridflow.train.bounds import check_sizes
 from hybridflow.train.config import OptimConfig, TrainConfig
-from hybridflow.train.file_checks import safetensors_problem
+from hybridflow.train.file_checks import model_config, safetensors_problem
 from hybridflow.train.schema import INT64_MAX
 
 
@@ -52,7 +52,6 @@ def check_ranges(config: TrainConfig) -> None:
     _at_least("data.num_examples", data.num_examples, 1)
     _positive("data.reward_timeout_s", data.reward_timeout_s)
     _at_least("seed", config.seed, 0)
-    _at_least("validation_samples", config.validation.samples, 0)
     if config.placement.num_gpus > MAX_CLUSTER_GPUS:
         gpus = config.placement.num_gpus
         raise ValueError(f"config key 'placement.num_gpus'={gpus}: {gpus} GPUs exceed the planner's bound of "
@@ -199,20 +198,6 @@ def _model_dir(key: str, value: str) -> None:
         if problem is not None:
             raise ValueError(f"config key {key!r}: {weights} {problem}; copy the model directory again (or "
                              "re-download it)")
-
-
-def model_config(key: str, path: Path) -> dict[str, Any]:
-    """The model directory's ``config.json`` as a mapping; a file that is not JSON is named with the fix."""
-    file = path / "config.json"
-    try:
-        loaded = json.loads(file.read_text())
-    except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
-        raise ValueError(f"config key {key!r}: {file} is not JSON ({err}); restore it from the model's source "
-                         "(it is the Hugging Face config the model was saved with)") from err
-    if not isinstance(loaded, dict):
-        raise ValueError(f"config key {key!r}: {file} holds a {type(loaded).__name__}, not the mapping of a Hugging "
-                         "Face model config; restore it from the model's source")
-    return loaded
 
 
 # Files a Hugging Face tokenizer is saved as (fast, sentencepiece, BPE and WordPiece vocabularies).

@@ -27,9 +27,9 @@ from hybridflow.data import reward_scorer as load_reward_scorer
 from hybridflow.data.dataset import Record
 from hybridflow.data.reward_pool import reward_timeout
 from hybridflow.data.splits import DataFiles, load_files
-from hybridflow.data.tokenizer import PLAIN_CHAT_TEMPLATE, WIDE_ALPHABET, load_tokenizer
 from hybridflow.graph import Graph, Op, RoleKind, load_graph, with_detached_logprobs
 from hybridflow.graph.agents import with_environment
+from hybridflow.models.tokenizer import PLAIN_CHAT_TEMPLATE, WIDE_ALPHABET, load_tokenizer
 from hybridflow.planner import LayoutSupport, Plan, detachable_policies, rollout_role
 from hybridflow.registry import ALGORITHMS, BACKENDS, ENVIRONMENTS
 from hybridflow.runtime import RoleSpec, default_plan

@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("peft", reason="needs peft (the `lora` extra)")
 import torch
 from hybridflow.backends.common import modeling
-from hybridflow.backends.common.adapters import load_adapter_state
+from hybridflow.backends.common.peft_lora import load_adapter_state
 
 from hybridflow.cli import main
 from hybridflow.graph import RoleKind

@@ -22,10 +22,10 @@ from hybridflow.planner import (
     plan_placement,
     rollout_role,
 )
-from hybridflow.planner.adapters import LoraPlan, sync_mode
 from hybridflow.planner.costs import Shape, state_bytes
 from hybridflow.planner.devices import get_device
 from hybridflow.planner.flops import flops_per_token
+from hybridflow.planner.lora_costs import LoraPlan, sync_mode
 from hybridflow.planner.models import from_config_dict
 from hybridflow.planner.weight_moves import ADAPTER_LOAD_S, weight_ship, weight_sync
 from hybridflow.testing import check_plan

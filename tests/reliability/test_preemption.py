@@ -186,7 +186,7 @@ def test_reward_workers_outlive_a_sigterm_to_the_process_group(rewards: Path, tm
     signal to the driver, which needs them to finish the step in flight, and kills them when it closes the pool."""
     from hybridflow.data.reward_functions import Sample
     from hybridflow.data.reward_pool import RewardPool
-    from hybridflow.data.rewards import load_reward_functions
+    from hybridflow.data.reward_specs import load_reward_functions
 
     monkeypatch.setenv("HF_TEST_CALLS", str(tmp_path / "calls"))
     monkeypatch.setenv("HF_TEST_PAUSE_AT", "-1")

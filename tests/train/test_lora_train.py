@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("peft", reason="needs peft (the `lora` extra)")
 import torch
 from hybridflow.backends.common import modeling
-from hybridflow.backends.common.adapters import is_adapter_key
+from hybridflow.backends.common.peft_lora import is_adapter_key
 
 from hybridflow.cli import main
 from hybridflow.graph import Op, RoleKind
