@@ -63,8 +63,8 @@ def demonstrations(tokenizer: Any, count: int, *, tool_fraction: float, seed: in
 
 def warm_model(out: Path, *, tool_fraction: float, sft_steps: int = SFT_STEPS) -> Path:
     """The shared starting point: a tiny Qwen2 with the agent's wide tokenizer, SFT-warmed (seed 0)."""
-    from hybridflow.data.tokenizer import PLAIN_CHAT_TEMPLATE, WIDE_ALPHABET, char_tokenizer
     from hybridflow.models import build_tiny_causal_lm, save_model_dir
+    from hybridflow.models.tokenizer import PLAIN_CHAT_TEMPLATE, WIDE_ALPHABET, char_tokenizer
     from hybridflow.train.sft import sft_on_demonstrations
 
     target = out / f"warm_model_f{tool_fraction:g}_s{sft_steps}"
@@ -84,8 +84,8 @@ def arm_overrides(arm: str, *, steps: int, seed: int, model: Path, run_dir: Path
         "algorithm": "grpo_no_ref", "seed": seed, "steps": steps, "model.path": str(model),
         "output_dir": str(run_dir), "data.task": "multiply", "data.num_examples": 2000, "data.batch_size": 8,
         "algorithm_options.n": 8, "algorithm_options.temperature": 1.0, "actor.lr": lr,
-        "actor.mini_batches": mini_batches, "progress": False, "tensorboard": False, "plot": False,
-        "checkpoint_every": 0, "trackers": ["jsonl"]}
+        "actor.mini_batches": mini_batches, "logging.progress": False, "logging.plot": False,
+        "checkpoint.every": 0, "logging.trackers": ["jsonl"]}
     if arm == "tool":
         return {**common, "algorithm_options.max_new_tokens": 64, "agent.environment": "calculator",
                 "agent.options": {"format": "compact"}, "agent.max_turns": 3, "agent.max_turn_tokens": 24}

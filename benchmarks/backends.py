@@ -287,8 +287,8 @@ def _learn_run(actor_backend: str, steps: int, out: Path, executor: str, gpus: i
 
     root = Path(__file__).resolve().parents[1]
     config = load_config(root / "configs" / "grpo_reverse.yaml",
-                         [f"steps={steps}", f"output_dir={out}", "checkpoint_every=0", "progress=false",
-                          f"executor={executor}", f"num_gpus={gpus}"])
+                         [f"steps={steps}", f"output_dir={out}", "checkpoint.every=0", "logging.progress=false",
+                          f"executor.name={executor}", f"placement.num_gpus={gpus}"])
     data = setup.records(config)
     model_dir, tokenizer = setup.prepare_model(config, out, data)
     graph = setup.build_graph(config)

@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def run(algorithm: str, steps: int, executor: str, out: Path) -> dict[str, float]:
     config = load_config(ROOT / "configs" / f"{algorithm}_reverse.yaml",
-                         [f"steps={steps}", f"executor={executor}", f"output_dir={out / algorithm}",
-                          "checkpoint_every=0", "progress=false"])
+                         [f"steps={steps}", f"executor.name={executor}", f"output_dir={out / algorithm}",
+                          "checkpoint.every=0", "logging.progress=false"])
     start = time.perf_counter()
     result = train(config)
     seconds = time.perf_counter() - start
@@ -40,7 +40,8 @@ def strong(seeds: int, out: Path) -> list[str]:
              "|---|---|---|---|---|---|"]
     for name in ("grpo_reverse_strong", "dapo_reverse"):
         for seed in range(seeds):
-            overrides = [f"seed={seed}", f"output_dir={out / name / str(seed)}", "progress=false", "trackers=[jsonl]"]
+            overrides = [f"seed={seed}", f"output_dir={out / name / str(seed)}", "logging.progress=false",
+                         "logging.trackers=[jsonl]"]
             config = load_config(ROOT / "configs" / f"{name}.yaml", overrides)
             wall, cpu = time.perf_counter(), time.process_time()
             rewards = [row["reward/mean"] for row in train(config).history]

@@ -43,8 +43,9 @@ def run(algorithm: str, seed: int, model: Path, out: Path) -> dict[str, float]:
     config_file, overrides = CURVE_RUNS[algorithm]
     run_dir = out / f"{algorithm}_{seed}"
     config = load_config(ROOT / "configs" / config_file,
-                         [*overrides, f"seed={seed}", f"model.path={model}", f"output_dir={run_dir}", "progress=false",
-                          "tensorboard=false", "plot=false", "checkpoint_every=0", "trackers=[jsonl]"])
+                         [*overrides, f"seed={seed}", f"model.path={model}", f"output_dir={run_dir}",
+                          "logging.progress=false",
+                          "logging.plot=false", "checkpoint.every=0", "logging.trackers=[jsonl]"])
     start = time.perf_counter()
     history = train(config).history
     first, last = reward_rise(history, WINDOW)

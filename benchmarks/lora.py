@@ -103,7 +103,8 @@ def _engine_measures(model: str, lora: bool, what: str, queue: Any) -> None:
     from hybridflow.train.setup import build_graph, role_specs
 
     config = load_config(ROOT / "configs" / "grpo_reverse.yaml",
-                         [f"actor.lr={FULL_LR}", "actor.mini_batches=1", "progress=false", *([LORA] if lora else [])])
+                         [f"actor.lr={FULL_LR}", "actor.mini_batches=1", "logging.progress=false",
+                          *([LORA] if lora else [])])
     graph = build_graph(config)
     plan = default_plan(graph, num_gpus=1)
     worker = GroupWorker(group=0, rank=0, world_size=1, device="cpu",
@@ -207,7 +208,7 @@ def random_model(out: Path, name: str, sizes: dict[str, Any]) -> Path:
 
 def planner_params(model: str | Path) -> tuple[int, int]:
     """The planner's adapter and whole parameter counts at rank 16 for a preset name or an HF directory."""
-    from hybridflow.planner.adapters import LoraPlan
+    from hybridflow.planner.lora_costs import LoraPlan
     from hybridflow.planner.models import ModelSpec
 
     spec = ModelSpec.from_hf_config(model) if isinstance(model, Path) else ModelSpec.preset(model)

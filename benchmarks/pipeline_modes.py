@@ -60,19 +60,20 @@ from planner_ranking import kendall_tau, prompt_tokens, train_at_driver_priority
 
 SKIP_STEPS = 2  # Ray start-up and the first, unoverlapped step
 PROMPTS, SAMPLES = 8, 8
-SPLIT = ["placement=manual", "meshes={actor: [0], 'actor:rollout': [1, 2]}"]  # trainer 1 GPU, rollout 2
-SPLIT_21 = ["placement=manual", "meshes={actor: [0, 1], 'actor:rollout': [2]}"]  # trainer 2 GPUs, rollout 1
+SPLIT = ["placement.mode=manual", "placement.meshes={actor: [0], 'actor:rollout': [1, 2]}"]  # trainer 1 GPU, rollout 2
+SPLIT_21 = ["placement.mode=manual",
+            "placement.meshes={actor: [0, 1], 'actor:rollout': [2]}"]  # trainer 2 GPUs, rollout 1
 THROUGHPUT_MODES = {
-    "sync, colocated on 3 GPUs": ["placement=manual", "meshes={actor: [0, 1, 2]}"],
+    "sync, colocated on 3 GPUs": ["placement.mode=manual", "placement.meshes={actor: [0, 1, 2]}"],
     "sync, split 1+2": SPLIT,
-    "sync, split 1+2, streamed in 4 chunks": [*SPLIT, "stream_chunks=4"],
-    "one_step_off, split 1+2": [*SPLIT, "pipeline=one_step_off"],
-    "async k=1, split 1+2": [*SPLIT, "pipeline=async", "max_staleness=1"],
-    "async k=2, split 1+2": [*SPLIT, "pipeline=async", "max_staleness=2"],
+    "sync, split 1+2, streamed in 4 chunks": [*SPLIT, "pipeline.stream_chunks=4"],
+    "one_step_off, split 1+2": [*SPLIT, "pipeline.mode=one_step_off"],
+    "async k=1, split 1+2": [*SPLIT, "pipeline.mode=async", "pipeline.max_staleness=1"],
+    "async k=2, split 1+2": [*SPLIT, "pipeline.mode=async", "pipeline.max_staleness=2"],
     "sync, split 2+1": SPLIT_21,
-    "one_step_off, split 2+1": [*SPLIT_21, "pipeline=one_step_off"],
-    "async k=1, split 2+1": [*SPLIT_21, "pipeline=async", "max_staleness=1"],
-    "async k=2, split 2+1": [*SPLIT_21, "pipeline=async", "max_staleness=2"],
+    "one_step_off, split 2+1": [*SPLIT_21, "pipeline.mode=one_step_off"],
+    "async k=1, split 2+1": [*SPLIT_21, "pipeline.mode=async", "pipeline.max_staleness=1"],
+    "async k=2, split 2+1": [*SPLIT_21, "pipeline.mode=async", "pipeline.max_staleness=2"],
 }
 # The modes the planner ranks: every one
 RANKED = tuple(THROUGHPUT_MODES)
@@ -86,11 +87,11 @@ CALIBRATION_MODES = ("sync, colocated on 3 GPUs", "sync, split 1+2")
 FITTED = ("train_mfu", "eff_half_tokens", "decode_mfu", "decode_step_overhead_s", "phase_overhead_s",
           "micro_batch_overhead_s")
 LEARNING_MODES = {
-    "sync": ["pipeline=sync"],
-    "one_step_off": ["pipeline=one_step_off"],
-    "async k=1": ["pipeline=async", "max_staleness=1"],
-    "async k=2": ["pipeline=async", "max_staleness=2"],
-    "async k=2, TIS": ["pipeline=async", "max_staleness=2", "algorithm_options.rollout_correction=tis"],
+    "sync": ["pipeline.mode=sync"],
+    "one_step_off": ["pipeline.mode=one_step_off"],
+    "async k=1": ["pipeline.mode=async", "pipeline.max_staleness=1"],
+    "async k=2": ["pipeline.mode=async", "pipeline.max_staleness=2"],
+    "async k=2, TIS": ["pipeline.mode=async", "pipeline.max_staleness=2", "algorithm_options.rollout_correction=tis"],
 }
 
 
@@ -98,9 +99,9 @@ def throughput_config(overrides: list[str], steps: int, new_tokens: int, out: Pa
     """One throughput run's config as a mapping (written as JSON, which is YAML, for ``hybridflow train``)."""
     config = load_config(None, [
         "algorithm=grpo_no_ref", f"algorithm_options={{n: {SAMPLES}, max_new_tokens: {new_tokens}, temperature: 1.2}}",
-        f"steps={steps}", "model.sft_steps=0", f"data.batch_size={PROMPTS}", "actor.lr=1e-9", "executor=ray",
-        "cluster=3xCPU", f"output_dir={out}", "progress=false", "tensorboard=false", "plot=false",
-        "trackers=[jsonl]", *overrides])
+        f"steps={steps}", "model.sft_steps=0", f"data.batch_size={PROMPTS}", "actor.lr=1e-9", "executor.name=ray",
+        "placement.cluster=3xCPU", f"output_dir={out}", "logging.progress=false", "logging.plot=false",
+        "logging.trackers=[jsonl]", *overrides])
     return asdict(config)
 
 
@@ -143,9 +144,10 @@ def planner_config(folder: Path, lengths_from: Path, calibration: Path | None = 
     """The config of the run in ``folder`` as the planner sees it: the response lengths of the run at
     ``lengths_from`` (``planner_settings.lengths_from``: an earlier run's metrics, as a user gives them), the
     machine's cores shared by the logical GPUs (``host_cores: auto``), and ``calibration`` when given."""
-    extra = [f"calibration={calibration}"] if calibration is not None else []
+    extra = [f"placement.calibration={calibration}"] if calibration is not None else []
     return load_config(saved_config(folder),
-                       [f"planner_settings={{lengths_from: '{lengths_from}'}}", "host_cores=auto", *extra, *overrides])
+                       [f"placement.planner={{lengths_from: '{lengths_from}'}}", "placement.host_cores=auto", *extra,
+                        *overrides])
 
 
 def predicted(folder: Path, lengths_from: Path, calibration: Path | None, *overrides: str) -> Plan:
@@ -208,8 +210,9 @@ def throughput(args: argparse.Namespace) -> None:
           f"calibrated on the sync runs, {prior_tau:.2f} with the priors; load average {os.getloadavg()[0]:.1f}")
     for name in ranked:
         print(f"- {name}: {describe_mode(plans[name])}")
-    auto = predicted(folders[ranked[0]][0], lengths, fitted, "placement=auto", "pipeline=auto", "meshes={}",
-                     "separate_rollout=true")
+    auto = predicted(folders[ranked[0]][0], lengths, fitted, "placement.mode=auto", "pipeline.mode=auto",
+                     "placement.meshes={}",
+                     "placement.separate_rollout=true")
     print(f"\n`placement: auto` with `pipeline: auto` on the same 3 logical GPUs, calibrated: "
           f"{dict(auto.extra).get('pipeline_choice')}")
 
@@ -218,9 +221,9 @@ def learning(overrides: list[str], seed: int, out: Path) -> tuple[float, float]:
     config_file, base = LEARNING_RUNS["grpo"]
     configs = Path(__file__).parents[1] / "configs"
     config = load_config(configs / config_file, [
-        *base, f"seed={seed}", "placement=manual", "cluster=2xCPU", "meshes={actor: [0], reference: [0], "
-        "'actor:rollout': [1]}", f"output_dir={out}", "progress=false", "tensorboard=false", "plot=false",
-        "trackers=[jsonl]", *overrides])
+        *base, f"seed={seed}", "placement.mode=manual", "placement.cluster=2xCPU",
+        "placement.meshes={actor: [0], reference: [0], 'actor:rollout': [1]}", f"output_dir={out}",
+        "logging.progress=false", "logging.plot=false", "logging.trackers=[jsonl]", *overrides])
     history = train(config).history
     first, last = reward_rise(history, WINDOW)
     return last - first, last

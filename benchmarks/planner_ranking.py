@@ -91,12 +91,13 @@ def small_model(root: Path) -> Path:
 def config(workload: dict[str, Any], meshes: dict[str, list[int]], steps: int, out: Path) -> dict[str, Any]:
     optim = {"grad_clip": 1.0, "micro_batch_size": 64, "epochs": EPOCHS, "mini_batches": MINI_BATCHES}
     small = {role: {"model": str(small_model(out.parent))} for role in workload.get("small", ())}
-    return {"roles": small, "algorithm": workload["algorithm"], "seed": 0, "steps": steps, "executor": "ray",
-            "num_gpus": 2, "algorithm_options": {**workload["options"], "reward_kind": "reward_model"},
-            "placement": "manual", "meshes": meshes, "model": {"name": workload["model"], "sft_steps": 0},
+    return {"roles": small, "algorithm": workload["algorithm"], "seed": 0, "steps": steps, "executor.name": "ray",
+            "placement.num_gpus": 2, "algorithm_options": {**workload["options"], "reward_kind": "reward_model"},
+            "placement.mode": "manual", "placement.meshes": meshes, "model": {"name": workload["model"],
+                                                                              "sft_steps": 0},
             "data": {"task": "reverse", "num_examples": 2000, "batch_size": workload["batch_size"]},
             "actor": {"lr": 5e-4, **optim}, "critic": {"lr": 3e-3, **optim}, "output_dir": str(out),
-            "trackers": [], "tensorboard": False, "plot": False, "progress": False}
+            "logging.trackers": [], "logging.plot": False, "logging.progress": False}
 
 
 def slug(name: str) -> str:

@@ -28,7 +28,7 @@ def main() -> None:
         config=dp_config, actor_model="tiny-qwen2", critic_model="tiny-qwen2", reward_model="tiny-qwen2",
         reference_model="tiny-qwen2", use_half_precision=True,
         settings={"steps": 5, "data.batch_size": 8, "output_dir": "runs/classic_tutorial",
-                  "executor": "ray"},  # FULL_SHARD ranks are processes: Ray workers on the logical GPUs
+                  "executor.name": "ray"},  # FULL_SHARD ranks are processes: Ray workers on the logical GPUs
     )
     controller.plan()
     result = controller.fit()

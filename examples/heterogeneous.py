@@ -12,7 +12,7 @@ from pathlib import Path
 
 from hybridflow.graph import Workload, load_graph
 from hybridflow.planner import Cluster, ModelSpec, Plan, RoleLayout, Sharding, plan_placement
-from hybridflow.train.config import DataConfig, ModelConfig, TrainConfig
+from hybridflow.train.config import DataConfig, LoggingConfig, ModelConfig, PlacementConfig, TrainConfig
 from hybridflow.train.loop import train
 
 
@@ -45,9 +45,9 @@ def main(output_dir: str = "runs/heterogeneous", steps: int = 3) -> None:
     plan_file.write_text(rehearsal(plan).to_json())
     config = TrainConfig(algorithm="grpo", algorithm_options={"n": 4, "max_new_tokens": 8,
                                                               "reward_kind": "reward_model"},
-                         steps=steps, num_gpus=plan.num_gpus, plan_file=str(plan_file),
+                         steps=steps, placement=PlacementConfig(num_gpus=plan.num_gpus, plan_file=str(plan_file)),
                          model=ModelConfig(sft_steps=20), data=DataConfig(task="reverse", batch_size=4),
-                         output_dir=str(run_dir), progress=False, plot=False, tensorboard=False)
+                         output_dir=str(run_dir), logging=LoggingConfig(trackers=[], progress=False, plot=False))
     result = train(config)
     print(f"ran {len(result.history)} steps following the plan; metrics in {result.metrics_path}")
 

@@ -4,7 +4,7 @@
     python examples/train_ppo.py --config configs/ppo_reverse.yaml steps=5    # the config's executor
 
 Under torchrun every rank joins the process group; rank 0 runs the usual ``train()`` with
-``executor=torchrun`` (the same Controller and Plan as the local and Ray paths) and the other ranks
+``executor.name=torchrun`` (the same Controller and Plan as the local and Ray paths) and the other ranks
 serve their plan group's worker until rank 0 is done. Any algorithm works; PPO is the example.
 See docs/torchrun.md.
 """
@@ -49,7 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         dist.destroy_process_group()
         return TERMINATED if terminated else 0
     try:
-        code = run(argparse.Namespace(**{**vars(args), "overrides": [*args.overrides, "executor=torchrun"]}))
+        code = run(argparse.Namespace(**{**vars(args), "overrides": [*args.overrides, "executor.name=torchrun"]}))
     except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM (torchrun forwards it): one line, as `hybridflow train`
         code, line = describe(err)
         print(f"hybridflow train (torchrun rank 0): error: {line}", file=sys.stderr)

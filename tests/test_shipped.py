@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SHORT = ["steps=2", "model.sft_steps=2", "progress=false", "tensorboard=false", "plot=false"]
+SHORT = ["steps=2", "model.sft_steps=2", "logging.progress=false", "logging.plot=false"]
 
 # Config -> the extra overrides its short run needs, or the test that runs it where it needs a launcher.
 CONFIGS: dict[str, list[str] | str] = {

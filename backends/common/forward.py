@@ -7,8 +7,8 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
-from hybridflow.backends.common import adapters as lora
 from hybridflow.backends.common import modeling, turns
+from hybridflow.backends.common import peft_lora as lora
 from hybridflow.backends.common.micro_batches import MicroBatching
 
 from hybridflow.agents.protocols import TurnRequest, TurnResult

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from hybridflow.backends.common import adapters, packing, sampling, varlen
+from hybridflow.backends.common import packing, peft_lora, sampling, varlen
 
 from hybridflow.graph import RoleKind
 from hybridflow.logits import token_entropy, token_logprobs
@@ -28,7 +28,7 @@ def load_model(kind: RoleKind, model: str, *, dtype: str = "fp32", seed: int = 0
     Policies load a causal LM; critics a token-classification head (one value per token); reward
     models a sequence-classification head. A tiny config name builds a random model for the default
     character tokenizer. With ``lora`` (``role``'s adapters) the result is a peft model whose adapters alone
-    train (:mod:`~hybridflow.backends.common.adapters`): every training backend loads through here.
+    train (:mod:`~hybridflow.backends.common.peft_lora`): every training backend loads through here.
     """
     from transformers.utils import logging
 
@@ -37,7 +37,7 @@ def load_model(kind: RoleKind, model: str, *, dtype: str = "fp32", seed: int = 0
     with _LOAD_LOCK:
         torch.manual_seed(seed)  # fresh heads (value, score) and adapters start the same on every rank
         module = _load(kind, model, dtype)
-        return adapters.apply_adapters(module, lora, role=role) if lora is not None else module
+        return peft_lora.apply_adapters(module, lora, role=role) if lora is not None else module
 
 
 def _load(kind: RoleKind, model: str, dtype: str) -> Any:
@@ -54,8 +54,8 @@ def _load(kind: RoleKind, model: str, dtype: str) -> Any:
     if Path(model).is_dir():
         module = cls.from_pretrained(model, dtype=DTYPES[dtype], **head)
     else:
-        from hybridflow.data.tokenizer import char_tokenizer
         from hybridflow.models import tiny_config
+        from hybridflow.models.tokenizer import char_tokenizer
 
         if not model.startswith("tiny-"):
             raise FileNotFoundError(f"model {model!r} is neither a local directory nor a built-in tiny config")

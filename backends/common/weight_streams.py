@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
-from hybridflow.backends.common import adapters, modeling
+from hybridflow.backends.common import modeling, peft_lora
 
 from hybridflow.runtime.protocols import RoleSpec
 
@@ -19,13 +19,13 @@ class WeightStreams:
     """``iter_full_weights``/``tied_weights`` (:class:`~hybridflow.runtime.protocols.WeightSource`) and the adapter
     methods of :class:`~hybridflow.runtime.protocols.AdapterModel` over an engine's ``model``.
 
-    Engines set ``spec``, ``model`` and ``adapter_layers`` (:func:`adapters.lora_layers` of the model) and implement
+    Engines set ``spec``, ``model`` and ``adapter_layers`` (:func:`peft_lora.lora_layers` of the model) and implement
     :meth:`whole_state`.
     """
 
     spec: RoleSpec
     model: Any
-    adapter_layers: Mapping[str, adapters.LoraLayer]
+    adapter_layers: Mapping[str, peft_lora.LoraLayer]
 
     def whole_state(self, keep: Callable[[str], bool]) -> Iterator[tuple[str, torch.Tensor]]:
         """(model state-dict name, whole tensor) of the entries ``keep`` accepts, one at a time; the tensors may be
@@ -38,22 +38,22 @@ class WeightStreams:
 
     def iter_full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """(HF name, whole tensor) one at a time; a LoRA policy's adapted weights merged (``W + scale * B @ A``)."""
-        return adapters.merged_weights(self.whole_state(lambda _name: True), self.adapter_layers)
+        return peft_lora.merged_weights(self.whole_state(lambda _name: True), self.adapter_layers)
 
     def tied_weights(self) -> Mapping[str, str]:
-        return adapters.hf_aliases(modeling.tied_weights(self.model), self.adapter_layers)
+        return peft_lora.hf_aliases(modeling.tied_weights(self.model), self.adapter_layers)
 
     def iter_adapter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """(peft name, whole tensor) of every adapter weight: only those are gathered on a sharded engine."""
         if not self.has_adapters:
-            raise adapters.no_adapters(self.spec.name)
-        yield from adapters.peft_state(self.whole_state(adapters.is_adapter_key), self.model).items()
+            raise peft_lora.no_adapters(self.spec.name)
+        yield from peft_lora.peft_state(self.whole_state(peft_lora.is_adapter_key), self.model).items()
 
     def adapter_config(self) -> dict[str, Any]:
         """peft's ``adapter_config.json`` content, naming the role's model as the base."""
         if not self.has_adapters:
-            raise adapters.no_adapters(self.spec.name)
-        return adapters.adapter_config(self.model, base_model=self.spec.model)
+            raise peft_lora.no_adapters(self.spec.name)
+        return peft_lora.adapter_config(self.model, base_model=self.spec.model)
 
     def refuse_whole_weights(self) -> None:
         """Whole weights cannot replace a LoRA policy's (they would have to be split into base and adapters)."""

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from hybridflow.backends.common import adapters, modeling
+from hybridflow.backends.common import modeling, peft_lora
 from hybridflow.backends.common.checkpoint_errors import LOAD_ERRORS, unloadable
 from hybridflow.backends.common.distributed import all_ranks_finite, all_ranks_max, all_ranks_sum, ensure_process_group
 from hybridflow.backends.common.forward import ForwardOps
@@ -98,7 +98,7 @@ class DeepSpeedRoleEngine(ForwardOps, GradientSteps, WeightStreams):
         self.forward_max_tokens = layout.forward_max_tokens_per_micro_batch
         model = modeling.load_model(spec.kind, spec.model, dtype="fp32", seed=spec.seed, lora=spec.lora,
                                     role=spec.name)
-        self.adapter_layers = adapters.lora_layers(model)
+        self.adapter_layers = peft_lora.lora_layers(model)
         if layout.gradient_checkpointing and spec.kind.trainable:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         config = build_config(spec, layout, self.options, micro_batch_size=self.micro_batch_size,

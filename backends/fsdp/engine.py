@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from hybridflow.backends.common import adapters, modeling
+from hybridflow.backends.common import modeling, peft_lora
 from hybridflow.backends.common.distributed import all_ranks_finite, all_ranks_max, all_ranks_sum, ensure_process_group
 from hybridflow.backends.common.forward import ForwardOps
 from hybridflow.backends.common.training import GradientSteps, clip_and_step, non_finite, trainable_parameters
@@ -63,7 +63,7 @@ class FsdpRoleEngine(ForwardOps, GradientSteps, WeightStreams):
         # Trainable roles keep fp32 master weights and compute in layout.dtype; frozen ones load in it.
         model = modeling.load_model(spec.kind, spec.model, dtype="fp32" if trainable else layout.dtype,
                                     seed=spec.seed, lora=spec.lora, role=spec.name)
-        self.adapter_layers = adapters.lora_layers(model)
+        self.adapter_layers = peft_lora.lora_layers(model)
         if layout.gradient_checkpointing and trainable:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.to(context.device)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from hybridflow.backends.common import adapters, modeling
+from hybridflow.backends.common import modeling, peft_lora
 from hybridflow.backends.common.forward import ForwardOps
 from hybridflow.backends.common.training import GradientSteps, clip_and_step, non_finite, trainable_parameters
 from hybridflow.backends.common.weight_streams import WeightStreams
@@ -42,7 +42,7 @@ class TorchRoleEngine(ForwardOps, GradientSteps, WeightStreams):
         self.forward_max_tokens = layout.forward_max_tokens_per_micro_batch
         self.model = modeling.load_model(spec.kind, spec.model, dtype=layout.dtype, seed=spec.seed, lora=spec.lora,
                                          role=spec.name)
-        self.adapter_layers = adapters.lora_layers(self.model)
+        self.adapter_layers = peft_lora.lora_layers(self.model)
         if layout.gradient_checkpointing and spec.kind.trainable:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model.to(context.device)
@@ -119,7 +119,7 @@ class TorchRoleEngine(ForwardOps, GradientSteps, WeightStreams):
         # A LoRA policy's base weights are its model directory's: only the adapters (and their moments) are saved.
         model = self.model.state_dict()
         if self.has_adapters:
-            model = {name: tensor for name, tensor in model.items() if adapters.is_adapter_key(name)}
+            model = {name: tensor for name, tensor in model.items() if peft_lora.is_adapter_key(name)}
         state = {"model": model, "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None}
         torch.save(state, path / "state.pt")
         if self.optimizer is not None:
@@ -133,7 +133,7 @@ class TorchRoleEngine(ForwardOps, GradientSteps, WeightStreams):
             raise ValueError(f"{file} cannot be loaded ({str(err).splitlines()[0]}); it is truncated or corrupt: "
                              "resume from an older checkpoint (--resume-from checkpoints/step_N)") from err
         if self.has_adapters:
-            adapters.load_adapter_state(self.model, state["model"], role=self.spec.name)
+            peft_lora.load_adapter_state(self.model, state["model"], role=self.spec.name)
         else:
             self.model.load_state_dict(state["model"])
         if self.optimizer is not None and state["optimizer"] is not None:

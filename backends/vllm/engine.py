@@ -16,7 +16,7 @@ from hybridflow.backends.vllm.turns import TurnLoop
 
 from hybridflow.graph import RoleKind
 from hybridflow.planner import LayoutSupport, RoleLayout
-from hybridflow.planner.adapters import SYNC_MODES, adapter_sync_refusal
+from hybridflow.planner.lora_costs import SYNC_MODES, adapter_sync_refusal
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.protocols import (
     AdapterSpec,
@@ -43,7 +43,7 @@ class VllmOptions:
 
     A LoRA policy (``RoleSpec.lora``): ``lora_sync`` ``adapter`` sends only the adapter per update (vLLM's
     ``enable_lora``, the base loaded once), ``merged`` the merged whole weights; unset, the adapter when vLLM can
-    take it (:func:`~hybridflow.planner.adapters.adapter_sync_refusal`), else merged; the planner costs the
+    take it (:func:`~hybridflow.planner.lora_costs.adapter_sync_refusal`), else merged; the planner costs the
     same. ``lora_versions``: adapter versions kept loaded (vLLM's ``max_loras``); unset, the role's
     ``policy_versions`` (k+1 for the run's staleness bound k, from the execution mode), and never fewer.
     """

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 from hybridflow.backends.vllm import weights
-from hybridflow.backends.vllm.adapters import AdapterVersions, max_lora_rank
+from hybridflow.backends.vllm.lora_versions import AdapterVersions, max_lora_rank
 
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.protocols import SamplingParams
@@ -230,8 +230,8 @@ def materialize_model(model: str, *, seed: int) -> tuple[str, tempfile.Temporary
         return model, None
     from hybridflow.backends.common import modeling
 
-    from hybridflow.data import char_tokenizer
     from hybridflow.graph import RoleKind
+    from hybridflow.models.tokenizer import char_tokenizer
 
     # Same kind, name and seed as a trainer's load: the rollout starts from the trainer's initial weights.
     module = modeling.load_model(RoleKind.POLICY, model, dtype="fp32", seed=seed)

@@ -77,4 +77,4 @@ PLAIN_TEMPLATE = ("{% for message in messages %}{{ message['content'] }}"
 """For tokenizers without a chat template: each message's text on a line, an assistant turn closed by the EOS
 token, no generation prompt (an observation is ``\\n<content>\\n`` after a turn's EOS). The newline is an
 expression because HF renders templates with ``trim_blocks``, which drops a newline after a block tag. The tiny
-agent's tokenizer carries the same text (``hybridflow.data.tokenizer.PLAIN_CHAT_TEMPLATE``)."""
+agent's tokenizer carries the same text (``hybridflow.models.tokenizer.PLAIN_CHAT_TEMPLATE``)."""

@@ -38,7 +38,7 @@ ROLE_ARGS = {"actor": "actor_model", "critic": "critic_model", "reward": "reward
 
 
 # What ``settings`` default to here (dotted keys of the training config, the same schema as ``hybridflow train``).
-CLASSIC_DEFAULTS: dict[str, Any] = {"steps": 10, "output_dir": "runs/classic", "progress": False,
+CLASSIC_DEFAULTS: dict[str, Any] = {"steps": 10, "output_dir": "runs/classic", "logging.progress": False,
                                     "data.batch_size": 8, "algorithm_options.max_new_tokens": 12}
 DRY_RUN_PROMPT_LEN = 16  # prompt tokens of the workload plan() costs when no Workload is passed
 
@@ -185,18 +185,20 @@ class SingleController:
         roles = {role: replace(entry, micro_batch_size=plan.layout(role).micro_batch_size)
                  for role, entry in roles.items() if plan.group_index(role) is not None}
         sharded = sorted(role for role, entry in roles.items() if entry.backend == "fsdp")
-        if sharded and self.settings.executor == "local":
+        if sharded and self.settings.executor.name == "local":
             raise ValueError(f"SingleController.fit: fsdp_sharding_strategy={self.config.fsdp_sharding_strategy!r} "
                              f"shards {sharded} with the fsdp backend, whose ranks are processes: pass "
-                             "settings={'executor': 'ray'} (or fsdp_sharding_strategy='NO_SHARD' to train replicas "
-                             "in this process)")
+                             "settings={'executor.name': 'ray'} (or fsdp_sharding_strategy='NO_SHARD' to train "
+                             "replicas in this process)")
         actor = self.models["actor"]
         model = ModelConfig(path=actor) if Path(actor).is_dir() else replace(self.settings.model, name=actor)
         settings = replace(
-            self.settings, steps=steps or self.settings.steps, num_gpus=self.config.num_gpus, model=model,
-            roles={**self.settings.roles, **roles}, checkpoint_every=self.settings.checkpoint_every or (
-                steps or self.settings.steps),
-            reward_cache_size=self.config.reward_cache_size if self.config.enable_reward_cache else 0)
+            self.settings, steps=steps or self.settings.steps, model=model, roles={**self.settings.roles, **roles},
+            placement=replace(self.settings.placement, num_gpus=self.config.num_gpus),
+            checkpoint=replace(self.settings.checkpoint, every=self.settings.checkpoint.every or (
+                steps or self.settings.steps)),
+            data=replace(self.settings.data, reward_cache_size=self.config.reward_cache_size
+                         if self.config.enable_reward_cache else 0))
         run_dir = Path(settings.output_dir)
         resume = self._resume_from is not None
         if resume:

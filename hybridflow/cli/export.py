@@ -40,7 +40,7 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hybridflow.data.tokenizer import load_tokenizer
+    from hybridflow.models.tokenizer import load_tokenizer
     from hybridflow.train.adapter_export import is_adapter_state, run_lora
     from hybridflow.train.checkpoint_state import (
         base_model_dir,
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _export_lora(args: argparse.Namespace, source: Path, state: Any, config: dict[str, Any] | None) -> int:
-    from hybridflow.data.tokenizer import load_tokenizer
+    from hybridflow.models.tokenizer import load_tokenizer
     from hybridflow.train.adapter_export import merged_state, run_lora, save_adapter_dir
     from hybridflow.train.checkpoint_state import recorded_base_model
     from hybridflow.train.export import save_hf_dir

@@ -11,10 +11,10 @@ from hybridflow.cli.plan_options import check_numbers, model_spec
 from hybridflow.files import read_yaml
 from hybridflow.graph import Workload, load_graph
 from hybridflow.planner import Cluster, InfeasibleError, LayoutSupport, ModelSpec, Plan, PlannerOptions, plan_placement
-from hybridflow.planner.adapters import LoraPlan
 from hybridflow.planner.agents import AgentWorkload
 from hybridflow.planner.calibration import Calibration
 from hybridflow.planner.devices import GB, device_from_mapping, parse_device
+from hybridflow.planner.lora_costs import LoraPlan
 from hybridflow.planner.plan import ROLLOUT_SUFFIX
 from hybridflow.planner.problem import role_adapters, shareable_references
 from hybridflow.planner.settings import RunSettings, settings_from_dict
@@ -260,9 +260,11 @@ def _models(graph_roles: list[str], gpu_roles: list[str], given: dict[str, str],
     return specs
 
 
-# Keys only a `hybridflow train` config has: a --config file with any of them is a run's config.
-TRAIN_ONLY_KEYS = frozenset({"placement", "meshes", "plan_file", "data", "model", "actor", "critic", "roles", "steps",
-                             "output_dir", "executor", "planner_settings", "algorithm_options"})
+# Keys only a `hybridflow train` config has: a --config file with any of them is a run's config (its sections, and
+# the flat keys of before them that hybridflow.train.migration still moves).
+TRAIN_ONLY_KEYS = frozenset({"placement", "executor", "checkpoint", "validation", "logging", "agent", "data", "model",
+                             "actor", "critic", "roles", "steps", "output_dir", "algorithm_options",
+                             "meshes", "plan_file", "planner_settings"})
 
 
 def is_train_config(path: str | None) -> bool:

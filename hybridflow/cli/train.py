@@ -4,7 +4,10 @@ training."""
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hybridflow.train.config import TrainConfig
 
 
 def add_parser(subparsers: Any) -> None:
@@ -35,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def summary(result: Any, config: Any) -> list[str]:
+def summary(result: Any, config: TrainConfig) -> list[str]:
     """What a finished run wrote, one line each: only the outputs this config turned on (no TensorBoard path
     when TensorBoard is off)."""
     rewards = [row.get("reward/mean", float("nan")) for row in result.history]
@@ -44,7 +47,7 @@ def summary(result: Any, config: Any) -> list[str]:
              f"first {window} steps {sum(rewards[:window]) / window:.3f}, over the last {window} "
              f"{sum(rewards[-window:]) / window:.3f}" if rewards else "trained no steps (the run was finished)",
              f"metrics:      {result.metrics_path}"]
-    if config.tensorboard and "tensorboard" in config.trackers:
+    if "tensorboard" in config.logging.trackers:
         lines.append(f"tensorboard:  {result.run_dir / 'tensorboard'}")
     if result.curve_path is not None:
         lines.append(f"reward curve: {result.curve_path}")

@@ -5,19 +5,18 @@ from hybridflow.data.math_reward import answers_equivalent, extract_answer, math
 from hybridflow.data.prompts import PreparedRecords, prepare_records
 from hybridflow.data.records import GroundTruth, Record, render_prompt
 from hybridflow.data.reward_functions import RewardFunction, RewardSignatureError, Sample, reward_function
+from hybridflow.data.reward_specs import REWARDS, load_reward_functions
 from hybridflow.data.rewards import (
-    REWARDS,
     RewardScorer,
     RuleScorer,
     batch_samples,
     check_reward_configured,
     decode_responses,
-    load_reward_functions,
     reward_scorer,
 )
 from hybridflow.data.splits import DataSpec, DataSplits, hold_out, load_splits
 from hybridflow.data.tasks import TASKS, Task, char_accuracy, task_examples
-from hybridflow.data.tokenizer import char_tokenizer, load_tokenizer
+from hybridflow.models.tokenizer import char_tokenizer, load_tokenizer
 
 __all__ = ["REWARDS", "TASKS", "DataSpec", "DataSplits", "GroundTruth", "PreparedRecords", "PromptLoader", "Record",
            "RewardFunction", "RewardScorer", "RewardSignatureError", "RuleScorer", "Sample", "Task",

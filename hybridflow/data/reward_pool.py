@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import os
 import pickle
 import queue
@@ -32,6 +33,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from hybridflow.data.reward_functions import RewardFunction, Sample, describe
+from hybridflow.data.reward_specs import load_reward_functions
 from hybridflow.runtime.errors import RewardFunctionError, RewardTimeoutError
 
 START_TIMEOUT_S = 120.0  # a worker imports torch and the reward code before it answers
@@ -248,10 +250,6 @@ def serve_fd(fd: int) -> None:
 
 
 def _rebuild(item: tuple[str | None, RewardFunction | None, str, float]) -> RewardFunction:
-    import dataclasses
-
-    from hybridflow.data.rewards import load_reward_functions
-
     source, reward, name, weight = item
     if reward is not None:
         return reward

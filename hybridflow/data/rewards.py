@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -14,28 +13,20 @@ from typing import Any
 
 import torch
 
-from hybridflow.data.math_reward import math_reward, math_reward_flexible
 from hybridflow.data.records import GroundTruth
 from hybridflow.data.reward_functions import (
     FLOAT32_MAX,
     RewardFunction,
-    RewardSignatureError,
     Sample,
     describe,
     reward_function,
 )
 from hybridflow.data.reward_pool import RewardPool
-from hybridflow.registry import Registry, RegistryError, load_object
+from hybridflow.data.reward_specs import RewardSpec, load_reward_functions
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.errors import RewardFunctionError
 
 RewardRule = Callable[..., float]
-RewardSpec = str | Callable[..., Any]
-
-# Built-in reward functions by name; the built-in tasks' rules are found by task name too.
-REWARDS: Registry[Callable[..., Any]] = Registry("reward function")
-REWARDS.add("math", math_reward)
-REWARDS.add("math_flexible", math_reward_flexible)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -187,24 +178,6 @@ def batch_samples(batch: Batch, tokenizer: Any) -> list[Sample]:
     return samples
 
 
-def load_reward_functions(specs: RewardSpec | Sequence[RewardSpec], *,
-                          weights: Sequence[float] | None = None) -> tuple[RewardFunction, ...]:
-    """Reward functions from names (``math``, a task name), ``file.py:fn`` / ``module:fn`` specs or callables.
-
-    Each signature is checked here, at load time. ``weights`` (default all 1.0) must match in length.
-    """
-    items: list[RewardSpec] = [specs] if isinstance(specs, str) or callable(specs) else list(specs)
-    if not items:
-        raise ValueError("data.reward is an empty list; name at least one reward function")
-    if weights is not None and len(weights) != len(items):
-        raise ValueError(f"data.reward_weights has {len(weights)} weights for {len(items)} reward functions "
-                         f"({[_label(s) for s in items]}); give one weight per function")
-    chosen = list(weights) if weights is not None else [1.0] * len(items)
-    return tuple(dataclasses.replace(reward_function(_resolve(spec), name=_label(spec), weight=weight),
-                                     source=spec if isinstance(spec, str) else None)
-                 for spec, weight in zip(items, chosen, strict=True))
-
-
 def reward_scorer(specs: RewardSpec | Sequence[RewardSpec], tokenizer: Any, *,
                   weights: Sequence[float] | None = None, timeout_s: float | None = None) -> RewardScorer:
     """A scorer summing the weighted reward functions ``specs`` name (in worker processes with ``timeout_s``)."""
@@ -218,30 +191,6 @@ def check_reward_configured(*, data_path: str | None, reward: object) -> None:
         raise ValueError(f"data.path is set ({data_path}) but data.reward is not: rows from a file have no "
                          "built-in rule, so name one (data.reward: math, or path/to/file.py:function, or a list "
                          "of them with data.reward_weights)")
-
-
-def _resolve(spec: RewardSpec) -> Callable[..., Any]:
-    if callable(spec):
-        return spec
-    if not isinstance(spec, str):
-        raise RewardSignatureError(f"data.reward entry {spec!r} is a {type(spec).__name__}, not a function or a "
-                                   "'path/to/file.py:function' name")
-    if ":" in spec:
-        found: Callable[..., Any] = load_object(spec)
-        return found
-    from hybridflow.data.tasks import TASKS
-
-    if spec in TASKS:
-        return TASKS.get(spec).reward
-    try:
-        return REWARDS.get(spec)
-    except RegistryError as err:
-        raise KeyError(f"data.reward {spec!r} is neither a built-in reward function {REWARDS.names()}, a task "
-                       f"{TASKS.names()}, nor a 'path/to/file.py:function' or 'module:function' spec") from err
-
-
-def _label(spec: RewardSpec) -> str:
-    return spec if isinstance(spec, str) else getattr(spec, "__name__", repr(spec))
 
 
 def decode_responses(responses: torch.Tensor, mask: torch.Tensor, tokenizer: Any) -> list[str]:

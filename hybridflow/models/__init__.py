@@ -1,4 +1,5 @@
-"""Tiny Hugging Face model configs by name, built offline for tests, demos and benchmarks."""
+"""Tiny Hugging Face model configs by name, built offline for tests, demos and benchmarks; their character
+tokenizer and the loader of a model's saved tokenizer are in :mod:`hybridflow.models.tokenizer`."""
 
 from hybridflow.models.tiny import TINY_CONFIGS, build_tiny_causal_lm, save_model_dir, tiny_config
 

@@ -6,8 +6,10 @@ import base64
 import html
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from hybridflow.monitor.report import RunSummary
+if TYPE_CHECKING:
+    from hybridflow.monitor.report import RunSummary
 
 # Counts the images the browser decoded into ``<body data-images-loaded="n/total">``, so a headless
 # browser's DOM dump shows whether the page really rendered (hybridflow.monitor.browser reads it).

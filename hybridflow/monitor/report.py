@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from hybridflow.monitor.html import write_report_html
 from hybridflow.planner.metrics_file import metrics_rows
 
 # Metric families in the order a reader scans them; anything else is listed after these.
@@ -115,8 +116,6 @@ class ReportFiles:
 def write_report(run_dir: str | Path, *, plots_dir: str | Path | None = None,
                  html_path: str | Path | None = None) -> ReportFiles:
     """Plots (default ``RUN_DIR/plots``) and ``report.html`` (default ``RUN_DIR/report.html``) for a run."""
-    from hybridflow.monitor.html import write_report_html
-
     plots = plot_run(run_dir, plots_dir)
     page = write_report_html(summarize(run_dir), plots, Path(html_path) if html_path else Path(run_dir) / "report.html")
     return ReportFiles(plots=tuple(plots), html=page)

@@ -4,7 +4,6 @@
 ``compare_plans`` explains the difference. Plans are immutable, JSON-serialisable values.
 """
 
-from hybridflow.planner.adapters import LoraPlan
 from hybridflow.planner.agents import AgentWorkload, predict_agent_schedules
 from hybridflow.planner.calibration import Calibration, Constants
 from hybridflow.planner.cluster import Cluster, Machine
@@ -13,6 +12,7 @@ from hybridflow.planner.devices import DEVICES, DeviceSpec, get_device
 from hybridflow.planner.errors import InfeasibleError
 from hybridflow.planner.execution import ExecutionMode
 from hybridflow.planner.lengths import LengthDistribution
+from hybridflow.planner.lora_costs import LoraPlan
 from hybridflow.planner.manual import evaluate_mapping, parse_mapping
 from hybridflow.planner.models import PRESETS, ModelSpec
 from hybridflow.planner.plan import (

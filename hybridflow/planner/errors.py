@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from hybridflow.planner.adapters import LoraPlan
 from hybridflow.planner.costs import Shape, state_bytes
 from hybridflow.planner.devices import GIB
 from hybridflow.planner.layouts import Candidate, Constraint, role_candidates, usable_bytes
+from hybridflow.planner.lora_costs import LoraPlan
 
 if TYPE_CHECKING:
     from hybridflow.planner.groups import GroupEvaluator

@@ -13,7 +13,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from hybridflow.graph import Graph, Workload
-from hybridflow.planner.adapters import LoraPlan
 from hybridflow.planner.agents import AgentWorkload
 from hybridflow.planner.assemble import Placement, build_plan
 from hybridflow.planner.calibration import Calibration
@@ -22,6 +21,7 @@ from hybridflow.planner.devices import DeviceSpec
 from hybridflow.planner.errors import gib
 from hybridflow.planner.groups import GroupEvaluator
 from hybridflow.planner.layouts import Constraint, usable_bytes
+from hybridflow.planner.lora_costs import LoraPlan
 from hybridflow.planner.models import ModelSpec
 from hybridflow.planner.modes import DEFAULT_STALENESS, check_choice, explain_choice, overlap_blocker
 from hybridflow.planner.overlays import ControllerOverlay

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from hybridflow.files import read_json
-from hybridflow.planner.adapters import LoraPlan
+from hybridflow.planner.lora_costs import LoraPlan
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -35,7 +35,7 @@ class ModelSpec:
     expert_params: int = 0  # weights held in routed experts, all layers together
     attention_head_dim: int = 0  # 0: hidden // heads (Qwen3 and DeepSeek-V3 set their own)
     kv_latent_dim: int = 0  # multi-head latent attention (DeepSeek-V3): cached width per layer and token
-    # A LoRA adapter the role trains on this frozen base (``adapters.py``); None: every weight is trained.
+    # A LoRA adapter the role trains on this frozen base (``lora_costs.py``); None: every weight is trained.
     adapter: LoraPlan | None = None
     adapter_params: int = field(default=0, init=False, compare=False, repr=False)  # the adapter's weights
 

@@ -6,12 +6,12 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 
 from hybridflow.graph import Graph, NodeLoad, Op, RoleKind, Workload, edge_bytes, node_loads
-from hybridflow.planner.adapters import LoraPlan
 from hybridflow.planner.agents import AgentNode, AgentWorkload, agent_nodes, engine_prefix_caching
 from hybridflow.planner.calibration import DEFAULT_CALIBRATION, Calibration
 from hybridflow.planner.cluster import Cluster
 from hybridflow.planner.costs import FORWARD_OPS
 from hybridflow.planner.execution import ExecutionMode
+from hybridflow.planner.lora_costs import LoraPlan
 from hybridflow.planner.models import ModelSpec
 from hybridflow.planner.modes import check_pipeline
 from hybridflow.planner.overlays import ControllerOverlay
@@ -106,7 +106,7 @@ def build_problem(graph: Graph, models: Mapping[str, ModelSpec], workload: Workl
     layouts its backend runs (:mod:`.support`); ``micro_batch_sizes``: per role, a micro batch the user fixed.
     ``agent``: what the graph's multi-turn generate nodes (``environment`` set) do (:mod:`.agents`); None costs
     them at half their ``max_turns`` without tool latency, and refuses inputs for a graph without such nodes.
-    ``adapters``: per trainable role, the LoRA adapter it trains (:mod:`.adapters`; its ``sync`` None becomes the
+    ``adapters``: per trainable role, the LoRA adapter it trains (:mod:`.lora_costs`; its ``sync`` None becomes the
     dry run's engine: adapter-only on GPUs, where vLLM runs, merged on CPU). ``shared_weights``: frozen roles that
     run on a LoRA role's engine with its adapter disabled (``{"reference": "actor"}``): their nodes move to that
     role, which holds no second copy of the base. ``overlay``: another framework's costs laid over the model, to

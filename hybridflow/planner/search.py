@@ -13,7 +13,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from hybridflow.graph import Graph, Workload
-from hybridflow.planner.adapters import LoraPlan
 from hybridflow.planner.agents import AgentWorkload
 from hybridflow.planner.assemble import Placement, build_plan, group_seconds, idle_fraction
 from hybridflow.planner.calibration import Calibration
@@ -22,6 +21,7 @@ from hybridflow.planner.costs import Shape
 from hybridflow.planner.errors import InfeasibleError, explain_infeasible
 from hybridflow.planner.groups import GroupEvaluator
 from hybridflow.planner.layouts import GroupLayout
+from hybridflow.planner.lora_costs import LoraPlan
 from hybridflow.planner.models import ModelSpec
 from hybridflow.planner.modes import DEFAULT_STALENESS, OVERLAPPED, check_choice, explain_choice, overlap_blocker
 from hybridflow.planner.overlays import ControllerOverlay
@@ -56,7 +56,7 @@ class PlannerOptions:
     (:mod:`.support`); the search proposes nothing else. None: any layout (a dry run told no backends).
     ``micro_batch_sizes``: per role, a micro batch the user fixed (rows per pass per rank); the rest the
     search chooses.
-    ``lora``: a LoRA adapter (:class:`~hybridflow.planner.adapters.LoraPlan`) for every trainable policy, or one
+    ``lora``: a LoRA adapter (:class:`~hybridflow.planner.lora_costs.LoraPlan`) for every trainable policy, or one
     per role; ``lora_when``: "always" (plan the adapter runs) or "needed" (keep full fine-tuning where it fits
     and plan with the adapters only when it fits nowhere; the plan says which and why). ``shared_weights``:
     frozen roles that run on a LoRA role's engine with its adapter disabled, ``{"reference": "actor"}`` (a

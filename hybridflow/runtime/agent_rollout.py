@@ -26,10 +26,11 @@ from hybridflow.agents.records import env_record, environment_for
 from hybridflow.agents.server import BatchingTurnServer, turn_server
 from hybridflow.graph import Node, Op
 from hybridflow.graph.node import DEFAULT_MAX_TURNS, freeze_options
+from hybridflow.models.tokenizer import char_tokenizer, load_tokenizer
 from hybridflow.registry import ENVIRONMENTS
 from hybridflow.runtime.batch import Batch, left_padded
+from hybridflow.runtime.loss_mask import with_loss_mask
 from hybridflow.runtime.protocols import SamplingParams
-from hybridflow.runtime.worker import with_loss_mask
 
 ROW_SEED_STRIDE = 104_729  # row i of a rank samples with the rank's seed x 100,003 + i x this
 
@@ -64,8 +65,6 @@ def environment_factory(node: Node) -> Any:
 @functools.lru_cache(maxsize=8)
 def role_tokenizer(model: str) -> Any:
     """The tokenizer of a role's model: saved beside it, or the character tokenizer of a built-in tiny model."""
-    from hybridflow.data.tokenizer import char_tokenizer, load_tokenizer
-
     if Path(model).is_dir():
         return load_tokenizer(model)
     return char_tokenizer()

@@ -18,7 +18,7 @@ import torch
 from hybridflow.runtime.protocols import AdapterSpec
 from hybridflow.train.export import EXPORT_MARKER, write_dir_atomically
 
-ADAPTER = "default"  # peft's name of a model's only adapter (backends/common/adapters.py ADAPTER)
+ADAPTER = "default"  # peft's name of a model's only adapter (backends/common/peft_lora.py ADAPTER)
 _INITS: dict[str, Any] = {"default": True, "gaussian": "gaussian", "pissa": "pissa", "olora": "olora"}
 
 

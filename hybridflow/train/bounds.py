@@ -18,6 +18,7 @@ from typing import Any
 from hybridflow.graph import Graph, Op
 from hybridflow.planner.settings import MAX_SEQUENCE_TOKENS, MAX_STEP_ROWS
 from hybridflow.train.config import TrainConfig
+from hybridflow.train.file_checks import model_config
 
 ROW_BYTES = 1024  # host memory a generated prompt holds through data preparation (measured ~500 B; 2x margin)
 WEIGHT_BYTES = 2  # bf16, the smallest dtype a role loads weights in
@@ -70,7 +71,7 @@ def size_bounds(config: TrainConfig, graph: Graph) -> list[SizeBound]:
                   "longer than any model's context", "lower it to the model's context less max_new_tokens"),
         SizeBound("agent.max_turn_tokens", config.agent.max_turn_tokens, response_high, response_why,
                   "lower it (at most max_new_tokens is sampled in all turns together)"),
-        SizeBound("segment_tokens", config.segment_tokens or None, response_high, response_why,
+        SizeBound("pipeline.segment_tokens", config.pipeline.segment_tokens or None, response_high, response_why,
                   "lower it (0: a quarter of max_new_tokens)"),
     ]
     for name, optim in (("actor", config.actor), ("critic", config.critic)):
@@ -92,7 +93,6 @@ def check_model_size(key: str, path: str) -> None:
     """A model directory's ``config.json`` sizes are positive integers and its weights fit the host's memory,
     which they pass through as they load; the error names the file and the key in it."""
     from hybridflow.planner.models import from_config_dict
-    from hybridflow.train.preflight import model_config  # preflight runs this check: imported here, not above
 
     file = Path(path).expanduser() / "config.json"
     found = model_config(key, file.parent)

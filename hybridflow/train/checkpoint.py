@@ -8,9 +8,11 @@ the recorded format, so files added to a checkpoint later (a crafted DCP ``.meta
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,26 @@ _PREFIX = "step_"
 DEEPSPEED_TAG = "hybridflow"  # backends/deepspeed/engine.py CHECKPOINT_TAG
 # The file (or folder) each backend's role checkpoint is made of, in the order they are told apart.
 FORMAT_MARKERS = {"torch": "state.pt", "fsdp": ".metadata", "deepspeed": DEEPSPEED_TAG}
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointConfig:
+    """The ``checkpoint`` section. ``every``: a checkpoint every N steps (0: none but the one a SIGTERM
+    asks for); ``keep``: > 0 keeps only the newest K on disk; ``sigterm_grace_s``: on SIGTERM the step in
+    flight gets this long to finish (else it is abandoned), then the last finished step is checkpointed and the
+    run exits 143; 0: stop at once, no checkpoint (hybridflow/train/preemption.py)."""
+
+    every: int = 0
+    keep: int = 0
+    sigterm_grace_s: float = 20.0
+
+    def __post_init__(self) -> None:
+        for name in ("every", "keep"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"config key 'checkpoint.{name}'={getattr(self, name)} must be >= 0 (0: off)")
+        if not 0 <= self.sigterm_grace_s < math.inf:
+            raise ValueError(f"config key 'checkpoint.sigterm_grace_s'={self.sigterm_grace_s} must be a number of "
+                             "seconds >= 0 (0: a SIGTERM stops the run at once, without a checkpoint)")
 
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:

@@ -128,7 +128,7 @@ def checkpoint_of(path: str | Path) -> Path:
         latest = latest_checkpoint(path)
         if latest is None:
             raise FileNotFoundError(f"run {path} has no complete checkpoint under checkpoints/ (set "
-                                    f"checkpoint_every); its final policy is {path / 'final'}")
+                                    f"checkpoint.every); its final policy is {path / 'final'}")
         return latest
     return path
 

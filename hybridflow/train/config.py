@@ -7,9 +7,6 @@ key in the message; the dataclasses are the only schema.
 from __future__ import annotations
 
 import dataclasses
-import math
-import types
-import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,14 +16,21 @@ import yaml
 
 from hybridflow.data.splits import DataFiles
 from hybridflow.planner import ExecutionMode, Plan
-from hybridflow.planner.agents import WORKLOAD_KEYS, AgentWorkload
-from hybridflow.planner.modes import check_choice
 from hybridflow.planner.settings import parse_offload
 from hybridflow.runtime.liveness import Liveness
 from hybridflow.runtime.protocols import DEFAULT_ROLLOUT, AdapterSpec, OptimSpec
+from hybridflow.train.checkpoint import CheckpointConfig
 from hybridflow.train.config_keys import checked, flatten
+from hybridflow.train.migration import migrate
+from hybridflow.train.pipeline import PipelineConfig
+from hybridflow.train.placement import PlacementConfig, PlannerInputs
+from hybridflow.train.schema import from_mapping
+from hybridflow.train.trackers import LoggingConfig
+from hybridflow.train.validation import ValidationConfig
 
-TRACKERS = ("jsonl", "tensorboard", "wandb", "mlflow")  # hybridflow/train/trackers.py
+__all__ = ["AgentConfig", "CheckpointConfig", "DataConfig", "ExecutorConfig", "LoggingConfig", "ModelConfig",
+           "OptimConfig", "PipelineConfig", "PlacementConfig", "PlannerInputs", "RoleConfig", "TrainConfig",
+           "ValidationConfig", "config_from_dotted", "from_mapping", "load_config"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,6 +62,12 @@ class DataConfig(DataFiles):
     reward_timeout_s: float = 60.0
     num_examples: int = 2000
     batch_size: int = 8
+    reward_cache_size: int = 0  # > 0: an LRU of reward-model scores keyed by prompt + response
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.reward_cache_size < 0:
+            raise ValueError(f"config key 'data.reward_cache_size'={self.reward_cache_size} must be >= 0 (0: off)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,47 +99,6 @@ class OptimConfig(OptimSpec):
         """The runtime's spec, its schedule spanning ``total_steps`` updates (the run's ``steps``)."""
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(OptimSpec)}
         return OptimSpec(**{**values, "total_steps": total_steps})
-
-
-@dataclass(frozen=True, kw_only=True)
-class PlannerInputs:
-    """What the planner needs that a run's config cannot state: the response lengths to cost (``placement:
-    auto|manual``). ``lengths_from``: an earlier run's metrics.jsonl; ``mean_response_len``: a lognormal with
-    that mean, capped at ``max_new_tokens``. Neither: every response costed at ``max_new_tokens``. The rest of
-    the planner's step recipe (epochs, mini-batches, prompt cap, offload, the engine's memory) is derived from
-    the run's own keys (:func:`hybridflow.train.placement.run_settings`). ``agent``: what a multi-turn generate
-    node's trajectories do (keys of :data:`hybridflow.planner.agents.WORKLOAD_KEYS`: ``turns``, ``tool_latency``,
-    ``calls_per_turn``, ``observation_tokens``, ``turn_tokens``, ``prefix_caching``, ``from`` an earlier run's
-    metrics.jsonl); unset, such a node is costed at half its ``max_turns`` without tool latency."""
-
-    lengths_from: str | None = None
-    mean_response_len: int | None = None
-    agent: dict[str, Any] | None = None
-
-    # Planner keys a run states itself, and where (an unknown key here names its home).
-    STATED_BY_THE_RUN: typing.ClassVar[dict[str, str]] = {
-        "mini_batch_size": "actor.mini_batches", "epochs": "actor.epochs", "max_prompt_len": "data.max_prompt_length",
-        "max_response_len": "the generate node's max_new_tokens (algorithm_options)",
-        "gpu_memory_utilization": "roles.<policy>.rollout_options.gpu_memory_utilization",
-        "rollout_sleep": "roles.<policy>.rollout_options.sleep_level",
-        "offload": "roles.<name>.offload"}
-
-    def __post_init__(self) -> None:
-        if self.lengths_from and self.mean_response_len is not None:
-            raise ValueError("config keys 'planner_settings.lengths_from' and 'planner_settings.mean_response_len' "
-                             "conflict: give one")
-        self.agent_workload()
-
-    def agent_workload(self) -> AgentWorkload | None:
-        """The ``agent`` mapping as the planner's input (None: not given); errors name the config key."""
-        if self.agent is None:
-            return None
-        if not isinstance(self.agent, Mapping):
-            raise ValueError(f"config key 'planner_settings.agent' must be a mapping of {list(WORKLOAD_KEYS)}")
-        return AgentWorkload.from_mapping(self.agent, where="config key 'planner_settings.agent'")
-
-    def __bool__(self) -> bool:
-        return bool(self.lengths_from) or self.mean_response_len is not None or self.agent is not None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -206,136 +175,67 @@ class RoleConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ExecutorConfig:
+    """The ``executor`` section: where the workers run. ``name``: ``local`` (in this process), ``ray`` (a local
+    cluster, or the one at ``ray_address``) or ``torchrun`` (a rank per GPU, docs/torchrun.md); ``liveness``:
+    the deadlines and heartbeats of worker calls (Ray, torchrun; :class:`~hybridflow.runtime.liveness.Liveness`)."""
+
+    name: Literal["local", "ray", "torchrun"] = "local"
+    ray_address: str | None = None
+    liveness: Liveness = field(default_factory=Liveness)
+
+    def __post_init__(self) -> None:
+        if self.ray_address and self.name != "ray":
+            raise ValueError(f"config key 'executor.ray_address' is only read with executor.name=ray (not "
+                             f"{self.name!r}); set the name or drop the address")
+
+
+@dataclass(frozen=True, kw_only=True)
 class TrainConfig:
-    """Everything ``hybridflow train`` needs. ``algorithm_options`` go to the graph factory."""
+    """Everything ``hybridflow train`` needs: the algorithm (``algorithm_options`` go to the graph factory), the
+    run's length and seed, and one section per component (docs/configuration.md has the whole tree)."""
 
     algorithm: str = "grpo"
     algorithm_options: dict[str, Any] = field(default_factory=dict)
     seed: int = 0
     steps: int = 50
-    executor: Literal["local", "ray", "torchrun"] = "local"
-    ray_address: str | None = None
-    num_gpus: int = 1
-    plan_file: str | None = None  # a Plan JSON (e.g. from the planner); default: every role on one group
-    # "auto": the planner's plan for ``cluster``; "manual": ``meshes`` per role, costed by the planner.
-    placement: Literal["default", "auto", "manual"] = "default"
-    cluster: str | None = None  # a planner cluster spec, e.g. "4xA100-80G+2xT4"; default f"{num_gpus}xCPU"
-    meshes: dict[str, list[int]] = field(default_factory=dict)  # role -> GPU ids; "actor:rollout" detaches a rollout
-    separate_rollout: bool = False  # placement=auto: also consider rollout GPUs apart from the trainer's
-    # placement=auto|manual: the cost model's fitted constants (a file from `hybridflow calibrate`, or a shipped name)
-    calibration: str | None = None
-    # placement=auto|manual: the response lengths the planner costs, e.g. {lengths_from: runs/previous/metrics.jsonl}
-    planner_settings: PlannerInputs = field(default_factory=PlannerInputs)
-    # placement=auto|manual on logical CPU GPUs: the cores they share ("auto": this machine's); None: one each
-    host_cores: int | Literal["auto"] | None = None
-    # "one_step_off": a rollout on GPUs of its own generates step t+1 while the trainer trains on step t;
-    # "async": it generates continuously, at most ``max_staleness`` updates ahead (docs/runtime.md);
-    # "auto": the mode the plan was costed for (placement=auto chooses it, a plan file records it)
-    pipeline: Literal["sync", "one_step_off", "async", "auto"] = "sync"
-    max_staleness: int = 1  # pipeline=async: how many policy updates a sample's oldest token may lag
-    partial_rollout: bool = True  # pipeline=async: weight updates land mid-response (generation in segments)
-    segment_tokens: int = 0  # partial rollouts: new tokens per segment (0: a quarter of max_new_tokens)
-    # Forward and update passes over padded rows instead of packed sequences (every role's RoleLayout.padding)
-    padding: bool = False
-    stream_chunks: int = 1  # pipeline=sync: > 1 hands generated rows on in that many chunks (runtime/streaming.py)
-    # A synchronous single-pass update (actor.epochs 1, actor.mini_batches 1) takes its old log-probs from its own
-    # forward, detached, instead of a log-prob pass before it (hybridflow/graph/skipping.py; TRL does the same)
-    skip_known_passes: bool = True
+    output_dir: str = "runs/train"
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     actor: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3))
     critic: OptimConfig = field(default_factory=lambda: OptimConfig(lr=3e-3))
-    output_dir: str = "runs/train"
-    checkpoint_every: int = 0
-    # SIGTERM: the step in flight gets this long to finish (else it is abandoned), then the last finished step is
-    # checkpointed and the run exits 143; 0: stop at once, no checkpoint (hybridflow/train/preemption.py)
-    sigterm_grace_s: float = 20.0
-    keep_checkpoints: int = 0  # > 0: only the newest K checkpoints stay on disk
-    validation_every: int = 0  # > 0: a validation pass every N steps (and after the last step)
-    validation_samples: int = 8  # completions per validation pass kept in the samples table
-    validate_before_train: bool = False  # a validation pass before the first step, logged on step 0's line
-    console_metrics_every: int = 0  # > 0: one line of key metrics on stderr every N steps (TRL/verl style)
-    # Where metrics go besides metrics.jsonl (always written: `hybridflow report` reads it). docs/configuration.md
-    trackers: list[str] = field(default_factory=lambda: ["tensorboard"])
-    tensorboard: bool = True
-    progress: bool = True
-    plot: bool = True
     roles: dict[str, RoleConfig] = field(default_factory=dict)
-    reward_cache_size: int = 0  # > 0: an LRU of reward-model scores keyed by prompt + response
-    liveness: Liveness = field(default_factory=Liveness)  # deadlines and heartbeats of worker calls (Ray, torchrun)
-    agent: AgentConfig = field(default_factory=AgentConfig)  # multi-turn rollouts with tools (docs/agents.md)
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    executor: ExecutorConfig = field(default_factory=ExecutorConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    validation: ValidationConfig = field(default_factory=ValidationConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     def __post_init__(self) -> None:
-        if self.placement != "default" and self.plan_file:
-            raise ValueError(f"config keys 'placement'={self.placement!r} and 'plan_file' conflict: a plan file is "
-                             "executed as it is; drop one of them")
-        if self.meshes and self.placement != "manual":
-            raise ValueError("config key 'meshes' is only read with placement=manual")
-        if self.calibration and self.placement == "default":
-            raise ValueError("config key 'calibration' is only read with placement=auto or manual (the planner's "
-                             "cost model); set placement or drop the key")
-        for key in ("planner_settings", "host_cores"):
-            if getattr(self, key) and self.placement == "default":
-                raise ValueError(f"config key {key!r} is only read with placement=auto or manual (the planner's cost "
-                                 "model); set placement or drop the key")
-        if self.host_cores is not None and self.host_cores != "auto" and (
-                isinstance(self.host_cores, bool) or not isinstance(self.host_cores, int) or self.host_cores < 1):
-            raise ValueError(f"config key 'host_cores'={self.host_cores!r} must be a positive integer, 'auto' (this "
-                             "machine's cores) or null (a core per logical GPU)")
-        if self.separate_rollout and self.placement != "auto":
-            raise ValueError("config key 'separate_rollout' is only read with placement=auto (with placement=manual "
-                             "give the rollout its own mesh, e.g. meshes: {'actor:rollout': [2, 3]})")
-        if self.pipeline == "auto" and self.placement != "auto" and not self.plan_file:
-            raise ValueError("config key 'pipeline'='auto' takes the mode a plan was costed for: set placement=auto "
-                             "(or a plan_file), or name the mode (sync, one_step_off, async)")
-        if self.executor == "torchrun" and self.pipeline != "sync":
-            raise ValueError(f"config key 'pipeline'={self.pipeline!r}: the torchrun executor runs pipeline=sync only "
-                             "(its ranks answer one call stream); use executor=ray or local for overlapped modes")
-        # The mode keys, by the one rule: each value as async reads it (whichever mode runs), then the mode.
-        ExecutionMode.checked(key=_config_key, pipeline="async", max_staleness=self.max_staleness,
-                              segment_tokens=self.segment_tokens)
-        if self.pipeline == "auto":
-            check_choice("auto", self.max_staleness, self.stream_chunks, key=_config_key)
-        else:
-            self.execution_mode()
-        if self.reward_cache_size < 0:
-            raise ValueError(f"config key 'reward_cache_size'={self.reward_cache_size} must be >= 0 (0: off)")
-        for name in ("steps", "num_gpus"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"config key {name!r}={getattr(self, name)} must be >= 1")
-        if self.checkpoint_every < 0:
-            raise ValueError(f"config key 'checkpoint_every'={self.checkpoint_every} must be >= 0 (0: never)")
-        if not 0 <= self.sigterm_grace_s < math.inf:
-            raise ValueError(f"config key 'sigterm_grace_s'={self.sigterm_grace_s} must be a number of seconds >= 0 "
-                             "(0: a SIGTERM stops the run at once, without a checkpoint)")
-        for name in ("keep_checkpoints", "validation_every", "console_metrics_every"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"config key {name!r}={getattr(self, name)} must be >= 0 (0: off)")
-        if self.validate_before_train and not (self.data.val_path or self.data.val_fraction):
-            raise ValueError("config key 'validate_before_train' needs validation prompts: set data.val_path (a file "
-                             "or a list) or data.val_fraction")
-        unknown = sorted(set(self.trackers) - set(TRACKERS))
-        if unknown:
-            raise ValueError(f"config key 'trackers' has {unknown}; the trackers are {list(TRACKERS)}")
+        if self.steps < 1:
+            raise ValueError(f"config key 'steps'={self.steps} must be >= 1")
+        _cross_checks(self)
 
     def execution_mode(self, plan: Plan | None = None) -> ExecutionMode:
-        """The mode the run executes: the config's, or for ``pipeline: auto`` the one ``plan`` was costed for
-        (its mode and bound; the config's segments and chunks). ``max_staleness`` applies to async only,
-        ``segment_tokens`` to async with ``partial_rollout``. Errors name the config key."""
-        pipeline: str = self.pipeline
-        staleness = self.max_staleness
-        if pipeline == "auto":
-            if plan is None:
-                raise ValueError("config key 'pipeline'='auto' runs the mode a plan was costed for: pass the plan")
-            pipeline, staleness = plan.pipeline, plan.max_staleness
-        return ExecutionMode.checked(
-            key=_config_key, pipeline=pipeline, max_staleness=staleness if pipeline == "async" else None,
-            segment_tokens=self.segment_tokens if pipeline == "async" and self.partial_rollout else None,
-            stream_chunks=self.stream_chunks)
+        """The mode the run executes (:meth:`PipelineConfig.execution_mode`)."""
+        return self.pipeline.execution_mode(plan)
 
 
-def _config_key(name: str) -> str:
-    return f"config key {name!r}"
+def _cross_checks(config: TrainConfig) -> None:
+    """The rules that join two sections, each naming both keys (a section checks its own keys itself)."""
+    placement, pipeline = config.placement, config.pipeline
+    if pipeline.mode == "auto" and placement.mode != "auto" and not placement.plan_file:
+        raise ValueError("config key 'pipeline.mode'='auto' takes the mode a plan was costed for: set "
+                         "placement.mode=auto (or placement.plan_file), or name the mode (sync, one_step_off, async)")
+    if config.executor.name == "torchrun" and pipeline.mode != "sync":
+        raise ValueError(f"config key 'pipeline.mode'={pipeline.mode!r}: executor.name=torchrun runs pipeline.mode="
+                         "sync only (its ranks answer one call stream); use executor.name=ray or local for overlapped "
+                         "modes")
+    if config.validation.before_train and not (config.data.val_path or config.data.val_fraction):
+        raise ValueError("config key 'validation.before_train' needs validation prompts: set data.val_path (a file "
+                         "or a list) or data.val_fraction")
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> TrainConfig:
@@ -353,116 +253,10 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         if not sep or not key:
             raise ValueError(f"override {item!r} must look like dotted.key=value")
         pairs += flatten(TrainConfig, {key: yaml.safe_load(raw)})
-    return from_mapping(TrainConfig, checked(TrainConfig, pairs))
+    return from_mapping(TrainConfig, checked(TrainConfig, migrate(pairs)))
 
 
 def config_from_dotted(items: Mapping[str, Any], base: Mapping[str, Any] | None = None) -> TrainConfig:
     """A config from ``{"dotted.key": value}`` pairs (Python values, as a caller writes them) over ``base``."""
     pairs = [pair for key, value in {**(base or {}), **items}.items() for pair in flatten(TrainConfig, {key: value})]
-    return from_mapping(TrainConfig, checked(TrainConfig, pairs))
-
-
-T = typing.TypeVar("T")
-
-
-def from_mapping(cls: type[T], data: Mapping[str, Any], prefix: str = "") -> T:
-    """Build dataclass ``cls`` from ``data``, checking every key and value type against its fields."""
-    if not isinstance(data, Mapping):
-        raise TypeError(f"config key {prefix.rstrip('.') or '<root>'!r} must be a mapping, got {data!r}")
-    hints = typing.get_type_hints(cls)
-    known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted(set(data) - known)
-    if unknown:
-        home = getattr(cls, "STATED_BY_THE_RUN", {}).get(unknown[0])
-        hint = f" (the run states it: {home})" if home else ""
-        raise KeyError(f"unknown config key {prefix + unknown[0]!r}{hint}; valid keys here: {sorted(known)}")
-    values = {name: _check(hints[name], _over_field_default(cls, name, hints[name], value), prefix + name)
-              for name, value in data.items()}
-    return cls(**values)
-
-
-def _over_field_default(cls: type, name: str, hint: Any, value: Any) -> Any:
-    """A partial section over the field's own default: ``actor: {grad_clip: 1.0}`` keeps the actor's default
-    lr (1e-3), not the section class's (``OptimSpec``: 1e-4). Only what the field's default changes is carried."""
-    if not (dataclasses.is_dataclass(hint) and isinstance(hint, type) and isinstance(value, Mapping)):
-        return value
-    field = next(f for f in dataclasses.fields(cls) if f.name == name)
-    if field.default_factory is dataclasses.MISSING:
-        return value
-    try:
-        base, own = field.default_factory(), hint()
-    except TypeError:  # a section without defaults for every field: nothing to carry
-        return value
-    changed = {f.name: getattr(base, f.name) for f in dataclasses.fields(hint)
-               if f.init and getattr(base, f.name) != getattr(own, f.name)}
-    return {**changed, **value}
-
-
-def _check(hint: Any, value: Any, key: str) -> Any:
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if dataclasses.is_dataclass(hint) and isinstance(hint, type):
-        try:
-            return from_mapping(hint, value, key + ".")
-        except ValueError as err:  # a section's own check names its field, not where the section sits
-            if f"'{key}" in str(err) or "config key" in str(err):
-                raise
-            raise ValueError(f"config key {key!r}: {err}") from err
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        arms = [a for a in args if a is not type(None)]
-        for arm in arms[1:]:  # ``str | list[str]``: the value may match a later arm
-            if typing.get_origin(arm) is list and isinstance(value, list):
-                return _check(arm, value, key)
-        if len(arms) == 1:
-            return _check(arms[0], value, key)
-        refusals = []
-        for arm in arms:  # ``int | Literal["auto"]``: the first arm that takes the value
-            try:
-                return _check(arm, value, key)
-            except (TypeError, ValueError) as err:
-                refusals.append(str(err).removeprefix(f"config key {key!r}={value!r} "))
-        raise TypeError(f"config key {key!r}={value!r}: " + "; or ".join(refusals))
-    if origin is list:
-        if not isinstance(value, list):
-            raise TypeError(f"config key {key!r}={value!r} must be a list")
-        return [_check(args[0], item, f"{key}[{i}]") for i, item in enumerate(value)] if args else value
-    if origin is Literal:
-        if value not in args:
-            raise ValueError(f"config key {key!r}={value!r} must be one of {list(args)}")
-        return value
-    if origin is tuple and args and args[-1] is not Ellipsis:
-        if not isinstance(value, list | tuple) or len(value) != len(args):
-            raise TypeError(f"config key {key!r}={value!r} must be a list of {len(args)} values")
-        return tuple(_check(arg, item, f"{key}[{i}]") for i, (arg, item) in enumerate(zip(args, value, strict=True)))
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise TypeError(f"config key {key!r} must be a mapping, got {type(value).__name__}")
-        item = args[1] if len(args) == 2 else Any
-        if dataclasses.is_dataclass(item) and isinstance(item, type):
-            return {name: from_mapping(item, entry, f"{key}.{name}.") for name, entry in value.items()}
-        return value
-    if hint is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if hint is float and isinstance(value, str):
-        try:  # PyYAML follows YAML 1.1, which reads ``1e-3`` (no dot) as a string
-            return float(value)
-        except ValueError:
-            pass
-    if hint in (int, float, str, bool) and (type(value) is not hint):
-        raise TypeError(f"config key {key!r}={value!r} must be a {hint.__name__}, got {type(value).__name__}")
-    if hint in (int, float):
-        _check_number(value, key)
-    return value
-
-
-INT64_MAX = 2**63 - 1  # torch and numpy hold seeds and counts as int64
-
-
-def _check_number(value: int | float, key: str) -> None:
-    """A numeric config value is finite and fits the int64 every count and seed becomes; ranges are checked
-    beside their meaning (``__post_init__``, :mod:`hybridflow.train.preflight`)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"config key {key!r}={value!r} must be a finite number")
-    if isinstance(value, int) and not -INT64_MAX <= value <= INT64_MAX:
-        raise ValueError(f"config key {key!r}={value} does not fit a 64-bit integer (at most {INT64_MAX})")
+    return from_mapping(TrainConfig, checked(TrainConfig, migrate(pairs)))

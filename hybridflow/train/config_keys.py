@@ -21,7 +21,9 @@ from hybridflow.train.aliases import ConfigKeyError, closest, foreign_leaf, look
 
 @functools.cache
 def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
+    """The fields' types (a ``ClassVar`` is the class's own, not a key)."""
+    return {name: hint for name, hint in typing.get_type_hints(cls).items()
+            if typing.get_origin(hint) is not typing.ClassVar}
 
 
 def _section(hint: Any) -> type | None:

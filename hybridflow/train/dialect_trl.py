@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hybridflow.train.aliases import ANY, OFF, Context, ForeignKey, Refused
+from hybridflow.train.foreign_keys import ANY, OFF, Context, ForeignKey, Refused
 
 SOURCE = "TRL"
 KL_LOSS = ("grpo", "dr_grpo", "gspo")  # algorithms whose kl_coef is a loss term with the k3 estimator, as TRL's
@@ -42,13 +42,14 @@ def _batch(value: Any, context: Context) -> dict[str, Any]:
     actor.micro_batch_size rows per forward/backward pass per rank."""
     per_device = _int(value, "per_device_train_batch_size")
     accumulation = _int(context.get("gradient_accumulation_steps", 1), "gradient_accumulation_steps")
-    devices = _int(context.get("num_gpus", 1), "num_gpus")
+    devices = _int(context.get("placement.num_gpus", 1), "placement.num_gpus")
     generations = _int(context.get("num_generations", 8), "num_generations (TRL's default 8)")
     per_generation = context.get("steps_per_generation")
     if context.get("generation_batch_size") is not None:
         total = _int(context["generation_batch_size"], "generation_batch_size")
         if total % (per_device * devices):
-            raise Refused("generation_batch_size must be a multiple of per_device_train_batch_size x num_gpus")
+            raise Refused("generation_batch_size must be a multiple of per_device_train_batch_size x "
+                          "placement.num_gpus")
         per_generation = total // (per_device * devices)
     per_generation = _int(per_generation or accumulation, "steps_per_generation")
     completions = per_device * devices * per_generation
@@ -118,13 +119,13 @@ def _betas(index: int) -> Any:
 def _report_to(value: Any, context: Context) -> dict[str, Any]:
     names = [value] if isinstance(value, str) else list(value or [])
     if names in (["none"], []):
-        return {"trackers": []}
+        return {"logging.trackers": []}
     if "all" in names:
         raise Refused("name the trackers: tensorboard, wandb, mlflow")
     unknown = sorted(set(names) - {"tensorboard", "wandb", "mlflow"})
     if unknown:
         raise Refused(f"{unknown} have no tracker here; the trackers are tensorboard, wandb, mlflow")
-    return {"trackers": names}
+    return {"logging.trackers": names}
 
 
 def _strategy(name: str, target: str) -> Any:
@@ -151,9 +152,9 @@ def _eval_strategy(value: Any, context: Context) -> dict[str, Any]:
     if value == "no":
         return {}
     if value == "steps":
-        return {} if context.get("eval_steps") is not None else {"validation_every": int(context.get(
+        return {} if context.get("eval_steps") is not None else {"validation.every": int(context.get(
             "logging_steps", 10))}  # TRL evaluates every logging_steps when eval_steps is unset
-    raise Refused("only 'steps' (with eval_steps) or 'no' have a meaning here: validation_every counts steps")
+    raise Refused("only 'steps' (with eval_steps) or 'no' have a meaning here: validation.every counts steps")
 
 
 def _beta(value: Any, context: Context) -> dict[str, Any]:
@@ -226,11 +227,11 @@ def _bias_corrected_kl(value: Any, context: Context) -> dict[str, Any]:
 
 
 def _eval_first(value: Any, context: Context) -> dict[str, Any]:
-    return {"validate_before_train": value}
+    return {"validation.before_train": value}
 
 
 def _disable_tqdm(value: Any, context: Context) -> dict[str, Any]:
-    return {} if value is None else {"progress": not value}
+    return {} if value is None else {"logging.progress": not value}
 
 
 _MEMORY = "memory or speed only: the numbers trained are the same"
@@ -239,8 +240,8 @@ _HUB = "read only with push_to_hub (refused unless false)"
 
 TRL: dict[str, ForeignKey] = {
     "per_device_train_batch_size": _conv(_batch, "completions per device per micro step", "data.batch_size (prompts "
-                                         "per step) = this x num_gpus x steps_per_generation / num_generations, "
-                                         "actor.micro_batch_size = this"),
+                                         "per step) = this x placement.num_gpus x steps_per_generation / "
+                                         "num_generations, actor.micro_batch_size = this"),
     "num_train_epochs": _conv(_epochs, "passes over the dataset", "accepted with max_steps > 0 (TRL then ignores "
                               "it); else refused: write max_steps"),
     "max_steps": _conv(_max_steps, "optimizer steps", "steps"),
@@ -280,42 +281,43 @@ TRL: dict[str, ForeignKey] = {
     "torch_empty_cache_steps": _noop("empty the CUDA cache every N steps", _MEMORY),
     "auto_find_batch_size": _no("shrink the batch on OOM", "not supported: the planner sizes micro batches"),
     "logging_strategy": _noop("when to log", _LOGGING),
-    "logging_steps": _to("console_metrics_every", "log every N steps", _LOGGING),
+    "logging_steps": _to("logging.console_every", "log every N steps", _LOGGING),
     "logging_first_step": _noop("log the first step", _LOGGING),
     "log_on_each_node": _noop("log on every node", _LOGGING),
     "logging_nan_inf_filter": _noop("drop nan/inf losses from the logged mean", _LOGGING),
     "include_num_input_tokens_seen": _noop("count input tokens", "tokens/* metrics are logged every step here"),
     "log_level": _noop("log level", _LOGGING),
     "log_level_replica": _noop("log level of replicas", _LOGGING),
-    "disable_tqdm": _conv(_disable_tqdm, "hide the progress bar", "progress = not disable_tqdm"),
-    "report_to": _conv(_report_to, "the trackers", "trackers ('none': [])"),
+    "disable_tqdm": _conv(_disable_tqdm, "hide the progress bar", "logging.progress = not disable_tqdm"),
+    "report_to": _conv(_report_to, "the trackers", "logging.trackers ('none': [])"),
     "run_name": _noop("the tracker's run name", "the run is named after output_dir here"),
     "project": _noop("the tracker's project", "W&B reads WANDB_PROJECT here"),
     "trackio_space_id": _no("Trackio space", "no Trackio tracker here"),
     "trackio_bucket_id": _no("Trackio bucket", "no Trackio tracker here"),
     "trackio_static_space_id": _no("Trackio static space", "no Trackio tracker here"),
-    "eval_strategy": _conv(_eval_strategy, "when to evaluate", "'steps' with eval_steps is validation_every"),
-    "eval_steps": _conv(_every("eval_strategy", "validation_every"), "evaluate every N steps", "validation_every "
+    "eval_strategy": _conv(_eval_strategy, "when to evaluate", "'steps' with eval_steps is validation.every"),
+    "eval_steps": _conv(_every("eval_strategy", "validation.every"), "evaluate every N steps", "validation.every "
                         "(with eval_strategy 'steps')"),
     "eval_delay": _no("steps before the first evaluation", "not supported"),
     "per_device_eval_batch_size": _noop("evaluation batch per device", _MEMORY),
     "prediction_loss_only": _noop("evaluate the loss only", "validation here generates and scores"),
-    "eval_on_start": _conv(_eval_first, "evaluate before training", "validate_before_train"),
+    "eval_on_start": _conv(_eval_first, "evaluate before training", "validation.before_train"),
     "eval_do_concat_batches": _noop("concatenate evaluation batches", _MEMORY),
     "eval_use_gather_object": _noop("gather evaluation objects", _MEMORY),
     "eval_accumulation_steps": _noop("evaluation accumulation", _MEMORY),
     "include_for_metrics": _no("inputs for compute_metrics", "not supported"),
     "batch_eval_metrics": _no("batched compute_metrics", "not supported"),
     "save_only_model": _no("checkpoints without optimizer state", "checkpoints hold the optimizer here (--resume)"),
-    "save_strategy": _conv(_strategy("save_steps", "checkpoint_every"), "when to checkpoint", "'no': "
-                           "checkpoint_every 0; 'steps' with save_steps"),
-    "save_steps": _conv(_every("save_strategy", "checkpoint_every"), "checkpoint every N steps", "checkpoint_every"),
+    "save_strategy": _conv(_strategy("save_steps", "checkpoint.every"), "when to checkpoint", "'no': "
+                           "checkpoint.every 0; 'steps' with save_steps"),
+    "save_steps": _conv(_every("save_strategy", "checkpoint.every"), "checkpoint every N steps", "checkpoint.every"),
     "save_on_each_node": _noop("save on every node", "checkpoints are written once per run here"),
-    "save_total_limit": _conv(lambda v, c: {} if v is None else {"keep_checkpoints": v}, "checkpoints kept",
-                              "keep_checkpoints"),
-    "enable_jit_checkpoint": _conv(lambda v, c: {} if v else {"sigterm_grace_s": 0}, "checkpoint on a preemption "
-                                   "signal", "true: what SIGTERM does here anyway (sigterm_grace_s); false: "
-                                   "sigterm_grace_s 0, SIGTERM stops at once"),
+    "save_total_limit": _conv(lambda v, c: {} if v is None else {"checkpoint.keep": v}, "checkpoints kept",
+                              "checkpoint.keep"),
+    "enable_jit_checkpoint": _conv(lambda v, c: {} if v else {"checkpoint.sigterm_grace_s": 0},
+                                   "checkpoint on a preemption "
+                                   "signal", "true: what SIGTERM does here anyway (checkpoint.sigterm_grace_s); false: "
+                                   "checkpoint.sigterm_grace_s 0, SIGTERM stops at once"),
     "push_to_hub": _no("upload to the Hub", "no Hub uploads: hybridflow export, then huggingface-cli upload"),
     "hub_token": _noop("Hub token", _HUB),
     "hub_private_repo": _noop("Hub repo privacy", _HUB),
@@ -332,7 +334,8 @@ TRL: dict[str, ForeignKey] = {
     "data_seed": _no("the data order's own seed", "seed seeds the data order here"),
     "use_cpu": _noop("train on CPU", "the device is whatever the machine has"),
     "accelerator_config": _no("Accelerate options", "not supported"),
-    "parallelism_config": _no("Accelerate parallelism", "placement is a plan here (placement: auto, docs/planner.md)"),
+    "parallelism_config": _no("Accelerate parallelism",
+                              "placement is a plan here (placement.mode: auto, docs/planner.md)"),
     "dataloader_drop_last": _no("drop the last partial batch", "batches are always full here (prompts cycle)"),
     "dataloader_num_workers": _noop("data-loader processes", _MEMORY),
     "dataloader_pin_memory": _noop("pinned loader memory", _MEMORY),
@@ -350,7 +353,7 @@ TRL: dict[str, ForeignKey] = {
     "ddp_broadcast_buffers": _noop("DDP option", _MEMORY),
     "ddp_static_graph": _noop("DDP option", _MEMORY),
     "ddp_backend": _noop("the process-group backend", "chosen per device here (nccl, gloo)"),
-    "ddp_timeout": _noop("process-group timeout", "liveness.* sets the deadlines here"),
+    "ddp_timeout": _noop("process-group timeout", "executor.liveness.* sets the deadlines here"),
     "fsdp": _no("FSDP", "roles.actor.backend: fsdp (docs/backends.md)"),
     "fsdp_config": _no("FSDP options", "roles.actor.options with backend fsdp (docs/backends.md)"),
     "deepspeed": _no("a DeepSpeed config", "roles.actor.backend: deepspeed with roles.actor.options"),
@@ -447,7 +450,7 @@ TRL: dict[str, ForeignKey] = {
                                     "or false; else refused"),
     "log_completions": _noop("print completions", "validation_samples.jsonl holds completions here"),
     "log_multimodal": _noop("log images", "no multimodal data here"),
-    "num_completions_to_print": _noop("completions printed", "validation_samples sets how many are kept"),
+    "num_completions_to_print": _noop("completions printed", "validation.samples sets how many are kept"),
     "log_unique_prompts": _noop("log unique prompts", _LOGGING),
     "log_completions_hub_repo": _no("upload completions", "no Hub uploads"),
     "use_transformers_continuous_batching": _no("transformers' continuous batching", "roles.actor.rollout picks "

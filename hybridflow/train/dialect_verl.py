@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from hybridflow.train.aliases import Context, ForeignKey, Refused
 from hybridflow.train.dialect_verl_workers import (
     KL_LOSS,
     KL_REWARD,
@@ -26,6 +25,7 @@ from hybridflow.train.dialect_verl_workers import (
     unless_null,
     worker_keys,
 )
+from hybridflow.train.foreign_keys import Context, ForeignKey, Refused
 
 ESTIMATORS = {"gae": "ppo", "grpo": "grpo", "rloo": "rloo", "remax": "remax", "reinforce_plus_plus": "reinforce_pp",
               "reinforce_plus_plus_baseline": "reinforce_pp_baseline"}
@@ -60,28 +60,29 @@ def _epochs(value: Any, context: Context) -> dict[str, Any]:
 
 def _gpus(value: Any, context: Context) -> dict[str, Any]:
     nodes = context.get("trainer.nnodes", 1)
-    return {"num_gpus": value * nodes if isinstance(nodes, int) else value}
+    return {"placement.num_gpus": value * nodes if isinstance(nodes, int) else value}
 
 
 def _nodes(value: Any, context: Context) -> dict[str, Any]:
     if value == 1 or "trainer.n_gpus_per_node" in context:
-        return {}  # folded into num_gpus
-    raise Refused("give trainer.n_gpus_per_node too: num_gpus = nnodes x n_gpus_per_node (executor: ray)")
+        return {}  # folded into placement.num_gpus
+    raise Refused("give trainer.n_gpus_per_node too: placement.num_gpus = nnodes x n_gpus_per_node "
+                  "(executor.name: ray)")
 
 
 def _logger(value: Any, context: Context) -> dict[str, Any]:
     names = [value] if isinstance(value, str) else list(value or [])
-    trackers = [n for n in names if n != "console"]  # the console shows a progress bar (console_metrics_every)
+    trackers = [n for n in names if n != "console"]  # the console shows a progress bar (logging.console_every)
     unknown = sorted(set(trackers) - {"tensorboard", "wandb", "mlflow"})
     if unknown:
         raise Refused(f"{unknown} have no tracker here; the trackers are tensorboard, wandb, mlflow")
-    return {"trackers": trackers}
+    return {"logging.trackers": trackers}
 
 
 def _val_before_train(value: Any, context: Context) -> dict[str, Any]:
     if value and not (context.get("data.val_files") or context.get("data.val_path")):
         return {}  # verl validates only with a validation set (its default is true): nothing to validate
-    return {"validate_before_train": bool(value)}
+    return {"validation.before_train": bool(value)}
 
 
 def _reward(section: str) -> Any:
@@ -161,15 +162,15 @@ def _trainer_keys() -> dict[str, ForeignKey]:
         t + "total_training_steps": translated(unless_null("steps"), "steps", "steps"),
         t + "project_name": accepted("the tracker's project", "W&B reads WANDB_PROJECT here"),
         t + "experiment_name": accepted("the tracker's run name", "the run is named after output_dir here"),
-        t + "logger": translated(_logger, "where metrics go", "trackers (console: the progress bar, "
-                            "console_metrics_every)"),
-        t + "log_val_generations": renamed("validation_samples", "validation completions kept"),
+        t + "logger": translated(_logger, "where metrics go", "logging.trackers (console: the progress bar, "
+                            "logging.console_every)"),
+        t + "log_val_generations": renamed("validation.samples", "validation completions kept"),
         t + "rollout_data_dir": refused("dump rollouts", "not supported (validation_samples.jsonl holds validation's)"),
         t + "validation_data_dir": accepted("dump validation generations", "validation_samples.jsonl in the run dir"),
-        t + "nnodes": translated(_nodes, "nodes", "num_gpus = nnodes x n_gpus_per_node"),
-        t + "n_gpus_per_node": translated(_gpus, "GPUs per node", "num_gpus (x nnodes)"),
-        t + "save_freq": translated(_positive_or_off("checkpoint_every"), "checkpoint every N steps (-1: never)",
-                               "checkpoint_every (0: never)"),
+        t + "nnodes": translated(_nodes, "nodes", "placement.num_gpus = nnodes x n_gpus_per_node"),
+        t + "n_gpus_per_node": translated(_gpus, "GPUs per node", "placement.num_gpus (x nnodes)"),
+        t + "save_freq": translated(_positive_or_off("checkpoint.every"), "checkpoint every N steps (-1: never)",
+                               "checkpoint.every (0: never)"),
         t + "esi_redundant_time": accepted("save before an expiry", "not needed"),
         t + "resume_mode": refused("resume", "hybridflow train --resume", ("auto", "disable")),
         t + "resume_from_path": refused("resume from a checkpoint", "hybridflow train --resume"),
@@ -177,21 +178,22 @@ def _trainer_keys() -> dict[str, ForeignKey]:
         t + "val_before_train": translated(_val_before_train, "validate before the first step", "validate_before_train "
                                       "(with data.val_files)"),
         t + "val_only": refused("validate only", "not supported"),
-        t + "test_freq": translated(_positive_or_off("validation_every"), "validate every N steps (-1: never)",
-                               "validation_every (0: never)"),
+        t + "test_freq": translated(_positive_or_off("validation.every"), "validate every N steps (-1: never)",
+                               "validation.every (0: never)"),
         t + "critic_warmup": refused("critic-only steps first", "not supported"),
         t + "default_hdfs_dir": refused("copy checkpoints to HDFS", "not supported"),
         t + "del_local_ckpt_after_load": refused("delete a checkpoint after loading", "not supported"),
         t + "default_local_dir": renamed("output_dir", "where checkpoints go (the run directory here)"),
-        t + "max_actor_ckpt_to_keep": translated(unless_null("keep_checkpoints"), "actor checkpoints kept",
-                                            "keep_checkpoints"),
+        t + "max_actor_ckpt_to_keep": translated(unless_null("checkpoint.keep"), "actor checkpoints kept",
+                                            "checkpoint.keep"),
         t + "max_critic_ckpt_to_keep": accepted("critic checkpoints kept", "a checkpoint holds every role: "
-                                             "keep_checkpoints"),
-        t + "ray_wait_register_center_timeout": accepted("Ray start-up deadline", "liveness.* sets the deadlines"),
+                                             "checkpoint.keep"),
+        t + "ray_wait_register_center_timeout": accepted("Ray start-up deadline",
+                                                         "executor.liveness.* sets the deadlines"),
         t + "device": accepted("the accelerator", "whatever the machine has"),
         t + "use_v1": accepted("verl's trainer version", "internal to verl"),
         t + "use_legacy_worker_impl": accepted("verl's worker version", "internal to verl"),
-        t + "v1.trainer_mode": refused("sync or async trainer", "pipeline: sync, one_step_off or async "
+        t + "v1.trainer_mode": refused("sync or async trainer", "pipeline.mode: sync, one_step_off or async "
                                    "(docs/runtime.md)", ("sync",)),
         t + "v1.**": accepted("options of verl's async trainer modes", "read only with v1.trainer_mode (refused)"),
     }
@@ -200,7 +202,7 @@ def _trainer_keys() -> dict[str, ForeignKey]:
 def _other_keys() -> dict[str, ForeignKey]:
     return {
         "actor_rollout_ref.hybrid_engine": accepted("colocated actor and rollout", "the default plan colocates them"),
-        "actor_rollout_ref.nccl_timeout": accepted("collective timeout", "liveness.* sets the deadlines"),
+        "actor_rollout_ref.nccl_timeout": accepted("collective timeout", "executor.liveness.* sets the deadlines"),
         "algorithm.gamma": translated(only_for("gamma", ("ppo", "reinforce_pp")), "discount", "algorithm_options.gamma "
                                  "(ppo, reinforce_pp; verl reads it only there too)"),
         "algorithm.lam": translated(only_for("lam", ("ppo",)), "GAE lambda", "algorithm_options.lam (ppo)"),

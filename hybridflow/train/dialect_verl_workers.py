@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hybridflow.train.aliases import ANY, OFF, Context, ForeignKey, Refused
+from hybridflow.train.foreign_keys import ANY, OFF, Context, ForeignKey, Refused
 
 SOURCE = "verl"
 ACTOR = "actor_rollout_ref.actor."
@@ -161,7 +161,8 @@ def _model_keys(prefix: str, role: str) -> dict[str, ForeignKey]:
         prefix + "override_config": refused("config.json overrides", "not supported"),
         prefix + "enable_gradient_checkpointing": accepted("activation recomputation", MEMORY_ONLY),
         prefix + "enable_activation_offload": accepted("activation offload", MEMORY_ONLY),
-        prefix + "use_remove_padding": accepted("padding-free forwards", "sequences are packed here (padding: false)"),
+        prefix + "use_remove_padding": accepted("padding-free forwards",
+                                                "sequences are packed here (pipeline.padding: false)"),
         prefix + "lora_rank": refused("LoRA rank", _LORA),
         prefix + "lora_alpha": accepted("LoRA alpha", "read only with lora_rank > 0 (refused)"),
         prefix + "target_modules": accepted("LoRA modules", "read only with lora_rank > 0 (refused)"),
@@ -259,7 +260,8 @@ def _actor_keys() -> dict[str, ForeignKey]:
         a + "qat.enable": refused("quantisation-aware training", "not supported"),
         a + "qat.**": accepted("QAT options", "read only with qat.enable (refused)"),
         a + "grad_clip": renamed("actor.grad_clip", "gradient-norm clip"),
-        a + "use_remove_padding": accepted("padding-free forwards", "sequences are packed here (padding: false)"),
+        a + "use_remove_padding": accepted("padding-free forwards",
+                                           "sequences are packed here (pipeline.padding: false)"),
         a + "router_replay.mode": refused("MoE router replay", "not supported", ("disabled",)),
         a + "router_replay.**": accepted("router replay options", "read only with router_replay.mode (refused)"),
     }

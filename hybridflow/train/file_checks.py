@@ -12,6 +12,7 @@ import pickletools
 import struct
 import zipfile
 from pathlib import Path
+from typing import Any
 
 SAFETENSORS_MAX_HEADER = 100 << 20  # the format's own bound on its JSON header
 
@@ -170,3 +171,17 @@ def checkpoint_problem(checkpoint: Path) -> str | None:
         if problem is not None:
             return f"{path} {problem}"
     return manifest_problem(checkpoint)
+
+
+def model_config(key: str, path: Path) -> dict[str, Any]:
+    """The model directory's ``config.json`` as a mapping; a file that is not JSON is named with the fix."""
+    file = path / "config.json"
+    try:
+        loaded = json.loads(file.read_text())
+    except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
+        raise ValueError(f"config key {key!r}: {file} is not JSON ({err}); restore it from the model's source "
+                         "(it is the Hugging Face config the model was saved with)") from err
+    if not isinstance(loaded, dict):
+        raise ValueError(f"config key {key!r}: {file} holds a {type(loaded).__name__}, not the mapping of a Hugging "
+                         "Face model config; restore it from the model's source")
+    return loaded

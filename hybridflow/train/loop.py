@@ -59,7 +59,7 @@ def train(config: TrainConfig, *, resume: bool = False, graph: Graph | None = No
     reward functions as objects (callables or ``data.reward`` specs), in place of ``data.reward``
     (:class:`~hybridflow.train.trainer.GRPOTrainer`).
     """
-    with stop_on_sigterm(config.sigterm_grace_s) as stop:  # hybridflow/train/signals.py
+    with stop_on_sigterm(config.checkpoint.sigterm_grace_s) as stop:  # hybridflow/train/signals.py
         prepared = prepare_run(config, graph=graph, plan=plan, specs=specs, note=partial(_note, config),
                                rewards=rewards)
         try:
@@ -85,25 +85,25 @@ def _train(prepared: PreparedRun, stop: GracefulStop, *, resume: bool, overwrite
     checkpoint, start = begin.checkpoint, begin.step
     adapter_policy = any(spec.lora is not None for spec in specs.values())
     loader = setup.prompt_loader(config, data, tokenizer)
-    writer = MetricsWriter(run_dir, tensorboard=config.tensorboard, resume_step=start if resume else None,
-                           trackers=config.trackers, name=run_dir.name, config=asdict(config))
+    writer = MetricsWriter(run_dir, resume_step=start if resume else None,
+                           trackers=config.logging.trackers, name=run_dir.name, config=asdict(config))
     history: list[dict[str, float]] = []
     scorer = prepared.scorer
     data_metrics = {"data/train_prompts": float(train_data.kept), "data/filtered_prompts": float(train_data.filtered)}
-    _note(config, f"starting the workers ({config.executor} executor)")
+    _note(config, f"starting the workers ({config.executor.name} executor)")
     with _resume_warnings(), StepTracker() as running, Controller(graph, plan, specs=specs,
                     executor=setup.make_executor(config), seed=config.seed, services=setup.services(config, plan),
                     driver_roles={r.name: scorer for r in graph.roles if not r.kind.needs_gpu},
                     mode=config.execution_mode(plan), eos_token_id=tokenizer.eos_token_id) as controller:
         if checkpoint is not None:
             controller.load_checkpoint(str(checkpoint / "roles"))
-        horizon = prompt_horizon(config.steps, config.checkpoint_every, controller.mode)
-        progress = _Progress(range(start, config.steps), enabled=config.progress,
+        horizon = prompt_horizon(config.steps, config.checkpoint.every, controller.mode)
+        progress = _Progress(range(start, config.steps), enabled=config.logging.progress,
                              label=f"{config.algorithm} from step {start}")
         validation = partial(validate, controller, graph, tokenizer=tokenizer, scorer=scorer, seed=config.seed,
-                             batch_size=config.data.batch_size, table_rows=config.validation_samples)
+                             batch_size=config.data.batch_size, table_rows=config.validation.samples)
         before = None
-        if config.validate_before_train and val_data is not None and start == 0:
+        if config.validation.before_train and val_data is not None and start == 0:
             _note(config, f"validating before training ({len(val_data.records)} prompts)")
             before = validation(val_data.records)
             writer.write_table(-1, TABLE, before.samples)  # step -1: the weights before any update
@@ -117,7 +117,7 @@ def _train(prepared: PreparedRun, stop: GracefulStop, *, resume: bool, overwrite
         def write_checkpoint(done: int) -> Path:
             written = save_checkpoint(run_dir, done, write_roles, {"seed": config.seed,
                                                                    "fingerprint": begin.fingerprint})
-            prune_checkpoints(run_dir, config.keep_checkpoints)
+            prune_checkpoints(run_dir, config.checkpoint.keep)
             return written
 
         preemption = Preemption(stop=stop, steps=config.steps, write=write_checkpoint)
@@ -144,8 +144,8 @@ def _train(prepared: PreparedRun, stop: GracefulStop, *, resume: bool, overwrite
                     metrics.update(data_metrics)
                 if before is not None and step == start:
                     metrics.update(before.metrics)
-                if val_data is not None and config.validation_every and (
-                        (step + 1) % config.validation_every == 0 or step + 1 == config.steps):
+                if val_data is not None and config.validation.every and (
+                        (step + 1) % config.validation.every == 0 or step + 1 == config.steps):
                     checked = _validated(stop, validation, val_data.records)
                     if checked is not None:
                         metrics.update(checked.metrics)
@@ -153,7 +153,7 @@ def _train(prepared: PreparedRun, stop: GracefulStop, *, resume: bool, overwrite
                 writer.write(step, metrics)
                 history.append({"step": step, **metrics})
                 progress.show(metrics)
-                if config.console_metrics_every and (step + 1) % config.console_metrics_every == 0:
+                if config.logging.console_every and (step + 1) % config.logging.console_every == 0:
                     print(console_line(step, config.steps, metrics), file=sys.stderr, flush=True)
                 if checkpoint_due(step, config):
                     preemption.saved(step + 1, write_checkpoint(step + 1))
@@ -162,7 +162,7 @@ def _train(prepared: PreparedRun, stop: GracefulStop, *, resume: bool, overwrite
         exported = export_policy(controller, graph, model_dir, tokenizer, run_dir / "final")
     writer.close()
     curve = report = None
-    if config.plot and writer.path.stat().st_size:
+    if config.logging.plot and writer.path.stat().st_size:
         from hybridflow.monitor import write_report
 
         report = write_report(run_dir).html
@@ -188,7 +188,7 @@ def _validated(stop: GracefulStop, validation: Callable[[Any], Any], records: An
 def checkpoint_due(step: int, config: TrainConfig) -> bool:
     """Whether ``step`` ends with a checkpoint: every ``checkpoint_every`` steps and at the run's last step, so
     that ``--resume`` of a finished run finds it finished instead of training its last steps again."""
-    return bool(config.checkpoint_every) and ((step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps)
+    return bool(config.checkpoint.every) and ((step + 1) % config.checkpoint.every == 0 or step + 1 == config.steps)
 
 
 def _upcoming(loader: Any, horizon: int, step: int) -> Any:
@@ -226,7 +226,7 @@ def _resume_warnings() -> Iterator[None]:
 
 def _note(config: TrainConfig, message: str) -> None:
     """A progress line for the slow parts before the step bar exists (model load, SFT warm-up, workers)."""
-    if config.progress:
+    if config.logging.progress:
         print(f"hybridflow: {message}", file=sys.stderr, flush=True)
 
 

@@ -114,7 +114,7 @@ class MetricsWriter:
     """Appends one JSON line per step to ``metrics.jsonl`` and logs to the trackers; on resume drops lines past
     the checkpoint. Tables (validation samples) go to ``RUN_DIR/<name>.jsonl`` and the trackers."""
 
-    def __init__(self, run_dir: Path, *, tensorboard: bool = True, resume_step: int | None = None,
+    def __init__(self, run_dir: Path, *, resume_step: int | None = None,
                  trackers: Sequence[str] = ("tensorboard",), name: str = "hybridflow",
                  config: Mapping[str, Any] | None = None) -> None:
         self.run_dir = run_dir
@@ -126,9 +126,7 @@ class MetricsWriter:
                     if line.strip() and json.loads(line)["step"] < resume_step]
             self.path.write_text("".join(line + "\n" for line in kept))
         self.resume_step = resume_step
-        # ``tensorboard: false`` still turns TensorBoard off, as before ``trackers`` existed.
-        names = [t for t in trackers if t != "tensorboard" or tensorboard]
-        self.trackers: list[Tracker] = make_trackers(names, run_dir, name=name, config=config or {})
+        self.trackers: list[Tracker] = make_trackers(list(trackers), run_dir, name=name, config=config or {})
 
     def write(self, step: int, metrics: dict[str, float]) -> None:
         with self.path.open("a") as handle:

@@ -1,6 +1,6 @@
-"""``placement: auto | manual``: plan a run's roles with the planner before it starts.
+"""The ``placement`` section and ``placement.mode: auto | manual``: plan the roles before the run starts.
 
-``auto`` executes the planner's plan for the declared ``cluster``; ``manual`` costs the ``meshes``
+``auto`` executes the planner's plan for the declared ``placement.cluster``; ``manual`` costs the ``meshes``
 the config gives per role with the same model (and refuses a mapping that does not fit). Plans are
 made for the run's real workload (prompts per step, samples, prompt and response lengths) and
 models (a built-in tiny name or a local HF directory).
@@ -9,10 +9,11 @@ models (a built-in tiny name or a local HF directory).
 from __future__ import annotations
 
 import os
+import typing
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from hybridflow.graph import Graph, Workload
 from hybridflow.planner import (
@@ -28,13 +29,100 @@ from hybridflow.planner import (
     plan_placement,
     rollout_role,
 )
-from hybridflow.planner.adapters import LoraPlan, adapter_sync_refusal, sync_mode
-from hybridflow.planner.agents import AgentWorkload
+from hybridflow.planner.agents import WORKLOAD_KEYS, AgentWorkload
+from hybridflow.planner.lora_costs import LoraPlan, adapter_sync_refusal, sync_mode
 from hybridflow.planner.models import from_config_dict
 from hybridflow.planner.problem import shareable_references
 from hybridflow.planner.settings import Offload, RunSettings, parse_offload
 from hybridflow.runtime.protocols import DEFAULT_ROLLOUT
-from hybridflow.train.config import TrainConfig
+
+if TYPE_CHECKING:
+    from hybridflow.train.config import TrainConfig
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlannerInputs:
+    """What the planner needs that a run's config cannot state: the response lengths to cost (``placement:
+    auto|manual``). ``lengths_from``: an earlier run's metrics.jsonl; ``mean_response_len``: a lognormal with
+    that mean, capped at ``max_new_tokens``. Neither: every response costed at ``max_new_tokens``. The rest of
+    the planner's step recipe (epochs, mini-batches, prompt cap, offload, the engine's memory) is derived from
+    the run's own keys (:func:`hybridflow.train.placement.run_settings`). ``agent``: what a multi-turn generate
+    node's trajectories do (keys of :data:`hybridflow.planner.agents.WORKLOAD_KEYS`: ``turns``, ``tool_latency``,
+    ``calls_per_turn``, ``observation_tokens``, ``turn_tokens``, ``prefix_caching``, ``from`` an earlier run's
+    metrics.jsonl); unset, such a node is costed at half its ``max_turns`` without tool latency."""
+
+    lengths_from: str | None = None
+    mean_response_len: int | None = None
+    agent: dict[str, Any] | None = None
+
+    # Planner keys a run states itself, and where (an unknown key here names its home).
+    STATED_BY_THE_RUN: typing.ClassVar[dict[str, str]] = {
+        "mini_batch_size": "actor.mini_batches", "epochs": "actor.epochs", "max_prompt_len": "data.max_prompt_length",
+        "max_response_len": "the generate node's max_new_tokens (algorithm_options)",
+        "gpu_memory_utilization": "roles.<policy>.rollout_options.gpu_memory_utilization",
+        "rollout_sleep": "roles.<policy>.rollout_options.sleep_level",
+        "offload": "roles.<name>.offload"}
+
+    def __post_init__(self) -> None:
+        if self.lengths_from and self.mean_response_len is not None:
+            raise ValueError("config keys 'placement.planner.lengths_from' and 'placement.planner.mean_response_len' "
+                             "conflict: give one")
+        self.agent_workload()
+
+    def agent_workload(self) -> AgentWorkload | None:
+        """The ``agent`` mapping as the planner's input (None: not given); errors name the config key."""
+        if self.agent is None:
+            return None
+        if not isinstance(self.agent, Mapping):
+            raise ValueError(f"config key 'placement.planner.agent' must be a mapping of {list(WORKLOAD_KEYS)}")
+        return AgentWorkload.from_mapping(self.agent, where="config key 'placement.planner.agent'")
+
+    def __bool__(self) -> bool:
+        return bool(self.lengths_from) or self.mean_response_len is not None or self.agent is not None
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlacementConfig:
+    """The ``placement`` section: where each role runs.
+
+    ``mode``: ``default`` (every role on one group of ``num_gpus`` GPUs, or the ``plan_file`` as it is),
+    ``auto`` (the planner's plan for ``cluster``) or ``manual`` (``meshes`` per role, costed by the planner).
+    ``cluster``: a planner cluster spec such as ``4xA100-80G+2xT4`` (default ``{num_gpus}xCPU``); ``meshes``:
+    role -> GPU ids (``actor:rollout`` detaches a rollout); ``separate_rollout``: ``auto`` also considers rollout
+    GPUs apart from the trainer's; ``calibration``: the cost model's fitted constants (a file from
+    ``hybridflow calibrate`` or a shipped name); ``host_cores``: on logical CPU GPUs, the cores they share
+    (``auto``: this machine's; unset: one each); ``planner``: what the planner costs that the run cannot state.
+    """
+
+    mode: Literal["default", "auto", "manual"] = "default"
+    num_gpus: int = 1
+    cluster: str | None = None
+    meshes: dict[str, list[int]] = field(default_factory=dict)
+    plan_file: str | None = None
+    separate_rollout: bool = False
+    calibration: str | None = None
+    host_cores: int | Literal["auto"] | None = None
+    planner: PlannerInputs = field(default_factory=PlannerInputs)
+
+    def __post_init__(self) -> None:
+        if self.num_gpus < 1:
+            raise ValueError(f"config key 'placement.num_gpus'={self.num_gpus} must be >= 1")
+        if self.mode != "default" and self.plan_file:
+            raise ValueError(f"config keys 'placement.mode'={self.mode!r} and 'placement.plan_file' conflict: a plan "
+                             "file is executed as it is; drop one of them")
+        if self.meshes and self.mode != "manual":
+            raise ValueError("config key 'placement.meshes' is only read with placement.mode=manual")
+        for key in ("calibration", "planner", "host_cores"):
+            if getattr(self, key) and self.mode == "default":
+                raise ValueError(f"config key 'placement.{key}' is only read with placement.mode=auto or manual (the "
+                                 "planner's cost model); set the mode or drop the key")
+        if self.host_cores is not None and self.host_cores != "auto" and (
+                isinstance(self.host_cores, bool) or not isinstance(self.host_cores, int) or self.host_cores < 1):
+            raise ValueError(f"config key 'placement.host_cores'={self.host_cores!r} must be a positive integer, "
+                             "'auto' (this machine's cores) or null (a core per logical GPU)")
+        if self.separate_rollout and self.mode != "auto":
+            raise ValueError("config key 'placement.separate_rollout' is only read with placement.mode=auto (with "
+                             "manual give the rollout its own mesh, e.g. meshes: {'actor:rollout': [2, 3]})")
 
 
 def role_models(config: TrainConfig, graph: Graph, model_dir: str | None = None, *,
@@ -126,14 +214,14 @@ def run_settings(config: TrainConfig, graph: Graph) -> RunSettings:
     - the response lengths from ``planner_settings`` (what a run cannot state: ``lengths_from`` an earlier
       run's metrics, or ``mean_response_len``, a lognormal capped at the graph's ``max_new_tokens``).
     """
-    inputs, cap = config.planner_settings, graph.max_new_tokens
+    inputs, cap = config.placement.planner, graph.max_new_tokens
     lengths = None
     if inputs.lengths_from:
         lengths = LengthDistribution.from_metrics(inputs.lengths_from)
     elif inputs.mean_response_len is not None:
         mean = inputs.mean_response_len
         if isinstance(mean, bool) or not isinstance(mean, int) or not 0 < mean <= cap:
-            raise ValueError(f"config key 'planner_settings'.mean_response_len={mean!r} must be a number of tokens "
+            raise ValueError(f"config key 'placement.planner.mean_response_len'={mean!r} must be a number of tokens "
                              f"in (0, max_new_tokens={cap}]")
         lengths = LengthDistribution.lognormal(mean=mean, max=cap)
     rows = config.data.batch_size * graph.samples_per_prompt
@@ -142,7 +230,7 @@ def run_settings(config: TrainConfig, graph: Graph) -> RunSettings:
     budgets = {entry.max_tokens_per_micro_batch if (entry := config.roles.get(role.name)) else None
                for role in graph.roles if role.kind.needs_gpu}
     budget = budgets.pop() if len(budgets) == 1 else None
-    return RunSettings(lengths=lengths, epochs=config.actor.epochs, padding=config.padding,
+    return RunSettings(lengths=lengths, epochs=config.actor.epochs, padding=config.pipeline.padding,
                        train_tokens_per_gpu=budget, forward_tokens_per_gpu=budget,
                        mini_batch_size=-(-rows // config.actor.mini_batches) if config.actor.mini_batches > 1 else None,
                        max_prompt_len=config.data.max_prompt_length, offload=offload,
@@ -165,24 +253,24 @@ def role_offload(config: TrainConfig) -> tuple[tuple[str, Offload], ...]:
 
 def planner_cluster(config: TrainConfig) -> Cluster:
     """The config's ``cluster`` (default ``{num_gpus}xCPU``) with the cores its logical GPUs share."""
-    cluster = Cluster.parse(config.cluster or f"{config.num_gpus}xCPU")
+    cluster = Cluster.parse(config.placement.cluster or f"{config.placement.num_gpus}xCPU")
     return replace(cluster, host_cores=host_cores(config, cluster))
 
 
 def host_cores(config: TrainConfig, cluster: Cluster) -> int | None:
     """The cores the logical GPUs share: the config's, or this machine's for ``auto`` (CPU clusters only)."""
-    if config.host_cores != "auto":
-        return config.host_cores
+    if config.placement.host_cores != "auto":
+        return config.placement.host_cores
     if any(machine.device.name != "CPU" for machine in cluster.machines):
-        raise ValueError(f"config key 'host_cores'='auto' counts this machine's cores for logical CPU GPUs; the "
-                         f"cluster {cluster.spec!r} has {list(cluster.device_names)}: drop the key")
+        raise ValueError(f"config key 'placement.host_cores'='auto' counts this machine's cores for logical CPU GPUs; "
+                         f"the cluster {cluster.spec!r} has {list(cluster.device_names)}: drop the key")
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def planned(config: TrainConfig, graph: Graph, prompt_len: int, model_dir: str | None = None, *,
             support: Mapping[str, LayoutSupport] | None = None, micro_batch_sizes: Mapping[str, int] | None = None,
             vocab_size: int | None = None) -> Plan:
-    """The plan ``config.placement`` asks for; raises naming the key at fault.
+    """The plan ``config.placement.mode`` asks for; raises naming the key at fault.
 
     ``support``: per role, the layouts its backend runs (the search proposes nothing else);
     ``micro_batch_sizes``: the micro batches the user fixed, inputs of the plan.
@@ -191,45 +279,48 @@ def planned(config: TrainConfig, graph: Graph, prompt_len: int, model_dir: str |
     settings = run_settings(config, graph)
     models = role_models(config, graph, model_dir, vocab_size=vocab_size)
     work = workload(config, graph, prompt_len, settings)
-    calibration = Calibration.load(config.calibration) if config.calibration else None
+    calibration = Calibration.load(config.placement.calibration) if config.placement.calibration else None
     agent = agent_workload(config, graph)
     support = dict(support or {})
     adapters = role_adapters(config, graph)
     shared = shared_references(config, graph, models, adapters)
-    if config.placement == "auto":
+    if config.placement.mode == "auto":
         plan = plan_placement(graph, models, work, cluster, calibration=calibration, settings=settings,
-                              options=PlannerOptions(separate_rollout=config.separate_rollout,
-                                                     pipeline=config.pipeline, max_staleness=_bound(config),
+                              options=PlannerOptions(separate_rollout=config.placement.separate_rollout,
+                                                     pipeline=config.pipeline.mode, max_staleness=_bound(config),
                                                      support=support, micro_batch_sizes=dict(micro_batch_sizes or {}),
                                                      lora=adapters or None, shared_weights=shared),
                               agent=agent)
     else:
         gpu_roles = set(models)
-        missing = sorted(gpu_roles - set(config.meshes) - set(shared))  # a shared reference runs on its host's
+        # a shared reference runs on its host's
+        missing = sorted(gpu_roles - set(config.placement.meshes) - set(shared))
         if missing:
-            raise KeyError(f"config key 'meshes': placement=manual needs a mesh for every GPU role; missing {missing}")
+            raise KeyError(f"config key 'placement.meshes': placement.mode=manual needs a mesh for every GPU role; "
+                           f"missing {missing}")
         rollouts = {rollout_role(policy) for policy in detachable_policies(graph)}
-        extra = sorted(set(config.meshes) - gpu_roles - rollouts)
+        extra = sorted(set(config.placement.meshes) - gpu_roles - rollouts)
         if extra:
-            raise KeyError(f"config key 'meshes': {extra} are not GPU roles of the {graph.name} graph "
+            raise KeyError(f"config key 'placement.meshes': {extra} are not GPU roles of the {graph.name} graph "
                            f"(GPU roles: {sorted(gpu_roles)}; a policy's rollout on GPUs of its own: "
                            f"{sorted(rollouts)})")
         # The sharding is the planner's to choose among what each backend runs (a mesh fixes GPUs and dp only).
-        plan = evaluate_mapping(graph, models, work, cluster, config.meshes, calibration=calibration, settings=settings,
-                                data_parallel_size={role: len(mesh) for role, mesh in config.meshes.items()},
+        plan = evaluate_mapping(graph, models, work, cluster, config.placement.meshes, calibration=calibration,
+                                settings=settings,
+                                data_parallel_size={role: len(mesh) for role, mesh in config.placement.meshes.items()},
                                 sharding=None, micro_batch_sizes=dict(micro_batch_sizes or {}) or None,
-                                pipeline=config.pipeline, max_staleness=_bound(config),
-                                stream_chunks=config.stream_chunks, support=support, agent=agent,
+                                pipeline=config.pipeline.mode, max_staleness=_bound(config),
+                                stream_chunks=config.pipeline.stream_chunks, support=support, agent=agent,
                                 lora=adapters or None, shared_weights=shared)
         if not plan.feasible:
-            raise ValueError(f"config key 'meshes': the mapping does not fit: {'; '.join(plan.problems)}")
+            raise ValueError(f"config key 'placement.meshes': the mapping does not fit: {'; '.join(plan.problems)}")
     return plan
 
 
 def agent_workload(config: TrainConfig, graph: Graph) -> AgentWorkload | None:
     """``planner_settings.agent`` with prefix caching, where it is unset, that of the policy's rollout engine (vLLM
     caches prefixes; the native rollout recomputes the context every turn). None when the config gives none."""
-    agent = config.planner_settings.agent_workload()
+    agent = config.placement.planner.agent_workload()
     if agent is None or agent.prefix_caching is not None:
         return agent
     engines = {config.roles[name].rollout if name in config.roles else DEFAULT_ROLLOUT
@@ -239,4 +330,4 @@ def agent_workload(config: TrainConfig, graph: Graph) -> AgentWorkload | None:
 
 def _bound(config: TrainConfig) -> int | None:
     """The async bound the planner costs: the config's for pipeline=async, its choice (1 or 2) for auto."""
-    return config.max_staleness if config.pipeline == "async" else None
+    return config.pipeline.max_staleness if config.pipeline.mode == "async" else None

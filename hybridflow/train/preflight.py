@@ -23,8 +23,9 @@ from hybridflow.planner.cluster import MAX_CLUSTER_GPUS
 from hybridflow.planner.settings import MAX_EPOCHS, MAX_STEP_ROWS
 from hybridflow.train import setup
 from hybridflow.train.bounds import check_sizes
-from hybridflow.train.config import INT64_MAX, OptimConfig, TrainConfig
-from hybridflow.train.file_checks import safetensors_problem
+from hybridflow.train.config import OptimConfig, TrainConfig
+from hybridflow.train.file_checks import model_config, safetensors_problem
+from hybridflow.train.schema import INT64_MAX
 
 
 def check_config(config: TrainConfig, graph: Graph, plan: Plan | None = None) -> None:
@@ -51,10 +52,10 @@ def check_ranges(config: TrainConfig) -> None:
     _at_least("data.num_examples", data.num_examples, 1)
     _positive("data.reward_timeout_s", data.reward_timeout_s)
     _at_least("seed", config.seed, 0)
-    _at_least("validation_samples", config.validation_samples, 0)
-    if config.num_gpus > MAX_CLUSTER_GPUS:
-        raise ValueError(f"config key 'num_gpus'={config.num_gpus}: {config.num_gpus} GPUs exceed the planner's bound "
-                         f"of {MAX_CLUSTER_GPUS} GPUs; give the GPUs the run has")
+    if config.placement.num_gpus > MAX_CLUSTER_GPUS:
+        gpus = config.placement.num_gpus
+        raise ValueError(f"config key 'placement.num_gpus'={gpus}: {gpus} GPUs exceed the planner's bound of "
+                         f"{MAX_CLUSTER_GPUS} GPUs; give the GPUs the run has")
     if isinstance(data.reward, list) and not data.reward:
         raise ValueError("config key 'data.reward' is an empty list; name at least one reward function (e.g. "
                          "data.reward=math), or drop the key to use the built-in task's rule")
@@ -76,9 +77,10 @@ def check_step_rows(config: TrainConfig, graph: Graph) -> None:
             raise ValueError(f"config key '{name}.mini_batches'={optim.mini_batches} exceeds the {rows} rows of a "
                              f"step (data.batch_size={prompts} x n={samples}): each optimizer step needs rows of its "
                              f"own; use at most {rows}, or raise data.batch_size")
-    if config.stream_chunks > prompts:
-        raise ValueError(f"config key 'stream_chunks'={config.stream_chunks} exceeds the data.batch_size={prompts} "
-                         f"prompts of a step (a chunk holds whole prompts); use at most {prompts}")
+    if config.pipeline.stream_chunks > prompts:
+        raise ValueError(f"config key 'pipeline.stream_chunks'={config.pipeline.stream_chunks} exceeds the "
+                         f"data.batch_size={prompts} prompts of a step (a chunk holds whole prompts); use at most "
+                         f"{prompts}")
 
 
 MAX_OPTIMIZER_STEPS = 1 << 16  # per role and step: epochs x mini_batches
@@ -132,7 +134,8 @@ def check_node_options(graph: Graph) -> None:
                 raise ValueError(f"{key}={value} must be >= 0")
         if node.op is Op.GENERATE:
             try:
-                SamplingParams(**{name: value for name, value in options.items() if name in sampling})  # type: ignore[arg-type]
+                SamplingParams(**{name: value for name,
+                                  value in options.items() if name in sampling})  # type: ignore[arg-type]
             except ValueError as err:
                 raise ValueError(f"node {node.name!r}: {err} (algorithm_options)") from err
 
@@ -197,20 +200,6 @@ def _model_dir(key: str, value: str) -> None:
                              "re-download it)")
 
 
-def model_config(key: str, path: Path) -> dict[str, Any]:
-    """The model directory's ``config.json`` as a mapping; a file that is not JSON is named with the fix."""
-    file = path / "config.json"
-    try:
-        loaded = json.loads(file.read_text())
-    except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
-        raise ValueError(f"config key {key!r}: {file} is not JSON ({err}); restore it from the model's source "
-                         "(it is the Hugging Face config the model was saved with)") from err
-    if not isinstance(loaded, dict):
-        raise ValueError(f"config key {key!r}: {file} holds a {type(loaded).__name__}, not the mapping of a Hugging "
-                         "Face model config; restore it from the model's source")
-    return loaded
-
-
 # Files a Hugging Face tokenizer is saved as (fast, sentencepiece, BPE and WordPiece vocabularies).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
                    "spiece.model")
@@ -247,7 +236,7 @@ def check_files(config: TrainConfig) -> None:
     named = [(key if isinstance(value, str) else f"{key}[{i}]", item)
              for key, value in (("data.path", config.data.path), ("data.val_path", config.data.val_path))
              for i, item in enumerate(paths(value))]
-    for key, value in (*named, ("plan_file", config.plan_file)):
+    for key, value in (*named, ("plan_file", config.placement.plan_file)):
         if value is None:
             continue
         path = Path(value).expanduser()
@@ -258,13 +247,13 @@ def check_files(config: TrainConfig) -> None:
                 path.open("rb").close()
             except PermissionError as err:
                 raise PermissionError(f"config key {key!r}={value!r}: permission denied; make it readable") from err
-    if config.plan_file:
+    if config.placement.plan_file:
         try:
-            Plan.from_json(Path(config.plan_file).read_text())
+            Plan.from_json(Path(config.placement.plan_file).read_text())
         except (ValueError, KeyError, TypeError) as err:  # JSONDecodeError is a ValueError
             what = "not JSON" if isinstance(err, json.JSONDecodeError) else "not a plan"
-            raise ValueError(f"config key 'plan_file'={config.plan_file!r} is {what} ({err}); write one with "
-                             "`hybridflow plan ... --json`") from err
+            raise ValueError(f"config key 'placement.plan_file'={config.placement.plan_file!r} is {what} ({err}); "
+                             "write one with `hybridflow plan ... --json`") from err
 
 
 def _at_least(key: str, value: int, low: int) -> None:

@@ -25,12 +25,11 @@ from hybridflow.graph.render import to_json
 from hybridflow.train.checkpoint import checkpoint_step, latest_checkpoint, newest_intact_checkpoint
 from hybridflow.train.config import TrainConfig
 from hybridflow.train.file_checks import checkpoint_problem
+from hybridflow.train.migration import moved_key
 
 # Keys that change how a run is executed, observed or how long it goes, not what a step computes:
 # resuming with other values is the normal case (more steps, another executor, a quieter console).
-RUN_ONLY_KEYS = ("steps", "output_dir", "executor", "ray_address", "progress", "plot", "tensorboard", "trackers",
-                 "checkpoint_every", "sigterm_grace_s", "keep_checkpoints", "validation_every", "validation_samples",
-                 "liveness")
+RUN_ONLY_KEYS = ("steps", "output_dir", "executor", "logging", "checkpoint", "validation")  # keys or whole sections
 # What hybridflow writes into a run directory; --overwrite removes only these (never a user's other files).
 RUN_FILES = ("config.json", "plan.json", "metrics.jsonl", "checkpoints", "tensorboard", "reward_curve.png",
              "report.html", "plots", "final", "validation_samples.jsonl", "torchrun_workers.json",
@@ -45,7 +44,7 @@ class RunDirectoryError(ValueError):
 def fingerprint(config: TrainConfig, graph: Graph) -> dict[str, Any]:
     """The flattened config keys that decide what is trained, plus ``graph`` (a digest of the graph)."""
     flat = _flatten(asdict(config))
-    kept = {key: value for key, value in flat.items() if key.split(".")[0] not in RUN_ONLY_KEYS}
+    kept = {key: value for key, value in flat.items() if key.split(".")[0] not in RUN_ONLY_KEYS}  # a key's section
     kept["graph"] = hashlib.sha256(to_json(graph).encode()).hexdigest()[:16]
     return kept
 
@@ -119,7 +118,7 @@ def _newest_intact(run_dir: Path, *, flag: str) -> Path:
         broken = f" ({len(skipped)} broken: {skipped[0]})" if skipped else ""
         raise RunDirectoryError(f"{flag} holds no complete checkpoint to resume from{broken}; start a fresh run "
                                 "(without --resume; --overwrite if the directory is not empty) or set "
-                                "checkpoint_every so runs leave checkpoints")
+                                "checkpoint.every so runs leave checkpoints")
     if skipped:
         print(f"hybridflow: warning: resuming from {newest}, the newest intact checkpoint", file=sys.stderr)
     return newest
@@ -133,7 +132,7 @@ def check_fingerprint(checkpoint: Path, current: Mapping[str, Any], *, allow_cha
         print(f"hybridflow: warning: checkpoint {checkpoint} predates config fingerprints; its config is not "
               "checked against this run's", file=sys.stderr)
         return []
-    changed = differing_keys(saved, current)
+    changed = differing_keys(_sectioned(saved), current)
     if changed and not allow_change:
         raise RunDirectoryError(f"checkpoint {checkpoint} was written with another config or graph; differing keys: "
                                 f"{'; '.join(changed)}. Resume with the same config, or pass --resume-from "
@@ -141,6 +140,12 @@ def check_fingerprint(checkpoint: Path, current: Mapping[str, Any], *, allow_cha
     if changed:
         print(f"hybridflow: resuming {checkpoint} with a changed config: {'; '.join(changed)}", file=sys.stderr)
     return changed
+
+
+def _sectioned(saved: Mapping[str, Any]) -> dict[str, Any]:
+    """A fingerprint written before the config's sections, in today's keys (hybridflow/train/migration.py)."""
+    moved = {moved_key(key, value) or key: value for key, value in saved.items()}
+    return {key: value for key, value in moved.items() if key.split(".")[0] not in RUN_ONLY_KEYS}
 
 
 def check_steps_left(checkpoint: Path, steps: int) -> int:

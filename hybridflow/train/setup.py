@@ -27,9 +27,9 @@ from hybridflow.data import reward_scorer as load_reward_scorer
 from hybridflow.data.dataset import Record
 from hybridflow.data.reward_pool import reward_timeout
 from hybridflow.data.splits import DataFiles, load_files
-from hybridflow.data.tokenizer import PLAIN_CHAT_TEMPLATE, WIDE_ALPHABET, load_tokenizer
 from hybridflow.graph import Graph, Op, RoleKind, load_graph, with_detached_logprobs
 from hybridflow.graph.agents import with_environment
+from hybridflow.models.tokenizer import PLAIN_CHAT_TEMPLATE, WIDE_ALPHABET, load_tokenizer
 from hybridflow.planner import LayoutSupport, Plan, detachable_policies, rollout_role
 from hybridflow.registry import ALGORITHMS, BACKENDS, ENVIRONMENTS
 from hybridflow.runtime import RoleSpec, default_plan
@@ -125,7 +125,7 @@ def prepare_model(config: TrainConfig, run_dir: Path, data: list[Record],
     model = build_tiny_causal_lm(config.model.name, vocab_size=len(tokenizer), seed=config.seed)
     if config.model.sft_steps:
         sft_warm_start(model, tokenizer, data, steps=config.model.sft_steps, batch_size=config.model.sft_batch_size,
-                       lr=config.model.sft_lr, seed=config.seed, progress=config.progress)
+                       lr=config.model.sft_lr, seed=config.seed, progress=config.logging.progress)
     save_model_dir(model, tokenizer, target)
     marker.write_text(json.dumps(recipe))
     return str(target), tokenizer
@@ -144,7 +144,7 @@ def single_pass_roles(config: TrainConfig, graph: Graph) -> frozenset[str]:
     update's own, detached (:func:`~hybridflow.graph.skipping.with_detached_logprobs`): ``skip_known_passes`` on,
     a synchronous step (``pipeline: sync``; an overlapped mode trains on rows an older policy sampled, and ``auto``
     is not known until the plan), ``actor.epochs`` 1 and ``actor.mini_batches`` 1."""
-    if not config.skip_known_passes or config.pipeline != "sync":
+    if not config.pipeline.skip_known_passes or config.pipeline.mode != "sync":
         return frozenset()
     if config.actor.epochs != 1 or config.actor.mini_batches != 1:
         return frozenset()
@@ -171,17 +171,17 @@ def build_plan(config: TrainConfig, graph: Graph, prompt_len: int = 32, model_di
     (before they exist, a built-in tiny model is sized by its config and ``vocab_size``, the tokenizer's).
     """
     fixed, budgets = fixed_micro_batches(config, graph), token_budgets(config)
-    if config.plan_file:
-        plan = Plan.from_json(Path(config.plan_file).read_text())
+    if config.placement.plan_file:
+        plan = Plan.from_json(Path(config.placement.plan_file).read_text())
         _check_plan_file_agrees(plan, fixed, budgets)
-    elif config.placement != "default":
+    elif config.placement.mode != "default":
         from hybridflow.train.placement import planned
 
         plan = with_token_budgets(planned(config, graph, prompt_len, model_dir, support=layout_support(config, graph),
                                           micro_batch_sizes=fixed, vocab_size=vocab_size), budgets)
     else:
-        plan = with_token_budgets(default_plan(graph, num_gpus=config.num_gpus, micro_batch_sizes=fixed,
-                                               padding=config.padding), budgets)
+        plan = with_token_budgets(default_plan(graph, num_gpus=config.placement.num_gpus, micro_batch_sizes=fixed,
+                                               padding=config.pipeline.padding), budgets)
     check_role_entries(config, graph, plan)
     check_layouts(graph, plan, with_rollout_specs(plan, role_specs(config, graph, _PLANNING_MODEL, plan)))
     return plan
@@ -285,7 +285,7 @@ def services(config: TrainConfig, plan: Plan) -> RoleServices | None:
     """The reward cache and per-role request bounds the config asks for, or None."""
     limiters = {name: RequestLimiter(role.max_concurrent_requests) for name, role in config.roles.items()
                 if role.max_concurrent_requests}
-    if not limiters and not config.reward_cache_size:
+    if not limiters and not config.data.reward_cache_size:
         return None
     rows = {}
     for name in limiters:
@@ -293,7 +293,7 @@ def services(config: TrainConfig, plan: Plan) -> RoleServices | None:
             rows[name] = 0
         else:  # a request is one micro batch on every rank
             rows[name] = plan.layout(name).micro_batch_size * plan.layout(name).dp
-    cache = RewardCache(config.reward_cache_size) if config.reward_cache_size else None
+    cache = RewardCache(config.data.reward_cache_size) if config.data.reward_cache_size else None
     return RoleServices(reward_cache=cache, limiters=limiters, request_rows=rows)
 
 
@@ -378,14 +378,14 @@ def prompt_loader(config: TrainConfig, data: list[Record], tokenizer: Any) -> Pr
 
 
 def make_executor(config: TrainConfig) -> Executor:
-    if config.executor == "ray":
+    if config.executor.name == "ray":
         from hybridflow.runtime.ray_executor import RayExecutor
 
-        return RayExecutor(address=config.ray_address, liveness=config.liveness)
-    if config.executor == "torchrun":
+        return RayExecutor(address=config.executor.ray_address, liveness=config.executor.liveness)
+    if config.executor.name == "torchrun":
         from hybridflow.runtime.torchrun_executor import TorchrunExecutor
 
         # The world torchrun started (examples/train_ppo.py joins it); records which process ran which role.
         return TorchrunExecutor(info_path=str(Path(config.output_dir) / "torchrun_workers.json"),
-                                liveness=config.liveness)
+                                liveness=config.executor.liveness)
     return LocalExecutor()

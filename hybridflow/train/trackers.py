@@ -12,10 +12,31 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 Table = Sequence[Mapping[str, Any]]
+TRACKERS = ("jsonl", "tensorboard", "wandb", "mlflow")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoggingConfig:
+    """The ``logging`` section. ``trackers``: where metrics go besides ``metrics.jsonl`` (always written:
+    ``hybridflow report`` reads it); ``progress``: a progress bar on stderr; ``plot``: ``report.png`` at the end
+    of the run; ``console_every``: > 0 prints one line of key metrics every N steps (TRL/verl style)."""
+
+    trackers: list[str] = field(default_factory=lambda: ["tensorboard"])
+    progress: bool = True
+    plot: bool = True
+    console_every: int = 0
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.trackers) - set(TRACKERS))
+        if unknown:
+            raise ValueError(f"config key 'logging.trackers' has {unknown}; the trackers are {list(TRACKERS)}")
+        if self.console_every < 0:
+            raise ValueError(f"config key 'logging.console_every'={self.console_every} must be >= 0 (0: off)")
 
 
 class Tracker(Protocol):
@@ -114,7 +135,7 @@ def make_trackers(names: Sequence[str], run_dir: Path, *, name: str, config: Map
         elif tracker == "mlflow":
             trackers.append(MlflowTracker(run_dir, name=name, config=config))
         elif tracker != "jsonl":
-            raise ValueError(f"config key 'trackers': unknown tracker {tracker!r}; the trackers are "
+            raise ValueError(f"config key 'logging.trackers': unknown tracker {tracker!r}; the trackers are "
                              "['jsonl', 'tensorboard', 'wandb', 'mlflow']")
     return trackers
 
@@ -136,8 +157,8 @@ def _optional(module: str, package: str) -> Any:
     try:
         return importlib.import_module(module)
     except ImportError as err:
-        raise ImportError(f"config key 'trackers' lists {module!r}, which is not installed: pip install {package} "
-                          f"(or drop {module} from trackers)") from err
+        raise ImportError(f"config key 'logging.trackers' lists {module!r}, which is not installed: pip install "
+                          f"{package} (or drop {module} from logging.trackers)") from err
 
 
 def _flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

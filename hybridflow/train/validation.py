@@ -18,6 +18,23 @@ from hybridflow.data.records import Record
 from hybridflow.graph import Graph, Node, Op
 from hybridflow.graph.agents import env_reward_weight
 
+
+@dataclass(frozen=True, kw_only=True)
+class ValidationConfig:
+    """The ``validation`` section (its prompts come from ``data.val_path`` or ``data.val_fraction``).
+    ``every``: > 0 runs a pass every N steps and after the last; ``samples``: completions per pass kept in the
+    samples table; ``before_train``: a pass before the first step, logged on step 0's line."""
+
+    every: int = 0
+    samples: int = 8
+    before_train: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("every", "samples"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"config key 'validation.{name}'={getattr(self, name)} must be >= 0 (0: off)")
+
+
 TABLE = "validation_samples"  # RUN_DIR/validation_samples.jsonl and the trackers' table name
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hybridflow.data.tokenizer import WIDE_ALPHABET, char_tokenizer
+from hybridflow.models.tokenizer import WIDE_ALPHABET, char_tokenizer
 
 # Qwen2.5-Instruct's chat template (tool calls in hermes <tool_call> JSON, tool results as <tool_response>).
 QWEN2_TEMPLATE = (

@@ -21,12 +21,12 @@ from hybridflow.train.setup import agent_tool_schemas, build_graph
 AGENT = {"data.task": "multiply", "data.batch_size": 4, "data.num_examples": 32, "model.sft_steps": 2,
          "algorithm": "grpo_no_ref", "algorithm_options.n": 2, "algorithm_options.max_new_tokens": 32,
          "agent.environment": "calculator", "agent.options": {"format": "compact"}, "agent.max_turns": 2,
-         "agent.max_turn_tokens": 12, "progress": False, "tensorboard": False, "plot": False}
+         "agent.max_turn_tokens": 12, "logging.progress": False, "logging.plot": False}
 
 
 def test_a_train_config_runs_the_calculator_task_multi_turn(tmp_path: Path) -> None:
-    config = config_from_dotted({**AGENT, "steps": 2, "output_dir": str(tmp_path), "validation_every": 2,
-                                 "validation_samples": 2, "data.val_fraction": 0.25})
+    config = config_from_dotted({**AGENT, "steps": 2, "output_dir": str(tmp_path), "validation.every": 2,
+                                 "validation.samples": 2, "data.val_fraction": 0.25})
     train(config)
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     trained = [row for row in rows if "agent/turns_mean" in row]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hybridflow.agents.chat import PLAIN_TEMPLATE, ChatRenderer
-from hybridflow.data.tokenizer import PLAIN_CHAT_TEMPLATE, load_tokenizer
+from hybridflow.models.tokenizer import PLAIN_CHAT_TEMPLATE, load_tokenizer
 from hybridflow.train.config import config_from_dotted
 from hybridflow.train.setup import policy_tokenizer
 

@@ -26,7 +26,7 @@ def steps(engine: Any, batch: Any, count: int) -> list[float]:
 
 def base_and_adapters(engine: Any) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """Whole (base, adapter) tensors of an engine, in the model's own names, copied."""
-    from hybridflow.backends.common.adapters import is_adapter_key
+    from hybridflow.backends.common.peft_lora import is_adapter_key
 
     state = {name: tensor.detach().clone() for name, tensor in engine.whole_state(lambda _name: True)}
     return ({n: t for n, t in state.items() if not is_adapter_key(n)},

@@ -15,7 +15,7 @@ from hybridflow.data import TASKS, PromptLoader, RuleScorer, char_tokenizer, tas
 from hybridflow.graph import Node, load_graph  # noqa: E402
 from hybridflow.models.tiny import TINY_CONFIGS  # noqa: E402
 from hybridflow.planner import GroupPlan, Plan, RoleLayout, Sharding  # noqa: E402
-from hybridflow.planner.adapters import LoraPlan  # noqa: E402
+from hybridflow.planner.lora_costs import LoraPlan  # noqa: E402
 from hybridflow.planner.models import from_config_dict  # noqa: E402
 from hybridflow.runtime import Batch, Controller, OptimSpec, RoleSpec  # noqa: E402
 from hybridflow.runtime.protocols import AdapterSpec  # noqa: E402

@@ -14,7 +14,7 @@ pytest.importorskip("peft", reason="needs peft (the `lora` extra)")
 import lora_ranks
 import torch
 from harness import context, layout, role_spec, rollout_batch, run_ranks
-from hybridflow.backends.common.adapters import is_adapter_key
+from hybridflow.backends.common.peft_lora import is_adapter_key
 from hybridflow.backends.torch import TorchRoleEngine
 from lora_ranks import ADAPTERS, lora_spec, steps
 

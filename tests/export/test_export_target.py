@@ -16,14 +16,14 @@ from hybridflow.train.export import EXPORT_MARKER, ExportTargetError, check_expo
 from hybridflow.train.loop import train
 
 QUICK = ["model.sft_steps=3", "data.batch_size=4", "data.num_examples=32", "algorithm_options.n=2",
-         "algorithm_options.max_new_tokens=4", "progress=false", "tensorboard=false", "plot=false"]
+         "algorithm_options.max_new_tokens=4", "logging.progress=false", "logging.plot=false"]
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A one-step torch run with a checkpoint (``checkpoints/step_000001``) and its final export."""
     run = tmp_path_factory.mktemp("export_target") / "run"
-    train(load_config(None, ["steps=1", "checkpoint_every=1", f"output_dir={run}", *QUICK]))
+    train(load_config(None, ["steps=1", "checkpoint.every=1", f"output_dir={run}", *QUICK]))
     return run
 
 

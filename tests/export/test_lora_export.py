@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("peft", reason="needs peft (the `lora` extra)")
 import torch
 from hybridflow.backends.common import modeling
-from hybridflow.backends.common.adapters import load_adapter_state
+from hybridflow.backends.common.peft_lora import load_adapter_state
 
 from hybridflow.cli import main
 from hybridflow.graph import RoleKind
@@ -23,13 +23,13 @@ from hybridflow.runtime.protocols import AdapterSpec
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "grpo_reverse.yaml"
 LORA = "roles.actor.lora={rank: 16, alpha: 32.0}"
 QUICK = ["model.sft_steps=5", "data.batch_size=4", "data.num_examples=64", "algorithm_options.n=2",
-         "algorithm_options.max_new_tokens=6", "progress=false", "tensorboard=false", "plot=false"]
+         "algorithm_options.max_new_tokens=6", "logging.progress=false", "logging.plot=false"]
 
 
 @pytest.fixture(scope="module")
 def lora_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run = tmp_path_factory.mktemp("lora") / "run"
-    code = main(["train", "--config", str(CONFIG), "steps=2", "checkpoint_every=2", f"output_dir={run}", *QUICK,
+    code = main(["train", "--config", str(CONFIG), "steps=2", "checkpoint.every=2", f"output_dir={run}", *QUICK,
                  LORA, "actor.lr=0.01"])
     assert code == 0
     return run

@@ -22,10 +22,10 @@ from hybridflow.planner import (
     plan_placement,
     rollout_role,
 )
-from hybridflow.planner.adapters import LoraPlan, sync_mode
 from hybridflow.planner.costs import Shape, state_bytes
 from hybridflow.planner.devices import get_device
 from hybridflow.planner.flops import flops_per_token
+from hybridflow.planner.lora_costs import LoraPlan, sync_mode
 from hybridflow.planner.models import from_config_dict
 from hybridflow.planner.weight_moves import ADAPTER_LOAD_S, weight_ship, weight_sync
 from hybridflow.testing import check_plan
@@ -257,14 +257,14 @@ def test_cli_plans_lora_and_shares_the_reference(capsys):
 
 
 def test_train_config_lora_reaches_the_planner(grpo):
-    from hybridflow.train.config import RoleConfig, TrainConfig
+    from hybridflow.train.config import PlacementConfig, RoleConfig, TrainConfig
     from hybridflow.train.placement import planned, role_adapters, role_models, shared_references
 
     @dataclasses.dataclass(frozen=True, kw_only=True)
     class RoleWithLora(RoleConfig):  # the trainers' ``roles.<name>.lora`` key, before it lands in RoleConfig
         lora: dict | None = None
 
-    config = TrainConfig(placement="auto", cluster="2xCPU",
+    config = TrainConfig(placement=PlacementConfig(mode="auto", cluster="2xCPU"),
                          roles={"actor": RoleWithLora(lora={"rank": 8, "alpha": 16}, rollout="vllm")})
     adapters = role_adapters(config, grpo)
     assert adapters == {"actor": LoraPlan(rank=8, sync="adapter")}

@@ -72,7 +72,8 @@ def test_calibrate_from_a_train_run_directory_alone_reads_its_config_plan_and_le
     from hybridflow.train import placement, setup
     from hybridflow.train.config import load_config
 
-    config = load_config(None, ["algorithm=grpo", "num_gpus=2", "data.batch_size=8", "data.max_prompt_length=24"])
+    config = load_config(None, ["algorithm=grpo", "placement.num_gpus=2", "data.batch_size=8",
+                                "data.max_prompt_length=24"])
     graph = setup.build_graph(config)
     lengths = LengthDistribution.from_lengths([8, 12, 20, 32])  # what from_metrics makes of mean 18, max 32
     truth = RunSettings(lengths=LengthDistribution.lognormal(mean=18, max=32))

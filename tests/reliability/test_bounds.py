@@ -63,10 +63,12 @@ def bounded_memory() -> object:
 # (id, arguments with {d} for the inputs folder, exit code, a regex the one error line must match)
 TRAIN: list[tuple[str, str, int, str]] = [
     # runtime sizes
-    ("staleness huge", "pipeline=async max_staleness=1000000000", 2, r"'max_staleness'=1000000000 must be <= 1024"),
-    ("stream chunks huge", "stream_chunks=1000000000", 2, r"'stream_chunks'=1000000000 must be <= 1024"),
-    ("stream chunks beyond prompts", "stream_chunks=5", 2, r"'stream_chunks'=5 exceeds the data\.batch_size=4"),
-    ("num_gpus huge", "num_gpus=1000000000000", 2, r"1000000000000 GPUs exceed the planner's bound"),
+    ("staleness huge", "pipeline.mode=async pipeline.max_staleness=1000000000", 2,
+     r"'pipeline\.max_staleness'=1000000000 must be <= 1024"),
+    ("stream chunks huge", "pipeline.stream_chunks=1000000000", 2, r"'pipeline\.stream_chunks'=1000000000 must be <= 1024"),
+    ("stream chunks beyond prompts", "pipeline.stream_chunks=5", 2,
+     r"'pipeline\.stream_chunks'=5 exceeds the data\.batch_size=4"),
+    ("num_gpus huge", "placement.num_gpus=1000000000000", 2, r"1000000000000 GPUs exceed the planner's bound"),
     ("rows of a step huge", "data.batch_size=4000000 data.num_examples=4000000 algorithm_options.n=2", 2,
      r"8000000 rows, more than \d+; lower data\.batch_size or algorithm_options\.n"),
     # size-like keys, bounded before anything is allocated (hybridflow/train/bounds.py)
@@ -91,8 +93,8 @@ TRAIN: list[tuple[str, str, int, str]] = [
     ("reward weight nan", "data.reward=[math] data.reward_weights=[.nan]", 2,
      r"'data\.reward_weights\[0\]'=nan must be a finite number"),
     ("env reward weight infinite", "agent.env_reward_weight=-.inf", 2, r"'agent\.env_reward_weight'=-inf"),
-    ("liveness timeout infinite", "liveness.setup_timeout_s=.inf", 2, r"'liveness\.setup_timeout_s'=inf"),
-    ("validation samples negative", "validation_samples=-1", 2, r"'validation_samples'=-1 must be >= 0"),
+    ("liveness timeout infinite", "executor.liveness.setup_timeout_s=.inf", 2, r"'executor\.liveness\.setup_timeout_s'=inf"),
+    ("validation samples negative", "validation.samples=-1", 2, r"'validation\.samples'=-1 must be >= 0"),
     ("mini batches beyond rows", "actor.mini_batches=1000", 2,
      r"'actor\.mini_batches'=1000 exceeds the 8 rows of a step \(data\.batch_size=4 x n=2\)"),
     ("reward an empty list", "data.reward=[]", 2, r"'data\.reward' is an empty list"),

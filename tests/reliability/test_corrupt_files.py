@@ -27,7 +27,7 @@ WEIGHTS = "hf/model.safetensors"
 def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A two-step run with checkpoints at steps 1 and 2."""
     root = tmp_path_factory.mktemp("checkpointed")
-    assert main(["train", f"output_dir={root / 'run'}", *QUICK, "steps=2", "checkpoint_every=1"]) == 0
+    assert main(["train", f"output_dir={root / 'run'}", *QUICK, "steps=2", "checkpoint.every=1"]) == 0
     return root / "run"
 
 

@@ -20,7 +20,7 @@ from hybridflow.cli import main
 pytestmark = pytest.mark.timeout(150)
 
 QUICK = ["model.sft_steps=0", "data.batch_size=4", "data.num_examples=16", "algorithm_options.n=2",
-         "algorithm_options.max_new_tokens=4", "progress=false", "tensorboard=false", "plot=false", "trackers=[]",
+         "algorithm_options.max_new_tokens=4", "logging.progress=false", "logging.plot=false", "logging.trackers=[]",
          "steps=1"]
 REWARDS = '''
 import os, sys, time
@@ -308,7 +308,7 @@ def test_sigterm_stops_a_cli_run_like_ctrl_c(executor: str, rewards: Path, tmp_p
     env = {**os.environ, "HF_TEST_MARKER": str(marker), "OMP_NUM_THREADS": "1"}
     # sigterm_grace_s=0: at once, as Ctrl-C (the checkpointing stop: tests/reliability/test_preemption.py)
     words = [*QUICK, f"output_dir={tmp_path / 'run'}", f"data.reward={rewards}:marks_then_sleeps",
-             f"executor={executor}", "sigterm_grace_s=0"]
+             f"executor.name={executor}", "checkpoint.sigterm_grace_s=0"]
     process = subprocess.Popen([sys.executable, "-c", CLI, "train", *words], env=env,
                                stderr=subprocess.PIPE, text=True)
     try:

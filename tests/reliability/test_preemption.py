@@ -25,8 +25,8 @@ STEPS = 3
 CUT = 1  # the first reward call of step CUT + 1 (1-based) pauses: SIGTERM reaches the run there
 ROWS = 4 * 2  # data.batch_size x algorithm_options.n: reward calls a step
 QUICK = ["model.sft_steps=0", "data.batch_size=4", "data.num_examples=16", "algorithm_options.n=2",
-         "algorithm_options.max_new_tokens=6", "progress=false", "tensorboard=false", "plot=false", "trackers=[]",
-         f"steps={STEPS}", "checkpoint_every=100"]
+         "algorithm_options.max_new_tokens=6", "logging.progress=false", "logging.plot=false", "logging.trackers=[]",
+         f"steps={STEPS}", "checkpoint.every=100"]
 REWARDS = '''
 import os, time
 
@@ -144,7 +144,7 @@ def test_sigterm_finishes_the_step_in_flight_checkpoints_it_and_resume_continues
         monkeypatch: pytest.MonkeyPatch) -> None:
     if executor == "ray":
         pytest.importorskip("ray")
-    code, err, _ = _preempted(tmp_path, rewards, f"executor={executor}", pause_s=2)
+    code, err, _ = _preempted(tmp_path, rewards, f"executor.name={executor}", pause_s=2)
     assert code == 143, err
     assert "Traceback" not in err, err
     done = CUT + 1  # the step SIGTERM interrupted finished
@@ -156,7 +156,7 @@ def test_sigterm_finishes_the_step_in_flight_checkpoints_it_and_resume_continues
 
 def test_a_step_past_the_grace_is_abandoned_and_the_one_before_it_checkpointed(
         rewards: Path, uninterrupted: list[dict[str, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    code, err, seconds = _preempted(tmp_path, rewards, "sigterm_grace_s=1", pause_s=600)
+    code, err, seconds = _preempted(tmp_path, rewards, "checkpoint.sigterm_grace_s=1", pause_s=600)
     assert code == 143, err
     assert seconds < 30, seconds  # neither the reward's pause nor its data.reward_timeout_s (60 s) was waited out
     assert (f"hybridflow train: error: terminated (SIGTERM) while step {CUT + 1}/{STEPS} ran: it did not finish "
@@ -173,7 +173,7 @@ def test_under_ray_the_python_api_raises_terminated_after_the_checkpoint_not_sys
     """A script that started Ray itself (ray.init installs a SIGTERM handler calling sys.exit) and calls train():
     SIGTERM ends train() with Terminated after the checkpoint, and Ray's handler is back afterwards."""
     pytest.importorskip("ray")
-    code, err, _ = _preempted(tmp_path, rewards, "executor=ray", pause_s=2, script=API)
+    code, err, _ = _preempted(tmp_path, rewards, "executor.name=ray", pause_s=2, script=API)
     assert code == 143, err
     assert "SystemExit" not in err and "Traceback" not in err, err
     assert f"Terminated: after {CUT + 1} of {STEPS} steps: checkpoint step_{CUT + 1:06d} written" in err, err
@@ -186,7 +186,7 @@ def test_reward_workers_outlive_a_sigterm_to_the_process_group(rewards: Path, tm
     signal to the driver, which needs them to finish the step in flight, and kills them when it closes the pool."""
     from hybridflow.data.reward_functions import Sample
     from hybridflow.data.reward_pool import RewardPool
-    from hybridflow.data.rewards import load_reward_functions
+    from hybridflow.data.reward_specs import load_reward_functions
 
     monkeypatch.setenv("HF_TEST_CALLS", str(tmp_path / "calls"))
     monkeypatch.setenv("HF_TEST_PAUSE_AT", "-1")

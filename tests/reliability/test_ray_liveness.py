@@ -109,10 +109,12 @@ def test_a_hung_worker_ends_a_training_run_naming_the_step(local_ray: None, tmp_
 
     watcher = threading.Thread(target=stop_after_first_step, daemon=True)
     watcher.start()
-    code = main(["train", "executor=ray", "steps=200", "model.sft_steps=0", "data.batch_size=4", "data.num_examples=16",
-                 "algorithm_options.n=2", "algorithm_options.max_new_tokens=4", "progress=false", "tensorboard=false",
-                 "plot=false", "trackers=[]", f"output_dir={tmp_path / 'run'}", "liveness.heartbeat_interval_s=0.5",
-                 "liveness.heartbeat_timeout_s=3"])
+    code = main(["train", "executor.name=ray", "steps=200", "model.sft_steps=0", "data.batch_size=4",
+                 "data.num_examples=16",
+                 "algorithm_options.n=2", "algorithm_options.max_new_tokens=4", "logging.progress=false",
+                 "logging.plot=false", "logging.trackers=[]", f"output_dir={tmp_path / 'run'}",
+                 "executor.liveness.heartbeat_interval_s=0.5",
+                 "executor.liveness.heartbeat_timeout_s=3"])
     err = capsys.readouterr().err
     assert stopped, f"the run ended (exit {code}) before a worker could be stopped: {err[-1500:]}"
     assert code == 1 and "Traceback" not in err

@@ -14,7 +14,7 @@ from hybridflow.train.config import load_config
 from hybridflow.train.rundir import RunDirectoryError, begin_run, differing_keys, fingerprint, repair_metrics
 
 QUICK = ["model.sft_steps=0", "data.batch_size=4", "data.num_examples=16", "algorithm_options.n=2",
-         "algorithm_options.max_new_tokens=4", "progress=false", "tensorboard=false", "plot=false", "trackers=[]"]
+         "algorithm_options.max_new_tokens=4", "logging.progress=false", "logging.plot=false", "logging.trackers=[]"]
 
 
 def _train(tmp_path: Path, *args: str) -> int:
@@ -25,7 +25,7 @@ def _train(tmp_path: Path, *args: str) -> int:
 def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A two-step run with a checkpoint at step 2 (seed 0)."""
     root = tmp_path_factory.mktemp("finished")
-    assert _train(root, "steps=2", "checkpoint_every=2") == 0
+    assert _train(root, "steps=2", "checkpoint.every=2") == 0
     return root / "run"
 
 
@@ -87,7 +87,7 @@ def test_a_torn_metrics_line_is_repaired_and_reported(finished_run: Path, tmp_pa
     run = _copy(finished_run, tmp_path)
     with (run / "metrics.jsonl").open("a") as handle:
         handle.write('{"step": 2, "reward/me')  # a crash mid-write
-    assert _train(tmp_path, "steps=3", "checkpoint_every=2", "--resume") == 0
+    assert _train(tmp_path, "steps=3", "checkpoint.every=2", "--resume") == 0
     assert "dropped 1 torn line(s) (line 3)" in capsys.readouterr().err
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == [0, 1, 2]
@@ -119,7 +119,7 @@ def test_overwrite_refuses_a_directory_of_other_files(tmp_path: Path) -> None:
 def test_fingerprint_ignores_run_only_keys_and_names_changed_ones() -> None:
     graph = load_graph("grpo", n=2)
     base = fingerprint(load_config(None, QUICK), graph)
-    same = fingerprint(load_config(None, [*QUICK, "steps=99", "executor=ray", "output_dir=elsewhere"]), graph)
+    same = fingerprint(load_config(None, [*QUICK, "steps=99", "executor.name=ray", "output_dir=elsewhere"]), graph)
     assert differing_keys(base, same) == []
     changed = fingerprint(load_config(None, [*QUICK, "actor.lr=0.5", "algorithm_options.n=3"]),
                           load_graph("grpo", n=3))
@@ -149,7 +149,7 @@ def test_the_last_step_is_checkpointed() -> None:
     torn-metrics test above resumes a 3-step run with checkpoint_every=2 through that path."""
     from hybridflow.train.loop import checkpoint_due
 
-    config = load_config(None, [*QUICK, "steps=5", "checkpoint_every=2"])
+    config = load_config(None, [*QUICK, "steps=5", "checkpoint.every=2"])
     assert [step for step in range(5) if checkpoint_due(step, config)] == [1, 3, 4]
     assert not any(checkpoint_due(step, load_config(None, [*QUICK, "steps=5"])) for step in range(5))
 
@@ -170,5 +170,5 @@ def test_the_summary_names_tensorboard_only_when_it_is_on(tmp_path: Path) -> Non
     result = SimpleNamespace(history=[{"reward/mean": 0.5}], start_step=0, metrics_path=tmp_path / "metrics.jsonl",
                              run_dir=tmp_path, curve_path=None, report_path=None, export_path=None)
     assert not any("tensorboard" in line for line in summary(result, load_config(None, QUICK)))
-    on = summary(result, load_config(None, [*QUICK, "tensorboard=true", "trackers=[tensorboard]"]))
+    on = summary(result, load_config(None, [*QUICK, "tensorboard=true", "logging.trackers=[tensorboard]"]))
     assert any(line.startswith("tensorboard:") for line in on)

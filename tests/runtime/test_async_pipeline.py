@@ -140,10 +140,11 @@ def test_hybridflow_train_runs_async_on_a_detached_rollout(tmp_path: Path) -> No
     from hybridflow.train.loop import train
 
     config = load_config(None, ["algorithm=grpo_no_ref", "algorithm_options={n: 2, max_new_tokens: 8}", "steps=4",
-                                "model.sft_steps=5", "data.batch_size=4", "data.num_examples=32", "placement=manual",
-                                "cluster=2xCPU", "meshes={actor: [0], 'actor:rollout': [1]}", "pipeline=async",
-                                "max_staleness=2", "segment_tokens=3", f"output_dir={tmp_path}", "progress=false",
-                                "tensorboard=false", "plot=false"])
+                                "model.sft_steps=5", "data.batch_size=4", "data.num_examples=32",
+                                "placement.mode=manual", "placement.cluster=2xCPU",
+                                "placement.meshes={actor: [0], 'actor:rollout': [1]}", "pipeline.mode=async",
+                                "pipeline.max_staleness=2", "pipeline.segment_tokens=3", f"output_dir={tmp_path}",
+                                "logging.progress=false", "logging.plot=false"])
     history = train(config).history
     assert [row["step"] for row in history] == [0, 1, 2, 3]
     assert all(row["pipeline/staleness_max"] <= 2 for row in history)
@@ -155,18 +156,18 @@ def test_bad_pipeline_config_keys_name_the_key() -> None:
     from hybridflow.train.config import load_config
 
     with pytest.raises(ValueError, match="'max_staleness'=-1 must be an integer >= 0"):
-        load_config(None, ["max_staleness=-1"])
+        load_config(None, ["pipeline.max_staleness=-1"])
     with pytest.raises(ValueError, match="'pipeline'='auto' takes the mode a plan was costed for"):
-        load_config(None, ["pipeline=auto"])
+        load_config(None, ["pipeline.mode=auto"])
     with pytest.raises(ValueError, match="'segment_tokens'=-2 must be >= 0"):
-        load_config(None, ["segment_tokens=-2"])
+        load_config(None, ["pipeline.segment_tokens=-2"])
 
 
 def test_torchrun_refuses_overlapped_modes_naming_the_key() -> None:
     from hybridflow.train.config import load_config
 
     with pytest.raises(ValueError, match="the torchrun executor runs pipeline=sync only"):
-        load_config(None, ["executor=torchrun", "pipeline=async"])
+        load_config(None, ["executor.name=torchrun", "pipeline.mode=async"])
 
 
 def test_pipeline_auto_runs_the_mode_and_bound_the_plan_records() -> None:
@@ -175,10 +176,10 @@ def test_pipeline_auto_runs_the_mode_and_bound_the_plan_records() -> None:
     from hybridflow.train.config import load_config
 
     chosen = replace(SPLIT, mode=ExecutionMode(pipeline="async", max_staleness=2))
-    config = load_config(None, ["placement=auto", "pipeline=auto", "segment_tokens=3"])
+    config = load_config(None, ["placement.mode=auto", "pipeline.mode=auto", "pipeline.segment_tokens=3"])
     assert config.execution_mode(chosen) == ExecutionMode(pipeline="async", max_staleness=2, segment_tokens=3)
     assert config.execution_mode(replace(SPLIT, mode=ExecutionMode(pipeline="one_step_off"))).pipeline == \
         "one_step_off"
-    named = load_config(None, ["pipeline=async", "max_staleness=3", "partial_rollout=false"])
+    named = load_config(None, ["pipeline.mode=async", "pipeline.max_staleness=3", "pipeline.partial_rollout=false"])
     assert named.execution_mode(chosen).k == 3
     assert named.execution_mode(chosen).segment_tokens is None

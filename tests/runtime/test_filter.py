@@ -137,7 +137,7 @@ def test_dapo_with_dynamic_sampling_runs_from_hybridflow_train(tmp_path: Path) -
 
     config = load_config(None, ["algorithm=dapo", "algorithm_options={n: 4, max_new_tokens: 6, max_rounds: 2}",
                                 "steps=3", "model.sft_steps=20", "data.batch_size=4", "data.num_examples=64",
-                                f"output_dir={tmp_path}", "progress=false", "tensorboard=false", "plot=false"])
+                                f"output_dir={tmp_path}", "logging.progress=false", "logging.plot=false"])
     result = train(config)
     assert len(result.history) == 3
     assert all("filter/rounds" in row and row["filter/kept_groups"] >= 0 for row in result.history)

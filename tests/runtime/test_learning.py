@@ -18,7 +18,7 @@ from hybridflow.train.loop import train
 
 pytestmark = pytest.mark.slow
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-COMMON = ["progress=false", "tensorboard=false", "plot=false", "checkpoint_every=0", "seed=0", "trackers=[jsonl]"]
+COMMON = ["logging.progress=false", "logging.plot=false", "checkpoint.every=0", "seed=0", "logging.trackers=[jsonl]"]
 # Mean rise over seeds 0-4 minus 3 standard deviations, rounded down (docs/benchmarks.md, "Learning spread").
 THRESHOLDS = {"grpo": 0.04, "ppo": 0.01}
 

@@ -16,8 +16,9 @@ from hybridflow.data import PromptLoader, char_tokenizer, task_examples
 from hybridflow.graph import Graph, GraphBuilder, RoleKind, load_graph
 from hybridflow.planner.execution import ExecutionMode
 from hybridflow.runtime import Batch, Controller, OptimSpec, RoleSpec, default_plan
+from hybridflow.runtime.loss_mask import with_loss_mask
 from hybridflow.runtime.protocols import SamplingParams
-from hybridflow.runtime.worker import run_role_op, with_loss_mask
+from hybridflow.runtime.worker import run_role_op
 from hybridflow.train.metrics import step_metrics
 
 TOKENIZER = char_tokenizer()

@@ -74,10 +74,10 @@ def test_hybridflow_train_runs_and_resumes_one_step_off_on_a_detached_rollout(
 
     def config(steps: int) -> Any:
         return load_config(None, ["algorithm=grpo_no_ref", "algorithm_options={n: 2, max_new_tokens: 4}",
-                                  f"steps={steps}", "checkpoint_every=2", "model.sft_steps=5", "data.batch_size=4",
-                                  "data.num_examples=32", "placement=manual", "cluster=2xCPU",
-                                  "meshes={actor: [0], 'actor:rollout': [1]}", "pipeline=one_step_off",
-                                  f"output_dir={tmp_path}", "progress=false", "tensorboard=false", "plot=false"])
+                                  f"steps={steps}", "checkpoint.every=2", "model.sft_steps=5", "data.batch_size=4",
+                                  "data.num_examples=32", "placement.mode=manual", "placement.cluster=2xCPU",
+                                  "placement.meshes={actor: [0], 'actor:rollout': [1]}", "pipeline.mode=one_step_off",
+                                  f"output_dir={tmp_path}", "logging.progress=false", "logging.plot=false"])
 
     assert [row["pipeline/staleness_max"] for row in train(config(2)).history] == [0.0, 1.0]
     assert (tmp_path / "checkpoints" / "step_000002" / "roles" / "rollout_state.bin").is_file()

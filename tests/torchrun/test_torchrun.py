@@ -54,10 +54,10 @@ def test_torchrun_trains_ppo_with_the_actor_data_parallel_over_two_processes(tmp
 @pytest.mark.slow
 def test_torchrun_ships_the_actors_weights_to_a_rollout_in_the_other_process(tmp_path: Path) -> None:
     torchrun = Path(sys.executable).parent / "torchrun"
-    meshes = "meshes={actor: [0], critic: [0], 'actor:rollout': [1], reference: [1]}"
+    meshes = "placement.meshes={actor: [0], critic: [0], 'actor:rollout': [1], reference: [1]}"
     command = [str(torchrun), "--standalone", "--nproc_per_node=2", str(ROOT / "examples" / "train_ppo.py"),
                "--config", str(CONFIG), "steps=2", f"output_dir={tmp_path}", "model.sft_steps=0",
-               "placement=manual", "cluster=2xCPU", meshes,
+               "placement.mode=manual", "placement.cluster=2xCPU", meshes,
                "algorithm_options.kl_coef=0.05"]  # a KL penalty keeps the reference (kl_coef 0 drops it)
     done = subprocess.run(command, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=150)
     assert done.returncode == 0, _tail(done.stdout + done.stderr)
@@ -149,7 +149,7 @@ def test_config_selects_the_torchrun_executor_which_needs_a_torchrun_world(tmp_p
     with pytest.raises(RuntimeError, match=r"launch `torchrun --nproc_per_node=N examples/train_ppo\.py"):
         current_world()
     with pytest.raises(ValueError, match="must be one of"):
-        load_config(CONFIG, ["executor=mpi"])
+        load_config(CONFIG, ["executor.name=mpi"])
 
 
 SLEEPY_REWARD = '''
@@ -175,7 +175,7 @@ def test_sigterm_to_a_torchrun_job_stops_it_like_ctrl_c(tmp_path: Path) -> None:
     command = [str(torchrun), "--standalone", "--nproc_per_node=2", str(ROOT / "examples" / "train_ppo.py"),
                "--config", str(CONFIG), "steps=1", f"output_dir={tmp_path / 'run'}", "model.sft_steps=0",
                "data.batch_size=4", "data.num_examples=16", f"data.reward={tmp_path / 'rewards.py'}:marks_then_sleeps",
-               "sigterm_grace_s=1"]  # rank 0 abandons the hung step after 1 s, well inside torchrun's 30 s
+               "checkpoint.sigterm_grace_s=1"]  # rank 0 abandons the hung step after 1 s, well inside torchrun's 30 s
     process = subprocess.Popen(command, cwd=tmp_path, env=_env(HF_TEST_MARKER=str(marker)), text=True,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:

@@ -17,8 +17,8 @@ def test_verl_and_trl_names_with_our_meaning_are_renamed() -> None:
     assert load_config(None, ["data.max_response_length=9"]).algorithm_options["max_new_tokens"] == 9
     trainer = load_config(None, ["trainer.total_training_steps=7", "trainer.save_freq=3", "trainer.test_freq=2",
                                  "actor_rollout_ref.actor.ppo_epochs=2", "save_total_limit=1"])
-    assert (trainer.steps, trainer.checkpoint_every, trainer.validation_every) == (7, 3, 2)
-    assert trainer.actor.epochs == 2 and trainer.keep_checkpoints == 1
+    assert (trainer.steps, trainer.checkpoint.every, trainer.validation.every) == (7, 3, 2)
+    assert trainer.actor.epochs == 2 and trainer.checkpoint.keep == 1
 
 
 @pytest.mark.parametrize(("override", "advice"), [

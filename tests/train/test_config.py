@@ -17,9 +17,9 @@ def test_shipped_configs_load(name: str) -> None:
 
 
 def test_overrides_are_parsed_as_yaml_and_nested() -> None:
-    config = load_config(CONFIGS / "grpo_reverse.yaml", ["actor.lr=3e-4", "steps=7", "executor=ray",
+    config = load_config(CONFIGS / "grpo_reverse.yaml", ["actor.lr=3e-4", "steps=7", "executor.name=ray",
                                                          "algorithm_options.n=2"])
-    assert config.actor.lr == 3e-4 and config.steps == 7 and config.executor == "ray"
+    assert config.actor.lr == 3e-4 and config.steps == 7 and config.executor.name == "ray"
     assert config.algorithm_options["n"] == 2
 
 
@@ -33,9 +33,9 @@ def test_unknown_key_is_named_with_its_section(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("override", "message"), [
     ("steps=ten", "'steps'='ten' must be a int"),
     ("data.batch_size=1.5", "'data.batch_size'=1.5 must be a int"),
-    ("executor=slurm", "'executor'='slurm' must be one of"),
+    ("executor.name=slurm", "'executor.name'='slurm' must be one of"),
     ("model=3", "'model' must be a mapping"),
-    ("tensorboard=1", "'tensorboard'=1 must be a bool"),
+    ("logging.plot=1", "'logging.plot'=1 must be a bool"),
 ])
 def test_wrong_types_are_named(override: str, message: str) -> None:
     with pytest.raises((TypeError, ValueError), match=message):
@@ -60,11 +60,13 @@ def test_a_partial_optimizer_section_keeps_the_roles_default_lr(tmp_path: Path) 
 
 @pytest.mark.parametrize("value", ["-1", ".inf", "soon"])
 def test_a_bad_sigterm_grace_is_named(value: str) -> None:
-    with pytest.raises((ValueError, TypeError), match=r"'sigterm_grace_s'"):
-        load_config(None, [f"sigterm_grace_s={value}"])
+    with pytest.raises((ValueError, TypeError), match=r"'checkpoint\.sigterm_grace_s'"):
+        load_config(None, [f"checkpoint.sigterm_grace_s={value}"])
 
 
 def test_trls_jit_checkpoint_maps_onto_the_sigterm_grace() -> None:
-    assert load_config(None, ["sigterm_grace_s=5"]).sigterm_grace_s == 5.0
-    assert load_config(None, ["enable_jit_checkpoint=true"]).sigterm_grace_s == TrainConfig().sigterm_grace_s > 0
-    assert load_config(None, ["enable_jit_checkpoint=false"]).sigterm_grace_s == 0  # TRL's: SIGTERM stops at once
+    assert load_config(None, ["checkpoint.sigterm_grace_s=5"]).checkpoint.sigterm_grace_s == 5.0
+    default = TrainConfig().checkpoint.sigterm_grace_s
+    assert load_config(None, ["enable_jit_checkpoint=true"]).checkpoint.sigterm_grace_s == default > 0
+    assert load_config(None,
+                       ["enable_jit_checkpoint=false"]).checkpoint.sigterm_grace_s == 0  # TRL's: SIGTERM stops at once

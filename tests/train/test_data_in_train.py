@@ -15,7 +15,7 @@ from hybridflow.train.loop import train
 ROOT = Path(__file__).resolve().parents[2]
 GSM8K = ROOT / "configs" / "data" / "gsm8k_style"
 QUICK = ["model.sft_steps=3", "data.batch_size=4", "algorithm_options.n=2", "algorithm_options.max_new_tokens=4",
-         "progress=false", "tensorboard=false", "plot=false", "actor.micro_batch_size=8"]
+         "logging.progress=false", "logging.plot=false", "actor.micro_batch_size=8"]
 TRL_REWARD = '''
 def length_penalty(prompts, completions, ground_truth, **columns):
     assert len(prompts) == len(completions) == len(ground_truth) == len(columns["data_source"])
@@ -34,7 +34,7 @@ def test_verl_parquet_with_math_reward_validation_and_filtered_prompts(tmp_path:
         "algorithm=grpo", "steps=2", f"output_dir={tmp_path / 'run'}", f"data.path={GSM8K / 'train.parquet'}",
         f"data.val_path={GSM8K / 'test.parquet'}", "data.val_split=test", "data.max_prompt_length=160",
         f"data.reward=[math, {reward_file}:length_penalty]", "data.reward_weights=[1.0, 0.5]",
-        "validation_every=1", "validation_samples=3", *QUICK]))
+        "validation.every=1", "validation.samples=3", *QUICK]))
     first = result.history[0]
     # The example's prompts are 148..170 characters (tokens here): a 160-token limit drops some, and says how many.
     filtered = first["data/filtered_prompts"]
@@ -60,7 +60,7 @@ def test_unknown_reward_lists_the_choices(tmp_path: Path) -> None:
 
 
 def test_keep_checkpoints_keeps_the_newest_with_their_hf_view(tmp_path: Path) -> None:
-    train(load_config(None, ["steps=3", "checkpoint_every=1", "keep_checkpoints=2", f"output_dir={tmp_path}",
+    train(load_config(None, ["steps=3", "checkpoint.every=1", "checkpoint.keep=2", f"output_dir={tmp_path}",
                              "data.num_examples=32", *QUICK]))
     kept = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert kept == ["step_000002", "step_000003"]
@@ -77,7 +77,7 @@ def test_optional_trackers_log_offline(tmp_path: Path, tracker: str, monkeypatch
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("WANDB_SILENT", "true")
     train(load_config(None, ["steps=2", f"output_dir={tmp_path}", "data.num_examples=32", "data.val_fraction=0.25",
-                             "validation_every=2", f"trackers=[jsonl, {tracker}]", *QUICK]))
+                             "validation.every=2", f"logging.trackers=[jsonl, {tracker}]", *QUICK]))
     if tracker == "wandb":
         runs = list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
         assert runs and runs[0].stat().st_size > 0
@@ -94,17 +94,17 @@ def test_optional_trackers_log_offline(tmp_path: Path, tracker: str, monkeypatch
 
 
 def test_unknown_tracker_is_named() -> None:
-    with pytest.raises(ValueError, match=r"'trackers' has \['comet'\]"):
-        load_config(None, ["trackers=[comet]"])
+    with pytest.raises(ValueError, match=r"'logging\.trackers' has \['comet'\]"):
+        load_config(None, ["logging.trackers=[comet]"])
 
 
 @pytest.mark.slow
 @pytest.mark.ray
 def test_ray_run_validates_checkpoints_and_exports(tmp_path: Path) -> None:
     """Under Ray the policy's weights come back as an object reference; validation runs on the actors."""
-    result = train(load_config(None, ["executor=ray", "steps=2", "checkpoint_every=1", "keep_checkpoints=1",
+    result = train(load_config(None, ["executor.name=ray", "steps=2", "checkpoint.every=1", "checkpoint.keep=1",
                                       f"output_dir={tmp_path}", "data.num_examples=32", "data.val_fraction=0.25",
-                                      "validation_every=1", *QUICK]))
+                                      "validation.every=1", *QUICK]))
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_000002"]
     assert result.export_path is not None and (result.export_path / "model.safetensors").is_file()
     assert all(row["val/prompts"] == 8 for row in result.history)

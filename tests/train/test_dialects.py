@@ -105,9 +105,9 @@ def test_verl_keys_at_verl_defaults_that_we_refuse_say_why() -> None:
     ("lr_scheduler_type", "cosine", {"actor": {"lr_scheduler": "cosine"}}),
     ("warmup_steps", 0.1, {"actor": {"warmup_ratio": 0.1}}),
     ("warmup_steps", 5, {"actor": {"warmup_steps": 5}}),
-    ("eval_on_start", True, {"validate_before_train": True}),
-    ("logging_steps", 5, {"console_metrics_every": 5}),
-    ("report_to", "none", {"trackers": []}),
+    ("eval_on_start", True, {"validation": {"before_train": True}}),
+    ("logging_steps", 5, {"logging": {"console_every": 5}}),
+    ("report_to", "none", {"logging": {"trackers": []}}),
     ("gradient_checkpointing", True, {}),
 ])
 def test_trl_fields_translate_to_our_keys(field: str, value: Any, expected: dict[str, Any]) -> None:
@@ -139,11 +139,11 @@ def test_trl_batch_fields_become_prompts_per_step_and_a_micro_batch() -> None:
     ("actor_rollout_ref.actor.fsdp_config.param_offload", True, {}),
     ("trainer.project_name", "p", {}),
     ("trainer.experiment_name", "e", {}),
-    ("trainer.logger", ["console", "wandb"], {"trackers": ["wandb"]}),
-    ("trainer.n_gpus_per_node", 2, {"num_gpus": 2}),
-    ("trainer.save_freq", -1, {"checkpoint_every": 0}),
+    ("trainer.logger", ["console", "wandb"], {"logging": {"trackers": ["wandb"]}}),
+    ("trainer.n_gpus_per_node", 2, {"placement": {"num_gpus": 2}}),
+    ("trainer.save_freq", -1, {"checkpoint": {"every": 0}}),
     ("trainer.default_local_dir", "ckpts", {"output_dir": "ckpts"}),
-    ("trainer.val_before_train", False, {"validate_before_train": False}),
+    ("trainer.val_before_train", False, {"validation": {"before_train": False}}),
     ("data.train_files", ["a.parquet", "b.parquet"], {"data": {"path": ["a.parquet", "b.parquet"]}}),
     ("data.val_files", "v.parquet", {"data": {"val_path": "v.parquet"}}),
     ("critic.optim.lr", 1e-5, {"critic": {"lr": 1e-5}}),
@@ -158,7 +158,7 @@ def test_verl_keys_translate_to_our_keys(key: str, value: Any, expected: dict[st
 def test_verl_validation_before_training_needs_a_validation_set() -> None:
     assert checked(TrainConfig, [("trainer.val_before_train", True)]) == {}  # verl's default, with no val files
     both = checked(TrainConfig, [("data.val_path", "v.parquet"), ("trainer.val_before_train", True)])
-    assert both == {"data": {"val_path": "v.parquet"}, "validate_before_train": True}
+    assert both == {"data": {"val_path": "v.parquet"}, "validation": {"before_train": True}}
 
 
 def test_verl_mini_batch_size_becomes_a_count_of_mini_batches() -> None:
@@ -331,8 +331,8 @@ VERL_STYLE = [
 
 
 PENDING = {"actor.lr_scheduler", "actor.warmup_ratio", "actor.warmup_steps", "actor.min_lr_ratio",
-           "algorithm_options.scale_rewards", "algorithm_options.mask_truncated", "console_metrics_every",
-           "validate_before_train"}  # native keys of issue 24's item 3, built beside this change
+           "algorithm_options.scale_rewards", "algorithm_options.mask_truncated", "logging.console_every",
+           "validation.before_train"}  # native keys of issue 24's item 3, built beside this change
 
 
 def _runnable(data: dict[str, Any]) -> TrainConfig:
@@ -368,19 +368,19 @@ def test_a_trl_style_config_prepares_a_run(tmp_path: Path) -> None:
                                          "loss_agg": "seq-mean-token-mean", "scale_rewards": "group",
                                          "mask_truncated": False}
     config = _runnable(data)
-    assert (config.steps, config.checkpoint_every, config.keep_checkpoints, config.data.batch_size) == (2, 2, 1, 4)
-    assert config.actor.lr == 1e-5 and config.actor.micro_batch_size == 16 and config.trackers == []
+    assert (config.steps, config.checkpoint.every, config.checkpoint.keep, config.data.batch_size) == (2, 2, 1, 4)
+    assert config.actor.lr == 1e-5 and config.actor.micro_batch_size == 16 and config.logging.trackers == []
     assert config.output_dir == str(tmp_path / "run")
     _prepare(config)
 
 
 def test_a_verl_style_override_list_prepares_a_run(tmp_path: Path) -> None:
     config = load_config(None, [*VERL_STYLE, f"trainer.default_local_dir={tmp_path / 'run'}", "model.sft_steps=1"])
-    assert (config.algorithm, config.steps, config.checkpoint_every, config.data.batch_size) == ("grpo", 2, 2, 4)
+    assert (config.algorithm, config.steps, config.checkpoint.every, config.data.batch_size) == ("grpo", 2, 2, 4)
     assert config.algorithm_options == {"max_new_tokens": 8, "n": 4, "kl_coef": 0.001, "entropy_coef": 0}
     assert config.actor.micro_batch_size == 4 and config.roles["reference"].micro_batch_size == 4
     assert config.actor.mini_batches == 2
-    assert config.trackers == [] and config.validation_every == 0
+    assert config.logging.trackers == [] and config.validation.every == 0
     _prepare(config)
 
 
@@ -406,10 +406,11 @@ def test_the_ports_train_from_their_own_keys(tmp_path: Path, dialect: str) -> No
     out = tmp_path / "run"
     if dialect == "trl":
         (tmp_path / "trl.yaml").write_text(TRL_STYLE.format(out=out))
-        config = load_config(tmp_path / "trl.yaml", ["model.sft_steps=1", "progress=false", "plot=false"])
+        config = load_config(tmp_path / "trl.yaml", ["model.sft_steps=1", "logging.progress=false",
+                                                     "logging.plot=false"])
     else:
         config = load_config(None, [*VERL_STYLE, f"trainer.default_local_dir={out}", "model.sft_steps=1",
-                                    "progress=false", "plot=false"])
+                                    "logging.progress=false", "logging.plot=false"])
     result = train(config)
     assert [row["step"] for row in result.history] == [0, 1]
     assert (out / "checkpoints" / "step_000002" / "trainer.json").is_file()

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("peft", reason="needs peft (the `lora` extra)")
 import torch
 from hybridflow.backends.common import modeling
-from hybridflow.backends.common.adapters import is_adapter_key
+from hybridflow.backends.common.peft_lora import is_adapter_key
 
 from hybridflow.cli import main
 from hybridflow.graph import Op, RoleKind
@@ -28,8 +28,8 @@ from hybridflow.train.setup import build_graph, role_specs
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "grpo_reverse.yaml"
 LORA = "roles.actor.lora={rank: 4, alpha: 8.0}"
 QUICK = ["model.sft_steps=5", "data.batch_size=4", "data.num_examples=64", "algorithm_options.n=2",
-         "algorithm_options.max_new_tokens=6", "algorithm_options.kl_coef=0.05", "progress=false",
-         "tensorboard=false", "plot=false"]
+         "algorithm_options.max_new_tokens=6", "algorithm_options.kl_coef=0.05", "logging.progress=false",
+         "logging.plot=false"]
 TIMING_KEYS = ("time/", "memory/", "throughput/")
 
 
@@ -90,7 +90,7 @@ def test_the_reference_runs_on_the_policys_engine_with_adapters_disabled(monkeyp
 def test_a_lora_run_trains_end_to_end_with_adapter_sized_checkpoints(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     loads = _count_loads(monkeypatch)
-    code = main(["train", "--config", str(CONFIG), "steps=2", "checkpoint_every=2", f"output_dir={tmp_path}",
+    code = main(["train", "--config", str(CONFIG), "steps=2", "checkpoint.every=2", f"output_dir={tmp_path}",
                  *QUICK, LORA])
     assert code == 0 and loads == ["actor"]  # the reference is the actor's engine, adapters off
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -105,7 +105,7 @@ def test_a_lora_run_trains_end_to_end_with_adapter_sized_checkpoints(tmp_path: P
 
 
 def test_a_lora_run_resumes_as_the_uninterrupted_run(tmp_path: Path) -> None:
-    quick = [*QUICK, LORA, "checkpoint_every=2"]
+    quick = [*QUICK, LORA, "checkpoint.every=2"]
     full = train(load_config(CONFIG, ["steps=4", f"output_dir={tmp_path / 'full'}", *quick]))
     part = tmp_path / "part"
     train(load_config(CONFIG, ["steps=2", f"output_dir={part}", *quick]))
@@ -156,8 +156,8 @@ def test_placement_auto_plans_the_reference_on_the_lora_policys_weights() -> Non
 
     config = config_from_dotted({"data.batch_size": 4, "data.num_examples": 16, "algorithm": "grpo",
                                  "algorithm_options.n": 2, "algorithm_options.max_new_tokens": 6,
-                                 "roles.actor.lora": {"rank": 4}, "placement": "auto", "num_gpus": 2,
-                                 "progress": False})
+                                 "roles.actor.lora": {"rank": 4}, "placement.mode": "auto", "placement.num_gpus": 2,
+                                 "logging.progress": False})
     plan = prepare_run(config).plan
     group = plan.groups[plan.group_index("actor")]
     assert plan.group_index("reference") == plan.group_index("actor")

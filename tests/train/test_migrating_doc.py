@@ -16,7 +16,7 @@ from hybridflow.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = (ROOT / "docs" / "migrating.md").read_text()
-FAST = ["model.sft_steps=3", "progress=false"]  # only speed: every other setting is the doc's
+FAST = ["model.sft_steps=3", "logging.progress=false"]  # only speed: every other setting is the doc's
 
 
 def _files() -> dict[str, str]:

@@ -38,7 +38,7 @@ def test_an_absurd_number_of_examples_is_refused_in_well_under_a_second(tmp_path
     ({"algorithm_options.max_new_tokens": 10**12}, "algorithm_options.max_new_tokens", 255),  # tiny: context 256
     ({"data.max_prompt_length": 10**12}, "data.max_prompt_length", 1 << 20),
     ({"roles.actor.lora.rank": 10**9}, "roles.actor.lora.rank", 128),  # tiny-qwen2's hidden_size
-    ({"pipeline": "async", "segment_tokens": 10**12}, "segment_tokens", 255),
+    ({"pipeline.mode": "async", "pipeline.segment_tokens": 10**12}, "pipeline.segment_tokens", 255),
     ({"agent.environment": "calculator", "agent.max_turn_tokens": 10**12}, "agent.max_turn_tokens", 255),
 ])
 def test_every_size_like_key_has_a_bound_named_in_its_error(items: dict, key: str, high: int,

@@ -21,13 +21,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "backends"))
 
 def test_config_budgets_and_padding_reach_every_layout_and_the_planner(tmp_path: Path) -> None:
     graph = load_graph("grpo", reward_kind="reward_function")
-    config = load_config(None, ["padding=true", "roles={actor: {max_tokens_per_micro_batch: 512}}"])
+    config = load_config(None, ["pipeline.padding=true", "roles={actor: {max_tokens_per_micro_batch: 512}}"])
     plan = setup.build_plan(config, graph)
     assert plan.layout("actor").max_tokens_per_micro_batch == 512
     assert plan.layout("actor").forward_max_tokens_per_micro_batch == 512
     assert plan.layout("reference").max_tokens_per_micro_batch == 0
     assert all(plan.layout(role).padding for role in ("actor", "reference"))
-    same = load_config(None, ["placement=auto", "roles={actor: {max_tokens_per_micro_batch: 256}, "
+    same = load_config(None, ["placement.mode=auto", "roles={actor: {max_tokens_per_micro_batch: 256}, "
                                                 "reference: {max_tokens_per_micro_batch: 256}}"])
     settings = run_settings(same, graph)
     assert (settings.train_tokens_per_gpu, settings.forward_tokens_per_gpu, settings.padding) == (256, 256, False)
@@ -35,7 +35,8 @@ def test_config_budgets_and_padding_reach_every_layout_and_the_planner(tmp_path:
     path = tmp_path / "plan.json"
     path.write_text(default_plan(graph).to_json())
     with pytest.raises(ValueError, match=r"max_tokens_per_micro_batch'=512 disagrees with the plan file"):
-        setup.build_plan(load_config(None, [f"plan_file={path}", "roles={actor: {max_tokens_per_micro_batch: 512}}"]),
+        setup.build_plan(load_config(None, [f"placement.plan_file={path}",
+                                            "roles={actor: {max_tokens_per_micro_batch: 512}}"]),
                          graph)
 
 

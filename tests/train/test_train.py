@@ -14,7 +14,7 @@ from hybridflow.train.loop import train
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "grpo_reverse.yaml"
 QUICK = ["model.sft_steps=5", "data.batch_size=4", "data.num_examples=64", "algorithm_options.n=2",
-         "algorithm_options.max_new_tokens=6", "progress=false", "tensorboard=false", "plot=false"]
+         "algorithm_options.max_new_tokens=6", "logging.progress=false", "logging.plot=false"]
 TIMING_KEYS = ("time/", "memory/", "throughput/")
 
 
@@ -24,7 +24,7 @@ def _deterministic(row: dict[str, float]) -> dict[str, float]:
 
 def test_cli_trains_and_reports_where_outputs_are(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["train", "--config", str(CONFIG), "steps=2", f"output_dir={tmp_path}", *QUICK,
-                 "plot=true", "tensorboard=true"])
+                 "logging.plot=true"])
     out = capsys.readouterr().out
     assert code == 0 and "metrics:" in out and "final model:" in out and "report:" in out
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -47,13 +47,13 @@ def test_cli_reports_a_bad_config_key(tmp_path: Path, capsys: pytest.CaptureFixt
 
 
 def test_resume_reproduces_the_uninterrupted_run(tmp_path: Path) -> None:
-    full = train(load_config(CONFIG, ["steps=4", "checkpoint_every=2", f"output_dir={tmp_path / 'full'}", *QUICK]))
+    full = train(load_config(CONFIG, ["steps=4", "checkpoint.every=2", f"output_dir={tmp_path / 'full'}", *QUICK]))
     part_dir = tmp_path / "part"
-    train(load_config(CONFIG, ["steps=2", "checkpoint_every=2", f"output_dir={part_dir}", *QUICK]))
+    train(load_config(CONFIG, ["steps=2", "checkpoint.every=2", f"output_dir={part_dir}", *QUICK]))
     checkpoint = latest_checkpoint(part_dir)
     assert checkpoint is not None and checkpoint.name == "step_000002"
     assert not list((part_dir / "checkpoints").glob(".*.tmp")), "a temporary checkpoint dir was left behind"
-    resumed = train(load_config(CONFIG, ["steps=4", "checkpoint_every=2", f"output_dir={part_dir}", *QUICK]),
+    resumed = train(load_config(CONFIG, ["steps=4", "checkpoint.every=2", f"output_dir={part_dir}", *QUICK]),
                     resume=True)
     assert resumed.start_step == 2 and [h["step"] for h in resumed.history] == [2, 3]
     assert [_deterministic(h) for h in resumed.history] == [_deterministic(h) for h in full.history[2:]]

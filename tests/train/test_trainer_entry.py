@@ -39,8 +39,8 @@ def test_a_trl_script_trains_on_an_in_memory_dataset(tmp_path: Path) -> None:
     trainer = GRPOTrainer("tiny-qwen2", [trl_rewards.short_answers, trl_rewards.only_math],
                           args={**config_mapping(args), "model": {"sft_steps": 0}, "algorithm_options": options,
                                 "actor": {"lr": 2e-3, "lr_scheduler": "linear", "warmup_steps": 1},
-                                "data": {"batch_size": 4, "val_fraction": 0.25}, "validate_before_train": True,
-                                "progress": False, "tensorboard": False, "plot": False, "console_metrics_every": 1},
+                                "data": {"batch_size": 4, "val_fraction": 0.25}, "validation": {"before_train": True},
+                                "logging": {"trackers": [], "progress": False, "plot": False, "console_every": 1}},
                           train_dataset=ROWS)
     result = trainer.train()
     rows = [json.loads(line) for line in result.metrics_path.read_text().splitlines()]
@@ -58,10 +58,10 @@ def test_a_trl_script_trains_on_an_in_memory_dataset(tmp_path: Path) -> None:
 def test_console_lines_and_their_keys() -> None:
     line = console_line(2, 10, {"reward/mean": 0.5, "reward/f/mean": 0.25, "actor/kl": 0.012345, "time/step": 1.5})
     assert line == "step 3/10 | reward/mean 0.5 | reward/f/mean 0.25 | actor/kl 0.01235 | time/step 1.5"
-    with pytest.raises(ValueError, match="console_metrics_every"):
-        load_config(None, ["console_metrics_every=-1"])
-    with pytest.raises(ValueError, match=r"validate_before_train.*data\.val_path"):
-        load_config(None, ["validate_before_train=true"])
+    with pytest.raises(ValueError, match=r"logging\.console_every"):
+        load_config(None, ["logging.console_every=-1"])
+    with pytest.raises(ValueError, match=r"validation\.before_train.*data\.val_path"):
+        load_config(None, ["validation.before_train=true"])
 
 
 def test_rows_are_written_once_by_content(tmp_path: Path) -> None:

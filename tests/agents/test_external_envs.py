@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hybridflow.agents import Environment, EnvRecord, Message, ParsedTurn, ToolCall, ToolResult
-from hybridflow.agents.adapters import TRLEnvironment
+from hybridflow.agents.external_envs import TRLEnvironment
 from hybridflow.agents.records import env_record
 from hybridflow.data.records import GroundTruth
 from hybridflow.registry import ENVIRONMENTS

@@ -1,4 +1,5 @@
-"""An offline character-level tokenizer built with the ``tokenizers`` library (no hub access)."""
+"""A model's tokenizer: the offline character-level one of the tiny models, built with the ``tokenizers`` library
+(no hub access), and the loader of a tokenizer saved beside a model. Data, runtime and backends all read it here."""
 
 from __future__ import annotations
 
