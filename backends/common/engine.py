@@ -33,7 +33,7 @@ from hybridflow.backends.common.forward import ForwardOps
 from hybridflow.backends.common.training import GradientSteps
 from hybridflow.backends.common.weight_streams import WeightStreams
 
-from hybridflow.planner import RoleLayout
+from hybridflow.planner import LayoutSupport, RoleLayout
 from hybridflow.runtime.protocols import OptimSpec, RoleSpec, WorkerContext
 
 
@@ -156,6 +156,19 @@ class TrainingEngine(ForwardOps, GradientSteps, WeightStreams, ABC):
 
     def close(self) -> None:
         """Release what the engine holds; default nothing (the model and optimizer are plain memory)."""
+
+
+class TrainingBackend:
+    """A training backend's ``BACKEND`` (:class:`~hybridflow.runtime.protocols.Backend`): its ``name``, the layouts
+    its engines run (``support``) and ``engine_type``, the :class:`TrainingEngine` it builds for every role; the
+    runtime applies the spec's rollout to that engine (``runtime.engines``)."""
+
+    name: str
+    support: LayoutSupport
+    engine_type: ClassVar[type[TrainingEngine]]
+
+    def build_role(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext) -> TrainingEngine:
+        return self.engine_type(spec, layout, context)
 
 
 def adamw(params: list[torch.nn.Parameter], optim: OptimSpec, *, fused: bool | None = None) -> torch.optim.AdamW:

@@ -13,13 +13,13 @@ import torch
 from hybridflow.backends.common import modeling
 from hybridflow.backends.common.checkpoint_errors import LOAD_ERRORS, unloadable
 from hybridflow.backends.common.distributed import all_ranks_finite, all_ranks_max, all_ranks_sum, ensure_process_group
-from hybridflow.backends.common.engine import TrainingEngine, adamw
+from hybridflow.backends.common.engine import TrainingBackend, TrainingEngine, adamw
 from hybridflow.backends.common.training import non_finite, trainable_parameters
 from hybridflow.backends.deepspeed.config import DeepSpeedOptions, build_config, zero_stage
 
 from hybridflow.planner import LayoutSupport, RoleLayout, Sharding
 from hybridflow.planner.plan import OFFLOAD_PARTS
-from hybridflow.runtime.protocols import OptimSpec, RoleSpec, WorkerContext
+from hybridflow.runtime.protocols import OptimSpec
 
 CHECKPOINT_TAG = "hybridflow"
 
@@ -214,9 +214,10 @@ class DeepSpeedRoleEngine(TrainingEngine):
 _SHARDED = frozenset({Sharding.ZERO1, Sharding.ZERO2, Sharding.SHARD_GRAD_OP, Sharding.ZERO3, Sharding.FULL_SHARD})
 
 
-class DeepSpeedBackend:
+class DeepSpeedBackend(TrainingBackend):
     """Builds :class:`DeepSpeedRoleEngine` s; the runtime applies the spec's rollout to them (``runtime.engines``)."""
 
+    engine_type = DeepSpeedRoleEngine
     name = "deepspeed"
     # HYBRID_SHARD would run as plain ZeRO-3 over the whole group (no replica groups): left out.
     support = LayoutSupport(
@@ -231,9 +232,6 @@ class DeepSpeedBackend:
                            ("optimizer", _SHARDED), ("grads", _SHARDED)),
         notes={"sharding": "HYBRID_SHARD runs on backend fsdp",
                "tp": "tensor parallelism runs on backend fsdp"})
-
-    def build_role(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext) -> DeepSpeedRoleEngine:
-        return DeepSpeedRoleEngine(spec, layout, context)
 
 
 BACKEND = DeepSpeedBackend()

@@ -9,13 +9,13 @@ from typing import Any
 
 import torch
 from hybridflow.backends.common.distributed import all_ranks_finite, all_ranks_max, all_ranks_sum, ensure_process_group
-from hybridflow.backends.common.engine import TrainingEngine, adamw
+from hybridflow.backends.common.engine import TrainingBackend, TrainingEngine, adamw
 from hybridflow.backends.common.training import clip_and_step, non_finite, trainable_parameters
 from hybridflow.backends.fsdp import checkpoint, parallelize, tensor_parallel
 
 from hybridflow.planner import LayoutSupport, RoleLayout, Sharding
 from hybridflow.planner.plan import OFFLOAD_PARTS
-from hybridflow.runtime.protocols import OptimSpec, RoleSpec, WorkerContext, parse_options
+from hybridflow.runtime.protocols import OptimSpec, RoleSpec, parse_options
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -184,9 +184,10 @@ def local_value(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
-class FsdpBackend:
+class FsdpBackend(TrainingBackend):
     """Builds :class:`FsdpRoleEngine` s; the runtime applies the spec's rollout to them (``runtime.engines``)."""
 
+    engine_type = FsdpRoleEngine
     name = "fsdp"
     # ZeRO-1 (optimizer states only) has no FSDP2 equivalent: the nearest would shard gradients too. Tensor
     # parallelism: any tp dividing the heads (the planner's search only proposes those); offload: FSDP2's
@@ -198,9 +199,6 @@ class FsdpBackend:
                             offload=frozenset(OFFLOAD_PARTS), offload_sets=(frozenset(OFFLOAD_PARTS),),
                             notes={"sharding": "ZeRO stages run on backend deepspeed",
                                    "offload": "optimizer states alone (ZeRO-Offload) run on backend deepspeed"})
-
-    def build_role(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext) -> FsdpRoleEngine:
-        return FsdpRoleEngine(spec, layout, context)
 
 
 BACKEND = FsdpBackend()

@@ -9,11 +9,11 @@ from typing import Any
 
 import torch
 from hybridflow.backends.common import adapters
-from hybridflow.backends.common.engine import TrainingEngine, adamw
+from hybridflow.backends.common.engine import TrainingBackend, TrainingEngine, adamw
 from hybridflow.backends.common.training import clip_and_step, non_finite, trainable_parameters
 
 from hybridflow.planner import LayoutSupport, RoleLayout
-from hybridflow.runtime.protocols import AsyncSum, OptimSpec, RoleSpec, WorkerContext, parse_options
+from hybridflow.runtime.protocols import AsyncSum, OptimSpec, RoleSpec, parse_options
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,17 +125,15 @@ class TorchRoleEngine(TrainingEngine):
             self.optimizer.load_state_dict(state["optimizer"])
 
 
-class TorchBackend:
+class TorchBackend(TrainingBackend):
     """Builds :class:`TorchRoleEngine` s; the runtime applies the spec's rollout to them (``runtime.engines``)."""
 
+    engine_type = TorchRoleEngine
     name = "torch"
     support = LayoutSupport(backend="torch", gradient_checkpointing=True, rollout_batch_size=True, packing=True,
                             token_budgets=True,
                             notes={"sharding": "use backend fsdp or deepspeed to shard",
                                    "tp": "no training backend here has tensor parallelism"})
-
-    def build_role(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext) -> TorchRoleEngine:
-        return TorchRoleEngine(spec, layout, context)
 
 
 BACKEND = TorchBackend()
