@@ -42,7 +42,8 @@ class TrainingEngine(ForwardOps, GradientSteps, WeightStreams, ABC):
     backend's steps as abstract hooks (module docstring).
 
     ``options_type`` parses ``RoleSpec.options`` (``from_spec(spec)``, refusing unknown keys); the parsed value is
-    ``self.options``. ``optimizer`` is None for a frozen role.
+    ``self.options``. ``optimizer``: what :meth:`build_optimizer` returned (None for a frozen role, and where the
+backend's own engine holds and steps the optimizer, as DeepSpeed's does).
     """
 
     options_type: ClassVar[Any]
@@ -99,8 +100,8 @@ class TrainingEngine(ForwardOps, GradientSteps, WeightStreams, ABC):
 
     @abstractmethod
     def build_optimizer(self, optim: OptimSpec) -> Any:
-        """The optimizer of a trainable role over ``self.model``'s trainable parameters (called after
-        :meth:`wrap_model`, for trainable roles only)."""
+        """The optimizer of a trainable role over ``self.model``'s trainable parameters, called after
+        :meth:`wrap_model` for trainable roles only (None where the wrapped engine built its own)."""
 
     def training_module(self) -> Any:
         return self.model

@@ -113,10 +113,10 @@ class DeepSpeedRoleEngine(TrainingEngine):
             return self.engine.module
         return model.to(dtype=modeling.DTYPES[layout.dtype], device=self.context.device).requires_grad_(False)
 
-    def build_optimizer(self, optim: OptimSpec) -> Any:
-        """DeepSpeed's optimizer (ZeRO's wrapper over the base one), built by ``deepspeed.initialize`` in
-        :meth:`wrap_model`; its ``param_groups`` are the base optimizer's, which the schedule sets."""
-        return self.engine.optimizer
+    def build_optimizer(self, optim: OptimSpec) -> None:
+        """None: the optimizer is DeepSpeed's engine's, built by ``deepspeed.initialize`` in :meth:`wrap_model` and
+        stepped by ``engine.step()`` (:meth:`param_groups` reads it there)."""
+        return None
 
     @contextlib.contextmanager
     def whole_weights(self) -> Iterator[None]:
@@ -135,6 +135,10 @@ class DeepSpeedRoleEngine(TrainingEngine):
 
     def zero_grad(self) -> None:
         return None  # ``engine.step()`` zeroes what it applied
+
+    def param_groups(self) -> list[dict[str, Any]]:
+        groups: list[dict[str, Any]] = self.engine.optimizer.param_groups  # ZeRO's wrapper exposes the base groups
+        return groups
 
     def most_over_ranks(self, value: int) -> int:
         return all_ranks_max(value)  # every rank runs as many micro batches: each forward is a collective
