@@ -4,6 +4,8 @@ every training backend offers (``rollout``: ``native``, ``hf_generate``), the hy
 trainer with any other rollout engine in one process (``hybrid``) and joining torch.distributed
 (``distributed``).
 
-A backend is then an engine class saying how its weights are held (replicated, FSDP-sharded, ZeRO
-partitioned) and how one micro batch goes backward and one optimizer step is taken.
+A training backend is then a :class:`~hybridflow.backends.common.engine.TrainingEngine` (``engine``: the shared
+construction path and pass sequence) filling in its hooks: how its weights are held (replicated, FSDP-sharded, ZeRO
+partitioned), how one micro batch goes backward and one optimizer step is taken, and how its state is saved and
+loaded.
 """

@@ -122,7 +122,7 @@ class GradientSteps(MicroBatching):
     ``padding`` and implement :meth:`training_forward` (what the loss
     reads), :meth:`zero_grad`, :meth:`backward` and :meth:`optimizer_step`, which makes every rank agree
     on ``finite`` (raising :func:`non_finite` when a rank saw a bad loss), clips and steps, returning
-    ``grad_norm``/``lr`` metrics.
+    ``grad_norm``/``lr`` metrics (``engine.TrainingEngine`` declares the hooks a training backend fills in).
     """
 
     spec: RoleSpec

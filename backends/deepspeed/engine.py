@@ -5,22 +5,21 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
-from hybridflow.backends.common import modeling, peft_lora
+from hybridflow.backends.common import modeling
 from hybridflow.backends.common.checkpoint_errors import LOAD_ERRORS, unloadable
 from hybridflow.backends.common.distributed import all_ranks_finite, all_ranks_max, all_ranks_sum, ensure_process_group
-from hybridflow.backends.common.forward import ForwardOps
-from hybridflow.backends.common.training import GradientSteps, non_finite, trainable_parameters
-from hybridflow.backends.common.weight_streams import WeightStreams
+from hybridflow.backends.common.engine import TrainingBackend, TrainingEngine, adamw
+from hybridflow.backends.common.training import non_finite, trainable_parameters
 from hybridflow.backends.deepspeed.config import DeepSpeedOptions, build_config, zero_stage
 
 from hybridflow.planner import LayoutSupport, RoleLayout, Sharding
 from hybridflow.planner.plan import OFFLOAD_PARTS
-from hybridflow.runtime.protocols import OptimSpec, RoleSpec, WorkerContext
+from hybridflow.runtime.protocols import OptimSpec
 
 CHECKPOINT_TAG = "hybridflow"
 
@@ -61,48 +60,41 @@ def import_deepspeed() -> Any:
     return deepspeed
 
 
-class DeepSpeedRoleEngine(ForwardOps, GradientSteps, WeightStreams):
+class DeepSpeedRoleEngine(TrainingEngine):
     """A role engine over a DeepSpeed engine.
 
     Trainable roles run ``deepspeed.initialize`` with a torch AdamW (or DeepSpeed's CPU Adam under
     ZeRO-Offload); frozen roles are ZeRO-3 partitioned for inference at stage 3, plain modules below.
     """
 
-    def __init__(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext) -> None:
+    options_type = DeepSpeedOptions
+    options: DeepSpeedOptions
+    engine: Any = None  # DeepSpeed's engine; None for a frozen role below ZeRO-3
+    _holds_local_rank = False
+
+    def check_runnable(self, layout: RoleLayout) -> None:
         if layout.tp != 1:
-            raise ValueError(f"RoleLayout({spec.name}).tp={layout.tp}: the deepspeed backend is data parallel only; "
-                             "use tp=1")
-        deepspeed = import_deepspeed()
-        self.options = DeepSpeedOptions.from_spec(spec)
-        ensure_process_group(context, spec.options, role=spec.name)
+            raise ValueError(f"RoleLayout({self.spec.name}).tp={layout.tp}: the deepspeed backend is data parallel "
+                             "only; use tp=1")
+        import_deepspeed()
+
+    def join_group(self) -> None:
+        context = self.context
+        ensure_process_group(context, self.spec.options, role=self.spec.name)
         device = torch.device(context.device)
-        self.engine: Any = None
         self._holds_local_rank = _hold_local_rank(str(device.index or 0) if device.type == "cuda" else
                                                   str(context.rank))
-        try:
-            self._build(spec, layout, context, device, deepspeed)
-        except BaseException:
-            self.close()
-            raise
+        import_deepspeed().init_distributed(dist_backend="nccl" if context.device.startswith("cuda") else "gloo",
+                                            dist_init_required=False)
 
-    def _build(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext, device: torch.device,
-               deepspeed: Any) -> None:
-        deepspeed.init_distributed(dist_backend="nccl" if context.device.startswith("cuda") else "gloo",
-                                   dist_init_required=False)
-        self.spec, self.context, self.stage = spec, context, zero_stage(layout)
-        self.micro_batch_size = layout.micro_batch_size
-        self.forward_batch_size = layout.forward_micro_batch_size or self.micro_batch_size
-        self.rollout_batch_size = layout.rollout_batch_size
-        self.padding = layout.padding
-        self.max_tokens = layout.max_tokens_per_micro_batch
-        self.forward_max_tokens = layout.forward_max_tokens_per_micro_batch
-        model = modeling.load_model(spec.kind, spec.model, dtype="fp32", seed=spec.seed, lora=spec.lora,
-                                    role=spec.name)
-        self.adapter_layers = peft_lora.lora_layers(model)
-        if layout.gradient_checkpointing and spec.kind.trainable:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    def load_dtype(self, layout: RoleLayout) -> str:
+        return "fp32"  # DeepSpeed casts to the layout's dtype (its bf16/fp16 sections) and keeps fp32 masters
+
+    def wrap_model(self, model: torch.nn.Module, layout: RoleLayout) -> Any:
+        deepspeed, spec = import_deepspeed(), self.spec
+        self.stage = zero_stage(layout)
         config = build_config(spec, layout, self.options, micro_batch_size=self.micro_batch_size,
-                              pin_memory=device.type == "cuda")
+                              pin_memory=torch.device(self.context.device).type == "cuda")
         zero = config["zero_optimization"]
         self.offloaded = frozenset(({"optimizer", "grads"} if "offload_optimizer" in zero else set())
                                    | ({"params"} if "offload_param" in zero else set()))
@@ -110,20 +102,21 @@ class DeepSpeedRoleEngine(ForwardOps, GradientSteps, WeightStreams):
             optimizer = None
             trainable = trainable_parameters(model)  # a LoRA policy's adapters alone
             if "optimizer" not in config:  # else ZeRO-Offload's CPU Adam, which DeepSpeed builds
-                optim = spec.optim or OptimSpec()
-                optimizer = torch.optim.AdamW(trainable, lr=optim.lr, betas=optim.betas,
-                                              weight_decay=optim.weight_decay)
+                optimizer = adamw(trainable, spec.optim or OptimSpec())
             self.engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config,
                                                    model_parameters=None if optimizer else trainable,
                                                    dist_init_required=False)
-            self.model = self.engine.module
-        elif self.stage == 3:
+            return self.engine.module
+        if self.stage == 3:
             model.requires_grad_(False)
             self.engine, *_ = deepspeed.initialize(model=model, config=config, dist_init_required=False)
-            self.model = self.engine.module
-        else:
-            self.model = model.to(dtype=modeling.DTYPES[layout.dtype], device=context.device).requires_grad_(False)
-        self.model.eval()
+            return self.engine.module
+        return model.to(dtype=modeling.DTYPES[layout.dtype], device=self.context.device).requires_grad_(False)
+
+    def build_optimizer(self, optim: OptimSpec) -> None:
+        """None: the optimizer is DeepSpeed's engine's, built by ``deepspeed.initialize`` in :meth:`wrap_model` and
+        stepped by ``engine.step()`` (:meth:`param_groups` reads it there)."""
+        return None
 
     @contextlib.contextmanager
     def whole_weights(self) -> Iterator[None]:
@@ -181,12 +174,8 @@ class DeepSpeedRoleEngine(ForwardOps, GradientSteps, WeightStreams):
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {name: tensor.cpu().clone() for name, tensor in self.iter_full_weights()}
 
-    def load_weights(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
-        self.load_state_dict(dict(named))
-
-    def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
-        """Whole weights (every rank gets the same ``state``) into the module and the optimizer's fp32 copy."""
-        self.refuse_whole_weights()
+    def write_whole_state(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Whole weights into the module and the optimizer's fp32 copy."""
         deepspeed = import_deepspeed()
         with torch.no_grad():
             for name, value in self.model.state_dict(keep_vars=True).items():
@@ -198,17 +187,15 @@ class DeepSpeedRoleEngine(ForwardOps, GradientSteps, WeightStreams):
         if refresh is not None:
             refresh()  # ZeRO keeps fp32 master partitions the step would write back
 
-    def save_checkpoint(self, directory: str) -> None:
+    def save_state(self, directory: str) -> None:
         """DeepSpeed's own layout: per-rank ZeRO shards of weights and optimizer states (a collective). A LoRA
         policy's frozen base is left out (its model directory's)."""
         if self.engine is None:
             return
         Path(directory).mkdir(parents=True, exist_ok=True)
         self.engine.save_checkpoint(directory, tag=CHECKPOINT_TAG, exclude_frozen_parameters=self.has_adapters)
-        if self.spec.kind.trainable:
-            self.save_schedule(directory)
 
-    def load_checkpoint(self, directory: str) -> None:
+    def load_state(self, directory: str) -> None:
         if self.engine is None:
             return
         try:
@@ -218,8 +205,6 @@ class DeepSpeedRoleEngine(ForwardOps, GradientSteps, WeightStreams):
             raise unloadable(directory, err, backend="deepspeed") from err
         if path is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint tagged {CHECKPOINT_TAG!r} in {directory!r}")
-        if self.spec.kind.trainable:
-            self.load_schedule(directory)
 
     def close(self) -> None:
         """Release DeepSpeed's hooks and partitioned buffers (``DeepSpeedEngine.destroy``), and ``LOCAL_RANK``."""
@@ -233,9 +218,10 @@ class DeepSpeedRoleEngine(ForwardOps, GradientSteps, WeightStreams):
 _SHARDED = frozenset({Sharding.ZERO1, Sharding.ZERO2, Sharding.SHARD_GRAD_OP, Sharding.ZERO3, Sharding.FULL_SHARD})
 
 
-class DeepSpeedBackend:
+class DeepSpeedBackend(TrainingBackend):
     """Builds :class:`DeepSpeedRoleEngine` s; the runtime applies the spec's rollout to them (``runtime.engines``)."""
 
+    engine_type = DeepSpeedRoleEngine
     name = "deepspeed"
     # HYBRID_SHARD would run as plain ZeRO-3 over the whole group (no replica groups): left out.
     support = LayoutSupport(
@@ -250,9 +236,6 @@ class DeepSpeedBackend:
                            ("optimizer", _SHARDED), ("grads", _SHARDED)),
         notes={"sharding": "HYBRID_SHARD runs on backend fsdp",
                "tp": "tensor parallelism runs on backend fsdp"})
-
-    def build_role(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext) -> DeepSpeedRoleEngine:
-        return DeepSpeedRoleEngine(spec, layout, context)
 
 
 BACKEND = DeepSpeedBackend()

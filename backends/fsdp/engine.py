@@ -3,21 +3,19 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from hybridflow.backends.common import modeling, peft_lora
 from hybridflow.backends.common.distributed import all_ranks_finite, all_ranks_max, all_ranks_sum, ensure_process_group
-from hybridflow.backends.common.forward import ForwardOps
-from hybridflow.backends.common.training import GradientSteps, clip_and_step, non_finite, trainable_parameters
-from hybridflow.backends.common.weight_streams import WeightStreams
+from hybridflow.backends.common.engine import TrainingBackend, TrainingEngine, adamw
+from hybridflow.backends.common.training import clip_and_step, non_finite, trainable_parameters
 from hybridflow.backends.fsdp import checkpoint, parallelize, tensor_parallel
 
 from hybridflow.planner import LayoutSupport, RoleLayout, Sharding
 from hybridflow.planner.plan import OFFLOAD_PARTS
-from hybridflow.runtime.protocols import OptimSpec, RoleSpec, WorkerContext, parse_options
+from hybridflow.runtime.protocols import OptimSpec, RoleSpec, parse_options
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,53 +37,46 @@ class FsdpOptions:
         return parse_options(cls, spec.options, role=spec.name, owner="fsdp backend")
 
 
-class FsdpRoleEngine(ForwardOps, GradientSteps, WeightStreams):
+class FsdpRoleEngine(TrainingEngine):
     """A role engine over an FSDP2-sharded HF model.
 
     Every rank of the group must call the same ops with the same number of rows (the controller pads
     rows to a multiple of ``dp``): forward passes all-gather parameters collectively.
     """
 
-    def __init__(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext) -> None:
-        if context.world_size % layout.tp:
-            raise ValueError(f"RoleLayout({spec.name}).tp={layout.tp} must divide the group's {context.world_size} "
-                             "ranks (dp x tp of them)")
-        FsdpOptions.from_spec(spec)
-        ensure_process_group(context, spec.options, role=spec.name)
-        self.spec, self.context = spec, context
-        self.micro_batch_size = layout.micro_batch_size
-        self.forward_batch_size = layout.forward_micro_batch_size or self.micro_batch_size
-        self.rollout_batch_size = layout.rollout_batch_size
-        self.padding = layout.padding
-        self.max_tokens = layout.max_tokens_per_micro_batch
-        self.forward_max_tokens = layout.forward_max_tokens_per_micro_batch
-        trainable = spec.kind.trainable
+    options_type = FsdpOptions
+    optimizer: torch.optim.Optimizer | None = None
+
+    def check_runnable(self, layout: RoleLayout) -> None:
+        if self.context.world_size % layout.tp:
+            raise ValueError(f"RoleLayout({self.spec.name}).tp={layout.tp} must divide the group's "
+                             f"{self.context.world_size} ranks (dp x tp of them)")
+
+    def join_group(self) -> None:
+        ensure_process_group(self.context, self.spec.options, role=self.spec.name)
+
+    def load_dtype(self, layout: RoleLayout) -> str:
         # Trainable roles keep fp32 master weights and compute in layout.dtype; frozen ones load in it.
-        model = modeling.load_model(spec.kind, spec.model, dtype="fp32" if trainable else layout.dtype,
-                                    seed=spec.seed, lora=spec.lora, role=spec.name)
-        self.adapter_layers = peft_lora.lora_layers(model)
-        if layout.gradient_checkpointing and trainable:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return "fp32" if self.spec.kind.trainable else layout.dtype
+
+    def wrap_model(self, model: torch.nn.Module, layout: RoleLayout) -> Any:
+        context = self.context
         model.to(context.device)
         self.tensor_parallel = layout.tp
         device_type = torch.device(context.device).type
         self.setup = parallelize.resolve_sharding(layout.sharding, world_size=context.world_size // layout.tp,
                                                   shard_size=layout.shard_size, tp=layout.tp)
         self.offloaded = layout.offloaded
-        self.offload_policy = parallelize.offload_policy(layout.offloaded, device_type=device_type, role=spec.name)
-        self.model = parallelize.shard_model(model, self.setup, device_type=device_type,
-                                             param_dtype=layout.dtype if trainable else None, tp=layout.tp,
-                                             offload=self.offload_policy, role=spec.name)
-        self.optimizer: torch.optim.Optimizer | None = None
-        if trainable:
-            optim = spec.optim or OptimSpec()
-            # fused, as the torch backend's (one kernel over the shards, DTensors included): on a 25M-parameter
-            # model's one-rank shards on a CPU thread 50 ms a step against 130 ms for the default per-tensor loop
-            self.optimizer = torch.optim.AdamW(trainable_parameters(self.model), lr=optim.lr, betas=optim.betas,
-                                               weight_decay=optim.weight_decay, fused=True)
-        else:
-            self.model.requires_grad_(False)
-        self.model.eval()
+        self.offload_policy = parallelize.offload_policy(layout.offloaded, device_type=device_type,
+                                                         role=self.spec.name)
+        return parallelize.shard_model(model, self.setup, device_type=device_type,
+                                       param_dtype=layout.dtype if self.spec.kind.trainable else None, tp=layout.tp,
+                                       offload=self.offload_policy, role=self.spec.name)
+
+    def build_optimizer(self, optim: OptimSpec) -> torch.optim.Optimizer:
+        # fused, as the torch backend's (one kernel over the shards, DTensors included): on a 25M-parameter
+        # model's one-rank shards on a CPU thread 50 ms a step against 130 ms for the default per-tensor loop
+        return adamw(trainable_parameters(self.model), optim, fused=True)
 
     def executed_sharding(self) -> str:
         return self.setup.strategy.value
@@ -111,9 +102,6 @@ class FsdpRoleEngine(ForwardOps, GradientSteps, WeightStreams):
                 # Blocks follow the strategy; the root never reshards after forward (see shard_model).
                 keep = module is self.model or not self.setup.reshard_after_forward
                 module.set_reshard_after_forward(not keep, recurse=False)
-
-    def training_module(self) -> Any:
-        return self.model
 
     def zero_grad(self) -> None:
         assert self.optimizer is not None
@@ -158,15 +146,11 @@ class FsdpRoleEngine(ForwardOps, GradientSteps, WeightStreams):
         return {name: tensor.clone() if tensor.data_ptr() in live else tensor.cpu()
                 for name, tensor in self.iter_full_weights()}
 
-    def load_weights(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
-        self.load_state_dict(dict(named))
-
-    def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
-        """Whole weights (the same on every rank, as the contract's ``state_dict`` gives them): each rank keeps
-        its own shard, without communication. The optimizer's moments are left as they are."""
+    def write_whole_state(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Each rank keeps its own shard of the whole weights, without communication. The optimizer's moments are
+        left as they are."""
         from torch.distributed.tensor import DTensor, distribute_tensor
 
-        self.refuse_whole_weights()
         missing = sorted(set(self.model.state_dict()) - set(state))
         if missing:
             raise KeyError(f"role {self.spec.name!r}: load_state_dict is missing {missing[:5]} "
@@ -179,18 +163,11 @@ class FsdpRoleEngine(ForwardOps, GradientSteps, WeightStreams):
                     value = value.to_local()
                 value.copy_(full)
 
-    def save_checkpoint(self, directory: str) -> None:
+    def save_state(self, directory: str) -> None:
         checkpoint.save(directory, self.model, self.optimizer, frozen=not self.has_adapters)
-        if self.optimizer is not None:
-            self.save_schedule(directory)
 
-    def load_checkpoint(self, directory: str) -> None:
+    def load_state(self, directory: str) -> None:
         checkpoint.load(directory, self.model, self.optimizer, frozen=not self.has_adapters)
-        if self.optimizer is not None:
-            self.load_schedule(directory)
-
-    def close(self) -> None:
-        """Nothing to stop: the process group belongs to the worker, shards are plain memory."""
 
 
 def full_value(tensor: torch.Tensor) -> torch.Tensor:
@@ -207,9 +184,10 @@ def local_value(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
-class FsdpBackend:
+class FsdpBackend(TrainingBackend):
     """Builds :class:`FsdpRoleEngine` s; the runtime applies the spec's rollout to them (``runtime.engines``)."""
 
+    engine_type = FsdpRoleEngine
     name = "fsdp"
     # ZeRO-1 (optimizer states only) has no FSDP2 equivalent: the nearest would shard gradients too. Tensor
     # parallelism: any tp dividing the heads (the planner's search only proposes those); offload: FSDP2's
@@ -221,9 +199,6 @@ class FsdpBackend:
                             offload=frozenset(OFFLOAD_PARTS), offload_sets=(frozenset(OFFLOAD_PARTS),),
                             notes={"sharding": "ZeRO stages run on backend deepspeed",
                                    "offload": "optimizer states alone (ZeRO-Offload) run on backend deepspeed"})
-
-    def build_role(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext) -> FsdpRoleEngine:
-        return FsdpRoleEngine(spec, layout, context)
 
 
 BACKEND = FsdpBackend()

@@ -2,71 +2,59 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from hybridflow.backends.common import modeling, peft_lora
-from hybridflow.backends.common.forward import ForwardOps
-from hybridflow.backends.common.training import GradientSteps, clip_and_step, non_finite, trainable_parameters
-from hybridflow.backends.common.weight_streams import WeightStreams
+from hybridflow.backends.common import peft_lora
+from hybridflow.backends.common.engine import TrainingBackend, TrainingEngine, adamw
+from hybridflow.backends.common.training import clip_and_step, non_finite, trainable_parameters
 
 from hybridflow.planner import LayoutSupport, RoleLayout
-from hybridflow.runtime.protocols import AsyncSum, OptimSpec, RoleSpec, WorkerContext, parse_options
+from hybridflow.runtime.protocols import AsyncSum, OptimSpec, RoleSpec, parse_options
 
 
 @dataclass(frozen=True, kw_only=True)
 class TorchOptions:
     """Role options of the torch backend: none yet (the rollout engine is ``RoleSpec.rollout``)."""
 
+    @classmethod
+    def from_spec(cls, spec: RoleSpec) -> TorchOptions:
+        return parse_options(cls, spec.options, role=spec.name, owner="torch backend")
 
-class TorchRoleEngine(ForwardOps, GradientSteps, WeightStreams):
+
+class TorchRoleEngine(TrainingEngine):
     """A role engine over a Hugging Face module: generate, forward ops, training and weight transfer.
 
     Data parallel ranks each hold a full replica (DDP-like); ``layout.tp`` > 1 is for other backends.
     """
 
-    def __init__(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext) -> None:
-        if layout.tp != 1:
-            raise ValueError(f"RoleLayout({spec.name}).tp={layout.tp}: the torch backend has no tensor "
-                             "parallelism; use tp=1 or the fsdp/vllm backend")
-        parse_options(TorchOptions, spec.options, role=spec.name, owner="torch backend")
-        self.spec, self.context = spec, context
-        self.micro_batch_size = layout.micro_batch_size
-        self.forward_batch_size = layout.forward_micro_batch_size or self.micro_batch_size
-        self.rollout_batch_size = layout.rollout_batch_size
-        self.padding = layout.padding
-        self.max_tokens = layout.max_tokens_per_micro_batch
-        self.forward_max_tokens = layout.forward_max_tokens_per_micro_batch
-        self.model = modeling.load_model(spec.kind, spec.model, dtype=layout.dtype, seed=spec.seed, lora=spec.lora,
-                                         role=spec.name)
-        self.adapter_layers = peft_lora.lora_layers(self.model)
-        if layout.gradient_checkpointing and spec.kind.trainable:
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.model.to(context.device)
-        self.optimizer: torch.optim.Optimizer | None = None
-        self.flat_grads: torch.Tensor | None = None
-        self.overlap: OverlappedReduce | None = None
-        if spec.kind.trainable:
-            params = trainable_parameters(self.model)
-            if context.world_size > 1:
-                self.flat_grads = flat_gradients(params)
-                if self.flat_grads is not None and isinstance(context.collective, AsyncSum):
-                    self.overlap = OverlappedReduce(params, self.flat_grads[:-1], context.collective,
-                                                    world_size=context.world_size)
-            optim = spec.optim or OptimSpec()
-            # fused: one kernel over all parameters (CPU and CUDA since torch 2.4); on a 25M-parameter model on
-            # one CPU thread 29 ms a step against 109 ms for the per-tensor loop, the default off CUDA
-            self.optimizer = torch.optim.AdamW(params, lr=optim.lr, betas=optim.betas,
-                                               weight_decay=optim.weight_decay, fused=True)
-        else:
-            self.model.requires_grad_(False)
-        self.model.eval()  # tiny configs have no dropout; eval keeps HF from sampling any
+    options_type = TorchOptions
+    optimizer: torch.optim.Optimizer | None = None
+    flat_grads: torch.Tensor | None = None
+    overlap: OverlappedReduce | None = None
 
-    def training_module(self) -> Any:
-        return self.model
+    def check_runnable(self, layout: RoleLayout) -> None:
+        if layout.tp != 1:
+            raise ValueError(f"RoleLayout({self.spec.name}).tp={layout.tp}: the torch backend has no tensor "
+                             "parallelism; use tp=1 or the fsdp/vllm backend")
+
+    def wrap_model(self, model: torch.nn.Module, layout: RoleLayout) -> Any:
+        return model.to(self.context.device)
+
+    def build_optimizer(self, optim: OptimSpec) -> torch.optim.Optimizer:
+        params = trainable_parameters(self.model)
+        context = self.context
+        if context.world_size > 1:
+            self.flat_grads = flat_gradients(params)
+            if self.flat_grads is not None and isinstance(context.collective, AsyncSum):
+                self.overlap = OverlappedReduce(params, self.flat_grads[:-1], context.collective,
+                                                world_size=context.world_size)
+        # fused: one kernel over all parameters (CPU and CUDA since torch 2.4); on a 25M-parameter model on
+        # one CPU thread 29 ms a step against 109 ms for the per-tensor loop, the default off CUDA
+        return adamw(params, optim, fused=True)
 
     def zero_grad(self) -> None:
         assert self.optimizer is not None
@@ -103,15 +91,14 @@ class TorchRoleEngine(ForwardOps, GradientSteps, WeightStreams):
             if keep(name):
                 yield name, tensor.detach()
 
-    def load_weights(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
-        self.refuse_whole_weights()
-        self.model.load_state_dict(dict(named))
-
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Whole weights, owned by the caller (never aliasing the live parameters)."""
         return {name: tensor.clone() for name, tensor in self.iter_full_weights()}
 
-    def save_checkpoint(self, directory: str) -> None:
+    def write_whole_state(self, state: Mapping[str, torch.Tensor]) -> None:
+        self.model.load_state_dict(dict(state))
+
+    def save_state(self, directory: str) -> None:
         if self.context.rank != 0:  # replicas are identical: rank 0 writes for the group
             return
         path = Path(directory)
@@ -122,10 +109,8 @@ class TorchRoleEngine(ForwardOps, GradientSteps, WeightStreams):
             model = {name: tensor for name, tensor in model.items() if peft_lora.is_adapter_key(name)}
         state = {"model": model, "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None}
         torch.save(state, path / "state.pt")
-        if self.optimizer is not None:
-            self.save_schedule(directory)
 
-    def load_checkpoint(self, directory: str) -> None:
+    def load_state(self, directory: str) -> None:
         file = Path(directory) / "state.pt"
         try:
             state = torch.load(file, map_location=self.context.device, weights_only=True)
@@ -138,23 +123,17 @@ class TorchRoleEngine(ForwardOps, GradientSteps, WeightStreams):
             self.model.load_state_dict(state["model"])
         if self.optimizer is not None and state["optimizer"] is not None:
             self.optimizer.load_state_dict(state["optimizer"])
-            self.load_schedule(directory)
-
-    def close(self) -> None:
-        """Nothing to stop: the model and optimizer are plain memory, freed with the engine."""
 
 
-class TorchBackend:
+class TorchBackend(TrainingBackend):
     """Builds :class:`TorchRoleEngine` s; the runtime applies the spec's rollout to them (``runtime.engines``)."""
 
+    engine_type = TorchRoleEngine
     name = "torch"
     support = LayoutSupport(backend="torch", gradient_checkpointing=True, rollout_batch_size=True, packing=True,
                             token_budgets=True,
                             notes={"sharding": "use backend fsdp or deepspeed to shard",
                                    "tp": "no training backend here has tensor parallelism"})
-
-    def build_role(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext) -> TorchRoleEngine:
-        return TorchRoleEngine(spec, layout, context)
 
 
 BACKEND = TorchBackend()
