@@ -20,6 +20,7 @@ SHORT = ["steps=2", "model.sft_steps=2", "logging.progress=false", "logging.plot
 
 # Config -> the extra overrides its short run needs, or the test that runs it where it needs a launcher.
 CONFIGS: dict[str, list[str] | str] = {
+    "agent_calculator": ["data.num_examples=32"],
     "dapo_reverse": ["data.num_examples=64"],
     "grpo_detached_vllm": ["data.num_examples=64"],
     "grpo_gsm8k_style": [],

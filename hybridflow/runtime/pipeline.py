@@ -44,8 +44,8 @@ def upcoming_rows(upcoming: Upcoming, step: int, *, current: int) -> Batch | Non
 def unused_rollout_state(directory: str, mode: ExecutionMode) -> None:
     """Warn when a checkpoint of an overlapped run is loaded by a ``sync`` one: its buffered samples go unused."""
     if (Path(directory) / ROLLOUT_STATE).is_file():
-        warnings.warn(f"checkpoint {directory} holds the rollout state of an overlapped run; pipeline="
-                      f"{mode.pipeline} does not use it: the resumed steps sample on-policy, unlike the run "
+        warnings.warn(f"checkpoint {directory} holds the rollout state of an overlapped run; a "
+                      f"{mode.pipeline} run does not use it: the resumed steps sample on-policy, unlike the run "
                       "that wrote it", ResumeWarning, stacklevel=3)
 
 
@@ -93,7 +93,7 @@ class Overlap:
         why = ("it holds no rollout state (written by sync mode or by a hybridflow before exact overlapped "
                "resume)") if state is None else self.rollouter.restore(state)
         if why is not None:
-            warnings.warn(f"checkpoint {directory}: {why}; pipeline={self.pipeline} resumes inexactly: the first "
+            warnings.warn(f"checkpoint {directory}: {why}; this {self.pipeline} run resumes inexactly: the first "
                           f"{max(self.rollouter.k, 1)} resumed step(s) train on samples generated with the "
                           "checkpoint's weights (fresher than the uninterrupted run's), so metrics differ from "
                           "it from the first resumed step on", ResumeWarning, stacklevel=3)

@@ -122,7 +122,7 @@ class PlacementConfig:
                              "'auto' (this machine's cores) or null (a core per logical GPU)")
         if self.separate_rollout and self.mode != "auto":
             raise ValueError("config key 'placement.separate_rollout' is only read with placement.mode=auto (with "
-                             "manual give the rollout its own mesh, e.g. meshes: {'actor:rollout': [2, 3]})")
+                             "manual give the rollout its own mesh, e.g. placement.meshes: {'actor:rollout': [2, 3]})")
 
 
 def role_models(config: TrainConfig, graph: Graph, model_dir: str | None = None, *,

@@ -118,7 +118,7 @@ def test_a_rollout_mesh_of_its_own_is_planned_and_trained_with_weights_shipped(t
 
 def test_the_classic_api_runs_the_async_pipeline_on_its_rollout_mesh(tmp_path: Path):
     ctl = controller(tutorial(rollout_device_mesh=[6, 7], fsdp_sharding_strategy="NO_SHARD"), tmp_path, steps=3,
-                     pipeline="async", max_staleness=2)
+                     **{"pipeline.mode": "async", "pipeline.max_staleness": 2})
     rows = [json.loads(line) for line in ctl.fit().metrics_path.read_text().splitlines()]
     assert [row["step"] for row in rows] == [0, 1, 2]
     assert all(0 <= row["pipeline/staleness_max"] <= 2 for row in rows)

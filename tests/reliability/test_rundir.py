@@ -170,5 +170,5 @@ def test_the_summary_names_tensorboard_only_when_it_is_on(tmp_path: Path) -> Non
     result = SimpleNamespace(history=[{"reward/mean": 0.5}], start_step=0, metrics_path=tmp_path / "metrics.jsonl",
                              run_dir=tmp_path, curve_path=None, report_path=None, export_path=None)
     assert not any("tensorboard" in line for line in summary(result, load_config(None, QUICK)))
-    on = summary(result, load_config(None, [*QUICK, "tensorboard=true", "logging.trackers=[tensorboard]"]))
+    on = summary(result, load_config(None, [*QUICK, "logging.trackers=[tensorboard]"]))
     assert any(line.startswith("tensorboard:") for line in on)

@@ -18,7 +18,7 @@ def test_markdown_table_escapes_cells() -> None:
 
 def test_a_missing_tracker_package_says_what_to_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "wandb", None)  # a None entry makes `import wandb` raise ImportError
-    with pytest.raises(ImportError, match=r"pip install wandb \(or drop wandb from trackers\)"):
+    with pytest.raises(ImportError, match=r"pip install wandb \(or drop wandb from logging\.trackers\)"):
         make_trackers(["jsonl", "wandb"], tmp_path, name="run", config={})
 
 
