@@ -155,18 +155,18 @@ def test_hybridflow_train_runs_async_on_a_detached_rollout(tmp_path: Path) -> No
 def test_bad_pipeline_config_keys_name_the_key() -> None:
     from hybridflow.train.config import load_config
 
-    with pytest.raises(ValueError, match="'pipeline.max_staleness'=-1 must be an integer >= 0"):
+    with pytest.raises(ValueError, match=r"'pipeline\.max_staleness'=-1 must be an integer >= 0"):
         load_config(None, ["pipeline.max_staleness=-1"])
-    with pytest.raises(ValueError, match="'pipeline.mode'='auto' takes the mode a plan was costed for"):
+    with pytest.raises(ValueError, match=r"'pipeline\.mode'='auto' takes the mode a plan was costed for"):
         load_config(None, ["pipeline.mode=auto"])
-    with pytest.raises(ValueError, match="'pipeline.segment_tokens'=-2 must be >= 0"):
+    with pytest.raises(ValueError, match=r"'pipeline\.segment_tokens'=-2 must be >= 0"):
         load_config(None, ["pipeline.segment_tokens=-2"])
 
 
 def test_torchrun_refuses_overlapped_modes_naming_the_key() -> None:
     from hybridflow.train.config import load_config
 
-    with pytest.raises(ValueError, match="executor.name=torchrun runs pipeline.mode=sync only"):
+    with pytest.raises(ValueError, match=r"executor\.name=torchrun runs pipeline\.mode=sync only"):
         load_config(None, ["executor.name=torchrun", "pipeline.mode=async"])
 
 
