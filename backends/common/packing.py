@@ -56,7 +56,7 @@ def check_packable(config: Any) -> None:
     if implementation not in PACKED_ATTENTION:
         raise ValueError(f"packed sequences need an attention implementation that reads packed position ids "
                          f"({sorted(PACKED_ATTENTION)}); this model runs {implementation!r}: set the role's "
-                         "layout padding=true (config key 'padding')")
+                         "layout padding=true")
 
 
 def pack(batch: Batch, *, pad_id: int) -> PackedRows:

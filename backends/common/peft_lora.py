@@ -67,7 +67,7 @@ def check_targets(model: Any, spec: AdapterSpec, *, role: str) -> None:
     unmatched = [target for target in spec.target_modules
                  if not any(path == target or path.endswith("." + target) for path in paths)]
     if unmatched:
-        raise ValueError(f"role {role!r}: lora.target_modules (config key 'roles.{role}.lora.target_modules') "
+        raise ValueError(f"role {role!r}: lora.target_modules "
                          f"{unmatched} match no linear module of {type(model).__name__}; its linear modules are "
                          f"{linear_module_names(model)} (or 'all-linear')")
 
@@ -166,13 +166,13 @@ def disabled(model: Any, *, role: str) -> Iterator[None]:
     """``model`` as its base model for the duration (peft's ``disable_adapter``)."""
     disable = getattr(model, "disable_adapter", None)
     if disable is None:
-        raise ValueError(f"role {role!r} has no LoRA adapters to disable (set roles.{role}.lora)")
+        raise ValueError(f"role {role!r} has no LoRA adapters to disable (give it a lora spec)")
     with disable():
         yield
 
 
 def no_adapters(role: str) -> ValueError:
-    return ValueError(f"role {role!r} trains no LoRA adapters (its spec has no lora; config key 'roles.{role}.lora')")
+    return ValueError(f"role {role!r} trains no LoRA adapters (its spec has no lora)")
 
 
 def load_adapter_state(model: Any, state: Mapping[str, torch.Tensor], *, role: str) -> None:
@@ -181,5 +181,5 @@ def load_adapter_state(model: Any, state: Mapping[str, torch.Tensor], *, role: s
     missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
     if missing or unexpected:
         raise KeyError(f"role {role!r}: the checkpoint's adapters do not fit this model's (missing {missing[:3]}, "
-                       f"unexpected {unexpected[:3]}): were they saved with the same roles.{role}.lora?")
+                       f"unexpected {unexpected[:3]}): were they saved with the same lora spec?")
     model.load_state_dict(dict(state), strict=False)

@@ -79,7 +79,7 @@ def offload_policy(offloaded: frozenset[str], *, device_type: str, role: str) ->
     if offloaded != frozenset({"params", "grads", "optimizer"}):
         raise ValueError(f"RoleLayout({role}) offloads {sorted(offloaded)}: FSDP2's CPUOffloadPolicy keeps parameters, "
                          "gradients and optimizer states in host memory together; set offload_params, offload_grads "
-                         "and offload_optimizer (config roles.<name>.offload: [params, grads, optimizer]) or none")
+                         "and offload_optimizer (a role's offload: [params, grads, optimizer]) or none")
     if device_type == "cpu":
         _LOG.warning("role %r: offload %s on device cpu: its tensors are in host memory already, FSDP2's "
                      "CPUOffloadPolicy (an accelerator's) is not applied", role, sorted(offloaded))

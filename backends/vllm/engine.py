@@ -92,15 +92,14 @@ class VllmOptions:
     def takes_adapter(self, role: str, lora: AdapterSpec | None) -> bool:
         """Whether the updates of a policy training ``lora`` (None: none) reach this vLLM engine as the adapter
         alone, by :meth:`adapter_sync`'s rule (``role``: the policy, or its detached rollout)."""
-        policy = role.split(":", 1)[0]
         if lora is None:
             if self.lora_sync == "adapter":
                 raise ValueError(f"role {role!r}: rollout_options.lora_sync=adapter, but the role trains no "
-                                 f"LoRA adapters (set roles.{policy}.lora or drop lora_sync)")
+                                 "LoRA adapters (give it a lora spec or drop lora_sync)")
             return False
         if self.lora_sync == "merged":
             return False
-        refusal = adapter_sync_refusal(role=policy, init=lora.init, target_modules=lora.target_modules,
+        refusal = adapter_sync_refusal(init=lora.init, target_modules=lora.target_modules,
                                        sleep_level=self.sleep_level)
         if refusal is None:
             return True

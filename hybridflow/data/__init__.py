@@ -10,7 +10,6 @@ from hybridflow.data.rewards import (
     RewardScorer,
     RuleScorer,
     batch_samples,
-    check_reward_configured,
     decode_responses,
     reward_scorer,
 )
@@ -20,7 +19,7 @@ from hybridflow.models.tokenizer import char_tokenizer, load_tokenizer
 
 __all__ = ["REWARDS", "TASKS", "DataSpec", "DataSplits", "GroundTruth", "PreparedRecords", "PromptLoader", "Record",
            "RewardFunction", "RewardScorer", "RewardSignatureError", "RuleScorer", "Sample", "Task",
-           "answers_equivalent", "batch_samples", "char_accuracy", "char_tokenizer", "check_reward_configured",
+           "answers_equivalent", "batch_samples", "char_accuracy", "char_tokenizer",
            "decode_responses", "encode_prompts", "extract_answer", "hold_out", "load_records", "load_reward_functions",
            "load_splits", "load_tokenizer", "math_reward", "prepare_records", "render_prompt", "reward_function",
            "reward_scorer", "task_examples"]

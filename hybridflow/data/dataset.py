@@ -17,6 +17,7 @@ import torch
 
 from hybridflow.data.records import GROUND_TRUTH, PROMPT, Record, check_prompt, render_prompt, reward_target
 from hybridflow.data.sources import MissingColumnError, has_key, lookup, read_table
+from hybridflow.fields import FieldError
 from hybridflow.runtime.batch import Batch
 
 # Where the ground truth is when ``answer_key`` is not given: our own column, then verl's RL parquet one.
@@ -24,7 +25,7 @@ ANSWER_KEYS = ("ground_truth", "reward_model.ground_truth")
 
 
 def load_records(path: str | Path, *, prompt_key: str = "prompt", answer_key: str | None = None,
-                 split: str = "train", field: str = "data.path") -> list[Record]:
+                 split: str = "train", field: str = "path") -> list[Record]:
     """Records from a ``.jsonl`` / ``.parquet`` file or a local HF ``datasets`` directory.
 
     ``prompt_key`` / ``answer_key`` name the columns (dotted keys reach nested ones, e.g.
@@ -42,7 +43,7 @@ def load_records(path: str | Path, *, prompt_key: str = "prompt", answer_key: st
     for index, row in enumerate(table.rows):
         where = table.where(index)
         column = MESSAGES if prompt_key == PROMPT and PROMPT not in row and MESSAGES in row else prompt_key
-        prompt = check_prompt(lookup(row, column, where=where, field="data.prompt_key"), where)
+        prompt = check_prompt(lookup(row, column, where=where, field="prompt_key"), where)
         extras = {name: value for name, value in row.items() if name not in (column, GROUND_TRUTH)}
         if prompt_only:
             records.append({PROMPT: prompt, GROUND_TRUTH: "", **extras})
@@ -51,9 +52,9 @@ def load_records(path: str | Path, *, prompt_key: str = "prompt", answer_key: st
         if key is None:
             raise MissingColumnError(f"{where}: no {ANSWER_KEYS[0]!r} column (nor verl's {ANSWER_KEYS[1]!r}), though "
                                      f"other rows have one; columns present: {sorted(row)}. Give every row its ground "
-                                     "truth, or none (a prompt-only dataset), or set data.answer_key to the column "
+                                     "truth, or none (a prompt-only dataset), or set answer_key to the column "
                                      "that holds it (dotted keys reach nested columns)")
-        answer = lookup(row, key, where=where, field="data.answer_key")
+        answer = lookup(row, key, where=where, field="answer_key")
         if answer is None:
             raise ValueError(f"{where}: the ground truth {key!r} is null; every row needs one")
         records.append({PROMPT: prompt, GROUND_TRUTH: _as_text(answer), **extras})
@@ -79,7 +80,7 @@ class PromptLoader:
 
     def __post_init__(self) -> None:
         if not 0 < self.batch_size <= len(self.records):
-            raise ValueError(f"data.batch_size={self.batch_size} must be in 1..{len(self.records)} (dataset size)")
+            raise FieldError("batch_size", self.batch_size, f"must be in 1..{len(self.records)} (the dataset's size)")
 
     def _order(self, epoch: int) -> np.ndarray:
         return np.random.default_rng([self.seed, epoch]).permutation(len(self.records))

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hybridflow.data.records import PROMPT, RAW_PROMPT, Record, is_chat, render_prompt
+from hybridflow.fields import FieldError
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ def prepare_records(records: Sequence[Record], tokenizer: Any, *, max_prompt_len
     environment offers, rendered into chat prompts.
     """
     if max_prompt_length is not None and max_prompt_length < 1:
-        raise ValueError(f"data.max_prompt_length={max_prompt_length} must be a positive number of tokens (or unset)")
+        raise FieldError("max_prompt_length", max_prompt_length, "must be a positive number of tokens (or unset)")
     kept: list[Record] = []
     longest = 0
     for index, record in enumerate(records):
@@ -48,9 +49,9 @@ def prepare_records(records: Sequence[Record], tokenizer: Any, *, max_prompt_len
         kept.append({**record, PROMPT: text, RAW_PROMPT: prompt} if is_chat(prompt) else dict(record))
     filtered = len(records) - len(kept)
     if not kept:
-        raise ValueError(f"{name}: all {len(records)} prompts are longer than data.max_prompt_length="
-                         f"{max_prompt_length} tokens; raise the limit")
+        raise FieldError("max_prompt_length", max_prompt_length, f"tokens is shorter than all {len(records)} "
+                         f"prompts of the {name} records; raise the limit")
     if filtered:
-        log.warning("%s: dropped %d of %d prompts longer than data.max_prompt_length=%s tokens", name, filtered,
+        log.warning("%s: dropped %d of %d prompts longer than max_prompt_length=%s tokens", name, filtered,
                     len(records), max_prompt_length)
     return PreparedRecords(records=kept, filtered=filtered, longest_prompt_tokens=longest)

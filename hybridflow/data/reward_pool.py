@@ -1,4 +1,4 @@
-"""Reward functions in worker processes, each call under a deadline (``data.reward_timeout_s``).
+"""Reward functions in worker processes, each call under a deadline.
 
 A reward function that hangs (a catastrophic regex, a sympy simplification that never ends, a network
 call without a timeout) must fail the step, not the run's liveness. A thread cannot be stopped, and
@@ -51,8 +51,9 @@ class RewardPool:
     Thread-safe: concurrent :meth:`score` calls share the processes. :meth:`close` kills them.
     """
 
-    def __init__(self, rewards: Sequence[RewardFunction], *, timeout_s: float, workers: int | None = None) -> None:
-        self.rewards, self.timeout_s = tuple(rewards), timeout_s
+    def __init__(self, rewards: Sequence[RewardFunction], *, timeout_s: float, workers: int | None = None,
+                 timeout_name: str = "timeout_s") -> None:
+        self.rewards, self.timeout_s, self.timeout_name = tuple(rewards), timeout_s, timeout_name
         self.size = workers or default_workers()
         self._payload = pickle.dumps([_portable(reward) for reward in self.rewards])
         self._idle: queue.Queue[_Worker] = queue.Queue()
@@ -90,7 +91,7 @@ class RewardPool:
         worker = self._idle.get()
         try:
             worker.wait_ready(self.rewards)
-            values = worker.call(position, chunk, self.rewards[position], self.timeout_s)
+            values = worker.call(position, chunk, self.rewards[position], self.timeout_s, self.timeout_name)
         except BaseException:
             worker.kill()  # it may still be running the call: its reply must never reach the next request
             if not self._closed:
@@ -143,11 +144,13 @@ class _Worker:
             self.kill()
             raise RuntimeError(f"reward functions {names} cannot be loaded in a worker process: {reply[1]}; a "
                                "function given as an object must be importable by module and name, or name it "
-                               "in data.reward as 'path/to/file.py:function'")
+                               "as 'path/to/file.py:function'")
         self.ready = True
 
-    def call(self, position: int, chunk: list[Sample], reward: RewardFunction, timeout_s: float) -> list[float | None]:
-        """``reward``'s values of ``chunk``; every call (one per sample, or one per batch) within ``timeout_s``."""
+    def call(self, position: int, chunk: list[Sample], reward: RewardFunction, timeout_s: float,
+             timeout_name: str = "timeout_s") -> list[float | None]:
+        """``reward``'s values of ``chunk``; every call (one per sample, or one per batch) within ``timeout_s``
+        (``timeout_name`` in the error of a late one)."""
         self.connection.send((position, chunk))
         calls = [chunk[:1]] if reward.style == "batched" else [[sample] for sample in chunk]
         values: list[float | None] = []
@@ -156,9 +159,9 @@ class _Worker:
                     else describe(sample))
             reply = self._receive(
                 timeout_s, sample=sample.index, running=f"reward function {reward.name!r} on {what}",
-                late=f"reward function {reward.name!r} did not return within data.reward_timeout_s={timeout_s} s on "
-                     f"{what}; its worker process was killed. Make the function faster, or raise "
-                     "data.reward_timeout_s")
+                late=f"reward function {reward.name!r} did not return within {timeout_name}={timeout_s} s "
+                     f"on {what}; its worker process was killed. Make the function faster, or raise "
+                     f"{timeout_name}")
             if reply[0] == "error":
                 raise RewardFunctionError(reply[1], sample=reply[2])
             values.extend(reply[1])
@@ -211,7 +214,7 @@ def reward_timeout(rewards: Sequence[Any], timeout_s: float) -> float | None:
         return timeout_s
     warnings.warn(f"reward functions {local} cannot be loaded by a worker process (a lambda, a nested function or "
                   "one defined in the __main__ script): every reward function runs in this process, without "
-                  "data.reward_timeout_s; define them at module level in an importable module to keep the deadline",
+                  "a deadline; define them at module level in an importable module to keep the deadline",
                   stacklevel=3)
     return None
 

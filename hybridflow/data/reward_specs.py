@@ -14,6 +14,7 @@ from typing import Any
 from hybridflow.data.math_reward import math_reward, math_reward_flexible
 from hybridflow.data.reward_functions import RewardFunction, RewardSignatureError, reward_function
 from hybridflow.data.tasks import TASKS
+from hybridflow.fields import FieldError, UnknownName
 from hybridflow.registry import Registry, RegistryError, load_object
 
 RewardSpec = str | Callable[..., Any]
@@ -32,10 +33,10 @@ def load_reward_functions(specs: RewardSpec | Sequence[RewardSpec], *,
     """
     items: list[RewardSpec] = [specs] if isinstance(specs, str) or callable(specs) else list(specs)
     if not items:
-        raise ValueError("data.reward is an empty list; name at least one reward function")
+        raise FieldError("reward", reason="is an empty list; name at least one reward function")
     if weights is not None and len(weights) != len(items):
-        raise ValueError(f"data.reward_weights has {len(weights)} weights for {len(items)} reward functions "
-                         f"({[_label(s) for s in items]}); give one weight per function")
+        raise FieldError("reward_weights", list(weights), f"has {len(weights)} weights for {len(items)} reward "
+                         f"functions ({[_label(s) for s in items]}); give one weight per function")
     chosen = list(weights) if weights is not None else [1.0] * len(items)
     return tuple(dataclasses.replace(reward_function(_resolve(spec), name=_label(spec), weight=weight),
                                      source=spec if isinstance(spec, str) else None)
@@ -46,7 +47,7 @@ def _resolve(spec: RewardSpec) -> Callable[..., Any]:
     if callable(spec):
         return spec
     if not isinstance(spec, str):
-        raise RewardSignatureError(f"data.reward entry {spec!r} is a {type(spec).__name__}, not a function or a "
+        raise RewardSignatureError(f"reward entry {spec!r} is a {type(spec).__name__}, not a function or a "
                                    "'path/to/file.py:function' name")
     if ":" in spec:
         found: Callable[..., Any] = load_object(spec)
@@ -56,8 +57,8 @@ def _resolve(spec: RewardSpec) -> Callable[..., Any]:
     try:
         return REWARDS.get(spec)
     except RegistryError as err:
-        raise KeyError(f"data.reward {spec!r} is neither a built-in reward function {REWARDS.names()}, a task "
-                       f"{TASKS.names()}, nor a 'path/to/file.py:function' or 'module:function' spec") from err
+        raise UnknownName("reward", spec, f"is neither a built-in reward function {REWARDS.names()}, a task "
+                          f"{TASKS.names()}, nor a 'path/to/file.py:function' or 'module:function' spec") from err
 
 
 def _label(spec: RewardSpec) -> str:

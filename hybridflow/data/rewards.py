@@ -23,6 +23,7 @@ from hybridflow.data.reward_functions import (
 )
 from hybridflow.data.reward_pool import RewardPool
 from hybridflow.data.reward_specs import RewardSpec, load_reward_functions
+from hybridflow.fields import FieldError
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.errors import RewardFunctionError
 
@@ -43,6 +44,7 @@ class RewardScorer:
     tokenizer: Any
     timeout_s: float | None = None
     workers: int | None = None  # default: up to 4, one per CPU
+    timeout_name: str = "timeout_s"  # how a late call's error names the deadline (the caller's spelling of it)
     _pool: _LazyPool = field(init=False, repr=False, compare=False)
     _means: _RewardMeans = field(init=False, repr=False, compare=False)
 
@@ -50,7 +52,7 @@ class RewardScorer:
         if not self.rewards:
             raise ValueError("RewardScorer needs at least one reward function")
         if self.timeout_s is not None and not self.timeout_s > 0:
-            raise ValueError(f"config key 'data.reward_timeout_s'={self.timeout_s} must be > 0 (seconds per call)")
+            raise FieldError("timeout_s", self.timeout_s, "must be > 0 (seconds per call)")
         object.__setattr__(self, "_pool", _LazyPool())
         object.__setattr__(self, "_means", _RewardMeans())
 
@@ -66,12 +68,12 @@ class RewardScorer:
         if self.timeout_s is None:
             values = [reward(samples) for reward in self.rewards]
         else:
-            values = self._pool.get(self.rewards, self.timeout_s, self.workers).score(samples)
+            values = self._pool.get(self.rewards, self.timeout_s, self.workers, self.timeout_name).score(samples)
         total = [self._total(values, i, sample) for i, sample in enumerate(samples)]
         for sample, score in zip(samples, total, strict=True):
             if not abs(score) <= FLOAT32_MAX:  # each value was in range: only the weighted sum can overflow
                 raise RewardFunctionError(
-                    f"the weighted sum of reward functions {[r.name for r in self.rewards]} (data.reward_weights "
+                    f"the weighted sum of reward functions {[r.name for r in self.rewards]} (weights "
                     f"{[r.weight for r in self.rewards]}) is {score!r} for {describe(sample)}, beyond float32's range; "
                     "lower the weights or the rewards", sample=sample.index)
         parts: dict[str, list[float | None]] = {}
@@ -131,10 +133,11 @@ class _LazyPool:
         self._lock = threading.Lock()
         self._pool: RewardPool | None = None
 
-    def get(self, rewards: Sequence[RewardFunction], timeout_s: float, workers: int | None) -> RewardPool:
+    def get(self, rewards: Sequence[RewardFunction], timeout_s: float, workers: int | None,
+            timeout_name: str) -> RewardPool:
         with self._lock:
             if self._pool is None:
-                self._pool = RewardPool(rewards, timeout_s=timeout_s, workers=workers)
+                self._pool = RewardPool(rewards, timeout_s=timeout_s, workers=workers, timeout_name=timeout_name)
             return self._pool
 
     def close(self) -> None:
@@ -179,18 +182,12 @@ def batch_samples(batch: Batch, tokenizer: Any) -> list[Sample]:
 
 
 def reward_scorer(specs: RewardSpec | Sequence[RewardSpec], tokenizer: Any, *,
-                  weights: Sequence[float] | None = None, timeout_s: float | None = None) -> RewardScorer:
-    """A scorer summing the weighted reward functions ``specs`` name (in worker processes with ``timeout_s``)."""
+                  weights: Sequence[float] | None = None, timeout_s: float | None = None,
+                  timeout_name: str = "timeout_s") -> RewardScorer:
+    """A scorer summing the weighted reward functions ``specs`` name (in worker processes with ``timeout_s``,
+    which a late call's error calls ``timeout_name``)."""
     return RewardScorer(rewards=load_reward_functions(specs, weights=weights), tokenizer=tokenizer,
-                        timeout_s=timeout_s)
-
-
-def check_reward_configured(*, data_path: str | None, reward: object) -> None:
-    """A data file has no built-in rule: refuse ``data.path`` without ``data.reward``, naming the key."""
-    if data_path and not reward:
-        raise ValueError(f"data.path is set ({data_path}) but data.reward is not: rows from a file have no "
-                         "built-in rule, so name one (data.reward: math, or path/to/file.py:function, or a list "
-                         "of them with data.reward_weights)")
+                        timeout_s=timeout_s, timeout_name=timeout_name)
 
 
 def decode_responses(responses: torch.Tensor, mask: torch.Tensor, tokenizer: Any) -> list[str]:

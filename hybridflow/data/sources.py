@@ -40,7 +40,7 @@ class RowTable:
         return f"{self.source} {self.unit} {self.lines[index]}"
 
 
-def read_table(path: str | Path, *, split: str = "train", field: str = "data.path") -> RowTable:
+def read_table(path: str | Path, *, split: str = "train", field: str = "path") -> RowTable:
     """Rows of ``path``: a ``.jsonl`` / ``.parquet`` file or a directory written by ``datasets.save_to_disk``.
 
     ``split`` picks the split of a ``DatasetDict`` directory; ``field`` is the config key named in errors.

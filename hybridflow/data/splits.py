@@ -10,6 +10,7 @@ import numpy as np
 
 from hybridflow.data.dataset import load_records
 from hybridflow.data.records import Record
+from hybridflow.fields import FieldError
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,13 +34,12 @@ class DataFiles:
 
     def __post_init__(self) -> None:
         if self.max_prompt_length is not None and self.max_prompt_length < 1:
-            raise ValueError(f"config key 'data.max_prompt_length'={self.max_prompt_length} must be a positive "
-                             "number of tokens")
+            raise FieldError("max_prompt_length", self.max_prompt_length, "must be a positive number of tokens")
         if not 0.0 <= self.val_fraction < 1.0:
-            raise ValueError(f"config key 'data.val_fraction'={self.val_fraction} must be in [0, 1) (0: none held out)")
+            raise FieldError("val_fraction", self.val_fraction, "must be in [0, 1) (0: none held out)")
         if self.val_path and self.val_fraction:
-            raise ValueError("data.val_path and data.val_fraction both set: validate on a separate file or on a "
-                             "held-out fraction, not both")
+            raise FieldError("val_fraction", self.val_fraction, "with val_path set too: validate on a separate file "
+                             "or on a held-out fraction, not both", related=("val_path",))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,10 +67,10 @@ def paths(value: str | Sequence[str] | None) -> list[str]:
 
 
 def load_files(value: str | Sequence[str], files: DataFiles, *, split: str, field: str) -> list[Record]:
-    """The records of every file ``value`` names (``field``: the config key, indexed in errors for a list)."""
+    """The records of every file ``value`` names (``field``: how the caller names it, indexed in errors for a list)."""
     names = paths(value)
     if not names:
-        raise ValueError(f"config key {field!r} is an empty list; name at least one data file")
+        raise FieldError(field, reason="is an empty list; name at least one data file")
     records: list[Record] = []
     for i, name in enumerate(names):
         records += load_records(name, prompt_key=files.prompt_key, answer_key=files.answer_key, split=split,
@@ -78,11 +78,12 @@ def load_files(value: str | Sequence[str], files: DataFiles, *, split: str, fiel
     return records
 
 
-def load_splits(spec: DataSpec) -> DataSplits:
-    """The records ``spec`` names, split into train and validation."""
-    train = load_files(spec.path, spec, split=spec.split, field="data.path")
+def load_splits(spec: DataSpec, *, prefix: str = "") -> DataSplits:
+    """The records ``spec`` names, split into train and validation (errors name a file's field after ``prefix``:
+    how the caller spells the spec)."""
+    train = load_files(spec.path, spec, split=spec.split, field=prefix + "path")
     if spec.val_path:
-        validation = load_files(spec.val_path, spec, split=spec.val_split, field="data.val_path")
+        validation = load_files(spec.val_path, spec, split=spec.val_split, field=prefix + "val_path")
         return DataSplits(train=train, validation=validation)
     if spec.val_fraction:
         train, validation = hold_out(train, spec.val_fraction, seed=spec.seed)
@@ -94,6 +95,6 @@ def hold_out(records: list[Record], fraction: float, *, seed: int = 0) -> tuple[
     """``(train, validation)``: a seeded ``fraction`` of the records (at least one) held out, order kept."""
     count = max(1, math.ceil(fraction * len(records)))
     if count >= len(records):
-        raise ValueError(f"data.val_fraction={fraction} of {len(records)} records leaves no training records")
+        raise FieldError("val_fraction", fraction, f"of {len(records)} records leaves no training records")
     held = set(np.random.default_rng(seed).permutation(len(records))[:count].tolist())
     return ([r for i, r in enumerate(records) if i not in held], [r for i, r in enumerate(records) if i in held])

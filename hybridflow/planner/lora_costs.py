@@ -166,7 +166,7 @@ def sync_mode(plan: LoraPlan, engine: str) -> str:
     return "adapter" if engine in ADAPTER_SYNC_ENGINES else "merged"
 
 
-def adapter_sync_refusal(*, role: str, init: str, target_modules: str | tuple[str, ...],
+def adapter_sync_refusal(*, init: str, target_modules: str | tuple[str, ...],
                          sleep_level: int = 0) -> str | None:
     """Why a LoRA adapter cannot reach vLLM alone (None: it can), so the update travels merged instead.
 
@@ -174,7 +174,7 @@ def adapter_sync_refusal(*, role: str, init: str, target_modules: str | tuple[st
     level-2 sleep (which discards the base, never resent by an adapter sync) breaks that; vLLM's LoRA layers
     adapt the decoder's linear modules (:data:`LINEAR_MODULES`) only.
     """
-    where = f"roles.{role}.lora"
+    where = "lora"  # the adapter spec's fields
     if init not in KEEPS_BASE_INITS:
         return (f"{where}.init={init!r} rewrites the base weights at load, so vLLM's base model (loaded from the "
                 "model dir) is not the adapters' base")

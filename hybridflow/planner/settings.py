@@ -169,7 +169,7 @@ SETTING_KEYS = {
     "rollout_sleep": "true when the colocated engine frees its memory between rollouts",
     "enforce_eager": "true when the engine runs without CUDA graphs",
     "vllm_v0_engine": "true when the rollout is verl's vendored V0 vLLM engine (vLLM <= 0.6.3)",
-    "max_prompt_len": "the prompt cap in tokens (data.max_prompt_length)",
+    "max_prompt_len": "the prompt cap in tokens (the data's max_prompt_length)",
     "reward_workers": "processes scoring rule-based rewards (1: the driver's loop)",
     "validations_per_step": "validation passes per step, e.g. 0.1 for one every 10 steps",
     "validation_prompts": "validation prompts per validation pass",

@@ -58,9 +58,9 @@ def check_layouts(graph: Graph, plan: Plan, specs: Mapping[str, RoleSpec]) -> No
                 found.append(f"role {layout.role!r} (backend {spec.backend!r}): {'; '.join(problems)}")
     if found:
         raise ValueError("the plan asks for layouts its backends do not run as planned: " + " | ".join(found)
-                         + ". Plan for these backends (placement: auto searches only what they run; "
+                         + ". Plan for these backends (an auto placement searches only what they run; "
                          "`hybridflow plan --backend ROLE=NAME` for a dry run) or choose a backend that runs them "
-                         "(roles.<name>.backend)")
+                         "(the role's backend)")
 
 
 def check_placement(graph: Graph, plan: Plan, driver_roles: Mapping[str, Scorer]) -> None:

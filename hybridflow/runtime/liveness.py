@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hybridflow.fields import FieldError
+
 
 @dataclass(frozen=True, kw_only=True)
 class Liveness:
@@ -34,13 +36,14 @@ class Liveness:
         for name in ("min_timeout_s", "timeout_factor", "setup_timeout_s", "heartbeat_interval_s",
                      "heartbeat_timeout_s"):
             if not getattr(self, name) > 0:
-                raise ValueError(f"{name}={getattr(self, name)} must be > 0")
+                raise FieldError(name, getattr(self, name), "must be > 0")
         if self.call_timeout_s is not None and not self.call_timeout_s > 0:
-            raise ValueError(f"call_timeout_s={self.call_timeout_s} must be > 0 "
-                             "(or unset: derived from the plan and measured step times)")
+            raise FieldError("call_timeout_s", self.call_timeout_s,
+                             "must be > 0 (or unset: derived from the plan and measured step times)")
         if self.heartbeat_timeout_s < self.heartbeat_interval_s:
-            raise ValueError(f"heartbeat_timeout_s={self.heartbeat_timeout_s} must be >= "
-                             f"heartbeat_interval_s={self.heartbeat_interval_s}")
+            raise FieldError("heartbeat_timeout_s", self.heartbeat_timeout_s,
+                             f"must be >= heartbeat_interval_s={self.heartbeat_interval_s}",
+                             related=("heartbeat_interval_s",))
 
     def deadline_s(self, *, estimate_s: float = 0.0, measured_s: float = 0.0) -> float:
         """Seconds a node's call may take: the fixed ``call_timeout_s``, or the derived bound with its floor."""

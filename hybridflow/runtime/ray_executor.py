@@ -172,9 +172,9 @@ def check_reachable(address: str, *, timeout_s: float = CONNECT_TIMEOUT_S) -> No
     try:
         socket.create_connection((host, port), timeout=timeout_s).close()
     except OSError as err:
-        raise ConnectionError(f"config key 'ray_address'={address!r}: nothing answers at {host}:{port} within "
-                              f"{timeout_s:.0f} s ({err}); start the cluster there (`ray start --head --port "
-                              f"{port}`) or unset ray_address to start a local one") from err
+        raise ConnectionError(f"Ray address {address!r}: nothing answers at {host}:{port} within {timeout_s:.0f} s "
+                              f"({err}); start the cluster there (`ray start --head --port {port}`) or leave the "
+                              "address unset to start a local one") from err
 
 
 def enable_token_auth() -> None:

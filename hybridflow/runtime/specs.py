@@ -176,8 +176,8 @@ class RoleSpec:
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", RoleKind(self.kind))
         if self.lora is not None and self.kind is not RoleKind.POLICY:
-            raise ValueError(f"role {self.name!r} ({self.kind}): lora (config key 'roles.{self.name}.lora') "
-                             "trains adapters on a trainable policy only; remove it here")
+            raise ValueError(f"role {self.name!r} ({self.kind}): lora trains adapters on a trainable policy "
+                             "only; remove it here")
         if self.shares_policy is not None and self.kind is not RoleKind.FROZEN_POLICY:
             raise ValueError(f"role {self.name!r} ({self.kind}): shares_policy is for a frozen policy (a reference)")
         if self.serves_adapter is not None and self.kind is not RoleKind.FROZEN_POLICY:

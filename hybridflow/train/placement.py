@@ -165,7 +165,7 @@ def role_adapters(config: TrainConfig, graph: Graph) -> dict[str, LoraPlan]:
         options = entry.rollout_options or {}
         sync = options.get("lora_sync") or sync_mode(plan, entry.rollout)
         if sync == "adapter" and options.get("lora_sync") is None and adapter_sync_refusal(
-                role=role.name, init=_lora_field(raw, "init", "default"),
+                init=_lora_field(raw, "init", "default"),
                 target_modules=plan.target_modules, sleep_level=options.get("sleep_level", 0)):
             sync = "merged"
         adapters[role.name] = replace(plan, sync=sync)

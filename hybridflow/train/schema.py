@@ -1,7 +1,8 @@
 """The schema engine: a frozen dataclass tree built from a nested mapping, every key and value type checked.
 
 Errors name the dotted config key (``config key 'pipeline.max_staleness'=...``); a section's own
-``__post_init__`` checks its ranges and names its keys; :mod:`hybridflow.train.config` composes the sections.
+``__post_init__`` checks its ranges and raises :class:`~hybridflow.fields.FieldError` naming its own field, which
+is spelled here, once, as the key it sits at; :mod:`hybridflow.train.config` composes the sections.
 """
 
 from __future__ import annotations
@@ -10,8 +11,12 @@ import dataclasses
 import math
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, Literal
+
+from hybridflow.fields import FieldError
+from hybridflow.train.foreign_keys import ConfigKeyError
 
 T = typing.TypeVar("T")
 
@@ -29,7 +34,27 @@ def from_mapping(cls: type[T], data: Mapping[str, Any], prefix: str = "") -> T:
         raise KeyError(f"unknown config key {prefix + unknown[0]!r}{hint}; valid keys here: {sorted(known)}")
     values = {name: _check(hints[name], _over_field_default(cls, name, hints[name], value), prefix + name)
               for name, value in data.items()}
-    return cls(**values)
+    try:
+        return cls(**values)
+    except FieldError as err:  # the section's own field, spelled as the key it sits at
+        raise ValueError(config_key_message(err.at(prefix))) from err
+
+
+def config_key_message(err: FieldError) -> str:
+    """A lower layer's refusal of a field as the config error a user reads: ``config key 'data.val_fraction'=1.5
+    must be in [0, 1)``; ``err.field`` is already the dotted key (:meth:`FieldError.at`)."""
+    return "config key " + err.text(err.field, quote=True)
+
+
+@contextmanager
+def keys_at(prefix: str) -> Iterator[None]:
+    """Spell a lower layer's :class:`FieldError` raised in this block as the config key under ``prefix``
+    (``data.``): the code that hands a section's values to the data layer names the user's keys, once."""
+    try:
+        yield
+    except FieldError as err:
+        message = config_key_message(err.at(prefix))
+        raise (ConfigKeyError([message]) if isinstance(err, KeyError) else ValueError(message)) from err
 
 
 def _over_field_default(cls: type, name: str, hint: Any, value: Any) -> Any:

@@ -17,7 +17,6 @@ from hybridflow.data import (
     PromptLoader,
     RewardScorer,
     char_tokenizer,
-    check_reward_configured,
     hold_out,
     load_splits,
     prepare_records,
@@ -40,6 +39,7 @@ from hybridflow.runtime.placement import rollout_spec, with_rollout_specs
 from hybridflow.runtime.service import RoleServices
 from hybridflow.train.aliases import check_algorithm_options
 from hybridflow.train.config import RoleConfig, TrainConfig
+from hybridflow.train.schema import keys_at
 
 
 def max_prompt_tokens(data: list[Record], tokenizer: Any) -> int:
@@ -50,11 +50,24 @@ def max_prompt_tokens(data: list[Record], tokenizer: Any) -> int:
 def data_splits(config: TrainConfig, *, rewards_given: bool = False) -> DataSplits:
     """Train and validation records: files (``data.path``, which needs ``data.reward`` or reward functions given
     as objects: ``rewards_given``) or a built-in task."""
+    with keys_at("data."):
+        return _data_splits(config, rewards_given=rewards_given)
+
+
+def check_reward_configured(*, data_path: str | None, reward: object) -> None:
+    """A data file has no built-in rule: refuse ``data.path`` without ``data.reward``, naming the key."""
+    if data_path and not reward:
+        raise ValueError(f"data.path is set ({data_path}) but data.reward is not: rows from a file have no "
+                         "built-in rule, so name one (data.reward: math, or path/to/file.py:function, or a list "
+                         "of them with data.reward_weights)")
+
+
+def _data_splits(config: TrainConfig, *, rewards_given: bool) -> DataSplits:
     data = config.data
     if data.path:
         check_reward_configured(data_path=str(data.path), reward=data.reward or rewards_given)
         files = {f.name: getattr(data, f.name) for f in dataclasses.fields(DataFiles)}
-        return load_splits(DataSpec(path=data.path, seed=config.seed, **files))
+        return load_splits(DataSpec(path=data.path, seed=config.seed, **files), prefix="data.")
     train = task_examples(data.task, data.num_examples, seed=config.seed)
     if data.val_path:
         return DataSplits(train=train, validation=load_files(data.val_path, data, split=data.val_split,
@@ -84,9 +97,10 @@ def prepare_data(config: TrainConfig, splits: DataSplits, tokenizer: Any) -> tup
     """Chat prompts rendered, over-long prompts dropped and counted, for training and validation."""
     limit = config.data.max_prompt_length
     tools = agent_tool_schemas(config)
-    train = prepare_records(splits.train, tokenizer, max_prompt_length=limit, tools=tools)
-    validation = (prepare_records(splits.validation, tokenizer, max_prompt_length=limit, name="validation",
-                                  tools=tools) if splits.validation else None)
+    with keys_at("data."):
+        train = prepare_records(splits.train, tokenizer, max_prompt_length=limit, tools=tools)
+        validation = (prepare_records(splits.validation, tokenizer, max_prompt_length=limit, name="validation",
+                                      tools=tools) if splits.validation else None)
     return train, validation
 
 
@@ -361,16 +375,21 @@ def shared_references(graph: Graph, specs: Mapping[str, RoleSpec]) -> dict[str, 
     return shared
 
 
+REWARD_TIMEOUT_KEY = "data.reward_timeout_s"
+
+
 def reward_scorer(config: TrainConfig, tokenizer: Any, given: Sequence[Any] | None = None) -> RewardScorer:
     """``data.reward`` (one function or a weighted list), else the built-in task's rule; signatures checked now.
     The functions run in worker processes under ``data.reward_timeout_s``, started by the first score. ``given``:
     functions as objects instead (in-process when a worker cannot load one: ``reward_pool.reward_timeout``)."""
-    if given is not None:
-        return load_reward_scorer(list(given), tokenizer, weights=config.data.reward_weights,
-                                  timeout_s=reward_timeout(list(given), config.data.reward_timeout_s))
-    rewards = config.data.task if config.data.reward is None else config.data.reward  # [] is refused, not the task's
-    return load_reward_scorer(rewards, tokenizer, weights=config.data.reward_weights,
-                              timeout_s=config.data.reward_timeout_s)
+    with keys_at("data."):
+        if given is not None:
+            return load_reward_scorer(list(given), tokenizer, weights=config.data.reward_weights,
+                                      timeout_s=reward_timeout(list(given), config.data.reward_timeout_s),
+                                      timeout_name=REWARD_TIMEOUT_KEY)
+        rewards = config.data.task if config.data.reward is None else config.data.reward  # [] is refused
+        return load_reward_scorer(rewards, tokenizer, weights=config.data.reward_weights,
+                                  timeout_s=config.data.reward_timeout_s, timeout_name=REWARD_TIMEOUT_KEY)
 
 
 def prompt_loader(config: TrainConfig, data: list[Record], tokenizer: Any) -> PromptLoader:

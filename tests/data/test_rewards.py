@@ -14,7 +14,6 @@ from hybridflow.data import (
     RewardSignatureError,
     RuleScorer,
     char_tokenizer,
-    check_reward_configured,
     encode_prompts,
     load_records,
     load_reward_functions,
@@ -23,6 +22,7 @@ from hybridflow.data import (
 )
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.errors import RewardFunctionError
+from hybridflow.train.setup import check_reward_configured
 
 
 def scored_batch(records: list[dict[str, Any]], responses: list[str], tokenizer: Any) -> Batch:
@@ -100,7 +100,7 @@ def test_weighted_functions_sum(tmp_path: Path) -> None:
     scorer = reward_scorer([exact, length], tokenizer, weights=[2.0, 0.5])
     batch = scored_batch(PLAIN, ["ba", "xxxx"], tokenizer)
     assert scorer(batch)["scores"].tolist() == [2.0 * 1 + 0.5 * 2, 0.5 * 4]
-    with pytest.raises(ValueError, match=r"data.reward_weights has 1 weights for 2 reward functions"):
+    with pytest.raises(ValueError, match=r"reward_weights=\[1\.0\] has 1 weights for 2 reward functions"):
         load_reward_functions([exact, length], weights=[1.0])
 
 

@@ -63,7 +63,7 @@ def test_lists_of_train_and_validation_files(tmp_path: Path) -> None:
     second = _jsonl(tmp_path / "b.jsonl", [{"prompt": "b", "ground_truth": "2"}, {"prompt": "c", "ground_truth": "3"}])
     splits = load_splits(DataSpec(path=[first, second], val_path=[second]))
     assert [r["prompt"] for r in splits.train] == ["a", "b", "c"] and len(splits.validation) == 2
-    with pytest.raises(FileNotFoundError, match=r"data.path\[1\]"):
+    with pytest.raises(FileNotFoundError, match=r"^path\[1\]: no file"):
         load_splits(DataSpec(path=[first, str(tmp_path / "missing.jsonl")]))
     with pytest.raises(ValueError, match="empty list"):
         load_splits(DataSpec(path=[]))

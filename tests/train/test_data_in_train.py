@@ -54,7 +54,7 @@ def test_data_path_without_reward_is_refused_naming_the_key(tmp_path: Path, caps
 
 
 def test_unknown_reward_lists_the_choices(tmp_path: Path) -> None:
-    with pytest.raises(KeyError, match=r"data.reward 'maths'.*math"):
+    with pytest.raises(KeyError, match=r"config key 'data\.reward'='maths' is neither a built-in reward.*math"):
         train(load_config(None, [f"data.path={GSM8K / 'train.parquet'}", "data.reward=maths", "steps=1",
                                  f"output_dir={tmp_path}", *QUICK]))
 

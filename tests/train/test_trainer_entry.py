@@ -87,7 +87,7 @@ def test_unpicklable_rewards_run_in_process_with_a_warning() -> None:
     assert in_a_worker(trl_rewards.short_answers)
     assert not in_a_worker(lambda prompts, completions, **kw: [0.0] * len(completions))
     assert reward_timeout([trl_rewards.short_answers, "math"], 5.0) == 5.0
-    with pytest.warns(UserWarning, match="without data.reward_timeout_s"):
+    with pytest.warns(UserWarning, match="without a deadline"):
         assert reward_timeout([lambda prompts, completions: [0.0]], 5.0) is None
 
 
