@@ -31,7 +31,7 @@ from hybridflow.algorithms.modes import (
     check_choice,
 )
 
-from hybridflow.graph import DEFAULT_MAX_NEW_TOKENS, Graph, GraphBuilder, RoleKind
+from hybridflow.graph import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE, Graph, GraphBuilder, RoleKind
 from hybridflow.registry import ALGORITHMS
 
 SEQ = ("prompts", "responses", "response_mask")
@@ -183,7 +183,8 @@ def _group_relative(g: GraphBuilder, actor: str, *, n: int, norm_by_std: bool, l
 def ppo(*, kl_coef: float = 0.05, kl_target: float | None = None, kl_horizon: float = 10000.0, gamma: float = 1.0,
         lam: float = 0.95, clip_ratio: float = 0.2, clip_ratio_high: float | None = None,
         loss_agg: LossAgg = "token-mean", entropy_coef: float = 0.0, value_clip: float = 0.2,
-        temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+        temperature: float = DEFAULT_TEMPERATURE, top_p: float = 1.0, top_k: int = 0,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         rollout_correction: RolloutCorrection | None = None, rollout_is_cap: float = DEFAULT_IS_CAP,
         reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
     """PPO with a critic and GAE; KL to the reference enters the token rewards (adaptive with ``kl_target``)."""
@@ -209,7 +210,8 @@ def ppo(*, kl_coef: float = 0.05, kl_target: float | None = None, kl_horizon: fl
 @ALGORITHMS.register("grpo")
 def grpo(*, n: int = 4, kl_coef: float = 0.04, clip_ratio: float = 0.2, clip_ratio_high: float | None = None,
          loss_agg: LossAgg = "token-mean", entropy_coef: float = 0.0, norm_by_std: bool = True,
-         temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+         temperature: float = DEFAULT_TEMPERATURE, top_p: float = 1.0, top_k: int = 0,
+         max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
          rollout_correction: RolloutCorrection | None = None, rollout_is_cap: float = DEFAULT_IS_CAP,
          scale_rewards: ScaleRewards = "group", mask_truncated: bool = False, loss_scale_factor: float | None = None,
          reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
@@ -241,7 +243,7 @@ def _scale_factor(loss_agg: str, loss_scale_factor: float | None) -> Options:
 @ALGORITHMS.register("grpo_no_ref")
 def grpo_no_ref(*, n: int = 4, clip_ratio: float = 0.2, clip_ratio_high: float | None = None,
                 loss_agg: LossAgg = "token-mean", entropy_coef: float = 0.0, norm_by_std: bool = True,
-                temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
+                temperature: float = DEFAULT_TEMPERATURE, top_p: float = 1.0, top_k: int = 0,
                 max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
                 rollout_correction: RolloutCorrection | None = None, rollout_is_cap: float = DEFAULT_IS_CAP,
                 scale_rewards: ScaleRewards = "group", mask_truncated: bool = False,
@@ -260,7 +262,7 @@ def grpo_no_ref(*, n: int = 4, clip_ratio: float = 0.2, clip_ratio_high: float |
 
 @ALGORITHMS.register("dr_grpo")
 def dr_grpo(*, n: int = 4, kl_coef: float = 0.0, clip_ratio: float = 0.2, clip_ratio_high: float | None = None,
-            entropy_coef: float = 0.0, temperature: float = 1.0,
+            entropy_coef: float = 0.0, temperature: float = DEFAULT_TEMPERATURE,
             top_p: float = 1.0, top_k: int = 0, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
             rollout_correction: RolloutCorrection | None = None, rollout_is_cap: float = DEFAULT_IS_CAP,
             mask_truncated: bool = False, reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
@@ -279,7 +281,7 @@ def dr_grpo(*, n: int = 4, kl_coef: float = 0.0, clip_ratio: float = 0.2, clip_r
 
 @ALGORITHMS.register("gspo")
 def gspo(*, n: int = 4, kl_coef: float = 0.0, clip_ratio: float = 3e-4, clip_ratio_high: float = 4e-4,
-         loss_agg: LossAgg = "seq-mean-token-mean", entropy_coef: float = 0.0, temperature: float = 1.0,
+         loss_agg: LossAgg = "seq-mean-token-mean", entropy_coef: float = 0.0, temperature: float = DEFAULT_TEMPERATURE,
          top_p: float = 1.0, top_k: int = 0,
          max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
     """GSPO (https://arxiv.org/abs/2507.18071): GRPO's advantages, importance ratio and clipping per sequence
@@ -295,7 +297,8 @@ def gspo(*, n: int = 4, kl_coef: float = 0.0, clip_ratio: float = 3e-4, clip_rat
 
 @ALGORITHMS.register("dapo")
 def dapo(*, n: int = 8, clip_ratio: float = 0.2, clip_ratio_high: float = 0.28, entropy_coef: float = 0.0,
-         overlong_buffer: int = 0, overlong_penalty: float = 1.0, max_rounds: int = 3, temperature: float = 1.0,
+         overlong_buffer: int = 0, overlong_penalty: float = 1.0, max_rounds: int = 3,
+         temperature: float = DEFAULT_TEMPERATURE,
          top_p: float = 1.0, top_k: int = 0,
          max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, rollout_correction: RolloutCorrection | None = None,
          rollout_is_cap: float = DEFAULT_IS_CAP, mask_truncated: bool = False,
@@ -323,7 +326,7 @@ def dapo(*, n: int = 8, clip_ratio: float = 0.2, clip_ratio_high: float = 0.28, 
 
 @ALGORITHMS.register("rloo")
 def rloo(*, n: int = 4, kl_coef: float = 0.05, clip_ratio: float = 0.2, clip_ratio_high: float | None = None,
-         loss_agg: LossAgg = "token-mean", entropy_coef: float = 0.0, temperature: float = 1.0,
+         loss_agg: LossAgg = "token-mean", entropy_coef: float = 0.0, temperature: float = DEFAULT_TEMPERATURE,
          top_p: float = 1.0, top_k: int = 0,
          max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, rollout_correction: RolloutCorrection | None = None,
          rollout_is_cap: float = DEFAULT_IS_CAP, reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
@@ -341,7 +344,7 @@ def rloo(*, n: int = 4, kl_coef: float = 0.05, clip_ratio: float = 0.2, clip_rat
 
 @ALGORITHMS.register("remax")
 def remax(*, kl_coef: float = 0.05, clip_ratio: float = 0.2, clip_ratio_high: float | None = None,
-          loss_agg: LossAgg = "token-mean", entropy_coef: float = 0.0, temperature: float = 1.0,
+          loss_agg: LossAgg = "token-mean", entropy_coef: float = 0.0, temperature: float = DEFAULT_TEMPERATURE,
           top_p: float = 1.0, top_k: int = 0,
           max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, rollout_correction: RolloutCorrection | None = None,
           rollout_is_cap: float = DEFAULT_IS_CAP, reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
@@ -387,7 +390,7 @@ def _reinforce_pp(name: str, n: int, kl_coef: float, gamma: float, temperature: 
 @ALGORITHMS.register("reinforce_pp")
 def reinforce_pp(*, kl_coef: float = 0.05, gamma: float = 1.0, clip_ratio: float = 0.2,
                  clip_ratio_high: float | None = None, loss_agg: LossAgg = "token-mean", entropy_coef: float = 0.0,
-                 temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
+                 temperature: float = DEFAULT_TEMPERATURE, top_p: float = 1.0, top_k: int = 0,
                  max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
                  rollout_correction: RolloutCorrection | None = None, rollout_is_cap: float = DEFAULT_IS_CAP,
                  reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
@@ -400,7 +403,7 @@ def reinforce_pp(*, kl_coef: float = 0.05, gamma: float = 1.0, clip_ratio: float
 @ALGORITHMS.register("reinforce_pp_baseline")
 def reinforce_pp_baseline(*, n: int = 4, kl_coef: float = 0.05, clip_ratio: float = 0.2,
                           clip_ratio_high: float | None = None, loss_agg: LossAgg = "token-mean",
-                          entropy_coef: float = 0.0, temperature: float = 1.0,
+                          entropy_coef: float = 0.0, temperature: float = DEFAULT_TEMPERATURE,
                           top_p: float = 1.0, top_k: int = 0, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
                           rollout_correction: RolloutCorrection | None = None, rollout_is_cap: float = DEFAULT_IS_CAP,
                           reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:

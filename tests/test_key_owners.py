@@ -61,3 +61,28 @@ def test_no_lower_layer_spells_a_config_key(path: Path) -> None:
     spelled = [f"{path.relative_to(ROOT)}:{line}: {text!r}" for line, text in _strings(path) if KEY.search(text)]
     assert not spelled, "a config key spelled below the config layer (raise FieldError naming the field):\n" + \
         "\n".join(spelled)
+
+
+def test_each_default_has_one_source() -> None:
+    """The agent's turn bound, its schedules and the sampling temperature are defined once, in the graph layer
+    (the lowest that reads them), and every layer above takes them from there."""
+    import dataclasses
+    import inspect
+    import typing
+
+    from hybridflow.algorithms import graphs
+
+    from hybridflow.agents.loop import SCHEDULES, AgentSettings
+    from hybridflow.graph.node import AGENT_SCHEDULES, DEFAULT_MAX_TURNS, DEFAULT_TEMPERATURE
+    from hybridflow.planner import execution
+    from hybridflow.runtime.specs import SamplingParams
+    from hybridflow.train.config import AgentConfig
+
+    assert SCHEDULES is AGENT_SCHEDULES and execution.AGENT_SCHEDULES is AGENT_SCHEDULES
+    assert typing.get_args(typing.get_type_hints(AgentConfig)["schedule"]) == (*AGENT_SCHEDULES, "auto")
+    assert AgentConfig().max_turns == AgentSettings().max_turns == DEFAULT_MAX_TURNS
+    assert {f.default for f in dataclasses.fields(SamplingParams) if f.name == "temperature"} == {DEFAULT_TEMPERATURE}
+    builders = [fn for name, fn in vars(graphs).items() if inspect.isfunction(fn) and fn.__module__ == graphs.__name__]
+    temperatures = {inspect.signature(fn).parameters["temperature"].default for fn in builders
+                    if "temperature" in inspect.signature(fn).parameters} - {inspect.Parameter.empty}
+    assert temperatures == {DEFAULT_TEMPERATURE}

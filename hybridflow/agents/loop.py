@@ -45,8 +45,9 @@ from hybridflow.agents.protocols import (
     TurnResult,
     TurnServer,
 )
+from hybridflow.graph.node import AGENT_SCHEDULES, DEFAULT_MAX_TURNS
 
-SCHEDULES = ("trajectory", "turn")
+SCHEDULES = AGENT_SCHEDULES  # the graph node option agent_schedule takes these
 _T = TypeVar("_T")
 TURN_SEED_STRIDE = 7919  # a row's turn t samples with its seed + t x this (the rows' seeds are further apart)
 ENV_TIMEOUT_S = 60.0  # seconds an environment's reset/step/observe_turn may take, unless it sets step_timeout_s
@@ -60,7 +61,7 @@ class EnvironmentFailure(RuntimeError):
 class AgentSettings:
     """How far a trajectory may go: turns, sampled tokens per turn, and the whole response's tokens."""
 
-    max_turns: int = 4
+    max_turns: int = DEFAULT_MAX_TURNS
     max_turn_tokens: int = 32
     max_tokens: int = 128
     schedule: str = "trajectory"

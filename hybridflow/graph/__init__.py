@@ -17,7 +17,7 @@ from hybridflow.graph.errors import (
 from hybridflow.graph.fields import STANDARD_FIELDS, Extent, FieldSpec, field_spec
 from hybridflow.graph.graph import DEFAULT_INPUTS, Edge, Graph
 from hybridflow.graph.loading import load_graph
-from hybridflow.graph.node import DEFAULT_MAX_NEW_TOKENS, OP_PORTS, Node
+from hybridflow.graph.node import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE, OP_PORTS, Node
 from hybridflow.graph.render import FORMATS, from_dict, from_json, render, to_dict, to_json
 from hybridflow.graph.roles import ALLOWED_OPS, Op, Role, RoleKind
 from hybridflow.graph.skipping import DETACHED_LOGPROBS, SkippedPass, prune_unread, with_detached_logprobs
@@ -27,6 +27,7 @@ __all__ = [
     "ALLOWED_OPS",
     "DEFAULT_INPUTS",
     "DEFAULT_MAX_NEW_TOKENS",
+    "DEFAULT_TEMPERATURE",
     "DETACHED_LOGPROBS",
     "FORMATS",
     "OP_PORTS",

@@ -24,6 +24,7 @@ OP_PORTS: dict[Op, tuple[tuple[str, ...], tuple[str, ...]]] = {
 }
 
 DEFAULT_MAX_NEW_TOKENS = 32
+DEFAULT_TEMPERATURE = 1.0  # sampling temperature of a generate node, and of the log-probs that must match it
 # A filter's extra rounds per step: the training loop reserves this many prompt batches per step for them
 # (hybridflow/train/loop.py EXTRA_ROUNDS_PER_STEP), so more would reuse the next step's prompts.
 MAX_FILTER_ROUNDS = 16

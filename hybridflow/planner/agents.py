@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from hybridflow.graph import Graph, NodeLoad, Op
+from hybridflow.graph.node import DEFAULT_MAX_TURNS
 from hybridflow.planner.calibration import DEFAULT_CALIBRATION, Calibration
 from hybridflow.planner.cluster import Cluster
 from hybridflow.planner.costs import Cost, Shape, controller_seconds
@@ -69,7 +70,6 @@ from hybridflow.planner.plan import RoleLayout
 from hybridflow.planner.rollout import Engine, concurrency, decode_seconds, generate_cost, prefill_seconds
 from hybridflow.planner.settings import DEFAULT_SETTINGS, RunSettings
 
-DEFAULT_MAX_TURNS = 4
 Z95 = 1.645  # the standard normal's 95th percentile: sigma = ln(p95 / p50) / Z95
 METRIC_KEYS = ("agent/turns_mean", "agent/turns_max", "agent/tool_calls_per_trajectory", "agent/tool_latency_p50_s",
                "agent/tool_latency_p95_s")

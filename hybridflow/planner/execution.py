@@ -12,8 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from hybridflow.graph.node import AGENT_SCHEDULES  # how a multi-turn generate node advances its trajectories
+
 PIPELINES = ("sync", "one_step_off", "async")  # the execution modes a plan may record and the runtime runs
-AGENT_SCHEDULES = ("trajectory", "turn")  # how a multi-turn generate node advances its trajectories (agents.py)
 IMPLIED_STALENESS = {"sync": 0, "one_step_off": 1}  # the modes whose staleness bound is fixed
 ASYNC_STALENESS = 1  # async's bound when none is given
 # A rollout k updates ahead holds k steps of prompts and their samples in flight; far beyond any useful bound

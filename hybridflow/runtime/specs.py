@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from hybridflow.graph import DEFAULT_MAX_NEW_TOKENS, RoleKind
+from hybridflow.graph import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE, RoleKind
 
 T = TypeVar("T")
 
@@ -199,7 +199,7 @@ class SamplingParams:
     each sampled token's behaviour log-prob too (``rollout_logprobs``, see :class:`Generator`)."""
 
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
-    temperature: float = 1.0
+    temperature: float = DEFAULT_TEMPERATURE
     top_p: float = 1.0
     top_k: int = 0
     greedy: bool = False

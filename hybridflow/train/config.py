@@ -15,6 +15,7 @@ from typing import Any, Literal
 import yaml
 
 from hybridflow.data.splits import DataFiles
+from hybridflow.graph.node import DEFAULT_MAX_TURNS
 from hybridflow.planner import ExecutionMode, Plan
 from hybridflow.planner.settings import parse_offload
 from hybridflow.runtime.liveness import Liveness
@@ -114,7 +115,7 @@ class AgentConfig:
 
     environment: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
-    max_turns: int = 4
+    max_turns: int = DEFAULT_MAX_TURNS
     max_turn_tokens: int | None = None
     schedule: Literal["trajectory", "turn", "auto"] = "auto"
     env_reward_weight: float = 1.0

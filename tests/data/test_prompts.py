@@ -43,7 +43,7 @@ def test_long_prompts_are_dropped_and_counted(caplog: pytest.LogCaptureFixture) 
     assert "dropped 2 of 4 prompts longer than max_prompt_length=5" in caplog.text
     with pytest.raises(ValueError, match=r"^max_prompt_length=2 tokens is shorter than all 4 prompts"):
         prepare_records(records, char_tokenizer(), max_prompt_length=2)
-    with pytest.raises(ValueError, match="^max_prompt_length=0 must be a positive"):
+    with pytest.raises(ValueError, match=r"^max_prompt_length=0 must be a positive"):
         prepare_records(records, char_tokenizer(), max_prompt_length=0)
 
 
