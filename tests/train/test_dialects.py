@@ -18,6 +18,9 @@ from hybridflow.train.aliases import ConfigKeyError, ForeignKey, Refused, edit_d
 from hybridflow.train.config import TrainConfig, load_config
 from hybridflow.train.config_keys import checked, flatten, walk
 from hybridflow.train.dialect_trl import TRL
+from hybridflow.train.dialect_verl import VERL
+from hybridflow.train.dialects import Dialect, translate
+from hybridflow.train.foreign_keys import accepted, refused, renamed, translated
 
 DATA = Path(__file__).parent / "data"
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,7 +57,7 @@ def trl_fields() -> list[str]:
     return fields
 
 
-VERL = {key: json.loads(default) for key, default in (line.split("\t") for line in _lines(
+VERL_DEFAULTS = {key: json.loads(default) for key, default in (line.split("\t") for line in _lines(
     "verl_0.9.1_ppo_trainer_keys.txt"))}
 
 
@@ -70,19 +73,19 @@ def test_every_trl_grpo_config_field_is_classified() -> None:
     fields = trl_fields()
     assert len(fields) >= 189
     unclassified = [f for f in fields if _status(f) == "unclassified"]
-    assert not unclassified, f"TRL fields with no entry in hybridflow/train/dialect_trl.py: {unclassified}"
-    assert set(TRL) <= set(fields), f"entries for fields TRL does not have: {sorted(set(TRL) - set(fields))}"
+    assert not unclassified, f"TRL fields with no row in hybridflow/train/dialect_trl.py: {unclassified}"
+    assert set(TRL.rows) <= set(fields), f"rows for fields TRL does not have: {sorted(set(TRL.rows) - set(fields))}"
 
 
 def test_every_verl_trainer_key_is_classified() -> None:
-    assert len(VERL) > 850
-    unclassified = [k for k in VERL if _status(k) == "unclassified"]
-    assert not unclassified, f"verl keys with no entry in hybridflow/train/dialect_verl.py: {unclassified}"
+    assert len(VERL_DEFAULTS) > 850
+    unclassified = [k for k in VERL_DEFAULTS if _status(k) == "unclassified"]
+    assert not unclassified, f"verl keys with no row in hybridflow/train/dialect_verl*.py: {unclassified}"
 
 
 def test_verl_keys_at_verl_defaults_that_we_refuse_say_why() -> None:
     """A full verl config at its defaults: each key translates, is harmless, or is refused with a reason."""
-    for key, default in VERL.items():
+    for key, default in VERL_DEFAULTS.items():
         found = aliases.lookup(key)
         if found is None or (isinstance(default, str) and default.startswith("${")):
             continue  # our own key, or an interpolation verl fills in
@@ -188,12 +191,12 @@ def test_kl_settings_follow_the_algorithm_they_run_in() -> None:
 def test_the_kl_tables_match_the_graphs() -> None:
     """Which algorithms put kl_coef in the loss and which in the reward, read off their built graphs."""
     from hybridflow.graph import Op, load_graph
-    from hybridflow.train import dialect_verl
+    from hybridflow.train.foreign_keys import KL_LOSS, KL_REWARD
 
-    for name in (*dialect_verl.KL_LOSS, *dialect_verl.KL_REWARD):
+    for name in (*KL_LOSS, *KL_REWARD):
         graph = load_graph(name, reward_kind="reward_function", kl_coef=0.1)
         in_loss = any(n.op is Op.UPDATE and dict(n.options).get("kl_coef") for n in graph.nodes)
-        assert in_loss == (name in dialect_verl.KL_LOSS), name
+        assert in_loss == (name in KL_LOSS), name
 
 
 @pytest.mark.parametrize(("key", "value", "why"), [
@@ -271,6 +274,56 @@ def test_edit_distance() -> None:
 def test_a_refusal_must_say_why() -> None:
     with pytest.raises(ValueError, match="must say why"):
         ForeignKey(source="TRL", meaning="x")
+    with pytest.raises(ValueError, match="must say why"):
+        refused("x", "", unless=())
+
+
+# Rows of each kind on the day the dialects became data (issue 38 item 4): a floor, so that a refactor of a table
+# never quietly drops keys; raise a number when rows are added.
+FLOORS = {
+    "TRL": {"renamed": 15, "translated": 30, "accepted": 80, "accepted when off": 52, "accepted at values": 10,
+            "refused": 0},
+    "verl": {"renamed": 32, "translated": 44, "accepted": 140, "accepted when off": 103, "accepted at values": 27,
+             "refused": 1},
+}
+
+
+@pytest.mark.parametrize("dialect", [TRL, VERL], ids=["TRL", "verl"])
+def test_the_dialects_keep_at_least_their_rows_of_each_kind(dialect: Dialect) -> None:
+    counts = dialect.counts()
+    assert sum(counts.values()) == len(dialect.rows) >= {"TRL": 187, "verl": 347}[dialect.name]
+    short = {kind: (counts[kind], floor) for kind, floor in FLOORS[dialect.name].items() if counts[kind] < floor}
+    assert not short, f"{dialect.name} rows of each kind (now, floor): {short}"
+    assert all(row.source == dialect.name for row in dialect.rows.values())
+
+
+def _native(key: str) -> bool:
+    return walk(TrainConfig, key)[0] != "unknown"
+
+
+def test_a_new_row_is_translated_by_the_engine_with_no_other_edit() -> None:
+    """One row added to a dialect built here, and to a copy of verl's: the engine finds, translates, accepts and
+    refuses by it, with no code beside the row."""
+    toy = Dialect(name="toy", title="a toy trainer's config", match="pattern", rows={
+        "optim.learning_rate": renamed("actor.lr", "the learning rate"),
+        "optim.warm": translated(lambda value, context: {"actor.warmup_steps": 2 * value}, "half warmup steps",
+                                 "actor.warmup_steps = 2 x this"),
+        "logs.**": accepted("logging options", "what the console shows"),
+        "fancy": refused("a feature we lack", "not supported"),
+    })
+    problems: list[str] = []
+    pairs = [("optim.learning_rate", 0.1), ("warm", 3), ("logs.colour", "red"), ("fancy", False), ("steps", 2)]
+    assert translate(pairs, [toy], _native, problems, str) == [("steps", 2), ("actor.lr", 0.1),
+                                                                ("actor.warmup_steps", 6)]
+    assert not problems
+    translate([("fancy", True), ("nope", 1)], [toy], _native, problems, lambda key: f"unknown {key}")
+    assert problems == ["unknown nope", "'fancy' (toy: a feature we lack)=True: not supported (docs/migrating.md)"]
+
+    grown = Dialect(name="verl", title=VERL.title, match="pattern",
+                    rows={**VERL.rows, "trainer.new_steps": renamed("steps", "a key verl adds")})
+    assert translate([("trainer.new_steps", 7)], [TRL, grown], _native, [], str) == [("steps", 7)]
+    assert grown.counts()["renamed"] == VERL.counts()["renamed"] + 1
+    assert grown.rows["trainer.new_steps"].source == "verl"
 
 
 def test_the_migrating_table_is_the_alias_table() -> None:
