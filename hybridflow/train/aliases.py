@@ -5,111 +5,40 @@ A config written with TRL 1.16's ``GRPOConfig`` fields (``num_generations``, ``b
 here: a key whose meaning is ours is **renamed** (its value carried over, translated where the spelling of a
 value differs), a key that changes nothing here is **accepted** (at every value, or only at the values that
 leave the run as ours is: ``use_dynamic_bsz: false``), and any other is **refused** with what it means there
-and what to write instead. The tables are :data:`hybridflow.train.dialect_trl.TRL` and
-:data:`hybridflow.train.dialect_verl.VERL`; docs/migrating.md's table is generated from them
+and what to write instead. The dialects are data, :data:`DIALECTS` (TRL's table in
+:mod:`hybridflow.train.dialect_trl`, verl's in :mod:`hybridflow.train.dialect_verl`), read by the one engine of
+:mod:`hybridflow.train.dialects`; docs/migrating.md's table is generated from them
 (``python -m hybridflow.train.aliases --write docs/migrating.md``) and a test keeps the two equal.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
+from hybridflow.train import dialects
 from hybridflow.train.dialect_trl import TRL
-from hybridflow.train.dialect_verl import documented_verl_keys, table, verl_key
+from hybridflow.train.dialect_verl import VERL
+from hybridflow.train.dialects import Dialect
 from hybridflow.train.foreign_keys import (  # noqa: F401 (ConfigKeyError, Refused: raised and caught through here)
-    ANY,
-    OFF,
     ConfigKeyError,
-    Context,
     ForeignKey,
     Refused,
-    _among,
-    _show,
 )
+
+DIALECTS: tuple[Dialect, ...] = (TRL, VERL)  # the first that knows a key translates it
 
 
 def lookup(key: str) -> tuple[str, ForeignKey] | None:
-    """The TRL field (top level only) or verl key that ``key`` names, as ``(its full name, entry)``."""
-
-    if "." not in key and key in TRL:
-        return key, TRL[key]
-    return verl_key(key)
+    """The TRL field or verl key that ``key`` names, as ``(its full name, row)``."""
+    return dialects.find(DIALECTS, key)
 
 
 def foreign_leaf(key: str) -> bool:
     """Whether ``key`` is one TRL field or verl key whose value may itself be a mapping (TRL's
     ``model_init_kwargs``, verl's ``rollout.engine_kwargs.vllm``): such a value is read whole, not as sub-keys."""
-
-    if "." not in key and key in TRL:
-        return True
-    found = lookup(key)
-    return found is not None and found[0] in table() and "**" not in found[0]
-
-
-def translate(pairs: list[tuple[str, Any]], native: Callable[[str], bool], problems: list[str],
-              unknown: Callable[[str], str]) -> list[tuple[str, Any]]:
-    """``pairs`` (dotted key, value; later ones win) with every foreign key translated to ours. Each key that
-    is neither ours (``native``) nor a known foreign one, and each refusal or clash, appends a line to
-    ``problems`` (``unknown(key)`` words an unknown key) instead of raising, so one pass names them all."""
-    ours = [(k, v) for k, v in pairs if native(k)]
-    given = dict(ours)
-    foreign: list[tuple[str, str, ForeignKey, Any]] = []
-    for key, value in pairs:
-        if native(key):
-            continue
-        found = lookup(key)
-        if found is None:
-            problems.append(unknown(key))
-        else:
-            foreign.append((key, found[0], found[1], value))
-    context: dict[str, Any] = {full: value for _, full, _, value in foreign}
-    context.update(given)
-    produced: dict[str, tuple[str, Any]] = {}
-    for key, _full, entry, value in sorted(foreign, key=lambda item: not item[2].first):
-        context["algorithm"] = given.get("algorithm", produced.get("algorithm", ("", "grpo"))[1])
-        try:
-            result = entry.resolve(key, value, context)
-        except Refused as err:
-            problems.append(f"{err} (docs/migrating.md)")
-            continue
-        for target, new in result.items():
-            clash = _clash(key, entry, target, new, given, produced)
-            if clash:
-                problems.append(clash)
-            else:
-                produced[target] = (key, new)
-    return ours + [(target, value) for target, (_, value) in produced.items()]
-
-
-_ABSENT = object()
-
-
-def _given(given: Mapping[str, Any], target: str) -> Any:
-    """``target``'s value among our keys: given itself, or inside a mapping given whole (``algorithm_options``)."""
-    if target in given:
-        return given[target]
-    parts = target.split(".")
-    for cut in range(len(parts) - 1, 0, -1):
-        node = given.get(".".join(parts[:cut]), _ABSENT)
-        for part in parts[cut:]:
-            node = node.get(part, _ABSENT) if isinstance(node, Mapping) else _ABSENT
-        if node is not _ABSENT:
-            return node
-    return _ABSENT
-
-
-def _clash(key: str, entry: ForeignKey, target: str, value: Any, given: Mapping[str, Any],
-           produced: Mapping[str, tuple[str, Any]]) -> str:
-    ours = _given(given, target)
-    if ours is not _ABSENT and ours != value:
-        return (f"config keys {key!r} ({entry.source}) and {target!r} are the same setting; keep {target!r} "
-                f"(they say {value!r} and {ours!r})")
-    if target in produced and produced[target][1] != value:
-        other = produced[target][0]
-        return f"config keys {other!r} and {key!r} both set {target!r} ({produced[target][1]!r} vs {value!r}): keep one"
-    return ""
+    return dialects.leaf(DIALECTS, key)
 
 
 def edit_distance(a: str, b: str) -> int:
@@ -163,12 +92,11 @@ def table_markdown() -> str:
     """docs/migrating.md's key table, generated from the dialect tables (tested equal to the doc)."""
 
     lines = ["| key | from | meaning there | here |", "|---|---|---|---|"]
-    rows = [*((f"`{name}`", entry) for name, entry in TRL.items()), *documented_verl_keys()]
-    for name, entry in rows:
-        here = f"`{entry.target}`" if entry.target else entry.status
-        if entry.why:
-            here = f"{here}: {entry.why}"
-        lines.append(f"| {name} | {entry.source} | {entry.meaning} | {_cell(here)} |")
+    for name, row in (item for dialect in DIALECTS for item in dialect.documented()):
+        here = f"`{row.target}`" if row.target else row.status
+        if row.why:
+            here = f"{here}: {row.why}"
+        lines.append(f"| `{name}` | {row.source} | {row.meaning} | {_cell(here)} |")
     return "\n".join(lines) + "\n"
 
 

@@ -1,5 +1,6 @@
 """Which dotted keys a config may hold, checked all at once: ours by the dataclasses' fields, TRL's and verl's
-through :mod:`hybridflow.train.aliases`; every bad key is named in one error with its fix.
+through the dialects of :data:`hybridflow.train.aliases.DIALECTS` (one engine, :mod:`hybridflow.train.dialects`);
+every bad key is named in one error with its fix.
 
 A config is first flattened to ``(dotted key, value)`` pairs (a YAML file's nesting, then the ``a.b=value``
 overrides, later ones winning), so that verl's nested sections (``algorithm.adv_estimator`` beside our
@@ -16,7 +17,8 @@ import typing
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hybridflow.train.aliases import ConfigKeyError, closest, foreign_leaf, lookup, translate
+from hybridflow.train import dialects
+from hybridflow.train.aliases import DIALECTS, ConfigKeyError, closest, foreign_leaf, lookup
 
 
 @functools.cache
@@ -115,7 +117,7 @@ def checked(root: type, pairs: Sequence[tuple[str, Any]]) -> dict[str, Any]:
     neither ours nor a TRL/verl key we translate, and every refused or clashing one."""
     problems: list[str] = []
     native = functools.partial(_is_native, root)
-    translated = translate(list(pairs), native, problems, functools.partial(_unknown, root))
+    translated = dialects.translate(list(pairs), DIALECTS, native, problems, functools.partial(_unknown, root))
     if problems:
         raise ConfigKeyError(problems)
     return nest(translated)
@@ -142,27 +144,17 @@ def _unknown(root: type, dotted: str) -> str:
     if found is not None and found[1].target:
         suggestions.append(found[1].target)  # TRL's top-level name given inside a section
     hint = f"; did you mean {' or '.join(repr(s) for s in suggestions[:3])}?" if suggestions else ""
-    head_section = dotted.split(".")[0]
-    if not prefix and "." in dotted and head_section in _foreign_sections():
-        return f"unknown config key {dotted!r}{hint} (not a key of verl 0.9's trainer config either)"
+    owner = next((d for d in DIALECTS if dotted.split(".")[0] in d.sections()), None)
+    if not prefix and "." in dotted and owner is not None:
+        return f"unknown config key {dotted!r}{hint} (not a key of {owner.title} either)"
     if not prefix and suggestions:
         return f"unknown config key {dotted!r}{hint}"
     return f"unknown config key {dotted!r}{hint} (valid keys here: {valid})"
 
 
 @functools.cache
-def _foreign_sections() -> frozenset[str]:
-    from hybridflow.train.dialect_verl import table
-
-    return frozenset(key.split(".")[0] for key in table() if not key.startswith("**"))
-
-
-@functools.cache
 def _foreign_names() -> list[str]:
-    from hybridflow.train.dialect_trl import TRL
-    from hybridflow.train.dialect_verl import table
-
-    return [*TRL, *(key for key in table() if "**" not in key)]
+    return [name for dialect in DIALECTS for name in dialect.names()]
 
 
 def all_keys(root: type, prefix: str = "") -> list[str]:

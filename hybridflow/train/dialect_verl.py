@@ -1,5 +1,6 @@
-"""verl 0.9's trainer keys (``verl/trainer/config/ppo_trainer.yaml`` with its Hydra defaults) as config keys:
-each is renamed to ours, accepted as a no-op or refused saying why (:mod:`hybridflow.train.aliases`).
+"""verl 0.9's trainer keys (``verl/trainer/config/ppo_trainer.yaml`` with its Hydra defaults) as config keys,
+one row each: renamed to ours, translated, accepted as a no-op or refused saying why, read by
+:mod:`hybridflow.train.dialects` (:data:`VERL`; the worker keys are in :mod:`hybridflow.train.dialect_verl_workers`).
 
 Keys are verl's full dotted paths; a dotted suffix of one works too (``rollout.n``, ``actor.optim.lr``) when it
 names one verl key. Whole subtrees share an entry through a ``**`` pattern (``global_profiler.**``).
@@ -8,24 +9,23 @@ tests/train/test_dialects.py checks every key of verl 0.9.1's generated trainer 
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
-from hybridflow.train.dialect_verl_workers import (
+from hybridflow.train.dialect_verl_workers import NO_PROFILER, kl_estimator, only_for, worker_keys
+from hybridflow.train.dialects import Dialect
+from hybridflow.train.foreign_keys import (
     KL_LOSS,
     KL_REWARD,
     MEMORY_ONLY,
-    NO_PROFILER,
+    Context,
+    ForeignKey,
+    Refused,
     accepted,
-    kl_estimator,
-    only_for,
     refused,
     renamed,
     translated,
     unless_null,
-    worker_keys,
 )
-from hybridflow.train.foreign_keys import Context, ForeignKey, Refused
 
 ESTIMATORS = {"gae": "ppo", "grpo": "grpo", "rloo": "rloo", "remax": "remax", "reinforce_plus_plus": "reinforce_pp",
               "reinforce_plus_plus_baseline": "reinforce_pp_baseline"}
@@ -255,36 +255,5 @@ def _other_keys() -> dict[str, ForeignKey]:
     }
 
 
-@functools.cache
-def table() -> dict[str, ForeignKey]:
-    """Every verl key and ``**`` pattern with its entry."""
-    return {**worker_keys(), **_data_keys(), **_trainer_keys(), **_other_keys()}
-
-
-def _matches(pattern: str, key: str) -> bool:
-    if pattern.startswith("**."):
-        return key.endswith(pattern[2:]) or key == pattern[3:]
-    if pattern.endswith(".**"):
-        return key.startswith(pattern[:-2])
-    return pattern == key
-
-
-def verl_key(key: str) -> tuple[str, ForeignKey] | None:
-    """``(full verl key, entry)`` for ``key``: the verl key itself, the one verl key it is a dotted suffix of,
-    or the most specific ``**`` pattern it falls under; None when it is not verl's."""
-    entries = table()
-    if key in entries and "**" not in key:
-        return key, entries[key]
-    exact = [k for k in entries if "**" not in k and k.endswith("." + key)]
-    if len(exact) == 1:
-        return exact[0], entries[exact[0]]
-    patterns = [p for p in entries if "**" in p and _matches(p, key)]
-    if patterns:
-        best = max(patterns, key=len)
-        return key, entries[best]
-    return None
-
-
-def documented_verl_keys() -> list[tuple[str, ForeignKey]]:
-    """The rows docs/migrating.md lists: every verl key and pattern, in the table's order."""
-    return [(f"`{key}`", entry) for key, entry in table().items()]
+VERL = Dialect(name="verl", title="verl 0.9's trainer config", match="pattern",
+               rows={**worker_keys(), **_data_keys(), **_trainer_keys(), **_other_keys()})

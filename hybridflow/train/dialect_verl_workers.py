@@ -6,32 +6,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from hybridflow.train.foreign_keys import ANY, OFF, Context, ForeignKey, Refused
+from hybridflow.train.foreign_keys import (
+    KL_LOSS,
+    MEMORY_ONLY,
+    Context,
+    ForeignKey,
+    Refused,
+    accepted,
+    refused,
+    renamed,
+    translated,
+    unless_null,
+)
 
-SOURCE = "verl"
 ACTOR = "actor_rollout_ref.actor."
 ROLLOUT = "actor_rollout_ref.rollout."
 MODEL = "actor_rollout_ref.model."
-KL_LOSS = ("grpo", "dr_grpo", "gspo")  # kl_coef is a loss term (verl's use_kl_loss)
-KL_REWARD = ("ppo", "rloo", "remax", "reinforce_pp", "reinforce_pp_baseline")  # kl_coef is a reward penalty
-def renamed(target: str, meaning: str, why: str = "") -> ForeignKey:
-    return ForeignKey(source=SOURCE, meaning=meaning, target=target, why=why)
-
-
-def translated(convert: Any, meaning: str, why: str = "", first: bool = False) -> ForeignKey:
-    return ForeignKey(source=SOURCE, meaning=meaning, convert=convert, why=why, first=first)
-
-
-def accepted(meaning: str, why: str, harmless: Any = ANY) -> ForeignKey:
-    return ForeignKey(source=SOURCE, meaning=meaning, harmless=harmless, why=why)
-
-
-def refused(meaning: str, why: str, harmless: Any = OFF) -> ForeignKey:
-    return ForeignKey(source=SOURCE, meaning=meaning, harmless=harmless, why=why)
-
-
-def unless_null(target: str) -> Any:
-    return lambda value, context: {} if value is None else {target: value}
 
 
 def _use_kl_loss(value: Any, context: Context) -> dict[str, Any]:
@@ -126,7 +116,6 @@ def only_for(option: str, algorithms: tuple[str, ...]) -> Any:
     return convert
 
 
-MEMORY_ONLY = "memory or speed only: the numbers trained are the same"
 NO_PROFILER = "no profiler hooks here; per-node times are in the step metrics (time/*)"
 _FSDP = "verl's engine setting; here roles.<name>.backend (torch, fsdp, deepspeed) with roles.<name>.options"
 _MTP = "multi-token prediction is not supported"

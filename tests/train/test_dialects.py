@@ -1,6 +1,7 @@
 """TRL 1.16's GRPOConfig and verl 0.9's trainer config as input dialects: every field is classified (renamed,
 accepted, refused with why), a TRL-style config and a verl-style override list load, and every bad key of a
-config is named in one error."""
+config is named in one error. (Over 400 lines: its tests share the stored TRL/verl key lists and the two
+ported configs; the engine's own tests are in test_dialect_engine.py.)"""
 
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ def trl_fields() -> list[str]:
     return fields
 
 
-VERL = {key: json.loads(default) for key, default in (line.split("\t") for line in _lines(
+VERL_DEFAULTS = {key: json.loads(default) for key, default in (line.split("\t") for line in _lines(
     "verl_0.9.1_ppo_trainer_keys.txt"))}
 
 
@@ -70,19 +71,19 @@ def test_every_trl_grpo_config_field_is_classified() -> None:
     fields = trl_fields()
     assert len(fields) >= 189
     unclassified = [f for f in fields if _status(f) == "unclassified"]
-    assert not unclassified, f"TRL fields with no entry in hybridflow/train/dialect_trl.py: {unclassified}"
-    assert set(TRL) <= set(fields), f"entries for fields TRL does not have: {sorted(set(TRL) - set(fields))}"
+    assert not unclassified, f"TRL fields with no row in hybridflow/train/dialect_trl.py: {unclassified}"
+    assert set(TRL.rows) <= set(fields), f"rows for fields TRL does not have: {sorted(set(TRL.rows) - set(fields))}"
 
 
 def test_every_verl_trainer_key_is_classified() -> None:
-    assert len(VERL) > 850
-    unclassified = [k for k in VERL if _status(k) == "unclassified"]
-    assert not unclassified, f"verl keys with no entry in hybridflow/train/dialect_verl.py: {unclassified}"
+    assert len(VERL_DEFAULTS) > 850
+    unclassified = [k for k in VERL_DEFAULTS if _status(k) == "unclassified"]
+    assert not unclassified, f"verl keys with no row in hybridflow/train/dialect_verl*.py: {unclassified}"
 
 
 def test_verl_keys_at_verl_defaults_that_we_refuse_say_why() -> None:
     """A full verl config at its defaults: each key translates, is harmless, or is refused with a reason."""
-    for key, default in VERL.items():
+    for key, default in VERL_DEFAULTS.items():
         found = aliases.lookup(key)
         if found is None or (isinstance(default, str) and default.startswith("${")):
             continue  # our own key, or an interpolation verl fills in
@@ -188,12 +189,12 @@ def test_kl_settings_follow_the_algorithm_they_run_in() -> None:
 def test_the_kl_tables_match_the_graphs() -> None:
     """Which algorithms put kl_coef in the loss and which in the reward, read off their built graphs."""
     from hybridflow.graph import Op, load_graph
-    from hybridflow.train import dialect_verl
+    from hybridflow.train.foreign_keys import KL_LOSS, KL_REWARD
 
-    for name in (*dialect_verl.KL_LOSS, *dialect_verl.KL_REWARD):
+    for name in (*KL_LOSS, *KL_REWARD):
         graph = load_graph(name, reward_kind="reward_function", kl_coef=0.1)
         in_loss = any(n.op is Op.UPDATE and dict(n.options).get("kl_coef") for n in graph.nodes)
-        assert in_loss == (name in dialect_verl.KL_LOSS), name
+        assert in_loss == (name in KL_LOSS), name
 
 
 @pytest.mark.parametrize(("key", "value", "why"), [
