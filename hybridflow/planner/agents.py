@@ -36,6 +36,9 @@ of prefill (as in ``generate_cost``), tool calls of one turn running in parallel
 tool-server contention, and async/partial rollouts of agent nodes (an ``async`` pool costs them as here).
 With several multi-turn nodes the search costs each at its faster schedule, and the plan records the
 schedule faster over all of them.
+
+Over 400 lines on purpose: both schedules' formulas above share one turn model (the inputs, the turn
+probabilities, the order statistics), kept with the prose that derives them.
 """
 
 from __future__ import annotations

@@ -2,6 +2,9 @@
 
 Every formula is written out in ``docs/planner.md``. Costs depend on the group only through its
 :class:`Shape` (device type and GPUs per machine), which is what lets the search memoise them.
+
+One file over 400 lines on purpose: it is the model docs/planner.md writes out term by term, one function per
+term, read side by side with that page; split, the terms a step's time adds up would sit in several modules.
 """
 
 from __future__ import annotations

@@ -15,6 +15,10 @@ Device types are Ray custom resources named ``gpu_type:<plan device>`` (``gpu_ty
 unit per GPU: start real nodes with ``ray start --num-gpus 8 --resources '{"gpu_type:A100-80G": 8}'``.
 A bundle of a GPU group asks for one unit of its type only when the cluster declares at least one
 ``gpu_type:`` resource, so clusters started without them still run every plan (unchecked).
+
+Over 400 lines on purpose: placement groups, the actors they hold and the deadlines of every wait on them share
+one executor's state (the actors, their bundles, their heartbeats); the cluster connection and token
+authentication are apart already (``ensure_ray``, ``enable_token_auth``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""Turn a :class:`TrainConfig` into the pieces a run needs: model dir, graph, plan, specs, data, reward."""
+"""Turn a :class:`TrainConfig` into the pieces a run needs: model dir, graph, plan, specs, data, reward.
+
+About 400 lines: each piece is a short function from the config, and :mod:`.prepare` calls them in order; the
+data and reward pieces are where the config's ``data.*`` keys meet the data layer (``keys_at``).
+"""
 
 from __future__ import annotations
 
