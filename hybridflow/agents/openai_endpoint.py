@@ -52,13 +52,20 @@ class ChatHandler(Protocol):
         ...
 
 
+class _Server(ThreadingHTTPServer):
+    """Every trajectory's agent connects at once at a step's start: a listen backlog of socketserver's default 5
+    overflows under load and the kernel resets connections the SDK (``max_retries=0``) then fails on."""
+
+    request_queue_size = 1024
+
+
 class OpenAIEndpoint:
     """A threading HTTP server on ``127.0.0.1`` routing ``/t/{id}/v1/...`` to registered :class:`ChatHandler` s."""
 
     def __init__(self) -> None:
         self._handlers: dict[str, ChatHandler] = {}
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_class(self))
+        self._server = _Server(("127.0.0.1", 0), _handler_class(self))
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name="openai-endpoint", daemon=True)
         self._thread.start()
