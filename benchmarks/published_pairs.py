@@ -8,7 +8,7 @@ experiment on split pools, run asynchronously, and faster than colocated. Each p
   settings (``PAIRS``: offload, token budgets, engine memory and eager mode, and whether the update takes the
   rollout's log-probs instead of an old_log_prob pass); everything its script does not change (model, data,
   lengths, parallelism) is the colocated arm's. Each split arm's published phases are shown beside the plan's;
-- **as the planner would choose**: ``plan_placement(..., PlannerOptions(pipeline="auto"))`` on the colocated
+- **as the planner would choose**: ``plan_placement(PlanRequest(..., pipeline="auto"))`` on the colocated
   arm's graph and recipe, what ``hybridflow plan --pipeline auto`` prints: sync colocated, sync split,
   one_step_off split and async split with k = 1 and 2 compared, pool sizes and layouts its own.
 
