@@ -231,7 +231,7 @@ def _share_weights(roles: list[RoleWork], shared: dict[str, str], node_role: dic
         if owner is None or owner.model.adapter is None:
             raise ValueError(f"shared_weights[{guest!r}]={host!r}: the host must be a GPU role that trains a LoRA "
                              f"adapter (its base stays frozen, so it is {guest!r}'s model); give {host!r} an "
-                             "adapter (PlannerOptions(lora=...)) or drop the entry")
+                             "adapter (PlanRequest(..., lora=...)) or drop the entry")
         if owner.model.base != work.model:
             raise ValueError(f"shared_weights[{guest!r}]={host!r}: {guest!r}'s model {work.model.name} is not "
                              f"{host!r}'s base {owner.model.name}; only the policy's own base is shared")
