@@ -32,6 +32,7 @@ import torch
 
 from hybridflow.graph import RoleKind
 from hybridflow.planner import RoleLayout, Sharding
+from hybridflow.planner.request import PlanRequest
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.protocols import OptimSpec, RoleSpec, SamplingParams, WorkerContext
 from hybridflow.runtime.worker import SoloCollective
@@ -263,8 +264,8 @@ def bench_ship() -> list[str]:
         spec = ModelSpec.from_hf_config(model_dir)
         work = Workload(batch_size=16, prompt_len=PROMPT, response_len=RESPONSE)
         mapping = {"actor": [0], "actor:rollout": [1], "reference": [1]}
-        planned = evaluate_mapping(graph, {"actor": spec, "reference": spec}, work, Cluster.parse("2xCPU"), mapping,
-                                   dtypes={"actor": "fp32", "actor:rollout": "fp32", "reference": "fp32"})
+        planned = evaluate_mapping(PlanRequest(graph, {"actor": spec, "reference": spec}, work, Cluster.parse("2xCPU")),
+                                   mapping, dtypes={"actor": "fp32", "actor:rollout": "fp32", "reference": "fp32"})
         specs = {"actor": RoleSpec(name="actor", kind=RoleKind.POLICY, model=model_dir, optim=OptimSpec()),
                  "reference": RoleSpec(name="reference", kind=RoleKind.FROZEN_POLICY, model=model_dir)}
         plan = _detached_plan({"actor": 0, "actor:rollout": 1, "reference": 1})

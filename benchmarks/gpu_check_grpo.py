@@ -23,6 +23,7 @@ from hybridflow.graph import Graph
 from hybridflow.planner import Plan, Sharding, evaluate_mapping
 from hybridflow.planner.measured import measured_node_times, settings_as_run
 from hybridflow.planner.published import predicted_phases
+from hybridflow.planner.request import PlanRequest
 from hybridflow.planner.settings import RunSettings
 from hybridflow.runtime.executor import LocalExecutor, WorkerGroup
 from hybridflow.runtime.protocols import RoleSpec
@@ -80,14 +81,14 @@ def costed_plan(config: TrainConfig, graph: Graph, part: Part, cluster: str, dty
     adapters = placement.role_adapters(config, graph)
     shared = placement.shared_references(config, graph, models, adapters)
     roles = [role for role in models if role not in shared]
-    return evaluate_mapping(graph, models, placement.workload(config, graph, prompt_len, settings),
-                            Cluster.parse(cluster), {role: [0] for role in roles},
+    return evaluate_mapping(PlanRequest(graph, models, placement.workload(config, graph, prompt_len, settings),
+                                        Cluster.parse(cluster),
+                                        micro_batch_sizes=setup.fixed_micro_batches(config, graph), settings=settings,
+                                        support=setup.layout_support(config, graph), lora=adapters or None,
+                                        shared_weights=shared), {role: [0] for role in roles},
                             data_parallel_size=dict.fromkeys(roles, 1),
-                            sharding=dict.fromkeys(roles, Sharding(part.sharding)),
-                            micro_batch_sizes=setup.fixed_micro_batches(config, graph),
-                            dtypes=dict.fromkeys(roles, dtype), gradient_checkpointing=part.checkpointing,
-                            settings=settings, support=setup.layout_support(config, graph), lora=adapters or None,
-                            shared_weights=shared)
+                            sharding=dict.fromkeys(roles, Sharding(part.sharding)), dtypes=dict.fromkeys(roles, dtype),
+                            gradient_checkpointing=part.checkpointing)
 
 
 def with_policy_sharding(plan: Plan, sharding: str) -> Plan:

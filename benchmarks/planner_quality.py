@@ -19,6 +19,7 @@ from hybridflow.graph import Graph, Workload, load_graph
 from hybridflow.planner import Cluster, ModelSpec, Plan, PlannerOptions, Sharding, plan_placement
 from hybridflow.planner.manual import evaluate_mapping, even_split_mapping, parse_mapping
 from hybridflow.planner.problem import build_problem
+from hybridflow.planner.request import PlanRequest
 
 SEED_MAPPING = "actor=0-3,critic=0-3,reward=4-5,reference=4-5"
 
@@ -58,7 +59,8 @@ def colocate_all(graph: Graph, models: dict[str, ModelSpec], workload: Workload,
     best = None
     for device in cluster.device_names:
         gpus = tuple(g for m in cluster.machines if m.device.name == device for g in m.gpu_ids)
-        plan = evaluate_mapping(graph, models, workload, cluster, dict.fromkeys(models, gpus), sharding=None)
+        plan = evaluate_mapping(PlanRequest(graph, models, workload, cluster), dict.fromkeys(models, gpus),
+                                sharding=None)
         if plan.feasible and (best is None or plan.step_time_s < best.step_time_s):
             best = plan
     return best
@@ -81,13 +83,14 @@ def run_case(case: Case, options: PlannerOptions | None = None) -> Row:
     models = {role: ModelSpec.preset(name) for role, name in case.models.items()}
     workload = Workload(batch_size=case.batch, prompt_len=512, response_len=512)
     cluster = Cluster.parse(case.cluster)
-    auto = plan_placement(graph, models, workload, cluster, options=options)
+    auto = plan_placement(PlanRequest(graph, models, workload, cluster), options=options)
     fixed: dict[str, Plan | None] = {"colocate_all": colocate_all(graph, models, workload, cluster)}
     split = even_split_mapping(build_problem(graph, models, workload, cluster))
-    fixed["even_split"] = evaluate_mapping(graph, models, workload, cluster, split, sharding=None) if split else None
+    request = PlanRequest(graph, models, workload, cluster)
+    fixed["even_split"] = evaluate_mapping(request, split, sharding=None) if split else None
     if cluster.num_gpus == 8 and set(models) == {"actor", "critic", "reward", "reference"}:
-        fixed["seed_manual"] = evaluate_mapping(graph, models, workload, cluster, parse_mapping(SEED_MAPPING),
-                                                sharding=Sharding.FULL_SHARD)
+        fixed["seed_manual"] = evaluate_mapping(PlanRequest(graph, models, workload, cluster),
+                                                parse_mapping(SEED_MAPPING), sharding=Sharding.FULL_SHARD)
     times = {name: plan.step_time_s if plan is not None and plan.feasible else None for name, plan in fixed.items()}
     feasible = [t for t in times.values() if t is not None]
     best = min(feasible) if feasible else None

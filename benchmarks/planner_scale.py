@@ -19,6 +19,7 @@ from typing import Any
 from hybridflow.graph import Workload, load_graph
 from hybridflow.planner import Cluster, ModelSpec, plan_placement
 from hybridflow.planner.lengths import LengthDistribution
+from hybridflow.planner.request import PlanRequest
 from hybridflow.planner.settings import RunSettings
 
 RECIPE = RunSettings(lengths=LengthDistribution.lognormal(mean=512, max=4096), mini_batch_size=256,
@@ -41,7 +42,7 @@ def time_case(spec: str, run: RunSettings | None = None) -> dict[str, Any]:
     runs = []
     for _ in range(2):  # the first run in a process also pays one-off costs (graph caches, lazy imports)
         start = time.perf_counter()
-        plan = plan_placement(graph, models, workload, cluster, settings=run)
+        plan = plan_placement(PlanRequest(graph, models, workload, cluster, settings=run))
         runs.append(time.perf_counter() - start)
     seconds = max(runs)
     target = TARGETS.get(cluster.num_gpus)

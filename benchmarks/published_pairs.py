@@ -8,7 +8,7 @@ experiment on split pools, run asynchronously, and faster than colocated. Each p
   settings (``PAIRS``: offload, token budgets, engine memory and eager mode, and whether the update takes the
   rollout's log-probs instead of an old_log_prob pass); everything its script does not change (model, data,
   lengths, parallelism) is the colocated arm's. Each split arm's published phases are shown beside the plan's;
-- **as the planner would choose**: ``plan_placement(..., PlannerOptions(pipeline="auto"))`` on the colocated
+- **as the planner would choose**: ``plan_placement(PlanRequest(..., pipeline="auto"))`` on the colocated
   arm's graph and recipe, what ``hybridflow plan --pipeline auto`` prints: sync colocated, sync split,
   one_step_off split and async split with k = 1 and 2 compared, pool sizes and layouts its own.
 
@@ -31,13 +31,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hybridflow.planner import Plan, PlannerOptions, plan_placement
+from hybridflow.planner import Plan, plan_placement
 from hybridflow.planner.calibration import Calibration
 from hybridflow.planner.fit import FITTED, fit_calibration
 from hybridflow.planner.manual import evaluate_mapping
 from hybridflow.planner.modes import OVERLAPPED, describe_mode, pool_seconds
 from hybridflow.planner.plan import rollout_role
 from hybridflow.planner.published import case_from_record
+from hybridflow.planner.request import PlanRequest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from published_runs import RUNS, load_cases, records_with_assumptions, table, verdict  # the colocated arms
@@ -114,8 +115,9 @@ def split_arm(record: dict[str, Any], arm: SplitArm, calibration: Calibration | 
               "rollout_tp": {rollout_role("actor"): arm.engine_tp}}
     mode = pipeline or arm.pipeline
     bound = max_staleness if pipeline else arm.max_staleness
-    return evaluate_mapping(case.graph, case.models, case.workload, case.cluster, mapping, settings=case.settings,
-                            calibration=calibration, pipeline=mode, max_staleness=bound, **layout)
+    return evaluate_mapping(PlanRequest(case.graph, case.models, case.workload, case.cluster, settings=case.settings,
+                                        calibration=calibration, pipeline=mode, max_staleness=bound,
+                                        micro_batch_sizes=case.micro_batch_sizes), mapping, **layout)
 
 
 # The split arms' published phases and the plan's counterparts. The trainer's wait (one-step-off's
@@ -155,8 +157,8 @@ def pair_rows(path: Path = RUNS, calibration: Calibration | None = None) -> list
         modes = {label: split_arm(record, arm, calibration, pipeline=mode, max_staleness=k).step_time_s
                  for label, mode, k in (("sync", "sync", None), ("one_step_off", "one_step_off", None),
                                         ("async k=1", "async", 1), ("async k=2", "async", 2))}
-        auto = plan_placement(case.graph, case.models, case.workload, case.cluster, settings=case.settings,
-                              calibration=calibration, options=PlannerOptions(pipeline="auto"))
+        auto = plan_placement(PlanRequest(case.graph, case.models, case.workload, case.cluster, settings=case.settings,
+                                          calibration=calibration, pipeline="auto"))
         rows.append({
             "run": record["id"], "arm": arm, "published_colocated_s": float(record["timings_s"]["step"]),
             "colocated_s": case.plan(calibration).step_time_s,

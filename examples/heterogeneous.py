@@ -12,6 +12,7 @@ from pathlib import Path
 
 from hybridflow.graph import Workload, load_graph
 from hybridflow.planner import Cluster, ModelSpec, Plan, RoleLayout, Sharding, plan_placement
+from hybridflow.planner.request import PlanRequest
 from hybridflow.train.config import DataConfig, LoggingConfig, ModelConfig, PlacementConfig, TrainConfig
 from hybridflow.train.loop import train
 
@@ -34,8 +35,8 @@ def main(output_dir: str = "runs/heterogeneous", steps: int = 3) -> None:
     graph = load_graph("grpo", n=4, max_new_tokens=8)
     models = {"actor": ModelSpec.preset("qwen2.5-7b"), "reference": ModelSpec.preset("qwen2.5-7b"),
               "reward": ModelSpec.preset("qwen2.5-1.5b")}
-    plan = plan_placement(graph, models, Workload(batch_size=512, prompt_len=512, response_len=1024),
-                          Cluster.parse("4xA100-80G+2xT4"))
+    plan = plan_placement(PlanRequest(graph, models, Workload(batch_size=512, prompt_len=512, response_len=1024),
+                                      Cluster.parse("4xA100-80G+2xT4")))
     for group in plan.groups:
         layouts = ", ".join(f"{lay.role}: {lay.dtype} mbs={lay.micro_batch_size} dp={lay.dp}" for lay in group.layouts)
         print(f"GPUs {list(group.gpus)} ({group.device}): {layouts}")

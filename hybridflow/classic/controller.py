@@ -24,6 +24,7 @@ from hybridflow.planner import (
     LayoutSupport,
     ModelSpec,
     Plan,
+    PlanRequest,
     RunSettings,
     compare_plans,
     evaluate_mapping,
@@ -142,12 +143,18 @@ class SingleController:
             rollout = ROLLOUT
             meshes[rollout] = self.config.rollout_device_mesh
         rollout_tp = {rollout: len(meshes[rollout]) // dp} if dp else None
-        return evaluate_mapping(
-            graph, self.model_specs(graph), workload or self.workload, self.cluster, meshes,
-            data_parallel_size={role: len(mesh) for role, mesh in meshes.items()}, rollout_tp=rollout_tp,
-            sharding=self.config.fsdp_sharding_strategy, micro_batch_sizes=micro or None, dtypes=self.dtypes(),
-            support=support, settings=self.run_settings(graph),
-        )
+        request = self.plan_request(graph, workload, support=support, micro_batch_sizes=micro)
+        return evaluate_mapping(request, meshes, data_parallel_size={role: len(mesh) for role, mesh in meshes.items()},
+                                rollout_tp=rollout_tp, sharding=self.config.fsdp_sharding_strategy,
+                                dtypes=self.dtypes())
+
+    def plan_request(self, graph: Graph, workload: Workload | None = None, *,
+                     support: Mapping[str, LayoutSupport] | None = None,
+                     micro_batch_sizes: Mapping[str, int] | None = None) -> PlanRequest:
+        """The planner's inputs for this run, one request for the mapping's costing and the planner's own choice."""
+        return PlanRequest(graph, self.model_specs(graph), workload or self.workload, self.cluster,
+                           settings=self.run_settings(graph), support=dict(support or {}),
+                           micro_batch_sizes=dict(micro_batch_sizes or {}))
 
     def run_settings(self, graph: Graph) -> RunSettings:
         """The planner's step recipe from the run's settings (epochs, mini-batches...), as ``hybridflow train``
@@ -161,7 +168,7 @@ class SingleController:
         graph = self.graph()
         work = workload or self.workload
         manual = self.manual_plan(work)
-        auto = plan_placement(graph, self.model_specs(graph), work, self.cluster, settings=self.run_settings(graph))
+        auto = plan_placement(self.plan_request(graph, work))
         check = PlanCheck(manual=manual, auto=auto, unused_gpus=tuple(self.config.unused_gpus),
                           explanation=compare_plans(auto, manual))
         if show:

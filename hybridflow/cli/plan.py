@@ -5,12 +5,22 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from typing import Any
 
 from hybridflow.cli.plan_options import check_numbers, model_spec
 from hybridflow.files import read_yaml
 from hybridflow.graph import Workload, load_graph
-from hybridflow.planner import Cluster, InfeasibleError, LayoutSupport, ModelSpec, Plan, PlannerOptions, plan_placement
+from hybridflow.planner import (
+    Cluster,
+    InfeasibleError,
+    LayoutSupport,
+    ModelSpec,
+    Plan,
+    PlannerOptions,
+    PlanRequest,
+    plan_placement,
+)
 from hybridflow.planner.agents import AgentWorkload
 from hybridflow.planner.calibration import Calibration
 from hybridflow.planner.devices import GB, device_from_mapping, parse_device
@@ -310,12 +320,13 @@ def run(args: argparse.Namespace) -> int:
     lora, lora_when, share = lora_options(settings.get("lora"))
     shared = shareable_references(graph, models, role_adapters(graph, lora)) if share else {}
     try:
+        request = PlanRequest(graph, models, workload, cluster, settings=steps, calibration=calibration,
+                              support=support, agent=agent, lora=lora, shared_weights=shared,
+                              pipeline=str(settings.get("pipeline") or "sync"),
+                              max_staleness=settings.get("max_staleness"))
         options = PlannerOptions(unit=settings["unit"], separate_rollout=bool(settings.get("separate_rollout")),
-                                 max_tp=settings.get("max_tp"), pipeline=str(settings.get("pipeline") or "sync"),
-                                 max_staleness=settings.get("max_staleness"), support=support, lora=lora,
-                                 lora_when=lora_when, shared_weights=shared)
-        auto = plan_placement(graph, models, workload, cluster, options=options, settings=steps,
-                              calibration=calibration, agent=agent)
+                                 max_tp=settings.get("max_tp"), lora_when=lora_when)
+        auto = plan_placement(request, options)
     except InfeasibleError as err:
         print(f"hybridflow plan: infeasible: {err}", file=sys.stderr)
         return 1
@@ -328,14 +339,10 @@ def run(args: argparse.Namespace) -> int:
         # A reference the mapping puts on GPUs of its own keeps its own copy.
         kept = {guest: host for guest, host in shared.items()
                 if sorted(mapping.get(guest, mapping.get(host, ()))) == sorted(mapping.get(host, ()))}
-        manual = evaluate_mapping(graph, models, workload, cluster, mapping,
+        manual = evaluate_mapping(replace(request, shared_weights=kept,
+                                          stream_chunks=int(settings.get("stream_chunks") or 1)), mapping,
                                   data_parallel_size=settings.get("data_parallel_size"),
-                                  sharding=None if sharding in (None, "auto") else str(sharding).upper(),
-                                  settings=steps, calibration=calibration,
-                                  pipeline=str(settings.get("pipeline") or "sync"),
-                                  max_staleness=settings.get("max_staleness"),
-                                  stream_chunks=int(settings.get("stream_chunks") or 1), support=support,
-                                  agent=agent, lora=lora, shared_weights=kept)
+                                  sharding=None if sharding in (None, "auto") else str(sharding).upper())
     elif settings.get("stream_chunks") not in (None, 1):
         raise ValueError("--stream-chunks costs a hand-written mapping's streamed step: add --manual (the search "
                          "plans unstreamed steps)")

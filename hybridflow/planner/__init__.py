@@ -26,6 +26,7 @@ from hybridflow.planner.plan import (
     detachable_policies,
     rollout_role,
 )
+from hybridflow.planner.request import PlanRequest
 from hybridflow.planner.search import PlannerOptions, plan_placement
 from hybridflow.planner.settings import Offload, RunSettings
 from hybridflow.planner.support import ANY_LAYOUT, LayoutSupport
@@ -50,6 +51,7 @@ __all__ = [
     "NodeEstimate",
     "Offload",
     "Plan",
+    "PlanRequest",
     "PlannerOptions",
     "RoleLayout",
     "RunSettings",

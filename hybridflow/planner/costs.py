@@ -283,7 +283,9 @@ def batching(load: NodeLoad, layout: RoleLayout, shape: Shape, *, train: bool) -
     minis = math.ceil(rows / mini_rows) * (run.epochs if train else 1)
     rows_rank = math.ceil(mini_rows / data_ranks)  # per data rank per mini-batch
     tokens_rank = rows_rank * seq / layout.sp  # per GPU of an SP group, per mini-batch
-    budget = run.train_tokens_per_gpu if train else run.forward_tokens_per_gpu
+    # The layout's own budget (a role's fixed one, else the run's, as the planner writes it) is what runs.
+    budget = ((layout.max_tokens_per_micro_batch or run.train_tokens_per_gpu) if train else
+              (layout.forward_max_tokens_per_micro_batch or run.forward_tokens_per_gpu))
     if budget:
         # An SP group shares each row: its rows are cut on their whole length against the budget x sp (verl).
         micro = budget_micro_batches(load, shape, rows_rank, tokens_rank * layout.sp, budget * layout.sp)

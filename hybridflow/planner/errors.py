@@ -51,7 +51,7 @@ def explain_infeasible(problem: Problem, evaluator: GroupEvaluator) -> str:
     return "no placement fits: " + "; ".join(lines)
 
 
-_ALLOW = f"PlannerOptions(lora=LoraPlan(rank={HINT_RANK})) or `hybridflow plan --lora rank={HINT_RANK}`"
+_ALLOW = f"PlanRequest(..., lora=LoraPlan(rank={HINT_RANK})) or `hybridflow plan --lora rank={HINT_RANK}`"
 Need = tuple[int, int, str, Candidate, Shape]  # (overflow, need, where, smallest candidate, its shape)
 
 

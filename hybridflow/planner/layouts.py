@@ -216,8 +216,9 @@ def role_candidates(role: RoleWork, shape: Shape, dtype: str, prompt_len: int,
         for sharding in shardings:
             base = RoleLayout(role=role.name, dp=dp, tp=tp, sharding=sharding, dtype=dtype, sp=fixed.sp,
                               pp=fixed.pp, ep=fixed.ep, shard_size=fixed.shard_size, padding=shape.run.padding,
-                              max_tokens_per_micro_batch=shape.run.train_tokens_per_gpu or 0,
-                              forward_max_tokens_per_micro_batch=shape.run.forward_tokens_per_gpu or 0,
+                              max_tokens_per_micro_batch=role.token_budget or shape.run.train_tokens_per_gpu or 0,
+                              forward_max_tokens_per_micro_batch=(role.token_budget or shape.run.forward_tokens_per_gpu
+                                                                  or 0),
                               offload_params=offload.params, offload_grads=offload.grads,
                               offload_optimizer=offload.optimizer)
             static = static_bytes(role.model, role.kind, base, shape)

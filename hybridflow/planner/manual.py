@@ -12,23 +12,16 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from hybridflow.graph import Graph, Workload
-from hybridflow.planner.agents import AgentWorkload
 from hybridflow.planner.assemble import Placement, build_plan
-from hybridflow.planner.calibration import Calibration
-from hybridflow.planner.cluster import MAX_CLUSTER_GPUS, Cluster
+from hybridflow.planner.cluster import MAX_CLUSTER_GPUS
 from hybridflow.planner.devices import DeviceSpec
 from hybridflow.planner.errors import gib
 from hybridflow.planner.groups import GroupEvaluator
 from hybridflow.planner.layouts import Constraint, usable_bytes
-from hybridflow.planner.lora_costs import LoraPlan
-from hybridflow.planner.models import ModelSpec
-from hybridflow.planner.modes import DEFAULT_STALENESS, check_choice, explain_choice, overlap_blocker
-from hybridflow.planner.overlays import ControllerOverlay
+from hybridflow.planner.modes import DEFAULT_STALENESS, explain_choice, overlap_blocker
 from hybridflow.planner.plan import ROLLOUT_SUFFIX, Plan, SearchStats, Sharding
-from hybridflow.planner.problem import Problem, build_problem, role_adapters
-from hybridflow.planner.settings import RunSettings
-from hybridflow.planner.support import LayoutSupport
+from hybridflow.planner.problem import Problem
+from hybridflow.planner.request import PlanRequest
 
 PerRole = int | Mapping[str, int] | None
 RoleSharding = Sharding | str | Mapping[str, Sharding | str] | None  # one for every role, or per role
@@ -141,43 +134,37 @@ def _constraint(role: str, size: int, data_parallel_size: PerRole, sharding: Rol
                       gradient_checkpointing=checkpointing)
 
 
-def evaluate_mapping(graph: Graph, models: Mapping[str, ModelSpec], workload: Workload, cluster: Cluster,
-                     mapping: Mapping[str, Sequence[int]], *, data_parallel_size: PerRole = None,
-                     sharding: RoleSharding = Sharding.FULL_SHARD, micro_batch_sizes: PerRole = None,
+def evaluate_mapping(request: PlanRequest, mapping: Mapping[str, Sequence[int]], *,
+                     data_parallel_size: PerRole = None, sharding: RoleSharding = Sharding.FULL_SHARD,
                      dtypes: Mapping[str, str] | None = None, rollout_tp: PerRole = None,
                      sequence_parallel: PerRole = None, pipeline_parallel: PerRole = None,
                      expert_parallel: PerRole = None, fsdp_size: PerRole = None,
-                     gradient_checkpointing: bool | None = None, settings: RunSettings | None = None,
-                     calibration: Calibration | None = None, pipeline: str = "sync",
-                     max_staleness: int | None = None, stream_chunks: int = 1,
-                     support: Mapping[str, LayoutSupport] | None = None, agent: AgentWorkload | None = None,
-                     lora: LoraPlan | Mapping[str, LoraPlan] | None = None,
-                     shared_weights: Mapping[str, str] | None = None,
-                     overlay: ControllerOverlay | None = None) -> Plan:
-    """Cost a hand-written mapping with the planner's model; fields left None are chosen by the planner
-    (``sharding``: one strategy for every role, or one per role as a mapping).
+                     gradient_checkpointing: bool | None = None) -> Plan:
+    """Cost a hand-written mapping of ``request`` with the planner's model; fields left None are chosen by the
+    planner (``sharding``: one strategy for every role, or one per role as a mapping).
 
-    ``rollout_tp`` fixes the tensor-parallel size of a policy's rollout engine (verl's
-    ``rollout.tensor_model_parallel_size``); training layouts use ``data_parallel_size``; a published
-    Megatron or Ulysses run gives ``sequence_parallel``, ``pipeline_parallel`` and ``expert_parallel``
+    The keywords fix the mapping's layouts: training layouts use ``data_parallel_size``; ``rollout_tp`` fixes
+    the tensor-parallel size of a policy's rollout engine (verl's ``rollout.tensor_model_parallel_size``); a
+    published Megatron or Ulysses run gives ``sequence_parallel``, ``pipeline_parallel`` and ``expert_parallel``
     (each splits the data-parallel ranks), ``fsdp_size`` the shard group of HYBRID_SHARD, and
-    ``gradient_checkpointing`` fixes recomputation (None: the planner chooses). ``settings`` and
-    ``calibration`` as in ``plan_placement``. ``pipeline`` is the execution mode costed: "sync",
-    "one_step_off" or "async" (both need the policy's rollout on GPUs of its own, else a ValueError names
-    the fix; ``max_staleness`` is async's bound k, default 1) or "auto" (the fastest mode the mapping can
-    run, async with k = 1 and 2 unless ``max_staleness`` is given; a tie keeps the simpler). ``support``: per
-    role, the layouts its backend runs (:class:`~hybridflow.planner.support.LayoutSupport`); a fixed field
-    outside it is a ValueError naming the role and backend. ``agent``: the multi-turn nodes' inputs, as in
-    ``plan_placement``. ``lora`` and ``shared_weights`` as ``PlannerOptions``' (adapters always); a role that
-    shares another's weights runs on that role's GPUs: the mapping may omit it or give it the same GPUs. ``overlay``:
-    another framework's costs, to price its runs (:mod:`.overlays`).
+    ``gradient_checkpointing`` fixes recomputation (None: the planner chooses). A fixed field outside what the
+    role's backend runs (``request.support``) is a ValueError naming the role and backend.
+
+    ``request.pipeline`` is the execution mode costed: "one_step_off" and "async" need the policy's rollout on
+    GPUs of its own (else a ValueError names the fix); "auto" costs the fastest mode the mapping can run (async
+    with k = 1 and 2 unless ``max_staleness`` is given; a tie keeps the simpler). ``request.lora`` adapters are
+    always planned; a role that shares another's weights (``request.shared_weights``) runs on that role's GPUs:
+    the mapping may omit it or give it the same GPUs.
 
     The plan is executable like an auto plan. A group that does not fit memory makes the plan
     infeasible, with a problem naming the group and the overflow (an OOM risk), instead of raising.
     """
+    if not isinstance(request, PlanRequest):
+        raise TypeError(f"evaluate_mapping takes a PlanRequest, got {type(request).__name__}; build one: "
+                        "evaluate_mapping(PlanRequest(graph, models, workload, cluster, ...), mapping, ...)")
     start = time.perf_counter()
     mapping = dict(mapping)
-    adapters, shared = role_adapters(graph, lora), dict(shared_weights or {})
+    adapters, shared = request.adapters(), dict(request.shared_weights)
     for guest, host in shared.items():
         if guest in mapping and sorted(mapping[guest]) != sorted(mapping.get(host, ())):
             raise ValueError(f"mapping gives {guest!r} GPUs {list(mapping[guest])}, but it runs on {host!r}'s weights "
@@ -187,34 +174,28 @@ def evaluate_mapping(graph: Graph, models: Mapping[str, ModelSpec], workload: Wo
         if sorted(mapping[role]) == sorted(mapping.get(role.removesuffix(ROLLOUT_SUFFIX), ())):
             del mapping[role]  # the policy's own GPUs: the colocated rollout
     detach = [role.removesuffix(ROLLOUT_SUFFIX) for role in mapping if role.endswith(ROLLOUT_SUFFIX)]
-    check_choice(pipeline, max_staleness, stream_chunks)
-    if stream_chunks > workload.batch_size:
-        raise ValueError(f"stream_chunks={stream_chunks} exceeds the {workload.batch_size} prompts of a step (a "
-                         f"chunk holds whole prompts); use at most {workload.batch_size}")
+    pipeline, max_staleness, stream_chunks = request.pipeline, request.max_staleness, request.stream_chunks
     modes: list[tuple[str, int | None]] = [(pipeline, max_staleness)]
     if pipeline == "auto":
         bounds = DEFAULT_STALENESS if max_staleness is None else (max_staleness,)
-        overlaps = bool(detach) and overlap_blocker(graph) is None
+        overlaps = bool(detach) and overlap_blocker(request.graph) is None
         modes = [("sync", None)] + ([("one_step_off", None)] + [("async", k) for k in bounds] if overlaps else [])
+    splits = {"sequence_parallel": sequence_parallel, "pipeline_parallel": pipeline_parallel,
+              "expert_parallel": expert_parallel, "fsdp_size": fsdp_size}
+    fixed = _Fixed(data_parallel_size, sharding, dict(request.micro_batch_sizes) or None, rollout_tp, splits,
+                   gradient_checkpointing, dtypes)
     plans = []
     for mode, bound in modes:
-        problem = build_problem(graph, models, workload, cluster, detach=detach, settings=settings,
-                                calibration=calibration, pipeline=mode, max_staleness=bound,
-                                stream_chunks=stream_chunks, support=support, agent=agent, adapters=adapters,
-                                shared_weights=shared, overlay=overlay)
-        splits = {"sequence_parallel": sequence_parallel, "pipeline_parallel": pipeline_parallel,
-                  "expert_parallel": expert_parallel, "fsdp_size": fsdp_size}
-        fixed = _Fixed(data_parallel_size, sharding, micro_batch_sizes, rollout_tp, splits, gradient_checkpointing,
-                       dtypes)
+        problem = request.problem(detach=detach, pipeline=mode, max_staleness=bound, adapters=adapters,
+                                  shared_weights=shared, streamed=True)
         placements, problems = _place(problem, mapping, fixed)
         stats = SearchStats(method="manual", candidates=len(placements), seconds=round(time.perf_counter() - start, 4))
         streamed = None
         if stream_chunks > 1:
+            workload = request.workload
             chunk = replace(workload, batch_size=-(-workload.batch_size // stream_chunks))
-            chunk_problem = build_problem(graph, models, chunk, cluster, detach=detach, settings=settings,
-                                          calibration=calibration, pipeline=mode, max_staleness=bound,
-                                          stream_chunks=stream_chunks, support=support, agent=agent,
-                                          adapters=adapters, shared_weights=shared, overlay=overlay)
+            chunk_problem = request.problem(detach=detach, pipeline=mode, max_staleness=bound, adapters=adapters,
+                                            shared_weights=shared, streamed=True, workload=chunk)
             streamed = (stream_chunks, _place(chunk_problem, mapping, _pinned(fixed, placements))[0])
         plans.append(build_plan(problem, placements, search=stats, problems=problems, streamed=streamed))
     if pipeline != "auto":

@@ -41,7 +41,6 @@ def layout_arguments(plan: Plan) -> dict[str, Any]:
     layouts = [layout for group in plan.groups for layout in group.layouts]
     return {"data_parallel_size": {lay.role: lay.dp for lay in layouts},
             "rollout_tp": {lay.role: lay.rollout_tp for lay in layouts},
-            "micro_batch_sizes": {lay.role: lay.micro_batch_size for lay in layouts},
             "sharding": {lay.role: lay.sharding for lay in layouts}}
 
 
@@ -77,4 +76,5 @@ def case_from_run(run_dir: str | Path, *, graph: Graph, models: Mapping[str, Mod
     mapping = {role: group.gpus for group in plan.groups for role in group.roles}
     return MeasuredCase(id=str(folder), graph=graph, models=models, workload=workload, cluster=cluster,
                         mapping=mapping, layout=layout_arguments(plan), settings=settings,
+                        micro_batch_sizes={lay.role: lay.micro_batch_size for g in plan.groups for lay in g.layouts},
                         measured={key: value for key, value in measured.items() if key in node_names})

@@ -86,7 +86,7 @@ def check_pipeline(mode: ExecutionMode, graph: Graph, *, detached: bool) -> None
         raise ValueError(f"pipeline={pipeline!r} needs the rollout of {policy!r} on GPUs of its own, so that "
                          f"generation can overlap training; this mapping colocates it. Add "
                          f"'{policy}{ROLLOUT_SUFFIX}=<GPUs not shared with {policy}>' to the mapping (or let the "
-                         f"search split the pool: PlannerOptions(pipeline={pipeline!r}), `hybridflow plan "
+                         f"search split the pool: PlanRequest(..., pipeline={pipeline!r}), `hybridflow plan "
                          f"--pipeline {pipeline}` without --manual), or use pipeline='sync'")
 
 

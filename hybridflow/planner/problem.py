@@ -35,6 +35,7 @@ class RoleWork:
     streams: bool = False  # async: a detached rollout generating continuously across steps (``modes.py``)
     agents: tuple[AgentNode, ...] = ()  # its multi-turn generate nodes (``agents.py``)
     guests: tuple[str, ...] = ()  # frozen roles whose forward nodes run on this role's weights (``shared_weights``)
+    token_budget: int | None = None  # tokens per micro batch and GPU the user fixed (None: the run's, else rows)
 
     def agent(self, node: str) -> AgentNode | None:
         """The multi-turn spec of generate node ``node``; None for a single-turn one."""
@@ -92,7 +93,7 @@ def build_problem(graph: Graph, models: Mapping[str, ModelSpec], workload: Workl
                   calibration: Calibration | None = None, pipeline: str = "sync",
                   max_staleness: int | None = None, stream_chunks: int = 1,
                   support: Mapping[str, LayoutSupport] | None = None,
-                  micro_batch_sizes: Mapping[str, int] | None = None,
+                  micro_batch_sizes: Mapping[str, int] | None = None, token_budgets: Mapping[str, int] | None = None,
                   agent: AgentWorkload | None = None, adapters: Mapping[str, LoraPlan] | None = None,
                   shared_weights: Mapping[str, str] | None = None, overlay: ControllerOverlay | None = None) -> Problem:
     """Check the inputs against each other and precompute per-role loads and edge sizes.
@@ -103,7 +104,9 @@ def build_problem(graph: Graph, models: Mapping[str, ModelSpec], workload: Workl
     ``"async"`` as a pool generating continuously at most ``max_staleness`` updates ahead (default 1)
     (``hybridflow.planner.modes``); both need a detached rollout. ``stream_chunks`` > 1: a sync step
     streamed in that many chunks (``assemble.build_plan(streamed=...)`` costs it). ``support``: per role, the
-    layouts its backend runs (:mod:`.support`); ``micro_batch_sizes``: per role, a micro batch the user fixed.
+    layouts its backend runs (:mod:`.support`); ``micro_batch_sizes``: per role, a micro batch the user fixed;
+    ``token_budgets``: per role, the tokens per micro batch and GPU the user fixed (its layouts carry it and are
+    costed with it).
     ``agent``: what the graph's multi-turn generate nodes (``environment`` set) do (:mod:`.agents`); None costs
     them at half their ``max_turns`` without tool latency, and refuses inputs for a graph without such nodes.
     ``adapters``: per trainable role, the LoRA adapter it trains (:mod:`.lora_costs`; its ``sync`` None becomes the
@@ -144,7 +147,7 @@ def build_problem(graph: Graph, models: Mapping[str, ModelSpec], workload: Workl
             forward=tuple(load for load in mine if load.op in FORWARD_OPS),
             update=tuple(load for load in mine if load.op is Op.UPDATE),
             generate=tuple(load for load in mine if load.op is Op.GENERATE),
-            rows=workload.sequences(graph),
+            rows=workload.sequences(graph), token_budget=(token_budgets or {}).get(role.name),
             agents=tuple(a for a in agents if any(a.node == load.node for load in mine))))
     if not roles:
         raise ValueError(f"graph {graph.name!r} has no role that needs a GPU; nothing to place")
@@ -157,7 +160,8 @@ def build_problem(graph: Graph, models: Mapping[str, ModelSpec], workload: Workl
     mode = ExecutionMode.checked(key=str, pipeline=pipeline, max_staleness=max_staleness, stream_chunks=stream_chunks)
     check_pipeline(mode, graph, detached=bool(apart))
     placed = {role.name for role in roles} | {rollout_role(name) for name in gpu_roles} | set(shared)
-    for what, given in (("support", support or {}), ("micro_batch_sizes", micro_batch_sizes or {})):
+    for what, given in (("support", support or {}), ("micro_batch_sizes", micro_batch_sizes or {}),
+                        ("token_budgets", token_budgets or {})):
         unknown = sorted(set(given) - placed)
         if unknown:
             raise ValueError(f"{what} names {unknown}, which are not GPU roles of this problem; "
@@ -227,7 +231,7 @@ def _share_weights(roles: list[RoleWork], shared: dict[str, str], node_role: dic
         if owner is None or owner.model.adapter is None:
             raise ValueError(f"shared_weights[{guest!r}]={host!r}: the host must be a GPU role that trains a LoRA "
                              f"adapter (its base stays frozen, so it is {guest!r}'s model); give {host!r} an "
-                             "adapter (PlannerOptions(lora=...)) or drop the entry")
+                             "adapter (PlanRequest(..., lora=...)) or drop the entry")
         if owner.model.base != work.model:
             raise ValueError(f"shared_weights[{guest!r}]={host!r}: {guest!r}'s model {work.model.name} is not "
                              f"{host!r}'s base {owner.model.name}; only the policy's own base is shared")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from hybridflow.graph import Graph, GraphBuilder, RoleKind, Workload, load_graph
@@ -22,6 +22,7 @@ from hybridflow.planner.manual import evaluate_mapping
 from hybridflow.planner.models import ModelSpec
 from hybridflow.planner.overlays import ControllerOverlay
 from hybridflow.planner.plan import Plan
+from hybridflow.planner.request import PlanRequest
 from hybridflow.planner.settings import Offload, RunSettings
 
 # What a record does not say, assumed the same way for every run (override per record under "hybridflow").
@@ -48,7 +49,8 @@ class MeasuredCase:
     workload: Workload
     cluster: Cluster
     mapping: Mapping[str, tuple[int, ...]]
-    layout: Mapping[str, Any]  # evaluate_mapping keyword arguments
+    layout: Mapping[str, Any]  # evaluate_mapping keyword arguments: the run's parallel layout
+    micro_batch_sizes: Mapping[str, int] = field(default_factory=dict)  # per role, the run's rows per micro batch
     settings: RunSettings
     measured: Mapping[str, float]  # "step", verl phase names or graph node names -> seconds
     overlay: ControllerOverlay | None = None  # the framework's own costs (verl's controller traffic)
@@ -58,8 +60,9 @@ class MeasuredCase:
         return self.cluster.device_names[0]
 
     def plan(self, calibration: Calibration | None = None) -> Plan:
-        return evaluate_mapping(self.graph, self.models, self.workload, self.cluster, self.mapping,
-                                settings=self.settings, calibration=calibration, overlay=self.overlay, **self.layout)
+        request = PlanRequest(self.graph, self.models, self.workload, self.cluster, settings=self.settings,
+                              calibration=calibration, micro_batch_sizes=self.micro_batch_sizes, overlay=self.overlay)
+        return evaluate_mapping(request, self.mapping, **self.layout)
 
     def predict(self, calibration: Calibration | None = None) -> dict[str, float]:
         """Predicted seconds for every measured key."""
@@ -129,7 +132,8 @@ def case_from_record(record: Mapping[str, Any], overrides: Mapping[str, Any] | N
     roles = [role.name for role in graph.roles if role.kind.needs_gpu]
     every = tuple(range(cluster.num_gpus))
     return MeasuredCase(id=str(record["id"]), graph=graph, models=dict.fromkeys(roles, model), workload=workload,
-                         cluster=cluster, mapping=dict.fromkeys(roles, every), layout=_layout(record, extra, roles),
+                         cluster=cluster, mapping=dict.fromkeys(roles, every), layout=_layout(record, extra),
+                         micro_batch_sizes=_micro_batch_sizes(record, roles),
                          settings=_settings(record, extra, lengths, samples),
                          measured=measured_times(record, workload, samples, cluster.num_gpus),
                          overlay=overlay_for(record))
@@ -174,7 +178,7 @@ def _check_record(record: Mapping[str, Any]) -> None:
             raise ValueError(f"published run {name!r}: field 'gpus.{key}' is missing")
 
 
-def _layout(record: Mapping[str, Any], extra: Mapping[str, Any], roles: list[str]) -> dict[str, Any]:
+def _layout(record: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
     """evaluate_mapping keywords from the record's parallelism (Megatron tp/pp/ep, Ulysses sp, fsdp_size)."""
     par = {**(record.get("train_parallelism") or {}), **(extra.get("train_parallelism") or {})}
     tp, pp = int(par.get("tp") or 1), int(par.get("pp") or 1)
@@ -200,14 +204,17 @@ def _layout(record: Mapping[str, Any], extra: Mapping[str, Any], roles: list[str
         layout["sharding"] = "FULL_SHARD"
     checkpointing = extra.get("grad_checkpointing", record.get("grad_checkpointing"))
     layout["gradient_checkpointing"] = None if checkpointing is None else bool(checkpointing)
-    micro = record.get("micro_batch") or {}
-    if not micro.get("use_dynamic_bsz"):
-        sizes = {"actor": micro.get("actor_ppo_micro_batch_size_per_gpu") or micro.get("ppo_micro_batch_size_per_gpu"),
-                 "critic": micro.get("critic_ppo_micro_batch_size_per_gpu")}
-        given = {role: int(size) for role, size in sizes.items() if size and role in roles}
-        if given:
-            layout["micro_batch_sizes"] = given
     return layout
+
+
+def _micro_batch_sizes(record: Mapping[str, Any], roles: list[str]) -> dict[str, int]:
+    """The run's rows per micro batch and GPU, per role (none under dynamic batching: token budgets cut them)."""
+    micro = record.get("micro_batch") or {}
+    if micro.get("use_dynamic_bsz"):
+        return {}
+    sizes = {"actor": micro.get("actor_ppo_micro_batch_size_per_gpu") or micro.get("ppo_micro_batch_size_per_gpu"),
+             "critic": micro.get("critic_ppo_micro_batch_size_per_gpu")}
+    return {role: int(size) for role, size in sizes.items() if size and role in roles}
 
 
 def _settings(record: Mapping[str, Any], extra: Mapping[str, Any], lengths: LengthDistribution,

@@ -10,26 +10,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
-from hybridflow.graph import Graph, Workload
-from hybridflow.planner.agents import AgentWorkload
 from hybridflow.planner.assemble import Placement, build_plan, group_seconds, idle_fraction
-from hybridflow.planner.calibration import Calibration
 from hybridflow.planner.cluster import Cluster
 from hybridflow.planner.costs import Shape
 from hybridflow.planner.errors import InfeasibleError, explain_infeasible
 from hybridflow.planner.groups import GroupEvaluator
 from hybridflow.planner.layouts import GroupLayout
 from hybridflow.planner.lora_costs import LoraPlan
-from hybridflow.planner.models import ModelSpec
-from hybridflow.planner.modes import DEFAULT_STALENESS, OVERLAPPED, check_choice, explain_choice, overlap_blocker
-from hybridflow.planner.overlays import ControllerOverlay
+from hybridflow.planner.modes import DEFAULT_STALENESS, OVERLAPPED, explain_choice, overlap_blocker
 from hybridflow.planner.plan import Plan, SearchStats, detachable_policies
-from hybridflow.planner.problem import Problem, build_problem, role_adapters
+from hybridflow.planner.problem import Problem
+from hybridflow.planner.request import PlanRequest
 from hybridflow.planner.schedule import Schedule, Sharing, compile_schedule, makespan, shared_step
-from hybridflow.planner.settings import RunSettings
-from hybridflow.planner.support import LayoutSupport
 from hybridflow.planner.units import GpuUnits, MachineUnits, State, Token, Units
 
 TOLERANCE = 1e-9  # relative: step times this close count as equal and fall to the tie-breaks
@@ -45,22 +39,10 @@ class PlannerOptions:
     ``separate_rollout``: also consider giving each trainable policy's rollout GPUs of its own (its
     weights shipped there after every update, as OpenRLHF does with its vLLM engines), keeping it
     only when the modelled step is faster. It roughly doubles the search time.
-    ``pipeline``: the execution mode costed. "sync" (every node of a step in turn); "one_step_off" (only
-    split plans, their rollout generating the next step's batch while the trainer trains: ``modes.py``);
-    "async" (only split plans, their rollout pool generating continuously at most ``max_staleness``
-    updates ahead); "auto" (sync colocated, sync split, one_step_off split and async split plans compared,
-    the fastest kept; ties go to the simpler, in that order). ``max_staleness``: the async bound k; None
-    compares k = 1 and 2 (a tie keeps 1). The plan records the mode and k and, when modes were compared,
-    why (``extra["pipeline_choice"]``).
-    ``support``: per role (a detached rollout as ``actor:rollout``), the layouts its backend runs
-    (:mod:`.support`); the search proposes nothing else. None: any layout (a dry run told no backends).
-    ``micro_batch_sizes``: per role, a micro batch the user fixed (rows per pass per rank); the rest the
-    search chooses.
-    ``lora``: a LoRA adapter (:class:`~hybridflow.planner.lora_costs.LoraPlan`) for every trainable policy, or one
-    per role; ``lora_when``: "always" (plan the adapter runs) or "needed" (keep full fine-tuning where it fits
-    and plan with the adapters only when it fits nowhere; the plan says which and why). ``shared_weights``:
-    frozen roles that run on a LoRA role's engine with its adapter disabled, ``{"reference": "actor"}`` (a
-    reference that is the policy's base): no weights of their own; applied only to plans with the adapters.
+    ``lora_when``: "always" (plan the request's LoRA adapters) or "needed" (keep full fine-tuning where it fits and
+    plan with the adapters only when it fits nowhere; the plan says which and why); the request's
+    ``shared_weights`` apply only to plans with the adapters. What is planned, and every input the user fixed
+    (execution mode, layouts the backends run, micro batches, token budgets), is the :class:`PlanRequest`'s.
     """
 
     exact_gpu_limit: int = 16
@@ -68,22 +50,12 @@ class PlannerOptions:
     machine_grid_ratio: float = 1.25
     max_tp: int | None = None
     separate_rollout: bool = False
-    pipeline: str = "sync"
-    max_staleness: int | None = None
-    support: Mapping[str, LayoutSupport] = field(default_factory=dict)
-    micro_batch_sizes: Mapping[str, int] = field(default_factory=dict)
-    lora: LoraPlan | Mapping[str, LoraPlan] | None = None
     lora_when: str = "always"
-    shared_weights: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        check_choice(self.pipeline, self.max_staleness, key=lambda name: f"PlannerOptions.{name}")
         if self.lora_when not in LORA_WHEN:
             raise ValueError(f"PlannerOptions.lora_when={self.lora_when!r} must be one of {list(LORA_WHEN)} (always: "
                              "plan the adapters; needed: only when full fine-tuning fits nowhere)")
-        if self.shared_weights and self.lora is None:
-            raise ValueError(f"PlannerOptions.shared_weights={dict(self.shared_weights)!r} needs lora: a role runs on "
-                             "another's weights only when that one trains an adapter on its frozen base")
         if self.unit not in ("auto", "gpu", "machine"):
             raise ValueError(f"PlannerOptions.unit={self.unit!r} must be 'auto', 'gpu' or 'machine'")
         if self.max_tp is not None and self.max_tp < 1:
@@ -233,34 +205,34 @@ def _better(new: Key, old: Key) -> bool:
     return new[1:] < old[1:]
 
 
-def plan_placement(graph: Graph, models: Mapping[str, ModelSpec], workload: Workload, cluster: Cluster, *,
-                   options: PlannerOptions | None = None, settings: RunSettings | None = None,
-                   calibration: Calibration | None = None, agent: AgentWorkload | None = None,
-                   overlay: ControllerOverlay | None = None) -> Plan:
+def plan_placement(request: PlanRequest, options: PlannerOptions | None = None) -> Plan:
     """The plan with the least modelled step time (ties: fewer cross-group bytes, then less idle time).
 
-    ``settings`` is the run's step recipe (response lengths, mini-batches, offload...); ``calibration``
-    the cost model's fitted constants (``Calibration.load(path)``, written by ``hybridflow calibrate``);
-    ``agent`` what the graph's multi-turn generate nodes do (:class:`~hybridflow.planner.agents.AgentWorkload`):
-    the plan records the faster agent schedule in ``mode.agent_schedule`` and why in ``extra["agent_schedule"]``;
-    ``overlay`` another framework's costs, to price its runs (:mod:`.overlays`; hybridflow's own plans pass none).
+    ``request``: what is planned and every input the user fixed (:class:`PlanRequest`); ``options``: how the
+    search runs. With ``request.pipeline`` "auto" the plan records the mode compared fastest and why
+    (``extra["pipeline_choice"]``); with ``request.agent`` the faster agent schedule in ``mode.agent_schedule``
+    and why in ``extra["agent_schedule"]``. The search plans unstreamed steps (``stream_chunks`` is
+    ``evaluate_mapping``'s).
 
-    With ``options.lora`` the trainable roles train adapters (``lora_when="needed"``: only when full fine-tuning
-    fits nowhere); ``extra["lora"]`` gives their trainable weights, gradient and optimizer memory and sync bytes.
+    With ``request.lora`` the trainable roles train adapters (``options.lora_when="needed"``: only when full
+    fine-tuning fits nowhere); ``extra["lora"]`` gives their trainable weights, gradient and optimizer memory and
+    sync bytes.
 
     Raises :class:`InfeasibleError` naming what does not fit, and by how much, when no plan fits.
     """
+    if not isinstance(request, PlanRequest):
+        raise TypeError(f"plan_placement takes a PlanRequest, got {type(request).__name__}; build one: "
+                        "plan_placement(PlanRequest(graph, models, workload, cluster, ...), options)")
     opts = options or PlannerOptions()
-    adapters = role_adapters(graph, opts.lora)
-    inputs = (graph, models, workload, cluster, opts, settings, calibration, agent, overlay)
+    adapters = request.adapters()
     if not adapters or opts.lora_when == "always":
-        return _plan(*inputs, adapters=adapters, shared=opts.shared_weights)
+        return _plan(request, opts, adapters=adapters, shared=request.shared_weights)
     try:
-        full = _plan(*inputs, adapters={}, shared={})
+        full = _plan(request, opts, adapters={}, shared={})
     except InfeasibleError as err:
         reason = str(err).removeprefix("no placement fits: ")
         try:
-            plan = _plan(*inputs, adapters=adapters, shared=opts.shared_weights)
+            plan = _plan(request, opts, adapters=adapters, shared=request.shared_weights)
         except InfeasibleError as lora_err:
             raise InfeasibleError(f"full fine-tuning fits nowhere ({reason}); with LoRA neither: {lora_err}") from err
         why = f"full fine-tuning fits nowhere ({reason}): planned with LoRA; {dict(plan.extra)['lora']}"
@@ -272,20 +244,17 @@ def _with_extra(plan: Plan, key: str, value: str) -> Plan:
     return replace(plan, extra=tuple(sorted({**dict(plan.extra), key: value}.items())))
 
 
-def _plan(graph: Graph, models: Mapping[str, ModelSpec], workload: Workload, cluster: Cluster, opts: PlannerOptions,
-          settings: RunSettings | None, calibration: Calibration | None, agent: AgentWorkload | None,
-          overlay: ControllerOverlay | None, *,
-          adapters: Mapping[str, LoraPlan], shared: Mapping[str, str]) -> Plan:
-    """The search over every mode ``opts`` asks for, with these adapters and shared weights."""
+def _plan(request: PlanRequest, opts: PlannerOptions, *, adapters: Mapping[str, LoraPlan],
+          shared: Mapping[str, str]) -> Plan:
+    """The search over every mode the request asks for, with these adapters and shared weights."""
     start = time.perf_counter()
     found: list[tuple[Problem, Searcher, list[Placement]]] = []
     visited = 0
     fallback: tuple[Problem, Searcher] | None = None
-    for detach, pipeline, bound in _modes(opts, graph):
-        problem = build_problem(graph, models, workload, cluster, detach=detach, max_tp=opts.max_tp,
-                                settings=settings, calibration=calibration, pipeline=pipeline,
-                                max_staleness=bound, support=opts.support, micro_batch_sizes=opts.micro_batch_sizes,
-                                agent=agent, adapters=adapters, shared_weights=shared, overlay=overlay)
+    cluster = request.cluster
+    for detach, pipeline, bound in _modes(request, opts):
+        problem = request.problem(detach=detach, pipeline=pipeline, max_staleness=bound, adapters=adapters,
+                                  shared_weights=shared, max_tp=opts.max_tp)
         searcher = Searcher(problem, opts.units(cluster))
         placements = searcher.run()
         visited += searcher.visited + searcher.evaluator.evaluations
@@ -294,8 +263,8 @@ def _plan(graph: Graph, models: Mapping[str, ModelSpec], workload: Workload, clu
             found.append((problem, searcher, placements))
     if not found:
         assert fallback is not None
-        if opts.pipeline in OVERLAPPED and cluster.num_gpus < 2:
-            raise InfeasibleError(f"PlannerOptions.pipeline={opts.pipeline!r} needs the rollout on GPUs of its own: "
+        if request.pipeline in OVERLAPPED and cluster.num_gpus < 2:
+            raise InfeasibleError(f"PlanRequest.pipeline={request.pipeline!r} needs the rollout on GPUs of its own: "
                                   f"at least 2 GPUs, the cluster has {cluster.num_gpus}; use pipeline='sync'")
         problem, searcher = fallback
         raise InfeasibleError(explain_infeasible(problem, searcher.evaluator))
@@ -307,7 +276,7 @@ def _plan(graph: Graph, models: Mapping[str, ModelSpec], workload: Workload, clu
         if plan.step_time_s < plans[best].step_time_s * (1 - TOLERANCE):
             best = index
     chosen = plans[best]
-    if len(plans) > 1 or opts.pipeline != "sync":
+    if len(plans) > 1 or request.pipeline != "sync":
         why = explain_choice(chosen, [plan for i, plan in enumerate(plans) if i != best])
         chosen = replace(chosen, extra=tuple(sorted((*chosen.extra, ("pipeline_choice", why)))))
     return chosen
@@ -316,20 +285,21 @@ def _plan(graph: Graph, models: Mapping[str, ModelSpec], workload: Workload, clu
 Mode = tuple[tuple[str, ...], str, int | None]  # (detached policies, pipeline, max_staleness)
 
 
-def _modes(options: PlannerOptions, graph: Graph) -> list[Mode]:
+def _modes(request: PlanRequest, options: PlannerOptions) -> list[Mode]:
     """The (detached policies, pipeline, staleness) problems to search, simplest first."""
+    graph, pipeline = request.graph, request.pipeline
     detachable = detachable_policies(graph)
-    bounds = (options.max_staleness,) if options.max_staleness is not None else DEFAULT_STALENESS
+    bounds = (request.max_staleness,) if request.max_staleness is not None else DEFAULT_STALENESS
     overlapped: list[Mode] = [(detachable, "one_step_off", None)] + [(detachable, "async", k) for k in bounds]
-    if options.pipeline in OVERLAPPED:
-        blocker = overlap_blocker(graph, options.pipeline)
+    if pipeline in OVERLAPPED:
+        blocker = overlap_blocker(graph, pipeline)
         if blocker is not None:
-            raise ValueError(f"PlannerOptions.pipeline={options.pipeline!r}: {blocker}; use pipeline='sync'")
-        return [mode for mode in overlapped if mode[1] == options.pipeline]
+            raise ValueError(f"PlanRequest.pipeline={pipeline!r}: {blocker}; use pipeline='sync'")
+        return [mode for mode in overlapped if mode[1] == pipeline]
     modes: list[Mode] = [((), "sync", None)]
-    if detachable and (options.separate_rollout or options.pipeline == "auto"):
+    if detachable and (options.separate_rollout or pipeline == "auto"):
         modes.append((detachable, "sync", None))
-    if detachable and options.pipeline == "auto" and overlap_blocker(graph) is None:
+    if detachable and pipeline == "auto" and overlap_blocker(graph) is None:
         modes.extend(overlapped)
     return modes
 

@@ -15,10 +15,12 @@ UNPLANNED_MICRO_BATCH = 64  # rows per pass and rank of a role in the one-group 
 
 
 def default_plan(graph: Graph, *, num_gpus: int = 1, device: str = "cpu", dtype: str = "fp32",
-                 micro_batch_sizes: Mapping[str, int] | None = None, padding: bool = False) -> Plan:
+                 micro_batch_sizes: Mapping[str, int] | None = None, token_budgets: Mapping[str, int] | None = None,
+                 padding: bool = False) -> Plan:
     """Every GPU role of ``graph`` on one group of ``num_gpus``; reward functions on the driver.
 
     ``micro_batch_sizes``: rows per pass and rank per role (:data:`UNPLANNED_MICRO_BATCH` for the others);
+    ``token_budgets``: per role, tokens per update and forward micro batch and GPU (the others cut by rows);
     ``padding``: every role's passes run padded rows instead of packed sequences.
     """
     gpu_roles = [role.name for role in graph.roles if role.kind.needs_gpu]
@@ -26,7 +28,11 @@ def default_plan(graph: Graph, *, num_gpus: int = 1, device: str = "cpu", dtype:
     plan = colocated_plan(graph.name, gpu_roles, driver_roles, num_gpus=num_gpus, device=device, dtype=dtype)
     sizes = {role: (micro_batch_sizes or {}).get(role, UNPLANNED_MICRO_BATCH) for role in gpu_roles}
     group = plan.groups[0]
-    layouts = tuple(replace(layout, micro_batch_size=sizes[layout.role], padding=padding) for layout in group.layouts)
+    budgets = token_budgets or {}
+    layouts = tuple(replace(layout, micro_batch_size=sizes[layout.role], padding=padding,
+                            max_tokens_per_micro_batch=budgets.get(layout.role, 0),
+                            forward_max_tokens_per_micro_batch=budgets.get(layout.role, 0))
+                    for layout in group.layouts)
     return replace(plan, groups=(replace(group, layouts=layouts),))
 
 

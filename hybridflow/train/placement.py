@@ -24,6 +24,7 @@ from hybridflow.planner import (
     ModelSpec,
     Plan,
     PlannerOptions,
+    PlanRequest,
     detachable_policies,
     evaluate_mapping,
     plan_placement,
@@ -206,8 +207,8 @@ def run_settings(config: TrainConfig, graph: Graph) -> RunSettings:
     - ``max_prompt_len`` from ``data.max_prompt_length``; ``padding`` (padded rows, not packed sequences) from
       ``padding``, which the planner writes into every layout (``RoleLayout.padding``);
     - the token budgets from ``roles.<name>.max_tokens_per_micro_batch`` when every GPU role sets the same one
-      (the planner's budgets are one per run; roles with their own are set on the plan's layouts afterwards,
-      ``setup.with_token_budgets``, and costed by rows);
+      (the run's budget; a role's own is a :class:`PlanRequest` input, ``plan_request(token_budgets=...)``, that
+      its layouts carry and are costed with);
     - a vLLM rollout's ``gpu_memory_utilization`` and sleep (``roles.<policy>.rollout_options``);
     - offload from ``roles.<name>.offload`` (and DeepSpeed's ``offload_optimizer`` option), which the planner
       writes into the role's layouts (``RoleLayout.offload_*``);
@@ -269,52 +270,53 @@ def host_cores(config: TrainConfig, cluster: Cluster) -> int | None:
 
 def planned(config: TrainConfig, graph: Graph, prompt_len: int, model_dir: str | None = None, *,
             support: Mapping[str, LayoutSupport] | None = None, micro_batch_sizes: Mapping[str, int] | None = None,
-            vocab_size: int | None = None) -> Plan:
+            token_budgets: Mapping[str, int] | None = None, vocab_size: int | None = None) -> Plan:
     """The plan ``config.placement.mode`` asks for; raises naming the key at fault.
 
     ``support``: per role, the layouts its backend runs (the search proposes nothing else);
-    ``micro_batch_sizes``: the micro batches the user fixed, inputs of the plan.
+    ``micro_batch_sizes`` and ``token_budgets``: what the user fixed, inputs the plan is costed with.
     """
-    cluster = planner_cluster(config)
+    request = plan_request(config, graph, prompt_len, model_dir, support=support, micro_batch_sizes=micro_batch_sizes,
+                           token_budgets=token_budgets, vocab_size=vocab_size)
+    if config.placement.mode == "auto":
+        return plan_placement(request, PlannerOptions(separate_rollout=config.placement.separate_rollout))
+    gpu_roles, shared = set(request.models), set(request.shared_weights)
+    # a shared reference runs on its host's
+    missing = sorted(gpu_roles - set(config.placement.meshes) - shared)
+    if missing:
+        raise KeyError(f"config key 'placement.meshes': placement.mode=manual needs a mesh for every GPU role; "
+                       f"missing {missing}")
+    rollouts = {rollout_role(policy) for policy in detachable_policies(graph)}
+    extra = sorted(set(config.placement.meshes) - gpu_roles - rollouts)
+    if extra:
+        raise KeyError(f"config key 'placement.meshes': {extra} are not GPU roles of the {graph.name} graph "
+                       f"(GPU roles: {sorted(gpu_roles)}; a policy's rollout on GPUs of its own: "
+                       f"{sorted(rollouts)})")
+    # The sharding is the planner's to choose among what each backend runs (a mesh fixes GPUs and dp only).
+    plan = evaluate_mapping(replace(request, stream_chunks=config.pipeline.stream_chunks), config.placement.meshes,
+                            data_parallel_size={role: len(mesh) for role, mesh in config.placement.meshes.items()},
+                            sharding=None)
+    if not plan.feasible:
+        raise ValueError(f"config key 'placement.meshes': the mapping does not fit: {'; '.join(plan.problems)}")
+    return plan
+
+
+def plan_request(config: TrainConfig, graph: Graph, prompt_len: int, model_dir: str | None = None, *,
+                 support: Mapping[str, LayoutSupport] | None = None,
+                 micro_batch_sizes: Mapping[str, int] | None = None, token_budgets: Mapping[str, int] | None = None,
+                 vocab_size: int | None = None) -> PlanRequest:
+    """The planner's inputs from the run's config, one request for ``placement: auto`` and ``manual`` alike (a
+    manual mapping's step adds ``pipeline.stream_chunks``; the search plans unstreamed steps)."""
     settings = run_settings(config, graph)
     models = role_models(config, graph, model_dir, vocab_size=vocab_size)
-    work = workload(config, graph, prompt_len, settings)
-    calibration = Calibration.load(config.placement.calibration) if config.placement.calibration else None
-    agent = agent_workload(config, graph)
-    support = dict(support or {})
     adapters = role_adapters(config, graph)
-    shared = shared_references(config, graph, models, adapters)
-    if config.placement.mode == "auto":
-        plan = plan_placement(graph, models, work, cluster, calibration=calibration, settings=settings,
-                              options=PlannerOptions(separate_rollout=config.placement.separate_rollout,
-                                                     pipeline=config.pipeline.mode, max_staleness=_bound(config),
-                                                     support=support, micro_batch_sizes=dict(micro_batch_sizes or {}),
-                                                     lora=adapters or None, shared_weights=shared),
-                              agent=agent)
-    else:
-        gpu_roles = set(models)
-        # a shared reference runs on its host's
-        missing = sorted(gpu_roles - set(config.placement.meshes) - set(shared))
-        if missing:
-            raise KeyError(f"config key 'placement.meshes': placement.mode=manual needs a mesh for every GPU role; "
-                           f"missing {missing}")
-        rollouts = {rollout_role(policy) for policy in detachable_policies(graph)}
-        extra = sorted(set(config.placement.meshes) - gpu_roles - rollouts)
-        if extra:
-            raise KeyError(f"config key 'placement.meshes': {extra} are not GPU roles of the {graph.name} graph "
-                           f"(GPU roles: {sorted(gpu_roles)}; a policy's rollout on GPUs of its own: "
-                           f"{sorted(rollouts)})")
-        # The sharding is the planner's to choose among what each backend runs (a mesh fixes GPUs and dp only).
-        plan = evaluate_mapping(graph, models, work, cluster, config.placement.meshes, calibration=calibration,
-                                settings=settings,
-                                data_parallel_size={role: len(mesh) for role, mesh in config.placement.meshes.items()},
-                                sharding=None, micro_batch_sizes=dict(micro_batch_sizes or {}) or None,
-                                pipeline=config.pipeline.mode, max_staleness=_bound(config),
-                                stream_chunks=config.pipeline.stream_chunks, support=support, agent=agent,
-                                lora=adapters or None, shared_weights=shared)
-        if not plan.feasible:
-            raise ValueError(f"config key 'placement.meshes': the mapping does not fit: {'; '.join(plan.problems)}")
-    return plan
+    calibration = Calibration.load(config.placement.calibration) if config.placement.calibration else None
+    return PlanRequest(graph, models, workload(config, graph, prompt_len, settings), planner_cluster(config),
+                       settings=settings, calibration=calibration, support=dict(support or {}),
+                       agent=agent_workload(config, graph), lora=adapters or None,
+                       shared_weights=shared_references(config, graph, models, adapters),
+                       pipeline=config.pipeline.mode, max_staleness=_bound(config),
+                       micro_batch_sizes=dict(micro_batch_sizes or {}), token_budgets=dict(token_budgets or {}))
 
 
 def agent_workload(config: TrainConfig, graph: Graph) -> AgentWorkload | None:

@@ -195,11 +195,11 @@ def build_plan(config: TrainConfig, graph: Graph, prompt_len: int = 32, model_di
     elif config.placement.mode != "default":
         from hybridflow.train.placement import planned
 
-        plan = with_token_budgets(planned(config, graph, prompt_len, model_dir, support=layout_support(config, graph),
-                                          micro_batch_sizes=fixed, vocab_size=vocab_size), budgets)
+        plan = planned(config, graph, prompt_len, model_dir, support=layout_support(config, graph),
+                       micro_batch_sizes=fixed, token_budgets=budgets, vocab_size=vocab_size)
     else:
-        plan = with_token_budgets(default_plan(graph, num_gpus=config.placement.num_gpus, micro_batch_sizes=fixed,
-                                               padding=config.pipeline.padding), budgets)
+        plan = default_plan(graph, num_gpus=config.placement.num_gpus, micro_batch_sizes=fixed,
+                            token_budgets=budgets, padding=config.pipeline.padding)
     check_role_entries(config, graph, plan)
     check_layouts(graph, plan, with_rollout_specs(plan, role_specs(config, graph, _PLANNING_MODEL, plan)))
     return plan
@@ -237,15 +237,6 @@ def token_budgets(config: TrainConfig) -> dict[str, int]:
     """The token budgets per micro batch and GPU the user fixed (``roles.<name>.max_tokens_per_micro_batch``)."""
     return {name: entry.max_tokens_per_micro_batch for name, entry in config.roles.items()
             if entry.max_tokens_per_micro_batch}
-
-
-def with_token_budgets(plan: Plan, budgets: Mapping[str, int]) -> Plan:
-    """``plan`` with each budgeted role's update and forward micro batches cut by its token budget."""
-    groups = tuple(replace(group, layouts=tuple(
-        replace(layout, max_tokens_per_micro_batch=budgets[layout.role],
-                forward_max_tokens_per_micro_batch=budgets[layout.role]) if layout.role in budgets else layout
-        for layout in group.layouts)) for group in plan.groups)
-    return replace(plan, groups=groups)
 
 
 def _check_plan_file_agrees(plan: Plan, fixed: Mapping[str, int], budgets: Mapping[str, int]) -> None:

@@ -6,6 +6,7 @@ import pytest
 
 from hybridflow.graph import Op, Workload, load_graph
 from hybridflow.planner import Cluster, ModelSpec, plan_placement
+from hybridflow.planner.request import PlanRequest
 from hybridflow.testing import check_plan
 
 NO_REFERENCE = ["grpo_no_ref", "dr_grpo", "gspo"]
@@ -24,7 +25,8 @@ def test_graphs_without_kl_have_no_reference_and_the_planner_places_none(name):
     assert "ref_logprobs" not in update.inputs and not update.option("kl_coef")
     tiny = ModelSpec.preset("tiny")
     cluster = Cluster.parse("1xCPU")
-    plan = plan_placement(graph, {"actor": tiny}, Workload(batch_size=4, prompt_len=8, response_len=8), cluster)
+    plan = plan_placement(PlanRequest(graph, {"actor": tiny}, Workload(batch_size=4, prompt_len=8, response_len=8),
+                                      cluster))
     check_plan(plan, graph=graph, cluster=cluster)
     assert set(plan.roles) == {"actor", "reward"}
 

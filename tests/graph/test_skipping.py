@@ -9,6 +9,7 @@ import pytest
 from hybridflow.cli import main
 from hybridflow.graph import DETACHED_LOGPROBS, Workload, from_json, load_graph, to_json, with_detached_logprobs
 from hybridflow.planner import Cluster, ModelSpec, plan_placement
+from hybridflow.planner.request import PlanRequest
 
 KL_ALGORITHMS = ("grpo", "ppo", "rloo", "remax", "reinforce_pp", "reinforce_pp_baseline", "dr_grpo", "gspo")
 
@@ -54,7 +55,7 @@ def test_the_planner_costs_only_the_passes_left() -> None:
     models = {role: ModelSpec.preset("qwen2.5-1.5b") for role in ("actor", "reference")}
     workload = Workload(batch_size=256, prompt_len=256, response_len=512)
     cluster = Cluster.parse("4xH100")
-    full = plan_placement(load_graph("grpo", reward_kind="reward_function"), models, workload, cluster)
+    full = plan_placement(PlanRequest(load_graph("grpo", reward_kind="reward_function"), models, workload, cluster))
     lean_graph = with_detached_logprobs(load_graph("grpo", reward_kind="reward_function", kl_coef=0.0), {"actor"})
-    lean = plan_placement(lean_graph, {"actor": models["actor"]}, workload, cluster)
+    lean = plan_placement(PlanRequest(lean_graph, {"actor": models["actor"]}, workload, cluster))
     assert "reference" in full.roles and "reference" not in lean.roles and lean.step_time_s < full.step_time_s

@@ -12,6 +12,7 @@ from hybridflow.cli import main
 from hybridflow.graph import Graph, GraphBuilder, RoleKind, Workload, load_graph
 from hybridflow.planner import AgentWorkload, Cluster, ModelSpec, Plan, plan_placement, predict_agent_schedules
 from hybridflow.planner.distributions import Empirical, Fixed, Lognormal, parse_distribution
+from hybridflow.planner.request import PlanRequest
 
 LONG_TAIL = "lognormal:median=0.1,sigma=1.0"
 
@@ -126,8 +127,8 @@ def test_metrics_give_turns_calls_and_a_lognormal_latency(tmp_path: Path) -> Non
 def test_a_plan_records_the_faster_schedule_and_round_trips_it() -> None:
     graph, models = agentic_graph(), {"actor": ModelSpec.preset("qwen2.5-1.5b")}
     workload = Workload(batch_size=64, prompt_len=256, response_len=256)
-    plan = plan_placement(graph, models, workload, Cluster.parse("4xH100"),
-                          agent=AgentWorkload(turns="fixed:3", tool_latency=LONG_TAIL, observation_tokens=32))
+    agent = AgentWorkload(turns="fixed:3", tool_latency=LONG_TAIL, observation_tokens=32)
+    plan = plan_placement(PlanRequest(graph, models, workload, Cluster.parse("4xH100"), agent=agent))
     assert plan.mode.agent_schedule == "trajectory"
     why = dict(plan.extra)["agent_schedule"]
     assert "trajectory" in why and "vs turn" in why
@@ -139,14 +140,15 @@ def test_a_node_that_fixes_its_schedule_is_costed_and_recorded_so() -> None:
     graph, models = agentic_graph(agent_schedule="turn"), {"actor": ModelSpec.preset("qwen2.5-1.5b")}
     workload = Workload(batch_size=64, prompt_len=256, response_len=256)
     agent = AgentWorkload(turns="fixed:3", tool_latency=LONG_TAIL)
-    fixed = plan_placement(graph, models, workload, Cluster.parse("4xH100"), agent=agent)
-    free = plan_placement(agentic_graph(), models, workload, Cluster.parse("4xH100"), agent=agent)
+    fixed = plan_placement(PlanRequest(graph, models, workload, Cluster.parse("4xH100"), agent=agent))
+    free = plan_placement(PlanRequest(agentic_graph(), models, workload, Cluster.parse("4xH100"), agent=agent))
     assert fixed.mode.agent_schedule == "turn" and fixed.step_time_s > free.step_time_s
 
 
 def test_without_agent_inputs_the_plan_says_what_it_assumed() -> None:
-    plan = plan_placement(agentic_graph(), {"actor": ModelSpec.preset("qwen2.5-1.5b")},
-                          Workload(batch_size=64, prompt_len=256, response_len=256), Cluster.parse("4xH100"))
+    plan = plan_placement(PlanRequest(agentic_graph(), {"actor": ModelSpec.preset("qwen2.5-1.5b")},
+                                      Workload(batch_size=64, prompt_len=256, response_len=256),
+                                      Cluster.parse("4xH100")))
     assert "no agent inputs given" in dict(plan.extra)["agent_schedule"]
 
 
@@ -154,10 +156,11 @@ def test_graphs_without_agents_are_unchanged_and_refuse_agent_inputs() -> None:
     graph = load_graph("grpo", reward_kind="reward_function")
     models = {role.name: ModelSpec.preset("qwen2.5-0.5b") for role in graph.roles if role.kind.needs_gpu}
     workload = Workload(batch_size=64, prompt_len=256, response_len=256)
-    plan = plan_placement(graph, models, workload, Cluster.parse("2xH100"))
+    plan = plan_placement(PlanRequest(graph, models, workload, Cluster.parse("2xH100")))
     assert plan.mode.agent_schedule is None and "agent_schedule" not in plan.to_dict()
     with pytest.raises(ValueError, match="no multi-turn generate node"):
-        plan_placement(graph, models, workload, Cluster.parse("2xH100"), agent=AgentWorkload(turns="fixed:2"))
+        plan_placement(PlanRequest(graph, models, workload, Cluster.parse("2xH100"),
+                                   agent=AgentWorkload(turns="fixed:2")))
 
 
 def test_execution_mode_refuses_an_unknown_schedule() -> None:

@@ -18,7 +18,6 @@ from hybridflow.planner import (
     LengthDistribution,
     ModelSpec,
     Plan,
-    PlannerOptions,
     RunSettings,
     plan_placement,
     rollout_role,
@@ -29,6 +28,7 @@ from hybridflow.planner.devices import get_device
 from hybridflow.planner.manual import evaluate_mapping, parse_mapping
 from hybridflow.planner.modes import streamed_generate_seconds
 from hybridflow.planner.problem import build_problem
+from hybridflow.planner.request import PlanRequest
 from hybridflow.planner.rollout import Engine, decode_seconds
 from hybridflow.planner.weight_moves import WEIGHT_TENSOR_S
 from hybridflow.testing import brute_force_step_time, check_plan
@@ -65,9 +65,9 @@ def seconds(plan: Plan, node: str) -> float:
 def test_async_step_by_hand(grpo: Graph, max_staleness: int) -> None:
     models, hardware, recipe = small_models(grpo), four_gpus(instant_driver=True), long_tail(256, 8192)
     workload = Workload(batch_size=64, prompt_len=256, response_len=256)
-    sync = evaluate_mapping(grpo, models, workload, hardware, SPLIT, settings=recipe)
-    plan = evaluate_mapping(grpo, models, workload, hardware, SPLIT, settings=recipe, pipeline="async",
-                            max_staleness=max_staleness)
+    sync = evaluate_mapping(PlanRequest(grpo, models, workload, hardware, settings=recipe), SPLIT)
+    plan = evaluate_mapping(PlanRequest(grpo, models, workload, hardware, settings=recipe, pipeline="async",
+                                        max_staleness=max_staleness), SPLIT)
     assert (plan.pipeline, plan.max_staleness) == ("async", max_staleness)
     layout = plan.layout(ROLLOUT)
     assert layout == sync.layout(ROLLOUT)  # engines are chosen as in sync: by a batch's generation time
@@ -112,8 +112,8 @@ def test_async_is_never_slower_than_one_step_off_and_a_larger_k_never_slower(
     mapping = parse_mapping(text)
 
     def step(pipeline: str, k: int | None = None) -> float:
-        return evaluate_mapping(graph, models, workload, hardware, mapping, settings=recipe, pipeline=pipeline,
-                                max_staleness=k).step_time_s
+        return evaluate_mapping(PlanRequest(graph, models, workload, hardware, settings=recipe, pipeline=pipeline,
+                                            max_staleness=k), mapping).step_time_s
 
     one_step_off, by_k = step("one_step_off"), [step("async", k) for k in (1, 2, 3)]
     assert by_k[0] <= one_step_off * (1 + 1e-9)
@@ -130,7 +130,7 @@ def test_streamed_pool_time_follows_the_mean_length_not_the_max(name: str, mean:
     model = ModelSpec.preset(name)
     workload = Workload(batch_size=256, prompt_len=128, response_len=mean)
     models = {role: model for role in small_models(graph)}
-    layout = evaluate_mapping(graph, models, workload, Cluster.parse("4xA100-80G"), SPLIT,
+    layout = evaluate_mapping(PlanRequest(graph, models, workload, Cluster.parse("4xA100-80G")), SPLIT,
                               rollout_tp={ROLLOUT: rollout_tp}).layout(ROLLOUT)
     load = node_loads(graph, workload)["actor_generate"]
 
@@ -154,17 +154,17 @@ def test_streamed_pool_time_follows_the_mean_length_not_the_max(name: str, mean:
 def test_auto_picks_async_when_generation_dominates_with_a_long_tail(grpo: Graph) -> None:
     models, hardware, recipe = small_models(grpo), four_gpus(), long_tail(1024, 8192)
     workload = Workload(batch_size=64, prompt_len=256, response_len=1024)
-    auto = plan_placement(grpo, models, workload, hardware, settings=recipe, options=PlannerOptions(pipeline="auto"))
-    one_step_off = plan_placement(grpo, models, workload, hardware, settings=recipe,
-                                  options=PlannerOptions(pipeline="one_step_off"))
-    sync = plan_placement(grpo, models, workload, hardware, settings=recipe)
+    auto = plan_placement(PlanRequest(grpo, models, workload, hardware, settings=recipe, pipeline="auto"))
+    one_step_off = plan_placement(PlanRequest(grpo, models, workload, hardware, settings=recipe,
+                                              pipeline="one_step_off"))
+    sync = plan_placement(PlanRequest(grpo, models, workload, hardware, settings=recipe))
     assert auto.pipeline == "async" and auto.detached_rollouts == {"actor": ROLLOUT}
     assert auto.step_time_s < 0.8 * one_step_off.step_time_s < 0.8 * sync.step_time_s
     why = dict(auto.extra)["pipeline_choice"]
     assert why.startswith(f"async k={auto.max_staleness} on ") and "streamed generation" in why
     assert "sync colocated" in why and "one_step_off split" in why
-    fixed = plan_placement(grpo, models, workload, hardware, settings=recipe,
-                           options=PlannerOptions(pipeline="async", max_staleness=1))
+    fixed = plan_placement(PlanRequest(grpo, models, workload, hardware, settings=recipe, pipeline="async",
+                                       max_staleness=1))
     assert (fixed.pipeline, fixed.max_staleness) == ("async", 1) and fixed.step_time_s >= auto.step_time_s
     assert Plan.from_json(auto.to_json()) == auto
     check_plan(auto, graph=grpo, cluster=hardware)
@@ -177,8 +177,8 @@ def test_async_search_equals_brute_force(grpo: Graph, spec: str, max_staleness: 
     workload, hardware = Workload(batch_size=32, prompt_len=256, response_len=512), Cluster.parse(spec)
     problem = build_problem(grpo, models, workload, hardware, detach=("actor",), settings=recipe, pipeline="async",
                             max_staleness=max_staleness)
-    plan = plan_placement(grpo, models, workload, hardware, settings=recipe,
-                          options=PlannerOptions(pipeline="async", max_staleness=max_staleness))
+    plan = plan_placement(PlanRequest(grpo, models, workload, hardware, settings=recipe, pipeline="async",
+                                      max_staleness=max_staleness))
     # The search's bounds use the makespan, which the batch-latency term can only raise: still exact.
     assert plan.step_time_s == pytest.approx(brute_force_step_time(problem), rel=1e-9)
 
@@ -186,28 +186,26 @@ def test_async_search_equals_brute_force(grpo: Graph, spec: str, max_staleness: 
 def test_auto_keeps_sync_colocated_on_a_tiny_workload(grpo: Graph) -> None:
     models, hardware = small_models(grpo), four_gpus()
     tiny = Workload(batch_size=16, prompt_len=64, response_len=16)
-    auto = plan_placement(grpo, models, tiny, hardware, options=PlannerOptions(pipeline="auto"))
+    auto = plan_placement(PlanRequest(grpo, models, tiny, hardware, pipeline="auto"))
     assert (auto.pipeline, auto.max_staleness, auto.detached_rollouts) == ("sync", 0, {})
-    assert auto.step_time_s == plan_placement(grpo, models, tiny, hardware).step_time_s
+    assert auto.step_time_s == plan_placement(PlanRequest(grpo, models, tiny, hardware)).step_time_s
     assert "async k=1 split" in dict(auto.extra)["pipeline_choice"]
 
 
 def test_bad_async_inputs_name_the_field(grpo: Graph) -> None:
     models, workload = small_models(grpo), Workload(batch_size=8, prompt_len=8, response_len=8)
-    with pytest.raises(ValueError, match=r"PlannerOptions.max_staleness=-1 must be an integer >= 0"):
-        PlannerOptions(pipeline="async", max_staleness=-1)
-    with pytest.raises(ValueError, match=r"PlannerOptions.max_staleness=2 with pipeline='one_step_off'"):
-        PlannerOptions(pipeline="one_step_off", max_staleness=2)
-    with pytest.raises(ValueError, match=r"^max_staleness=-2 must be an integer >= 0"):
-        evaluate_mapping(grpo, models, workload, four_gpus(), SPLIT, pipeline="async", max_staleness=-2)
+    with pytest.raises(ValueError, match=r"PlanRequest.max_staleness=-1 must be an integer >= 0"):
+        PlanRequest(grpo, models, workload, four_gpus(), pipeline="async", max_staleness=-1)
+    with pytest.raises(ValueError, match=r"PlanRequest.max_staleness=2 with pipeline='one_step_off'"):
+        PlanRequest(grpo, models, workload, four_gpus(), pipeline="one_step_off", max_staleness=2)
     with pytest.raises(ValueError, match=r"pipeline='async' needs the rollout of 'actor' on GPUs of its own"):
-        evaluate_mapping(grpo, models, workload, four_gpus(), parse_mapping("actor=0-3,reference=0-3"),
-                         pipeline="async")
-    with pytest.raises(InfeasibleError, match=r"PlannerOptions.pipeline='async' needs .* at least 2 GPUs"):
-        plan_placement(grpo, models, workload, Cluster.parse("1xA100-80G"), options=PlannerOptions(pipeline="async"))
+        evaluate_mapping(PlanRequest(grpo, models, workload, four_gpus(), pipeline="async"),
+                         parse_mapping("actor=0-3,reference=0-3"))
+    with pytest.raises(InfeasibleError, match=r"PlanRequest.pipeline='async' needs .* at least 2 GPUs"):
+        plan_placement(PlanRequest(grpo, models, workload, Cluster.parse("1xA100-80G"), pipeline="async"))
     dapo = load_graph("dapo")  # its filter regenerates within the step
-    with pytest.raises(ValueError, match=r"PlannerOptions.pipeline='async': the dapo graph .* filter"):
-        plan_placement(dapo, small_models(dapo), workload, four_gpus(), options=PlannerOptions(pipeline="async"))
+    with pytest.raises(ValueError, match=r"PlanRequest.pipeline='async': the dapo graph .* filter"):
+        plan_placement(PlanRequest(dapo, small_models(dapo), workload, four_gpus(), pipeline="async"))
 
 
 def test_cli_plan_pipeline_async_with_a_staleness(capsys: pytest.CaptureFixture[str]) -> None:

@@ -12,6 +12,7 @@ from hybridflow.graph import Workload, load_graph
 from hybridflow.planner import Cluster, InfeasibleError, ModelSpec, plan_placement
 from hybridflow.planner.layouts import best_combination, role_candidates
 from hybridflow.planner.problem import build_problem
+from hybridflow.planner.request import PlanRequest
 from hybridflow.planner.search import set_partitions
 from hybridflow.testing import brute_force_step_time
 from hybridflow.testing.strategies import clusters, graphs, role_models, workloads
@@ -30,9 +31,9 @@ def assert_matches_brute_force(graph, models, workload, cluster) -> None:
     expected = brute_force_step_time(problem)
     if expected is None:
         with pytest.raises(InfeasibleError):
-            plan_placement(graph, models, workload, cluster)
+            plan_placement(PlanRequest(graph, models, workload, cluster))
         return
-    plan = plan_placement(graph, models, workload, cluster)
+    plan = plan_placement(PlanRequest(graph, models, workload, cluster))
     assert plan.step_time_s == pytest.approx(expected, rel=1e-9)
 
 

@@ -13,6 +13,7 @@ from hybridflow.planner.costs import Shape
 from hybridflow.planner.groups import GroupEvaluator
 from hybridflow.planner.lengths import LengthDistribution
 from hybridflow.planner.problem import build_problem
+from hybridflow.planner.request import PlanRequest
 from hybridflow.planner.rollout import generate_cost
 from hybridflow.planner.settings import Offload, RunSettings
 from hybridflow.testing.strategies import clusters
@@ -42,7 +43,7 @@ def test_more_gpus_never_slower_in_the_exact_regime(data, algorithm, model, extr
     run = data.draw(run_settings(256))
     models = {role.name: ModelSpec.preset(model) for role in graph.roles if role.kind.needs_gpu}
     try:
-        plan = plan_placement(graph, models, workload, cluster, settings=run)
+        plan = plan_placement(PlanRequest(graph, models, workload, cluster, settings=run))
     except InfeasibleError:
         assume(False)
         raise
@@ -50,7 +51,8 @@ def test_more_gpus_never_slower_in_the_exact_regime(data, algorithm, model, extr
     device = data.draw(st.sampled_from(list(cluster.device_names)))
     bigger = Cluster.of([*parts, (len(parts), device, extra)])
     assert bigger.num_gpus <= 16
-    assert plan_placement(graph, models, workload, bigger, settings=run).step_time_s <= plan.step_time_s * SLACK
+    larger = plan_placement(PlanRequest(graph, models, workload, bigger, settings=run))
+    assert larger.step_time_s <= plan.step_time_s * SLACK
 
 
 @settings(max_examples=60, deadline=None, derandomize=True)
@@ -104,5 +106,5 @@ def test_new_presets_plan_on_new_devices(preset):
     cluster = Cluster.parse("8xB200")
     run = RunSettings(offload={"actor": Offload(params=True, grads=True, optimizer=True),
                                "reference": Offload(params=True)})
-    plan = plan_placement(graph, models, workload, cluster, settings=run)
+    plan = plan_placement(PlanRequest(graph, models, workload, cluster, settings=run))
     assert plan.feasible and plan.step_time_s > 0

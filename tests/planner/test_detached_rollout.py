@@ -22,6 +22,7 @@ from hybridflow.planner import (
 )
 from hybridflow.planner.costs import COLLECTIVE_LATENCY_S, USABLE_MEMORY
 from hybridflow.planner.manual import evaluate_mapping, parse_mapping
+from hybridflow.planner.request import PlanRequest
 from hybridflow.planner.weight_moves import WEIGHT_TENSOR_S
 from hybridflow.testing import check_plan
 from hybridflow.testing.strategies import clusters, graphs, role_models, workloads
@@ -40,7 +41,10 @@ def seed(ppo: Graph, llama_models: dict[str, ModelSpec], seed_workload: Workload
 def pinned(instance: Instance, mapping: str) -> Plan:
     """``mapping`` with training layouts fixed, so plans with and without a detached rollout train the
     actor alike, and the colocated engine reuses the training shards (no resharding on actor_update)."""
-    return evaluate_mapping(*instance, parse_mapping(mapping), sharding="NO_SHARD", micro_batch_sizes=8,
+    graph = instance[0]
+    every = dict.fromkeys([role.name for role in graph.roles if role.kind.needs_gpu] + [ROLLOUT], 8)
+    return evaluate_mapping(PlanRequest(*instance, micro_batch_sizes=every), parse_mapping(mapping),
+                            sharding="NO_SHARD",
                             data_parallel_size={"actor": 1, "critic": 1}, rollout_tp={"actor": 4, ROLLOUT: 1})
 
 
@@ -94,16 +98,16 @@ def test_shipping_weights_slows_the_actor_update_by_exactly_the_shipment(seed: I
 @pytest.mark.parametrize("gpus", [(0, 1, 2, 3), (3, 1, 0, 2)])
 def test_rollout_on_the_actors_gpus_is_the_colocated_plan(seed: Instance, gpus: tuple[int, ...]) -> None:
     mapping = parse_mapping(SEED_MAPPING)
-    same = evaluate_mapping(*seed, {**mapping, ROLLOUT: gpus})
+    same = evaluate_mapping(PlanRequest(*seed), {**mapping, ROLLOUT: gpus})
     assert same.detached_rollouts == {} and ROLLOUT not in same.roles
-    assert without_timing(same) == without_timing(evaluate_mapping(*seed, mapping))
+    assert without_timing(same) == without_timing(evaluate_mapping(PlanRequest(*seed), mapping))
 
 
 @pytest.mark.parametrize("role", ["reference", "critic", "reward"])
 def test_rollout_for_a_role_that_does_not_generate_and_train_is_an_error(seed: Instance, role: str) -> None:
     mapping = {**parse_mapping(SEED_MAPPING), rollout_role(role): (6, 7)}
     with pytest.raises(ValueError, match=re.escape(f"role {role!r}")):
-        evaluate_mapping(*seed, mapping)
+        evaluate_mapping(PlanRequest(*seed), mapping)
 
 
 def test_rollout_of_a_reward_function_is_an_error(llama_models: dict[str, ModelSpec], seed_workload: Workload) -> None:
@@ -111,7 +115,7 @@ def test_rollout_of_a_reward_function_is_an_error(llama_models: dict[str, ModelS
     models = {"actor": llama_models["actor"], "reference": llama_models["reference"]}
     mapping = {**parse_mapping("actor=0-3,reference=4-5"), rollout_role("reward"): (6, 7)}
     with pytest.raises(ValueError, match=r"role 'reward'.*only a trainable policy"):
-        evaluate_mapping(graph, models, seed_workload, Cluster.parse("8xA100-80G"), mapping)
+        evaluate_mapping(PlanRequest(graph, models, seed_workload, Cluster.parse("8xA100-80G")), mapping)
 
 
 @st.composite
@@ -122,7 +126,7 @@ def instances(draw: st.DrawFn) -> Instance:
 
 def _plan(instance: Instance, options: PlannerOptions | None = None) -> Plan | None:
     try:
-        return plan_placement(*instance, options=options)
+        return plan_placement(PlanRequest(*instance), options=options)
     except InfeasibleError:
         return None
 
@@ -150,8 +154,9 @@ def test_small_policy_trains_on_a100s_while_its_rollout_decodes_on_the_h20s() ->
     models = dict.fromkeys(("actor", "reference", "reward"), ModelSpec.preset("llama3.2-3b"))
     workload = Workload(batch_size=512, prompt_len=512, response_len=2048)
     cluster = Cluster.parse("4xA100-80G+4xH20")
-    default = plan_placement(graph, models, workload, cluster)
-    separate = plan_placement(graph, models, workload, cluster, options=PlannerOptions(separate_rollout=True))
+    default = plan_placement(PlanRequest(graph, models, workload, cluster))
+    separate = plan_placement(PlanRequest(graph, models, workload, cluster),
+                              options=PlannerOptions(separate_rollout=True))
     check_plan(separate, graph=graph, cluster=cluster)
     assert default.detached_rollouts == {} and separate.detached_rollouts == {"actor": ROLLOUT}
     assert separate.step_time_s < default.step_time_s * 0.97  # ~7% by the cost model
@@ -161,7 +166,8 @@ def test_small_policy_trains_on_a100s_while_its_rollout_decodes_on_the_h20s() ->
 
 
 def test_rollout_engine_memory_is_reported_as_the_search_counted_it(seed: Instance) -> None:
-    plan = evaluate_mapping(*seed, parse_mapping(SEED_MAPPING + f",{ROLLOUT}=6-7"), rollout_tp={ROLLOUT: 2})
+    plan = evaluate_mapping(PlanRequest(*seed), parse_mapping(SEED_MAPPING + f",{ROLLOUT}=6-7"),
+                            rollout_tp={ROLLOUT: 2})
     group = group_of(plan, ROLLOUT)
     assert plan.feasible
     assert group.memory_per_gpu_bytes <= group.capacity_bytes * USABLE_MEMORY

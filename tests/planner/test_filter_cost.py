@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from hybridflow.graph import Workload, edge_bytes, load_graph, node_loads
 from hybridflow.planner import Cluster, ModelSpec, evaluate_mapping
+from hybridflow.planner.request import PlanRequest
 
 GRAPH = load_graph("dapo", n=8, max_rounds=3, max_new_tokens=512)
 
@@ -18,7 +19,7 @@ def _work(keep: float) -> Workload:
 
 def _step_seconds(keep: float) -> float:
     models = {"actor": ModelSpec.preset("llama3-8b"), "reward": ModelSpec.preset("llama3-8b")}
-    plan = evaluate_mapping(GRAPH, models, _work(keep), Cluster.parse("8xA100-80G"),
+    plan = evaluate_mapping(PlanRequest(GRAPH, models, _work(keep), Cluster.parse("8xA100-80G")),
                             {"actor": list(range(8)), "reward": list(range(8))})
     return plan.step_time_s
 

@@ -27,6 +27,7 @@ from hybridflow.planner.devices import get_device
 from hybridflow.planner.flops import flops_per_token
 from hybridflow.planner.lora_costs import LoraPlan, sync_mode
 from hybridflow.planner.models import from_config_dict
+from hybridflow.planner.request import PlanRequest
 from hybridflow.planner.weight_moves import ADAPTER_LOAD_S, weight_ship, weight_sync
 from hybridflow.testing import check_plan
 
@@ -144,8 +145,8 @@ def test_sync_sends_the_adapter_to_vllm_and_the_merged_weights_otherwise():
 def test_a_detached_rollout_receives_only_the_adapter(grpo):
     workload = Workload(batch_size=64, prompt_len=256, response_len=256)
     mapping = parse_mapping(f"actor=0-3,reference=0-3,{rollout_role('actor')}=4-7")
-    runs = {sync: evaluate_mapping(grpo, gpu_models(grpo, LLAMA8), workload, A100, mapping, pipeline="one_step_off",
-                                   lora=LoraPlan(rank=16, sync=sync))
+    runs = {sync: evaluate_mapping(PlanRequest(grpo, gpu_models(grpo, LLAMA8), workload, A100, pipeline="one_step_off",
+                                               lora=LoraPlan(rank=16, sync=sync)), mapping)
             for sync in ("adapter", "merged")}
     adapter = LLAMA8.with_adapter(LoraPlan(rank=16)).adapter_params
     assert runs["adapter"].weight_sync_bytes == adapter * 2
@@ -159,10 +160,11 @@ def test_the_shared_reference_holds_no_weights_and_runs_on_the_policys_gpus(grpo
     workload = Workload(batch_size=64, prompt_len=256, response_len=256)
     models = gpu_models(grpo, LLAMA8)
     lora = LoraPlan(rank=16)
-    own = evaluate_mapping(grpo, models, workload, A100, parse_mapping("actor=0-7,reference=0-7"), sharding=None,
-                           lora=lora)
-    shared = evaluate_mapping(grpo, models, workload, A100, parse_mapping("actor=0-7"), sharding=None, lora=lora,
-                              shared_weights={"reference": "actor"})
+    own = evaluate_mapping(PlanRequest(grpo, models, workload, A100, lora=lora),
+                           parse_mapping("actor=0-7,reference=0-7"), sharding=None)
+    shared = evaluate_mapping(PlanRequest(grpo, models, workload, A100, lora=lora,
+                                          shared_weights={"reference": "actor"}), parse_mapping("actor=0-7"),
+                              sharding=None)
     check_plan(shared, graph=grpo, cluster=A100)
     assert Plan.from_json(shared.to_json()) == shared
     (group,) = shared.groups
@@ -176,42 +178,43 @@ def test_the_shared_reference_holds_no_weights_and_runs_on_the_policys_gpus(grpo
     assert own.groups[0].memory_per_gpu_bytes - group.memory_per_gpu_bytes >= LLAMA8.params * 2 / 8 * 0.99
     assert "reference run(s) on its engine" in dict(shared.extra)["lora"]
     with pytest.raises(ValueError, match=r"runs on 'actor'.s weights"):
-        evaluate_mapping(grpo, models, workload, A100, parse_mapping("actor=0-3,reference=4-7"), lora=lora,
-                         shared_weights={"reference": "actor"})
-    with pytest.raises(ValueError, match="trains a LoRA adapter"):
-        evaluate_mapping(grpo, models, workload, A100, parse_mapping("actor=0-7"),
-                         shared_weights={"reference": "actor"})
+        evaluate_mapping(PlanRequest(grpo, models, workload, A100, lora=lora, shared_weights={"reference": "actor"}),
+                         parse_mapping("actor=0-3,reference=4-7"))
+    with pytest.raises(ValueError, match=r"PlanRequest.shared_weights=.* needs lora"):
+        evaluate_mapping(PlanRequest(grpo, models, workload, A100, shared_weights={"reference": "actor"}),
+                         parse_mapping("actor=0-7"))
 
 
 def test_seventy_b_does_not_fit_full_fine_tuning_on_8xa100_and_plans_with_lora(grpo):
     workload = Workload(batch_size=64, prompt_len=512, response_len=512)
     models = gpu_models(grpo, LLAMA70)
     with pytest.raises(InfeasibleError) as error:
-        plan_placement(grpo, models, workload, A100)
+        plan_placement(PlanRequest(grpo, models, workload, A100))
     message = str(error.value)
     assert "full fine-tuning: gradients" in message and "optimizer states" in message
     assert "rank-16 LoRA adapter" in message and "which fits" in message and "--lora rank=16" in message
-    options = PlannerOptions(lora=LoraPlan(rank=16), lora_when="needed", shared_weights={"reference": "actor"})
-    plan = plan_placement(grpo, models, workload, A100, options=options)
+    request = PlanRequest(grpo, models, workload, A100, lora=LoraPlan(rank=16), shared_weights={"reference": "actor"})
+    options = PlannerOptions(lora_when="needed")
+    plan = plan_placement(request, options=options)
     check_plan(plan, graph=grpo, cluster=A100)
     assert plan.feasible and all(g.memory_per_gpu_bytes <= 0.9 * g.capacity_bytes for g in plan.groups)
     why = dict(plan.extra)["lora"]
     assert why.startswith("full fine-tuning fits nowhere") and "planned with LoRA" in why
     assert "trains 207.1M of 70.55B weights" in why
     assert plan.layout("reference").shares_weights_with == "actor"
-    always = plan_placement(grpo, models, workload, A100, options=dataclasses.replace(options, lora_when="always"))
+    always = plan_placement(request, options=dataclasses.replace(options, lora_when="always"))
     assert always.step_time_s == plan.step_time_s and always.groups == plan.groups
 
 
 def test_eight_b_fits_both_ways_and_needed_keeps_full_fine_tuning(grpo):
     workload = Workload(batch_size=64, prompt_len=512, response_len=512)
     models = gpu_models(grpo, LLAMA8)
-    full = plan_placement(grpo, models, workload, A100)
-    needed = plan_placement(grpo, models, workload, A100,
-                            options=PlannerOptions(lora=LoraPlan(rank=16), lora_when="needed"))
+    full = plan_placement(PlanRequest(grpo, models, workload, A100))
+    needed = plan_placement(PlanRequest(grpo, models, workload, A100, lora=LoraPlan(rank=16)),
+                            options=PlannerOptions(lora_when="needed"))
     assert dataclasses.replace(needed, extra=full.extra, search=None) == dataclasses.replace(full, search=None)
     assert "full fine-tuning fits" in dict(needed.extra)["lora"]
-    lora = plan_placement(grpo, models, workload, A100, options=PlannerOptions(lora=LoraPlan(rank=16)))
+    lora = plan_placement(PlanRequest(grpo, models, workload, A100, lora=LoraPlan(rank=16)))
     check_plan(lora, graph=grpo, cluster=A100)
     assert full.feasible and lora.feasible
     assert lora.step_time_s < full.step_time_s  # no weight gradients, a tiny optimizer step
@@ -221,8 +224,8 @@ def test_eight_b_fits_both_ways_and_needed_keeps_full_fine_tuning(grpo):
 
 
 def test_plans_without_lora_are_unchanged(grpo, ppo, llama_models, seed_workload):
-    plain = plan_placement(ppo, llama_models, seed_workload, A100)
-    none = plan_placement(ppo, llama_models, seed_workload, A100, options=PlannerOptions(lora=None))
+    plain = plan_placement(PlanRequest(ppo, llama_models, seed_workload, A100))
+    none = plan_placement(PlanRequest(ppo, llama_models, seed_workload, A100, lora=None))
     assert dataclasses.replace(none, search=None) == dataclasses.replace(plain, search=None)
     assert "lora" not in dict(plain.extra)
     assert all(layout.shares_weights_with == "" for group in plain.groups for layout in group.layouts)
@@ -230,8 +233,9 @@ def test_plans_without_lora_are_unchanged(grpo, ppo, llama_models, seed_workload
 
 def test_lora_on_a_frozen_role_is_refused(grpo):
     with pytest.raises(ValueError, match="only a trainable GPU role trains an adapter"):
-        plan_placement(grpo, gpu_models(grpo, LLAMA8), Workload(batch_size=8, prompt_len=64, response_len=64), A100,
-                       options=PlannerOptions(lora={"reference": LoraPlan(rank=8)}))
+        plan_placement(PlanRequest(grpo, gpu_models(grpo, LLAMA8),
+                                   Workload(batch_size=8, prompt_len=64, response_len=64), A100,
+                                   lora={"reference": LoraPlan(rank=8)}))
 
 
 def test_cli_plans_lora_and_shares_the_reference(capsys):

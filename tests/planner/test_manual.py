@@ -8,6 +8,7 @@ from hybridflow.graph import Workload, load_graph
 from hybridflow.planner import Cluster, ModelSpec, Sharding, plan_placement
 from hybridflow.planner.compare import compare_plans
 from hybridflow.planner.manual import evaluate_mapping, parse_mapping
+from hybridflow.planner.request import PlanRequest
 from hybridflow.testing import check_plan
 
 from .conftest import SEED_MAPPING
@@ -43,22 +44,22 @@ def seed(ppo, llama_models, seed_workload):
 ])
 def test_bad_mappings_say_why(seed, mapping, message):
     with pytest.raises(ValueError, match=message):
-        evaluate_mapping(*seed, parse_mapping(mapping))
+        evaluate_mapping(PlanRequest(*seed), parse_mapping(mapping))
 
 
 def test_mixed_device_group_is_rejected(ppo, llama_models, seed_workload):
     cluster = Cluster.parse("4xA100-80G+2xT4")
     with pytest.raises(ValueError, match="spans device types"):
-        evaluate_mapping(ppo, llama_models, seed_workload, cluster,
+        evaluate_mapping(PlanRequest(ppo, llama_models, seed_workload, cluster),
                          parse_mapping("actor=0-3,critic=0-3,reward=3-5,reference=3-5"))
 
 
 def test_seed_mapping_is_costed_and_compared(seed):
-    manual = evaluate_mapping(*seed, parse_mapping(SEED_MAPPING), sharding=Sharding.FULL_SHARD)
+    manual = evaluate_mapping(PlanRequest(*seed), parse_mapping(SEED_MAPPING), sharding=Sharding.FULL_SHARD)
     check_plan(manual, graph=seed[0], cluster=seed[3])
     assert [set(g.roles) for g in manual.groups] == [{"actor", "critic"}, {"reward", "reference"}]
     assert manual.cross_group_bytes > 0 and manual.search is not None and manual.search.method == "manual"
-    auto = plan_placement(*seed)
+    auto = plan_placement(PlanRequest(*seed))
     assert auto.step_time_s < manual.step_time_s
     text = compare_plans(auto, manual)
     assert "auto is" in text and "faster" in text and "bottleneck" in text and "GPUs used 6" in text
@@ -66,22 +67,22 @@ def test_seed_mapping_is_costed_and_compared(seed):
 
 def test_manual_oom_is_reported_not_raised(seed):
     graph, models, workload, cluster = seed
-    manual = evaluate_mapping(graph, models, workload, cluster,
+    manual = evaluate_mapping(PlanRequest(graph, models, workload, cluster),
                               parse_mapping("actor=0,critic=0,reward=1,reference=1"), sharding=None)
     assert not manual.feasible
     assert any("OOM risk" in p and "over by" in p and "['actor', 'critic']" in p for p in manual.problems)
     check_plan(manual, graph=graph, cluster=cluster)
-    assert "does not fit" in compare_plans(plan_placement(*seed), manual)
+    assert "does not fit" in compare_plans(plan_placement(PlanRequest(*seed)), manual)
 
 
 def test_manual_knobs_are_honoured_and_checked(seed):
-    manual = evaluate_mapping(*seed, parse_mapping(SEED_MAPPING), data_parallel_size=2, sharding="SHARD_GRAD_OP",
-                              micro_batch_sizes={"actor": 4})
+    manual = evaluate_mapping(PlanRequest(*seed, micro_batch_sizes={"actor": 4}), parse_mapping(SEED_MAPPING),
+                              data_parallel_size=2, sharding="SHARD_GRAD_OP")
     actor = manual.layout("actor")
     assert (actor.dp, actor.tp, actor.sharding, actor.micro_batch_size) == (2, 2, Sharding.SHARD_GRAD_OP, 4)
     assert manual.layout("reference").sharding is Sharding.NO_SHARD  # frozen: nothing but params to shard
     with pytest.raises(ValueError, match="data_parallel_size=3 does not divide role 'actor'"):
-        evaluate_mapping(*seed, parse_mapping(SEED_MAPPING), data_parallel_size=3)
+        evaluate_mapping(PlanRequest(*seed), parse_mapping(SEED_MAPPING), data_parallel_size=3)
 
 
 def test_dtype_the_device_lacks_is_an_error(ppo):
@@ -90,17 +91,19 @@ def test_dtype_the_device_lacks_is_an_error(ppo):
     cluster = Cluster.parse("4xA100-80G+2xT4")
     workload = Workload(batch_size=64, prompt_len=128, response_len=128)
     mapping = parse_mapping("actor=0-3,critic=0-3,reward=4-5,reference=4-5")
-    plan = evaluate_mapping(ppo, models, workload, cluster, mapping)
+    plan = evaluate_mapping(PlanRequest(ppo, models, workload, cluster), mapping)
     assert plan.layout("reward").dtype == "fp16" and plan.layout("actor").dtype == "bf16"
     with pytest.raises(ValueError, match="dtype bf16 does not run on T4"):
-        evaluate_mapping(ppo, models, workload, cluster, mapping, dtypes={"reward": "bf16"})
+        evaluate_mapping(PlanRequest(ppo, models, workload, cluster), mapping, dtypes={"reward": "bf16"})
 
 
 def test_reward_function_runs_on_the_driver(llama_models, seed_workload):
     graph = load_graph("grpo", reward_kind="reward_function")
     models = {"actor": llama_models["actor"], "reference": llama_models["reference"]}
     cluster = Cluster.parse("8xA100-80G")
-    plan = evaluate_mapping(graph, models, seed_workload, cluster, parse_mapping("actor=0-5,reference=6-7"))
+    plan = evaluate_mapping(PlanRequest(graph, models, seed_workload, cluster),
+                            parse_mapping("actor=0-5,reference=6-7"))
     assert plan.driver_roles == ("reward",)
     with pytest.raises(ValueError, match="runs on the driver"):
-        evaluate_mapping(graph, models, seed_workload, cluster, parse_mapping("actor=0-5,reference=6-7,reward=7"))
+        evaluate_mapping(PlanRequest(graph, models, seed_workload, cluster),
+                         parse_mapping("actor=0-5,reference=6-7,reward=7"))

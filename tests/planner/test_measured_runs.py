@@ -12,6 +12,7 @@ from hybridflow.graph import Workload, load_graph
 from hybridflow.planner import Cluster, ModelSpec, evaluate_mapping
 from hybridflow.planner.calibration import Calibration, Constants
 from hybridflow.planner.measured import case_from_run, measured_node_times
+from hybridflow.planner.request import PlanRequest
 from hybridflow.planner.settings import RunSettings
 
 TRUTH = replace(Constants(), train_mfu=0.3)
@@ -25,8 +26,8 @@ def write_run(folder, *, skipped_step_seconds: float = 99.0) -> dict[str, float]
     models = {role: ModelSpec.preset("tiny") for role in ("actor", "reference")}
     workload = Workload(batch_size=16, prompt_len=32, response_len=32, n_samples=4)
     cluster = Cluster.parse("2xCPU")
-    plan = evaluate_mapping(graph, models, workload, cluster, {"actor": (0, 1), "reference": (0, 1)},
-                            calibration=Calibration(default=TRUTH))
+    plan = evaluate_mapping(PlanRequest(graph, models, workload, cluster, calibration=Calibration(default=TRUTH)),
+                            {"actor": (0, 1), "reference": (0, 1)})
     folder.mkdir()
     (folder / "plan.json").write_text(plan.to_json())
     times = {f"time/{node.node}": node.seconds for node in plan.nodes} | {"time/step": plan.step_time_s}
@@ -77,9 +78,10 @@ def test_calibrate_from_a_train_run_directory_alone_reads_its_config_plan_and_le
     graph = setup.build_graph(config)
     lengths = LengthDistribution.from_lengths([8, 12, 20, 32])  # what from_metrics makes of mean 18, max 32
     truth = RunSettings(lengths=LengthDistribution.lognormal(mean=18, max=32))
-    plan = evaluate_mapping(graph, placement.role_models(config, graph), placement.workload(config, graph, 24, truth),
-                            placement.planner_cluster(config), {"actor": (0, 1), "reference": (0, 1)},
-                            settings=truth, calibration=Calibration(default=TRUTH))
+    plan = evaluate_mapping(PlanRequest(graph, placement.role_models(config, graph),
+                                        placement.workload(config, graph, 24, truth), placement.planner_cluster(config),
+                                        settings=truth, calibration=Calibration(default=TRUTH)),
+                            {"actor": (0, 1), "reference": (0, 1)})
     folder = tmp_path / "run"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(asdict(config)))

@@ -13,6 +13,7 @@ from hybridflow.graph import Graph, Workload, load_graph
 from hybridflow.planner import Cluster, ExecutionMode, ModelSpec, Plan, PlannerOptions, plan_placement, rollout_role
 from hybridflow.planner.costs import COLLECTIVE_LATENCY_S, DRIVER_SECONDS_PER_ROW
 from hybridflow.planner.manual import evaluate_mapping, parse_mapping
+from hybridflow.planner.request import PlanRequest
 from hybridflow.planner.weight_moves import WEIGHT_TENSOR_S
 from hybridflow.testing import check_plan
 
@@ -45,8 +46,8 @@ def test_one_step_off_step_is_the_slower_pool_by_hand(grpo: Graph, response_len:
     models, workload = small_models(grpo), Workload(batch_size=64, prompt_len=256, response_len=response_len)
     hardware = cluster(instant_driver=True)
     mapping = parse_mapping(SPLIT)
-    sync = evaluate_mapping(grpo, models, workload, hardware, mapping)
-    overlapped = evaluate_mapping(grpo, models, workload, hardware, mapping, pipeline="one_step_off")
+    sync = evaluate_mapping(PlanRequest(grpo, models, workload, hardware), mapping)
+    overlapped = evaluate_mapping(PlanRequest(grpo, models, workload, hardware, pipeline="one_step_off"), mapping)
     assert (sync.pipeline, overlapped.pipeline) == ("sync", "one_step_off")
     # The rollout pool generates and then takes in the weights: one bf16 copy at the inter-node bandwidth.
     load = (models["actor"].params * 2 / hardware.inter_node_bandwidth + COLLECTIVE_LATENCY_S
@@ -75,10 +76,11 @@ def test_one_step_off_is_never_slower_than_the_same_split_in_sync(algorithm: str
         trainer = f"0-{7 - rollout_gpus}"
         text = ",".join([f"actor={trainer}", *(f"{role}={trainer}" for role in others),
                          f"{ROLLOUT}={8 - rollout_gpus}-7"])
-        sync = evaluate_mapping(graph, models, workload, hardware, parse_mapping(text))
-        overlapped = evaluate_mapping(graph, models, workload, hardware, parse_mapping(text), pipeline="one_step_off")
+        sync = evaluate_mapping(PlanRequest(graph, models, workload, hardware), parse_mapping(text))
+        overlapped = evaluate_mapping(PlanRequest(graph, models, workload, hardware, pipeline="one_step_off"),
+                                      parse_mapping(text))
         assert overlapped.step_time_s <= sync.step_time_s * (1 + 1e-9), text
-        auto = evaluate_mapping(graph, models, workload, hardware, parse_mapping(text), pipeline="auto")
+        auto = evaluate_mapping(PlanRequest(graph, models, workload, hardware, pipeline="auto"), parse_mapping(text))
         assert auto.step_time_s == min(sync.step_time_s, overlapped.step_time_s)
 
 
@@ -87,8 +89,8 @@ def test_auto_picks_one_step_off_when_generation_dominates(grpo: Graph) -> None:
     # 32 prompts: the rollout's 4K drain dominates the step (at 64 the packed passes, their memory-bound ops priced,
     # catch up with it and the overlap's gain falls to ~1%).
     long = Workload(batch_size=32, prompt_len=256, response_len=4096)
-    auto = plan_placement(grpo, models, long, hardware, options=PlannerOptions(pipeline="auto"))
-    sync = plan_placement(grpo, models, long, hardware, options=PlannerOptions(separate_rollout=True))
+    auto = plan_placement(PlanRequest(grpo, models, long, hardware, pipeline="auto"))
+    sync = plan_placement(PlanRequest(grpo, models, long, hardware), options=PlannerOptions(separate_rollout=True))
     assert auto.pipeline == "one_step_off" and auto.detached_rollouts == {"actor": ROLLOUT}
     assert auto.step_time_s < sync.step_time_s * 0.9  # a real win, not a tie-break
     why = dict(auto.extra)["pipeline_choice"]
@@ -99,8 +101,8 @@ def test_auto_picks_one_step_off_when_generation_dominates(grpo: Graph) -> None:
 def test_auto_keeps_sync_colocated_when_the_rollout_is_short(grpo: Graph) -> None:
     models, hardware = small_models(grpo), cluster()
     short = Workload(batch_size=64, prompt_len=256, response_len=32)
-    auto = plan_placement(grpo, models, short, hardware, options=PlannerOptions(pipeline="auto"))
-    sync = plan_placement(grpo, models, short, hardware)
+    auto = plan_placement(PlanRequest(grpo, models, short, hardware, pipeline="auto"))
+    sync = plan_placement(PlanRequest(grpo, models, short, hardware))
     assert (auto.pipeline, auto.detached_rollouts) == ("sync", {})
     assert auto.step_time_s == sync.step_time_s
     assert dict(auto.extra)["pipeline_choice"].startswith("sync colocated on 4 GPUs")
@@ -110,14 +112,15 @@ def test_auto_keeps_sync_colocated_when_the_rollout_is_short(grpo: Graph) -> Non
 def test_one_step_off_option_searches_only_split_plans(grpo: Graph) -> None:
     models, hardware = small_models(grpo), cluster()
     short = Workload(batch_size=64, prompt_len=256, response_len=32)
-    plan = plan_placement(grpo, models, short, hardware, options=PlannerOptions(pipeline="one_step_off"))
+    plan = plan_placement(PlanRequest(grpo, models, short, hardware, pipeline="one_step_off"))
     assert plan.pipeline == "one_step_off" and plan.detached_rollouts == {"actor": ROLLOUT}
-    assert plan.step_time_s >= plan_placement(grpo, models, short, hardware).step_time_s
+    assert plan.step_time_s >= plan_placement(PlanRequest(grpo, models, short, hardware)).step_time_s
 
 
 def test_default_options_cost_sync_exactly_as_before(grpo: Graph) -> None:
     models, hardware = small_models(grpo), cluster()
-    plan = plan_placement(grpo, models, Workload(batch_size=64, prompt_len=256, response_len=4096), hardware)
+    plan = plan_placement(PlanRequest(grpo, models, Workload(batch_size=64, prompt_len=256, response_len=4096),
+                                      hardware))
     assert plan.pipeline == "sync" and "pipeline_choice" not in dict(plan.extra)
 
 
@@ -125,12 +128,12 @@ def test_colocated_mapping_with_one_step_off_is_refused_naming_the_fix(grpo: Gra
     workload = Workload(batch_size=64, prompt_len=256, response_len=64)
     with pytest.raises(ValueError, match=r"needs the rollout of 'actor' on GPUs of its own.*"
                                          r"'actor:rollout=.*pipeline='sync'"):
-        evaluate_mapping(grpo, small_models(grpo), workload, cluster(), parse_mapping("actor=0-3,reference=0-3"),
-                         pipeline="one_step_off")
+        evaluate_mapping(PlanRequest(grpo, small_models(grpo), workload, cluster(), pipeline="one_step_off"),
+                         parse_mapping("actor=0-3,reference=0-3"))
     # The policy's own GPUs named as its rollout are the colocated engine too.
     with pytest.raises(ValueError, match="GPUs of its own"):
-        evaluate_mapping(grpo, small_models(grpo), workload, cluster(),
-                         parse_mapping(f"actor=0-3,reference=0-3,{ROLLOUT}=0-3"), pipeline="one_step_off")
+        evaluate_mapping(PlanRequest(grpo, small_models(grpo), workload, cluster(), pipeline="one_step_off"),
+                         parse_mapping(f"actor=0-3,reference=0-3,{ROLLOUT}=0-3"))
 
 
 def test_graphs_the_runtime_cannot_overlap_are_refused() -> None:
@@ -138,31 +141,32 @@ def test_graphs_the_runtime_cannot_overlap_are_refused() -> None:
     models = small_models(dapo)
     workload = Workload(batch_size=64, prompt_len=256, response_len=64)
     with pytest.raises(ValueError, match=r"filter.*use pipeline='sync'"):
-        plan_placement(dapo, models, workload, cluster(), options=PlannerOptions(pipeline="one_step_off"))
-    auto = plan_placement(dapo, models, workload, cluster(), options=PlannerOptions(pipeline="auto"))
+        plan_placement(PlanRequest(dapo, models, workload, cluster(), pipeline="one_step_off"))
+    auto = plan_placement(PlanRequest(dapo, models, workload, cluster(), pipeline="auto"))
     assert auto.pipeline == "sync"
 
 
 def test_bad_pipeline_values_name_the_field(grpo: Graph) -> None:
-    with pytest.raises(ValueError, match=r"PlannerOptions.pipeline='fully_async' must be one of"):
-        PlannerOptions(pipeline="fully_async")
+    with pytest.raises(ValueError, match=r"PlanRequest.pipeline='fully_async' must be one of"):
+        PlanRequest(grpo, {}, Workload(batch_size=8, prompt_len=8, response_len=8), Cluster.parse("2xA100-80G"),
+                    pipeline="fully_async")
     with pytest.raises(ValueError, match=r"ExecutionMode.pipeline='auto' must be one of \['sync', 'one_step_off', "
                                          r"'async'\]"):
         Plan(algorithm="grpo", groups=(), mode=ExecutionMode(pipeline="auto"))
     with pytest.raises(ValueError, match="pipeline='k2' must be one of"):
-        evaluate_mapping(grpo, small_models(grpo), Workload(batch_size=8, prompt_len=8, response_len=8), cluster(),
-                         parse_mapping(SPLIT), pipeline="k2")
+        evaluate_mapping(PlanRequest(grpo, small_models(grpo), Workload(batch_size=8, prompt_len=8, response_len=8),
+                                     cluster(), pipeline="k2"), parse_mapping(SPLIT))
 
 
 def test_one_step_off_needs_two_gpus(grpo: Graph) -> None:
     with pytest.raises(ValueError, match="at least 2 GPUs"):
-        plan_placement(grpo, small_models(grpo), Workload(batch_size=8, prompt_len=8, response_len=8),
-                       cluster("1xA100-80G"), options=PlannerOptions(pipeline="one_step_off"))
+        plan_placement(PlanRequest(grpo, small_models(grpo), Workload(batch_size=8, prompt_len=8, response_len=8),
+                                   cluster("1xA100-80G"), pipeline="one_step_off"))
 
 
 def test_plan_json_round_trip_and_old_plans_load_as_sync(grpo: Graph) -> None:
     workload = Workload(batch_size=64, prompt_len=256, response_len=4096)
-    plan = plan_placement(grpo, small_models(grpo), workload, cluster(), options=PlannerOptions(pipeline="auto"))
+    plan = plan_placement(PlanRequest(grpo, small_models(grpo), workload, cluster(), pipeline="auto"))
     assert plan.pipeline == "one_step_off"
     assert Plan.from_json(plan.to_json()) == plan
     assert json.loads(plan.to_json())["pipeline"] == "one_step_off"

@@ -12,6 +12,7 @@ from hybridflow.graph import Graph, Workload
 from hybridflow.planner import Cluster, InfeasibleError, ModelSpec, Plan, plan_placement
 from hybridflow.planner.manual import colocate_all_mapping, evaluate_mapping, even_split_mapping
 from hybridflow.planner.problem import build_problem
+from hybridflow.planner.request import PlanRequest
 from hybridflow.testing import check_plan
 from hybridflow.testing.strategies import clusters, graphs, role_models, workloads
 
@@ -27,7 +28,7 @@ def instances(draw: st.DrawFn, max_gpus: int = 16) -> tuple[Graph, dict[str, Mod
 
 def auto_plan(graph: Graph, models: dict[str, ModelSpec], workload: Workload, cluster: Cluster) -> Plan:
     try:
-        return plan_placement(graph, models, workload, cluster)
+        return plan_placement(PlanRequest(graph, models, workload, cluster))
     except InfeasibleError:
         assume(False)
         raise
@@ -45,7 +46,7 @@ def test_plan_invariants_hold_and_plans_are_deterministic(instance):
     check_plan(plan, graph=graph, cluster=cluster)
     assert plan.feasible
     assert all(g.memory_per_gpu_bytes <= g.capacity_bytes for g in plan.groups)
-    assert without_timing(plan) == without_timing(plan_placement(graph, models, workload, cluster))
+    assert without_timing(plan) == without_timing(plan_placement(PlanRequest(graph, models, workload, cluster)))
 
 
 @FAST
@@ -54,14 +55,15 @@ def test_auto_beats_colocate_all_and_even_split(instance):
     graph, models, workload, cluster = instance
     plan = auto_plan(graph, models, workload, cluster)
     problem = build_problem(graph, models, workload, cluster)
-    colocated = evaluate_mapping(graph, models, workload, cluster, colocate_all_mapping(problem), sharding=None)
+    colocated = evaluate_mapping(PlanRequest(graph, models, workload, cluster), colocate_all_mapping(problem),
+                                 sharding=None)
     assert colocated.cross_group_bytes == 0
     check_plan(colocated, graph=graph, cluster=cluster)
     if colocated.feasible:
         assert plan.step_time_s <= colocated.step_time_s * SLACK
     split = even_split_mapping(problem)
     if split is not None:
-        even = evaluate_mapping(graph, models, workload, cluster, split, sharding=None)
+        even = evaluate_mapping(PlanRequest(graph, models, workload, cluster), split, sharding=None)
         if even.feasible:
             assert plan.step_time_s <= even.step_time_s * SLACK
 
@@ -92,7 +94,7 @@ def test_auto_beats_any_valid_manual_mapping(instance, data):
     plan = auto_plan(graph, models, workload, cluster)
     problem = build_problem(graph, models, workload, cluster)
     mapping = data.draw(manual_mappings(problem.role_names, cluster))
-    manual = evaluate_mapping(graph, models, workload, cluster, mapping, sharding=None)
+    manual = evaluate_mapping(PlanRequest(graph, models, workload, cluster), mapping, sharding=None)
     check_plan(manual, graph=graph, cluster=cluster)
     if manual.feasible:
         assert plan.step_time_s <= manual.step_time_s * SLACK
@@ -106,12 +108,13 @@ def test_adding_gpus_never_makes_the_optimum_worse(instance, device, extra):
     parts = [(m.host, m.device, m.gpus) for m in cluster.machines]
     bigger = Cluster.of([*parts, (len(parts), device, extra)])
     assert bigger.num_gpus <= 16
-    assert plan_placement(graph, models, workload, bigger).step_time_s <= plan.step_time_s * SLACK
+    assert plan_placement(PlanRequest(graph, models, workload, bigger)).step_time_s <= plan.step_time_s * SLACK
 
 
 @pytest.mark.parametrize("spec", ["8xA100-80G", "2x4xH100", "4xA100-80G+2xT4"])
 def test_colocated_plans_move_no_bytes_between_groups(spec, ppo, llama_models, seed_workload):
     cluster = Cluster.parse(spec)
     problem = build_problem(ppo, llama_models, seed_workload, cluster)
-    plan = evaluate_mapping(ppo, llama_models, seed_workload, cluster, colocate_all_mapping(problem), sharding=None)
+    plan = evaluate_mapping(PlanRequest(ppo, llama_models, seed_workload, cluster), colocate_all_mapping(problem),
+                            sharding=None)
     assert len(plan.groups) == 1 and plan.cross_group_bytes == 0

@@ -8,6 +8,7 @@ import pytest
 
 from hybridflow.graph import Workload, load_graph
 from hybridflow.planner import Cluster, InfeasibleError, ModelSpec, Plan, PlannerOptions, plan_placement
+from hybridflow.planner.request import PlanRequest
 from hybridflow.planner.search import set_partitions
 from hybridflow.testing import check_plan
 
@@ -15,7 +16,7 @@ from hybridflow.testing import check_plan
 def test_seed_scenario_is_feasible_fast_and_valid(ppo, llama_models, seed_workload):
     cluster = Cluster.parse("8xA100-80G")
     start = time.perf_counter()
-    plan = plan_placement(ppo, llama_models, seed_workload, cluster)
+    plan = plan_placement(PlanRequest(ppo, llama_models, seed_workload, cluster))
     assert time.perf_counter() - start < 1.0
     check_plan(plan, graph=ppo, cluster=cluster)
     assert plan.feasible and plan.step_time_s > 0 and plan.bottleneck
@@ -28,7 +29,8 @@ def test_mixed_cluster_puts_the_reward_model_on_t4_in_fp16(ppo):
     models = {"actor": ModelSpec.preset("qwen2.5-7b"), "critic": ModelSpec.preset("qwen2.5-7b"),
               "reference": ModelSpec.preset("qwen2.5-7b"), "reward": ModelSpec.preset("qwen2.5-1.5b")}
     cluster = Cluster.parse("4xA100-80G+2xT4")
-    plan = plan_placement(ppo, models, Workload(batch_size=1024, prompt_len=512, response_len=512), cluster)
+    workload = Workload(batch_size=1024, prompt_len=512, response_len=512)
+    plan = plan_placement(PlanRequest(ppo, models, workload, cluster))
     check_plan(plan, graph=ppo, cluster=cluster)
     t4 = [g for g in plan.groups if g.device == "T4"]
     assert t4 and set(t4[0].roles) <= {"reward", "reference"}
@@ -43,7 +45,7 @@ def test_cpu_logical_gpus_plan_tiny_models_for_the_runtime():
     models = dict.fromkeys(("actor", "critic", "reward", "reference"), tiny)
     for spec in ("2xCPU", "4xA100-80G", "1xCPU"):
         cluster = Cluster.parse(spec)
-        plan = plan_placement(graph, models, Workload(batch_size=4, prompt_len=8, response_len=8), cluster)
+        plan = plan_placement(PlanRequest(graph, models, Workload(batch_size=4, prompt_len=8, response_len=8), cluster))
         check_plan(plan, graph=graph, cluster=cluster)
         for group in plan.groups:
             for layout in group.layouts:
@@ -54,7 +56,7 @@ def test_cpu_logical_gpus_plan_tiny_models_for_the_runtime():
 def test_reward_function_goes_to_the_driver(llama_models, seed_workload):
     graph = load_graph("ppo", reward_kind="reward_function")
     models = {k: v for k, v in llama_models.items() if k != "reward"}
-    plan = plan_placement(graph, models, seed_workload, Cluster.parse("8xA100-80G"))
+    plan = plan_placement(PlanRequest(graph, models, seed_workload, Cluster.parse("8xA100-80G")))
     assert plan.driver_roles == ("reward",) and "reward" not in [r for g in plan.groups for r in g.roles]
     assert plan.group_index("reward") is None
 
@@ -62,7 +64,8 @@ def test_reward_function_goes_to_the_driver(llama_models, seed_workload):
 def test_large_clusters_search_whole_machines_quickly(ppo, llama_models):
     cluster = Cluster.parse("16x8xA100-80G+16x8xL40S")
     start = time.perf_counter()
-    plan = plan_placement(ppo, llama_models, Workload(batch_size=2048, prompt_len=512, response_len=512), cluster)
+    plan = plan_placement(PlanRequest(ppo, llama_models, Workload(batch_size=2048, prompt_len=512, response_len=512),
+                                      cluster))
     assert time.perf_counter() - start < 10
     assert plan.search is not None and plan.search.method == "machine units"
     check_plan(plan, graph=ppo, cluster=cluster)
@@ -72,8 +75,9 @@ def test_large_clusters_search_whole_machines_quickly(ppo, llama_models):
 
 def test_exact_and_machine_units_agree_when_machines_are_the_only_sensible_unit(ppo, llama_models, seed_workload):
     cluster = Cluster.parse("2x8xH100")
-    exact = plan_placement(ppo, llama_models, seed_workload, cluster, options=PlannerOptions(unit="gpu"))
-    coarse = plan_placement(ppo, llama_models, seed_workload, cluster, options=PlannerOptions(unit="machine"))
+    exact = plan_placement(PlanRequest(ppo, llama_models, seed_workload, cluster), options=PlannerOptions(unit="gpu"))
+    coarse = plan_placement(PlanRequest(ppo, llama_models, seed_workload, cluster),
+                            options=PlannerOptions(unit="machine"))
     assert exact.step_time_s <= coarse.step_time_s * (1 + 1e-9)
 
 
@@ -81,23 +85,24 @@ def test_model_that_fits_nowhere_names_role_and_shortfall(ppo):
     huge = ModelSpec.preset("llama3-70b")
     models = dict.fromkeys(("actor", "critic", "reward", "reference"), huge)
     with pytest.raises(InfeasibleError, match=r"role 'actor' \(llama3-70b\) needs at least .* GiB.*over by"):
-        plan_placement(ppo, models, Workload(batch_size=8, prompt_len=128, response_len=128), Cluster.parse("2xT4"))
+        plan_placement(PlanRequest(ppo, models, Workload(batch_size=8, prompt_len=128, response_len=128),
+                                   Cluster.parse("2xT4")))
 
 
 def test_roles_that_fit_alone_but_not_together_say_so(ppo):
     spec = ModelSpec.preset("qwen2.5-1.5b")
     models = dict.fromkeys(("actor", "critic", "reward", "reference"), spec)
     with pytest.raises(InfeasibleError, match="each role fits alone"):
-        plan_placement(ppo, models, Workload(batch_size=8, prompt_len=128, response_len=128),
-                       Cluster.parse("1xA100-40G"))
+        plan_placement(PlanRequest(ppo, models, Workload(batch_size=8, prompt_len=128, response_len=128),
+                                   Cluster.parse("1xA100-40G")))
 
 
 def test_bad_inputs_are_clear(ppo, llama_models, seed_workload):
     cluster = Cluster.parse("8xA100-80G")
     with pytest.raises(ValueError, match="no model for role 'reference'"):
-        plan_placement(ppo, {"actor": llama_models["actor"]}, seed_workload, cluster)
+        plan_placement(PlanRequest(ppo, {"actor": llama_models["actor"]}, seed_workload, cluster))
     with pytest.raises(ValueError, match="names role 'judge'"):
-        plan_placement(ppo, {**llama_models, "judge": llama_models["actor"]}, seed_workload, cluster)
+        plan_placement(PlanRequest(ppo, {**llama_models, "judge": llama_models["actor"]}, seed_workload, cluster))
     with pytest.raises(ValueError, match="batch_size=-1"):
         Workload(batch_size=-1, prompt_len=1, response_len=1)
     with pytest.raises(ValueError, match="unit='node'"):

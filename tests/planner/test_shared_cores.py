@@ -24,6 +24,7 @@ from hybridflow.planner import (
 from hybridflow.planner.calibration import Constants
 from hybridflow.planner.manual import evaluate_mapping
 from hybridflow.planner.problem import build_problem
+from hybridflow.planner.request import PlanRequest
 from hybridflow.planner.schedule import DRIVER, Schedule, Sharing, shared_step, shared_timeline, timeline
 from hybridflow.testing import brute_force_step_time, check_plan
 
@@ -109,18 +110,20 @@ def test_three_logical_gpus_on_two_cores_cost_what_they_share(grpo: Graph) -> No
     models, workload, recipe = cpu_case()
     own, shared = Cluster.parse("3xCPU"), Cluster.parse("3xCPU", host_cores=2)
     colocated = {"actor": [0, 1, 2]}
-    alone = evaluate_mapping(grpo, models, workload, own, colocated, settings=recipe)
-    sharing = evaluate_mapping(grpo, models, workload, shared, colocated, settings=recipe)
+    alone = evaluate_mapping(PlanRequest(grpo, models, workload, own, settings=recipe), colocated)
+    sharing = evaluate_mapping(PlanRequest(grpo, models, workload, shared, settings=recipe), colocated)
     busy = sum(n.seconds for n in alone.nodes if n.group is not None)  # one group: its nodes run in turn
     assert sharing.step_time_s == pytest.approx(alone.step_time_s + busy / 2, rel=1e-9)  # GPU nodes at 2/3
     # Split over 1 + 2 GPUs, sync: never more than two GPUs busy at once, so nothing to share.
     split = {"actor": [0], "actor:rollout": [1, 2]}
-    assert evaluate_mapping(grpo, models, workload, shared, split, settings=recipe).step_time_s == pytest.approx(
-        evaluate_mapping(grpo, models, workload, own, split, settings=recipe).step_time_s)
+    def cost(cluster: Cluster, mode: str = "sync") -> float:
+        return evaluate_mapping(PlanRequest(grpo, models, workload, cluster, settings=recipe, pipeline=mode),
+                                split).step_time_s
+
+    assert cost(shared) == pytest.approx(cost(own))
     # Overlapped, all three are busy while both pools run: dearer than with a core each.
     for mode in ("one_step_off", "async"):
-        assert (evaluate_mapping(grpo, models, workload, shared, split, settings=recipe, pipeline=mode).step_time_s
-                > evaluate_mapping(grpo, models, workload, own, split, settings=recipe, pipeline=mode).step_time_s)
+        assert cost(shared, mode) > cost(own, mode)
 
 
 @pytest.mark.parametrize("pipeline", ["sync", "one_step_off", "async"])
@@ -130,8 +133,8 @@ def test_search_with_shared_cores_equals_brute_force(grpo: Graph, pipeline: str)
     detach = () if pipeline == "sync" else ("actor",)
     problem = build_problem(grpo, models, workload, cluster, detach=detach, settings=recipe, pipeline=pipeline,
                             max_staleness=2 if pipeline == "async" else None)
-    plan = plan_placement(grpo, models, workload, cluster, settings=recipe,
-                          options=PlannerOptions(pipeline=pipeline, max_staleness=2 if pipeline == "async" else None))
+    plan = plan_placement(PlanRequest(grpo, models, workload, cluster, settings=recipe, pipeline=pipeline,
+                                      max_staleness=2 if pipeline == "async" else None))
     assert plan.step_time_s == pytest.approx(brute_force_step_time(problem), rel=1e-9)
     check_plan(plan, graph=grpo, cluster=cluster)
 
@@ -182,9 +185,9 @@ def test_auto_picks_the_mode_and_split_measured_fastest_on_three_cpu_gpus(grpo: 
     cluster = Cluster.parse("3xCPU", host_cores=2)
 
     def best(pipeline: str, max_staleness: int | None = None) -> Plan:
-        return plan_placement(grpo, models, workload, cluster, settings=recipe, calibration=CPU_CALIBRATION,
-                              options=PlannerOptions(pipeline=pipeline, max_staleness=max_staleness,
-                                                     separate_rollout=True, max_tp=1))
+        return plan_placement(PlanRequest(grpo, models, workload, cluster, settings=recipe, calibration=CPU_CALIBRATION,
+                                          pipeline=pipeline, max_staleness=max_staleness),
+                              options=PlannerOptions(separate_rollout=True, max_tp=1))
 
     auto = best("auto")
     assert (auto.pipeline, auto.max_staleness) == ("async", 2)

@@ -16,6 +16,7 @@ from hybridflow.planner.manual import evaluate_mapping
 from hybridflow.planner.overlays import ControllerOverlay
 from hybridflow.planner.problem import build_problem
 from hybridflow.planner.published import _eager, _vllm_v0, case_from_record
+from hybridflow.planner.request import PlanRequest
 from hybridflow.planner.rollout import (
     HOST_ZERO_BYTES_S,
     KV_BLOCK_TOKENS,
@@ -105,11 +106,11 @@ def test_validation_and_checkpoints_are_amortised_over_the_steps_that_hold_them(
     workload = Workload(batch_size=64, prompt_len=PROMPT, response_len=400, n_samples=4)
     mapping = {"actor": tuple(range(16))}
     plain = RunSettings(rollout_sleep=True)
-    base = evaluate_mapping(graph, models, workload, cluster, mapping, settings=plain)
+    base = evaluate_mapping(PlanRequest(graph, models, workload, cluster, settings=plain), mapping)
     checked = RunSettings(rollout_sleep=True, validations_per_step=0.1, validation_prompts=30, validation_samples=2)
-    validated = evaluate_mapping(graph, models, workload, cluster, mapping, settings=checked)
-    saving = evaluate_mapping(graph, models, workload, cluster, mapping,
-                              settings=RunSettings(rollout_sleep=True, checkpoints_per_step=0.05))
+    validated = evaluate_mapping(PlanRequest(graph, models, workload, cluster, settings=checked), mapping)
+    saving = evaluate_mapping(PlanRequest(graph, models, workload, cluster,
+                                          settings=RunSettings(rollout_sleep=True, checkpoints_per_step=0.05)), mapping)
     written = models["actor"].params * CHECKPOINT_BYTES_PER_PARAM / (2 * CHECKPOINT_WRITE_BYTES_S)  # two machines
     assert saving.step_time_s - base.step_time_s == pytest.approx(0.05 * written, rel=1e-9)
     assert dict(saving.extra)["step_terms_s"] == pytest.approx(0.05 * written, rel=1e-9)
@@ -124,9 +125,9 @@ def test_verls_overlay_runs_its_reward_between_the_calls_not_beside_them():
     models = {"actor": ModelSpec.preset("qwen2.5-7b")}
     workload = Workload(batch_size=512, prompt_len=PROMPT, response_len=2000, n_samples=8)
     mapping = {"actor": tuple(range(8))}
-    hybridflow = evaluate_mapping(graph, models, workload, cluster, mapping)
-    verl = evaluate_mapping(graph, models, workload, cluster, mapping,
-                            overlay=ControllerOverlay(serial_driver=True))
+    hybridflow = evaluate_mapping(PlanRequest(graph, models, workload, cluster), mapping)
+    overlay = ControllerOverlay(serial_driver=True)
+    verl = evaluate_mapping(PlanRequest(graph, models, workload, cluster, overlay=overlay), mapping)
     starts = {"hf": {node.node: node for node in hybridflow.nodes}, "verl": {node.node: node for node in verl.nodes}}
     reward = starts["hf"]["reward_score"].seconds
     assert reward > 1.0  # 4,096 samples of 2,100 tokens

@@ -10,6 +10,7 @@ from hybridflow.cli import main
 from hybridflow.graph import Graph, Workload, load_graph
 from hybridflow.planner import Cluster, LengthDistribution, ModelSpec, RunSettings
 from hybridflow.planner.manual import evaluate_mapping
+from hybridflow.planner.request import PlanRequest
 from hybridflow.planner.schedule import DRIVER, Schedule, stream_schedule, timeline
 
 
@@ -43,10 +44,10 @@ def test_streaming_overlaps_forward_passes_when_lengths_are_even(grpo: Graph) ->
     workload = Workload(batch_size=1024, prompt_len=512, response_len=512, n_samples=8)
     cluster = Cluster.parse("8xH100")
     mapping = {"actor": [0, 1, 2, 3], "reference": [4, 5], "reward": [6, 7]}
-    whole = evaluate_mapping(grpo, models, workload, cluster, mapping)
-    unstreamed = evaluate_mapping(grpo, models, workload, cluster, mapping, stream_chunks=1)
+    whole = evaluate_mapping(PlanRequest(grpo, models, workload, cluster), mapping)
+    unstreamed = evaluate_mapping(PlanRequest(grpo, models, workload, cluster, stream_chunks=1), mapping)
     assert (unstreamed.step_time_s, unstreamed.nodes) == (whole.step_time_s, whole.nodes)
-    streamed = evaluate_mapping(grpo, models, workload, cluster, mapping, stream_chunks=4)
+    streamed = evaluate_mapping(PlanRequest(grpo, models, workload, cluster, stream_chunks=4), mapping)
     assert streamed.step_time_s < whole.step_time_s
     assert streamed.mode.stream_chunks == 4
     by_node = {node.node: node for node in streamed.nodes}
@@ -62,8 +63,8 @@ def test_streaming_pays_each_chunks_tail_when_lengths_are_skewed() -> None:
     recipe = RunSettings(lengths=LengthDistribution.lognormal(mean=56, max=160))
     split = {"actor": [0], "actor:rollout": [1, 2]}
     cluster = Cluster.parse("3xCPU", host_cores=2)
-    whole = evaluate_mapping(graph, models, workload, cluster, split, settings=recipe)
-    streamed = evaluate_mapping(graph, models, workload, cluster, split, settings=recipe, stream_chunks=4)
+    whole = evaluate_mapping(PlanRequest(graph, models, workload, cluster, settings=recipe), split)
+    streamed = evaluate_mapping(PlanRequest(graph, models, workload, cluster, settings=recipe, stream_chunks=4), split)
     assert streamed.step_time_s > 1.2 * whole.step_time_s
 
 
@@ -72,12 +73,12 @@ def test_bad_stream_chunks_name_the_field(grpo: Graph) -> None:
     workload, cluster = Workload(batch_size=8, prompt_len=8, response_len=8), Cluster.parse("4xCPU")
     mapping = {"actor": [0], "actor:rollout": [1], "reference": [2], "reward": [3]}
     with pytest.raises(ValueError, match=r"stream_chunks=0 must be >= 1 \(an integer"):
-        evaluate_mapping(grpo, models, workload, cluster, mapping, stream_chunks=0)
+        evaluate_mapping(PlanRequest(grpo, models, workload, cluster, stream_chunks=0), mapping)
     with pytest.raises(ValueError, match="stream_chunks=2 streams within a sync step; pipeline='async'"):
-        evaluate_mapping(grpo, models, workload, cluster, mapping, stream_chunks=2, pipeline="async")
+        evaluate_mapping(PlanRequest(grpo, models, workload, cluster, stream_chunks=2, pipeline="async"), mapping)
     with pytest.raises(ValueError, match="nothing to stream"):
-        evaluate_mapping(load_graph("dapo", reward_kind="reward_function"), {"actor": models["actor"]}, workload,
-                         cluster, {"actor": [0]}, stream_chunks=2)
+        evaluate_mapping(PlanRequest(load_graph("dapo", reward_kind="reward_function"), {"actor": models["actor"]},
+                                     workload, cluster, stream_chunks=2), {"actor": [0]})
 
 
 def test_cli_plan_stream_chunks(capsys: pytest.CaptureFixture[str]) -> None:

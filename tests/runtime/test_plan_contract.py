@@ -19,12 +19,12 @@ from hybridflow.planner import (
     LayoutSupport,
     ModelSpec,
     Plan,
-    PlannerOptions,
     RoleLayout,
     Sharding,
     evaluate_mapping,
     plan_placement,
 )
+from hybridflow.planner.request import PlanRequest
 from hybridflow.registry import BACKENDS
 from hybridflow.runtime import Controller, OptimSpec, RoleSpec, SamplingParams, default_plan
 from hybridflow.runtime.executor import LocalExecutor
@@ -46,10 +46,10 @@ def _support(name: str) -> dict[str, LayoutSupport]:
 def test_the_search_plans_only_what_the_backends_run() -> None:
     cluster = Cluster.parse("8xA100-80G")
     models = dict.fromkeys(ROLES, LLAMA)
-    free = plan_placement(GRPO, models, WORK, cluster)  # a dry run told no backends: any layout
+    free = plan_placement(PlanRequest(GRPO, models, WORK, cluster))  # a dry run told no backends: any layout
     assert any(lay.tp > 1 or lay.sharding is Sharding.SHARD_GRAD_OP for g in free.groups for lay in g.layouts)
     for backend in ("fsdp", "deepspeed"):
-        plan = plan_placement(GRPO, models, WORK, cluster, options=PlannerOptions(support=_support(backend)))
+        plan = plan_placement(PlanRequest(GRPO, models, WORK, cluster, support=_support(backend)))
         for group in plan.groups:
             for layout in group.layouts:
                 assert BACKENDS.get(backend).support.problems(layout) == [], (backend, layout)
@@ -60,29 +60,30 @@ def test_the_search_plans_only_what_the_backends_run() -> None:
         assert any(lay.tp > 1 for lay in layouts) is (backend == "fsdp"), layouts
     # Full replicas of an 8B model with Adam do not fit 80 GB: the torch backend's plan is refused by name.
     with pytest.raises(InfeasibleError, match=r"with the layouts backend 'torch' runs \(shardings \['NO_SHARD'\]"):
-        plan_placement(GRPO, models, WORK, cluster, options=PlannerOptions(support=_support("torch")))
+        plan_placement(PlanRequest(GRPO, models, WORK, cluster, support=_support("torch")))
 
 
 def test_a_fixed_micro_batch_is_an_input_of_the_plan() -> None:
     cluster, models = Cluster.parse("8xA100-80G"), dict.fromkeys(ROLES, LLAMA)
-    options = PlannerOptions(support=_support("fsdp"))
-    chosen = plan_placement(GRPO, models, WORK, cluster, options=options).layout("actor").micro_batch_size
+    request = PlanRequest(GRPO, models, WORK, cluster, support=_support("fsdp"))
+    chosen = plan_placement(request).layout("actor").micro_batch_size
     fixed = 2 if chosen != 2 else 4
-    plan = plan_placement(GRPO, models, WORK, cluster,
-                          options=PlannerOptions(support=_support("fsdp"), micro_batch_sizes={"actor": fixed}))
+    plan = plan_placement(PlanRequest(GRPO, models, WORK, cluster, support=_support("fsdp"),
+                                      micro_batch_sizes={"actor": fixed}))
     assert plan.layout("actor").micro_batch_size == fixed
     with pytest.raises(ValueError, match=r"micro_batch_sizes\['actor'\]=0 must be a positive integer"):
-        plan_placement(GRPO, models, WORK, cluster, options=PlannerOptions(micro_batch_sizes={"actor": 0}))
+        plan_placement(PlanRequest(GRPO, models, WORK, cluster, micro_batch_sizes={"actor": 0}))
     with pytest.raises(ValueError, match=r"micro_batch_sizes names \['critic'\]"):
-        plan_placement(GRPO, models, WORK, cluster, options=PlannerOptions(micro_batch_sizes={"critic": 4}))
+        plan_placement(PlanRequest(GRPO, models, WORK, cluster, micro_batch_sizes={"critic": 4}))
 
 
 def test_a_manual_mapping_fixed_outside_a_backend_is_refused_naming_it() -> None:
     cluster, models = Cluster.parse("4xA100-80G"), dict.fromkeys(ROLES, ModelSpec.preset("qwen2.5-0.5b"))
     mapping = {role: [0, 1, 2, 3] for role in ROLES}
     with pytest.raises(ValueError, match=r"that the roles' backends run .*actor: torch"):
-        evaluate_mapping(GRPO, models, WORK, cluster, mapping, sharding="FULL_SHARD", support=_support("torch"))
-    plan = evaluate_mapping(GRPO, models, WORK, cluster, mapping, sharding=None, support=_support("torch"))
+        evaluate_mapping(PlanRequest(GRPO, models, WORK, cluster, support=_support("torch")), mapping,
+                         sharding="FULL_SHARD")
+    plan = evaluate_mapping(PlanRequest(GRPO, models, WORK, cluster, support=_support("torch")), mapping, sharding=None)
     assert {lay.sharding for g in plan.groups for lay in g.layouts} == {Sharding.NO_SHARD}
 
 
@@ -238,8 +239,7 @@ def test_offload_reaches_the_layouts_and_the_search_keeps_to_what_the_backend_of
     cluster, models = Cluster.parse("4xA100-80G"), dict.fromkeys(ROLES, ModelSpec.preset("qwen2.5-0.5b"))
     settings = RunSettings(offload={"actor": Offload(params=True, grads=True, optimizer=True)})
     for backend in ("fsdp", "deepspeed"):
-        plan = plan_placement(GRPO, models, WORK, cluster, settings=settings,
-                              options=PlannerOptions(support=_support(backend)))
+        plan = plan_placement(PlanRequest(GRPO, models, WORK, cluster, settings=settings, support=_support(backend)))
         actor = plan.layout("actor")
         assert actor.offloaded == {"params", "grads", "optimizer"} and plan.layout("reference").offloaded == set()
         assert BACKENDS.get(backend).support.problems(actor) == []

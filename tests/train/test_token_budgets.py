@@ -31,7 +31,14 @@ def test_config_budgets_and_padding_reach_every_layout_and_the_planner(tmp_path:
                                                 "reference: {max_tokens_per_micro_batch: 256}}"])
     settings = run_settings(same, graph)
     assert (settings.train_tokens_per_gpu, settings.forward_tokens_per_gpu, settings.padding) == (256, 256, False)
-    assert run_settings(config, graph).train_tokens_per_gpu is None  # one role's budget: costed by rows
+    assert run_settings(config, graph).train_tokens_per_gpu is None  # one role's budget: a PlanRequest input
+    budget = "roles={actor: {max_tokens_per_micro_batch: 512}}"
+    for keys in (["placement.mode=auto"], ["placement.mode=manual", "placement.meshes={actor: [0], reference: [0]}"]):
+        # the planner plans with the budget (a request input); nothing writes it into the finished plan
+        planned = setup.build_plan(load_config(None, [*keys, budget]), graph)
+        mode = keys[0]
+        assert planned.layout("actor").max_tokens_per_micro_batch == 512, mode
+        assert planned.layout("actor").forward_max_tokens_per_micro_batch == 512, mode
     path = tmp_path / "plan.json"
     path.write_text(default_plan(graph).to_json())
     with pytest.raises(ValueError, match=r"max_tokens_per_micro_batch'=512 disagrees with the plan file"):
