@@ -28,9 +28,10 @@ from hybridflow.runtime.weights import DTYPES
 
 _LOG = logging.getLogger(__name__)
 
-# FSDP has no optimizer-only sharding: a plan that asks ZeRO names of this backend gets the nearest strategy.
-_ZERO_EQUIVALENT = {Sharding.ZERO1: Sharding.SHARD_GRAD_OP, Sharding.ZERO2: Sharding.SHARD_GRAD_OP,
-                    Sharding.ZERO3: Sharding.FULL_SHARD}
+# The FSDP strategy a ZeRO stage corresponds to, for the error that refuses one: a plan never gives this backend
+# a ZeRO name (its LayoutSupport leaves them out, refused before any engine loads), so none is translated here.
+_FSDP_NAME_OF = {Sharding.ZERO1: "none (ZeRO-1 shards optimizer states only)", Sharding.ZERO2: "SHARD_GRAD_OP",
+                 Sharding.ZERO3: "FULL_SHARD"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,7 +48,10 @@ def resolve_sharding(sharding: Sharding, *, world_size: int, shard_size: int = 0
     """The data-parallel mesh for ``sharding`` over ``world_size`` data-parallel ranks (the group's ranks over
     ``tp``). ``shard_size`` (HYBRID_SHARD) of 0 takes the data-parallel ranks of one machine (``LOCAL_WORLD_SIZE``
     over ``tp``) when set, else the whole group."""
-    strategy = _ZERO_EQUIVALENT.get(sharding, sharding)
+    if sharding in _FSDP_NAME_OF:
+        raise ValueError(f"sharding={sharding.value}: FSDP runs no ZeRO stage (its equivalent: "
+                         f"{_FSDP_NAME_OF[sharding]}); use backend deepspeed for ZeRO, or the FSDP strategy")
+    strategy = sharding
     if strategy is Sharding.FULL_SHARD:
         return ShardingSetup(strategy=strategy, mesh_shape=(world_size,), mesh_names=("shard",),
                              reshard_after_forward=True)

@@ -124,7 +124,16 @@ def test_hybrid_shard_size_must_divide_the_group() -> None:
     with pytest.raises(ValueError, match="shard_size=3"):
         resolve_sharding(Sharding.HYBRID_SHARD, world_size=4, shard_size=3)
     assert resolve_sharding(Sharding.HYBRID_SHARD, world_size=4, shard_size=2).mesh_shape == (2, 2)
-    assert resolve_sharding(Sharding.ZERO3, world_size=2).reshard_after_forward
+    assert resolve_sharding(Sharding.FULL_SHARD, world_size=2).reshard_after_forward
+
+
+def test_a_zero_stage_is_refused_naming_its_fsdp_equivalent() -> None:
+    """The planner never gives FSDP a ZeRO name (its LayoutSupport leaves them out); a caller that does is told
+    the FSDP strategy instead of having it swapped silently."""
+    from hybridflow.backends.fsdp.parallelize import resolve_sharding
+
+    with pytest.raises(ValueError, match=r"sharding=ZERO3: FSDP runs no ZeRO stage \(its equivalent: FULL_SHARD\)"):
+        resolve_sharding(Sharding.ZERO3, world_size=2)
 
 
 def test_a_rank_without_a_process_group_is_told_how_to_join() -> None:
