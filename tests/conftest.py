@@ -87,10 +87,14 @@ def _no_ray_connection_outlives_its_file() -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def ray_two_nodes() -> Iterator[str]:
-    """Two simulated Ray nodes of two logical GPUs each on this machine; yields the head address."""
+    """Two simulated Ray nodes of two logical GPUs each on this machine; yields the head address. A connection an
+    earlier test of the same file left (a local cluster of ``RayExecutor()``) is closed first: the tests that take
+    this cluster connect to it by its address, which ``ensure_ray`` refuses beside another connection."""
     import ray
     from ray.cluster_utils import Cluster
 
+    if ray.is_initialized():
+        ray.shutdown()
     sim = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 2})
     sim.add_node(num_cpus=2, num_gpus=2)
     sim.wait_for_nodes()
