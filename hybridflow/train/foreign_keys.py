@@ -74,18 +74,12 @@ class ForeignKey:
     @property
     def status(self) -> str:
         """``renamed`` (the value kept), ``translated`` (by ``convert``, which may refuse some values),
-        ``accepted``, ``accepted at ...`` (refused otherwise) or ``refused``."""
-        if self.target is not None:
-            return "renamed"
-        if self.convert is not None:
-            return "translated"
-        if self.harmless is ANY:
-            return "accepted"
-        if self.harmless is OFF:
+        ``accepted``, ``accepted at ...`` (refused otherwise) or ``refused``: :attr:`kind`, spelled out."""
+        if self.kind == "accepted when off":
             return "accepted when off (null, false, 0 or empty); else refused"
-        if self.harmless:
+        if self.kind == "accepted at values":
             return "accepted at " + ", ".join(_show(v) for v in self.harmless) + "; else refused"
-        return "refused"
+        return self.kind
 
     def resolve(self, key: str, value: Any, context: Context) -> dict[str, Any]:
         """Our keys for ``key: value`` (empty when harmless); raises :class:`Refused` naming the key."""
