@@ -83,14 +83,14 @@ def arm_overrides(arm: str, *, steps: int, seed: int, model: Path, run_dir: Path
     common: dict[str, Any] = {
         "algorithm": "grpo_no_ref", "seed": seed, "steps": steps, "model.path": str(model),
         "output_dir": str(run_dir), "data.task": "multiply", "data.num_examples": 2000, "data.batch_size": 8,
-        "algorithm_options.n": 8, "algorithm_options.temperature": 1.0, "actor.lr": lr,
-        "actor.mini_batches": mini_batches, "logging.progress": False, "logging.plot": False,
+        "algorithm.options.n": 8, "algorithm.options.temperature": 1.0, "optim.actor.lr": lr,
+        "optim.actor.mini_batches": mini_batches, "logging.progress": False, "logging.plot": False,
         "checkpoint.every": 0, "logging.trackers": ["jsonl"]}
     if arm == "tool":
-        return {**common, "algorithm_options.max_new_tokens": 64, "agent.environment": "calculator",
+        return {**common, "algorithm.options.max_new_tokens": 64, "agent.environment": "calculator",
                 "agent.options": {"format": "compact"}, "agent.max_turns": 3, "agent.max_turn_tokens": 24}
     if arm == "no_tool":
-        return {**common, "algorithm_options.max_new_tokens": 24}
+        return {**common, "algorithm.options.max_new_tokens": 24}
     raise ValueError(f"arm {arm!r} is not one of {list(ARMS)}")
 
 

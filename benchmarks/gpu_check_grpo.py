@@ -64,9 +64,9 @@ def run_config(part: Part, model_dir: Path, run_dir: Path, work: Workload, lora:
     roles = {"actor": actor, **({} if part.lora else {"reference": {"backend": part.backend}})}
     return config_from_dotted({
         "algorithm": "grpo", "seed": 0, "steps": work.steps, "executor.name": "local", "placement.num_gpus": 1,
-        "algorithm_options": {"n": work.samples, "kl_coef": 0.04, "max_new_tokens": work.new_tokens},
+        "algorithm.options": {"n": work.samples, "kl_coef": 0.04, "max_new_tokens": work.new_tokens},
         "model.path": str(model_dir), "model.sft_steps": 0, "data.task": "reverse", "data.num_examples": 256,
-        "data.batch_size": work.prompts, "actor.lr": 1e-5, "actor.micro_batch_size": work.micro_batch,
+        "data.batch_size": work.prompts, "optim.actor.lr": 1e-5, "optim.actor.micro_batch_size": work.micro_batch,
         "roles": roles, "output_dir": str(run_dir), "logging.trackers": [], "logging.plot": False,
         "logging.progress": False})
 

@@ -65,13 +65,13 @@ def learning(variants: list[str], seeds: range, steps: int, model: Path, out: Pa
     import learning_spread
 
     base_file, base_overrides = learning_spread.CURVE_RUNS["grpo"]
-    overrides = [o for o in base_overrides if not o.startswith(("actor.lr=", "steps="))]
+    overrides = [o for o in base_overrides if not o.startswith(("optim.actor.lr=", "steps="))]
     results: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
     for seed in seeds:  # seeds outermost: every variant sees the same stretch of machine load
         for name in variants:
             multiple, lora = VARIANTS[name]
             key = f"grpo_{name}"
-            lr = f"actor.lr={FULL_LR * multiple:g}"
+            lr = f"optim.actor.lr={FULL_LR * multiple:g}"
             learning_spread.CURVE_RUNS[key] = (base_file, [*overrides, f"steps={steps}", lr, *([LORA] if lora else [])])
             shutil.rmtree(out / f"{key}_{seed}", ignore_errors=True)  # a rerun replaces the run
             row = spread_run(key, seed, model, out)
@@ -103,7 +103,7 @@ def _engine_measures(model: str, lora: bool, what: str, queue: Any) -> None:
     from hybridflow.train.setup import build_graph, role_specs
 
     config = load_config(ROOT / "configs" / "grpo_reverse.yaml",
-                         [f"actor.lr={FULL_LR}", "actor.mini_batches=1", "logging.progress=false",
+                         [f"optim.actor.lr={FULL_LR}", "optim.actor.mini_batches=1", "logging.progress=false",
                           *([LORA] if lora else [])])
     graph = build_graph(config)
     plan = default_plan(graph, num_gpus=1)

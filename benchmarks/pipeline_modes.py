@@ -91,15 +91,15 @@ LEARNING_MODES = {
     "one_step_off": ["pipeline.mode=one_step_off"],
     "async k=1": ["pipeline.mode=async", "pipeline.max_staleness=1"],
     "async k=2": ["pipeline.mode=async", "pipeline.max_staleness=2"],
-    "async k=2, TIS": ["pipeline.mode=async", "pipeline.max_staleness=2", "algorithm_options.rollout_correction=tis"],
+    "async k=2, TIS": ["pipeline.mode=async", "pipeline.max_staleness=2", "algorithm.options.rollout_correction=tis"],
 }
 
 
 def throughput_config(overrides: list[str], steps: int, new_tokens: int, out: Path) -> dict[str, Any]:
     """One throughput run's config as a mapping (written as JSON, which is YAML, for ``hybridflow train``)."""
     config = load_config(None, [
-        "algorithm=grpo_no_ref", f"algorithm_options={{n: {SAMPLES}, max_new_tokens: {new_tokens}, temperature: 1.2}}",
-        f"steps={steps}", "model.sft_steps=0", f"data.batch_size={PROMPTS}", "actor.lr=1e-9", "executor.name=ray",
+        "algorithm=grpo_no_ref", f"algorithm.options={{n: {SAMPLES}, max_new_tokens: {new_tokens}, temperature: 1.2}}",
+        f"steps={steps}", "model.sft_steps=0", f"data.batch_size={PROMPTS}", "optim.actor.lr=1e-9", "executor.name=ray",
         "placement.cluster=3xCPU", f"output_dir={out}", "logging.progress=false", "logging.plot=false",
         "logging.trackers=[jsonl]", *overrides])
     return asdict(config)

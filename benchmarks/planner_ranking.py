@@ -92,7 +92,7 @@ def config(workload: dict[str, Any], meshes: dict[str, list[int]], steps: int, o
     optim = {"grad_clip": 1.0, "micro_batch_size": 64, "epochs": EPOCHS, "mini_batches": MINI_BATCHES}
     small = {role: {"model": str(small_model(out.parent))} for role in workload.get("small", ())}
     return {"roles": small, "algorithm": workload["algorithm"], "seed": 0, "steps": steps, "executor.name": "ray",
-            "placement.num_gpus": 2, "algorithm_options": {**workload["options"], "reward_kind": "reward_model"},
+            "placement.num_gpus": 2, "algorithm.options": {**workload["options"], "reward_kind": "reward_model"},
             "placement.mode": "manual", "placement.meshes": meshes, "model": {"name": workload["model"],
                                                                               "sft_steps": 0},
             "data": {"task": "reverse", "num_examples": 2000, "batch_size": workload["batch_size"]},

@@ -83,7 +83,7 @@ def config(workload: str, meshes: dict[str, list[int]], padding: bool, budget: i
         roles[role] = {**roles.get(role, {}), **options}
     return {"roles": roles, "algorithm": "grpo", "seed": 0, "steps": steps, "executor.name": "ray",
             "placement.num_gpus": 2,
-            "algorithm_options": {**spec["options"], "reward_kind": "reward_function"}, "pipeline.padding": padding,
+            "algorithm.options": {**spec["options"], "reward_kind": "reward_function"}, "pipeline.padding": padding,
             "placement.mode": "manual", "placement.meshes": meshes, "model": {"name": spec["model"], "sft_steps": 0},
             "data": {"task": "reverse", "num_examples": 2000, "batch_size": spec["batch_size"]},
             "actor": {"lr": 5e-4, "grad_clip": 1.0, "micro_batch_size": 64}, "output_dir": str(out),

@@ -13,7 +13,14 @@ from pathlib import Path
 from hybridflow.graph import Workload, load_graph
 from hybridflow.planner import Cluster, ModelSpec, Plan, RoleLayout, Sharding, plan_placement
 from hybridflow.planner.request import PlanRequest
-from hybridflow.train.config import DataConfig, LoggingConfig, ModelConfig, PlacementConfig, TrainConfig
+from hybridflow.train.config import (
+    AlgorithmConfig,
+    DataConfig,
+    LoggingConfig,
+    ModelConfig,
+    PlacementConfig,
+    TrainConfig,
+)
 from hybridflow.train.loop import train
 
 
@@ -44,8 +51,8 @@ def main(output_dir: str = "runs/heterogeneous", steps: int = 3) -> None:
     plan_file = run_dir.with_name(f"{run_dir.name}_plan.json")  # beside the run: a new run's directory starts empty
     plan_file.parent.mkdir(parents=True, exist_ok=True)
     plan_file.write_text(rehearsal(plan).to_json())
-    config = TrainConfig(algorithm="grpo", algorithm_options={"n": 4, "max_new_tokens": 8,
-                                                              "reward_kind": "reward_model"},
+    config = TrainConfig(algorithm=AlgorithmConfig(name="grpo", options={"n": 4, "max_new_tokens": 8,
+                                                                         "reward_kind": "reward_model"}),
                          steps=steps, placement=PlacementConfig(num_gpus=plan.num_gpus, plan_file=str(plan_file)),
                          model=ModelConfig(sft_steps=20), data=DataConfig(task="reverse", batch_size=4),
                          output_dir=str(run_dir), logging=LoggingConfig(trackers=[], progress=False, plot=False))

@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 ABOVE = ("hybridflow/train", "hybridflow/cli", "hybridflow/classic")  # the layers that own the user's spelling
 SECTIONS = ("model", "data", "actor", "critic", "roles", "agent", "placement", "pipeline", "executor",
-            "checkpoint", "validation", "logging", "algorithm_options")
+            "checkpoint", "validation", "logging", "algorithm.options")
 KEY = re.compile(r"config key|\b(?:" + "|".join(SECTIONS[1:]) + r")\.(?:[a-z_]+|\{|<)")
 
 

@@ -40,7 +40,7 @@ ROLE_ARGS = {"actor": "actor_model", "critic": "critic_model", "reward": "reward
 
 # What ``settings`` default to here (dotted keys of the training config, the same schema as ``hybridflow train``).
 CLASSIC_DEFAULTS: dict[str, Any] = {"steps": 10, "output_dir": "runs/classic", "logging.progress": False,
-                                    "data.batch_size": 8, "algorithm_options.max_new_tokens": 12}
+                                    "data.batch_size": 8, "algorithm.options.max_new_tokens": 12}
 DRY_RUN_PROMPT_LEN = 16  # prompt tokens of the workload plan() costs when no Workload is passed
 
 
@@ -104,7 +104,7 @@ class SingleController:
         from hybridflow.train.setup import with_agent
 
         kind = RoleKind.REWARD_MODEL if "reward" in self.models else RoleKind.REWARD_FUNCTION
-        graph = load_graph(self.settings.algorithm, **{**self.settings.algorithm_options, "reward_kind": kind})
+        graph = load_graph(self.settings.algorithm.name, **{**self.settings.algorithm.options, "reward_kind": kind})
         return with_agent(self.settings, graph)  # settings' agent section: a multi-turn rollout with tools
 
     @property

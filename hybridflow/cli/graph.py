@@ -18,7 +18,7 @@ def add_parser(subparsers: Any) -> None:
                         help="an algorithm option (value read as YAML), e.g. -o kl_coef=0; repeatable")
     parser.add_argument("--single-pass", action="store_true",
                         help="show the graph `hybridflow train` runs for a synchronous single-pass update "
-                             "(skip_known_passes, actor.epochs 1, actor.mini_batches 1, the defaults): the "
+                             "(skip_known_passes, optim.actor.epochs 1, optim.actor.mini_batches 1, the defaults): the "
                              "policy's old log-probs come from its update's own forward")
     parser.set_defaults(run=run)
 

@@ -273,7 +273,7 @@ def _models(graph_roles: list[str], gpu_roles: list[str], given: dict[str, str],
 # Keys only a `hybridflow train` config has: a --config file with any of them is a run's config (its sections, and
 # the flat keys of before them that hybridflow.train.migration still moves).
 TRAIN_ONLY_KEYS = frozenset({"placement", "executor", "checkpoint", "validation", "logging", "agent", "data", "model",
-                             "actor", "critic", "roles", "steps", "output_dir", "algorithm_options",
+                             "actor", "critic", "roles", "steps", "output_dir", "algorithm.options",
                              "meshes", "plan_file", "planner_settings"})
 
 

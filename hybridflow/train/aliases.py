@@ -82,7 +82,7 @@ def check_algorithm_options(factory: Any, options: Mapping[str, Any], algorithm:
             hint = f" ({entry.source}: {entry.meaning}; {entry.why or 'here ' + repr(entry.target)})"
         elif closest(key, valid):
             hint = f"; did you mean {' or '.join(repr(c) for c in closest(key, valid))}?"
-        problems.append(f"config key 'algorithm_options.{key}': {algorithm} takes no option {key!r}{hint}; "
+        problems.append(f"config key 'algorithm.options.{key}': {algorithm} takes no option {key!r}{hint}; "
                         f"its options are {valid}")
     if problems:
         raise ConfigKeyError(problems)

@@ -65,7 +65,7 @@ def size_bounds(config: TrainConfig, graph: Graph) -> list[SizeBound]:
                   "prompts as files (data.path)"),
         SizeBound("model.sft_batch_size", None if config.model.path else config.model.sft_batch_size, MAX_STEP_ROWS,
                   rows_why, "lower it (32 warms a tiny model)"),
-        SizeBound("algorithm_options.max_new_tokens", graph.max_new_tokens if generates else None, response_high,
+        SizeBound("algorithm.options.max_new_tokens", graph.max_new_tokens if generates else None, response_high,
                   response_why, "lower it"),
         SizeBound("data.max_prompt_length", config.data.max_prompt_length, MAX_SEQUENCE_TOKENS,
                   "longer than any model's context", "lower it to the model's context less max_new_tokens"),
@@ -74,7 +74,7 @@ def size_bounds(config: TrainConfig, graph: Graph) -> list[SizeBound]:
         SizeBound("pipeline.segment_tokens", config.pipeline.segment_tokens or None, response_high, response_why,
                   "lower it (0: a quarter of max_new_tokens)"),
     ]
-    for name, optim in (("actor", config.actor), ("critic", config.critic)):
+    for name, optim in (("optim.actor", config.optim.actor), ("optim.critic", config.optim.critic)):
         bounds.append(SizeBound(f"{name}.micro_batch_size", optim.micro_batch_size, MAX_STEP_ROWS, rows_why,
                                 "lower it"))
     for role, entry in config.roles.items():

@@ -10,7 +10,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 
@@ -29,9 +29,21 @@ from hybridflow.train.schema import from_mapping
 from hybridflow.train.trackers import LoggingConfig
 from hybridflow.train.validation import ValidationConfig
 
-__all__ = ["AgentConfig", "CheckpointConfig", "DataConfig", "ExecutorConfig", "LoggingConfig", "ModelConfig",
-           "OptimConfig", "PipelineConfig", "PlacementConfig", "PlannerInputs", "RoleConfig", "TrainConfig",
-           "ValidationConfig", "config_from_dotted", "from_mapping", "load_config"]
+__all__ = ["AgentConfig", "AlgorithmConfig", "CheckpointConfig", "DataConfig", "ExecutorConfig", "LoggingConfig",
+           "ModelConfig", "OptimConfig", "OptimSection", "PipelineConfig", "PlacementConfig", "PlannerInputs",
+           "RoleConfig", "TrainConfig", "ValidationConfig", "config_from_dotted", "from_mapping", "load_config"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class AlgorithmConfig:
+    """The ``algorithm`` section: the graph to run, by ``name`` (a built-in such as ``grpo``, ``ppo``,
+    ``rloo``; docs/algorithms.md) or ``path/file.py:factory``, and the ``options`` its factory takes
+    (``n``, ``kl_coef``...; every name is checked against the factory's signature at start).
+    A plain value is short for the name: ``algorithm: grpo`` is ``algorithm.name: grpo``."""
+
+    SHORT: ClassVar[str] = "name"
+    name: str = "grpo"
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,6 +112,19 @@ class OptimConfig(OptimSpec):
         """The runtime's spec, its schedule spanning ``total_steps`` updates (the run's ``steps``)."""
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(OptimSpec)}
         return OptimSpec(**{**values, "total_steps": total_steps})
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimSection:
+    """The ``optim`` section: one :class:`OptimConfig` per trainable kind of role, ``actor`` for the policy
+    (its ``micro_batch_size`` also the reference's and the reward model's) and ``critic`` for value models."""
+
+    actor: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3))
+    critic: OptimConfig = field(default_factory=lambda: OptimConfig(lr=3e-3))
+
+    def of(self, trainable_value: bool) -> OptimConfig:
+        """The config of a role: ``critic`` for a value model, else ``actor``."""
+        return self.critic if trainable_value else self.actor
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -181,6 +206,7 @@ class ExecutorConfig:
     cluster, or the one at ``ray_address``) or ``torchrun`` (a rank per GPU, docs/torchrun.md); ``liveness``:
     the deadlines and heartbeats of worker calls (Ray, torchrun; :class:`~hybridflow.runtime.liveness.Liveness`)."""
 
+    SHORT: ClassVar[str] = "name"
     name: Literal["local", "ray", "torchrun"] = "local"
     ray_address: str | None = None
     liveness: Liveness = field(default_factory=Liveness)
@@ -193,18 +219,17 @@ class ExecutorConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
-    """Everything ``hybridflow train`` needs: the algorithm (``algorithm_options`` go to the graph factory), the
-    run's length and seed, and one section per component (docs/configuration.md has the whole tree)."""
+    """Everything ``hybridflow train`` needs: the run's length, seed and folder, and one section per component
+    (docs/configuration.md has the whole tree). A section whose class names a ``SHORT`` field takes a plain value
+    for it: ``algorithm: grpo``, ``executor: ray``, ``placement: auto``, ``pipeline: async``."""
 
-    algorithm: str = "grpo"
-    algorithm_options: dict[str, Any] = field(default_factory=dict)
     seed: int = 0
     steps: int = 50
     output_dir: str = "runs/train"
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
-    actor: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3))
-    critic: OptimConfig = field(default_factory=lambda: OptimConfig(lr=3e-3))
+    optim: OptimSection = field(default_factory=OptimSection)
     roles: dict[str, RoleConfig] = field(default_factory=dict)
     agent: AgentConfig = field(default_factory=AgentConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)

@@ -44,7 +44,7 @@ def _entries(hint: Any) -> type | None:
 
 
 def _free_form(hint: Any) -> bool:
-    """A mapping field whose keys are not ours to check (``algorithm_options``, ``roles.<name>.options``)."""
+    """A mapping field whose keys are not ours to check (``algorithm.options``, ``roles.<name>.options``)."""
     return hint is Any or any(a is dict or typing.get_origin(a) is dict for a in (hint, *typing.get_args(hint)))
 
 
@@ -117,10 +117,22 @@ def checked(root: type, pairs: Sequence[tuple[str, Any]]) -> dict[str, Any]:
     neither ours nor a TRL/verl key we translate, and every refused or clashing one."""
     problems: list[str] = []
     native = functools.partial(_is_native, root)
-    translated = dialects.translate(list(pairs), DIALECTS, native, problems, functools.partial(_unknown, root))
+    unknown = functools.partial(_unknown, root)
+    translated = dialects.translate(shorthand(root, pairs), DIALECTS, native, problems, unknown)
     if problems:
         raise ConfigKeyError(problems)
     return nest(translated)
+
+
+def shorthand(root: type, pairs: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """A plain value given for a section whose class names a ``SHORT`` field is that field's value
+    (``algorithm: grpo`` is ``algorithm.name: grpo``, ``pipeline: async`` is ``pipeline.mode: async``)."""
+    spelled: list[tuple[str, Any]] = []
+    for dotted, value in pairs:
+        kind, _, cls = walk(root, dotted)
+        short = getattr(cls, "SHORT", None) if kind == "section" and not isinstance(value, Mapping) else None
+        spelled.append((f"{dotted}.{short}", value) if short else (dotted, value))
+    return spelled
 
 
 def _is_native(root: type, dotted: str) -> bool:

@@ -40,22 +40,23 @@ _HUB = "read only with push_to_hub (refused unless false)"
 ROWS: dict[str, ForeignKey] = {
     "per_device_train_batch_size": translated(batch, "completions per device per micro step", "data.batch_size "
                                               "(prompts per step) = this x placement.num_gpus x "
-                                              "steps_per_generation / num_generations, actor.micro_batch_size = "
+                                              "steps_per_generation / num_generations, optim.actor.micro_batch_size = "
                                               "this"),
     "num_train_epochs": translated(epochs, "passes over the dataset", "accepted with max_steps > 0 (TRL then ignores "
                                    "it); else refused: write max_steps"),
     "max_steps": translated(max_steps, "optimizer steps", "steps"),
-    "learning_rate": renamed("actor.lr", "the learning rate"),
+    "learning_rate": renamed("optim.actor.lr", "the learning rate"),
     "lr_scheduler_type": translated(scheduler, "learning-rate schedule",
-                                    "actor.lr_scheduler (constant, linear, cosine)"),
-    "lr_scheduler_kwargs": translated(scheduler_kwargs, "scheduler options", "{min_lr_rate: r} is actor.min_lr_ratio"),
-    "warmup_steps": translated(warmup, "linear warmup steps (a float < 1: a ratio)", "actor.warmup_steps / "
-                               "actor.warmup_ratio"),
+                                    "optim.actor.lr_scheduler (constant, linear, cosine)"),
+    "lr_scheduler_kwargs": translated(scheduler_kwargs, "scheduler options",
+                                      "{min_lr_rate: r} is optim.actor.min_lr_ratio"),
+    "warmup_steps": translated(warmup, "linear warmup steps (a float < 1: a ratio)", "optim.actor.warmup_steps / "
+                               "optim.actor.warmup_ratio"),
     "optim": refused("the optimizer", "the optimizer here is torch AdamW", ("adamw_torch", "adamw_torch_fused")),
     "optim_args": refused("optimizer options", "not supported: the optimizer is torch AdamW with actor.* settings"),
-    "weight_decay": renamed("actor.weight_decay", "AdamW weight decay"),
-    "adam_beta1": translated(betas(0), "AdamW beta1", "actor.betas[0]"),
-    "adam_beta2": translated(betas(1), "AdamW beta2", "actor.betas[1]"),
+    "weight_decay": renamed("optim.actor.weight_decay", "AdamW weight decay"),
+    "adam_beta1": translated(betas(0), "AdamW beta1", "optim.actor.betas[0]"),
+    "adam_beta2": translated(betas(1), "AdamW beta2", "optim.actor.betas[1]"),
     "adam_epsilon": refused("AdamW epsilon", "AdamW's epsilon here is torch's 1e-8", (1e-8,)),
     "optim_target_modules": refused("modules for GaLore-style optimizers", "not supported"),
     "gradient_accumulation_steps": translated(with_batch("gradient_accumulation_steps"), "micro steps per optimizer "
@@ -63,7 +64,7 @@ ROWS: dict[str, ForeignKey] = {
                                               "accumulation itself is the micro batching here)"),
     "average_tokens_across_devices": refused("token counts summed over devices", "token counts are summed over "
                                              "ranks here (LossNorm)", (True,)),
-    "max_grad_norm": renamed("actor.grad_clip", "gradient-norm clip"),
+    "max_grad_norm": renamed("optim.actor.grad_clip", "gradient-norm clip"),
     "label_smoothing_factor": refused("label smoothing", "not used by GRPO"),
     "bf16": refused("bf16 mixed precision", "precision is each backend's (roles.<name>.options, docs/backends.md)"),
     "fp16": refused("fp16 mixed precision", "precision is each backend's (roles.<name>.options, docs/backends.md)"),
@@ -171,19 +172,19 @@ ROWS: dict[str, ForeignKey] = {
     "router_aux_loss_coef": refused("MoE load-balancing loss", "not supported"),
     "disable_dropout": refused("turn dropout off", "not supported: models train with their own dropout"),
     "cast_lm_head_to_fp32": refused("fp32 output head", "not supported"),
-    "num_generations": renamed("algorithm_options.n", "completions per prompt"),
+    "num_generations": renamed("algorithm.options.n", "completions per prompt"),
     "num_generations_eval": refused("completions per prompt at evaluation", "not supported"),
-    "max_completion_length": renamed("algorithm_options.max_new_tokens", "most tokens per completion"),
+    "max_completion_length": renamed("algorithm.options.max_new_tokens", "most tokens per completion"),
     "ds3_gather_for_generation": accepted("gather ZeRO-3 weights to generate", MEMORY_ONLY),
     "shuffle_dataset": refused("shuffle the prompts", "prompts are shuffled (seeded) here", (True,)),
     "pad_to_multiple_of": accepted("pad lengths to a multiple", MEMORY_ONLY),
     "generation_batch_size": translated(with_batch("generation_batch_size"), "completions per generation",
                                         "part of per_device_train_batch_size's translation"),
     "steps_per_generation": translated(with_batch("steps_per_generation"), "optimizer steps per generation",
-                                       "part of per_device_train_batch_size's translation (actor.mini_batches)"),
-    "temperature": renamed("algorithm_options.temperature", "sampling temperature"),
-    "top_p": renamed("algorithm_options.top_p", "nucleus sampling"),
-    "top_k": renamed("algorithm_options.top_k", "top-k sampling"),
+                                       "part of per_device_train_batch_size's translation (optim.actor.mini_batches)"),
+    "temperature": renamed("algorithm.options.temperature", "sampling temperature"),
+    "top_p": renamed("algorithm.options.top_p", "nucleus sampling"),
+    "top_k": renamed("algorithm.options.top_k", "top-k sampling"),
     "min_p": refused("min-p sampling", "not supported"),
     "generation_kwargs": refused("extra sampling options", "not supported"),
     "chat_template_kwargs": refused("chat template options", "not supported"),
@@ -205,12 +206,12 @@ ROWS: dict[str, ForeignKey] = {
                                         "max_model_len (with use_vllm)"),
     "vllm_tensor_parallel_size": translated(vllm_option("tensor_parallel_size"), "vLLM tensor parallelism",
                                             "roles.actor.rollout_options.tensor_parallel_size (with use_vllm)"),
-    "beta": translated(beta, "KL coefficient (k3, in the loss)", "algorithm_options.kl_coef (a loss term in grpo, "
+    "beta": translated(beta, "KL coefficient (k3, in the loss)", "algorithm.options.kl_coef (a loss term in grpo, "
                        "dr_grpo, gspo)"),
-    "num_iterations": renamed("actor.epochs", "updates per batch (mu)"),
-    "epsilon": renamed("algorithm_options.clip_ratio", "lower clip range"),
+    "num_iterations": renamed("optim.actor.epochs", "updates per batch (mu)"),
+    "epsilon": renamed("algorithm.options.clip_ratio", "lower clip range"),
     "delta": refused("two-sided clipping bound (INTELLECT-2)", "not built in"),
-    "epsilon_high": renamed("algorithm_options.clip_ratio_high", "upper clip range"),
+    "epsilon_high": renamed("algorithm.options.clip_ratio_high", "upper clip range"),
     "sapo_temperature_neg": accepted("SAPO option", "read only with loss_type 'sapo' (refused)"),
     "sapo_temperature_pos": accepted("SAPO option", "read only with loss_type 'sapo' (refused)"),
     "vespo_k_pos": accepted("VESPO option", "read only with loss_type 'vespo' (refused)"),
@@ -222,15 +223,15 @@ ROWS: dict[str, ForeignKey] = {
     "reward_weights": renamed("data.reward_weights", "weights of the reward functions"),
     "multi_objective_aggregation": refused("how rewards combine", "the weighted sum is normalised here",
                                            ("sum_then_normalize",)),
-    "scale_rewards": translated(scale_rewards, "advantage std scaling", "algorithm_options.scale_rewards"),
+    "scale_rewards": translated(scale_rewards, "advantage std scaling", "algorithm.options.scale_rewards"),
     "loss_type": translated(loss_type, "loss aggregation", "grpo: loss_agg seq-mean-token-mean; dapo: token-mean; "
                             "dr_grpo: algorithm dr_grpo; bnpo and others refused", first=True),
-    "mask_truncated_completions": renamed("algorithm_options.mask_truncated", "no loss on truncated completions"),
+    "mask_truncated_completions": renamed("algorithm.options.mask_truncated", "no loss on truncated completions"),
     "sync_ref_model": refused("TR-DPO reference updates", "not built in: the reference stays the starting policy"),
     "ref_model_mixup_alpha": accepted("TR-DPO option", "read only with sync_ref_model (refused)"),
     "ref_model_sync_steps": accepted("TR-DPO option", "read only with sync_ref_model (refused)"),
     "top_entropy_quantile": refused("train on the high-entropy tokens only", "not built in", (1.0,)),
-    "entropy_coef": renamed("algorithm_options.entropy_coef", "entropy bonus"),
+    "entropy_coef": renamed("algorithm.options.entropy_coef", "entropy bonus"),
     "use_adaptive_entropy": refused("adaptive entropy coefficient", "not built in"),
     "entropy_coef_min": accepted("adaptive entropy option", "read only with use_adaptive_entropy (refused)"),
     "entropy_coef_max": accepted("adaptive entropy option", "read only with use_adaptive_entropy (refused)"),
@@ -239,7 +240,7 @@ ROWS: dict[str, ForeignKey] = {
     "max_tool_calling_iterations": refused("tool-calling turns", "agent.environment and agent.max_turns "
                                            "(docs/agents.md)"),
     "vllm_importance_sampling_correction": translated(vllm_correction, "correct vLLM's sampling mismatch",
-                                                      "algorithm_options.rollout_correction (token modes)"),
+                                                      "algorithm.options.rollout_correction (token modes)"),
     "vllm_importance_sampling_mode": accepted("the correction's mode", "read with "
                                               "vllm_importance_sampling_correction"),
     "vllm_importance_sampling_clip_max": accepted("the correction's cap", "read with "

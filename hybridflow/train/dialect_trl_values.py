@@ -19,7 +19,7 @@ def _int(value: Any, name: str) -> int:
 
 def batch(value: Any, context: Context) -> dict[str, Any]:
     """TRL counts completions per device per micro step; here data.batch_size counts prompts per step and
-    actor.micro_batch_size rows per forward/backward pass per rank."""
+    optim.actor.micro_batch_size rows per forward/backward pass per rank."""
     per_device = _int(value, "per_device_train_batch_size")
     accumulation = _int(context.get("gradient_accumulation_steps", 1), "gradient_accumulation_steps")
     devices = _int(context.get("placement.num_gpus", 1), "placement.num_gpus")
@@ -36,9 +36,9 @@ def batch(value: Any, context: Context) -> dict[str, Any]:
     if completions % generations or per_generation % accumulation:
         raise Refused(f"{completions} completions per generation are not whole groups of num_generations="
                       f"{generations} (or steps_per_generation is not a multiple of gradient_accumulation_steps)")
-    out = {"actor.micro_batch_size": per_device, "data.batch_size": completions // generations}
+    out = {"optim.actor.micro_batch_size": per_device, "data.batch_size": completions // generations}
     if per_generation // accumulation > 1:
-        out["actor.mini_batches"] = per_generation // accumulation
+        out["optim.actor.mini_batches"] = per_generation // accumulation
     return out
 
 
@@ -70,29 +70,29 @@ SCHEDULERS = {"constant": "constant", "constant_with_warmup": "constant", "linea
 
 def scheduler(value: Any, context: Context) -> dict[str, Any]:
     if value not in SCHEDULERS:
-        raise Refused(f"here actor.lr_scheduler is one of constant, linear, cosine (TRL's {sorted(SCHEDULERS)})")
-    return {"actor.lr_scheduler": SCHEDULERS[value]}
+        raise Refused(f"here optim.actor.lr_scheduler is one of constant, linear, cosine (TRL's {sorted(SCHEDULERS)})")
+    return {"optim.actor.lr_scheduler": SCHEDULERS[value]}
 
 
 def scheduler_kwargs(value: Any, context: Context) -> dict[str, Any]:
     if not value:
         return {}
     if isinstance(value, dict) and set(value) == {"min_lr_rate"}:
-        return {"actor.min_lr_ratio": value["min_lr_rate"]}
-    raise Refused("only {min_lr_rate: r} (cosine_with_min_lr) has a meaning here: actor.min_lr_ratio")
+        return {"optim.actor.min_lr_ratio": value["min_lr_rate"]}
+    raise Refused("only {min_lr_rate: r} (cosine_with_min_lr) has a meaning here: optim.actor.min_lr_ratio")
 
 
 def warmup(value: Any, context: Context) -> dict[str, Any]:
     if isinstance(value, float) and 0 < value < 1:
-        return {"actor.warmup_ratio": value}  # transformers 5 reads a float below 1 as a ratio of the steps
-    return {"actor.warmup_steps": value}
+        return {"optim.actor.warmup_ratio": value}  # transformers 5 reads a float below 1 as a ratio of the steps
+    return {"optim.actor.warmup_steps": value}
 
 
 def betas(index: int) -> Any:
     def convert(value: Any, context: Context) -> dict[str, Any]:
         betas = [context.get("adam_beta1", 0.9), context.get("adam_beta2", 0.999)]
         betas[index] = value
-        return {"actor.betas": betas}  # both fields give the same pair, so they never clash
+        return {"optim.actor.betas": betas}  # both fields give the same pair, so they never clash
     return convert
 
 
@@ -140,20 +140,20 @@ def eval_strategy(value: Any, context: Context) -> dict[str, Any]:
 def beta(value: Any, context: Context) -> dict[str, Any]:
     algorithm = context["algorithm"]
     if algorithm in KL_LOSS:
-        return {"algorithm_options.kl_coef": value}
+        return {"algorithm.options.kl_coef": value}
     if algorithm in NO_KL and value == 0:
         return {}
     raise Refused(f"algorithm {algorithm!r} has no KL loss term (its kl_coef, if any, is a reward penalty); "
-                  f"TRL's KL term is grpo's algorithm_options.kl_coef")
+                  f"TRL's KL term is grpo's algorithm.options.kl_coef")
 
 
 def loss_type(value: Any, context: Context) -> dict[str, Any]:
     if value == "grpo":
-        return {"algorithm_options.loss_agg": "seq-mean-token-mean"}
+        return {"algorithm.options.loss_agg": "seq-mean-token-mean"}
     if value == "dapo":
-        return {"algorithm_options.loss_agg": "token-mean"}
+        return {"algorithm.options.loss_agg": "token-mean"}
     if value == "dr_grpo":
-        return {"algorithm": "dr_grpo"}
+        return {"algorithm.name": "dr_grpo"}
     if value == "bnpo":
         raise Refused("bnpo divides by the tokens of each device's micro batch, so an update depends on the micro "
                       "batch size; here every loss_agg is normalised over the whole mini batch (LossNorm), and the "
@@ -165,14 +165,14 @@ def scale_rewards(value: Any, context: Context) -> dict[str, Any]:
     scale = {True: "group", False: "none"}.get(value, value) if isinstance(value, bool) else value
     if scale not in ("group", "batch", "none"):
         raise Refused("one of group, batch, none (or true / false)")
-    return {"algorithm_options.scale_rewards": scale}
+    return {"algorithm.options.scale_rewards": scale}
 
 
 def sequence_level(value: Any, context: Context) -> dict[str, Any]:
     if value == "token":
         return {}
     if value == "sequence":
-        return {"algorithm": "gspo"}
+        return {"algorithm.name": "gspo"}
     raise Refused("'token' or 'sequence' (GSPO: algorithm gspo)")
 
 
@@ -197,7 +197,7 @@ def vllm_correction(value: Any, context: Context) -> dict[str, Any]:
     if mode not in corrections:
         raise Refused(f"mode {mode!r}: only the token-level modes are built in (token_truncate: "
                       "rollout_correction tis; token_mask: decoupled); or set it to false")
-    return {"algorithm_options.rollout_correction": corrections[mode], "algorithm_options.rollout_is_cap": cap}
+    return {"algorithm.options.rollout_correction": corrections[mode], "algorithm.options.rollout_is_cap": cap}
 
 
 def bias_corrected_kl(value: Any, context: Context) -> dict[str, Any]:

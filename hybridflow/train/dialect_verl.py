@@ -34,7 +34,7 @@ ESTIMATORS = {"gae": "ppo", "grpo": "grpo", "rloo": "rloo", "remax": "remax", "r
 def _estimator(value: Any, context: Context) -> dict[str, Any]:
     if value not in ESTIMATORS:
         raise Refused(f"the built-in algorithms are {sorted(ESTIMATORS)} (verl's names) or ours: algorithm: ...")
-    return {"algorithm": ESTIMATORS[value]}
+    return {"algorithm.name": ESTIMATORS[value]}
 
 
 def _kl_in_reward(value: Any, context: Context) -> dict[str, Any]:
@@ -47,7 +47,7 @@ def _kl_in_reward(value: Any, context: Context) -> dict[str, Any]:
 
 def _kl_reward_coef(value: Any, context: Context) -> dict[str, Any]:
     if context["algorithm"] in KL_REWARD:
-        return {"algorithm_options.kl_coef": value}
+        return {"algorithm.options.kl_coef": value}
     return {}  # read by verl only with use_kl_in_reward, which is the algorithm's here
 
 
@@ -97,9 +97,9 @@ def _kl_control(value: Any, context: Context) -> dict[str, Any]:
     if value == "fixed":
         return {}
     if value == "adaptive" and context["algorithm"] == "ppo":
-        return {"algorithm_options.kl_target": context.get("algorithm.kl_ctrl.target_kl", 0.1),
-                "algorithm_options.kl_horizon": context.get("algorithm.kl_ctrl.horizon", 10000)}
-    raise Refused("fixed, or adaptive with algorithm ppo (algorithm_options.kl_target)")
+        return {"algorithm.options.kl_target": context.get("algorithm.kl_ctrl.target_kl", 0.1),
+                "algorithm.options.kl_horizon": context.get("algorithm.kl_ctrl.horizon", 10000)}
+    raise Refused("fixed, or adaptive with algorithm ppo (algorithm.options.kl_target)")
 
 
 def _positive_or_off(target: str) -> Any:
@@ -117,7 +117,7 @@ def _data_keys() -> dict[str, ForeignKey]:
         d + "val_max_samples": refused("rows kept of the validation files", "not supported", (None, -1)),
         d + "reward_fn_key": accepted("the column naming the reward function", "data_source reaches the reward "
                                    "function as a column"),
-        d + "max_response_length": renamed("algorithm_options.max_new_tokens", "most tokens per response"),
+        d + "max_response_length": renamed("algorithm.options.max_new_tokens", "most tokens per response"),
         d + "train_batch_size": renamed("data.batch_size", "prompts per step"),
         d + "val_batch_size": accepted("validation batch (deprecated in verl)", MEMORY_ONLY),
         d + "return_raw_input_ids": accepted("a dataset output", "internal to verl"),
@@ -203,29 +203,29 @@ def _other_keys() -> dict[str, ForeignKey]:
     return {
         "actor_rollout_ref.hybrid_engine": accepted("colocated actor and rollout", "the default plan colocates them"),
         "actor_rollout_ref.nccl_timeout": accepted("collective timeout", "executor.liveness.* sets the deadlines"),
-        "algorithm.gamma": translated(only_for("gamma", ("ppo", "reinforce_pp")), "discount", "algorithm_options.gamma "
+        "algorithm.gamma": translated(only_for("gamma", ("ppo", "reinforce_pp")), "discount", "algorithm.options.gamma "
                                  "(ppo, reinforce_pp; verl reads it only there too)"),
-        "algorithm.lam": translated(only_for("lam", ("ppo",)), "GAE lambda", "algorithm_options.lam (ppo)"),
+        "algorithm.lam": translated(only_for("lam", ("ppo",)), "GAE lambda", "algorithm.options.lam (ppo)"),
         "algorithm.adv_estimator": translated(_estimator, "the advantage estimator", "algorithm (gae: ppo; "
                                          "reinforce_plus_plus: reinforce_pp)", first=True),
         "algorithm.norm_adv_by_std_in_grpo": translated(only_for("norm_by_std", ("grpo", "grpo_no_ref")),
                                                         "divide by the "
-                                                   "group std (grpo)", "algorithm_options.norm_by_std"),
+                                                   "group std (grpo)", "algorithm.options.norm_by_std"),
         "algorithm.filter_groups.enable": refused("dynamic sampling", "algorithm dapo (its max_rounds)"),
         "algorithm.filter_groups.**": accepted("dynamic sampling options", "read only with filter_groups.enable"),
         "algorithm.use_kl_in_reward": translated(_kl_in_reward, "KL as a reward penalty", "implied by the algorithm "
                                             "(ppo, rloo, remax, reinforce_pp)"),
         "algorithm.kl_penalty": translated(kl_estimator, "the KL estimator in the reward",
                                            "accepted at k3 (low_var_kl)"),
-        "algorithm.kl_ctrl.type": translated(_kl_control, "fixed or adaptive KL", "adaptive: algorithm_options."
+        "algorithm.kl_ctrl.type": translated(_kl_control, "fixed or adaptive KL", "adaptive: algorithm.options."
                                         "kl_target and kl_horizon (ppo)"),
-        "algorithm.kl_ctrl.kl_coef": translated(_kl_reward_coef, "the KL reward coefficient", "algorithm_options."
+        "algorithm.kl_ctrl.kl_coef": translated(_kl_reward_coef, "the KL reward coefficient", "algorithm.options."
                                            "kl_coef (ppo, rloo, remax, reinforce_pp)"),
         "algorithm.kl_ctrl.horizon": accepted("adaptive KL horizon", "part of kl_ctrl.type's translation"),
         "algorithm.kl_ctrl.target_kl": accepted("adaptive KL target", "part of kl_ctrl.type's translation"),
         "algorithm.use_pf_ppo": refused("preference-feedback PPO", "not built in"),
         "algorithm.pf_ppo.**": accepted("PF-PPO options", "read only with use_pf_ppo (refused)"),
-        "algorithm.rollout_correction.rollout_is": refused("importance-sampling correction", "algorithm_options."
+        "algorithm.rollout_correction.rollout_is": refused("importance-sampling correction", "algorithm.options."
                                                        "rollout_correction: tis"),
         "algorithm.rollout_correction.**": accepted("correction options", "read only with rollout_is (refused)"),
         "custom_reward_function.path": translated(_reward("custom_reward_function."), "the reward file",

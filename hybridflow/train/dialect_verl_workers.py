@@ -27,7 +27,7 @@ MODEL = "actor_rollout_ref.model."
 def _use_kl_loss(value: Any, context: Context) -> dict[str, Any]:
     algorithm = context["algorithm"]
     if algorithm in KL_LOSS:
-        return {} if value else {"algorithm_options.kl_coef": 0.0}
+        return {} if value else {"algorithm.options.kl_coef": 0.0}
     if value:
         raise Refused(f"algorithm {algorithm!r} has no KL loss term (grpo, dr_grpo, gspo have)")
     return {}
@@ -36,7 +36,7 @@ def _use_kl_loss(value: Any, context: Context) -> dict[str, Any]:
 def _kl_loss_coef(value: Any, context: Context) -> dict[str, Any]:
     if context["algorithm"] not in KL_LOSS or context.get(ACTOR + "use_kl_loss") is False:
         return {}  # verl reads it only with use_kl_loss, which these algorithms imply
-    return {"algorithm_options.kl_coef": value}
+    return {"algorithm.options.kl_coef": value}
 
 
 def kl_estimator(value: Any, context: Context) -> dict[str, Any]:
@@ -84,19 +84,19 @@ def _vllm_option(name: str) -> Any:
 
 
 def _top_k(value: Any, context: Context) -> dict[str, Any]:
-    return {"algorithm_options.top_k": 0 if value == -1 else value}  # verl's -1 is our 0: off
+    return {"algorithm.options.top_k": 0 if value == -1 else value}  # verl's -1 is our 0: off
 
 
 def _loss_mode(value: Any, context: Context) -> dict[str, Any]:
     if value == "vanilla":
         return {}
     if value == "gspo":
-        return {"algorithm": "gspo"}
+        return {"algorithm.name": "gspo"}
     raise Refused("the built-in policy losses are vanilla (PPO clip) and gspo (algorithm gspo)")
 
 
 def _warmup_steps(value: Any, context: Context) -> dict[str, Any]:
-    return {} if value in (-1, None) else {"actor.warmup_steps": value}  # -1: use the ratio
+    return {} if value in (-1, None) else {"optim.actor.warmup_steps": value}  # -1: use the ratio
 
 
 def _scheduler(target: str) -> Any:
@@ -104,7 +104,7 @@ def _scheduler(target: str) -> Any:
         if value is None:
             return {}
         if value not in ("constant", "cosine"):
-            raise Refused("verl's schedules are constant and cosine; here actor.lr_scheduler")
+            raise Refused("verl's schedules are constant and cosine; here optim.actor.lr_scheduler")
         return {target: value}
     return convert
 
@@ -112,7 +112,7 @@ def _scheduler(target: str) -> Any:
 def only_for(option: str, algorithms: tuple[str, ...]) -> Any:
     """An option of some algorithms; verl reads it only for those too, so elsewhere it changes nothing."""
     def convert(value: Any, context: Context) -> dict[str, Any]:
-        return {f"algorithm_options.{option}": value} if context["algorithm"] in algorithms else {}
+        return {f"algorithm.options.{option}": value} if context["algorithm"] in algorithms else {}
     return convert
 
 
@@ -201,21 +201,22 @@ def _optim_keys(prefix: str, ours: str) -> dict[str, ForeignKey]:
 def _actor_keys() -> dict[str, ForeignKey]:
     a = ACTOR
     return {
-        **_optim_keys(a + "optim.", "actor"),
+        **_optim_keys(a + "optim.", "optim.actor"),
         **_engine_keys(a),
         a + "strategy": translated(_strategy("actor"), "the training engine", "roles.actor.backend"),
-        a + "ppo_mini_batch_size": translated(_mini_batches("actor"), "prompts per mini-batch", "actor.mini_batches "
-                                              "(a count) = data.train_batch_size / ppo_mini_batch_size"),
+        a + "ppo_mini_batch_size": translated(_mini_batches("optim.actor"), "prompts per mini-batch",
+                                              "optim.actor.mini_batches (a count) = data.train_batch_size / "
+                                              "ppo_mini_batch_size"),
         a + "ppo_micro_batch_size": refused("rows per micro batch over all GPUs (deprecated)",
-                                        "write ppo_micro_batch_size_per_gpu (actor.micro_batch_size)"),
-        a + "ppo_micro_batch_size_per_gpu": translated(unless_null("actor.micro_batch_size"), "rows per forward/"
-                                                  "backward pass per GPU", "actor.micro_batch_size"),
+                                        "write ppo_micro_batch_size_per_gpu (optim.actor.micro_batch_size)"),
+        a + "ppo_micro_batch_size_per_gpu": translated(unless_null("optim.actor.micro_batch_size"), "rows per forward/"
+                                                  "backward pass per GPU", "optim.actor.micro_batch_size"),
         a + "use_dynamic_bsz": refused("token-budget micro batches", "write roles.actor.max_tokens_per_micro_batch "
                                    "(= ppo_max_token_len_per_gpu)"),
         a + "ppo_max_token_len_per_gpu": accepted("the token budget", "read only with use_dynamic_bsz (refused)"),
-        a + "clip_ratio": renamed("algorithm_options.clip_ratio", "PPO clip range"),
-        a + "clip_ratio_low": renamed("algorithm_options.clip_ratio", "lower clip range"),
-        a + "clip_ratio_high": renamed("algorithm_options.clip_ratio_high", "upper clip range"),
+        a + "clip_ratio": renamed("algorithm.options.clip_ratio", "PPO clip range"),
+        a + "clip_ratio_low": renamed("algorithm.options.clip_ratio", "lower clip range"),
+        a + "clip_ratio_high": renamed("algorithm.options.clip_ratio_high", "upper clip range"),
         a + "clip_ratio_c": refused("dual-clip bound (always on in verl)", "the built-in algorithms do not dual-clip; "
                                 "ppo_policy's dual_clip in your own graph (docs/algorithms.md)", ()),
         a + "tau_pos": accepted("SAPO option", "read only with policy_loss.loss_mode sapo (refused)"),
@@ -224,21 +225,21 @@ def _actor_keys() -> dict[str, ForeignKey]:
         a + "policy_loss.loss_mode": translated(_loss_mode, "the policy loss", "vanilla accepted; gspo: algorithm gspo",
                                            first=True),
         a + "policy_loss.**": accepted("options of other policy losses", "read only by loss modes that are refused"),
-        a + "loss_agg_mode": renamed("algorithm_options.loss_agg", "loss aggregation (same mode names)"),
-        a + "loss_scale_factor": translated(unless_null("algorithm_options.loss_scale_factor"),
+        a + "loss_agg_mode": renamed("algorithm.options.loss_agg", "loss aggregation (same mode names)"),
+        a + "loss_scale_factor": translated(unless_null("algorithm.options.loss_scale_factor"),
                                             "seq-mean-token-sum-norm"
-                                       "'s constant", "algorithm_options.loss_scale_factor"),
-        a + "entropy_coeff": renamed("algorithm_options.entropy_coef", "entropy bonus"),
+                                       "'s constant", "algorithm.options.loss_scale_factor"),
+        a + "entropy_coeff": renamed("algorithm.options.entropy_coef", "entropy bonus"),
         a + "calculate_entropy": accepted("compute the entropy", "actor/entropy is always logged here"),
         a + "calculate_sum_pi_squared": refused("sum of squared probabilities", "not computed here"),
         a + "use_kl_loss": translated(_use_kl_loss, "KL to the reference in the loss", "implied by the algorithm "
-                                 "(grpo, dr_grpo, gspo); false: algorithm_options.kl_coef 0"),
+                                 "(grpo, dr_grpo, gspo); false: algorithm.options.kl_coef 0"),
         a + "use_prefix_grouper": refused("shared-prefix forwards", "not supported"),
-        a + "kl_loss_coef": translated(_kl_loss_coef, "the KL loss coefficient", "algorithm_options.kl_coef (in grpo, "
+        a + "kl_loss_coef": translated(_kl_loss_coef, "the KL loss coefficient", "algorithm.options.kl_coef (in grpo, "
                                   "dr_grpo, gspo; dropped with use_kl_loss: false)"),
         a + "kl_loss_type": translated(kl_estimator, "the KL estimator",
                                        "accepted at low_var_kl (k3, ours); else refused"),
-        a + "ppo_epochs": renamed("actor.epochs", "updates per batch"),
+        a + "ppo_epochs": renamed("optim.actor.epochs", "updates per batch"),
         a + "shuffle": refused("shuffle mini-batches", "mini-batches keep the batch's order here"),
         a + "data_loader_seed": accepted("the mini-batch shuffle's seed", "read only with shuffle (refused)"),
         a + "checkpoint.save_contents": accepted("what a checkpoint holds", "model, optimizer and state, always"),
@@ -248,7 +249,7 @@ def _actor_keys() -> dict[str, ForeignKey]:
         a + "use_fused_kernels": refused("fused kernels", "not supported"),
         a + "qat.enable": refused("quantisation-aware training", "not supported"),
         a + "qat.**": accepted("QAT options", "read only with qat.enable (refused)"),
-        a + "grad_clip": renamed("actor.grad_clip", "gradient-norm clip"),
+        a + "grad_clip": renamed("optim.actor.grad_clip", "gradient-norm clip"),
         a + "use_remove_padding": accepted("padding-free forwards",
                                            "sequences are packed here (pipeline.padding: false)"),
         a + "router_replay.mode": refused("MoE router replay", "not supported", ("disabled",)),
@@ -278,9 +279,9 @@ def _rollout_keys() -> dict[str, ForeignKey]:
         r + "mode": accepted("sync or async engine calls", "the engine's own"),
         r + "nnodes": accepted("rollout nodes", "placement is a plan here (docs/planner.md)"),
         r + "n_gpus_per_node": accepted("rollout GPUs per node", "placement is a plan here (docs/planner.md)"),
-        r + "temperature": renamed("algorithm_options.temperature", "sampling temperature"),
-        r + "top_k": translated(_top_k, "top-k sampling (-1: off)", "algorithm_options.top_k (0: off)"),
-        r + "top_p": renamed("algorithm_options.top_p", "nucleus sampling"),
+        r + "temperature": renamed("algorithm.options.temperature", "sampling temperature"),
+        r + "top_k": translated(_top_k, "top-k sampling (-1: off)", "algorithm.options.top_k (0: off)"),
+        r + "top_p": renamed("algorithm.options.top_p", "nucleus sampling"),
         r + "full_determinism": refused("deterministic sampling", "not supported"),
         r + "seed": accepted("the engine's seed", "seed seeds the engine here"),
         r + "prompt_length": accepted("the engine's prompt budget", "data.max_prompt_length"),
@@ -311,12 +312,12 @@ def _rollout_keys() -> dict[str, ForeignKey]:
         r + "log_prob_micro_batch_size": refused("rows per old-log-prob forward over all GPUs (deprecated)",
                                              "write log_prob_micro_batch_size_per_gpu"),
         r + "log_prob_micro_batch_size_per_gpu": accepted("rows per old-log-prob forward per GPU", "the actor's "
-                                                       "micro batch (actor.micro_batch_size) runs them here"),
+                                                       "micro batch (optim.actor.micro_batch_size) runs them here"),
         r + "log_prob_use_dynamic_bsz": refused("token-budget micro batches", "roles.actor.max_tokens_per_micro_batch"),
         r + "log_prob_max_token_len_per_gpu": accepted("the token budget", "read only with log_prob_use_dynamic_bsz"),
         r + "disable_log_stats": accepted("engine statistics", "the engine's own"),
         r + "do_sample": refused("sample (false: greedy)", "rollouts sample here", (True,)),
-        r + "n": renamed("algorithm_options.n", "completions per prompt"),
+        r + "n": renamed("algorithm.options.n", "completions per prompt"),
         r + "over_sample_rate": refused("over-sampling", "not supported", (0, 0.0)),
         r + "multi_stage_wake_up": accepted("staged engine wake-up", MEMORY_ONLY),
         r + "engine_kwargs.vllm": translated(lambda v, c: {"roles.actor.rollout_options.engine_args": v} if v else {},
@@ -327,7 +328,7 @@ def _rollout_keys() -> dict[str, ForeignKey]:
         r + "router_config_path": refused("an engine router", "not supported"),
         r + "multi_turn.enable": refused("multi-turn rollouts", "agent.environment (docs/agents.md)"),
         r + "multi_turn.**": accepted("multi-turn options", "read only with multi_turn.enable (refused)"),
-        r + "calculate_log_probs": accepted("the engine's log-probs", "asked for by algorithm_options."
+        r + "calculate_log_probs": accepted("the engine's log-probs", "asked for by algorithm.options."
                                          "rollout_correction here"),
         r + "agent.**": accepted("agent-loop workers", "read only with multi_turn.enable (refused)"),
         r + "checkpoint_engine.**": accepted("how weights reach the engine", "the sync is the backend's"),
@@ -352,7 +353,7 @@ def _rollout_keys() -> dict[str, ForeignKey]:
 def _critic_keys() -> dict[str, ForeignKey]:
     c = "critic."
     return {
-        **_optim_keys(c + "optim.", "critic"),
+        **_optim_keys(c + "optim.", "optim.critic"),
         **_engine_keys(c),
         **_model_keys(c + "model.", "critic"),
         c + "fsdp.param_offload": accepted("parameter offload", MEMORY_ONLY),
@@ -360,28 +361,29 @@ def _critic_keys() -> dict[str, ForeignKey]:
         c + "fsdp.**": refused("FSDP engine settings", _FSDP),
         c + "strategy": translated(_strategy("critic"), "the critic's engine", "roles.critic.backend"),
         c + "enable": accepted("use a critic", "the algorithm decides (ppo has one)"),
-        c + "ppo_mini_batch_size": translated(_mini_batches("critic"), "prompts per mini-batch",
-                                              "critic.mini_batches = data.train_batch_size / ppo_mini_batch_size"),
+        c + "ppo_mini_batch_size": translated(_mini_batches("optim.critic"), "prompts per mini-batch",
+                                              "optim.critic.mini_batches = data.train_batch_size / "
+                                              "ppo_mini_batch_size"),
         c + "ppo_micro_batch_size": refused("rows per micro batch over all GPUs (deprecated)",
-                                        "write ppo_micro_batch_size_per_gpu (critic.micro_batch_size)"),
-        c + "ppo_micro_batch_size_per_gpu": translated(unless_null("critic.micro_batch_size"), "rows per pass per GPU",
-                                                  "critic.micro_batch_size"),
-        c + "forward_micro_batch_size": refused("rows per value forward (deprecated)", "critic.micro_batch_size"),
-        c + "forward_micro_batch_size_per_gpu": accepted("rows per value forward per GPU", "critic.micro_batch_size "
-                                                      "runs them here"),
+                                        "write ppo_micro_batch_size_per_gpu (optim.critic.micro_batch_size)"),
+        c + "ppo_micro_batch_size_per_gpu": translated(unless_null("optim.critic.micro_batch_size"),
+                                                  "rows per pass per GPU", "optim.critic.micro_batch_size"),
+        c + "forward_micro_batch_size": refused("rows per value forward (deprecated)", "optim.critic.micro_batch_size"),
+        c + "forward_micro_batch_size_per_gpu": accepted("rows per value forward per GPU",
+                                                      "optim.critic.micro_batch_size runs them here"),
         c + "use_dynamic_bsz": refused("token-budget micro batches", "roles.critic.max_tokens_per_micro_batch"),
         c + "ppo_max_token_len_per_gpu": accepted("the token budget", "read only with use_dynamic_bsz (refused)"),
         c + "forward_max_token_len_per_gpu": accepted("the token budget", "read only with use_dynamic_bsz (refused)"),
-        c + "ppo_epochs": renamed("critic.epochs", "critic updates per batch"),
+        c + "ppo_epochs": renamed("optim.critic.epochs", "critic updates per batch"),
         c + "shuffle": refused("shuffle mini-batches", "mini-batches keep the batch's order here"),
         c + "data_loader_seed": accepted("the shuffle's seed", "read only with shuffle (refused)"),
-        c + "cliprange_value": translated(only_for("value_clip", ("ppo",)), "value clip range", "algorithm_options."
+        c + "cliprange_value": translated(only_for("value_clip", ("ppo",)), "value clip range", "algorithm.options."
                                      "value_clip (ppo)"),
         c + "loss_agg_mode": refused("the value loss's aggregation", "the value loss is token-mean here",
                                  ("token-mean", None)),
         c + "loss_scale_factor": refused("the value loss's constant", "not used by token-mean"),
         c + "checkpoint.**": accepted("what a checkpoint holds", "everything, always"),
-        c + "grad_clip": renamed("critic.grad_clip", "gradient-norm clip"),
+        c + "grad_clip": renamed("optim.critic.grad_clip", "gradient-norm clip"),
     }
 
 

@@ -121,7 +121,7 @@ def translate(pairs: list[tuple[str, Any]], dialects: Sequence[Dialect], native:
     context.update(given)
     produced: dict[str, tuple[str, Any]] = {}
     for key, _full, row, value in sorted(foreign, key=lambda item: not item[2].first):
-        context["algorithm"] = given.get("algorithm", produced.get("algorithm", ("", "grpo"))[1])
+        context["algorithm"] = given.get("algorithm.name", produced.get("algorithm.name", ("", "grpo"))[1])
         try:
             result = row.resolve(key, value, context)
         except Refused as err:
@@ -140,7 +140,7 @@ _ABSENT = object()
 
 
 def _given(given: Mapping[str, Any], target: str) -> Any:
-    """``target``'s value among our keys: given itself, or inside a mapping given whole (``algorithm_options``)."""
+    """``target``'s value among our keys: given itself, or inside a mapping given whole (``algorithm.options``)."""
     if target in given:
         return given[target]
     parts = target.split(".")

@@ -99,7 +99,7 @@ def _train(prepared: PreparedRun, stop: GracefulStop, *, resume: bool, overwrite
             controller.load_checkpoint(str(checkpoint / "roles"))
         horizon = prompt_horizon(config.steps, config.checkpoint.every, controller.mode)
         progress = _Progress(range(start, config.steps), enabled=config.logging.progress,
-                             label=f"{config.algorithm} from step {start}")
+                             label=f"{config.algorithm.name} from step {start}")
         validation = partial(validate, controller, graph, tokenizer=tokenizer, scorer=scorer, seed=config.seed,
                              batch_size=config.data.batch_size, table_rows=config.validation.samples)
         before = None

@@ -8,18 +8,21 @@ spellings; docs/migrating.md says so. Nothing else in hybridflow reads an old sp
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
+
+from hybridflow.runtime.protocols import OptimSpec
 
 # old top-level key -> its dotted home (a key below an old section moves with it: liveness.x -> executor.liveness.x)
 MOVED: dict[str, str] = {
-    "executor": "executor.name", "ray_address": "executor.ray_address", "liveness": "executor.liveness",
-    "placement": "placement.mode", "num_gpus": "placement.num_gpus", "cluster": "placement.cluster",
+    "ray_address": "executor.ray_address", "liveness": "executor.liveness",
+    "num_gpus": "placement.num_gpus", "cluster": "placement.cluster",
     "meshes": "placement.meshes", "plan_file": "placement.plan_file", "separate_rollout": "placement.separate_rollout",
     "calibration": "placement.calibration", "host_cores": "placement.host_cores",
     "planner_settings": "placement.planner",
-    "pipeline": "pipeline.mode", "max_staleness": "pipeline.max_staleness",
+    "max_staleness": "pipeline.max_staleness",
     "partial_rollout": "pipeline.partial_rollout", "segment_tokens": "pipeline.segment_tokens",
     "stream_chunks": "pipeline.stream_chunks", "padding": "pipeline.padding",
     "skip_known_passes": "pipeline.skip_known_passes",
@@ -30,9 +33,12 @@ MOVED: dict[str, str] = {
     "trackers": "logging.trackers", "progress": "logging.progress", "plot": "logging.plot",
     "console_metrics_every": "logging.console_every",
     "reward_cache_size": "data.reward_cache_size",
+    "algorithm_options": "algorithm.options", "actor": "optim.actor", "critic": "optim.critic",
 }
-# Old keys that are sections now: only a plain value (``pipeline: async``) is the old key; a mapping is the section.
-_NOW_SECTIONS = {"executor", "placement", "pipeline"}
+# Old sections whose name a dialect's section shares (verl's ``critic.optim.lr``): only our own fields below them
+# (an :class:`~hybridflow.runtime.protocols.OptimSpec` field or ``micro_batch_size``) are old keys.
+_SHARED = {"actor", "critic"}
+_OPTIM_FIELDS = frozenset(f.name for f in dataclasses.fields(OptimSpec)) | {"micro_batch_size"}
 RETIRED: dict[str, str] = {
     "tensorboard": "list it in 'logging.trackers' (default [tensorboard]), or set logging.trackers=[] for none",
 }
@@ -41,7 +47,7 @@ RETIRED: dict[str, str] = {
 def moved_key(dotted: str, value: Any) -> str | None:
     """The new spelling of an old key (``max_staleness`` -> ``pipeline.max_staleness``), else None."""
     head, _, rest = dotted.partition(".")
-    if head not in MOVED or (head in _NOW_SECTIONS and (rest or isinstance(value, Mapping))):
+    if head not in MOVED or (head in _SHARED and rest.partition(".")[0] not in _OPTIM_FIELDS):
         return None
     return MOVED[head] + (f".{rest}" if rest else "")
 

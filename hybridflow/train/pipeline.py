@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 from hybridflow.planner import ExecutionMode, Plan
 from hybridflow.planner.modes import check_choice
@@ -27,11 +27,12 @@ class PipelineConfig:
 
     ``stream_chunks``: with ``sync``, > 1 hands generated rows on in that many chunks (runtime/streaming.py);
     ``padding``: forward and update passes over padded rows instead of packed sequences (every role's
-    ``RoleLayout.padding``); ``skip_known_passes``: a synchronous single-pass update (actor.epochs 1,
-    actor.mini_batches 1) takes its old log-probs from its own forward, detached, instead of a log-prob pass
+    ``RoleLayout.padding``); ``skip_known_passes``: a synchronous single-pass update (optim.actor.epochs 1,
+    optim.actor.mini_batches 1) takes its old log-probs from its own forward, detached, instead of a log-prob pass
     before it (hybridflow/graph/skipping.py; TRL does the same).
     """
 
+    SHORT: ClassVar[str] = "mode"
     mode: Literal["sync", "one_step_off", "async", "auto"] = "sync"
     max_staleness: int = 1
     partial_rollout: bool = True

@@ -58,8 +58,9 @@ class PlannerInputs:
 
     # Planner keys a run states itself, and where (an unknown key here names its home).
     STATED_BY_THE_RUN: typing.ClassVar[dict[str, str]] = {
-        "mini_batch_size": "actor.mini_batches", "epochs": "actor.epochs", "max_prompt_len": "data.max_prompt_length",
-        "max_response_len": "the generate node's max_new_tokens (algorithm_options)",
+        "mini_batch_size": "optim.actor.mini_batches", "epochs": "optim.actor.epochs",
+        "max_prompt_len": "data.max_prompt_length",
+        "max_response_len": "the generate node's max_new_tokens (algorithm.options)",
         "gpu_memory_utilization": "roles.<policy>.rollout_options.gpu_memory_utilization",
         "rollout_sleep": "roles.<policy>.rollout_options.sleep_level",
         "offload": "roles.<name>.offload"}
@@ -95,6 +96,7 @@ class PlacementConfig:
     (``auto``: this machine's; unset: one each); ``planner``: what the planner costs that the run cannot state.
     """
 
+    SHORT: typing.ClassVar[str] = "mode"
     mode: Literal["default", "auto", "manual"] = "default"
     num_gpus: int = 1
     cluster: str | None = None
@@ -202,7 +204,7 @@ def workload(config: TrainConfig, graph: Graph, prompt_len: int, settings: RunSe
 def run_settings(config: TrainConfig, graph: Graph) -> RunSettings:
     """The planner's step recipe, derived from the run's own keys (the one place that translates them):
 
-    - ``epochs`` and ``mini_batch_size`` from ``actor.epochs`` / ``actor.mini_batches`` (rows per optimizer
+    - ``epochs`` and ``mini_batch_size`` from ``optim.actor.epochs`` / ``optim.actor.mini_batches`` (rows per optimizer
       step: the step's samples over its mini-batches);
     - ``max_prompt_len`` from ``data.max_prompt_length``; ``padding`` (padded rows, not packed sequences) from
       ``padding``, which the planner writes into every layout (``RoleLayout.padding``);
@@ -231,9 +233,10 @@ def run_settings(config: TrainConfig, graph: Graph) -> RunSettings:
     budgets = {entry.max_tokens_per_micro_batch if (entry := config.roles.get(role.name)) else None
                for role in graph.roles if role.kind.needs_gpu}
     budget = budgets.pop() if len(budgets) == 1 else None
-    return RunSettings(lengths=lengths, epochs=config.actor.epochs, padding=config.pipeline.padding,
+    actor = config.optim.actor
+    return RunSettings(lengths=lengths, epochs=actor.epochs, padding=config.pipeline.padding,
                        train_tokens_per_gpu=budget, forward_tokens_per_gpu=budget,
-                       mini_batch_size=-(-rows // config.actor.mini_batches) if config.actor.mini_batches > 1 else None,
+                       mini_batch_size=-(-rows // actor.mini_batches) if actor.mini_batches > 1 else None,
                        max_prompt_len=config.data.max_prompt_length, offload=offload,
                        gpu_memory_utilization=vllm.get("gpu_memory_utilization") if vllm is not None else None,
                        rollout_sleep=bool(vllm.get("sleep_level")) if vllm is not None else False)

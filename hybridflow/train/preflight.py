@@ -59,7 +59,7 @@ def check_ranges(config: TrainConfig) -> None:
     if isinstance(data.reward, list) and not data.reward:
         raise ValueError("config key 'data.reward' is an empty list; name at least one reward function (e.g. "
                          "data.reward=math), or drop the key to use the built-in task's rule")
-    for name, optim in (("actor", config.actor), ("critic", config.critic)):
+    for name, optim in (("optim.actor", config.optim.actor), ("optim.critic", config.optim.critic)):
         _check_optim(name, optim)
 
 
@@ -71,8 +71,8 @@ def check_step_rows(config: TrainConfig, graph: Graph) -> None:
     rows = prompts * samples
     if rows > MAX_STEP_ROWS:
         raise ValueError(f"a step of data.batch_size={prompts} prompts x n={samples} samples is {rows} rows, more "
-                         f"than {MAX_STEP_ROWS}; lower data.batch_size or algorithm_options.n")
-    for name, optim in (("actor", config.actor), ("critic", config.critic)):
+                         f"than {MAX_STEP_ROWS}; lower data.batch_size or algorithm.options.n")
+    for name, optim in (("optim.actor", config.optim.actor), ("optim.critic", config.optim.critic)):
         if optim.mini_batches > rows:
             raise ValueError(f"config key '{name}.mini_batches'={optim.mini_batches} exceeds the {rows} rows of a "
                              f"step (data.batch_size={prompts} x n={samples}): each optimizer step needs rows of its "
@@ -122,7 +122,7 @@ def check_node_options(graph: Graph) -> None:
     for node in graph.nodes:
         options = node.options_dict
         for name, value in options.items():
-            key = f"algorithm_options.{name} (node {node.name!r})"
+            key = f"algorithm.options.{name} (node {node.name!r})"
             wanted = sampling.get(name) if node.op is Op.GENERATE else None
             if wanted is not None or name in NON_NEGATIVE_OPTIONS:
                 _option_type(key, value, wanted or "float")
@@ -137,7 +137,7 @@ def check_node_options(graph: Graph) -> None:
                 SamplingParams(**{name: value for name,
                                   value in options.items() if name in sampling})  # type: ignore[arg-type]
             except ValueError as err:
-                raise ValueError(f"node {node.name!r}: {err} (algorithm_options)") from err
+                raise ValueError(f"node {node.name!r}: {err} (algorithm.options)") from err
 
 
 def _option_type(key: str, value: Any, wanted: Any) -> None:
@@ -295,7 +295,7 @@ def check_prompts(config: TrainConfig, graph: Graph, records: list[dict[str, Any
         raise ValueError(f"the longest prompt has {longest} tokens; with max_new_tokens={response} that exceeds the "
                          f"model's context of {context} tokens (max_position_embeddings); set data.max_prompt_length="
                          f"{max(1, context - response)} to drop longer prompts (they are counted), or lower "
-                         "algorithm_options.max_new_tokens")
+                         "algorithm.options.max_new_tokens")
     unk = getattr(tokenizer, "unk_token_id", None)
     if unk is None:
         return

@@ -24,6 +24,7 @@ from hybridflow.graph import Graph
 from hybridflow.graph.render import to_json
 from hybridflow.train.checkpoint import checkpoint_step, latest_checkpoint, newest_intact_checkpoint
 from hybridflow.train.config import TrainConfig
+from hybridflow.train.config_keys import shorthand
 from hybridflow.train.file_checks import checkpoint_problem
 from hybridflow.train.migration import moved_key
 
@@ -143,8 +144,9 @@ def check_fingerprint(checkpoint: Path, current: Mapping[str, Any], *, allow_cha
 
 
 def _sectioned(saved: Mapping[str, Any]) -> dict[str, Any]:
-    """A fingerprint written before the config's sections, in today's keys (hybridflow/train/migration.py)."""
-    moved = {moved_key(key, value) or key: value for key, value in saved.items()}
+    """A fingerprint written before the config's sections, in today's keys (hybridflow/train/migration.py; a
+    plain ``algorithm`` or ``pipeline`` value is its section's short field, :func:`config_keys.shorthand`)."""
+    moved = dict(shorthand(TrainConfig, [(moved_key(key, value) or key, value) for key, value in saved.items()]))
     return {key: value for key, value in moved.items() if key.split(".")[0] not in RUN_ONLY_KEYS}
 
 

@@ -150,10 +150,10 @@ def prepare_model(config: TrainConfig, run_dir: Path, data: list[Record],
 
 
 def build_graph(config: TrainConfig) -> Graph:
-    options = {"reward_kind": RoleKind.REWARD_FUNCTION, **config.algorithm_options}
+    options = {"reward_kind": RoleKind.REWARD_FUNCTION, **config.algorithm.options}
     # An option the algorithm does not take (a verl/TRL name...) is named, not the factory's raw TypeError.
-    check_algorithm_options(ALGORITHMS.get(config.algorithm), options, config.algorithm)
-    graph = with_agent(config, load_graph(config.algorithm, **options))
+    check_algorithm_options(ALGORITHMS.get(config.algorithm.name), options, config.algorithm.name)
+    graph = with_agent(config, load_graph(config.algorithm.name, **options))
     return with_detached_logprobs(graph, single_pass_roles(config, graph))
 
 
@@ -161,10 +161,10 @@ def single_pass_roles(config: TrainConfig, graph: Graph) -> frozenset[str]:
     """The policies whose update is one optimizer step on the rollout's own weights, so their old log-probs are the
     update's own, detached (:func:`~hybridflow.graph.skipping.with_detached_logprobs`): ``skip_known_passes`` on,
     a synchronous step (``pipeline: sync``; an overlapped mode trains on rows an older policy sampled, and ``auto``
-    is not known until the plan), ``actor.epochs`` 1 and ``actor.mini_batches`` 1."""
+    is not known until the plan), ``optim.actor.epochs`` 1 and ``optim.actor.mini_batches`` 1."""
     if not config.pipeline.skip_known_passes or config.pipeline.mode != "sync":
         return frozenset()
-    if config.actor.epochs != 1 or config.actor.mini_batches != 1:
+    if config.optim.actor.epochs != 1 or config.optim.actor.mini_batches != 1:
         return frozenset()
     return frozenset(role.name for role in graph.roles if role.kind is RoleKind.POLICY)
 
@@ -226,7 +226,7 @@ def fixed_micro_batches(config: TrainConfig, graph: Graph) -> dict[str, int]:
         if not role.kind.needs_gpu:
             continue
         entry = config.roles.get(role.name, RoleConfig())
-        optim = config.critic if role.kind is RoleKind.VALUE else config.actor
+        optim = config.optim.of(role.kind is RoleKind.VALUE)
         size = entry.micro_batch_size or optim.micro_batch_size
         if size:
             fixed[role.name] = size
@@ -319,7 +319,7 @@ def role_specs(config: TrainConfig, graph: Graph, model_dir: str, plan: Plan | N
     for role in graph.roles:
         if not role.kind.needs_gpu:
             continue
-        optim = config.critic if role.kind is RoleKind.VALUE else config.actor
+        optim = config.optim.of(role.kind is RoleKind.VALUE)
         entry = config.roles.get(role.name, RoleConfig())
         if entry.lora is not None and role.kind is not RoleKind.POLICY:
             critic = (" (a critic's value head is new, so it would train in full beside the adapters: LoRA critics "

@@ -55,7 +55,7 @@ class GRPOTrainer:
         if eval_dataset is not None:
             extra["data.val_path"] = write_rows(eval_dataset, "eval")
         if algorithm is not None:
-            extra["algorithm"] = algorithm
+            extra["algorithm.name"] = algorithm
         for key, value in extra.items():
             if _get(data, key) not in (None, _default(key)):
                 raise ValueError(f"config key {key!r} is given by the GRPOTrainer's arguments (model, train_dataset, "
@@ -161,7 +161,7 @@ def _rows(dataset: Any, name: str) -> list[dict[str, Any]]:
 
 
 def _nested(data: dict[str, Any]) -> dict[str, Any]:
-    """A mapping whose dotted keys (``{"actor.lr": 1e-4}``) become sections, so either form can be given."""
+    """A mapping whose dotted keys (``{"optim.actor.lr": 1e-4}``) become sections, so either form can be given."""
     out: dict[str, Any] = {}
     for key, value in data.items():
         target = out

@@ -19,7 +19,7 @@ from hybridflow.train.loop import train
 from hybridflow.train.setup import agent_tool_schemas, build_graph
 
 AGENT = {"data.task": "multiply", "data.batch_size": 4, "data.num_examples": 32, "model.sft_steps": 2,
-         "algorithm": "grpo_no_ref", "algorithm_options.n": 2, "algorithm_options.max_new_tokens": 32,
+         "algorithm": "grpo_no_ref", "algorithm.options.n": 2, "algorithm.options.max_new_tokens": 32,
          "agent.environment": "calculator", "agent.options": {"format": "compact"}, "agent.max_turns": 2,
          "agent.max_turn_tokens": 12, "logging.progress": False, "logging.plot": False}
 

@@ -49,10 +49,10 @@ def test_warmup_ratio_rounds_up_as_transformers() -> None:
 
 
 @pytest.mark.parametrize(("overrides", "needle"), [
-    (["actor.lr_scheduler=step"], "lr_scheduler"),
-    (["actor.warmup_steps=2", "actor.warmup_ratio=0.1"], "warmup_steps and warmup_ratio"),
-    (["actor.min_lr_ratio=0.1"], "cosine"),
-    (["actor.total_steps=5"], "total_steps"),
+    (["optim.actor.lr_scheduler=step"], "lr_scheduler"),
+    (["optim.actor.warmup_steps=2", "optim.actor.warmup_ratio=0.1"], "warmup_steps and warmup_ratio"),
+    (["optim.actor.min_lr_ratio=0.1"], "cosine"),
+    (["optim.actor.total_steps=5"], "total_steps"),
 ])
 def test_bad_schedule_keys_are_named(overrides: list[str], needle: str) -> None:
     with pytest.raises(ValueError, match=needle):
@@ -60,9 +60,9 @@ def test_bad_schedule_keys_are_named(overrides: list[str], needle: str) -> None:
 
 
 def test_config_schedule_spans_the_run() -> None:
-    config = load_config(None, ["steps=10", "actor.lr_scheduler=cosine", "actor.warmup_ratio=0.2",
-                                "actor.min_lr_ratio=0.5"])
-    spec = config.actor.spec(config.steps)
+    config = load_config(None, ["steps=10", "optim.actor.lr_scheduler=cosine", "optim.actor.warmup_ratio=0.2",
+                                "optim.actor.min_lr_ratio=0.5"])
+    spec = config.optim.actor.spec(config.steps)
     assert (spec.total_steps, spec.warmup) == (10, 2)
     assert spec.lr_factor(10) == pytest.approx(0.5)
 

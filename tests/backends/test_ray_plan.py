@@ -66,7 +66,7 @@ def test_placement_auto_runs_the_planned_layouts_on_fsdp_and_deepspeed(tmp_path,
     from hybridflow.train.prepare import prepare_run
 
     config = load_config(None, ["algorithm=grpo", "placement.mode=auto", "placement.cluster=2xCPU", "data.batch_size=4",
-                                "algorithm_options={max_new_tokens: 4, n: 2}", "executor.name=ray",
+                                "algorithm.options={max_new_tokens: 4, n: 2}", "executor.name=ray",
                                 "roles={actor: {backend: fsdp}, reference: {backend: deepspeed}}",
                                 f"output_dir={tmp_path}", "logging.progress=false"])
     prepared = prepare_run(config)

@@ -23,7 +23,7 @@ def tutorial(**overrides: object) -> DataParallelConfig:
 
 
 def controller(config: DataParallelConfig, tmp: Path, **settings: object) -> SingleController:
-    run = {"steps": 2, "data.batch_size": 4, "algorithm_options.max_new_tokens": 6, "model.sft_steps": 5,
+    run = {"steps": 2, "data.batch_size": 4, "algorithm.options.max_new_tokens": 6, "model.sft_steps": 5,
            "output_dir": str(tmp / "run"), **settings}
     return SingleController(config=config, actor_model=TINY, critic_model=TINY, reward_model=TINY,
                             reference_model=TINY, use_half_precision=True, settings=run)

@@ -23,8 +23,8 @@ from hybridflow.train.export import export_policy
 from hybridflow.train.loop import train
 
 HERE = Path(__file__).resolve().parent
-QUICK = ["model.sft_steps=3", "data.batch_size=4", "data.num_examples=32", "algorithm_options.n=2",
-         "algorithm_options.max_new_tokens=4", "logging.progress=false", "logging.plot=false"]
+QUICK = ["model.sft_steps=3", "data.batch_size=4", "data.num_examples=32", "algorithm.options.n=2",
+         "algorithm.options.max_new_tokens=4", "logging.progress=false", "logging.plot=false"]
 
 
 @pytest.fixture(scope="module")

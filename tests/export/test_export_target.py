@@ -15,8 +15,8 @@ from hybridflow.train.config import load_config
 from hybridflow.train.export import EXPORT_MARKER, ExportTargetError, check_export_target, write_dir_atomically
 from hybridflow.train.loop import train
 
-QUICK = ["model.sft_steps=3", "data.batch_size=4", "data.num_examples=32", "algorithm_options.n=2",
-         "algorithm_options.max_new_tokens=4", "logging.progress=false", "logging.plot=false"]
+QUICK = ["model.sft_steps=3", "data.batch_size=4", "data.num_examples=32", "algorithm.options.n=2",
+         "algorithm.options.max_new_tokens=4", "logging.progress=false", "logging.plot=false"]
 
 
 @pytest.fixture(scope="module")

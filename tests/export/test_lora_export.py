@@ -22,15 +22,15 @@ from hybridflow.runtime.protocols import AdapterSpec
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "grpo_reverse.yaml"
 LORA = "roles.actor.lora={rank: 16, alpha: 32.0}"
-QUICK = ["model.sft_steps=5", "data.batch_size=4", "data.num_examples=64", "algorithm_options.n=2",
-         "algorithm_options.max_new_tokens=6", "logging.progress=false", "logging.plot=false"]
+QUICK = ["model.sft_steps=5", "data.batch_size=4", "data.num_examples=64", "algorithm.options.n=2",
+         "algorithm.options.max_new_tokens=6", "logging.progress=false", "logging.plot=false"]
 
 
 @pytest.fixture(scope="module")
 def lora_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run = tmp_path_factory.mktemp("lora") / "run"
     code = main(["train", "--config", str(CONFIG), "steps=2", "checkpoint.every=2", f"output_dir={run}", *QUICK,
-                 LORA, "actor.lr=0.01"])
+                 LORA, "optim.actor.lr=0.01"])
     assert code == 0
     return run
 

@@ -70,42 +70,42 @@ TRAIN: list[tuple[str, str, int, str]] = [
     ("stream chunks beyond prompts", "pipeline.stream_chunks=5", 2,
      r"'pipeline\.stream_chunks'=5 exceeds the data\.batch_size=4"),
     ("num_gpus huge", "placement.num_gpus=1000000000000", 2, r"1000000000000 GPUs exceed the planner's bound"),
-    ("rows of a step huge", "data.batch_size=4000000 data.num_examples=4000000 algorithm_options.n=2", 2,
-     r"8000000 rows, more than \d+; lower data\.batch_size or algorithm_options\.n"),
+    ("rows of a step huge", "data.batch_size=4000000 data.num_examples=4000000 algorithm.options.n=2", 2,
+     r"8000000 rows, more than \d+; lower data\.batch_size or algorithm.options\.n"),
     # size-like keys, bounded before anything is allocated (hybridflow/train/bounds.py)
     ("generated prompts beyond host memory", "data.num_examples=10000000000", 2,
      r"'data\.num_examples'=10000000000 exceeds \d+: each generated prompt holds about 1024 bytes of host memory"),
     ("sft batch huge", "model.sft_batch_size=1000000000000", 2, r"'model\.sft_batch_size'=1000000000000 exceeds"),
-    ("response beyond the context", "algorithm_options.max_new_tokens=1000000", 2,
-     r"'algorithm_options\.max_new_tokens'=1000000 exceeds 255: the model's context"),
+    ("response beyond the context", "algorithm.options.max_new_tokens=1000000", 2,
+     r"'algorithm.options\.max_new_tokens'=1000000 exceeds 255: the model's context"),
     ("lora rank beyond the width", "roles.actor.lora.rank=1000000000", 2,
      r"'roles\.actor\.lora\.rank'=1000000000 exceeds 128: every weight it adapts"),
     # numbers: type, int64, finiteness, range
-    ("temperature a string", "algorithm_options.temperature=hot", 2,
-     r"algorithm_options\.temperature \(node 'actor_generate'\)='hot' must be a number, got str"),
-    ("top_k a float", "algorithm_options.top_k=2.5", 2, r"top_k .*=2\.5 must be a int"),
-    ("kl coefficient a string", "algorithm_options.kl_coef=lots", 2, r"kl_coef .*='lots' must be a number"),
-    ("kl coefficient infinite", "algorithm_options.kl_coef=.inf", 2, r"kl_coef .*=inf must be a finite number"),
+    ("temperature a string", "algorithm.options.temperature=hot", 2,
+     r"algorithm.options\.temperature \(node 'actor_generate'\)='hot' must be a number, got str"),
+    ("top_k a float", "algorithm.options.top_k=2.5", 2, r"top_k .*=2\.5 must be a int"),
+    ("kl coefficient a string", "algorithm.options.kl_coef=lots", 2, r"kl_coef .*='lots' must be a number"),
+    ("kl coefficient infinite", "algorithm.options.kl_coef=.inf", 2, r"kl_coef .*=inf must be a finite number"),
     ("seed beyond int64", "seed=99999999999999999999", 2, r"'seed'=99999999999999999999 does not fit a 64-bit"),
     ("steps beyond int64", "steps=-99999999999999999999", 2, r"'steps'=-99999999999999999999 does not fit"),
-    ("actor lr infinite", "actor.lr=.inf", 2, r"'actor\.lr'=inf must be a finite number"),
-    ("critic weight decay nan", "critic.weight_decay=.nan", 2, r"'critic\.weight_decay'=nan must be a finite"),
-    ("betas infinite", "actor.betas=[.inf,0.9]", 2, r"'actor\.betas\[0\]'=inf must be a finite number"),
+    ("actor lr infinite", "optim.actor.lr=.inf", 2, r"'actor\.lr'=inf must be a finite number"),
+    ("critic weight decay nan", "optim.critic.weight_decay=.nan", 2, r"'critic\.weight_decay'=nan must be a finite"),
+    ("betas infinite", "optim.actor.betas=[.inf,0.9]", 2, r"'actor\.betas\[0\]'=inf must be a finite number"),
     ("reward weight nan", "data.reward=[math] data.reward_weights=[.nan]", 2,
      r"'data\.reward_weights\[0\]'=nan must be a finite number"),
     ("env reward weight infinite", "agent.env_reward_weight=-.inf", 2, r"'agent\.env_reward_weight'=-inf"),
     ("liveness timeout infinite", "executor.liveness.setup_timeout_s=.inf", 2,
      r"'executor\.liveness\.setup_timeout_s'=inf"),
     ("validation samples negative", "validation.samples=-1", 2, r"'validation\.samples'=-1 must be >= 0"),
-    ("mini batches beyond rows", "actor.mini_batches=1000", 2,
+    ("mini batches beyond rows", "optim.actor.mini_batches=1000", 2,
      r"'actor\.mini_batches'=1000 exceeds the 8 rows of a step \(data\.batch_size=4 x n=2\)"),
     ("reward an empty list", "data.reward=[]", 2, r"'data\.reward' is an empty list"),
     # counts that multiply a step's work
-    ("actor epochs huge", "actor.epochs=101", 2, r"'actor\.epochs'=101 exceeds 100 passes over a step's samples"),
-    ("critic epochs huge", "critic.epochs=1000000000", 2, r"'critic\.epochs'=1000000000 exceeds 100"),
-    ("optimizer steps per step huge", "actor.epochs=100 actor.mini_batches=1000", 2,
+    ("actor epochs huge", "optim.actor.epochs=101", 2, r"'actor\.epochs'=101 exceeds 100 passes over a step's samples"),
+    ("critic epochs huge", "optim.critic.epochs=1000000000", 2, r"'critic\.epochs'=1000000000 exceeds 100"),
+    ("optimizer steps per step huge", "optim.actor.epochs=100 optim.actor.mini_batches=1000", 2,
      r"'actor\.epochs'=100 x 'actor\.mini_batches'=1000 are 100000 optimizer steps per training step, more than"),
-    ("filter rounds huge", "algorithm=dapo algorithm_options.max_rounds=17", 2,
+    ("filter rounds huge", "algorithm=dapo algorithm.options.max_rounds=17", 2,
      r"max_rounds=17 must be an integer in \[0, 16\]"),
     # data: prompts and chat roles
     ("prompt empty", "data.path={d}/empty_prompt.jsonl data.reward=math data.batch_size=1", 2,
@@ -147,11 +147,11 @@ def test_critic_mini_batches_are_bounded_by_the_rows_too() -> None:
     from hybridflow.train.config import config_from_dotted
     from hybridflow.train.preflight import check_step_rows
 
-    config = config_from_dotted({"algorithm": "ppo", "data.batch_size": 4, "critic.mini_batches": 5})
+    config = config_from_dotted({"algorithm": "ppo", "data.batch_size": 4, "optim.critic.mini_batches": 5})
     with pytest.raises(ValueError, match=r"'critic\.mini_batches'=5 exceeds the 4 rows of a step "
                                          r"\(data\.batch_size=4 x n=1\)"):
         check_step_rows(config, load_graph("ppo"))
-    check_step_rows(config_from_dotted({"algorithm": "ppo", "data.batch_size": 4, "critic.mini_batches": 4}),
+    check_step_rows(config_from_dotted({"algorithm": "ppo", "data.batch_size": 4, "optim.critic.mini_batches": 4}),
                     load_graph("ppo"))
 
 

@@ -19,8 +19,8 @@ from hybridflow.cli import main
 
 pytestmark = pytest.mark.timeout(150)
 
-QUICK = ["model.sft_steps=0", "data.batch_size=4", "data.num_examples=16", "algorithm_options.n=2",
-         "algorithm_options.max_new_tokens=4", "logging.progress=false", "logging.plot=false", "logging.trackers=[]",
+QUICK = ["model.sft_steps=0", "data.batch_size=4", "data.num_examples=16", "algorithm.options.n=2",
+         "algorithm.options.max_new_tokens=4", "logging.progress=false", "logging.plot=false", "logging.trackers=[]",
          "steps=1"]
 REWARDS = '''
 import os, sys, time

@@ -23,9 +23,9 @@ pytestmark = pytest.mark.timeout(240)
 
 STEPS = 3
 CUT = 1  # the first reward call of step CUT + 1 (1-based) pauses: SIGTERM reaches the run there
-ROWS = 4 * 2  # data.batch_size x algorithm_options.n: reward calls a step
-QUICK = ["model.sft_steps=0", "data.batch_size=4", "data.num_examples=16", "algorithm_options.n=2",
-         "algorithm_options.max_new_tokens=6", "logging.progress=false", "logging.plot=false", "logging.trackers=[]",
+ROWS = 4 * 2  # data.batch_size x algorithm.options.n: reward calls a step
+QUICK = ["model.sft_steps=0", "data.batch_size=4", "data.num_examples=16", "algorithm.options.n=2",
+         "algorithm.options.max_new_tokens=6", "logging.progress=false", "logging.plot=false", "logging.trackers=[]",
          f"steps={STEPS}", "checkpoint.every=100"]
 REWARDS = '''
 import os, time

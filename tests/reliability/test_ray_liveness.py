@@ -111,7 +111,7 @@ def test_a_hung_worker_ends_a_training_run_naming_the_step(local_ray: None, tmp_
     watcher.start()
     code = main(["train", "executor.name=ray", "steps=200", "model.sft_steps=0", "data.batch_size=4",
                  "data.num_examples=16",
-                 "algorithm_options.n=2", "algorithm_options.max_new_tokens=4", "logging.progress=false",
+                 "algorithm.options.n=2", "algorithm.options.max_new_tokens=4", "logging.progress=false",
                  "logging.plot=false", "logging.trackers=[]", f"output_dir={tmp_path / 'run'}",
                  "executor.liveness.heartbeat_interval_s=0.5",
                  "executor.liveness.heartbeat_timeout_s=3"])

@@ -13,8 +13,8 @@ from hybridflow.graph import load_graph
 from hybridflow.train.config import load_config
 from hybridflow.train.rundir import RunDirectoryError, begin_run, differing_keys, fingerprint, repair_metrics
 
-QUICK = ["model.sft_steps=0", "data.batch_size=4", "data.num_examples=16", "algorithm_options.n=2",
-         "algorithm_options.max_new_tokens=4", "logging.progress=false", "logging.plot=false", "logging.trackers=[]"]
+QUICK = ["model.sft_steps=0", "data.batch_size=4", "data.num_examples=16", "algorithm.options.n=2",
+         "algorithm.options.max_new_tokens=4", "logging.progress=false", "logging.plot=false", "logging.trackers=[]"]
 
 
 def _train(tmp_path: Path, *args: str) -> int:
@@ -99,7 +99,7 @@ def test_config_json_is_written_only_after_validation(finished_run: Path, tmp_pa
     before = (run / "config.json").read_text()
     assert _train(tmp_path, "steps=4", "--resume", "roles.nope.backend=torch") == 2
     assert (run / "config.json").read_text() == before
-    assert _train(tmp_path / "fresh", "actor.micro_batch_size=0") == 2
+    assert _train(tmp_path / "fresh", "optim.actor.micro_batch_size=0") == 2
     assert not (tmp_path / "fresh" / "run" / "config.json").exists()
 
 
@@ -121,10 +121,10 @@ def test_fingerprint_ignores_run_only_keys_and_names_changed_ones() -> None:
     base = fingerprint(load_config(None, QUICK), graph)
     same = fingerprint(load_config(None, [*QUICK, "steps=99", "executor.name=ray", "output_dir=elsewhere"]), graph)
     assert differing_keys(base, same) == []
-    changed = fingerprint(load_config(None, [*QUICK, "actor.lr=0.5", "algorithm_options.n=3"]),
+    changed = fingerprint(load_config(None, [*QUICK, "optim.actor.lr=0.5", "algorithm.options.n=3"]),
                           load_graph("grpo", n=3))
     keys = [line.split(":")[0] for line in differing_keys(base, changed)]
-    assert keys == ["actor.lr", "algorithm_options.n", "graph"]
+    assert keys == ["optim.actor.lr", "algorithm.options.n", "graph"]
 
 
 def test_repair_metrics_keeps_whole_rows(tmp_path: Path) -> None:

@@ -6,14 +6,14 @@ WINDOW = 6  # steps averaged at each end of a run
 
 # algorithm -> (config file, overrides); every run starts from the same SFT-warmed model.
 LEARNING_RUNS: dict[str, tuple[str, list[str]]] = {
-    "grpo": ("grpo_reverse.yaml", ["steps=50", "data.batch_size=16", "actor.lr=1e-3", "actor.mini_batches=2",
-                                   "algorithm_options.max_new_tokens=8"]),
-    "ppo": ("ppo_reverse.yaml", ["steps=40", "data.batch_size=32", "actor.lr=5e-4", "critic.lr=3e-3",
-                                 "algorithm_options.max_new_tokens=8"]),
+    "grpo": ("grpo_reverse.yaml", ["steps=50", "data.batch_size=16", "optim.actor.lr=1e-3",
+                                   "optim.actor.mini_batches=2", "algorithm.options.max_new_tokens=8"]),
+    "ppo": ("ppo_reverse.yaml", ["steps=40", "data.batch_size=32", "optim.actor.lr=5e-4", "optim.critic.lr=3e-3",
+                                 "algorithm.options.max_new_tokens=8"]),
 }
 # The same budget for the other group-relative algorithms (learning curves in docs/benchmarks.md, not tests).
-_GROUP = ["steps=50", "data.batch_size=16", "actor.lr=1e-3", "actor.mini_batches=2", "algorithm_options={n: 8, "
-          "max_new_tokens: 8}"]
+_GROUP = ["steps=50", "data.batch_size=16", "optim.actor.lr=1e-3", "optim.actor.mini_batches=2",
+          "algorithm.options={n: 8, max_new_tokens: 8}"]
 CURVE_RUNS: dict[str, tuple[str, list[str]]] = {
     **LEARNING_RUNS,
     **{name: ("grpo_reverse.yaml", [f"algorithm={name}", *_GROUP]) for name in ("dapo", "dr_grpo", "gspo")},

@@ -139,7 +139,7 @@ def test_hybridflow_train_runs_async_on_a_detached_rollout(tmp_path: Path) -> No
     from hybridflow.train.config import load_config
     from hybridflow.train.loop import train
 
-    config = load_config(None, ["algorithm=grpo_no_ref", "algorithm_options={n: 2, max_new_tokens: 8}", "steps=4",
+    config = load_config(None, ["algorithm=grpo_no_ref", "algorithm.options={n: 2, max_new_tokens: 8}", "steps=4",
                                 "model.sft_steps=5", "data.batch_size=4", "data.num_examples=32",
                                 "placement.mode=manual", "placement.cluster=2xCPU",
                                 "placement.meshes={actor: [0], 'actor:rollout': [1]}", "pipeline.mode=async",

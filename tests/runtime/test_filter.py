@@ -135,7 +135,7 @@ def test_dapo_with_dynamic_sampling_runs_from_hybridflow_train(tmp_path: Path) -
     from hybridflow.train.config import load_config
     from hybridflow.train.loop import train
 
-    config = load_config(None, ["algorithm=dapo", "algorithm_options={n: 4, max_new_tokens: 6, max_rounds: 2}",
+    config = load_config(None, ["algorithm=dapo", "algorithm.options={n: 4, max_new_tokens: 6, max_rounds: 2}",
                                 "steps=3", "model.sft_steps=20", "data.batch_size=4", "data.num_examples=64",
                                 f"output_dir={tmp_path}", "logging.progress=false", "logging.plot=false"])
     result = train(config)

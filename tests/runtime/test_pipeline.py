@@ -73,7 +73,7 @@ def test_hybridflow_train_runs_and_resumes_one_step_off_on_a_detached_rollout(
     from hybridflow.train.loop import train
 
     def config(steps: int) -> Any:
-        return load_config(None, ["algorithm=grpo_no_ref", "algorithm_options={n: 2, max_new_tokens: 4}",
+        return load_config(None, ["algorithm=grpo_no_ref", "algorithm.options={n: 2, max_new_tokens: 4}",
                                   f"steps={steps}", "checkpoint.every=2", "model.sft_steps=5", "data.batch_size=4",
                                   "data.num_examples=32", "placement.mode=manual", "placement.cluster=2xCPU",
                                   "placement.meshes={actor: [0], 'actor:rollout': [1]}", "pipeline.mode=one_step_off",

@@ -136,7 +136,7 @@ def _engine_layouts(controller: Controller) -> dict[str, dict]:
 
 def test_placement_auto_runs_the_micro_batches_the_plan_recorded(tmp_path: Path, random_model_dir: Path) -> None:
     config = load_config(None, ["algorithm=grpo", "placement.mode=auto", "placement.cluster=2xCPU", "data.batch_size=4",
-                                "algorithm_options={max_new_tokens: 4, n: 2}",
+                                "algorithm.options={max_new_tokens: 4, n: 2}",
                                 "roles={reference: {micro_batch_size: 3}}",
                                 f"output_dir={tmp_path}", "logging.progress=false"])
     prepared = prepare_run(config)
@@ -159,10 +159,10 @@ def test_a_plan_file_that_disagrees_with_a_fixed_micro_batch_is_refused(tmp_path
     graph = load_graph("grpo", reward_kind="reward_function")
     path = tmp_path / "plan.json"
     path.write_text(default_plan(graph, micro_batch_sizes={"actor": 8, "reference": 8}).to_json())
-    config = load_config(None, [f"placement.plan_file={path}", "actor.micro_batch_size=4"])
+    config = load_config(None, [f"placement.plan_file={path}", "optim.actor.micro_batch_size=4"])
     with pytest.raises(ValueError, match=r"micro_batch_size\)=4 disagrees with the plan file's 8"):
         setup.build_plan(config, graph)
-    assert setup.build_plan(load_config(None, [f"placement.plan_file={path}", "actor.micro_batch_size=8"]), graph)
+    assert setup.build_plan(load_config(None, [f"placement.plan_file={path}", "optim.actor.micro_batch_size=8"]), graph)
 
 
 def test_generation_in_waves_of_the_plans_rollout_batch(random_model_dir: Path) -> None:

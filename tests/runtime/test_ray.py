@@ -71,8 +71,8 @@ def test_training_survives_a_dead_worker_by_resuming(ray_two_nodes: str, tmp_pat
     from hybridflow.train.loop import train
 
     config_path = Path(__file__).resolve().parents[2] / "configs" / "grpo_reverse.yaml"
-    overrides = ["model.sft_steps=5", "data.batch_size=4", "data.num_examples=64", "algorithm_options.n=2",
-                 "algorithm_options.max_new_tokens=6", "logging.progress=false", "logging.plot=false",
+    overrides = ["model.sft_steps=5", "data.batch_size=4", "data.num_examples=64", "algorithm.options.n=2",
+                 "algorithm.options.max_new_tokens=6", "logging.progress=false", "logging.plot=false",
                  "executor.name=ray", f"executor.ray_address={ray_two_nodes}", "checkpoint.every=2", "output_dir=run"]
     monkeypatch.chdir(tmp_path)  # a relative output_dir must still reach the workers (they run elsewhere)
     executor = RayExecutor(address=ray_two_nodes)

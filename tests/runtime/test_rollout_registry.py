@@ -260,7 +260,7 @@ def test_an_unknown_rollout_is_refused_at_config_check_naming_the_key_and_the_re
     from hybridflow.train.preflight import check_config
 
     config = load_config(None, ["roles.actor.rollout=sglang"])
-    graph = load_graph(config.algorithm, **config.algorithm_options)
+    graph = load_graph(config.algorithm.name, **config.algorithm.options)
     with pytest.raises(KeyError, match=r"config key 'roles.actor.rollout'='sglang': unknown rollout engine 'sglang'; "
                                        r"valid names: \[.*'hf_generate'.*'native'.*'vllm'"):
         check_config(config, graph, default_plan(graph))
@@ -312,6 +312,6 @@ def test_a_detached_rollout_takes_the_policys_rollout_and_a_config_entry_may_set
     assert (specs["actor"].rollout, specs["actor"].rollout_options) == ("native", {})  # the trainer generates nothing
     config = load_config(None, ["roles.actor.rollout=vllm", "roles.actor.rollout_options={rollout_dtype: fp32}",
                                 "roles.actor:rollout.rollout_options={rollout_dtype: bf16}"])
-    graph = load_graph(config.algorithm, **config.algorithm_options)
+    graph = load_graph(config.algorithm.name, **config.algorithm.options)
     own = setup.role_specs(config, graph, "m", plan)["actor:rollout"]
     assert (own.rollout, own.rollout_options) == ("vllm", {"rollout_dtype": "bf16"})

@@ -58,7 +58,7 @@ def test_torchrun_ships_the_actors_weights_to_a_rollout_in_the_other_process(tmp
     command = [str(torchrun), "--standalone", "--nproc_per_node=2", str(ROOT / "examples" / "train_ppo.py"),
                "--config", str(CONFIG), "steps=2", f"output_dir={tmp_path}", "model.sft_steps=0",
                "placement.mode=manual", "placement.cluster=2xCPU", meshes,
-               "algorithm_options.kl_coef=0.05"]  # a KL penalty keeps the reference (kl_coef 0 drops it)
+               "algorithm.options.kl_coef=0.05"]  # a KL penalty keeps the reference (kl_coef 0 drops it)
     done = subprocess.run(command, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=150)
     assert done.returncode == 0, _tail(done.stdout + done.stderr)
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]

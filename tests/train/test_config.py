@@ -17,16 +17,16 @@ def test_shipped_configs_load(name: str) -> None:
 
 
 def test_overrides_are_parsed_as_yaml_and_nested() -> None:
-    config = load_config(CONFIGS / "grpo_reverse.yaml", ["actor.lr=3e-4", "steps=7", "executor.name=ray",
-                                                         "algorithm_options.n=2"])
-    assert config.actor.lr == 3e-4 and config.steps == 7 and config.executor.name == "ray"
-    assert config.algorithm_options["n"] == 2
+    config = load_config(CONFIGS / "grpo_reverse.yaml", ["optim.actor.lr=3e-4", "steps=7", "executor.name=ray",
+                                                         "algorithm.options.n=2"])
+    assert config.optim.actor.lr == 3e-4 and config.steps == 7 and config.executor.name == "ray"
+    assert config.algorithm.options["n"] == 2
 
 
 def test_unknown_key_is_named_with_its_section(tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"
-    path.write_text("actor: {lr: 0.001, learning_rate: 0.1}\n")
-    with pytest.raises(KeyError, match=r"'actor\.learning_rate'.*valid keys"):
+    path.write_text("optim:\n  actor: {lr: 0.001, learning_rate: 0.1}\n")
+    with pytest.raises(KeyError, match=r"'optim\.actor\.learning_rate'.*valid keys"):
         load_config(path)
 
 
@@ -48,14 +48,14 @@ def test_malformed_override_is_refused() -> None:
 
 
 def test_a_partial_optimizer_section_keeps_the_roles_default_lr(tmp_path: Path) -> None:
-    """``actor: {grad_clip: ...}`` changes the clip only: the actor's lr stays 1e-3 and the critic's 3e-3 (the
+    """``optim.actor: {grad_clip: ...}`` changes the clip only: the actor's lr stays 1e-3 and the critic's 3e-3 (the
     section class's own default, OptimSpec's 1e-4, used to replace them)."""
     path = tmp_path / "config.yaml"
-    path.write_text("actor:\n  grad_clip: 0.5\ncritic:\n  warmup_steps: 2\n")
+    path.write_text("optim:\n  actor:\n    grad_clip: 0.5\n  critic:\n    warmup_steps: 2\n")
     config = load_config(path)
-    assert (config.actor.lr, config.actor.grad_clip) == (TrainConfig().actor.lr, 0.5) == (1e-3, 0.5)
-    assert (config.critic.lr, config.critic.warmup_steps) == (3e-3, 2)
-    assert load_config(path, ["actor.lr=2e-5"]).actor.lr == 2e-5
+    assert (config.optim.actor.lr, config.optim.actor.grad_clip) == (TrainConfig().optim.actor.lr, 0.5) == (1e-3, 0.5)
+    assert (config.optim.critic.lr, config.optim.critic.warmup_steps) == (3e-3, 2)
+    assert load_config(path, ["optim.actor.lr=2e-5"]).optim.actor.lr == 2e-5
 
 
 @pytest.mark.parametrize("value", ["-1", ".inf", "soon"])

@@ -14,8 +14,8 @@ from hybridflow.train.loop import train
 
 ROOT = Path(__file__).resolve().parents[2]
 GSM8K = ROOT / "configs" / "data" / "gsm8k_style"
-QUICK = ["model.sft_steps=3", "data.batch_size=4", "algorithm_options.n=2", "algorithm_options.max_new_tokens=4",
-         "logging.progress=false", "logging.plot=false", "actor.micro_batch_size=8"]
+QUICK = ["model.sft_steps=3", "data.batch_size=4", "algorithm.options.n=2", "algorithm.options.max_new_tokens=4",
+         "logging.progress=false", "logging.plot=false", "optim.actor.micro_batch_size=8"]
 TRL_REWARD = '''
 def length_penalty(prompts, completions, ground_truth, **columns):
     assert len(prompts) == len(completions) == len(ground_truth) == len(columns["data_source"])

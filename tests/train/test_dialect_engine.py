@@ -45,16 +45,16 @@ def test_a_new_row_is_translated_by_the_engine_with_no_other_edit() -> None:
     """One row added to a dialect built here, and to a copy of verl's: the engine finds, translates, accepts and
     refuses by it, with no code beside the row."""
     toy = Dialect(name="toy", title="a toy trainer's config", match="pattern", rows={
-        "optim.learning_rate": renamed("actor.lr", "the learning rate"),
-        "optim.warm": translated(lambda value, context: {"actor.warmup_steps": 2 * value}, "half warmup steps",
-                                 "actor.warmup_steps = 2 x this"),
+        "optim.learning_rate": renamed("optim.actor.lr", "the learning rate"),
+        "optim.warm": translated(lambda value, context: {"optim.actor.warmup_steps": 2 * value}, "half warmup steps",
+                                 "optim.actor.warmup_steps = 2 x this"),
         "logs.**": accepted("logging options", "what the console shows"),
         "fancy": refused("a feature we lack", "not supported"),
     })
     problems: list[str] = []
     pairs = [("optim.learning_rate", 0.1), ("warm", 3), ("logs.colour", "red"), ("fancy", False), ("steps", 2)]
-    assert translate(pairs, [toy], _native, problems, str) == [("steps", 2), ("actor.lr", 0.1),
-                                                                ("actor.warmup_steps", 6)]
+    assert translate(pairs, [toy], _native, problems, str) == [("steps", 2), ("optim.actor.lr", 0.1),
+                                                                ("optim.actor.warmup_steps", 6)]
     assert not problems
     translate([("fancy", True), ("nope", 1)], [toy], _native, problems, lambda key: f"unknown {key}")
     assert problems == ["unknown nope", "'fancy' (toy: a feature we lack)=True: not supported (docs/migrating.md)"]

@@ -94,18 +94,18 @@ def test_verl_keys_at_verl_defaults_that_we_refuse_say_why() -> None:
 
 
 @pytest.mark.parametrize(("field", "value", "expected"), [
-    ("beta", 0.04, {"algorithm_options": {"kl_coef": 0.04}}),
-    ("epsilon", 0.1, {"algorithm_options": {"clip_ratio": 0.1}}),
-    ("epsilon_high", 0.28, {"algorithm_options": {"clip_ratio_high": 0.28}}),
-    ("loss_type", "grpo", {"algorithm_options": {"loss_agg": "seq-mean-token-mean"}}),
-    ("loss_type", "dapo", {"algorithm_options": {"loss_agg": "token-mean"}}),
-    ("loss_type", "dr_grpo", {"algorithm": "dr_grpo"}),
-    ("scale_rewards", "batch", {"algorithm_options": {"scale_rewards": "batch"}}),
-    ("scale_rewards", False, {"algorithm_options": {"scale_rewards": "none"}}),
-    ("mask_truncated_completions", True, {"algorithm_options": {"mask_truncated": True}}),
-    ("lr_scheduler_type", "cosine", {"actor": {"lr_scheduler": "cosine"}}),
-    ("warmup_steps", 0.1, {"actor": {"warmup_ratio": 0.1}}),
-    ("warmup_steps", 5, {"actor": {"warmup_steps": 5}}),
+    ("beta", 0.04, {"algorithm": {"options": {"kl_coef": 0.04}}}),
+    ("epsilon", 0.1, {"algorithm": {"options": {"clip_ratio": 0.1}}}),
+    ("epsilon_high", 0.28, {"algorithm": {"options": {"clip_ratio_high": 0.28}}}),
+    ("loss_type", "grpo", {"algorithm": {"options": {"loss_agg": "seq-mean-token-mean"}}}),
+    ("loss_type", "dapo", {"algorithm": {"options": {"loss_agg": "token-mean"}}}),
+    ("loss_type", "dr_grpo", {"algorithm": {"name": "dr_grpo"}}),
+    ("scale_rewards", "batch", {"algorithm": {"options": {"scale_rewards": "batch"}}}),
+    ("scale_rewards", False, {"algorithm": {"options": {"scale_rewards": "none"}}}),
+    ("mask_truncated_completions", True, {"algorithm": {"options": {"mask_truncated": True}}}),
+    ("lr_scheduler_type", "cosine", {"optim": {"actor": {"lr_scheduler": "cosine"}}}),
+    ("warmup_steps", 0.1, {"optim": {"actor": {"warmup_ratio": 0.1}}}),
+    ("warmup_steps", 5, {"optim": {"actor": {"warmup_steps": 5}}}),
     ("eval_on_start", True, {"validation": {"before_train": True}}),
     ("logging_steps", 5, {"logging": {"console_every": 5}}),
     ("report_to", "none", {"logging": {"trackers": []}}),
@@ -118,25 +118,25 @@ def test_trl_fields_translate_to_our_keys(field: str, value: Any, expected: dict
 def test_trl_batch_fields_become_prompts_per_step_and_a_micro_batch() -> None:
     pairs = [("per_device_train_batch_size", 4), ("gradient_accumulation_steps", 2), ("num_generations", 4),
              ("steps_per_generation", 4)]
-    assert checked(TrainConfig, pairs) == {"actor": {"micro_batch_size": 4, "mini_batches": 2},
-                                           "data": {"batch_size": 4}, "algorithm_options": {"n": 4}}
+    assert checked(TrainConfig, pairs) == {"optim": {"actor": {"micro_batch_size": 4, "mini_batches": 2}},
+                                           "data": {"batch_size": 4}, "algorithm": {"options": {"n": 4}}}
     with pytest.raises(ConfigKeyError, match="not whole groups"):
         checked(TrainConfig, [("per_device_train_batch_size", 3), ("num_generations", 4)])
 
 
 @pytest.mark.parametrize(("key", "value", "expected"), [
-    ("algorithm.adv_estimator", "grpo", {"algorithm": "grpo"}),
-    ("algorithm.adv_estimator", "gae", {"algorithm": "ppo"}),
+    ("algorithm.adv_estimator", "grpo", {"algorithm": {"name": "grpo"}}),
+    ("algorithm.adv_estimator", "gae", {"algorithm": {"name": "ppo"}}),
     ("actor_rollout_ref.model.path", "/m", {"model": {"path": "/m"}}),
     ("actor_rollout_ref.rollout.name", "vllm", {"roles": {"actor": {"rollout": "vllm"}}}),
-    ("actor_rollout_ref.actor.clip_ratio_low", 0.1, {"algorithm_options": {"clip_ratio": 0.1}}),
-    ("actor_rollout_ref.actor.grad_clip", 0.5, {"actor": {"grad_clip": 0.5}}),
+    ("actor_rollout_ref.actor.clip_ratio_low", 0.1, {"algorithm": {"options": {"clip_ratio": 0.1}}}),
+    ("actor_rollout_ref.actor.grad_clip", 0.5, {"optim": {"actor": {"grad_clip": 0.5}}}),
     ("actor_rollout_ref.actor.use_kl_loss", True, {}),
-    ("actor_rollout_ref.actor.use_kl_loss", False, {"algorithm_options": {"kl_coef": 0.0}}),
+    ("actor_rollout_ref.actor.use_kl_loss", False, {"algorithm": {"options": {"kl_coef": 0.0}}}),
     ("actor_rollout_ref.actor.kl_loss_type", "low_var_kl", {}),
-    ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", 8, {"actor": {"micro_batch_size": 8}}),
-    ("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio", 0.1, {"actor": {"warmup_ratio": 0.1}}),
-    ("actor_rollout_ref.actor.optim.lr_scheduler_type", "cosine", {"actor": {"lr_scheduler": "cosine"}}),
+    ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", 8, {"optim": {"actor": {"micro_batch_size": 8}}}),
+    ("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio", 0.1, {"optim": {"actor": {"warmup_ratio": 0.1}}}),
+    ("actor_rollout_ref.actor.optim.lr_scheduler_type", "cosine", {"optim": {"actor": {"lr_scheduler": "cosine"}}}),
     ("actor_rollout_ref.actor.fsdp_config.param_offload", True, {}),
     ("trainer.project_name", "p", {}),
     ("trainer.experiment_name", "e", {}),
@@ -147,10 +147,10 @@ def test_trl_batch_fields_become_prompts_per_step_and_a_micro_batch() -> None:
     ("trainer.val_before_train", False, {"validation": {"before_train": False}}),
     ("data.train_files", ["a.parquet", "b.parquet"], {"data": {"path": ["a.parquet", "b.parquet"]}}),
     ("data.val_files", "v.parquet", {"data": {"val_path": "v.parquet"}}),
-    ("critic.optim.lr", 1e-5, {"critic": {"lr": 1e-5}}),
+    ("critic.optim.lr", 1e-5, {"optim": {"critic": {"lr": 1e-5}}}),
     ("reward_model.enable", False, {}),
     ("global_profiler.tool", None, {}),
-    ("rollout.n", 5, {"algorithm_options": {"n": 5}}),  # a dotted suffix naming one verl key
+    ("rollout.n", 5, {"algorithm": {"options": {"n": 5}}}),  # a dotted suffix naming one verl key
 ])
 def test_verl_keys_translate_to_our_keys(key: str, value: Any, expected: dict[str, Any]) -> None:
     assert checked(TrainConfig, [(key, value)]) == expected
@@ -164,7 +164,7 @@ def test_verl_validation_before_training_needs_a_validation_set() -> None:
 
 def test_verl_mini_batch_size_becomes_a_count_of_mini_batches() -> None:
     pairs = [("data.train_batch_size", 16), ("actor_rollout_ref.actor.ppo_mini_batch_size", 4)]
-    assert checked(TrainConfig, pairs) == {"data": {"batch_size": 16}, "actor": {"mini_batches": 4}}
+    assert checked(TrainConfig, pairs) == {"data": {"batch_size": 16}, "optim": {"actor": {"mini_batches": 4}}}
     with pytest.raises(ConfigKeyError, match=r"a multiple of it"):
         checked(TrainConfig, [("data.train_batch_size", 16), ("actor_rollout_ref.actor.ppo_mini_batch_size", 5)])
 
@@ -176,12 +176,12 @@ def test_verl_reward_file_and_name_become_one_reward() -> None:
 
 def test_kl_settings_follow_the_algorithm_they_run_in() -> None:
     assert checked(TrainConfig, [("actor_rollout_ref.actor.kl_loss_coef", 0.001)]) == {
-        "algorithm_options": {"kl_coef": 0.001}}
+        "algorithm": {"options": {"kl_coef": 0.001}}}
     assert checked(TrainConfig, [("actor_rollout_ref.actor.use_kl_loss", False),
                                  ("actor_rollout_ref.actor.kl_loss_coef", 0.001)]) == {
-        "algorithm_options": {"kl_coef": 0.0}}
+        "algorithm": {"options": {"kl_coef": 0.0}}}
     ppo = checked(TrainConfig, [("algorithm.adv_estimator", "gae"), ("algorithm.kl_ctrl.kl_coef", 0.01)])
-    assert ppo == {"algorithm": "ppo", "algorithm_options": {"kl_coef": 0.01}}
+    assert ppo == {"algorithm": {"name": "ppo", "options": {"kl_coef": 0.01}}}
     with pytest.raises(ConfigKeyError, match=r"'dapo' has no KL loss term"):
         checked(TrainConfig, [("algorithm", "dapo"), ("beta", 0.1)])
 
@@ -224,36 +224,36 @@ def test_every_bad_key_is_named_in_one_error_with_did_you_mean() -> None:
     text = str(caught.value)
     assert text.startswith("5 config keys need a fix")
     assert "'stepz'; did you mean 'steps'" in text and "'data.batch_sise'; did you mean 'data.batch_size'" in text
-    assert "'actor.learning_rate'; did you mean" in text and "'actor.lr'" in text
+    assert "'actor.learning_rate'; did you mean" in text and "'optim.actor.lr'" in text
 
 
 def test_both_spellings_of_one_setting_clash_unless_they_agree() -> None:
-    with pytest.raises(ConfigKeyError, match=r"same setting; keep 'algorithm'"):
+    with pytest.raises(ConfigKeyError, match=r"same setting; keep 'algorithm.name'"):
         load_config(None, ["algorithm=dapo", "algorithm.adv_estimator=grpo"])
-    assert load_config(None, ["algorithm=grpo", "algorithm.adv_estimator=grpo"]).algorithm == "grpo"
+    assert load_config(None, ["algorithm=grpo", "algorithm.adv_estimator=grpo"]).algorithm.name == "grpo"
 
 
 def test_a_clash_is_found_inside_a_mapping_given_whole(tmp_path: Path) -> None:
     path = tmp_path / "run.yaml"
-    path.write_text("algorithm_options: {n: 2}\n")
-    with pytest.raises(ConfigKeyError, match=r"same setting; keep 'algorithm_options.n'"):
+    path.write_text("algorithm: {options: {n: 2}}\n")
+    with pytest.raises(ConfigKeyError, match=r"same setting; keep 'algorithm.options.n'"):
         load_config(path, ["actor_rollout_ref.rollout.n=4"])
-    assert load_config(path, ["num_generations=2"]).algorithm_options == {"n": 2}
+    assert load_config(path, ["num_generations=2"]).algorithm.options == {"n": 2}
 
 
 def test_algorithm_adv_estimator_works_beside_a_yaml_algorithm(tmp_path: Path) -> None:
     path = tmp_path / "run.yaml"
-    path.write_text("algorithm: grpo\nalgorithm_options: {n: 2}\n")
-    assert load_config(path, ["algorithm.adv_estimator=grpo"]).algorithm == "grpo"
+    path.write_text("algorithm: {name: grpo, options: {n: 2}}\n")
+    assert load_config(path, ["algorithm.adv_estimator=grpo"]).algorithm.name == "grpo"
     nested = tmp_path / "verl.yaml"
     nested.write_text("algorithm: {adv_estimator: rloo, gamma: 1.0}\ntrainer: {total_training_steps: 3}\n")
     config = load_config(nested)
-    assert (config.algorithm, config.steps) == ("rloo", 3)
+    assert (config.algorithm.name, config.steps) == ("rloo", 3)
 
 
 def test_flatten_keeps_free_form_mappings_whole() -> None:
-    pairs = flatten(TrainConfig, {"algorithm_options": {"n": 2}, "roles": {"actor": {"options": {"a": {"b": 1}}}}})
-    assert pairs == [("algorithm_options", {"n": 2}), ("roles.actor.options", {"a": {"b": 1}})]
+    pairs = flatten(TrainConfig, {"algorithm": {"options": {"n": 2}}, "roles": {"actor": {"options": {"a": {"b": 1}}}}})
+    assert pairs == [("algorithm.options", {"n": 2}), ("roles.actor.options", {"a": {"b": 1}})]
 
 
 def test_a_foreign_field_holding_a_mapping_is_read_whole() -> None:
@@ -331,8 +331,9 @@ VERL_STYLE = [
 ]
 
 
-PENDING = {"actor.lr_scheduler", "actor.warmup_ratio", "actor.warmup_steps", "actor.min_lr_ratio",
-           "algorithm_options.scale_rewards", "algorithm_options.mask_truncated", "logging.console_every",
+PENDING = {"optim.actor.lr_scheduler", "optim.actor.warmup_ratio", "optim.actor.warmup_steps",
+           "optim.actor.min_lr_ratio",
+           "algorithm.options.scale_rewards", "algorithm.options.mask_truncated", "logging.console_every",
            "validation.before_train"}  # native keys of issue 24's item 3, built beside this change
 
 
@@ -345,14 +346,14 @@ def _runnable(data: dict[str, Any]) -> TrainConfig:
     from hybridflow.train.config import from_mapping
     from hybridflow.train.config_keys import nest
 
-    options = inspect.signature(ALGORITHMS.get(data.get("algorithm", "grpo"))).parameters
+    options = inspect.signature(ALGORITHMS.get(data.get("algorithm", {}).get("name", "grpo"))).parameters
     kept = []
     for key, value in flatten(TrainConfig, data):
-        pairs = flatten(TrainConfig, {key: value}) if not key.startswith("algorithm_options") else [
-            (f"algorithm_options.{k}", v) for k, v in value.items()]
+        pairs = flatten(TrainConfig, {key: value}) if not key.startswith("algorithm.options") else [
+            (f"algorithm.options.{k}", v) for k, v in value.items()]
         for dotted, leaf in pairs:
             missing = walk(TrainConfig, dotted)[0] == "unknown" or (
-                dotted.startswith("algorithm_options.") and dotted.split(".")[1] not in options)
+                dotted.startswith("algorithm.options.") and dotted.split(".")[2] not in options)
             assert not missing or dotted in PENDING, f"{dotted} is translated to a key that does not exist"
             if not missing:
                 kept.append((dotted, leaf))
@@ -364,23 +365,24 @@ def test_a_trl_style_config_prepares_a_run(tmp_path: Path) -> None:
 
     text = TRL_STYLE.format(out=tmp_path / "run")
     data = checked(TrainConfig, flatten(TrainConfig, {**yaml.safe_load(text), "model": {"sft_steps": 1}}))
-    assert data["algorithm_options"] == {"n": 4, "max_new_tokens": 8, "temperature": 1.0, "top_p": 1.0,
+    assert data["algorithm"]["options"] == {"n": 4, "max_new_tokens": 8, "temperature": 1.0, "top_p": 1.0,
                                          "kl_coef": 0.04, "clip_ratio": 0.2, "clip_ratio_high": 0.28,
                                          "loss_agg": "seq-mean-token-mean", "scale_rewards": "group",
                                          "mask_truncated": False}
     config = _runnable(data)
     assert (config.steps, config.checkpoint.every, config.checkpoint.keep, config.data.batch_size) == (2, 2, 1, 4)
-    assert config.actor.lr == 1e-5 and config.actor.micro_batch_size == 16 and config.logging.trackers == []
+    assert config.optim.actor.lr == 1e-5 and config.optim.actor.micro_batch_size == 16
+    assert config.logging.trackers == []
     assert config.output_dir == str(tmp_path / "run")
     _prepare(config)
 
 
 def test_a_verl_style_override_list_prepares_a_run(tmp_path: Path) -> None:
     config = load_config(None, [*VERL_STYLE, f"trainer.default_local_dir={tmp_path / 'run'}", "model.sft_steps=1"])
-    assert (config.algorithm, config.steps, config.checkpoint.every, config.data.batch_size) == ("grpo", 2, 2, 4)
-    assert config.algorithm_options == {"max_new_tokens": 8, "n": 4, "kl_coef": 0.001, "entropy_coef": 0}
-    assert config.actor.micro_batch_size == 4 and config.roles["reference"].micro_batch_size == 4
-    assert config.actor.mini_batches == 2
+    assert (config.algorithm.name, config.steps, config.checkpoint.every, config.data.batch_size) == ("grpo", 2, 2, 4)
+    assert config.algorithm.options == {"max_new_tokens": 8, "n": 4, "kl_coef": 0.001, "entropy_coef": 0}
+    assert config.optim.actor.micro_batch_size == 4 and config.roles["reference"].micro_batch_size == 4
+    assert config.optim.actor.mini_batches == 2
     assert config.logging.trackers == [] and config.validation.every == 0
     _prepare(config)
 
@@ -394,7 +396,7 @@ def _prepare(config: TrainConfig) -> None:
     graph = setup.build_graph(config)
     check_config(config, graph, None)
     plan = setup.build_plan(config, graph, 64, config.model.path, vocab_size=128)
-    assert plan.algorithm == config.algorithm and plan.groups
+    assert plan.algorithm == config.algorithm.name and plan.groups
 
 
 @pytest.mark.slow

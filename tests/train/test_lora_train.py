@@ -27,8 +27,8 @@ from hybridflow.train.setup import build_graph, role_specs
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "grpo_reverse.yaml"
 LORA = "roles.actor.lora={rank: 4, alpha: 8.0}"
-QUICK = ["model.sft_steps=5", "data.batch_size=4", "data.num_examples=64", "algorithm_options.n=2",
-         "algorithm_options.max_new_tokens=6", "algorithm_options.kl_coef=0.05", "logging.progress=false",
+QUICK = ["model.sft_steps=5", "data.batch_size=4", "data.num_examples=64", "algorithm.options.n=2",
+         "algorithm.options.max_new_tokens=6", "algorithm.options.kl_coef=0.05", "logging.progress=false",
          "logging.plot=false"]
 TIMING_KEYS = ("time/", "memory/", "throughput/")
 
@@ -155,7 +155,7 @@ def test_placement_auto_plans_the_reference_on_the_lora_policys_weights() -> Non
     from hybridflow.train.prepare import prepare_run
 
     config = config_from_dotted({"data.batch_size": 4, "data.num_examples": 16, "algorithm": "grpo",
-                                 "algorithm_options.n": 2, "algorithm_options.max_new_tokens": 6,
+                                 "algorithm.options.n": 2, "algorithm.options.max_new_tokens": 6,
                                  "roles.actor.lora": {"rank": 4}, "placement.mode": "auto", "placement.num_gpus": 2,
                                  "logging.progress": False})
     plan = prepare_run(config).plan

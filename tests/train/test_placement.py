@@ -11,8 +11,8 @@ from hybridflow.planner import Plan
 from hybridflow.train.config import load_config
 from hybridflow.train.loop import train
 
-FAST = ["model.sft_steps=3", "data.batch_size=4", "data.num_examples=32", "algorithm_options.n=2",
-        "algorithm_options.max_new_tokens=4", "logging.progress=false", "logging.plot=false", "steps=1"]
+FAST = ["model.sft_steps=3", "data.batch_size=4", "data.num_examples=32", "algorithm.options.n=2",
+        "algorithm.options.max_new_tokens=4", "logging.progress=false", "logging.plot=false", "steps=1"]
 
 
 def run(tmp_path: Path, *overrides: str) -> dict:
@@ -23,7 +23,7 @@ def run(tmp_path: Path, *overrides: str) -> dict:
 
 def test_auto_placement_runs_the_planners_plan_on_a_mixed_cluster(tmp_path: Path):
     plan = run(tmp_path, "placement.mode=auto", "placement.cluster=2xA100-80G+2xT4",
-               "algorithm_options.reward_kind=reward_model")
+               "algorithm.options.reward_kind=reward_model")
     assert plan["search"]["method"] != "manual"
     placed = sorted(role for group in plan["groups"] for role in group["roles"])
     assert placed == ["actor", "reference", "reward"]
@@ -81,7 +81,7 @@ def test_placement_uses_the_calibration_the_config_names(tmp_path: Path):
 def plan_for(*overrides: str):
     from hybridflow.train import setup
 
-    config = load_config(None, ["algorithm=grpo_no_ref", "algorithm_options={n: 8, max_new_tokens: 160}",
+    config = load_config(None, ["algorithm=grpo_no_ref", "algorithm.options={n: 8, max_new_tokens: 160}",
                                 "data.batch_size=8", *overrides])
     return setup.build_plan(config, setup.build_graph(config), 16)
 
@@ -101,7 +101,7 @@ def test_planner_settings_give_the_planner_the_response_lengths(tmp_path: Path):
     with pytest.raises(KeyError, match=r"unknown config key 'placement.planner.mean_len'"):
         plan_for(*manual, "placement.planner={mean_len: 40}")
     with pytest.raises(KeyError, match=r"'placement\.planner\.mini_batch_size' \(the run states it: "
-                                           r"actor\.mini_batches\)"):
+                                           r"optim\.actor\.mini_batches\)"):
         plan_for(*manual, "placement.planner={mini_batch_size: 4}")
     with pytest.raises(ValueError, match=r"'placement\.planner\.mean_response_len'=400 must be .* max_new_tokens=160"):
         plan_for(*manual, "placement.planner={mean_response_len: 400}")
@@ -128,9 +128,9 @@ def test_plan_cli_on_a_train_config_prints_the_plan_the_run_executes(tmp_path: P
     from hybridflow.train.prepare import prepare_run
 
     path = tmp_path / "run.yaml"
-    path.write_text("algorithm: grpo\nalgorithm_options: {n: 2, max_new_tokens: 8}\n"
+    path.write_text("algorithm: {name: grpo, options: {n: 2, max_new_tokens: 8}}\n"
                     "placement: {mode: auto, cluster: 2xCPU}\ndata: {task: reverse, batch_size: 8}\n"
-                    "actor: {micro_batch_size: 4}\n")
+                    "optim: {actor: {micro_batch_size: 4}}\n")
     assert main(["plan", "--config", str(path), "--json"]) == 0
     printed = Plan.from_json(capsys.readouterr().out)
     expected = prepare_run(load_config(path)).plan

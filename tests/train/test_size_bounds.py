@@ -33,9 +33,9 @@ def test_an_absurd_number_of_examples_is_refused_in_well_under_a_second(tmp_path
 
 @pytest.mark.parametrize(("items", "key", "high"), [
     ({"model.sft_batch_size": 10**12}, "model.sft_batch_size", 1 << 22),
-    ({"actor.micro_batch_size": 10**12}, "actor.micro_batch_size", 1 << 22),
+    ({"optim.actor.micro_batch_size": 10**12}, "optim.actor.micro_batch_size", 1 << 22),
     ({"roles.actor.micro_batch_size": 10**12}, "roles.actor.micro_batch_size", 1 << 22),
-    ({"algorithm_options.max_new_tokens": 10**12}, "algorithm_options.max_new_tokens", 255),  # tiny: context 256
+    ({"algorithm.options.max_new_tokens": 10**12}, "algorithm.options.max_new_tokens", 255),  # tiny: context 256
     ({"data.max_prompt_length": 10**12}, "data.max_prompt_length", 1 << 20),
     ({"roles.actor.lora.rank": 10**9}, "roles.actor.lora.rank", 128),  # tiny-qwen2's hidden_size
     ({"pipeline.mode": "async", "pipeline.segment_tokens": 10**12}, "pipeline.segment_tokens", 255),
@@ -51,7 +51,7 @@ def test_values_at_the_bound_pass_the_size_checks() -> None:
     from hybridflow.train.bounds import check_sizes
     from hybridflow.train.setup import build_graph
 
-    config = config_from_dotted({"roles.actor.lora.rank": 128, "algorithm_options.max_new_tokens": 255})
+    config = config_from_dotted({"roles.actor.lora.rank": 128, "algorithm.options.max_new_tokens": 255})
     check_sizes(config, build_graph(config))
 
 

@@ -13,8 +13,8 @@ from hybridflow.train.config import load_config
 from hybridflow.train.loop import train
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "grpo_reverse.yaml"
-QUICK = ["model.sft_steps=5", "data.batch_size=4", "data.num_examples=64", "algorithm_options.n=2",
-         "algorithm_options.max_new_tokens=6", "logging.progress=false", "logging.plot=false"]
+QUICK = ["model.sft_steps=5", "data.batch_size=4", "data.num_examples=64", "algorithm.options.n=2",
+         "algorithm.options.max_new_tokens=6", "logging.progress=false", "logging.plot=false"]
 TIMING_KEYS = ("time/", "memory/", "throughput/")
 
 

@@ -34,11 +34,11 @@ class GRPOConfigLike:
 def test_a_trl_script_trains_on_an_in_memory_dataset(tmp_path: Path) -> None:
     args = GRPOConfigLike(output_dir=str(tmp_path / "run"), max_steps=2, num_generations=2, max_completion_length=4)
     assert config_mapping(args) == {"output_dir": str(tmp_path / "run"), "steps": 2,
-                                    "algorithm_options": {"n": 2, "max_new_tokens": 4}}
-    options = {**config_mapping(args)["algorithm_options"], "mask_truncated": True, "scale_rewards": "batch"}
+                                    "algorithm": {"options": {"n": 2, "max_new_tokens": 4}}}
+    options = {**config_mapping(args)["algorithm"]["options"], "mask_truncated": True, "scale_rewards": "batch"}
     trainer = GRPOTrainer("tiny-qwen2", [trl_rewards.short_answers, trl_rewards.only_math],
-                          args={**config_mapping(args), "model": {"sft_steps": 0}, "algorithm_options": options,
-                                "actor": {"lr": 2e-3, "lr_scheduler": "linear", "warmup_steps": 1},
+                          args={**config_mapping(args), "model": {"sft_steps": 0}, "algorithm.options": options,
+                                "optim": {"actor": {"lr": 2e-3, "lr_scheduler": "linear", "warmup_steps": 1}},
                                 "data": {"batch_size": 4, "val_fraction": 0.25}, "validation": {"before_train": True},
                                 "logging": {"trackers": [], "progress": False, "plot": False, "console_every": 1}},
                           train_dataset=ROWS)
@@ -75,8 +75,8 @@ def test_rows_are_written_once_by_content(tmp_path: Path) -> None:
 
 def test_config_objects_go_through_the_same_loader() -> None:
     ours = config_mapping(TrainConfig(steps=3))
-    assert ours["steps"] == 3 and ours["actor"]["lr"] == TrainConfig().actor.lr
-    assert config_mapping({"actor.lr": 1e-4}) == {"actor": {"lr": 1e-4}}
+    assert ours["steps"] == 3 and ours["optim"]["actor"]["lr"] == TrainConfig().optim.actor.lr
+    assert config_mapping({"optim.actor.lr": 1e-4}) == {"optim": {"actor": {"lr": 1e-4}}}
     with pytest.raises(TypeError, match="GRPOTrainer args"):
         config_mapping(3)
     with pytest.raises(ValueError, match="given by the GRPOTrainer's arguments"):
@@ -97,8 +97,8 @@ def test_a_ported_trl_config_keeps_trl_defaults_that_shape_the_update(tmp_path: 
     machine without a GPU (use_cpu) is read too, its derived fields compared with a default instance alike."""
     trl = pytest.importorskip("trl")
     mapping = config_mapping(trl.GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, max_steps=8))
-    assert mapping["actor"] == {"lr": 1e-6, "lr_scheduler": "linear", "grad_clip": 1.0}
+    assert mapping["optim"]["actor"] == {"lr": 1e-6, "lr_scheduler": "linear", "grad_clip": 1.0}
     mapping = config_mapping(trl.GRPOConfig(output_dir=str(tmp_path), use_cpu=True, learning_rate=3e-4,
                                             lr_scheduler_type="constant", max_steps=8))
-    assert mapping["actor"] == {"lr": 3e-4, "lr_scheduler": "constant", "grad_clip": 1.0}
+    assert mapping["optim"]["actor"] == {"lr": 3e-4, "lr_scheduler": "constant", "grad_clip": 1.0}
     assert mapping["steps"] == 8
