@@ -1,12 +1,13 @@
 """Reward services: a reward function behind an HTTP endpoint, named in ``data.reward`` by its URL.
 
-Two request shapes, as the frameworks users come from spell them:
+Three request shapes, the first two as the frameworks users come from spell them:
 
 - ``batch`` (OpenRLHF's remote reward model): one POST per batch of samples with
   ``{"query": [prompt + response], "prompts": [prompt], "labels": [ground truth]}``, answered
   ``{"rewards": [...]}``, optionally with ``"scores"`` and ``"extra_logs"`` (name -> one float per sample);
 - ``per_sample`` (slime's remote reward model): one POST per sample with ``{"prompt", "response", "label"}``,
-  answered with a bare number or an object holding the reward at ``reward_key``.
+  answered with a bare number or an object holding the reward at ``reward_key``;
+- ``chat``: an OpenAI-compatible chat endpoint as a judge, one request per sample (:mod:`.reward_judge`).
 
 Requests go through one ``httpx.Client`` per service, at most ``max_concurrency`` at a time, each within
 ``timeout_s`` seconds and an answer of at most ``max_body_bytes``. A connection error, a timeout, 429 or a 5xx
@@ -29,11 +30,20 @@ from typing import Any, Literal
 import httpx
 
 from hybridflow.data.reward_functions import FLOAT32_MAX, Sample, describe
+from hybridflow.data.reward_judge import (
+    DEFAULT_JUDGE_TEMPLATE,
+    JudgeAnswerError,
+    api_key_headers,
+    chat_url,
+    judge_payload,
+    judge_verdict,
+    template_problem,
+)
 from hybridflow.fields import FieldError
 from hybridflow.runtime.errors import RewardFunctionError, RewardTimeoutError
 
-Shape = Literal["batch", "per_sample"]
-SHAPES: tuple[str, ...] = ("batch", "per_sample")
+Shape = Literal["batch", "per_sample", "chat"]
+SHAPES: tuple[str, ...] = ("batch", "per_sample", "chat")
 URL_SCHEMES = ("http://", "https://")
 
 
@@ -46,11 +56,12 @@ def is_service_url(spec: object) -> bool:
 class RewardServiceConfig:
     """How the reward services a run names by URL are called (every URL of ``data.reward`` alike).
 
-    ``shape``: ``batch`` (OpenRLHF) or ``per_sample`` (slime); ``reward_key``: where a per-sample answer holds
-    the reward; ``batch_size``: samples per batch request (none: the whole scored batch); ``max_concurrency``:
-    requests in flight; ``timeout_s``: each request's deadline; ``retries`` and ``backoff_s``: the retries of a
-    connection error, timeout, 429 or 5xx, after ``backoff_s * 2**attempt`` seconds; ``max_body_bytes``: the
-    largest answer read.
+    ``shape``: ``batch`` (OpenRLHF), ``per_sample`` (slime) or ``chat`` (a judge model at an OpenAI-compatible
+    base URL: ``model``, the key in environment variable ``api_key_env``, ``prompt_template``); ``reward_key``:
+    where a per-sample answer holds the reward; ``batch_size``: samples per batch request (none: the whole
+    scored batch); ``max_concurrency``: requests in flight; ``timeout_s``: each request's deadline; ``retries``
+    and ``backoff_s``: the retries of a connection error, timeout, 429 or 5xx, after ``backoff_s * 2**attempt``
+    seconds; ``max_body_bytes``: the largest answer read.
     """
 
     shape: Shape = "batch"
@@ -61,6 +72,9 @@ class RewardServiceConfig:
     retries: int = 3
     backoff_s: float = 0.5
     max_body_bytes: int = 16 * 2**20
+    model: str | None = None
+    api_key_env: str | None = None
+    prompt_template: str = DEFAULT_JUDGE_TEMPLATE
 
     def __post_init__(self) -> None:
         if self.shape not in SHAPES:
@@ -77,6 +91,12 @@ class RewardServiceConfig:
             raise FieldError("retries", self.retries, "must be >= 0 (0: no retry)")
         if self.backoff_s < 0:
             raise FieldError("backoff_s", self.backoff_s, "must be >= 0 (seconds before the first retry)")
+        if self.shape == "chat" and not self.model:
+            raise FieldError("model", self.model, "is required with shape=chat: the judge model's name",
+                             related=("shape",))
+        problem = template_problem(self.prompt_template)
+        if problem is not None:
+            raise FieldError("prompt_template", reason=problem)
 
 
 @dataclass(frozen=True)
@@ -109,6 +129,8 @@ class RewardService:
         if not is_service_url(url) or len(url) <= len("https://"):
             raise FieldError("reward", url, "is not an http:// or https:// URL of a reward service")
         self.url, self.options, self.prefix = url, options or RewardServiceConfig(), option_prefix
+        self.endpoint = chat_url(url) if self.options.shape == "chat" else url
+        self._headers()  # an unset key is refused now, not at the first step
         self._lock = threading.Lock()
         self._client: httpx.Client | None = None
         self._threads: ThreadPoolExecutor | None = None
@@ -120,9 +142,10 @@ class RewardService:
         """Rewards of ``samples`` in order (and extras), or a ``RewardFunctionError`` naming the URL."""
         if not samples:
             return ServiceScores([], {})
-        if self.options.shape == "per_sample":
+        if self.options.shape != "batch":
             requests = [[sample] for sample in samples]
-            read: Callable[[Any, list[Sample]], ServiceScores] = self._read_one
+            read: Callable[[Any, list[Sample]], ServiceScores] = (self._read_one if self.options.shape == "per_sample"
+                                                                  else self._read_verdict)
         else:
             width = self.options.batch_size or len(samples)
             requests = [list(samples[i:i + width]) for i in range(0, len(samples), width)]
@@ -143,6 +166,9 @@ class RewardService:
             client.close()
 
     def _payload(self, chunk: list[Sample]) -> dict[str, Any]:
+        if self.options.shape == "chat":
+            assert self.options.model is not None
+            return judge_payload(chunk[0], model=self.options.model, template=self.options.prompt_template)
         if self.options.shape == "per_sample":
             sample = chunk[0]
             return {"prompt": sample.prompt_text, "response": sample.response, "label": sample.ground_truth}
@@ -164,9 +190,18 @@ class RewardService:
         with self._lock:
             if self._client is None or self._threads is None:
                 width = self.options.max_concurrency
-                self._client = httpx.Client(limits=httpx.Limits(max_connections=width, max_keepalive_connections=width))
+                self._client = httpx.Client(headers=self._headers(), limits=httpx.Limits(
+                    max_connections=width, max_keepalive_connections=width))
                 self._threads = ThreadPoolExecutor(width, thread_name_prefix="reward-service")
             return self._client, self._threads
+
+    def _headers(self) -> dict[str, str]:
+        try:
+            return api_key_headers(self.options.api_key_env if self.options.shape == "chat" else None)
+        except KeyError:
+            raise ValueError(f"reward service {self.url}: {self.prefix}api_key_env={self.options.api_key_env!r} "
+                             "names an environment variable that is not set (or empty); export the judge's API key "
+                             "in it") from None
 
     def _request(self, client: httpx.Client, chunk: list[Sample], payload: dict[str, Any],
                  read: Callable[[Any, list[Sample]], ServiceScores]) -> ServiceScores:
@@ -204,7 +239,7 @@ class RewardService:
         late = _Retryable(f"no answer within {self.prefix}timeout_s={timeout_s} s", late=True)
         deadline = time.monotonic() + timeout_s
         try:
-            with client.stream("POST", self.url, json=payload, timeout=timeout_s) as response:
+            with client.stream("POST", self.endpoint, json=payload, timeout=timeout_s) as response:
                 length = response.headers.get("content-length")
                 if length is not None and length.isdigit() and int(length) > cap:
                     raise ServiceAnswerError(f"answered a body of {int(length)} bytes, over "
@@ -248,6 +283,13 @@ class RewardService:
                                          f"{self.prefix}reward_key to the key that holds the reward")
             answer = answer[key]
         return ServiceScores([_number(answer, key, chunk[0])], {})
+
+    def _read_verdict(self, answer: Any, chunk: list[Sample]) -> ServiceScores:
+        try:
+            verdict = judge_verdict(answer)
+        except JudgeAnswerError as err:
+            raise ServiceAnswerError(str(err)) from None
+        return ServiceScores([_number(verdict, "verdict", chunk[0])], {})
 
     def _values(self, values: Any, name: str, chunk: list[Sample]) -> list[float]:
         if isinstance(values, str | bytes | Mapping) or not isinstance(values, Sequence):

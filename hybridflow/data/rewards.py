@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,7 +67,7 @@ class RewardScorer:
         function's unweighted rewards (None where it skipped; for validation tables). ``track``: count them in
         :meth:`drain_means` (training samples; validation and probes pass False)."""
         values: list[list[float | None]] = [[] for _ in self.rewards]
-        extras: dict[str, list[float | None]] = {}
+        extras: dict[str, list[float]] = {}
         pooled = [i for i, reward in enumerate(self.rewards)
                   if self.timeout_s is not None and reward.style != "service"]
         if pooled:
@@ -129,7 +129,7 @@ class _RewardMeans:
         self._lock = threading.Lock()
         self._sums: dict[str, list[float]] = {}
 
-    def add(self, parts: dict[str, list[float | None]]) -> None:
+    def add(self, parts: Mapping[str, Sequence[float | None]]) -> None:
         with self._lock:
             for name, values in parts.items():
                 answered = [v for v in values if v is not None]
