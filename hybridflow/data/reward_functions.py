@@ -28,7 +28,7 @@ from typing import Any, Literal
 from hybridflow.data.records import Messages
 from hybridflow.runtime.errors import RewardFunctionError
 
-Style = Literal["per_sample", "verl", "batched"]
+Style = Literal["per_sample", "verl", "batched", "service"]  # service: fn(samples), a reward service
 ACCEPTED = ("fn(response, ground_truth) or fn(response, ground_truth, *, data_source=None, extra_info=None); "
             "verl's compute_score(data_source, solution_str, ground_truth, extra_info=None); "
             "or TRL's batched fn(prompts, completions, **columns) -> list[float]")
@@ -73,6 +73,8 @@ class RewardFunction:
         """Unweighted rewards of ``samples``, checked to be finite floats (or None: not scored by this function)."""
         if self.style == "batched":
             return self._batched(samples)
+        if self.style == "service":  # checks its own answers, naming its URL (data/reward_service.py)
+            return list(self.fn(samples))
         return [self._one(sample) for sample in samples]
 
     def _one(self, sample: Sample) -> float | None:

@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +22,7 @@ from hybridflow.data.reward_functions import (
     reward_function,
 )
 from hybridflow.data.reward_pool import RewardPool
+from hybridflow.data.reward_service import RewardService, RewardServiceConfig
 from hybridflow.data.reward_specs import RewardSpec, load_reward_functions
 from hybridflow.fields import FieldError
 from hybridflow.runtime.batch import Batch
@@ -65,10 +66,22 @@ class RewardScorer:
         """The weighted total per sample over the functions that scored it (a None is TRL's "not mine"), and each
         function's unweighted rewards (None where it skipped; for validation tables). ``track``: count them in
         :meth:`drain_means` (training samples; validation and probes pass False)."""
-        if self.timeout_s is None:
-            values = [reward(samples) for reward in self.rewards]
-        else:
-            values = self._pool.get(self.rewards, self.timeout_s, self.workers, self.timeout_name).score(samples)
+        values: list[list[float | None]] = [[] for _ in self.rewards]
+        extras: dict[str, list[float]] = {}
+        pooled = [i for i, reward in enumerate(self.rewards)
+                  if self.timeout_s is not None and reward.style != "service"]
+        if pooled:
+            assert self.timeout_s is not None
+            pool = self._pool.get([self.rewards[i] for i in pooled], self.timeout_s, self.workers, self.timeout_name)
+            for position, value in zip(pooled, pool.score(samples), strict=True):
+                values[position] = value
+        for position, reward in enumerate(self.rewards):
+            if isinstance(reward.fn, RewardService):  # in this process: its requests have their own deadline
+                answer = reward.fn.score(samples)
+                values[position] = list(answer.rewards)
+                extras.update(answer.extras)
+            elif position not in pooled:
+                values[position] = reward(samples)
         total = [self._total(values, i, sample) for i, sample in enumerate(samples)]
         for sample, score in zip(samples, total, strict=True):
             if not abs(score) <= FLOAT32_MAX:  # each value was in range: only the weighted sum can overflow
@@ -80,7 +93,7 @@ class RewardScorer:
         for position, (reward, value) in enumerate(zip(self.rewards, values, strict=True)):
             parts[reward.name if reward.name not in parts else f"{reward.name}#{position}"] = value
         if track:
-            self._means.add(parts)
+            self._means.add({**extras, **parts})
         return total, parts
 
     def _total(self, values: Sequence[Sequence[float | None]], index: int, sample: Sample) -> float:
@@ -96,12 +109,16 @@ class RewardScorer:
 
     def drain_means(self) -> dict[str, float]:
         """``reward/<name>/mean`` of every function over the samples it scored since the last drain (None skipped:
-        TRL's ``rewards/<name>/mean``); empty when nothing was scored. The training loop drains once per step."""
+        TRL's ``rewards/<name>/mean``), and of each extra a reward service logged (``extra_logs``, ``scores``);
+        empty when nothing was scored. The training loop drains once per step."""
         return self._means.drain()
 
     def close(self) -> None:
-        """Stop the worker processes, if any started; a later score starts new ones."""
+        """Stop the worker processes and close the reward services' connections; a later score reopens them."""
         self._pool.close()
+        for reward in self.rewards:
+            if isinstance(reward.fn, RewardService):
+                reward.fn.close()
 
 
 class _RewardMeans:
@@ -112,7 +129,7 @@ class _RewardMeans:
         self._lock = threading.Lock()
         self._sums: dict[str, list[float]] = {}
 
-    def add(self, parts: dict[str, list[float | None]]) -> None:
+    def add(self, parts: Mapping[str, Sequence[float | None]]) -> None:
         with self._lock:
             for name, values in parts.items():
                 answered = [v for v in values if v is not None]
@@ -183,11 +200,13 @@ def batch_samples(batch: Batch, tokenizer: Any) -> list[Sample]:
 
 def reward_scorer(specs: RewardSpec | Sequence[RewardSpec], tokenizer: Any, *,
                   weights: Sequence[float] | None = None, timeout_s: float | None = None,
-                  timeout_name: str = "timeout_s") -> RewardScorer:
+                  timeout_name: str = "timeout_s", service: RewardServiceConfig | None = None,
+                  service_prefix: str = "") -> RewardScorer:
     """A scorer summing the weighted reward functions ``specs`` name (in worker processes with ``timeout_s``,
-    which a late call's error calls ``timeout_name``)."""
-    return RewardScorer(rewards=load_reward_functions(specs, weights=weights), tokenizer=tokenizer,
-                        timeout_s=timeout_s, timeout_name=timeout_name)
+    which a late call's error calls ``timeout_name``); service URLs are called as ``service`` says, its options
+    spelled under ``service_prefix`` in their errors."""
+    rewards = load_reward_functions(specs, weights=weights, service=service, service_prefix=service_prefix)
+    return RewardScorer(rewards=rewards, tokenizer=tokenizer, timeout_s=timeout_s, timeout_name=timeout_name)
 
 
 def decode_responses(responses: torch.Tensor, mask: torch.Tensor, tokenizer: Any) -> list[str]:

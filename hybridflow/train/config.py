@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Literal
 
 import yaml
 
+from hybridflow.data.reward_service import RewardServiceConfig
 from hybridflow.data.splits import DataFiles
 from hybridflow.graph.node import DEFAULT_MAX_TURNS
 from hybridflow.planner import ExecutionMode, Plan
@@ -64,8 +65,9 @@ class DataConfig(DataFiles):
 
     ``reward``: one reward function or a list (``math``, ``file.py:fn``, ``module:fn``; required with
     ``path``), weighed by ``reward_weights``; they run in worker processes, each call within
-    ``reward_timeout_s`` seconds (past it the step fails, naming the function and the sample).
-    docs/data_and_rewards.md.
+    ``reward_timeout_s`` seconds (past it the step fails, naming the function and the sample). A reward named by
+    URL (``http://host:port/path``) is a reward service, called as ``reward_service`` says
+    (:class:`~hybridflow.data.reward_service.RewardServiceConfig`). docs/data_and_rewards.md.
     """
 
     task: str = "reverse"
@@ -73,6 +75,7 @@ class DataConfig(DataFiles):
     reward: str | list[str] | None = None
     reward_weights: list[float] | None = None
     reward_timeout_s: float = 60.0
+    reward_service: RewardServiceConfig = field(default_factory=RewardServiceConfig)
     num_examples: int = 2000
     batch_size: int = 8
     reward_cache_size: int = 0  # > 0: an LRU of reward-model scores keyed by prompt + response

@@ -371,11 +371,13 @@ def shared_references(graph: Graph, specs: Mapping[str, RoleSpec]) -> dict[str, 
 
 
 REWARD_TIMEOUT_KEY = "data.reward_timeout_s"
+REWARD_SERVICE_KEYS = "data.reward_service."
 
 
 def reward_scorer(config: TrainConfig, tokenizer: Any, given: Sequence[Any] | None = None) -> RewardScorer:
     """``data.reward`` (one function or a weighted list), else the built-in task's rule; signatures checked now.
-    The functions run in worker processes under ``data.reward_timeout_s``, started by the first score. ``given``:
+    The functions run in worker processes under ``data.reward_timeout_s``, started by the first score; reward
+    services (URLs) in this process, as ``data.reward_service`` says. ``given``:
     functions as objects instead (in-process when a worker cannot load one: ``reward_pool.reward_timeout``)."""
     with keys_at("data."):
         if given is not None:
@@ -384,7 +386,8 @@ def reward_scorer(config: TrainConfig, tokenizer: Any, given: Sequence[Any] | No
                                       timeout_name=REWARD_TIMEOUT_KEY)
         rewards = config.data.task if config.data.reward is None else config.data.reward  # [] is refused
         return load_reward_scorer(rewards, tokenizer, weights=config.data.reward_weights,
-                                  timeout_s=config.data.reward_timeout_s, timeout_name=REWARD_TIMEOUT_KEY)
+                                  timeout_s=config.data.reward_timeout_s, timeout_name=REWARD_TIMEOUT_KEY,
+                                  service=config.data.reward_service, service_prefix=REWARD_SERVICE_KEYS)
 
 
 def prompt_loader(config: TrainConfig, data: list[Record], tokenizer: Any) -> PromptLoader:
