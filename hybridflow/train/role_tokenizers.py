@@ -6,7 +6,8 @@ it at start, in one line naming both models: a different vocabulary size, a toke
 differently, or a probe text (the run's first prompts and a fixed sentence) that encodes to different ids.
 A directory without tokenizer files cannot be compared; its embedding must at least hold every id the policy
 produces (``vocab_size`` in its config.json). Embedding sizes may differ (models pad them to different
-multiples): only the tokenizers must agree.
+multiples): only the tokenizers must agree. A ``teacher`` role needs a model of its own: by default it would be
+the policy's starting weights, a teacher with nothing to teach.
 """
 
 from __future__ import annotations
@@ -21,13 +22,20 @@ from hybridflow.train.config import TrainConfig
 from hybridflow.train.file_checks import model_config
 from hybridflow.train.preflight import TOKENIZER_FILES
 
+TEACHER = "teacher"  # the role name of hybridflow.algorithms.teacher
 PROBE = "The quick brown fox jumps over 13 lazy dogs: (a+b)*c = 42, isn't it?\n"
 _CHECKED_KINDS = (RoleKind.POLICY, RoleKind.FROZEN_POLICY)
 
 
 def check_role_tokenizers(config: TrainConfig, graph: Graph, tokenizer: Any, texts: Iterable[str] = ()) -> None:
     """Raise a ValueError naming ``roles.<name>.model`` and the policy's model when a policy or frozen policy of
-    ``graph`` with its own model does not share ``tokenizer`` (the policy's); ``texts``: prompts to probe with."""
+    ``graph`` with its own model does not share ``tokenizer`` (the policy's), or when a ``teacher`` role has no
+    model of its own; ``texts``: prompts to probe with."""
+    teacher = config.roles.get(TEACHER)
+    if TEACHER in graph.role_names and (teacher is None or not teacher.model):
+        raise ValueError(f"config key 'roles.{TEACHER}.model' is not set: the {graph.name} graph's {TEACHER} would be "
+                         "the policy's own starting weights, which teach it nothing; set it to the teacher's local "
+                         "HF directory")
     policy = repr(config.model.path) if config.model.path else f"the built-in {config.model.name}"
     probes = [PROBE, *texts]
     for role in graph.roles:

@@ -164,6 +164,16 @@ def test_a_teacher_of_another_tokenizer_is_refused_naming_both_models(tmp_path: 
     assert not (tmp_path / "run").exists()  # refused before the run directory is written
 
 
+def test_a_teacher_without_a_model_of_its_own_is_refused(tmp_path: Path) -> None:
+    from hybridflow.train.config import load_config
+    from hybridflow.train.prepare import prepare_run
+
+    config = load_config(CONFIGS / "grpo_reverse.yaml", ["algorithm=grpo", "algorithm_options={teacher_kl_coef: 0.1}",
+                                                         f"output_dir={tmp_path / 'run'}", *QUIET])
+    with pytest.raises(ValueError, match=r"config key 'roles.teacher.model' is not set: the grpo graph's teacher"):
+        prepare_run(config)  # type: ignore[arg-type]
+
+
 def test_a_teacher_of_the_same_tokenizer_passes(tmp_path: Path) -> None:
     from hybridflow.train.config import load_config
     from hybridflow.train.role_tokenizers import check_role_tokenizers
