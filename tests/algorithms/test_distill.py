@@ -136,7 +136,7 @@ def test_a_run_sizes_the_teacher_by_its_own_directory(tmp_path: Path) -> None:
     config = load_config(CONFIGS / "grpo_reverse.yaml", ["algorithm=on_policy_distill", "algorithm_options={n: 4}",
                                                          f"roles.teacher.model={wide}"])
     graph = load_graph("on_policy_distill")
-    models = role_models(config, graph, vocab_size=len(tokenizer))  # type: ignore[arg-type]
+    models = role_models(config, graph, vocab_size=len(tokenizer))
     assert models["teacher"].params > 2 * models["actor"].params
 
 
@@ -157,7 +157,7 @@ def test_a_teacher_of_another_tokenizer_is_refused_naming_both_models(tmp_path: 
                                                          f"roles.teacher.model={teacher}",
                                                          f"output_dir={tmp_path / 'run'}", *QUIET])
     with pytest.raises(ValueError, match=problem) as info:
-        prepare_run(config)  # type: ignore[arg-type]
+        prepare_run(config)
     message = str(info.value)
     assert "\n" not in message and "roles.teacher.model" in message and str(teacher) in message
     assert "the built-in tiny-qwen2" in message
@@ -171,7 +171,7 @@ def test_a_teacher_without_a_model_of_its_own_is_refused(tmp_path: Path) -> None
     config = load_config(CONFIGS / "grpo_reverse.yaml", ["algorithm=grpo", "algorithm_options={teacher_kl_coef: 0.1}",
                                                          f"output_dir={tmp_path / 'run'}", *QUIET])
     with pytest.raises(ValueError, match=r"config key 'roles.teacher.model' is not set: the grpo graph's teacher"):
-        prepare_run(config)  # type: ignore[arg-type]
+        prepare_run(config)
 
 
 def test_a_teacher_of_the_same_tokenizer_passes(tmp_path: Path) -> None:
@@ -182,7 +182,7 @@ def test_a_teacher_of_the_same_tokenizer_passes(tmp_path: Path) -> None:
     config = load_config(CONFIGS / "grpo_reverse.yaml", ["algorithm=on_policy_distill", "algorithm_options={n: 4}",
                                                          f"roles.teacher.model={teacher}"])
     graph = load_graph("on_policy_distill")
-    check_role_tokenizers(config, graph, char_tokenizer(), ["abc = cba"])  # type: ignore[arg-type]
+    check_role_tokenizers(config, graph, char_tokenizer(), ["abc = cba"])
 
 
 WINDOW = 6
@@ -206,7 +206,7 @@ def test_the_students_reverse_kl_to_the_teacher_falls(tmp_path: Path) -> None:
         "algorithm=on_policy_distill", "algorithm_options={n: 4, max_new_tokens: 8, temperature: 1.0}", "steps=60",
         "data.batch_size=16", "actor.lr=1e-3", "actor.mini_batches=2", "model.sft_steps=20", "seed=0",
         f"roles.teacher.model={teacher}", f"output_dir={tmp_path / 'run'}", *QUIET])
-    kl = [row["teacher_kl"] for row in train(config).history]  # type: ignore[arg-type]
+    kl = [row["teacher_kl"] for row in train(config).history]
     first, last = sum(kl[:WINDOW]) / WINDOW, sum(kl[-WINDOW:]) / WINDOW
     print(f"teacher_kl {first:.3f} -> {last:.3f}")
     assert last < first - MIN_FALL, f"the student's reverse KL to the teacher went {first:.3f} -> {last:.3f}"
@@ -228,4 +228,4 @@ def test_a_teacher_that_splits_text_differently_is_refused(tmp_path: Path) -> No
     config = load_config(CONFIGS / "grpo_reverse.yaml", ["algorithm=on_policy_distill", "algorithm_options={n: 4}",
                                                          f"roles.teacher.model={teacher}"])
     with pytest.raises(ValueError, match=r"encodes to .* for the policy but .* for the teacher"):
-        check_role_tokenizers(config, load_graph("on_policy_distill"), ours, ["abc = cba"])  # type: ignore[arg-type]
+        check_role_tokenizers(config, load_graph("on_policy_distill"), ours, ["abc = cba"])
