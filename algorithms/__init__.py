@@ -1,9 +1,10 @@
 """Built-in RL algorithms as graphs, and the tensor maths they use.
 
-Importing this package registers the graphs (torch-free); ``hybridflow.algorithms.functions``
-registers the compute functions and losses (needs torch).
+Importing this package registers the graphs (torch-free; on-policy distillation's in :mod:`.distill`);
+``hybridflow.algorithms.functions`` registers the compute functions and losses (needs torch).
 """
 
+from hybridflow.algorithms.distill import on_policy_distill
 from hybridflow.algorithms.graphs import (
     dr_grpo,
     grpo,
@@ -16,4 +17,5 @@ from hybridflow.algorithms.graphs import (
     rloo,
 )
 
-__all__ = ["dr_grpo", "grpo", "grpo_no_ref", "gspo", "ppo", "reinforce_pp", "reinforce_pp_baseline", "remax", "rloo"]
+__all__ = ["dr_grpo", "grpo", "grpo_no_ref", "gspo", "on_policy_distill", "ppo", "reinforce_pp",
+           "reinforce_pp_baseline", "remax", "rloo"]

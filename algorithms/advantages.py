@@ -207,3 +207,15 @@ def reinforce_pp_baseline_advantages(token_rewards: torch.Tensor, response_mask:
     mean, _, _ = group_stats(totals, group_size, uid)
     scores = (totals - mean).reshape(-1, 1) * response_mask
     return on_mask(masked_whiten(scores, response_mask), response_mask)
+
+
+def teacher_kl_advantages(teacher_logprobs: torch.Tensor, logprobs: torch.Tensor,
+                          response_mask: torch.Tensor) -> torch.Tensor:
+    """On-policy distillation's per-token advantage: minus each sampled token's reverse-KL estimate to a teacher,
+    ``-(log π(y_t) - log π_T(y_t)) = log π_T(y_t) - log π(y_t)``, on the mask, 0 elsewhere. (B, T) x 3 -> (B, T).
+
+    With ``logprobs`` the sampling student's own, the mean over sampled tokens estimates ``-KL(π || π_T)`` per
+    token, and a policy gradient on it lowers that reverse KL (GKD, https://arxiv.org/abs/2306.13649; slime's
+    ``--opd-kl-coef``). Each token's advantage is its own term: nothing is summed over later tokens or whitened.
+    """
+    return on_mask(teacher_logprobs - logprobs, response_mask)

@@ -31,6 +31,7 @@ from hybridflow.algorithms.advantages import (
     remax_advantages,
     rloo_advantages,
     scores_to_token_rewards,
+    teacher_kl_advantages,
     truncation_mask,
 )
 from hybridflow.algorithms.aggregation import LossNorm, aggregate_loss, loss_norm, sum_loss_norms
@@ -93,6 +94,7 @@ __all__ = [
     "rloo_advantages",
     "scores_to_token_rewards",
     "sum_loss_norms",
+    "teacher_kl_advantages",
     "truncation_mask",
     "value_loss",
 ]

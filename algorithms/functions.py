@@ -111,6 +111,20 @@ def reinforce_pp_baseline_advantages(token_rewards: torch.Tensor, response_mask:
     return core.reinforce_pp_baseline_advantages(token_rewards, response_mask, group_size, uid=uid)
 
 
+@COMPUTE_FNS.register("teacher_kl_advantages")
+def teacher_kl_advantages(teacher_logprobs: torch.Tensor, old_logprobs: torch.Tensor, loss_mask: torch.Tensor,
+                          advantages: torch.Tensor | None = None, *, teacher_kl_coef: float = 1.0,
+                          advantages_coef: float = 1.0) -> torch.Tensor:
+    """``teacher_kl_coef`` x the reverse-KL advantage to the teacher (:func:`core.teacher_kl_advantages`), plus
+    ``advantages_coef`` x the graph's other ``advantages`` when given (a task reward's). (B, T) x 3 or 4 -> (B, T).
+    """
+    teacher = core.teacher_kl_advantages(teacher_logprobs, old_logprobs, loss_mask)
+    total = teacher_kl_coef * teacher
+    if advantages is not None:
+        total = total + advantages_coef * advantages.to(teacher.dtype)
+    return core.on_mask(total, loss_mask)
+
+
 @COMPUTE_FNS.register("overlong_penalized_scores")
 def overlong_penalized_scores(scores: torch.Tensor, response_mask: torch.Tensor, *, max_response_len: int,
                               buffer_len: int, penalty_factor: float = 1.0) -> torch.Tensor:

@@ -32,6 +32,7 @@ from hybridflow.algorithms.modes import (
     ScaleRewards,
     check_choice,
 )
+from hybridflow.algorithms.teacher import add_teacher_kl, advantages_field
 
 from hybridflow.graph import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE, Graph, GraphBuilder, RoleKind
 from hybridflow.registry import ALGORITHMS
@@ -162,8 +163,9 @@ def _rollout(name: str, *, n: int, reference: bool, temperature: float, max_new_
 
 def _group_relative(g: GraphBuilder, actor: str, *, n: int, norm_by_std: bool, loss: str, kl_coef: float | None,
                     options: Options, correction: _Correction | None = None,
-                    scale_rewards: ScaleRewards = "group") -> Graph:
-    """GRPO's tail: group-relative advantages, then the actor's update (with a KL term when ``kl_coef`` is set)."""
+                    scale_rewards: ScaleRewards = "group", teacher_kl_coef: float = 0.0) -> Graph:
+    """GRPO's tail: group-relative advantages (plus a teacher's term with ``teacher_kl_coef``), then the actor's
+    update (with a KL term when ``kl_coef`` is set)."""
     correction = correction or _Correction()
     check_choice("scale_rewards", scale_rewards, SCALE_REWARDS)
     if not norm_by_std and scale_rewards != "group":
@@ -171,7 +173,8 @@ def _group_relative(g: GraphBuilder, actor: str, *, n: int, norm_by_std: bool, l
                          "norm_by_std=False is scale_rewards='none'; give one")
     scale: Options = {"scale_rewards": scale_rewards} if scale_rewards != "group" else {}
     g.compute("advantages", fn="grpo_advantages", inputs=("scores", "loss_mask", "uid"),
-              outputs=("advantages",), norm_by_std=norm_by_std, **scale)
+              outputs=(advantages_field(teacher_kl_coef),), norm_by_std=norm_by_std, **scale)
+    add_teacher_kl(g, teacher_kl_coef)
     options = {**options, **correction.options}
     if not kl_coef:  # None or 0: no KL term, so the update reads no reference log-probs
         g.update(actor, loss=loss, inputs=(*TRAINED, "old_logprobs", *correction.inputs, "advantages"), **options)
@@ -188,8 +191,9 @@ def ppo(*, kl_coef: float = 0.05, kl_target: float | None = None, kl_horizon: fl
         temperature: float = DEFAULT_TEMPERATURE, top_p: float = 1.0, top_k: int = 0,
         max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         rollout_correction: RolloutCorrection | None = None, rollout_is_cap: float = DEFAULT_IS_CAP,
-        reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
-    """PPO with a critic and GAE; KL to the reference enters the token rewards (adaptive with ``kl_target``)."""
+        teacher_kl_coef: float = 0.0, reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
+    """PPO with a critic and GAE; KL to the reference enters the token rewards (adaptive with ``kl_target``).
+    ``teacher_kl_coef``: the teacher's term is added to GAE's advantages, not to the critic's returns."""
     g = GraphBuilder("ppo")
     actor, ref, reward = _policy_roles(g, reward_kind)
     critic = g.role("critic", RoleKind.VALUE)
@@ -202,7 +206,8 @@ def ppo(*, kl_coef: float = 0.05, kl_target: float | None = None, kl_horizon: fl
     g.logprob(actor)
     _kl_rewards(g, kl_coef, kl_target=kl_target, kl_horizon=kl_horizon)
     g.compute("gae", fn="gae", inputs=("token_rewards", "values", "loss_mask"),
-              outputs=("advantages", "returns"), gamma=gamma, lam=lam)
+              outputs=(advantages_field(teacher_kl_coef), "returns"), gamma=gamma, lam=lam)
+    add_teacher_kl(g, teacher_kl_coef)
     g.update(critic, loss="value", inputs=(*TRAINED, "values", "returns"), clip_range=value_clip)
     g.update(actor, loss="ppo_policy", inputs=(*TRAINED, "old_logprobs", *correction.inputs, "advantages"),
              **_actor_options(clip_ratio, clip_ratio_high, loss_agg, entropy_coef), **correction.options)
@@ -216,12 +221,14 @@ def grpo(*, n: int = 4, kl_coef: float = 0.04, clip_ratio: float = 0.2, clip_rat
          max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
          rollout_correction: RolloutCorrection | None = None, rollout_is_cap: float = DEFAULT_IS_CAP,
          scale_rewards: ScaleRewards = "group", mask_truncated: bool = False, loss_scale_factor: float | None = None,
-         reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
+         teacher_kl_coef: float = 0.0, reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
     """GRPO: group-normalised outcome advantages, KL to the reference as a loss term, no critic.
 
     ``scale_rewards`` (``group``, ``batch``, ``none``) and ``mask_truncated`` are TRL's ``scale_rewards`` and
     ``mask_truncated_completions``; ``loss_scale_factor`` the constant ``seq-mean-token-sum-norm`` divides by
-    (TRL's ``loss_type="dr_grpo"`` is that mode with ``max_new_tokens`` here; docs/algorithms.md)."""
+    (TRL's ``loss_type="dr_grpo"`` is that mode with ``max_new_tokens`` here; docs/algorithms.md).
+    ``teacher_kl_coef`` > 0 adds a ``teacher`` role's per-token reverse KL to the advantages
+    (:mod:`hybridflow.algorithms.teacher`; every policy-gradient graph here takes it)."""
     correction = _correction(rollout_correction, rollout_is_cap)
     g, actor = _rollout("grpo", n=n, reference=True, temperature=temperature, max_new_tokens=max_new_tokens,
                         reward_kind=reward_kind, sampling={**_top(top_p, top_k), **correction.sampling},
@@ -229,7 +236,7 @@ def grpo(*, n: int = 4, kl_coef: float = 0.04, clip_ratio: float = 0.2, clip_rat
     return _group_relative(g, actor, n=n, norm_by_std=norm_by_std, loss="ppo_policy", kl_coef=kl_coef,
                            options=_actor_options(clip_ratio, clip_ratio_high, loss_agg, entropy_coef,
                                                   **_scale_factor(loss_agg, loss_scale_factor)),
-                           correction=correction, scale_rewards=scale_rewards)
+                           correction=correction, scale_rewards=scale_rewards, teacher_kl_coef=teacher_kl_coef)
 
 
 def _scale_factor(loss_agg: str, loss_scale_factor: float | None) -> Options:
@@ -249,7 +256,7 @@ def grpo_no_ref(*, n: int = 4, clip_ratio: float = 0.2, clip_ratio_high: float |
                 max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
                 rollout_correction: RolloutCorrection | None = None, rollout_is_cap: float = DEFAULT_IS_CAP,
                 scale_rewards: ScaleRewards = "group", mask_truncated: bool = False,
-                loss_scale_factor: float | None = None,
+                loss_scale_factor: float | None = None, teacher_kl_coef: float = 0.0,
                 reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
     """GRPO without a reference model: no KL term and no reference role, so nothing is placed for one."""
     correction = _correction(rollout_correction, rollout_is_cap)
@@ -259,7 +266,7 @@ def grpo_no_ref(*, n: int = 4, clip_ratio: float = 0.2, clip_ratio_high: float |
     return _group_relative(g, actor, n=n, norm_by_std=norm_by_std, loss="ppo_policy", kl_coef=None,
                            options=_actor_options(clip_ratio, clip_ratio_high, loss_agg, entropy_coef,
                                                   **_scale_factor(loss_agg, loss_scale_factor)),
-                           correction=correction, scale_rewards=scale_rewards)
+                           correction=correction, scale_rewards=scale_rewards, teacher_kl_coef=teacher_kl_coef)
 
 
 @ALGORITHMS.register("dr_grpo")
@@ -267,7 +274,8 @@ def dr_grpo(*, n: int = 4, kl_coef: float = 0.0, clip_ratio: float = 0.2, clip_r
             entropy_coef: float = 0.0, temperature: float = DEFAULT_TEMPERATURE,
             top_p: float = 1.0, top_k: int = 0, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
             rollout_correction: RolloutCorrection | None = None, rollout_is_cap: float = DEFAULT_IS_CAP,
-            mask_truncated: bool = False, reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
+            mask_truncated: bool = False, teacher_kl_coef: float = 0.0,
+            reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
     """Dr.GRPO (https://arxiv.org/abs/2503.20783): GRPO without the std normalisation of advantages and with
     each response's token sum divided by a constant (``max_new_tokens``), not its length; no KL (and no
     reference role) unless ``kl_coef`` > 0."""
@@ -278,14 +286,15 @@ def dr_grpo(*, n: int = 4, kl_coef: float = 0.0, clip_ratio: float = 0.2, clip_r
     options = _actor_options(clip_ratio, clip_ratio_high, "seq-mean-token-sum-norm", entropy_coef,
                              loss_scale_factor=max_new_tokens)
     return _group_relative(g, actor, n=n, norm_by_std=False, loss="ppo_policy", kl_coef=kl_coef or None,
-                           options=options, correction=correction)
+                           options=options, correction=correction, teacher_kl_coef=teacher_kl_coef)
 
 
 @ALGORITHMS.register("gspo")
 def gspo(*, n: int = 4, kl_coef: float = 0.0, clip_ratio: float = 3e-4, clip_ratio_high: float = 4e-4,
          loss_agg: LossAgg = "seq-mean-token-mean", entropy_coef: float = 0.0, temperature: float = DEFAULT_TEMPERATURE,
          top_p: float = 1.0, top_k: int = 0,
-         max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
+         max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, teacher_kl_coef: float = 0.0,
+         reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
     """GSPO (https://arxiv.org/abs/2507.18071): GRPO's advantages, importance ratio and clipping per sequence
     (the paper's clip range 3e-4 / 4e-4); no KL (and no reference role) unless ``kl_coef`` > 0."""
     check_choice("loss_agg", loss_agg, LOSS_AGGS)
@@ -294,7 +303,7 @@ def gspo(*, n: int = 4, kl_coef: float = 0.0, clip_ratio: float = 3e-4, clip_rat
     options: Options = {"clip_ratio": clip_ratio, "clip_ratio_high": clip_ratio_high, "loss_agg": loss_agg,
                         "entropy_coef": entropy_coef}
     return _group_relative(g, actor, n=n, norm_by_std=True, loss="gspo_policy", kl_coef=kl_coef or None,
-                           options=options)
+                           options=options, teacher_kl_coef=teacher_kl_coef)
 
 
 @ALGORITHMS.register("dapo")
@@ -303,7 +312,7 @@ def dapo(*, n: int = 8, clip_ratio: float = 0.2, clip_ratio_high: float = 0.28, 
          temperature: float = DEFAULT_TEMPERATURE,
          top_p: float = 1.0, top_k: int = 0,
          max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, rollout_correction: RolloutCorrection | None = None,
-         rollout_is_cap: float = DEFAULT_IS_CAP, mask_truncated: bool = False,
+         rollout_is_cap: float = DEFAULT_IS_CAP, mask_truncated: bool = False, teacher_kl_coef: float = 0.0,
          reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
     """DAPO (https://arxiv.org/abs/2503.14476): GRPO without KL or reference, clip-higher, the token-level loss,
     overlong reward shaping over the last ``overlong_buffer`` tokens (0: off) and dynamic sampling: groups whose
@@ -323,7 +332,7 @@ def dapo(*, n: int = 8, clip_ratio: float = 0.2, clip_ratio_high: float = 0.28, 
     g.logprob(actor)
     return _group_relative(g, actor, n=n, norm_by_std=True, loss="ppo_policy", kl_coef=None,
                            options=_actor_options(clip_ratio, clip_ratio_high, "token-mean", entropy_coef),
-                           correction=correction)
+                           correction=correction, teacher_kl_coef=teacher_kl_coef)
 
 
 @ALGORITHMS.register("rloo")
@@ -331,14 +340,16 @@ def rloo(*, n: int = 4, kl_coef: float = 0.05, clip_ratio: float = 0.2, clip_rat
          loss_agg: LossAgg = "token-mean", entropy_coef: float = 0.0, temperature: float = DEFAULT_TEMPERATURE,
          top_p: float = 1.0, top_k: int = 0,
          max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, rollout_correction: RolloutCorrection | None = None,
-         rollout_is_cap: float = DEFAULT_IS_CAP, reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
+         rollout_is_cap: float = DEFAULT_IS_CAP, teacher_kl_coef: float = 0.0,
+         reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
     """RLOO: each sample's baseline is the mean reward of the other samples of its prompt."""
     correction = _correction(rollout_correction, rollout_is_cap)
     g, actor = _rollout("rloo", n=n, reference=True, temperature=temperature, max_new_tokens=max_new_tokens,
                         reward_kind=reward_kind, sampling={**_top(top_p, top_k), **correction.sampling})
     _kl_rewards(g, kl_coef)
     g.compute("advantages", fn="rloo_advantages", inputs=("token_rewards", "loss_mask", "uid"),
-              outputs=("advantages",))
+              outputs=(advantages_field(teacher_kl_coef),))
+    add_teacher_kl(g, teacher_kl_coef)
     g.update(actor, loss="ppo_policy", inputs=(*TRAINED, "old_logprobs", *correction.inputs, "advantages"),
              **_actor_options(clip_ratio, clip_ratio_high, loss_agg, entropy_coef), **correction.options)
     return _build(g, kl_coef)
@@ -349,7 +360,8 @@ def remax(*, kl_coef: float = 0.05, clip_ratio: float = 0.2, clip_ratio_high: fl
           loss_agg: LossAgg = "token-mean", entropy_coef: float = 0.0, temperature: float = DEFAULT_TEMPERATURE,
           top_p: float = 1.0, top_k: int = 0,
           max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, rollout_correction: RolloutCorrection | None = None,
-          rollout_is_cap: float = DEFAULT_IS_CAP, reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
+          rollout_is_cap: float = DEFAULT_IS_CAP, teacher_kl_coef: float = 0.0,
+          reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
     """ReMax: a greedy rollout's reward is the baseline of the sampled one."""
     g = GraphBuilder("remax")
     actor, ref, reward = _policy_roles(g, reward_kind)
@@ -365,7 +377,8 @@ def remax(*, kl_coef: float = 0.05, clip_ratio: float = 0.2, clip_ratio_high: fl
     g.logprob(actor)
     _kl_rewards(g, kl_coef)
     g.compute("advantages", fn="remax_advantages", inputs=("token_rewards", "greedy_scores", "loss_mask"),
-              outputs=("advantages",))
+              outputs=(advantages_field(teacher_kl_coef),))
+    add_teacher_kl(g, teacher_kl_coef)
     g.update(actor, loss="ppo_policy", inputs=(*TRAINED, "old_logprobs", *correction.inputs, "advantages"),
              **_actor_options(clip_ratio, clip_ratio_high, loss_agg, entropy_coef), **correction.options)
     return _build(g, kl_coef)
@@ -373,17 +386,19 @@ def remax(*, kl_coef: float = 0.05, clip_ratio: float = 0.2, clip_ratio_high: fl
 
 def _reinforce_pp(name: str, n: int, kl_coef: float, gamma: float, temperature: float, max_new_tokens: int,
                   reward_kind: RoleKind | str, options: Options, top_p: float = 1.0, top_k: int = 0,
-                  correction: _Correction | None = None) -> Graph:
+                  correction: _Correction | None = None, teacher_kl_coef: float = 0.0) -> Graph:
     correction = correction or _Correction()
     g, actor = _rollout(name, n=n, reference=True, temperature=temperature, max_new_tokens=max_new_tokens,
                         reward_kind=reward_kind, sampling={**_top(top_p, top_k), **correction.sampling})
     _kl_rewards(g, kl_coef)
+    advantages = advantages_field(teacher_kl_coef)
     if n > 1:
         g.compute("advantages", fn="reinforce_pp_baseline_advantages",
-                  inputs=("token_rewards", "loss_mask", "uid"), outputs=("advantages",))
+                  inputs=("token_rewards", "loss_mask", "uid"), outputs=(advantages,))
     else:
         g.compute("advantages", fn="reinforce_pp_advantages", inputs=("token_rewards", "loss_mask"),
-                  outputs=("advantages",), gamma=gamma)
+                  outputs=(advantages,), gamma=gamma)
+    add_teacher_kl(g, teacher_kl_coef)
     g.update(actor, loss="ppo_policy", inputs=(*TRAINED, "old_logprobs", *correction.inputs, "advantages"), **options,
              **correction.options)
     return _build(g, kl_coef)
@@ -395,11 +410,11 @@ def reinforce_pp(*, kl_coef: float = 0.05, gamma: float = 1.0, clip_ratio: float
                  temperature: float = DEFAULT_TEMPERATURE, top_p: float = 1.0, top_k: int = 0,
                  max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
                  rollout_correction: RolloutCorrection | None = None, rollout_is_cap: float = DEFAULT_IS_CAP,
-                 reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
+                 teacher_kl_coef: float = 0.0, reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
     """REINFORCE++: KL-penalised discounted returns, whitened over the batch; one sample per prompt."""
     return _reinforce_pp("reinforce_pp", 1, kl_coef, gamma, temperature, max_new_tokens, reward_kind,
                          _actor_options(clip_ratio, clip_ratio_high, loss_agg, entropy_coef), top_p, top_k,
-                         _correction(rollout_correction, rollout_is_cap))
+                         _correction(rollout_correction, rollout_is_cap), teacher_kl_coef)
 
 
 @ALGORITHMS.register("reinforce_pp_baseline")
@@ -408,8 +423,8 @@ def reinforce_pp_baseline(*, n: int = 4, kl_coef: float = 0.05, clip_ratio: floa
                           entropy_coef: float = 0.0, temperature: float = DEFAULT_TEMPERATURE,
                           top_p: float = 1.0, top_k: int = 0, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
                           rollout_correction: RolloutCorrection | None = None, rollout_is_cap: float = DEFAULT_IS_CAP,
-                          reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
+                          teacher_kl_coef: float = 0.0, reward_kind: RoleKind | str = RoleKind.REWARD_MODEL) -> Graph:
     """REINFORCE++ with a group-mean baseline over ``n`` samples per prompt, then batch whitening."""
     return _reinforce_pp("reinforce_pp_baseline", n, kl_coef, 1.0, temperature, max_new_tokens, reward_kind,
                          _actor_options(clip_ratio, clip_ratio_high, loss_agg, entropy_coef), top_p, top_k,
-                         _correction(rollout_correction, rollout_is_cap))
+                         _correction(rollout_correction, rollout_is_cap), teacher_kl_coef)

@@ -16,7 +16,8 @@ from hybridflow.train.trackers import Table, Tracker, make_trackers
 
 
 def step_metrics(result: StepResult, seconds: float, graph: Graph | None = None) -> dict[str, float]:
-    """Reward mean/std, KL, entropy, clip fraction, response length, token counts, per-node time, tokens/s, memory.
+    """Reward mean/std, KL (``teacher_kl``: the sampled reverse KL to a distillation teacher), entropy, clip
+    fraction, response length, token counts, per-node time, tokens/s, memory.
 
     What describes the sequences (``response_length/*``, ``throughput/*``, ``tokens/response``) counts
     ``response_mask``; what describes training (``kl``, ``tokens/trained``) counts the loss mask, ``loss_mask``
@@ -42,6 +43,9 @@ def step_metrics(result: StepResult, seconds: float, graph: Graph | None = None)
             own = [value for key, value in result.metrics.items() if key.endswith("/ref_kl")]
             if own:
                 out["kl"] = float(own[0])
+        if "old_logprobs" in batch and "teacher_logprobs" in batch:  # on-policy distillation's reverse KL, k1
+            gap = torch.where(trained != 0, batch["old_logprobs"] - batch["teacher_logprobs"], 0.0)
+            out["teacher_kl"] = float(gap.sum() / trained.sum().clamp(min=1))
     if "agent_trace" in batch:
         out.update(agent_metrics(list(batch["agent_trace"])))
     out.update({f"time/{name}": value for name, value in result.node_seconds.items()})

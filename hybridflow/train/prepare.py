@@ -1,10 +1,10 @@
 """Compose a run's values once: ``prepare_run(config) -> PreparedRun``, which `hybridflow train`, the classic
 API (through :func:`~hybridflow.train.loop.train`) and scripts share.
 
-The order is the contract: the graph, the config's checks, the data and tokenizer, the prompts' and rewards'
-checks, then the plan, made once with the real prompt lengths and checked against the roles' backends. All
-of it happens before a run directory is written or a model loads; the step loop then executes exactly the
-plan it is given.
+The order is the contract: the graph, the config's checks, the data and tokenizer, the prompts' checks, the
+roles' tokenizers (a teacher's or reference's own model shares the policy's), the rewards' checks, then the plan,
+made once with the real prompt lengths and checked against the roles' backends. All of it happens before a run
+directory is written or a model loads; the step loop then executes exactly the plan it is given.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from hybridflow.runtime import RoleSpec
 from hybridflow.train import setup
 from hybridflow.train.config import TrainConfig
 from hybridflow.train.preflight import check_config, check_prompts, check_vocabulary, probe_rewards
+from hybridflow.train.role_tokenizers import check_role_tokenizers
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,6 +64,7 @@ def prepare_run(config: TrainConfig, *, graph: Graph | None = None, plan: Plan |
     check_vocabulary(config, tokenizer)
     train_data, validation = setup.prepare_data(config, splits, tokenizer)
     check_prompts(config, graph, train_data.records, tokenizer, train_data.longest_prompt_tokens)
+    check_role_tokenizers(config, graph, tokenizer, [str(record["prompt"]) for record in train_data.records[:8]])
     scorer = setup.reward_scorer(config, tokenizer, rewards)  # its worker processes start at the probe, serve the run
     try:
         probe_rewards(config, train_data.records, tokenizer, scorer)
