@@ -133,7 +133,7 @@ def test_a_run_sizes_the_teacher_by_its_own_directory(tmp_path: Path) -> None:
     tokenizer = char_tokenizer()
     wide = save_model_dir(build_tiny_causal_lm("tiny-qwen2-wide", vocab_size=len(tokenizer)), tokenizer,
                           tmp_path / "teacher")
-    config = load_config(CONFIGS / "grpo_reverse.yaml", ["algorithm=on_policy_distill", "algorithm_options={n: 4}",
+    config = load_config(CONFIGS / "grpo_reverse.yaml", ["algorithm=on_policy_distill", "algorithm.options={n: 4}",
                                                          f"roles.teacher.model={wide}"])
     graph = load_graph("on_policy_distill")
     models = role_models(config, graph, vocab_size=len(tokenizer))
@@ -153,7 +153,7 @@ def test_a_teacher_of_another_tokenizer_is_refused_naming_both_models(tmp_path: 
     from hybridflow.train.prepare import prepare_run
 
     teacher = _teacher_dir(tmp_path / "teacher", alphabet)
-    config = load_config(CONFIGS / "grpo_reverse.yaml", ["algorithm=on_policy_distill", "algorithm_options={n: 4}",
+    config = load_config(CONFIGS / "grpo_reverse.yaml", ["algorithm=on_policy_distill", "algorithm.options={n: 4}",
                                                          f"roles.teacher.model={teacher}",
                                                          f"output_dir={tmp_path / 'run'}", *QUIET])
     with pytest.raises(ValueError, match=problem) as info:
@@ -168,7 +168,7 @@ def test_a_teacher_without_a_model_of_its_own_is_refused(tmp_path: Path) -> None
     from hybridflow.train.config import load_config
     from hybridflow.train.prepare import prepare_run
 
-    config = load_config(CONFIGS / "grpo_reverse.yaml", ["algorithm=grpo", "algorithm_options={teacher_kl_coef: 0.1}",
+    config = load_config(CONFIGS / "grpo_reverse.yaml", ["algorithm=grpo", "algorithm.options={teacher_kl_coef: 0.1}",
                                                          f"output_dir={tmp_path / 'run'}", *QUIET])
     with pytest.raises(ValueError, match=r"config key 'roles.teacher.model' is not set: the grpo graph's teacher"):
         prepare_run(config)
@@ -179,7 +179,7 @@ def test_a_teacher_of_the_same_tokenizer_passes(tmp_path: Path) -> None:
     from hybridflow.train.role_tokenizers import check_role_tokenizers
 
     teacher = _teacher_dir(tmp_path / "teacher", DEFAULT_ALPHABET)
-    config = load_config(CONFIGS / "grpo_reverse.yaml", ["algorithm=on_policy_distill", "algorithm_options={n: 4}",
+    config = load_config(CONFIGS / "grpo_reverse.yaml", ["algorithm=on_policy_distill", "algorithm.options={n: 4}",
                                                          f"roles.teacher.model={teacher}"])
     graph = load_graph("on_policy_distill")
     check_role_tokenizers(config, graph, char_tokenizer(), ["abc = cba"])
@@ -203,8 +203,8 @@ def test_the_students_reverse_kl_to_the_teacher_falls(tmp_path: Path) -> None:
     sft_warm_start(model, tokenizer, task_examples("reverse", 2000, seed=1), steps=150, lr=3e-3, seed=1)
     teacher = save_model_dir(model, tokenizer, tmp_path / "teacher")
     config = load_config(CONFIGS / "grpo_reverse.yaml", [
-        "algorithm=on_policy_distill", "algorithm_options={n: 4, max_new_tokens: 8, temperature: 1.0}", "steps=60",
-        "data.batch_size=16", "actor.lr=1e-3", "actor.mini_batches=2", "model.sft_steps=20", "seed=0",
+        "algorithm=on_policy_distill", "algorithm.options={n: 4, max_new_tokens: 8, temperature: 1.0}", "steps=60",
+        "data.batch_size=16", "optim.actor.lr=1e-3", "optim.actor.mini_batches=2", "model.sft_steps=20", "seed=0",
         f"roles.teacher.model={teacher}", f"output_dir={tmp_path / 'run'}", *QUIET])
     kl = [row["teacher_kl"] for row in train(config).history]
     first, last = sum(kl[:WINDOW]) / WINDOW, sum(kl[-WINDOW:]) / WINDOW
@@ -225,7 +225,7 @@ def test_a_teacher_that_splits_text_differently_is_refused(tmp_path: Path) -> No
     theirs = PreTrainedTokenizerFast(tokenizer_object=words, pad_token="<pad>", bos_token="<bos>",
                                      eos_token="<eos>", unk_token="<unk>")
     teacher = save_model_dir(build_tiny_causal_lm("tiny-qwen2", vocab_size=len(ours)), theirs, tmp_path / "teacher")
-    config = load_config(CONFIGS / "grpo_reverse.yaml", ["algorithm=on_policy_distill", "algorithm_options={n: 4}",
+    config = load_config(CONFIGS / "grpo_reverse.yaml", ["algorithm=on_policy_distill", "algorithm.options={n: 4}",
                                                          f"roles.teacher.model={teacher}"])
     with pytest.raises(ValueError, match=r"encodes to .* for the policy but .* for the teacher"):
         check_role_tokenizers(config, load_graph("on_policy_distill"), ours, ["abc = cba"])

@@ -217,8 +217,8 @@ def test_a_training_run_is_scored_by_a_loopback_service(service: Service, tmp_pa
     service.answer = reverse_rule
     result = train(load_config(None, [
         "steps=2", f"output_dir={tmp_path}", "data.num_examples=32", "data.batch_size=4", f"data.reward={service.url}",
-        "model.sft_steps=3", "algorithm_options.n=2", "algorithm_options.max_new_tokens=4", "logging.progress=false",
-        "logging.plot=false", "actor.micro_batch_size=8"]))
+        "model.sft_steps=3", "algorithm.options.n=2", "algorithm.options.max_new_tokens=4", "logging.progress=false",
+        "logging.plot=false", "optim.actor.micro_batch_size=8"]))
     probe, *steps = service.requests
     assert probe["query"] == [probe["prompts"][0] + probe["labels"][0]]  # the start-up probe: row 0, answered itself
     assert len(steps) == 2 and all(len(r["query"]) == 8 for r in steps)  # 4 prompts x 2 samples, one per step
@@ -231,9 +231,9 @@ def test_a_training_run_is_scored_by_a_loopback_service(service: Service, tmp_pa
         assert "reward/exact/mean" in row
 
 
-QUICK = ["data.num_examples=32", "data.batch_size=4", "model.sft_steps=3", "algorithm_options.n=2",
-         "algorithm_options.max_new_tokens=4", "logging.progress=false", "logging.plot=false",
-         "actor.micro_batch_size=8"]
+QUICK = ["data.num_examples=32", "data.batch_size=4", "model.sft_steps=3", "algorithm.options.n=2",
+         "algorithm.options.max_new_tokens=4", "logging.progress=false", "logging.plot=false",
+         "optim.actor.micro_batch_size=8"]
 
 
 def _main(capsys: pytest.CaptureFixture[str], *words: str) -> tuple[int, str]:
