@@ -88,9 +88,9 @@ TRAIN: list[tuple[str, str, int, str]] = [
     ("kl coefficient infinite", "algorithm.options.kl_coef=.inf", 2, r"kl_coef .*=inf must be a finite number"),
     ("seed beyond int64", "seed=99999999999999999999", 2, r"'seed'=99999999999999999999 does not fit a 64-bit"),
     ("steps beyond int64", "steps=-99999999999999999999", 2, r"'steps'=-99999999999999999999 does not fit"),
-    ("actor lr infinite", "optim.actor.lr=.inf", 2, r"'actor\.lr'=inf must be a finite number"),
-    ("critic weight decay nan", "optim.critic.weight_decay=.nan", 2, r"'critic\.weight_decay'=nan must be a finite"),
-    ("betas infinite", "optim.actor.betas=[.inf,0.9]", 2, r"'actor\.betas\[0\]'=inf must be a finite number"),
+    ("actor lr infinite", "optim.actor.lr=.inf", 2, r"'optim\.actor\.lr'=inf must be a finite number"),
+    ("critic weight decay nan", "optim.critic.weight_decay=.nan", 2, r"'optim\.critic\.weight_decay'=nan must be"),
+    ("betas infinite", "optim.actor.betas=[.inf,0.9]", 2, r"'optim\.actor\.betas\[0\]'=inf must be a finite number"),
     ("reward weight nan", "data.reward=[math] data.reward_weights=[.nan]", 2,
      r"'data\.reward_weights\[0\]'=nan must be a finite number"),
     ("env reward weight infinite", "agent.env_reward_weight=-.inf", 2, r"'agent\.env_reward_weight'=-inf"),
@@ -98,13 +98,13 @@ TRAIN: list[tuple[str, str, int, str]] = [
      r"'executor\.liveness\.setup_timeout_s'=inf"),
     ("validation samples negative", "validation.samples=-1", 2, r"'validation\.samples'=-1 must be >= 0"),
     ("mini batches beyond rows", "optim.actor.mini_batches=1000", 2,
-     r"'actor\.mini_batches'=1000 exceeds the 8 rows of a step \(data\.batch_size=4 x n=2\)"),
+     r"'optim\.actor\.mini_batches'=1000 exceeds the 8 rows of a step \(data\.batch_size=4 x n=2\)"),
     ("reward an empty list", "data.reward=[]", 2, r"'data\.reward' is an empty list"),
     # counts that multiply a step's work
-    ("actor epochs huge", "optim.actor.epochs=101", 2, r"'actor\.epochs'=101 exceeds 100 passes over a step's samples"),
-    ("critic epochs huge", "optim.critic.epochs=1000000000", 2, r"'critic\.epochs'=1000000000 exceeds 100"),
+    ("actor epochs huge", "optim.actor.epochs=101", 2, r"'optim\.actor\.epochs'=101 exceeds 100 passes over a step"),
+    ("critic epochs huge", "optim.critic.epochs=1000000000", 2, r"'optim\.critic\.epochs'=1000000000 exceeds 100"),
     ("optimizer steps per step huge", "optim.actor.epochs=100 optim.actor.mini_batches=1000", 2,
-     r"'actor\.epochs'=100 x 'actor\.mini_batches'=1000 are 100000 optimizer steps per training step, more than"),
+     r"'optim\.actor\.epochs'=100 x 'optim\.actor\.mini_batches'=1000 are 100000 optimizer steps per training step"),
     ("filter rounds huge", "algorithm=dapo algorithm.options.max_rounds=17", 2,
      r"max_rounds=17 must be an integer in \[0, 16\]"),
     # data: prompts and chat roles
@@ -148,7 +148,7 @@ def test_critic_mini_batches_are_bounded_by_the_rows_too() -> None:
     from hybridflow.train.preflight import check_step_rows
 
     config = config_from_dotted({"algorithm": "ppo", "data.batch_size": 4, "optim.critic.mini_batches": 5})
-    with pytest.raises(ValueError, match=r"'critic\.mini_batches'=5 exceeds the 4 rows of a step "
+    with pytest.raises(ValueError, match=r"'optim\.critic\.mini_batches'=5 exceeds the 4 rows of a step "
                                          r"\(data\.batch_size=4 x n=1\)"):
         check_step_rows(config, load_graph("ppo"))
     check_step_rows(config_from_dotted({"algorithm": "ppo", "data.batch_size": 4, "optim.critic.mini_batches": 4}),
