@@ -68,7 +68,7 @@ RUNS: dict[str, dict[str, tuple[dict[str, list[int]], bool, int | None]]] = {
           "dp2 fsdp offloaded": (BOTH, False, None)},
 }
 # Role settings beside the defaults: the actor on the fsdp backend with its parameters, gradients and optimizer
-# states offloaded (RunSettings.trainable_offload "per_unshard", as hybridflow runs it). On a CPU device its tensors
+# states offloaded (Framework.trainable_offload "per_unshard", as hybridflow runs it). On a CPU device its tensors
 # are in host memory already: the backend applies no CPUOffloadPolicy and the planner prices no host copies.
 ROLES: dict[tuple[str, str], dict[str, dict[str, Any]]] = {
     ("B", "dp2 fsdp offloaded"): {"actor": {"backend": "fsdp", "offload": ["params", "grads", "optimizer"]}},

@@ -30,7 +30,7 @@ Assumptions shared by every run (also in ``hybridflow.planner.published.DEFAULTS
   the record does not say otherwise (``published.VERL_EAGER_UNTIL``).
 - A record whose engine note names a vLLM release before 0.7 ran verl's vendored V0 engine
   (``published.VLLM_VENDORED_BEFORE``; the ROCm blog's "0.6.3-era"): eager, its per-step CPU work is serial, and it
-  rebuilds its cache for every rollout (``RunSettings.vllm_v0_engine``).
+  rebuilds its cache for every rollout (``Framework.vllm_v0_engine``).
 - The engine sleeps between rollouts (``free_cache_engine``); verl's default gpu_memory_utilization is
   0.5 when a run does not give one.
 - Megatron runs shard optimizer states over data-parallel ranks (distributed optimizer: ZeRO-1); context

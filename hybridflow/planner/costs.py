@@ -180,9 +180,9 @@ def trainer_shard(model: ModelSpec, layout: RoleLayout, shape: Shape) -> Trainer
 
 
 def per_unshard(kind: RoleKind, shape: Shape) -> bool:
-    """Whether a role's offload is priced as hybridflow runs it (``RunSettings.trainable_offload``); a frozen role's
+    """Whether a role's offload is priced as hybridflow runs it (``Framework.trainable_offload``); a frozen role's
     always is (FSDP's own CPU offload, which verl's reference runs too)."""
-    return not kind.trainable or shape.run.trainable_offload == "per_unshard"
+    return not kind.trainable or shape.run.framework.trainable_offload == "per_unshard"
 
 
 def grad_reduce_bytes(layout: RoleLayout) -> int:

@@ -1,4 +1,4 @@
-"""What a trainable role's CPU offload costs as hybridflow runs it (``RunSettings.trainable_offload="per_unshard"``).
+"""What a trainable role's CPU offload costs as hybridflow runs it (``Framework.trainable_offload="per_unshard"``).
 
 FSDP2's ``CPUOffloadPolicy`` (hybridflow's fsdp backend) keeps a role's sharded parameters, gradients and optimizer
 states in host memory: each unit's (decoder layer's) shard is copied in at its all-gather, its reduced gradients

@@ -23,7 +23,7 @@ from hybridflow.planner.models import ModelSpec
 from hybridflow.planner.overlays import ControllerOverlay
 from hybridflow.planner.plan import Plan
 from hybridflow.planner.request import PlanRequest
-from hybridflow.planner.settings import Offload, RunSettings
+from hybridflow.planner.settings import Framework, Offload, RunSettings
 
 # What a record does not say, assumed the same way for every run (override per record under "hybridflow").
 DEFAULTS: dict[str, Any] = {
@@ -239,16 +239,23 @@ def _settings(record: Mapping[str, Any], extra: Mapping[str, Any], lengths: Leng
                        mini_batch_size=int(mini) * samples if mini else None,
                        train_tokens_per_gpu=int(train_budget) if train_budget else None,
                        forward_tokens_per_gpu=int(forward_budget) if forward_budget else None,
-                       offload=tuple(sorted(chosen.items())), trainable_offload=trainable_offload(record),
+                       offload=tuple(sorted(chosen.items())), framework=framework_of(record),
                        gpu_memory_utilization=float(util) if util else None,
                        rollout_sleep=bool(extra.get("rollout_sleep")), epochs=int(extra.get("epochs", 1)),
-                       enforce_eager=_eager(record), vllm_v0_engine=_vllm_v0(record),
+                       enforce_eager=_eager(record),
                        max_prompt_len=int(record["prompt_len_max"]) if record.get("prompt_len_max") else None,
                        **_step_terms(extra))
 
 
+def framework_of(record: Mapping[str, Any]) -> Framework:
+    """Where the record's framework runs a step unlike hybridflow (:class:`Framework`): how it moves offloaded
+    state (:func:`trainable_offload`) and whether its rollout is verl's vendored V0 vLLM engine."""
+    return Framework(name=str(record.get("framework") or "unnamed"), trainable_offload=trainable_offload(record),
+                     vllm_v0_engine=_vllm_v0(record))
+
+
 def trainable_offload(record: Mapping[str, Any]) -> str:
-    """How the record's framework moves a trainable role's offloaded state (``RunSettings.trainable_offload``): verl's
+    """How the record's framework moves a trainable role's offloaded state (``Framework.trainable_offload``): verl's
     FSDP workers load it whole onto the GPU for each phase and offload it after (``per_phase``); any other framework
     as FSDP2's ``CPUOffloadPolicy`` or ZeRO-Offload run it (``per_unshard``), as hybridflow does."""
     return "per_phase" if "verl" in str(record.get("framework", "")).lower() else "per_unshard"
@@ -307,7 +314,7 @@ VLLM_VENDORED_BEFORE = (0, 7)
 
 
 def _vllm_v0(record: Mapping[str, Any]) -> bool:
-    """Whether the rollout is verl's vendored V0 vLLM engine (``RunSettings.vllm_v0_engine``): a verl record whose
+    """Whether the rollout is verl's vendored V0 vLLM engine (``Framework.vllm_v0_engine``): a verl record whose
     engine note names a vLLM release (``x.y.z``) before ``VLLM_VENDORED_BEFORE``."""
     engine = str(record.get("rollout_engine", "")).lower()
     version = re.search(r"(\d+)\.(\d+)\.\d+", engine)

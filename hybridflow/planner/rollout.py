@@ -71,7 +71,7 @@ class Engine:
             comm = 2 * model.layers * (size / self.shape.span_bandwidth(self.rtp) + self.shape.latency(self.rtp))
         eager = model.layers * EAGER_LAYER_OVERHEAD_S if self.shape.run.enforce_eager else 0.0
         run = self.shape.run
-        serial = V0_SERIAL_STEP_CPU_S if run.vllm_v0_engine and run.enforce_eager else 0.0
+        serial = V0_SERIAL_STEP_CPU_S if run.framework.vllm_v0_engine and run.enforce_eager else 0.0
         return max(memory, compute) + comm + eager + serial + constants.decode_step_overhead_s
 
 
@@ -84,14 +84,14 @@ def _dtype(unit: int, dtypes: tuple[str, ...]) -> str:
 
 
 # CPU time of one decode step that vLLM's V0 engine spends with the GPU idle when the step's work runs serially
-# (RunSettings.vllm_v0_engine under enforce_eager): gathering the sampled tokens, pythonizing them, processing outputs,
+# (Framework.vllm_v0_engine under enforce_eager): gathering the sampled tokens, pythonizing them, processing outputs,
 # scheduling and preparing the next step's inputs. vllm-project/vllm#6854 (the multi-step scheduling RFC, Llama 3 8B)
 # measured "5-13ms of GPU bubble" per decode step from this; async output processing (vllm#7049) and multi-step
 # scheduling hid it from 0.6.0, but vLLM 0.6's ModelConfig.verify_async_output_proc turns async output off under
 # enforce_eager ("Since, enforce-eager is enabled, async output processor cannot be used", logged by verl's rollouts
 # on vLLM 0.6.3) and verl's vendored engine keeps vLLM's default of one scheduler step. The low end of the range.
 V0_SERIAL_STEP_CPU_S = 5e-3
-# verl's vendored vLLM <= 0.6.3 (RunSettings.vllm_v0_engine) frees its cache engine after every rollout
+# verl's vendored vLLM <= 0.6.3 (Framework.vllm_v0_engine) frees its cache engine after every rollout
 # (free_cache_engine) and builds it again before the next (init_cache_engine): vLLM's CacheEngine allocates the GPU
 # KV cache and a CPU swap cache of ``swap_space`` GiB per GPU (verl's LLM: 4), both with torch.zeros ("null block in
 # CpuGpuBlockAllocator requires at least that block to be zeroed-out"). The pinned host block comes back from
@@ -183,7 +183,7 @@ def cache_rebuild_seconds(engine: Engine) -> float:
     one host thread and its GPU KV cache (:func:`kv_tokens`) at the HBM rate; 0 unless the engine is verl's vendored
     V0 one and sleeps between rollouts."""
     run = engine.shape.run
-    if not (run.vllm_v0_engine and run.rollout_sleep):
+    if not (run.framework.vllm_v0_engine and run.rollout_sleep):
         return 0.0
     cache = (kv_tokens(engine) or 0.0) * engine.kv_token
     bandwidth = engine.shape.device.hbm_bandwidth * engine.shape.constants.hbm_efficiency

@@ -27,9 +27,41 @@ class Offload:
 
 NO_OFFLOAD = Offload()
 
-# How a trainable role's offloaded state travels (``RunSettings.trainable_offload``): hybridflow's way, FSDP2's
+# How a trainable role's offloaded state travels (``Framework.trainable_offload``): hybridflow's way, FSDP2's
 # ``CPUOffloadPolicy`` and ZeRO-Offload, or verl's swap around each phase.
 TRAINABLE_OFFLOADS = ("per_unshard", "per_phase")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Framework:
+    """The framework a measured step ran on, where its step differs from hybridflow's in what the cost model
+    prices. A published run's record states it (:func:`hybridflow.planner.published.framework_of`); hybridflow's
+    own runs and plans keep :data:`HYBRIDFLOW`, so no other framework's ways leak into a plan of ours.
+
+    - ``trainable_offload``: how a trainable role's offloaded state moves. ``per_unshard`` (as hybridflow's backends
+      run it: FSDP2 ``CPUOffloadPolicy``, ZeRO-Offload): the parameter shard comes in at every unshard, the reduced
+      gradients go out after every reduction and the optimizer steps on the host. ``per_phase`` (verl's FSDP
+      workers, ``load_fsdp_model_to_gpu`` / ``offload_fsdp_model_to_cpu``): the state comes back whole for a phase
+      and leaves after it.
+    - ``vllm_v0_engine``: the rollout is the V0 vLLM engine verl vendors up to vLLM 0.6.3 (``verl/third_party/vllm``).
+      Under ``enforce_eager`` its CPU work of a decode step (scheduling, input preparation, output processing) runs
+      between its GPU steps, the GPU idle (vLLM turns async output processing off when eager;
+      ``rollout.V0_SERIAL_STEP_CPU_S``); with ``rollout_sleep`` [``free_cache_engine``] it rebuilds its cache engine
+      for every rollout, zeroing the KV cache and the CPU swap space again (``rollout.cache_rebuild_seconds``).
+    """
+
+    name: str = "hybridflow"
+    trainable_offload: str = "per_unshard"
+    vllm_v0_engine: bool = False
+
+    def __post_init__(self) -> None:
+        if self.trainable_offload not in TRAINABLE_OFFLOADS:
+            raise ValueError(f"Framework.trainable_offload={self.trainable_offload!r} must be one of "
+                             f"{list(TRAINABLE_OFFLOADS)}: per_unshard as hybridflow runs it (FSDP2 CPUOffloadPolicy, "
+                             "ZeRO-Offload), per_phase as verl does")
+
+
+HYBRIDFLOW = Framework()
 
 
 MAX_EPOCHS = 100  # passes over one step's samples; PPO recipes use 1-10, and each pass is a whole update's work
@@ -57,11 +89,6 @@ class RunSettings:
     - ``train_tokens_per_gpu`` / ``forward_tokens_per_gpu``: dynamic batching budgets
       [``ppo_max_token_len_per_gpu``, ``log_prob_max_token_len_per_gpu``]; they replace row micro batches.
     - ``offload``: per role [``actor.fsdp_config.param_offload`` ...].
-    - ``trainable_offload``: how a trainable role's offloaded state moves. ``per_unshard`` (the default, as
-      hybridflow's backends run it: FSDP2 ``CPUOffloadPolicy``, ZeRO-Offload): the parameter shard comes in at every
-      unshard, the reduced gradients go out after every reduction and the optimizer steps on the host.
-      ``per_phase`` (verl's FSDP workers, ``load_fsdp_model_to_gpu`` / ``offload_fsdp_model_to_cpu``): the state
-      comes back whole for a phase and leaves after it; verl's published records are costed this way.
     - ``gpu_memory_utilization``: the rollout engine's share of device memory (weights + KV cache);
       None lets the planner size the engine's batch to fit. ``max_num_seqs``: the engine's cap on
       sequences in flight.
@@ -69,11 +96,7 @@ class RunSettings:
       the next rollout [``free_cache_engine``]; its weights travel over the host link both ways.
     - ``enforce_eager``: the engine decodes without CUDA graphs [``enforce_eager``]: every layer's kernels
       are launched from Python at every step.
-    - ``vllm_v0_engine``: the rollout is the V0 vLLM engine verl vendors up to vLLM 0.6.3 (``verl/third_party/vllm``).
-      Under ``enforce_eager`` its CPU work of a decode step (scheduling, input preparation, output processing) runs
-      between its GPU steps, the GPU idle (vLLM turns async output processing off when eager;
-      ``rollout.V0_SERIAL_STEP_CPU_S``); with ``rollout_sleep`` [``free_cache_engine``] it rebuilds its cache engine
-      for every rollout, zeroing the KV cache and the CPU swap space again (``rollout.cache_rebuild_seconds``).
+    - ``framework``: where the step's framework differs from hybridflow's (:class:`Framework`; published runs only).
     - ``reward_workers``: processes a rule-based reward scores samples in (verl's reward managers: 1, the driver's
       loop; hybridflow's reward pool: its workers). ``validations_per_step``: validation passes a measured step
       holds on average [verl: 1 / ``test_freq`` inside its step timer; 0 when the step leaves them out] over
@@ -90,12 +113,11 @@ class RunSettings:
     train_tokens_per_gpu: int | None = None
     forward_tokens_per_gpu: int | None = None
     offload: tuple[tuple[str, Offload], ...] = ()
-    trainable_offload: str = "per_unshard"
     gpu_memory_utilization: float | None = None
     max_num_seqs: int = 1024
     rollout_sleep: bool = False
     enforce_eager: bool = False
-    vllm_v0_engine: bool = False
+    framework: Framework = HYBRIDFLOW
     max_prompt_len: int | None = None
     reward_workers: int = 1
     validations_per_step: float = 0.0
@@ -125,10 +147,6 @@ class RunSettings:
             if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate <= 1:
                 raise ValueError(f"{owner}.{name}={rate!r} must be a rate in [0, 1] per step, e.g. 0.1 for every "
                                  "10th step")
-        if self.trainable_offload not in TRAINABLE_OFFLOADS:
-            raise ValueError(f"{owner}.trainable_offload={self.trainable_offload!r} must be one of "
-                             f"{list(TRAINABLE_OFFLOADS)}: per_unshard as hybridflow runs it (FSDP2 CPUOffloadPolicy, "
-                             "ZeRO-Offload), per_phase as verl does")
         util = self.gpu_memory_utilization
         if util is not None and not 0 < util <= 1:
             raise ValueError(f"{owner}.gpu_memory_utilization={util!r} must be in (0, 1], e.g. 0.6")
@@ -218,16 +236,19 @@ def settings_from_dict(data: Mapping[str, Any], *, mean_response_len: int, where
     for key in ("gpu_memory_utilization", "validations_per_step", "checkpoints_per_step"):
         if data.get(key) is not None:
             values[key] = _number(data, key, where, float)
+    traits: dict[str, Any] = {}
     for key in ("padding", "rollout_sleep", "enforce_eager", "vllm_v0_engine"):
         if data.get(key) is not None:
             if not isinstance(data[key], bool):
                 raise ValueError(f"{where}.{key}={data[key]!r} must be true or false: {SETTING_KEYS[key]}")
-            values[key] = data[key]
+            (traits if key == "vllm_v0_engine" else values)[key] = data[key]
     if data.get("trainable_offload") is not None:
         if data["trainable_offload"] not in TRAINABLE_OFFLOADS:
             raise ValueError(f"{where}.trainable_offload={data['trainable_offload']!r} must be one of "
                              f"{list(TRAINABLE_OFFLOADS)}: {SETTING_KEYS['trainable_offload']}")
-        values["trainable_offload"] = data["trainable_offload"]
+        traits["trainable_offload"] = data["trainable_offload"]
+    if traits:  # another framework's ways, stated to cost its run (a published record, a plan of verl's step)
+        values["framework"] = Framework(name="stated", **traits)
     if data.get("lengths_from"):
         values["lengths"] = LengthDistribution.from_metrics(str(data["lengths_from"]))
     elif data.get("max_response_len") is not None:

@@ -28,7 +28,7 @@ from hybridflow.planner.flops import NONMATMUL_HBM_EFFICIENCY, flops_per_token, 
 from hybridflow.planner.lengths import LengthDistribution
 from hybridflow.planner.overlays import ControllerOverlay, controller_seconds
 from hybridflow.planner.rollout import Engine, concurrency, generate_cost
-from hybridflow.planner.settings import Offload, RunSettings
+from hybridflow.planner.settings import Framework, Offload, RunSettings
 from hybridflow.planner.weight_moves import WEIGHT_TENSOR_S, engine_switch, weight_load, weight_ship, weight_sync
 
 ROUND = DeviceSpec(name="ROUND", memory_bytes=100 * GIB, hbm_bandwidth=1000 * GB, flops=(("bf16", 100 * TFLOPS),),
@@ -177,7 +177,8 @@ def test_update_pays_one_optimizer_step_per_mini_batch():
 def test_verls_offload_moves_its_bytes_over_the_host_link_and_frees_them():
     """verl's per-phase swap (``trainable_offload="per_phase"``); hybridflow's own: test_trainable_offload.py."""
     layout = RoleLayout(role="actor", dp=1, micro_batch_size=8)
-    run = RunSettings(offload={"actor": Offload(params=True, optimizer=True)}, trainable_offload="per_phase")
+    verl = Framework(name="verl", trainable_offload="per_phase")
+    run = RunSettings(offload={"actor": Offload(params=True, optimizer=True)}, framework=verl)
     kept = update_cost(MODEL, RoleKind.POLICY, load(Op.UPDATE), layout, shape())
     moved = update_cost(MODEL, RoleKind.POLICY, load(Op.UPDATE), layout, shape(run))
     offloaded = (2 + 12) * MODEL.params  # bf16 weights and fp32 master + Adam states
@@ -191,7 +192,8 @@ def test_verls_offload_moves_its_bytes_over_the_host_link_and_frees_them():
 
 def test_engine_sleep_and_an_offloaded_trainer_cost_host_transfers():
     layout = RoleLayout(role="actor", dp=2, rollout_tp=2)
-    asleep = RunSettings(rollout_sleep=True, offload={"actor": Offload(params=True)}, trainable_offload="per_phase")
+    asleep = RunSettings(rollout_sleep=True, offload={"actor": Offload(params=True)},
+                         framework=Framework(name="verl", trainable_offload="per_phase"))
     seconds = engine_switch(MODEL, RoleKind.POLICY, layout, shape(asleep, 2))
     engine_weights = MODEL.params * 2 / 2
     trainer_weights = MODEL.params * 2  # NO_SHARD: every rank holds them

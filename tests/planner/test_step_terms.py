@@ -31,7 +31,7 @@ from hybridflow.planner.rollout import (
     preempted_seconds,
 )
 from hybridflow.planner.schedule import compile_schedule
-from hybridflow.planner.settings import RunSettings
+from hybridflow.planner.settings import Framework, RunSettings
 from hybridflow.planner.step_terms import (
     CHECKPOINT_BYTES_PER_PARAM,
     CHECKPOINT_WRITE_BYTES_S,
@@ -172,18 +172,19 @@ def test_verls_vendored_v0_engine_steps_serially_when_eager_and_rebuilds_its_cac
     """vLLM's V0 engine under enforce_eager has no async output processing: its per-step CPU work adds to every
     decode step. Freed after each rollout, its cache engine zeroes the CPU swap space and the KV cache again. A
     record says which engine through its vLLM release (verl vendors those before 0.7)."""
-    v0 = RunSettings(vllm_v0_engine=True, enforce_eager=True, gpu_memory_utilization=0.5)
+    v0 = RunSettings(framework=Framework(vllm_v0_engine=True), enforce_eager=True, gpu_memory_utilization=0.5)
     eager = RunSettings(enforce_eager=True, gpu_memory_utilization=0.5)
     assert engine(v0).step_seconds(8, 500) - engine(eager).step_seconds(8, 500) == pytest.approx(V0_SERIAL_STEP_CPU_S)
-    graphs = RunSettings(vllm_v0_engine=True, gpu_memory_utilization=0.5)  # CUDA graphs: async output hides it
+    # CUDA graphs: async output hides it
+    graphs = RunSettings(framework=Framework(vllm_v0_engine=True), gpu_memory_utilization=0.5)
     assert engine(graphs).step_seconds(8, 500) == engine(RunSettings()).step_seconds(8, 500)
-    asleep = RunSettings(vllm_v0_engine=True, rollout_sleep=True, gpu_memory_utilization=0.5)
+    asleep = RunSettings(framework=Framework(vllm_v0_engine=True), rollout_sleep=True, gpu_memory_utilization=0.5)
     kv_bytes = kv_blocks(engine(asleep)) * KV_BLOCK_TOKENS * KV_TOKEN
     assert cache_rebuild_seconds(engine(asleep)) == pytest.approx(
         V0_SWAP_SPACE_BYTES / HOST_ZERO_BYTES_S + kv_bytes / (1000e9 * 0.5))
     assert cache_rebuild_seconds(engine(RunSettings(rollout_sleep=True, gpu_memory_utilization=0.5))) == 0.0
     old = {**RECORD, "framework_version": "v0.3.0.post0", "rollout_engine": "vLLM (0.6.3-era)"}
-    assert _vllm_v0(old) and case_from_record(old).settings.vllm_v0_engine
+    assert _vllm_v0(old) and case_from_record(old).settings.framework.vllm_v0_engine
     assert not _vllm_v0({**old, "rollout_engine": "vLLM 0.8.5"})  # vLLM's own engine and sleep mode
     assert not _vllm_v0({**old, "framework": "OpenRLHF"})
     # A memory fraction is no release: the DeepSeek-V3 record's note gives 0.6 as gpu_memory_utilization.

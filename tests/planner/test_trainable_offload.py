@@ -1,4 +1,4 @@
-"""A trainable role's offload priced as hybridflow runs it (``RunSettings.trainable_offload="per_unshard"``: FSDP2
+"""A trainable role's offload priced as hybridflow runs it (``Framework.trainable_offload="per_unshard"``: FSDP2
 ``CPUOffloadPolicy``, ZeRO-Offload) against verl's per-phase swap, by hand on a made-up device with round numbers,
 and on the ROCm record of the published verl runs."""
 
@@ -18,7 +18,7 @@ from hybridflow.planner.costs import Shape, forward_cost, offloaded_bytes, stati
 from hybridflow.planner.devices import GB, GIB, TFLOPS, DeviceSpec
 from hybridflow.planner.offload import HOST_OPTIMIZER_BYTES_S, host_optimizer_seconds, host_seconds, update_traffic
 from hybridflow.planner.published import case_from_record
-from hybridflow.planner.settings import Offload, RunSettings, settings_from_dict
+from hybridflow.planner.settings import Framework, Offload, RunSettings, settings_from_dict
 from hybridflow.planner.weight_moves import engine_switch
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
@@ -36,7 +36,7 @@ UPDATE = NodeLoad("n", Op.UPDATE, 64, 64 * 100, 64 * 900)
 
 def shape(offload: Offload | None = None, rule: str = "per_unshard", gpus: int = 2,
           device: DeviceSpec = ROUND) -> Shape:
-    run = RunSettings(offload={"actor": offload} if offload else {}, trainable_offload=rule)
+    run = RunSettings(offload={"actor": offload} if offload else {}, framework=Framework(trainable_offload=rule))
     return Shape(device, (gpus,), 25e9, run=run, constants=PLAIN)
 
 
@@ -145,15 +145,15 @@ def published_cases() -> list:
 
 
 def test_verl_records_keep_verls_rule_and_hybridflows_plans_default_to_per_unshard():
-    assert {case.settings.trainable_offload for case in published_cases()} == {"per_phase"}
+    assert {case.settings.framework.trainable_offload for case in published_cases()} == {"per_phase"}
     record = json.loads((BENCHMARKS / "data" / "published_runs.json").read_text())[-1]
-    assert case_from_record({**record, "framework": "OpenRLHF"}).settings.trainable_offload == "per_unshard"
-    assert RunSettings().trainable_offload == "per_unshard"
+    assert case_from_record({**record, "framework": "OpenRLHF"}).settings.framework.trainable_offload == "per_unshard"
+    assert RunSettings().framework.trainable_offload == "per_unshard"
     verls = settings_from_dict({"trainable_offload": "per_phase"}, mean_response_len=100)
-    assert verls.trainable_offload == "per_phase"
-    with pytest.raises(ValueError, match=r"RunSettings.trainable_offload='swap' must be one of \['per_unshard', "
+    assert verls.framework.trainable_offload == "per_phase"
+    with pytest.raises(ValueError, match=r"Framework.trainable_offload='swap' must be one of \['per_unshard', "
                                          r"'per_phase'\]"):
-        RunSettings(trainable_offload="swap")
+        RunSettings(framework=Framework(trainable_offload="swap"))
     with pytest.raises(ValueError, match=r"plan.trainable_offload='swap' must be one of"):
         settings_from_dict({"trainable_offload": "swap"}, mean_response_len=100, where="plan")
 
@@ -169,7 +169,8 @@ def test_the_rocm_record_with_its_actor_offloaded_costs_the_host_optimizer_as_hy
     shipped = Calibration.load("verl-published")
     seconds = {}
     for rule in ("per_phase", "per_unshard"):
-        run = dataclasses.replace(case.settings, offload=tuple(sorted(offload)), trainable_offload=rule)
+        run = dataclasses.replace(case.settings, offload=tuple(sorted(offload)),
+                                  framework=Framework(trainable_offload=rule))
         plan = dataclasses.replace(case, settings=run).plan(shipped)
         seconds[rule] = {node.node: node.seconds for node in plan.nodes}
     n = ModelSpec.preset("qwen2-7b").params
