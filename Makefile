@@ -60,7 +60,7 @@ test-fast: $(STAMP)
 # torch stays at the dev pin (older CPU builds are not on disk; an unpinned torch pulls a multi-GB CUDA build),
 # Ray and the backends' extras are not installed. Runs the graph, algorithms and local-runtime tests.
 MIN_VENV := .venv-min
-MIN_PINS := torch==2.13.0 transformers==4.56.0 numpy==1.26.4 networkx==3.0 pyyaml==6.0 rich==13.0.0 \
+MIN_PINS := torch==2.13.0 transformers==4.56.0 numpy==1.26.4 networkx==3.0 pyyaml==6.0 rich==13.0.0 httpx==0.27.0 \
 	pytest pytest-timeout hypothesis scipy psutil tqdm
 MIN_TESTS := tests/graph tests/algorithms tests/runtime/test_controller.py tests/runtime/test_batch.py \
 	tests/runtime/test_filter.py tests/runtime/test_capabilities.py tests/runtime/test_pipeline.py \
