@@ -211,7 +211,8 @@ class Controller:
         if self._overlap is not None:
             return False
         # A call still None was being submitted when the caller stopped waiting: it may have started.
-        return not any((node.op is Op.UPDATE or node.name in self.node_states)
+        keeping = {name for name, state in self.node_states.items() if state.state_dict()}  # not a judge's counts
+        return not any((node.op is Op.UPDATE or node.name in keeping)
                        and (call is None or not call.cancelled()) for node, call in self._step_calls)
 
     def _submit(self, node: Node, state: Batch, seed: int, part: int | None) -> Future[Outcome]:
