@@ -1,6 +1,7 @@
 """Built-in RL algorithms as graphs, and the tensor maths they use.
 
-Importing this package registers the graphs (torch-free; on-policy distillation's in :mod:`.distill`, GRPO with an LLM judge's in :mod:`.judge`);
+Importing this package registers the graphs (torch-free; on-policy distillation's in :mod:`.distill`, GRPO with an
+LLM judge's in :mod:`.judge`);
 ``hybridflow.algorithms.functions`` registers the compute functions and losses (needs torch).
 """
 

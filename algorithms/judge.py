@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from hybridflow.algorithms.graphs import _actor_options, _group_relative, _sample, _top
+from hybridflow.algorithms.graphs import Options, _actor_options, _group_relative, _sample, _top
 from hybridflow.algorithms.judge_templates import DEFAULT_SCALE, load_template
 from hybridflow.algorithms.modes import LossAgg, ScaleRewards
 
@@ -25,7 +25,7 @@ DEFAULT_JUDGE_MAX_NEW_TOKENS = 16
 JUDGE_PROMPT_INPUTS = ("prompts", "responses", "response_mask", "ground_truth")
 
 
-def judge_sampling(max_new_tokens: int, temperature: float) -> dict[str, int | float | bool]:
+def judge_sampling(max_new_tokens: int, temperature: float) -> Options:
     """The judge's generate options: greedy at temperature 0 (the default), else sampled at that temperature."""
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"algorithm option judge_max_new_tokens={max_new_tokens!r} must be a positive integer "
@@ -46,8 +46,8 @@ def add_judge(g: GraphBuilder, *, template: str = "pointwise", verdict: str | No
     if not (math.isfinite(unparsed_score) and 0 <= unparsed_score <= 1):
         raise ValueError(f"algorithm option unparsed_score={unparsed_score} must be in [0, 1] (a verdict's scores "
                          "are)")
-    text = {"template": template, "rubric": rubric, "scale": scale, "policy": policy, "judge": JUDGE,
-            **({"verdict": verdict} if verdict is not None else {})}
+    text: Options = {"template": template, "rubric": rubric, "scale": scale, "policy": policy, "judge": JUDGE,
+                     **({"verdict": verdict} if verdict is not None else {})}
     judge = g.role(JUDGE, RoleKind.FROZEN_POLICY)
     g.compute("judge_prompts", fn="judge_prompts", inputs=JUDGE_PROMPT_INPUTS,
               outputs=("judge_prompts", "judge_prompts_mask"), **text)

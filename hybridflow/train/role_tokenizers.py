@@ -7,8 +7,8 @@ differently, or a probe text (the run's first prompts and a fixed sentence) that
 A directory without tokenizer files cannot be compared; its embedding must at least hold every id the policy
 produces (``vocab_size`` in its config.json). Embedding sizes may differ (models pad them to different
 multiples): only the tokenizers must agree. A role that only generates (an LLM judge, whose prompts a compute node
-renders as text in its own tokens) may have any tokenizer. A ``teacher`` role needs a model of its own: by default it would be
-the policy's starting weights, a teacher with nothing to teach.
+renders as text in its own tokens) may have any tokenizer. A ``teacher`` role needs a model of its own: by default
+it would be the policy's starting weights, a teacher with nothing to teach.
 """
 
 from __future__ import annotations

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from hybridflow.algorithms.judge_templates import load_template, parse_binary, parse_rubric, parse_score
-from hybridflow.graph import Graph, GraphBuilder, NodeSpecError, Op, RoleKind, load_graph
+
+from hybridflow.graph import Graph, GraphBuilder, NodeSpecError, RoleKind, load_graph
 from hybridflow.models import build_tiny_causal_lm, save_model_dir
 from hybridflow.models.tokenizer import WIDE_ALPHABET, char_tokenizer
 from hybridflow.registry import COMPUTE_FNS
@@ -132,7 +132,7 @@ def test_a_generate_from_computed_prompts_answers_each_row_once() -> None:
     g.compute("judge", fn="judge_scores", inputs=("verdict_ids", "verdict_mask"), outputs=("scores", "verdicts"))
     g.compute("advantages", fn="grpo_advantages", inputs=("scores", "response_mask", "uid"), outputs=("advantages",))
     g.update(actor, loss="ppo_policy", inputs=("prompts", "responses", "response_mask", "advantages"))
-    with pytest.raises(NodeSpecError, match="'judge_generate' generates from 'judge_prompts'.*n=4 must be 1"):
+    with pytest.raises(NodeSpecError, match=r"'judge_generate' generates from 'judge_prompts'.*n=4 must be 1"):
         g.build()
 
 
