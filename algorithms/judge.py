@@ -66,10 +66,11 @@ def grpo_judge(*, n: int = 4, kl_coef: float = 0.04, clip_ratio: float = 0.2, cl
                mask_truncated: bool = False, judge_template: str = "pointwise", judge_verdict: str | None = None,
                judge_rubric: str = "", judge_scale: int = DEFAULT_SCALE,
                judge_max_new_tokens: int = DEFAULT_JUDGE_MAX_NEW_TOKENS, judge_temperature: float = 0.0,
-               unparsed_score: float = 0.0) -> Graph:
+               unparsed_score: float = 0.0, teacher_kl_coef: float = 0.0) -> Graph:
     """GRPO whose scores are an LLM judge's verdicts (see the module). ``judge_template``: ``pointwise``,
     ``reference``, ``rubric`` (with ``judge_rubric``: ``"text=weight; ..."``), a file or Jinja text;
-    ``judge_verdict`` (``score``, ``binary``, ``rubric``): how a user's template's verdicts parse."""
+    ``judge_verdict`` (``score``, ``binary``, ``rubric``): how a user's template's verdicts parse;
+    ``teacher_kl_coef`` as on every policy-gradient graph (:mod:`hybridflow.algorithms.teacher`)."""
     g = GraphBuilder("grpo_judge")
     actor = g.role("actor", RoleKind.POLICY)
     g.role("reference", RoleKind.FROZEN_POLICY)
@@ -81,4 +82,4 @@ def grpo_judge(*, n: int = 4, kl_coef: float = 0.04, clip_ratio: float = 0.2, cl
     g.logprob(actor)
     return _group_relative(g, actor, n=n, norm_by_std=norm_by_std, loss="ppo_policy", kl_coef=kl_coef,
                            options=_actor_options(clip_ratio, clip_ratio_high, loss_agg, entropy_coef),
-                           scale_rewards=scale_rewards)
+                           scale_rewards=scale_rewards, teacher_kl_coef=teacher_kl_coef)
