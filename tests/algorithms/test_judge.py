@@ -16,6 +16,7 @@ from hybridflow.models import build_tiny_causal_lm, save_model_dir
 from hybridflow.models.tokenizer import WIDE_ALPHABET, char_tokenizer
 from hybridflow.registry import COMPUTE_FNS
 from hybridflow.runtime.batch import Batch
+from hybridflow.runtime.dispatch import node_inputs
 from hybridflow.runtime.worker import port_batch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -142,6 +143,9 @@ def test_the_judges_generate_reads_its_computed_prompts_and_their_mask() -> None
                   "prompts": torch.zeros(2, 5), "prompt_mask": torch.zeros(2, 5)})
     ported = port_batch(node, rows)
     assert sorted(ported.keys()) == ["prompt_mask", "prompts"] and ported["prompts"].shape == (2, 3)
+    assert node_inputs(node, rows) == ["judge_prompts", "judge_prompts_mask"]  # what the judge's group is sent
+    actor = load_graph("grpo_judge").node("actor_generate")
+    assert node_inputs(actor, rows) == ["prompts", "prompt_mask"]
 
 
 def _state(fn: str, options: dict[str, object], models: dict[str, str]) -> object:
