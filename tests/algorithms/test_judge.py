@@ -217,3 +217,30 @@ def test_a_tiny_cpu_run_with_a_random_judge_completes_and_counts_what_it_cannot_
     unparsed = [row for row in judged if parse_score(row["verdict"]) is None]
     assert unparsed and all(row["score"] == 0.5 for row in unparsed)  # a random judge answers no score
     assert history[0]["judge/unparsed"] >= len([row for row in unparsed if row["step"] == 0])
+
+
+@pytest.mark.slow
+def test_a_judge_taught_one_verdict_scores_every_sample_with_it(tmp_path: Path) -> None:
+    """The verdicts the judge's role generates reach the parser intact: a tiny judge fine-tuned to answer
+    ``Score: 7`` to the pointwise template scores every sampled response 0.7, none unparsed."""
+    import random
+
+    from hybridflow.train.config import load_config
+    from hybridflow.train.loop import train
+    from hybridflow.train.sft import sft_warm_start
+
+    wide, template, rng = char_tokenizer(WIDE_ALPHABET), load_template("pointwise"), random.Random(0)
+    records = [{"prompt": template.render(prompt=f"rev {''.join(rng.choices('abcdefgh', k=rng.randint(3, 5)))}=",
+                                          response="".join(rng.choices("abcdefgh0123 ", k=rng.randint(0, 6)))),
+                "ground_truth": "Score: 7"} for _ in range(128)]
+    model = build_tiny_causal_lm("tiny-qwen2", vocab_size=len(wide), seed=3)
+    sft_warm_start(model, wide, records, steps=25, batch_size=16, lr=3e-3, seed=0)
+    judge = save_model_dir(model, wide, tmp_path / "judge")
+    config = load_config(ROOT / "configs" / "grpo_judge.yaml", [
+        "algorithm.options={n: 2, kl_coef: 0, max_new_tokens: 6, judge_template: pointwise, judge_max_new_tokens: 12}",
+        "steps=1", "data.batch_size=4", "data.num_examples=32", "model.sft_steps=2", f"roles.judge.model={judge}",
+        f"output_dir={tmp_path / 'run'}", *QUIET])
+    (row,) = train(config).history
+    assert row["judge/unparsed"] == 0 and row["reward/mean"] == pytest.approx(0.7)
+    judged = [json.loads(line) for line in (tmp_path / "run" / "judge_samples.jsonl").read_text().splitlines()]
+    assert judged and all(sample["verdict"] == "Score: 7" for sample in judged)
