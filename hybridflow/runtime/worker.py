@@ -55,6 +55,8 @@ def companion_fields(node: Node) -> list[str]:
     masks = [prompt_mask_field(bound)] if bound is not None else []
     return [*masks, *(mask for field_name, mask in COMPANIONS.items()
                       if field_name in node.inputs and mask not in masks)]
+
+
 _SAMPLING_KEYS = ("max_new_tokens", "temperature", "top_p", "top_k", "greedy", "logprobs")
 
 

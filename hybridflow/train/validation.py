@@ -2,7 +2,8 @@
 
 Runs between steps on the policy's generate node (same sampling options as training, one sample per
 prompt, a fixed seed so passes differ only by the weights). Nothing is trained and the step's data
-ledger is untouched: the rows go to the workers as a standalone request.
+ledger is untouched: the rows go to the workers as a standalone request. A graph with an LLM judge also records
+the judge's verdicts on each training step's first samples (:func:`judged_samples`).
 """
 
 from __future__ import annotations
