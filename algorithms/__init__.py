@@ -1,6 +1,7 @@
 """Built-in RL algorithms as graphs, and the tensor maths they use.
 
-Importing this package registers the graphs (torch-free; on-policy distillation's in :mod:`.distill`);
+Importing this package registers the graphs (torch-free; on-policy distillation's in :mod:`.distill`, GRPO with an
+LLM judge's in :mod:`.judge`);
 ``hybridflow.algorithms.functions`` registers the compute functions and losses (needs torch).
 """
 
@@ -16,6 +17,7 @@ from hybridflow.algorithms.graphs import (
     remax,
     rloo,
 )
+from hybridflow.algorithms.judge import grpo_judge
 
-__all__ = ["dr_grpo", "grpo", "grpo_no_ref", "gspo", "on_policy_distill", "ppo", "reinforce_pp",
+__all__ = ["dr_grpo", "grpo", "grpo_judge", "grpo_no_ref", "gspo", "on_policy_distill", "ppo", "reinforce_pp",
            "reinforce_pp_baseline", "remax", "rloo"]

@@ -20,7 +20,7 @@ from dataclasses import replace
 from typing import Any
 
 import torch
-from hybridflow.algorithms import core
+from hybridflow.algorithms import core, judge_functions  # noqa: F401  (registers an LLM judge's functions)
 from hybridflow.algorithms.masked import masked_mean
 from hybridflow.algorithms.modes import RolloutCorrection
 from hybridflow.algorithms.offpolicy import rollout_correction as rollout_correction_weights

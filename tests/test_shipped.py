@@ -24,6 +24,7 @@ CONFIGS: dict[str, list[str] | str] = {
     "dapo_reverse": ["data.num_examples=64"],
     "grpo_detached_vllm": ["data.num_examples=64"],
     "grpo_gsm8k_style": [],
+    "grpo_judge": ["data.num_examples=64"],
     "grpo_reverse": ["data.num_examples=64"],
     "grpo_reverse_strong": ["data.num_examples=64"],
     "ppo_reverse": ["data.num_examples=64"],
@@ -35,6 +36,7 @@ SLOW_CONFIGS = {"grpo_detached_vllm"}  # a Ray cluster and a vLLM engine start
 EXAMPLES: dict[str, str] = {
     "classic_tutorial.py": "test_the_classic_tutorial_plans_fits_and_saves",
     "heterogeneous.py": "test_the_heterogeneous_example_rehearses_its_plan",
+    "llm_judge.py": "tests/algorithms/test_judge.py",
     "my_algorithm.py": "tests/algorithms/test_builtin_graphs_run.py and tests/test_cli_graph.py",
     "train_ppo.py": "tests/torchrun/test_torchrun.py",
     "data": "tests/data/test_example_dataset.py (the script that writes configs/data/gsm8k_style)",

@@ -28,7 +28,9 @@ def with_environment(graph: Graph, environment: str, *, env_options: Mapping[str
     """``graph`` with its generate node(s) rolling out in ``environment`` (see ``GraphBuilder.generate``).
 
     ``schedule`` None leaves the choice to the plan (:func:`with_schedule`; ``trajectory`` when unplanned)."""
-    generates = [node for node in graph.nodes if node.op is Op.GENERATE]
+    # A generate from prompts a node computes (an LLM judge's) answers the rollouts; it stays single-turn.
+    generates = [node for node in graph.nodes
+                 if node.op is Op.GENERATE and node.port_inputs()["prompts"] not in graph.producers]
     if not generates:
         raise NodeSpecError(f"graph {graph.name!r} has no generate node to run in environment {environment!r}",
                             node=graph.name, field="environment")
@@ -39,8 +41,8 @@ def with_environment(graph: Graph, environment: str, *, env_options: Mapping[str
         agent["env_options"] = json.dumps(dict(env_options), sort_keys=True)
     agent.update({key: value for key, value in (("max_turns", max_turns), ("max_turn_tokens", max_turn_tokens))
                   if value is not None})
-    nodes = [_multi_turn(node, agent) if node.op is Op.GENERATE else node for node in graph.nodes]
-    rollouts = {node.port_outputs()["responses"]: node for node in nodes if node.op is Op.GENERATE}
+    nodes = [_multi_turn(node, agent) if node in generates else node for node in graph.nodes]
+    rollouts = {node.port_outputs()["responses"]: node for node in nodes if node.environment}
     rewritten: list[Node] = []
     for node in nodes:
         rollout = rollouts.get(node.port_inputs().get("responses", "")) if node.op is Op.SCORE else None

@@ -318,10 +318,23 @@ def _check_reaches_update(graph: Graph) -> None:
 
 
 def _check_samples(graph: Graph) -> None:
-    counts = {node.name: node.samples_per_prompt for node in graph.nodes if node.op is Op.GENERATE}
-    for name, n in counts.items():
+    """Every generate node of the dataset's prompts samples the same n; one whose prompts a node computes (an LLM
+    judge's, from the sampled responses) answers each of those rows once, so rows line up."""
+    counts: dict[str, int] = {}
+    for node in graph.nodes:
+        if node.op is not Op.GENERATE:
+            continue
+        n = node.samples_per_prompt
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise NodeSpecError(f"node {name!r}: n={n!r} must be a positive integer", node=name, field="n")
+            raise NodeSpecError(f"node {node.name!r}: n={n!r} must be a positive integer", node=node.name, field="n")
+        prompts = node.port_inputs()["prompts"]
+        if prompts in graph.producers:
+            if n != 1:
+                raise NodeSpecError(f"node {node.name!r} generates from {prompts!r}, which node "
+                                    f"{graph.producers[prompts]!r} computes from sampled rows: it answers each row "
+                                    f"once, so n={n} must be 1", node=node.name, field="n")
+            continue
+        counts[node.name] = n
     if len(set(counts.values())) > 1:
         raise NodeSpecError(
             f"generate nodes disagree on samples per prompt {counts}; every rollout of one step must use "

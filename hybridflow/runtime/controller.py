@@ -105,7 +105,7 @@ class Controller:
         self._dispatchers = [ThreadPoolExecutor(1, thread_name_prefix=f"dispatch{g.index}") for g in self.groups]
         self._driver = ThreadPoolExecutor(2, thread_name_prefix="driver")
         self.ledger = StepLedger(len(self.groups))
-        self.node_states = _node_states(graph)
+        self.node_states = _node_states(graph, {name: spec.model for name, spec in specs.items()})
         self._step_calls: list[tuple[Node, Future[Outcome] | None]] = []  # the step in flight's (abandon_step)
         try:
             self._adapter_shipping = adapter_shipping(plan, check_capabilities(graph, plan, self.groups))
@@ -211,7 +211,8 @@ class Controller:
         if self._overlap is not None:
             return False
         # A call still None was being submitted when the caller stopped waiting: it may have started.
-        return not any((node.op is Op.UPDATE or node.name in self.node_states)
+        keeping = {name for name, state in self.node_states.items() if state.state_dict()}  # not a judge's counts
+        return not any((node.op is Op.UPDATE or node.name in keeping)
                        and (call is None or not call.cancelled()) for node, call in self._step_calls)
 
     def _submit(self, node: Node, state: Batch, seed: int, part: int | None) -> Future[Outcome]:
@@ -309,13 +310,16 @@ def _landed(rollouter: Rollouter, version: int, shipment: Future[WeightSyncStats
         rollouter.weights_loaded(version)
 
 
-def _node_states(graph: Graph) -> dict[str, NodeState]:
-    """The state of each compute node whose function keeps one across steps (``fn.make_state``)."""
+def _node_states(graph: Graph, role_models: Mapping[str, str]) -> dict[str, NodeState]:
+    """The state of each compute node whose function keeps one across steps (``fn.make_state``); a function that
+    reads roles' tokenizers (``fn.reads_role_models``: an LLM judge's templates) also gets ``role_models``."""
     states = {}
     for node in graph.nodes:
         if node.op is Op.COMPUTE:
-            make_state = getattr(COMPUTE_FNS.get(str(node.fn)), "make_state", None)  # optional, see NodeState
-            state = make_state(**node.options_dict) if make_state is not None else None
+            fn = COMPUTE_FNS.get(str(node.fn))
+            make_state = getattr(fn, "make_state", None)  # optional, see NodeState
+            models = {"role_models": dict(role_models)} if getattr(fn, "reads_role_models", False) else {}
+            state = make_state(**node.options_dict, **models) if make_state is not None else None
             if state is not None:
                 states[node.name] = state
     return states

@@ -30,7 +30,7 @@ from hybridflow.runtime.executor import WorkerGroup
 from hybridflow.runtime.protocols import Scorer
 from hybridflow.runtime.service import RoleServices, serve
 from hybridflow.runtime.step_store import Join, Part, ShardKey, StepLedger, exact_fields
-from hybridflow.runtime.worker import COMPANIONS, NodeResult, port_batch
+from hybridflow.runtime.worker import NodeResult, companion_fields, port_batch
 
 
 @dataclass(frozen=True)
@@ -67,8 +67,9 @@ def _request(run_rows: RunRows, node: Node, rows: Batch, seed: int, on_start: Ca
 
 
 def node_inputs(node: Node, state: Batch) -> list[str]:
-    """The fields a worker node reads: its inputs and their companions (``prompt_mask`` with ``prompts``)."""
-    return [*node.inputs, *(COMPANIONS[f] for f in node.inputs if f in COMPANIONS and COMPANIONS[f] in state)]
+    """The fields a worker node reads: its inputs and their companions (``prompt_mask`` with ``prompts``, the
+    mask of whatever field its ``prompts`` port reads)."""
+    return [*node.inputs, *(mask for mask in companion_fields(node) if mask in state)]
 
 
 class GroupTarget:

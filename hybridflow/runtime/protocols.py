@@ -292,7 +292,9 @@ class NodeState(Protocol):
 
     A compute function that needs one has a ``make_state(**node_options)`` attribute returning a
     ``NodeState`` (or None); the controller makes it once, passes it as ``state=`` every step, logs its
-    metrics under the node's name and keeps it in checkpoints.
+    metrics under the node's name and keeps it in checkpoints. A function whose ``reads_role_models`` attribute is
+    True gets ``role_models`` too (role -> its model directory, where its tokenizer is): a judge's templates turn
+    the policy's token ids into text and the judge's text into its own ids.
     """
 
     def metrics(self) -> dict[str, float]:

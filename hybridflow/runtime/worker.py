@@ -40,6 +40,23 @@ from hybridflow.runtime.weights import (
 
 # The prompt's attention mask travels with ``prompts`` wherever they go (it is not a graph field).
 COMPANIONS = {"prompts": "prompt_mask"}
+
+
+def prompt_mask_field(prompts: str) -> str:
+    """The mask field beside a left-padded prompt field: ``prompt_mask`` for the dataset's ``prompts``,
+    ``<field>_mask`` for prompts a compute node writes (an LLM judge's ``judge_prompts``)."""
+    return COMPANIONS.get(prompts, f"{prompts}_mask")
+
+
+def companion_fields(node: Node) -> list[str]:
+    """The companions a worker node reads with its inputs: the mask of the field bound to its ``prompts`` port
+    (and ``prompt_mask`` wherever it reads ``prompts``)."""
+    bound = node.port_inputs().get("prompts")
+    masks = [prompt_mask_field(bound)] if bound is not None else []
+    return [*masks, *(mask for field_name, mask in COMPANIONS.items()
+                      if field_name in node.inputs and mask not in masks)]
+
+
 _SAMPLING_KEYS = ("max_new_tokens", "temperature", "top_p", "top_k", "greedy", "logprobs")
 
 
@@ -262,9 +279,10 @@ WORKER_CALLS = frozenset({"setup", "capabilities", "info", "ping", "save_checkpo
 def port_batch(node: Node, batch: Batch) -> Batch:
     """The node's inputs renamed from graph fields to the op's ports (plus companion fields)."""
     ports = node.port_inputs()
-    renamed = batch.select([*ports.values(), *(c for f, c in COMPANIONS.items() if f in ports.values())],
-                           strict=False)
-    return renamed.rename({field_name: port for port, field_name in ports.items()})
+    renamed = batch.select([*ports.values(), *companion_fields(node)], strict=False)
+    bound = ports.get("prompts")
+    masks = {prompt_mask_field(bound): "prompt_mask"} if bound is not None and bound != "prompts" else {}
+    return renamed.rename({**{field_name: port for port, field_name in ports.items()}, **masks})
 
 
 def run_role_op(engine: Any, node: Node, batch: Batch, seed: int) -> Batch:

@@ -30,7 +30,7 @@ from hybridflow.train.prepare import PreparedRun, prepare_run
 from hybridflow.train.retention import prune_checkpoints
 from hybridflow.train.rundir import begin_run
 from hybridflow.train.signals import GracefulStop, Terminated, stop_on_sigterm
-from hybridflow.train.validation import TABLE, validate
+from hybridflow.train.validation import JUDGE_TABLE, TABLE, judged_samples, validate
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -139,6 +139,9 @@ def _train(prepared: PreparedRun, stop: GracefulStop, *, resume: bool, overwrite
                         raise
                     raise preemption.abandoned(step, intact=controller.abandon_step()) from None
                 metrics = step_metrics(result, time.perf_counter() - began, graph)
+                judged = judged_samples(result.batch, tokenizer, config.validation.samples)
+                if judged:  # an LLM judge's verdicts, beside the samples they scored
+                    writer.write_table(step, JUDGE_TABLE, judged)
                 metrics.update(scorer.drain_means())
                 if step == 0:  # once per run (a resumed run keeps step 0's line)
                     metrics.update(data_metrics)

@@ -6,8 +6,9 @@ it at start, in one line naming both models: a different vocabulary size, a toke
 differently, or a probe text (the run's first prompts and a fixed sentence) that encodes to different ids.
 A directory without tokenizer files cannot be compared; its embedding must at least hold every id the policy
 produces (``vocab_size`` in its config.json). Embedding sizes may differ (models pad them to different
-multiples): only the tokenizers must agree. A ``teacher`` role needs a model of its own: by default it would be
-the policy's starting weights, a teacher with nothing to teach.
+multiples): only the tokenizers must agree. A role that only generates (an LLM judge, whose prompts a compute node
+renders as text in its own tokens) may have any tokenizer. A ``teacher`` role needs a model of its own: by default
+it would be the policy's starting weights, a teacher with nothing to teach.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from hybridflow.graph import Graph, RoleKind
+from hybridflow.graph import Graph, Op, RoleKind
 from hybridflow.models.tokenizer import load_tokenizer
 from hybridflow.train.config import TrainConfig
 from hybridflow.train.file_checks import model_config
@@ -25,6 +26,7 @@ from hybridflow.train.preflight import TOKENIZER_FILES
 TEACHER = "teacher"  # the role name of hybridflow.algorithms.teacher
 PROBE = "The quick brown fox jumps over 13 lazy dogs: (a+b)*c = 42, isn't it?\n"
 _CHECKED_KINDS = (RoleKind.POLICY, RoleKind.FROZEN_POLICY)
+_POLICY_ID_OPS = frozenset({Op.LOGPROB, Op.REF_LOGPROB, Op.UPDATE})  # what reads the token ids the policy sampled
 
 
 def check_role_tokenizers(config: TrainConfig, graph: Graph, tokenizer: Any, texts: Iterable[str] = ()) -> None:
@@ -38,9 +40,12 @@ def check_role_tokenizers(config: TrainConfig, graph: Graph, tokenizer: Any, tex
                          "HF directory")
     policy = repr(config.model.path) if config.model.path else f"the built-in {config.model.name}"
     probes = [PROBE, *texts]
+    reads_policy_ids = graph.ops_by_role()
     for role in graph.roles:
         entry = config.roles.get(role.name)
         if role.kind not in _CHECKED_KINDS or entry is None or not entry.model:
+            continue
+        if not reads_policy_ids[role.name] & _POLICY_ID_OPS:  # a judge generates from prompts in its own tokens
             continue
         if config.model.path and Path(entry.model).resolve() == Path(config.model.path).resolve():
             continue

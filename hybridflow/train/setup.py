@@ -7,6 +7,7 @@ data and reward pieces are where the config's ``data.*`` keys meet the data laye
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
@@ -150,11 +151,23 @@ def prepare_model(config: TrainConfig, run_dir: Path, data: list[Record],
 
 
 def build_graph(config: TrainConfig) -> Graph:
-    options = {"reward_kind": RoleKind.REWARD_FUNCTION, **config.algorithm.options}
+    factory = ALGORITHMS.get(config.algorithm.name)
+    # A graph with a reward role scores with the data's reward functions; one without (an LLM judge's) takes none.
+    reward: dict[str, Any] = {"reward_kind": RoleKind.REWARD_FUNCTION} if _takes(factory, "reward_kind") else {}
+    options = {**reward, **config.algorithm.options}
     # An option the algorithm does not take (a verl/TRL name...) is named, not the factory's raw TypeError.
-    check_algorithm_options(ALGORITHMS.get(config.algorithm.name), options, config.algorithm.name)
+    check_algorithm_options(factory, options, config.algorithm.name)
     graph = with_agent(config, load_graph(config.algorithm.name, **options))
     return with_detached_logprobs(graph, single_pass_roles(config, graph))
+
+
+def _takes(factory: Any, option: str) -> bool:
+    """Whether the graph factory takes keyword ``option`` (a factory taking ``**options`` takes any)."""
+    try:
+        parameters = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return True
+    return option in parameters or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
 
 
 def single_pass_roles(config: TrainConfig, graph: Graph) -> frozenset[str]:

@@ -2,7 +2,8 @@
 
 Runs between steps on the policy's generate node (same sampling options as training, one sample per
 prompt, a fixed seed so passes differ only by the weights). Nothing is trained and the step's data
-ledger is untouched: the rows go to the workers as a standalone request.
+ledger is untouched: the rows go to the workers as a standalone request. A graph with an LLM judge also records
+the judge's verdicts on each training step's first samples (:func:`judged_samples`).
 """
 
 from __future__ import annotations
@@ -101,3 +102,19 @@ def _summary(prefix: str, rewards: list[float], lengths: list[float]) -> dict[st
     return {f"{prefix}/reward/mean": statistics.fmean(rewards),
             f"{prefix}/reward/std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
             f"{prefix}/response_length/mean": statistics.fmean(lengths), f"{prefix}/prompts": float(len(rewards))}
+
+
+JUDGE_TABLE = "judge_samples"  # RUN_DIR/judge_samples.jsonl: a judge's verdicts on the step's samples
+VERDICTS = "verdicts"  # the field an LLM judge's parse node writes (hybridflow.algorithms.judge)
+
+
+def judged_samples(batch: Any, tokenizer: Any, rows: int) -> list[dict[str, Any]]:
+    """The first ``rows`` training samples of a step whose graph has an LLM judge: prompt, response, ground truth,
+    the judge's verdict and the score it parsed to ([] when the step's rows hold no ``verdicts``)."""
+    if VERDICTS not in batch or not rows:
+        return []
+    head = batch.slice(0, min(rows, len(batch)))
+    samples = batch_samples(head, tokenizer)
+    return [{"prompt": sample.prompt_text, "response": sample.response, "ground_truth": sample.ground_truth,
+             "verdict": str(verdict), "score": float(score)}
+            for sample, verdict, score in zip(samples, head[VERDICTS], head["scores"].tolist(), strict=True)]

@@ -8,25 +8,41 @@ graph fails here, long before a cluster is involved.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from hybridflow.graph import Graph, Op, load_graph
+from hybridflow.models.tokenizer import char_tokenizer
 from hybridflow.registry import ALGORITHMS, COMPUTE_FNS, LOSSES
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "my_algorithm.py"
 PROMPTS, STEPS = 3, 6
+ROLE_MODELS = {"actor": "tiny-qwen2", "judge": "tiny-qwen2"}  # no directories: the built-in character tokenizer
 SPECS = [*sorted(ALGORITHMS.names()), f"{EXAMPLE}:critic_grpo"]
 
 
-def role_op_outputs(graph: Graph, rows: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
+def _verdicts(rows: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """An LLM judge's answers (a generate whose prompts a node computes): verdicts its parser reads, in the tokens
+    of a built-in tiny model's judge (``role_models`` below names no directory, so its character tokenizer)."""
+    tokenizer = char_tokenizer()
+    texts = [f"score: {k}\nverdict: {'correct' if k > 4 else 'incorrect'}"
+             for k in torch.randint(0, 11, (rows,), generator=gen).tolist()]
+    ids = tokenizer(texts, padding=True, return_tensors="pt")["input_ids"]
+    return ids, (ids != tokenizer.pad_token_id).float()
+
+
+def role_op_outputs(graph: Graph, rows: int, gen: torch.Generator) -> dict[str, Any]:
     """Plausible tensors for every field a role op writes (right-padded responses)."""
-    fields: dict[str, torch.Tensor] = {"prompts": torch.randint(0, 50, (PROMPTS, 4), generator=gen),
-                                       "uid": torch.arange(PROMPTS).repeat_interleave(rows // PROMPTS)}
+    fields: dict[str, Any] = {"prompts": torch.randint(4, 20, (PROMPTS, 4), generator=gen).repeat_interleave(
+        rows // PROMPTS, dim=0), "uid": torch.arange(PROMPTS).repeat_interleave(rows // PROMPTS),
+                              "ground_truth": ["abc"] * rows}
     for node in graph.nodes:
         out = node.port_outputs()
-        if node.op is Op.GENERATE:
+        if node.op is Op.GENERATE and node.port_inputs()["prompts"] in graph.producers:
+            fields[out["responses"]], fields[out["response_mask"]] = _verdicts(rows, gen)
+        elif node.op is Op.GENERATE:
             lengths = torch.randint(1, STEPS + 1, (rows,), generator=gen)
             fields[out["responses"]] = torch.randint(0, 50, (rows, STEPS), generator=gen)
             fields[out["response_mask"]] = (torch.arange(STEPS)[None, :] < lengths[:, None]).float()
@@ -47,12 +63,17 @@ def run_computes(graph: Graph, fields: dict[str, torch.Tensor]) -> None:
         if node.op is not Op.COMPUTE:
             continue
         assert node.fn is not None
-        result = COMPUTE_FNS.get(node.fn)(*(fields[f] for f in node.inputs), **node.options_dict)
+        fn = COMPUTE_FNS.get(node.fn)
+        models = {"role_models": ROLE_MODELS} if getattr(fn, "reads_role_models", False) else {}
+        state = fn.make_state(**node.options_dict, **models) if hasattr(fn, "make_state") else None
+        kept = {"state": state} if state is not None else {}
+        result = fn(*(fields[f] for f in node.inputs), **node.options_dict, **kept)
         results = result if isinstance(result, tuple) else (result,)
         assert len(results) == len(node.outputs), node.name
-        for field, tensor in zip(node.outputs, results, strict=True):
-            assert torch.isfinite(tensor).all(), f"{node.name} wrote non-finite {field}"
-            fields[field] = tensor
+        for field, value in zip(node.outputs, results, strict=True):
+            assert not isinstance(value, torch.Tensor) or torch.isfinite(value).all(), \
+                f"{node.name} wrote non-finite {field}"
+            fields[field] = value
 
 
 @pytest.mark.parametrize("spec", SPECS)

@@ -1,0 +1,132 @@
+"""The driver-side steps of an LLM judge: render its prompts, parse its verdicts into scores.
+
+``judge_prompts`` decodes each sampled row (the policy's tokenizer), renders it through the judge's template
+(:mod:`hybridflow.algorithms.judge_templates`) and encodes the text in the judge's tokenizer (its chat template,
+when it has one): ``judge_prompts`` (B, P) left-padded and ``judge_prompts_mask`` (B, P), which a ``generate`` on
+the judge's role reads as its prompts. ``judge_scores`` decodes the judge's responses and parses each verdict:
+``scores`` (B,) in [0, 1] and ``verdicts`` (the text, for the run's sample tables); a verdict that does not parse
+scores ``unparsed_score`` and is counted in the node's ``unparsed`` metric (``unparsed_frac``: its share).
+
+Both read tokenizers, so each keeps a :class:`JudgeText` (``make_state``, with the roles' model directories the
+controller passes to a function with ``reads_role_models``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from hybridflow.algorithms.judge_templates import DEFAULT_SCALE, JudgeTemplate, load_template
+
+from hybridflow.models.tokenizer import char_tokenizer, load_tokenizer
+from hybridflow.registry import COMPUTE_FNS
+
+
+def _tokenizer(model: str) -> Any:
+    """A role's tokenizer: saved in its model directory, or a built-in tiny model's character tokenizer."""
+    return load_tokenizer(model) if Path(model).is_dir() else char_tokenizer()
+
+
+class JudgeText:
+    """A judge node's template and tokenizers (the policy's and the judge's), and its last call's counts."""
+
+    def __init__(self, *, role_models: Mapping[str, str], policy: str, judge: str, template: str,
+                 verdict: str | None, rubric: str, scale: int) -> None:
+        for role in (policy, judge):
+            if role not in role_models:
+                raise KeyError(f"judge node: role {role!r} has no model here; roles: {sorted(role_models)}")
+        self.template: JudgeTemplate = load_template(template, verdict=verdict, rubric=rubric, scale=scale)
+        self.policy_tokenizer = _tokenizer(role_models[policy])
+        self.judge_tokenizer = _tokenizer(role_models[judge])
+        self.counts: dict[str, float] = {}
+
+    def metrics(self) -> dict[str, float]:
+        return dict(self.counts)
+
+    def state_dict(self) -> dict[str, float]:
+        return {}  # nothing to resume: the counts are the last step's
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        return None
+
+
+def _make_state(*, role_models: Mapping[str, str], policy: str = "actor", judge: str = "judge",
+                template: str = "pointwise", verdict: str | None = None, rubric: str = "",
+                scale: int = DEFAULT_SCALE, **_: Any) -> JudgeText:
+    return JudgeText(role_models=role_models, policy=policy, judge=judge, template=template, verdict=verdict,
+                     rubric=rubric, scale=scale)
+
+
+def _state(state: JudgeText | None, node: str) -> JudgeText:
+    if state is None:
+        raise ValueError(f"{node} needs its JudgeText state: run it in a graph, where the controller makes it")
+    return state
+
+
+def _decode(tokenizer: Any, ids: torch.Tensor, mask: torch.Tensor | None = None) -> str:
+    """The text of one row: its masked tokens, or (left-padded prompts) the row after its leading padding."""
+    tokens = ids[mask.bool()] if mask is not None else ids
+    if mask is None and tokenizer.pad_token_id is not None:
+        kept = (tokens != tokenizer.pad_token_id).nonzero()
+        tokens = tokens[int(kept[0]):] if len(kept) else tokens[:0]
+    return str(tokenizer.decode(tokens.tolist(), skip_special_tokens=True))
+
+
+def _judge_text(tokenizer: Any, text: str) -> list[int]:
+    """The judge's prompt ids: through its chat template as a user turn when it has one."""
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                             add_generation_prompt=True)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _left_padded(rows: Sequence[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, longest) ids and mask, padded on the left (generation continues every row at its end)."""
+    width = max(max((len(row) for row in rows), default=1), 1)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for index, row in enumerate(rows):
+        if row:
+            ids[index, width - len(row):] = torch.tensor(row, dtype=torch.long)
+            mask[index, width - len(row):] = 1
+    return ids, mask
+
+
+@COMPUTE_FNS.register("judge_prompts")
+def judge_prompts(prompts: torch.Tensor, responses: torch.Tensor, response_mask: torch.Tensor,
+                  ground_truth: Sequence[Any], *, state: JudgeText | None = None,
+                  **_: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's judge prompt: prompts (B, P), responses and response_mask (B, T), ground_truth (B,) ->
+    ``judge_prompts`` and ``judge_prompts_mask`` (B, P'), left-padded in the judge's tokens."""
+    text = _state(state, "judge_prompts")
+    template, policy, judge = text.template, text.policy_tokenizer, text.judge_tokenizer
+    truths = [str(truth) for truth in ground_truth]
+    if "ground_truth" in template.fields and any(not truth for truth in truths):
+        raise ValueError("the judge's template reads field 'ground_truth', but rows of this batch have none: give the "
+                         "dataset a ground_truth column, or use a template without it")
+    rows = [_judge_text(judge, template.render(prompt=_decode(policy, prompt), response=_decode(policy, response, mask),
+                                               ground_truth=truth))
+            for prompt, response, mask, truth in zip(prompts, responses, response_mask, truths, strict=True)]
+    pad = judge.pad_token_id if judge.pad_token_id is not None else judge.eos_token_id
+    return _left_padded(rows, int(pad or 0))
+
+
+@COMPUTE_FNS.register("judge_scores")
+def judge_scores(verdict_ids: torch.Tensor, verdict_mask: torch.Tensor, *, unparsed_score: float = 0.0,
+                 state: JudgeText | None = None, **_: Any) -> tuple[torch.Tensor, list[str]]:
+    """The judge's responses (B, T) and their mask -> ``scores`` (B,) float32 in [0, 1] (``unparsed_score`` where
+    a verdict does not parse) and ``verdicts``, the decoded texts."""
+    text = _state(state, "judge_scores")
+    verdicts = [_decode(text.judge_tokenizer, ids, mask) for ids, mask in zip(verdict_ids, verdict_mask, strict=True)]
+    parsed = [text.template.parse(verdict) for verdict in verdicts]
+    unparsed = sum(score is None for score in parsed)
+    text.counts = {"unparsed": float(unparsed), "unparsed_frac": unparsed / max(len(parsed), 1)}
+    scores = torch.tensor([unparsed_score if score is None else score for score in parsed], dtype=torch.float32)
+    return scores, verdicts
+
+
+for _fn in (judge_prompts, judge_scores):
+    _fn.make_state = _make_state  # type: ignore[attr-defined]
+    _fn.reads_role_models = True  # type: ignore[attr-defined]
