@@ -79,6 +79,7 @@ def case_from_run_dir(folder: Path, skip_steps: int, prompt_len: int | None) -> 
 def _run_case(spec: str, skip_steps: int, prompt_len: int | None = None) -> MeasuredCase:
     from hybridflow.cli.plan import _models, build_cluster, run_settings
     from hybridflow.graph import Workload, load_graph
+    from hybridflow.graph.loading import takes_option
     from hybridflow.planner.measured import case_from_run
 
     folder, sep, config = spec.partition("=")
@@ -92,7 +93,9 @@ def _run_case(spec: str, skip_steps: int, prompt_len: int | None = None) -> Meas
     options = read_yaml(config_path, what=f"--run {spec}: planner inputs") or {}
     if not isinstance(options, dict) or "cluster" not in options:
         raise ValueError(f"{config_path}: needs at least 'cluster' and 'models' keys")
-    graph = load_graph(str(options.get("algorithm", "ppo")), reward_kind=options.get("reward_kind", "reward_model"))
+    name = str(options.get("algorithm", "ppo"))
+    kind = {"reward_kind": options.get("reward_kind", "reward_model")} if takes_option(name, "reward_kind") else {}
+    graph = load_graph(name, **kind)
     gpu_roles = [role.name for role in graph.roles if role.kind.needs_gpu]
     given = {str(k): str(v) for k, v in (options.get("models") or {}).items()}
     models = _models(graph.role_names, gpu_roles, given,

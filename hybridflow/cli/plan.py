@@ -11,6 +11,7 @@ from typing import Any
 from hybridflow.cli.plan_options import check_numbers, model_spec
 from hybridflow.files import read_yaml
 from hybridflow.graph import Workload, load_graph
+from hybridflow.graph.loading import takes_option
 from hybridflow.planner import (
     Cluster,
     InfeasibleError,
@@ -307,7 +308,8 @@ def run(args: argparse.Namespace) -> int:
     if not settings.get("cluster"):
         raise ValueError("--cluster is required, e.g. --cluster 8xA100-80G")
     check_numbers(settings, config=args.config, from_file=settings.get("from_file", set()))
-    graph = load_graph(str(settings["algorithm"]), reward_kind=settings["reward_kind"])
+    name = str(settings["algorithm"])
+    graph = load_graph(name, **({"reward_kind": settings["reward_kind"]} if takes_option(name, "reward_kind") else {}))
     cluster = build_cluster(settings)
     gpu_roles = [role.name for role in graph.roles if role.kind.needs_gpu]
     models = _models(graph.role_names, gpu_roles, settings["models"], settings["model_sources"])

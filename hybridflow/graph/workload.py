@@ -87,6 +87,11 @@ def _one_round(graph: Graph, node: Node, workload: Workload) -> NodeLoad:
     rows = workload.sequences(graph)
     if node.op in (Op.COMPUTE, Op.FILTER):
         return NodeLoad(node.name, node.op, rows, 0, 0)
+    if node.op is Op.GENERATE and node.port_inputs()["prompts"] in graph.producers:
+        # Prompts a node renders from the sampled rows (an LLM judge's: prompt + response + template): each row is
+        # prefilled alone and answered once, within the node's own budget (a verdict's few tokens).
+        return NodeLoad(node.name, node.op, rows, rows * (workload.prompt_len + workload.response_len),
+                        rows * node.max_new_tokens)
     if node.op is Op.GENERATE:
         # Prompts are prefilled once and shared by their n samples (prefix caching in vLLM).
         return NodeLoad(node.name, node.op, rows, workload.batch_size * workload.prompt_len,

@@ -7,7 +7,6 @@ data and reward pieces are where the config's ``data.*`` keys meet the data laye
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
@@ -33,6 +32,7 @@ from hybridflow.data.reward_pool import reward_timeout
 from hybridflow.data.splits import DataFiles, load_files
 from hybridflow.graph import Graph, Op, RoleKind, load_graph, with_detached_logprobs
 from hybridflow.graph.agents import with_environment
+from hybridflow.graph.loading import takes_option
 from hybridflow.models.tokenizer import PLAIN_CHAT_TEMPLATE, WIDE_ALPHABET, load_tokenizer
 from hybridflow.planner import LayoutSupport, Plan, detachable_policies, rollout_role
 from hybridflow.registry import ALGORITHMS, BACKENDS, ENVIRONMENTS
@@ -153,21 +153,13 @@ def prepare_model(config: TrainConfig, run_dir: Path, data: list[Record],
 def build_graph(config: TrainConfig) -> Graph:
     factory = ALGORITHMS.get(config.algorithm.name)
     # A graph with a reward role scores with the data's reward functions; one without (an LLM judge's) takes none.
-    reward: dict[str, Any] = {"reward_kind": RoleKind.REWARD_FUNCTION} if _takes(factory, "reward_kind") else {}
+    reward: dict[str, Any] = {"reward_kind": RoleKind.REWARD_FUNCTION} if takes_option(config.algorithm.name,
+                                                                                          "reward_kind") else {}
     options = {**reward, **config.algorithm.options}
     # An option the algorithm does not take (a verl/TRL name...) is named, not the factory's raw TypeError.
     check_algorithm_options(factory, options, config.algorithm.name)
     graph = with_agent(config, load_graph(config.algorithm.name, **options))
     return with_detached_logprobs(graph, single_pass_roles(config, graph))
-
-
-def _takes(factory: Any, option: str) -> bool:
-    """Whether the graph factory takes keyword ``option`` (a factory taking ``**options`` takes any)."""
-    try:
-        parameters = inspect.signature(factory).parameters
-    except (TypeError, ValueError):
-        return True
-    return option in parameters or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
 
 
 def single_pass_roles(config: TrainConfig, graph: Graph) -> frozenset[str]:
