@@ -1,10 +1,11 @@
 """Built-in RL algorithms as graphs, and the tensor maths they use.
 
-Importing this package registers the graphs (torch-free; on-policy distillation's in :mod:`.distill`);
-``hybridflow.algorithms.functions`` registers the compute functions and losses (needs torch).
+Importing this package registers the graphs (torch-free; on-policy distillation's in :mod:`.distill`, DPO's in
+:mod:`.dpo`); ``hybridflow.algorithms.functions`` registers the compute functions and losses (needs torch).
 """
 
 from hybridflow.algorithms.distill import on_policy_distill
+from hybridflow.algorithms.dpo import dpo
 from hybridflow.algorithms.graphs import (
     dr_grpo,
     grpo,
@@ -17,5 +18,5 @@ from hybridflow.algorithms.graphs import (
     rloo,
 )
 
-__all__ = ["dr_grpo", "grpo", "grpo_no_ref", "gspo", "on_policy_distill", "ppo", "reinforce_pp",
+__all__ = ["dpo", "dr_grpo", "grpo", "grpo_no_ref", "gspo", "on_policy_distill", "ppo", "reinforce_pp",
            "reinforce_pp_baseline", "remax", "rloo"]

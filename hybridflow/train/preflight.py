@@ -17,7 +17,7 @@ from typing import Any
 
 from hybridflow.data.rewards import RewardScorer
 from hybridflow.data.splits import paths
-from hybridflow.graph import Graph
+from hybridflow.graph import Graph, Op
 from hybridflow.planner import Plan
 from hybridflow.planner.cluster import MAX_CLUSTER_GPUS
 from hybridflow.planner.settings import MAX_EPOCHS, MAX_STEP_ROWS
@@ -37,9 +37,21 @@ def check_config(config: TrainConfig, graph: Graph, plan: Plan | None = None) ->
     check_sizes(config, graph)  # upper bounds of size-like keys, before anything is allocated
     check_rollouts(config)
     check_files(config)
+    check_validation(config, graph)
     setup.reward_scorer(config, tokenizer=None)  # loads each function and checks its signature
     if plan is not None:
         setup.check_role_entries(config, graph, plan)
+
+
+def check_validation(config: TrainConfig, graph: Graph) -> None:
+    """Validation samples with the graph's generate node: a graph without one (DPO's, offline) has nothing to
+    validate with, so asking for validation is refused now, not after the first steps."""
+    asked = [key for key, value in (("validation.every", config.validation.every),
+                                    ("validation.before_train", config.validation.before_train)) if value]
+    if asked and not any(node.op is Op.GENERATE for node in graph.nodes):
+        raise ValueError(f"config key {asked[0]!r} asks for validation, which samples with the graph's generate "
+                         f"node, but the {graph.name} graph has none (it trains offline on the dataset's rows); "
+                         "drop the key")
 
 
 def check_ranges(config: TrainConfig) -> None:
@@ -114,7 +126,6 @@ def check_node_options(graph: Graph) -> None:
     options make valid :class:`SamplingParams` (checked here, not first on a worker after the model loaded)."""
     import dataclasses
 
-    from hybridflow.graph import Op
     from hybridflow.runtime.protocols import SamplingParams
 
     sampling = {f.name: f.type for f in dataclasses.fields(SamplingParams)}
@@ -287,7 +298,6 @@ def check_prompts(config: TrainConfig, graph: Graph, records: list[dict[str, Any
 
     Over-long prompts are refused (or dropped and counted with ``data.max_prompt_length``, before this check).
     """
-    from hybridflow.graph import Op
 
     context = model_context(config)
     response = graph.max_new_tokens if any(node.op is Op.GENERATE for node in graph.nodes) else 0
