@@ -80,6 +80,9 @@ def check_step_rows(config: TrainConfig, graph: Graph) -> None:
     ``mini_batches`` splits them into non-empty optimizer steps (more would train on padding rows only);
     ``stream_chunks`` holds whole prompts, so at most ``data.batch_size`` of them."""
     prompts, samples = config.data.batch_size, graph.samples_per_prompt
+    if graph.reads_pairs:
+        check_pair_rows(config)
+        samples = 2  # a preference pair is two rows
     rows = prompts * samples
     if rows > MAX_STEP_ROWS:
         raise ValueError(f"a step of data.batch_size={prompts} prompts x n={samples} samples is {rows} rows, more "
@@ -93,6 +96,19 @@ def check_step_rows(config: TrainConfig, graph: Graph) -> None:
         raise ValueError(f"config key 'pipeline.stream_chunks'={config.pipeline.stream_chunks} exceeds the "
                          f"data.batch_size={prompts} prompts of a step (a chunk holds whole prompts); use at most "
                          f"{prompts}")
+
+
+def check_pair_rows(config: TrainConfig) -> None:
+    """A graph on preference pairs (DPO) needs each pair's two rows in one micro batch: every optimizer step holds
+    whole pairs (``data.batch_size`` pairs a step, a multiple of ``mini_batches``) and a fixed micro batch is an even
+    number of rows."""
+    pairs, optim = config.data.batch_size, config.optim.actor
+    if pairs % optim.mini_batches:
+        raise ValueError(f"config key 'optim.actor.mini_batches'={optim.mini_batches} does not divide the "
+                         f"data.batch_size={pairs} preference pairs of a step; an optimizer step must hold whole pairs")
+    if optim.micro_batch_size is not None and optim.micro_batch_size % 2:
+        raise ValueError(f"config key 'optim.actor.micro_batch_size'={optim.micro_batch_size} is odd; a preference "
+                         "pair's two rows must share a micro batch, so use an even number of rows")
 
 
 MAX_OPTIMIZER_STEPS = 1 << 16  # per role and step: epochs x mini_batches
@@ -298,7 +314,6 @@ def check_prompts(config: TrainConfig, graph: Graph, records: list[dict[str, Any
 
     Over-long prompts are refused (or dropped and counted with ``data.max_prompt_length``, before this check).
     """
-
     context = model_context(config)
     response = graph.max_new_tokens if any(node.op is Op.GENERATE for node in graph.nodes) else 0
     if context is not None and longest + response > context:

@@ -26,6 +26,8 @@ import torch.nn.functional as F
 from hybridflow.registry import LOSSES
 
 PAIRS, STEPS = 5, 6
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+QUIET = ["logging.progress=false", "logging.plot=false", "checkpoint.every=0", "logging.trackers=[jsonl]"]
 
 
 def _trl_compute_loss() -> Any:
@@ -147,3 +149,103 @@ def test_bad_options_are_named(options: dict[str, Any], match: str) -> None:
              "chosen": torch.tensor([1, 0])}
     with pytest.raises(ValueError, match=match):
         LOSSES.get("dpo")(outputs={"logprobs": samples["logps"][:2]}, batch=batch, **options)
+
+
+def test_the_dpo_graph_generates_nothing_and_pairs_its_update() -> None:
+    from hybridflow.graph import PAIR_INPUTS, Op, RoleKind, load_graph
+
+    graph = load_graph("dpo", beta=0.2, loss_type="ipo")
+    assert {role.name: role.kind for role in graph.roles} == {"actor": RoleKind.POLICY,
+                                                               "reference": RoleKind.FROZEN_POLICY}
+    assert graph.inputs == PAIR_INPUTS and graph.reads_pairs
+    assert not any(node.op in (Op.GENERATE, Op.SCORE, Op.LOGPROB) for node in graph.nodes)
+    reference = graph.node("reference_ref_logprob")
+    assert (reference.op, reference.outputs) == (Op.REF_LOGPROB, ("ref_logprobs",))
+    update = graph.node("actor_update")
+    assert update.loss == "dpo" and update.options_dict == {"beta": 0.2, "loss_type": "ipo"}
+    assert {"ref_logprobs", "pair", "chosen", "loss_mask"} <= set(update.inputs)
+    assert graph.order == ("reference_ref_logprob", "actor_update")
+    assert not load_graph("grpo").reads_pairs
+    assert load_graph("dpo", label_smoothing=0.1).node("actor_update").option("label_smoothing") == 0.1
+
+
+@pytest.mark.parametrize(("options", "match"), [({"beta": -1.0}, "beta"), ({"loss_type": "kto"}, "loss_type"),
+                                                ({"label_smoothing": 0.5}, "label_smoothing")])
+def test_the_graph_refuses_bad_options(options: dict[str, Any], match: str) -> None:
+    from hybridflow.graph import load_graph
+
+    with pytest.raises(ValueError, match=match):
+        load_graph("dpo", **options)
+
+
+def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
+    import json
+
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+@pytest.mark.parametrize("missing", ["chosen", "rejected"])
+def test_a_row_without_a_completion_is_named_in_one_line(tmp_path: Path, missing: str) -> None:
+    from hybridflow.data.preference import load_preference_records
+    from hybridflow.data.sources import MissingColumnError
+
+    rows = [{"prompt": "rev abc=", "chosen": "cba", "rejected": "cab"}, {"prompt": "rev ab=", "chosen": "ba",
+                                                                         "rejected": "ab"}]
+    del rows[1][missing]
+    path = _write_jsonl(tmp_path / "prefs.jsonl", rows)
+    with pytest.raises(MissingColumnError) as info:
+        load_preference_records(path)
+    message = str(info.value)
+    assert "\n" not in message and "line 2" in message and f"no {missing!r} column" in message
+
+
+def test_a_data_path_without_chosen_is_refused_before_the_run(tmp_path: Path) -> None:
+    from hybridflow.data.sources import MissingColumnError
+    from hybridflow.train.config import load_config
+    from hybridflow.train.prepare import prepare_run
+
+    path = _write_jsonl(tmp_path / "prefs.jsonl", [{"prompt": "rev abc=", "rejected": "cab"}])
+    config = load_config(CONFIGS / "grpo_reverse.yaml", ["algorithm=dpo", "algorithm.options={beta: 0.1}",
+                                                         f"data.path={path}", "data.batch_size=1",
+                                                         "optim.actor.mini_batches=1",
+                                                         f"output_dir={tmp_path / 'run'}", *QUIET])
+    with pytest.raises(MissingColumnError, match=r"line 1: no 'chosen' column"):
+        prepare_run(config)
+    assert not (tmp_path / "run").exists()
+
+
+def test_plain_and_conversational_pairs_encode_to_paired_rows() -> None:
+    from hybridflow.data.preference import encode_pairs
+    from hybridflow.data.prompts import prepare_records
+    from hybridflow.models.tokenizer import PLAIN_CHAT_TEMPLATE, WIDE_ALPHABET, char_tokenizer
+
+    tokenizer = char_tokenizer(WIDE_ALPHABET, chat_template=PLAIN_CHAT_TEMPLATE)
+    plain = {"prompt": "rev abc=", "ground_truth": "", "chosen": "cba", "rejected": "ca"}
+    chat = {"prompt": [{"role": "user", "content": "rev ab="}], "ground_truth": "",
+            "chosen": [{"role": "assistant", "content": "ba"}], "rejected": [{"role": "assistant", "content": "ab"}]}
+    records = prepare_records([plain, chat], tokenizer).records
+    batch = encode_pairs(records, tokenizer)
+    assert batch["pair"].tolist() == [0, 0, 1, 1] and batch["chosen"].tolist() == [1, 0, 1, 0]
+    eos = tokenizer.eos_token_id
+    responses = [row[mask.bool()].tolist() for row, mask in zip(batch["responses"], batch["response_mask"],
+                                                                 strict=True)]
+    assert responses[0] == [*tokenizer("cba", add_special_tokens=False).input_ids, eos]
+    assert responses[1] == [*tokenizer("ca", add_special_tokens=False).input_ids, eos]
+    # The chat template renders the assistant turn as its content then EOS: the prompt's text is not repeated.
+    assert tokenizer.decode(responses[2]).startswith("ba") and eos in responses[2]
+    assert torch.equal(batch["loss_mask"], batch["response_mask"])
+    prompts = [tokenizer.decode(row[mask.bool()]) for row, mask in zip(batch["prompts"], batch["prompt_mask"],
+                                                                      strict=True)]
+    assert prompts[0] == prompts[1] == "rev abc=" and prompts[2] == prompts[3] == "rev ab=\n"
+
+
+def test_rule_built_pairs_prefer_the_tasks_answer() -> None:
+    from hybridflow.data import TASKS
+    from hybridflow.data.preference import preference_task_examples
+
+    pairs = preference_task_examples("reverse", 200, seed=3)
+    rule = TASKS.get("reverse").reward
+    assert all(p["chosen"] == p["ground_truth"] == p["prompt"][4:-1][::-1] for p in pairs)
+    assert all(rule(p["rejected"], p["chosen"]) < 1.0 and len(p["rejected"]) == len(p["chosen"]) for p in pairs)
+    assert pairs == preference_task_examples("reverse", 200, seed=3)
