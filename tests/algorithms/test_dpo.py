@@ -249,3 +249,46 @@ def test_rule_built_pairs_prefer_the_tasks_answer() -> None:
     assert all(p["chosen"] == p["ground_truth"] == p["prompt"][4:-1][::-1] for p in pairs)
     assert all(rule(p["rejected"], p["chosen"]) < 1.0 and len(p["rejected"]) == len(p["chosen"]) for p in pairs)
     assert pairs == preference_task_examples("reverse", 200, seed=3)
+
+
+def _held_out_margin(directory: Path, records: list[dict[str, Any]]) -> float:
+    """Mean over held-out pairs of the summed log-prob of the chosen response minus the rejected one's."""
+    from hybridflow.backends.common.modeling import policy_outputs
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hybridflow.data.preference import encode_pairs
+
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    model = AutoModelForCausalLM.from_pretrained(directory).eval()
+    batch = encode_pairs(records, tokenizer)
+    with torch.no_grad():
+        logps = policy_outputs(model, batch, with_entropy=False, packed=False)["logprobs"]
+    sums = (logps * batch["response_mask"]).sum(dim=-1)
+    return float((sums[0::2] - sums[1::2]).mean())
+
+
+# Measured with this config over seeds 0-3 (128 held-out pairs each): the held-out margin went 0.80 -> 3.46,
+# 1.40 -> 2.97, 1.27 -> 2.86, 0.76 -> 1.55 nats, a rise of +0.79 to +2.66 (mean +1.65). The bar sits below the least.
+MIN_MARGIN_RISE = 0.5
+
+
+@pytest.mark.slow
+def test_dpo_on_rule_built_pairs_raises_the_held_out_margin(tmp_path: Path) -> None:
+    from hybridflow.data.preference import preference_task_examples
+    from hybridflow.train.config import load_config
+    from hybridflow.train.loop import train
+
+    config = load_config(CONFIGS / "grpo_reverse.yaml", [
+        "algorithm=dpo", "algorithm.options={beta: 0.5, loss_type: sigmoid}", "steps=100", "data.batch_size=16",
+        "optim.actor.lr=1e-3", "optim.actor.mini_batches=1", "model.sft_steps=20", "seed=0",
+        f"output_dir={tmp_path / 'run'}", *QUIET])
+    result = train(config)
+    held_out = preference_task_examples("reverse", 128, seed=1000)  # prompts the run's seed-0 pairs do not fix
+    before = _held_out_margin(result.run_dir / "init_model", held_out)
+    after = _held_out_margin(result.run_dir / "final", held_out)
+    print(f"held-out margin {before:.3f} -> {after:.3f}")
+    assert after > before + MIN_MARGIN_RISE, f"DPO moved the held-out margin {before:.3f} -> {after:.3f}"
+    last = result.history[-10:]
+    assert {"actor/rewards/margins", "actor/rewards/accuracies", "actor/rewards/chosen",
+            "actor/rewards/rejected"} <= set(last[0])
+    assert sum(row["actor/rewards/accuracies"] for row in last) / len(last) > 0.6
