@@ -9,7 +9,7 @@ generated or scored. Imports no torch.
 
 from __future__ import annotations
 
-from hybridflow.algorithms.graphs import TRAINED
+from hybridflow.algorithms.graphs import TRAINED, Options
 from hybridflow.algorithms.modes import DPOLossType, check_dpo_options
 
 from hybridflow.graph import PAIR_INPUTS, Graph, GraphBuilder, RoleKind
@@ -30,7 +30,7 @@ def dpo(*, beta: float = 0.1, loss_type: DPOLossType = "sigmoid", label_smoothin
     actor = g.role("actor", RoleKind.POLICY)
     reference = g.role("reference", RoleKind.FROZEN_POLICY)
     g.ref_logprob(reference)
-    options = {"label_smoothing": label_smoothing} if label_smoothing else {}
+    options: Options = {"label_smoothing": label_smoothing} if label_smoothing else {}
     g.update(actor, loss="dpo", inputs=(*TRAINED, "ref_logprobs", "pair", "chosen"), beta=beta, loss_type=loss_type,
              **options)
     return g.build()

@@ -109,10 +109,11 @@ def completion_ids(record: Record, name: str, tokenizer: Any) -> list[int]:
     completion = record[name]
     if isinstance(completion, str):
         return [*tokenizer(completion, add_special_tokens=False).input_ids, tokenizer.eos_token_id]
-    messages = record.get(RAW_PROMPT, record[PROMPT])
+    messages = record[RAW_PROMPT] if RAW_PROMPT in record else record[PROMPT]  # a chat prompt's messages
     if not is_chat(messages):
         raise ValueError(f"a conversational {name!r} completion needs a conversational prompt, not {messages!r}")
-    whole = tokenizer.apply_chat_template([*messages, *completion], tokenize=False)
+    conversation: list[Any] = [*messages, *completion]
+    whole = tokenizer.apply_chat_template(conversation, tokenize=False)
     prompt = render_prompt(record[PROMPT], tokenizer, f"the {name!r} completion's prompt")
     if not whole.startswith(prompt):
         raise ValueError(f"the chat template renders prompt + {name!r} without the prompt's text as a prefix, so the "
