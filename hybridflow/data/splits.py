@@ -66,9 +66,8 @@ def paths(value: str | Sequence[str] | None) -> list[str]:
     return [value] if isinstance(value, str) else list(value)
 
 
+# How one file becomes records, with load_records' signature (preference rows: load_preference_records).
 Reader = Callable[..., list[Record]]
-"""How one file becomes records: :func:`~hybridflow.data.dataset.load_records`'s signature (preference rows:
-:func:`~hybridflow.data.preference.load_preference_records`)."""
 
 
 def load_files(value: str | Sequence[str], files: DataFiles, *, split: str, field: str,
