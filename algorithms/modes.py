@@ -31,9 +31,12 @@ DPO_LOSS_TYPES: tuple[str, ...] = get_args(DPOLossType)
 """DPO's losses, TRL's ``loss_type`` names (:mod:`hybridflow.algorithms.preference`)."""
 
 
-def check_dpo_options(*, beta: float, loss_type: str, label_smoothing: float) -> None:
-    """Raise a ValueError naming the option when ``beta``, ``loss_type`` or ``label_smoothing`` is out of range."""
+def check_dpo_options(*, beta: float, loss_type: str, label_smoothing: float, sft_coef: float = 0.0) -> None:
+    """Raise a ValueError naming the option when ``beta``, ``loss_type``, ``label_smoothing`` or ``sft_coef`` is out
+    of range."""
     check_choice("loss_type", loss_type, DPO_LOSS_TYPES)
+    if not sft_coef >= 0:
+        raise ValueError(f"algorithm option sft_coef={sft_coef} must be >= 0 (0: no NLL term on the chosen responses)")
     if not beta > 0:
         raise ValueError(f"algorithm option beta={beta} must be > 0 (the strength of the pull to the reference)")
     if not 0.0 <= label_smoothing < 0.5:

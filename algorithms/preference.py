@@ -77,14 +77,17 @@ def dpo_loss(chosen_logps: torch.Tensor, rejected_logps: torch.Tensor, ref_chose
 
 @LOSSES.register("dpo")
 def dpo(*, outputs: Mapping[str, torch.Tensor], batch: Mapping[str, torch.Tensor], beta: float = 0.1,
-        loss_type: DPOLossType = "sigmoid",
-        label_smoothing: float = 0.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        loss_type: DPOLossType = "sigmoid", label_smoothing: float = 0.0,
+        sft_coef: float = 0.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """DPO on a micro batch of whole pairs: the policy's ``outputs["logprobs"]`` and ``batch["ref_logprobs"]`` (B, T)
     summed over ``loss_mask`` per row, paired by ``pair`` / ``chosen`` (B,) (:func:`pair_rows`, :func:`dpo_loss`).
 
+    ``sft_coef`` > 0 adds that times the negative log-likelihood of the chosen responses, a mean over their tokens
+    (RPO, https://arxiv.org/abs/2404.19733; TRL's ``loss_type=[..., "sft"]`` with ``loss_weights=[1, sft_coef]``).
     Takes no ``norm``: the loss is a mean over pairs, and the update loop weighs micro batches by their rows, which
-    are two per pair, so the mini batch's loss is still the mean over its pairs."""
-    check_dpo_options(beta=beta, loss_type=loss_type, label_smoothing=label_smoothing)
+    are two per pair, so the mini batch's loss is still the mean over its pairs (the NLL's token mean is the micro
+    batch's own)."""
+    check_dpo_options(beta=beta, loss_type=loss_type, label_smoothing=label_smoothing, sft_coef=sft_coef)
     mask = batch["loss_mask"] if "loss_mask" in batch else batch["response_mask"]
     chosen, rejected = pair_rows(batch["pair"], batch["chosen"])
     logps = masked_sum(outputs["logprobs"], mask, dim=-1)  # (B,)
@@ -93,4 +96,9 @@ def dpo(*, outputs: Mapping[str, torch.Tensor], batch: Mapping[str, torch.Tensor
     loss, metrics = dpo_loss(logps[chosen], logps[rejected], ref[chosen], ref[rejected], beta=beta,
                              loss_type=loss_type, label_smoothing=label_smoothing, chosen_tokens=tokens[chosen],
                              rejected_tokens=tokens[rejected])
-    return loss, {"dpo_loss": loss.detach(), **metrics}
+    metrics = {"dpo_loss": loss.detach(), **metrics}
+    if sft_coef:
+        nll = -logps[chosen].sum() / tokens[chosen].sum().clamp(min=1.0)
+        loss = loss + sft_coef * nll
+        metrics["sft_loss"] = nll.detach()
+    return loss, metrics

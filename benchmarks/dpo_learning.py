@@ -1,6 +1,6 @@
 """DPO learning on CPU: rule-built `reverse` preference pairs lift the task's rule-measured reward of greedy samples.
 
-    .venv/bin/python benchmarks/dpo_learning.py [--seeds 3] [--steps 150] [--sft-steps 30] [--beta 0.5]
+    .venv/bin/python benchmarks/dpo_learning.py [--seeds 3] [--steps 150] [--sft-steps 30] [--beta 0.5] [--sft-coef 0]
 
 Each seed trains a tiny policy (SFT-warmed for ``--sft-steps`` on the task's answers) with ``algorithm: dpo`` on
 the task's rule-built pairs (chosen: the answer; rejected: a corrupted answer), through ``hybridflow train``'s loop
@@ -58,7 +58,8 @@ def measure(directory: Path, held: list[dict[str, Any]]) -> tuple[float, float]:
 
 def run(seed: int, args: argparse.Namespace) -> dict[str, float]:
     config = load_config(ROOT / "configs" / "grpo_reverse.yaml", [
-        "algorithm=dpo", f"algorithm.options={{beta: {args.beta}, loss_type: {args.loss_type}}}",
+        "algorithm=dpo",
+        f"algorithm.options={{beta: {args.beta}, loss_type: {args.loss_type}, sft_coef: {args.sft_coef}}}",
         f"steps={args.steps}", f"data.batch_size={args.batch_size}", f"optim.actor.lr={args.lr}",
         "optim.actor.mini_batches=1", f"model.sft_steps={args.sft_steps}", f"seed={seed}",
         f"output_dir={args.out / str(seed)}", "checkpoint.every=0", "logging.progress=false", "logging.plot=false",
@@ -82,6 +83,7 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--beta", type=float, default=0.5)
     parser.add_argument("--loss-type", default="sigmoid")
+    parser.add_argument("--sft-coef", type=float, default=0.0, help="RPO's NLL term on the chosen responses")
     parser.add_argument("--held-out", type=int, default=128)
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench_dpo")
     args = parser.parse_args()

@@ -69,7 +69,7 @@ def _samples(seed: int) -> dict[str, torch.Tensor]:
 
 
 def _trl_loss(loss_type: str, beta: float, label_smoothing: float, samples: dict[str, torch.Tensor],
-              live: torch.Tensor) -> tuple[torch.Tensor, dict[str, list[float]]]:
+              live: torch.Tensor, sft_coef: float = 0.0) -> tuple[torch.Tensor, dict[str, list[float]]]:
     """TRL's loss: the batch is [chosen; rejected], each row a 1-token prompt then the completion."""
     rows = 2 * PAIRS
     completion_mask = torch.cat([torch.zeros(rows, 1), samples["mask"]], dim=1).long()  # (2P, 1 + T)
@@ -81,7 +81,8 @@ def _trl_loss(loss_type: str, beta: float, label_smoothing: float, samples: dict
     ref_sums = samples["ref"].sum(dim=1)
     trainer = SimpleNamespace(
         model=model, accelerator=_Accelerator(), aux_loss_enabled=False, precompute_ref_logps=True, ld_alpha=None,
-        f_divergence_type="reverse_kl", loss_types=[loss_type], loss_weights=[1.0], beta=beta,
+        f_divergence_type="reverse_kl", loss_types=[loss_type, *(["sft"] if sft_coef else [])],
+        loss_weights=[1.0, *([sft_coef] if sft_coef else [])], beta=beta,
         label_smoothing=label_smoothing, use_weighting=False, _metrics=metrics, _total_train_tokens=0, _tp_size=1)
     inputs = {"input_ids": torch.ones(rows, STEPS + 1, dtype=torch.long), "attention_mask": torch.ones(rows, STEPS + 1),
               "completion_mask": completion_mask, "ref_chosen_logps": ref_sums[:PAIRS],
@@ -91,25 +92,27 @@ def _trl_loss(loss_type: str, beta: float, label_smoothing: float, samples: dict
 
 
 def _ours(loss_type: str, beta: float, label_smoothing: float, samples: dict[str, torch.Tensor],
-          live: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+          live: torch.Tensor, sft_coef: float = 0.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Ours: the same rows interleaved (a pair's rows adjacent, rejected first), paired by ``pair`` / ``chosen``."""
     order = torch.stack([torch.arange(PAIRS, 2 * PAIRS), torch.arange(PAIRS)], dim=1).flatten()
     batch = {"loss_mask": samples["mask"][order], "ref_logprobs": samples["ref"][order],
              "pair": (order % PAIRS) + 10, "chosen": (order < PAIRS).long()}
     return LOSSES.get("dpo")(outputs={"logprobs": live[order]}, batch=batch, beta=beta, loss_type=loss_type,
-                             label_smoothing=label_smoothing)
+                             label_smoothing=label_smoothing, sft_coef=sft_coef)
 
 
-@pytest.mark.parametrize(("loss_type", "beta", "label_smoothing"),
-                         [("sigmoid", 0.1, 0.0), ("sigmoid", 0.5, 0.0), ("ipo", 0.1, 0.0), ("ipo", 0.8, 0.0),
-                          ("hinge", 0.3, 0.0), ("robust", 0.2, 0.1)])
-def test_dpo_loss_gradient_and_metrics_match_trl(loss_type: str, beta: float, label_smoothing: float) -> None:
+@pytest.mark.parametrize(("loss_type", "beta", "label_smoothing", "sft_coef"),
+                         [("sigmoid", 0.1, 0.0, 0.0), ("sigmoid", 0.5, 0.0, 0.0), ("ipo", 0.1, 0.0, 0.0),
+                          ("ipo", 0.8, 0.0, 0.0), ("hinge", 0.3, 0.0, 0.0), ("robust", 0.2, 0.1, 0.0),
+                          ("sigmoid", 0.1, 0.0, 0.7), ("ipo", 0.3, 0.0, 2.0)])
+def test_dpo_loss_gradient_and_metrics_match_trl(loss_type: str, beta: float, label_smoothing: float,
+                                                 sft_coef: float) -> None:
     samples = _samples(0)
     theirs_live = samples["logps"].clone().requires_grad_(True)
-    theirs, logged = _trl_loss(loss_type, beta, label_smoothing, samples, theirs_live)
+    theirs, logged = _trl_loss(loss_type, beta, label_smoothing, samples, theirs_live, sft_coef)
     (theirs_grad,) = torch.autograd.grad(theirs, theirs_live)
     ours_live = samples["logps"].clone().requires_grad_(True)
-    ours, metrics = _ours(loss_type, beta, label_smoothing, samples, ours_live)
+    ours, metrics = _ours(loss_type, beta, label_smoothing, samples, ours_live, sft_coef)
     (ours_grad,) = torch.autograd.grad(ours, ours_live)
     torch.testing.assert_close(ours, theirs.to(ours.dtype), rtol=0, atol=1e-6)
     torch.testing.assert_close(ours_grad * samples["mask"], theirs_grad * samples["mask"], rtol=0, atol=1e-6)
