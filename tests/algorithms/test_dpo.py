@@ -170,10 +170,12 @@ def test_the_dpo_graph_generates_nothing_and_pairs_its_update() -> None:
     assert graph.order == ("reference_ref_logprob", "actor_update")
     assert not load_graph("grpo").reads_pairs
     assert load_graph("dpo", label_smoothing=0.1).node("actor_update").option("label_smoothing") == 0.1
+    assert load_graph("dpo", sft_coef=0.5).node("actor_update").option("sft_coef") == 0.5
 
 
 @pytest.mark.parametrize(("options", "match"), [({"beta": -1.0}, "beta"), ({"loss_type": "kto"}, "loss_type"),
-                                                ({"label_smoothing": 0.5}, "label_smoothing")])
+                                                ({"label_smoothing": 0.5}, "label_smoothing"),
+                                                ({"sft_coef": -1.0}, "sft_coef")])
 def test_the_graph_refuses_bad_options(options: dict[str, Any], match: str) -> None:
     from hybridflow.graph import load_graph
 
