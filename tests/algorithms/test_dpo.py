@@ -297,3 +297,18 @@ def test_dpo_on_rule_built_pairs_raises_the_held_out_margin(tmp_path: Path) -> N
     assert {"actor/rewards/margins", "actor/rewards/accuracies", "actor/rewards/chosen",
             "actor/rewards/rejected"} <= set(last[0])
     assert sum(row["actor/rewards/accuracies"] for row in last) / len(last) > 0.6
+
+
+def test_validation_and_cut_pairs_are_refused_by_the_config_check(tmp_path: Path) -> None:
+    from hybridflow.train.config import load_config
+    from hybridflow.train.prepare import prepare_run
+
+    base = ["algorithm=dpo", "algorithm.options={beta: 0.1}", "data.batch_size=6", f"output_dir={tmp_path / 'r'}",
+            *QUIET]
+    for extra, match in ((["validation.every=5", "data.val_fraction=0.1", "optim.actor.mini_batches=1"],
+                          "'validation.every' asks for validation"),
+                         (["optim.actor.mini_batches=4"], "does not divide the data.batch_size=6 preference pairs"),
+                         (["optim.actor.mini_batches=1", "optim.actor.micro_batch_size=5"], "is odd")):
+        config = load_config(CONFIGS / "grpo_reverse.yaml", [*base, *extra])
+        with pytest.raises(ValueError, match=match):
+            prepare_run(config)
