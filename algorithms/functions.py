@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 from hybridflow.algorithms import core, judge_functions  # noqa: F401  (registers an LLM judge's functions)
+from hybridflow.algorithms import preference as _preference  # noqa: F401  (registers the ``dpo`` loss)
 from hybridflow.algorithms.masked import masked_mean
 from hybridflow.algorithms.modes import RolloutCorrection
 from hybridflow.algorithms.offpolicy import rollout_correction as rollout_correction_weights
@@ -276,3 +277,4 @@ def _share_with_micro_metrics(compute: Callable[[core.LossNorm | None], LossResu
     with torch.no_grad():
         _, metrics = compute(None)
     return loss, metrics
+

@@ -41,9 +41,13 @@ def run(args: argparse.Namespace) -> int:
 def summary(result: Any, config: TrainConfig) -> list[str]:
     """What a finished run wrote, one line each: only the outputs this config turned on (no TensorBoard path
     when TensorBoard is off)."""
-    rewards = [row.get("reward/mean", float("nan")) for row in result.history]
+    # A graph that scores nothing (DPO) reports its preference margin (TRL's rewards/margins) in the reward's place.
+    key = "actor/rewards/margins" if result.history and "reward/mean" not in result.history[0] \
+        and "actor/rewards/margins" in result.history[0] else "reward/mean"
+    rewards = [row.get(key, float("nan")) for row in result.history]
+    what = "reward" if key == "reward/mean" else "preference margin (actor/rewards/margins)"
     window = max(1, min(10, len(rewards)))
-    lines = [f"trained steps {result.start_step}..{result.start_step + len(rewards) - 1}; mean reward over the "
+    lines = [f"trained steps {result.start_step}..{result.start_step + len(rewards) - 1}; mean {what} over the "
              f"first {window} steps {sum(rewards[:window]) / window:.3f}, over the last {window} "
              f"{sum(rewards[-window:]) / window:.3f}" if rewards else "trained no steps (the run was finished)",
              f"metrics:      {result.metrics_path}"]

@@ -1,7 +1,13 @@
-"""Prompts (files, chat templates, splits), built-in verifiable tasks, reward functions and the offline tokenizer."""
+"""Prompts (files, chat templates, splits), preference pairs, built-in tasks, reward functions, offline tokenizer."""
 
 from hybridflow.data.dataset import PromptLoader, encode_prompts, load_records
 from hybridflow.data.math_reward import answers_equivalent, extract_answer, math_reward
+from hybridflow.data.preference import (
+    PreferenceLoader,
+    encode_pairs,
+    load_preference_records,
+    preference_task_examples,
+)
 from hybridflow.data.prompts import PreparedRecords, prepare_records
 from hybridflow.data.records import GroundTruth, Record, render_prompt
 from hybridflow.data.reward_functions import RewardFunction, RewardSignatureError, Sample, reward_function
@@ -17,9 +23,9 @@ from hybridflow.data.splits import DataSpec, DataSplits, hold_out, load_splits
 from hybridflow.data.tasks import TASKS, Task, char_accuracy, task_examples
 from hybridflow.models.tokenizer import char_tokenizer, load_tokenizer
 
-__all__ = ["REWARDS", "TASKS", "DataSpec", "DataSplits", "GroundTruth", "PreparedRecords", "PromptLoader", "Record",
-           "RewardFunction", "RewardScorer", "RewardSignatureError", "RuleScorer", "Sample", "Task",
-           "answers_equivalent", "batch_samples", "char_accuracy", "char_tokenizer",
-           "decode_responses", "encode_prompts", "extract_answer", "hold_out", "load_records", "load_reward_functions",
-           "load_splits", "load_tokenizer", "math_reward", "prepare_records", "render_prompt", "reward_function",
-           "reward_scorer", "task_examples"]
+__all__ = ["REWARDS", "TASKS", "DataSpec", "DataSplits", "GroundTruth", "PreferenceLoader", "PreparedRecords",
+           "PromptLoader", "Record", "RewardFunction", "RewardScorer", "RewardSignatureError", "RuleScorer", "Sample",
+           "Task", "answers_equivalent", "batch_samples", "char_accuracy", "char_tokenizer", "decode_responses",
+           "encode_pairs", "encode_prompts", "extract_answer", "hold_out", "load_preference_records", "load_records",
+           "load_reward_functions", "load_splits", "load_tokenizer", "math_reward", "preference_task_examples",
+           "prepare_records", "render_prompt", "reward_function", "reward_scorer", "task_examples"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -66,24 +66,30 @@ def paths(value: str | Sequence[str] | None) -> list[str]:
     return [value] if isinstance(value, str) else list(value)
 
 
-def load_files(value: str | Sequence[str], files: DataFiles, *, split: str, field: str) -> list[Record]:
-    """The records of every file ``value`` names (``field``: how the caller names it, indexed in errors for a list)."""
+# How one file becomes records, with load_records' signature (preference rows: load_preference_records).
+Reader = Callable[..., list[Record]]
+
+
+def load_files(value: str | Sequence[str], files: DataFiles, *, split: str, field: str,
+               reader: Reader = load_records) -> list[Record]:
+    """The records of every file ``value`` names (``field``: how the caller names it, indexed in errors for a list),
+    each read by ``reader``."""
     names = paths(value)
     if not names:
         raise FieldError(field, reason="is an empty list; name at least one data file")
     records: list[Record] = []
     for i, name in enumerate(names):
-        records += load_records(name, prompt_key=files.prompt_key, answer_key=files.answer_key, split=split,
+        records += reader(name, prompt_key=files.prompt_key, answer_key=files.answer_key, split=split,
                                 field=field if isinstance(value, str) else f"{field}[{i}]")
     return records
 
 
-def load_splits(spec: DataSpec, *, prefix: str = "") -> DataSplits:
+def load_splits(spec: DataSpec, *, prefix: str = "", reader: Reader = load_records) -> DataSplits:
     """The records ``spec`` names, split into train and validation (errors name a file's field after ``prefix``:
-    how the caller spells the spec)."""
-    train = load_files(spec.path, spec, split=spec.split, field=prefix + "path")
+    how the caller spells the spec), each file read by ``reader``."""
+    train = load_files(spec.path, spec, split=spec.split, field=prefix + "path", reader=reader)
     if spec.val_path:
-        validation = load_files(spec.val_path, spec, split=spec.val_split, field=prefix + "val_path")
+        validation = load_files(spec.val_path, spec, split=spec.val_split, field=prefix + "val_path", reader=reader)
         return DataSplits(train=train, validation=validation)
     if spec.val_fraction:
         train, validation = hold_out(train, spec.val_fraction, seed=spec.seed)

@@ -15,7 +15,7 @@ from hybridflow.graph.errors import (
     UnknownRoleError,
 )
 from hybridflow.graph.fields import STANDARD_FIELDS, Extent, FieldSpec, field_spec
-from hybridflow.graph.graph import DEFAULT_INPUTS, Edge, Graph
+from hybridflow.graph.graph import DEFAULT_INPUTS, PAIR_INPUTS, Edge, Graph
 from hybridflow.graph.loading import load_graph
 from hybridflow.graph.node import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE, OP_PORTS, Node
 from hybridflow.graph.render import FORMATS, from_dict, from_json, render, to_dict, to_json
@@ -31,6 +31,7 @@ __all__ = [
     "DETACHED_LOGPROBS",
     "FORMATS",
     "OP_PORTS",
+    "PAIR_INPUTS",
     "STANDARD_FIELDS",
     "DeadNodeError",
     "DuplicateFieldError",

@@ -49,6 +49,8 @@ STANDARD_FIELDS: dict[str, FieldSpec] = dict(
         _spec("greedy_response_mask", Extent.RESPONSE_TOKENS, 1),
         _spec("greedy_loss_mask", Extent.RESPONSE_TOKENS, 1),
         _spec("greedy_scores", Extent.SEQUENCE, 4),
+        _spec("pair", Extent.SEQUENCE, 8),
+        _spec("chosen", Extent.SEQUENCE, 8),
     ]
 )
 

@@ -26,6 +26,9 @@ DEFAULT_INPUTS = ("prompts", "ground_truth", "uid")
 ROW_WISE_OPS = (Op.SCORE, Op.REF_LOGPROB, Op.LOGPROB, Op.VALUES)
 """What the dataset rows give every step: prompts, their ground truth and ``uid``, one id per prompt (unique
 in the step) that its n samples share, so group statistics find a prompt's samples wherever they are."""
+PAIR_INPUTS = ("prompts", "responses", "response_mask", "loss_mask", "pair", "chosen")
+"""What a preference dataset gives every step of an offline graph (DPO): each pair as two rows, its chosen and its
+rejected response, tied by ``pair`` (an id the two share) and told apart by ``chosen`` (1 / 0); no generate node."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +102,11 @@ class Graph:
         control = [Edge(filters[0], name, ()) for name in after
                    if all(edge.src in section for edge in data if edge.dst == name)]
         return data + tuple(control)
+
+    @property
+    def reads_pairs(self) -> bool:
+        """Whether the graph trains on preference pairs from the dataset (its inputs are :data:`PAIR_INPUTS`)."""
+        return set(PAIR_INPUTS) <= set(self.inputs)
 
     @cached_property
     def filter_node(self) -> Node | None:

@@ -45,6 +45,8 @@ class RankBalance:
         # Rows that do not split evenly are padded per call by the target: left in their order.
         if self.parts <= 1 or len(rows) % self.parts or "response_mask" not in rows:
             return None
+        if "pair" in rows:  # preference pairs (DPO): a pair's two rows must stay on one rank, in one micro batch
+            return None
         lengths = row_lengths(rows)
         order = balanced_order(lengths, self.parts)
         after, before = rank_tokens(lengths, order, self.parts), rank_tokens(lengths, None, self.parts)

@@ -84,7 +84,7 @@ def _train(prepared: PreparedRun, stop: GracefulStop, *, resume: bool, overwrite
     (run_dir / "config.json").write_text(json.dumps(asdict(config), indent=2))  # only once the run validated
     checkpoint, start = begin.checkpoint, begin.step
     adapter_policy = any(spec.lora is not None for spec in specs.values())
-    loader = setup.prompt_loader(config, data, tokenizer)
+    loader = setup.prompt_loader(config, data, tokenizer, graph)
     writer = MetricsWriter(run_dir, resume_step=start if resume else None,
                            trackers=config.logging.trackers, name=run_dir.name, config=asdict(config))
     history: list[dict[str, float]] = []

@@ -17,7 +17,7 @@ from typing import Any
 
 from hybridflow.data.rewards import RewardScorer
 from hybridflow.data.splits import paths
-from hybridflow.graph import Graph
+from hybridflow.graph import Graph, Op
 from hybridflow.planner import Plan
 from hybridflow.planner.cluster import MAX_CLUSTER_GPUS
 from hybridflow.planner.settings import MAX_EPOCHS, MAX_STEP_ROWS
@@ -37,9 +37,21 @@ def check_config(config: TrainConfig, graph: Graph, plan: Plan | None = None) ->
     check_sizes(config, graph)  # upper bounds of size-like keys, before anything is allocated
     check_rollouts(config)
     check_files(config)
+    check_validation(config, graph)
     setup.reward_scorer(config, tokenizer=None)  # loads each function and checks its signature
     if plan is not None:
         setup.check_role_entries(config, graph, plan)
+
+
+def check_validation(config: TrainConfig, graph: Graph) -> None:
+    """Validation samples with the graph's generate node: a graph without one (DPO's, offline) has nothing to
+    validate with, so asking for validation is refused now, not after the first steps."""
+    asked = [key for key, value in (("validation.every", config.validation.every),
+                                    ("validation.before_train", config.validation.before_train)) if value]
+    if asked and not any(node.op is Op.GENERATE for node in graph.nodes):
+        raise ValueError(f"config key {asked[0]!r} asks for validation, which samples with the graph's generate "
+                         f"node, but the {graph.name} graph has none (it trains offline on the dataset's rows); "
+                         "drop the key")
 
 
 def check_ranges(config: TrainConfig) -> None:
@@ -68,6 +80,9 @@ def check_step_rows(config: TrainConfig, graph: Graph) -> None:
     ``mini_batches`` splits them into non-empty optimizer steps (more would train on padding rows only);
     ``stream_chunks`` holds whole prompts, so at most ``data.batch_size`` of them."""
     prompts, samples = config.data.batch_size, graph.samples_per_prompt
+    if graph.reads_pairs:
+        check_pair_rows(config)
+        samples = 2  # a preference pair is two rows
     rows = prompts * samples
     if rows > MAX_STEP_ROWS:
         raise ValueError(f"a step of data.batch_size={prompts} prompts x n={samples} samples is {rows} rows, more "
@@ -81,6 +96,19 @@ def check_step_rows(config: TrainConfig, graph: Graph) -> None:
         raise ValueError(f"config key 'pipeline.stream_chunks'={config.pipeline.stream_chunks} exceeds the "
                          f"data.batch_size={prompts} prompts of a step (a chunk holds whole prompts); use at most "
                          f"{prompts}")
+
+
+def check_pair_rows(config: TrainConfig) -> None:
+    """A graph on preference pairs (DPO) needs each pair's two rows in one micro batch: every optimizer step holds
+    whole pairs (``data.batch_size`` pairs a step, a multiple of ``mini_batches``) and a fixed micro batch is an even
+    number of rows."""
+    pairs, optim = config.data.batch_size, config.optim.actor
+    if pairs % optim.mini_batches:
+        raise ValueError(f"config key 'optim.actor.mini_batches'={optim.mini_batches} does not divide the "
+                         f"data.batch_size={pairs} preference pairs of a step; an optimizer step must hold whole pairs")
+    if optim.micro_batch_size is not None and optim.micro_batch_size % 2:
+        raise ValueError(f"config key 'optim.actor.micro_batch_size'={optim.micro_batch_size} is odd; a preference "
+                         "pair's two rows must share a micro batch, so use an even number of rows")
 
 
 MAX_OPTIMIZER_STEPS = 1 << 16  # per role and step: epochs x mini_batches
@@ -114,7 +142,6 @@ def check_node_options(graph: Graph) -> None:
     options make valid :class:`SamplingParams` (checked here, not first on a worker after the model loaded)."""
     import dataclasses
 
-    from hybridflow.graph import Op
     from hybridflow.runtime.protocols import SamplingParams
 
     sampling = {f.name: f.type for f in dataclasses.fields(SamplingParams)}
@@ -287,8 +314,6 @@ def check_prompts(config: TrainConfig, graph: Graph, records: list[dict[str, Any
 
     Over-long prompts are refused (or dropped and counted with ``data.max_prompt_length``, before this check).
     """
-    from hybridflow.graph import Op
-
     context = model_context(config)
     response = graph.max_new_tokens if any(node.op is Op.GENERATE for node in graph.nodes) else 0
     if context is not None and longest + response > context:

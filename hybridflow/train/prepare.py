@@ -57,7 +57,7 @@ def prepare_run(config: TrainConfig, *, graph: Graph | None = None, plan: Plan |
         raise ValueError("reward functions given both as objects and in config key 'data.reward'; give one")
     graph = graph or setup.build_graph(config)
     check_config(config, graph, plan)  # config-only checks, before anything is read
-    splits = setup.data_splits(config, rewards_given=rewards is not None)
+    splits = setup.data_splits(config, rewards_given=rewards is not None, pairs=graph.reads_pairs)
     if note is not None:
         note(f"preparing {len(splits.train)} prompts")
     tokenizer = setup.policy_tokenizer(config)

@@ -28,6 +28,7 @@ from hybridflow.data import (
 )
 from hybridflow.data import reward_scorer as load_reward_scorer
 from hybridflow.data.dataset import Record
+from hybridflow.data.preference import PreferenceLoader, load_preference_records, preference_task_examples
 from hybridflow.data.reward_pool import reward_timeout
 from hybridflow.data.splits import DataFiles, load_files
 from hybridflow.graph import Graph, Op, RoleKind, load_graph, with_detached_logprobs
@@ -52,11 +53,31 @@ def max_prompt_tokens(data: list[Record], tokenizer: Any) -> int:
     return max(len(tokenizer(record["prompt"])["input_ids"]) for record in data[:512])
 
 
-def data_splits(config: TrainConfig, *, rewards_given: bool = False) -> DataSplits:
+def data_splits(config: TrainConfig, *, rewards_given: bool = False, pairs: bool = False) -> DataSplits:
     """Train and validation records: files (``data.path``, which needs ``data.reward`` or reward functions given
-    as objects: ``rewards_given``) or a built-in task."""
+    as objects: ``rewards_given``) or a built-in task. ``pairs``: preference records for a graph that trains on
+    pairs (``Graph.reads_pairs``): rows with ``chosen`` and ``rejected`` (no reward needed), or the task's
+    rule-built pairs."""
     with keys_at("data."):
+        if pairs:
+            return _preference_splits(config)
         return _data_splits(config, rewards_given=rewards_given)
+
+
+def _preference_splits(config: TrainConfig) -> DataSplits:
+    data = config.data
+    if data.path:
+        files = {f.name: getattr(data, f.name) for f in dataclasses.fields(DataFiles)}
+        return load_splits(DataSpec(path=data.path, seed=config.seed, **files), prefix="data.",
+                           reader=load_preference_records)
+    train = preference_task_examples(data.task, data.num_examples, seed=config.seed)
+    if data.val_path:
+        return DataSplits(train=train, validation=load_files(data.val_path, data, split=data.val_split,
+                                                             field="data.val_path", reader=load_preference_records))
+    if data.val_fraction:
+        train, validation = hold_out(train, data.val_fraction, seed=config.seed)
+        return DataSplits(train=train, validation=validation)
+    return DataSplits(train=train, validation=[])
 
 
 def check_reward_configured(*, data_path: str | None, reward: object) -> None:
@@ -395,7 +416,12 @@ def reward_scorer(config: TrainConfig, tokenizer: Any, given: Sequence[Any] | No
                                   service=config.data.reward_service, service_prefix=REWARD_SERVICE_KEYS)
 
 
-def prompt_loader(config: TrainConfig, data: list[Record], tokenizer: Any) -> PromptLoader:
+def prompt_loader(config: TrainConfig, data: list[Record], tokenizer: Any,
+                  graph: Graph | None = None) -> PromptLoader | PreferenceLoader:
+    """Each step's rows: prompts, or a graph's preference pairs (``Graph.reads_pairs``), ``data.batch_size`` a step."""
+    if graph is not None and graph.reads_pairs:
+        return PreferenceLoader(records=data, tokenizer=tokenizer, batch_size=config.data.batch_size,
+                                seed=config.seed)
     return PromptLoader(records=data, tokenizer=tokenizer, batch_size=config.data.batch_size, seed=config.seed)
 
 

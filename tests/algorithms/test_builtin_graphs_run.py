@@ -38,6 +38,14 @@ def role_op_outputs(graph: Graph, rows: int, gen: torch.Generator) -> dict[str, 
     fields: dict[str, Any] = {"prompts": torch.randint(4, 20, (PROMPTS, 4), generator=gen).repeat_interleave(
         rows // PROMPTS, dim=0), "uid": torch.arange(PROMPTS).repeat_interleave(rows // PROMPTS),
                               "ground_truth": ["abc"] * rows}
+    if graph.reads_pairs:  # DPO: the dataset gives each pair's chosen and rejected response, two rows a pair
+        lengths = torch.randint(1, STEPS + 1, (rows,), generator=gen)
+        fields.update({"prompts": torch.randint(4, 20, (rows, 4), generator=gen),
+                       "responses": torch.randint(0, 50, (rows, STEPS), generator=gen),
+                       "response_mask": (torch.arange(STEPS)[None, :] < lengths[:, None]).float(),
+                       "pair": torch.arange(rows // 2).repeat_interleave(2),
+                       "chosen": torch.tensor([1, 0] * (rows // 2))})
+        fields["loss_mask"] = fields["response_mask"]
     for node in graph.nodes:
         out = node.port_outputs()
         if node.op is Op.GENERATE and node.port_inputs()["prompts"] in graph.producers:
@@ -90,7 +98,7 @@ def test_every_function_and_loss_a_graph_names_is_registered(spec):
 def test_one_step_through_the_graph_lowers_each_loss(spec):
     graph = load_graph(spec)
     gen = torch.Generator().manual_seed(0)
-    rows = PROMPTS * graph.samples_per_prompt
+    rows = PROMPTS * (2 if graph.reads_pairs else graph.samples_per_prompt)
     fields = role_op_outputs(graph, rows, gen)
     run_computes(graph, fields)
     for node in graph.nodes:
@@ -100,7 +108,8 @@ def test_one_step_through_the_graph_lowers_each_loss(spec):
         batch = {f: fields[f] for f in node.inputs}
         mask = batch["response_mask"]
         trainable = graph.role(node.role).kind.value
-        key, start = ("values", batch["values"]) if trainable == "value" else ("logprobs", batch["old_logprobs"])
+        old = "old_logprobs" if "old_logprobs" in batch or trainable == "value" else "ref_logprobs"  # DPO: no old
+        key, start = ("values", batch["values"]) if trainable == "value" else ("logprobs", batch[old])
         param = (start + 0.1 * torch.randn(start.shape, generator=gen)).requires_grad_()
         loss_fn = LOSSES.get(node.loss)
         loss, metrics = loss_fn(outputs={key: param}, batch=batch, **node.options_dict)
