@@ -124,7 +124,7 @@ def test_fingerprint_ignores_run_only_keys_and_names_changed_ones() -> None:
     changed = fingerprint(load_config(None, [*QUICK, "optim.actor.lr=0.5", "algorithm.options.n=3"]),
                           load_graph("grpo", n=3))
     keys = [line.split(":")[0] for line in differing_keys(base, changed)]
-    assert keys == ["algorithm.options.n", "optim.actor.lr", "graph"]
+    assert keys == ["algorithm.options.n", "graph", "optim.actor.lr"]
 
 
 def test_repair_metrics_keeps_whole_rows(tmp_path: Path) -> None:
