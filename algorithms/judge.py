@@ -50,7 +50,7 @@ def add_judge(g: GraphBuilder, *, template: str = "pointwise", verdict: str | No
                      **({"verdict": verdict} if verdict is not None else {})}
     judge = g.role(JUDGE, RoleKind.FROZEN_POLICY)
     g.compute("judge_prompts", fn="judge_prompts", inputs=JUDGE_PROMPT_INPUTS,
-              outputs=("judge_prompts", "judge_prompts_mask"), **text)
+              outputs=("judge_prompts", "judge_prompts_mask"), verdict_tokens=max_new_tokens, **text)
     g.generate(judge, inputs=("judge_prompts",), outputs=("verdict_ids", "verdict_mask"),
                **judge_sampling(max_new_tokens, temperature))
     g.compute(JUDGE, fn="judge_scores", inputs=("verdict_ids", "verdict_mask"), outputs=("scores", "verdicts"),

@@ -13,6 +13,7 @@ controller passes to a function with ``reads_role_models``).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 import torch
 from hybridflow.algorithms.judge_templates import DEFAULT_SCALE, JudgeTemplate, load_template
 
+from hybridflow.models.tiny import TINY_CONFIGS
 from hybridflow.models.tokenizer import char_tokenizer, load_tokenizer
 from hybridflow.registry import COMPUTE_FNS
 
@@ -29,17 +31,33 @@ def _tokenizer(model: str) -> Any:
     return load_tokenizer(model) if Path(model).is_dir() else char_tokenizer()
 
 
+def judge_context(model: str) -> int | None:
+    """The judge model's context in tokens (``max_position_embeddings`` of its ``config.json``, or of a built-in
+    tiny model's config); None when it does not say."""
+    if Path(model).is_dir():
+        config = Path(model) / "config.json"
+        found = json.loads(config.read_text()).get("max_position_embeddings") if config.is_file() else None
+        return int(found) if found else None
+    return int(TINY_CONFIGS[model][1]["max_position_embeddings"]) if model in TINY_CONFIGS else None
+
+
 class JudgeText:
-    """A judge node's template and tokenizers (the policy's and the judge's), and its last call's counts."""
+    """A judge node's template and tokenizers (the policy's and the judge's), and its last call's counts.
+
+    ``context`` (default: the judge model's, :func:`judge_context`) less ``verdict_tokens`` (the verdict's budget)
+    bounds a judge prompt: a longer one keeps the head of the response and marks the cut (``judge_prompts``)."""
 
     def __init__(self, *, role_models: Mapping[str, str], policy: str, judge: str, template: str,
-                 verdict: str | None, rubric: str, scale: int) -> None:
+                 verdict: str | None, rubric: str, scale: int, verdict_tokens: int = 0,
+                 context: int | None = None) -> None:
         for role in (policy, judge):
             if role not in role_models:
                 raise KeyError(f"judge node: role {role!r} has no model here; roles: {sorted(role_models)}")
         self.template: JudgeTemplate = load_template(template, verdict=verdict, rubric=rubric, scale=scale)
         self.policy_tokenizer = _tokenizer(role_models[policy])
         self.judge_tokenizer = _tokenizer(role_models[judge])
+        self.context = context if context is not None else judge_context(role_models[judge])
+        self.verdict_tokens = verdict_tokens
         self.counts: dict[str, float] = {}
 
     def metrics(self) -> dict[str, float]:
@@ -54,9 +72,9 @@ class JudgeText:
 
 def _make_state(*, role_models: Mapping[str, str], policy: str = "actor", judge: str = "judge",
                 template: str = "pointwise", verdict: str | None = None, rubric: str = "",
-                scale: int = DEFAULT_SCALE, **_: Any) -> JudgeText:
+                scale: int = DEFAULT_SCALE, verdict_tokens: int = 0, **_: Any) -> JudgeText:
     return JudgeText(role_models=role_models, policy=policy, judge=judge, template=template, verdict=verdict,
-                     rubric=rubric, scale=scale)
+                     rubric=rubric, scale=scale, verdict_tokens=verdict_tokens)
 
 
 def _state(state: JudgeText | None, node: str) -> JudgeText:
@@ -106,11 +124,37 @@ def judge_prompts(prompts: torch.Tensor, responses: torch.Tensor, response_mask:
     if "ground_truth" in template.fields and any(not truth for truth in truths):
         raise ValueError("the judge's template reads field 'ground_truth', but rows of this batch have none: give the "
                          "dataset a ground_truth column, or use a template without it")
-    rows = [_judge_text(judge, template.render(prompt=_decode(policy, prompt), response=_decode(policy, response, mask),
-                                               ground_truth=truth))
-            for prompt, response, mask, truth in zip(prompts, responses, response_mask, truths, strict=True)]
+    fitted = [_fitted(text, _decode(policy, prompt), _decode(policy, response, mask), truth)
+              for prompt, response, mask, truth in zip(prompts, responses, response_mask, truths, strict=True)]
+    text.counts = {"truncated": float(sum(cut for _, cut in fitted))}
+    rows = [ids for ids, _ in fitted]
     pad = judge.pad_token_id if judge.pad_token_id is not None else judge.eos_token_id
     return _left_padded(rows, int(pad or 0))
+
+
+CUT = " [...]"  # where a response too long for the judge's context was cut
+
+
+def _fitted(text: JudgeText, prompt: str, response: str, truth: str) -> tuple[list[int], bool]:
+    """One row's judge prompt ids within the judge's context less its verdict budget, and whether the response had
+    to be cut (its longest head that fits, found by bisection, then :data:`CUT`)."""
+    def render(kept: str) -> list[int]:
+        return _judge_text(text.judge_tokenizer, text.template.render(prompt=prompt, response=kept, ground_truth=truth))
+
+    ids = render(response)
+    if text.context is None or len(ids) <= text.context - text.verdict_tokens:
+        return ids, False
+    limit = text.context - text.verdict_tokens
+    shortest = render(CUT)
+    if len(shortest) > limit:
+        raise ValueError(f"a judge prompt without its response is {len(shortest)} tokens, beyond the judge's context "
+                         f"of {text.context} less the verdict budget of {text.verdict_tokens}: give the judge a model "
+                         "with a longer context, or a shorter template or prompt")
+    low, high = 0, len(response)  # render(response[:low] + CUT) fits, response[:high] + CUT does not
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if len(render(response[:middle] + CUT)) <= limit else (low, middle)
+    return render(response[:low] + CUT), True
 
 
 @COMPUTE_FNS.register("judge_scores")

@@ -244,3 +244,33 @@ def test_a_judge_taught_one_verdict_scores_every_sample_with_it(tmp_path: Path) 
     assert row["judge/unparsed"] == 0 and row["reward/mean"] == pytest.approx(0.7)
     judged = [json.loads(line) for line in (tmp_path / "run" / "judge_samples.jsonl").read_text().splitlines()]
     assert judged and all(sample["verdict"] == "Score: 7" for sample in judged)
+
+
+def test_a_judge_prompt_beyond_the_judges_context_keeps_the_responses_head(tmp_path: Path) -> None:
+    from hybridflow.algorithms.judge_functions import CUT, JudgeText, judge_context
+
+    assert judge_context("tiny-qwen2") == 256 and judge_context("no-such-model") is None
+    (tmp_path / "config.json").write_text('{"max_position_embeddings": 4096}')
+    assert judge_context(str(tmp_path)) == 4096
+    policy = char_tokenizer()
+    models = {"actor": "tiny-qwen2", "judge": "tiny-qwen2"}
+    prompts = policy(["rev ab=", "rev abc="], padding=True, padding_side="left", return_tensors="pt")["input_ids"]
+    responses = policy(["ba", "cba" * 60], padding=True, return_tensors="pt")["input_ids"]
+    mask = (responses != policy.pad_token_id).long()
+    fits = JudgeText(role_models=models, policy="actor", judge="judge", template="pointwise", verdict=None,
+                     rubric="", scale=10, verdict_tokens=16)  # the tiny judge's own 256 positions
+    untouched = JudgeText(role_models=models, policy="actor", judge="judge", template="pointwise", verdict=None,
+                          rubric="", scale=10, verdict_tokens=16, context=100_000)
+    ids, ids_mask = COMPUTE_FNS.get("judge_prompts")(prompts, responses, mask, ["", ""], state=fits)
+    whole, whole_mask = COMPUTE_FNS.get("judge_prompts")(prompts, responses, mask, ["", ""], state=untouched)
+    lengths, whole_lengths = ids_mask.sum(dim=1).tolist(), whole_mask.sum(dim=1).tolist()
+    assert whole_lengths[1] > 256 - 16 and lengths[1] <= 256 - 16  # the long row is cut to fit, the short one not
+    assert lengths[1] > 256 - 16 - len(CUT) - 2  # the longest head that fits, not an arbitrary cut
+    assert lengths[0] == whole_lengths[0] and fits.metrics() == {"truncated": 1.0}
+    text = char_tokenizer().decode(ids[1][ids_mask[1].bool()].tolist())
+    whole_text = char_tokenizer().decode(whole[1][whole_mask[1].bool()].tolist())
+    assert "cbacba" in text and text[-60:] == whole_text[-60:]  # the template's closing words survive the cut
+    tight = JudgeText(role_models=models, policy="actor", judge="judge", template="pointwise", verdict=None,
+                      rubric="", scale=10, verdict_tokens=16, context=40)
+    with pytest.raises(ValueError, match=r"without its response is \d+ tokens, beyond the judge's context of 40"):
+        COMPUTE_FNS.get("judge_prompts")(prompts, responses, mask, ["", ""], state=tight)
