@@ -10,7 +10,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -77,10 +77,11 @@ class PromptLoader:
     tokenizer: Any
     batch_size: int
     seed: int = 0
+    COUNTED: ClassVar[str] = "the dataset's size"  # what ``records`` holds, for the batch size's bound
 
     def __post_init__(self) -> None:
         if not 0 < self.batch_size <= len(self.records):
-            raise FieldError("batch_size", self.batch_size, f"must be in 1..{len(self.records)} (the dataset's size)")
+            raise FieldError("batch_size", self.batch_size, f"must be in 1..{len(self.records)} ({self.COUNTED})")
 
     def _order(self, epoch: int) -> np.ndarray:
         return np.random.default_rng([self.seed, epoch]).permutation(len(self.records))
@@ -90,7 +91,11 @@ class PromptLoader:
         per_epoch = len(self.records) // self.batch_size
         epoch, position = divmod(step, per_epoch)
         rows = self._order(epoch)[position * self.batch_size:(position + 1) * self.batch_size]
-        return encode_prompts([self.records[i] for i in rows], self.tokenizer)
+        return self.encode([self.records[i] for i in rows])
+
+    def encode(self, records: Sequence[Record]) -> Batch:
+        """One step's records as a batch: :func:`encode_prompts`."""
+        return encode_prompts(records, self.tokenizer)
 
 
 def encode_prompts(records: Sequence[Record], tokenizer: Any) -> Batch:

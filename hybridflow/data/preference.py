@@ -15,12 +15,11 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-import numpy as np
 import torch
 
-from hybridflow.data.dataset import MESSAGES, encode_prompts
+from hybridflow.data.dataset import MESSAGES, PromptLoader, encode_prompts
 from hybridflow.data.records import (
     GROUND_TRUTH,
     PROMPT,
@@ -33,7 +32,6 @@ from hybridflow.data.records import (
 )
 from hybridflow.data.sources import MissingColumnError, lookup, read_table
 from hybridflow.data.tasks import TASKS, Task
-from hybridflow.fields import FieldError
 from hybridflow.runtime.batch import Batch
 
 CHOSEN, REJECTED = "chosen", "rejected"
@@ -142,23 +140,12 @@ def encode_pairs(records: Sequence[Record], tokenizer: Any) -> Batch:
 
 
 @dataclass(frozen=True, kw_only=True)
-class PreferenceLoader:
+class PreferenceLoader(PromptLoader):
     """Seeded, step-addressable batches of preference pairs, ``batch_size`` pairs (twice as many rows) a step, drawn
-    without replacement per epoch, like :class:`~hybridflow.data.dataset.PromptLoader`."""
+    without replacement per epoch as :class:`~hybridflow.data.dataset.PromptLoader` draws prompts."""
 
-    records: Sequence[Record]
-    tokenizer: Any
-    batch_size: int
-    seed: int = 0
+    COUNTED: ClassVar[str] = "the pairs' count"
 
-    def __post_init__(self) -> None:
-        if not 0 < self.batch_size <= len(self.records):
-            raise FieldError("batch_size", self.batch_size, f"must be in 1..{len(self.records)} (the pairs' count)")
-
-    def batch(self, step: int) -> Batch:
-        """The pairs of training step ``step`` (0-based) as rows (:func:`encode_pairs`)."""
-        per_epoch = len(self.records) // self.batch_size
-        epoch, position = divmod(step, per_epoch)
-        order = np.random.default_rng([self.seed, epoch]).permutation(len(self.records))
-        picked = order[position * self.batch_size:(position + 1) * self.batch_size]
-        return encode_pairs([self.records[i] for i in picked], self.tokenizer)
+    def encode(self, records: Sequence[Record]) -> Batch:
+        """One step's pairs as rows: :func:`encode_pairs`."""
+        return encode_pairs(records, self.tokenizer)
