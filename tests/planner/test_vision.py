@@ -185,3 +185,27 @@ def test_vision_spec_rejects_bad_shapes():
         VisionSpec(depth=0, hidden=8, heads=2, intermediate=16, out_hidden=8)
     with pytest.raises(ValueError, match="full_attention_blocks=3 exceeds depth=2"):
         VisionSpec(depth=2, hidden=8, heads=2, intermediate=16, out_hidden=8, window_size=4, full_attention_blocks=3)
+
+
+def test_tower_weights_and_flops_match_transformers_qwen2_5_vl_tower():
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from torch.utils.flop_counter import FlopCounterMode
+    from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as qwen
+
+    config = qwen.Qwen2_5_VLVisionConfig(depth=4, hidden_size=64, intermediate_size=96, num_heads=4, out_hidden_size=48,
+                                         patch_size=14, spatial_merge_size=2, temporal_patch_size=2, in_channels=3,
+                                         window_size=112, fullatt_block_indexes=[1])
+    config._attn_implementation = "eager"  # attention as matmuls the counter sees (CPU sdpa kernels it does not)
+    tower = qwen.Qwen2_5_VisionTransformerPretrainedModel._from_config(config).eval()
+    spec = VisionSpec(depth=4, hidden=64, heads=4, intermediate=96, out_hidden=48, window_size=112,
+                      full_attention_blocks=1)
+    assert spec.params == sum(weight.numel() for weight in tower.parameters())
+    # A 32 x 48-patch image (384 visual tokens: 24 windows, one full-attention block) and one smaller than a window.
+    for grid in ((1, 32, 48), (1, 8, 8)):
+        thw = torch.tensor([grid])
+        pixels = torch.randn(int(thw.prod()), spec.patch_inputs)
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            tower(pixels, grid_thw=thw)
+        tokens = int(thw.prod()) // spec.patches_per_token
+        assert vision_flops_per_token(spec, tokens, 1) * tokens == pytest.approx(counter.get_total_flops(), rel=1e-9)
