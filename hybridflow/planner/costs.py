@@ -366,9 +366,9 @@ def vision_seconds(model: ModelSpec, load: NodeLoad, batch: Batching, layout: Ro
 
 def vision_activation_bytes(model: ModelSpec, load: NodeLoad, batch: Batching, layout: RoleLayout,
                             *, train: bool) -> float:
-    """The tower's activations at its peak on one GPU: two blocks' worth of a micro batch's patches while it runs
-    forward only (frozen, or a forward pass), every block's (one a block and one block's full set under
-    gradient checkpointing) when an update trains it."""
+    """The tower's activations at its peak on one GPU, for a micro batch's patches: two blocks' worth while it runs
+    forward only (frozen, or a forward pass); when an update trains it, every block's (under gradient checkpointing
+    each block's input and one block's full set), as ``update_cost`` counts a decoder layer's."""
     vision = model.vision
     if vision is None or not load.row_image_tokens:
         return 0.0
