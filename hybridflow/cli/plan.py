@@ -8,7 +8,7 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from hybridflow.cli.plan_options import check_numbers, model_spec
+from hybridflow.cli.plan_options import check_numbers, model_spec, with_images
 from hybridflow.files import read_yaml
 from hybridflow.graph import Workload, load_graph
 from hybridflow.graph.loading import takes_option
@@ -45,6 +45,10 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--prompt-len", type=int, help="tokens per prompt (default 512)")
     parser.add_argument("--response-len", type=int, help="tokens per response (default 512)")
     parser.add_argument("--n-samples", type=int, help="responses per prompt (default: the graph's n)")
+    parser.add_argument("--image-tokens", type=int, help="visual tokens of a prompt's image beside its --prompt-len "
+                                                         "text tokens, for a vision-language model (default 0)")
+    parser.add_argument("--train-vision-tower", action="store_true", default=None,
+                        help="updates train the vision tower too (default: frozen, forward only, as verl)")
     parser.add_argument("--reward-kind", choices=("reward_model", "reward_function"),
                         help="reward as a network on GPUs or a rule on the driver (default reward_model)")
     parser.add_argument("--manual", help='a mapping to check, e.g. "actor=0-3,critic=0-3,reward=4-5,reference=4-5"')
@@ -312,9 +316,11 @@ def run(args: argparse.Namespace) -> int:
     graph = load_graph(name, **({"reward_kind": settings["reward_kind"]} if takes_option(name, "reward_kind") else {}))
     cluster = build_cluster(settings)
     gpu_roles = [role.name for role in graph.roles if role.kind.needs_gpu]
-    models = _models(graph.role_names, gpu_roles, settings["models"], settings["model_sources"])
+    models = with_images(_models(graph.role_names, gpu_roles, settings["models"], settings["model_sources"]),
+                         settings, config=args.config, from_file=settings.get("from_file", set()))
     workload = Workload(batch_size=int(settings["batch_size"]), prompt_len=int(settings["prompt_len"]),
-                        response_len=int(settings["response_len"]), n_samples=settings.get("n_samples"))
+                        response_len=int(settings["response_len"]), n_samples=settings.get("n_samples"),
+                        image_tokens=int(settings.get("image_tokens") or 0))
     steps = run_settings(settings, workload.response_len)
     support = backend_support(args.backend, gpu_roles)
     calibration = Calibration.load(settings["calibration"]) if settings.get("calibration") else None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from hybridflow.planner import ModelSpec
@@ -20,6 +21,7 @@ INTEGER_OPTIONS: dict[str, tuple[int, int | None]] = {
     "batch_size": (1, MAX_STEP_ROWS), "n_samples": (1, MAX_STEP_ROWS), "mini_batch_size": (1, MAX_STEP_ROWS),
     "max_num_seqs": (1, MAX_STEP_ROWS), "prompt_len": (1, MAX_SEQUENCE_TOKENS),
     "response_len": (1, MAX_SEQUENCE_TOKENS), "max_response_len": (1, MAX_SEQUENCE_TOKENS),
+    "image_tokens": (0, MAX_SEQUENCE_TOKENS),
     "train_tokens_per_gpu": (1, None), "forward_tokens_per_gpu": (1, None), "epochs": (1, MAX_EPOCHS),
     "max_tp": (1, MAX_CLUSTER_GPUS), "data_parallel_size": (1, MAX_CLUSTER_GPUS), "host_cores": (1, None),
     "max_staleness": (0, MAX_STALENESS), "stream_chunks": (1, MAX_STREAM_CHUNKS)}
@@ -55,6 +57,21 @@ def check_numbers(settings: Mapping[str, Any], *, config: str | None, from_file:
             span = f"in {'[' if closed else '('}{least:g}, {most:g}]" if math.isfinite(most) else \
                 f"{'>=' if closed else '>'} {least:g}"
             raise ValueError(f"{option_name(key, config, from_file)}={given!r} must be a finite number {span}")
+
+
+def with_images(models: dict[str, ModelSpec], settings: Mapping[str, Any], *, config: str | None,
+                from_file: set[str]) -> dict[str, ModelSpec]:
+    """The role models as ``--image-tokens`` and ``--train-vision-tower`` use them: images need a role whose model
+    has a vision tower, and the flag trains every tower (frozen by default)."""
+    towers = [role for role, model in models.items() if model.vision is not None]
+    for key in ("image_tokens", "train_vision_tower"):
+        if settings.get(key) and not towers:
+            raise ValueError(f"{option_name(key, config, from_file)}={settings[key]!r}: no role's model has a vision "
+                             "tower; give a vision-language model, e.g. --model qwen2.5-vl-7b")
+    if not settings.get("train_vision_tower"):
+        return models
+    return {role: replace(model, vision=model.vision.with_trainable(True)) if model.vision is not None else model
+            for role, model in models.items()}
 
 
 def model_spec(text: str, name: str) -> ModelSpec:

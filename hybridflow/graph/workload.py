@@ -17,6 +17,8 @@ class Workload:
     ``n_samples`` overrides the graph's own ``n`` when given. ``token_bytes``/``float_bytes`` size
     token ids and per-token statistics on the wire. ``filter_keep_rate`` is the expected fraction of
     prompt groups a graph's filter keeps (DAPO: the groups whose rewards differ; 1: all of them).
+    ``image_tokens``: visual tokens of a prompt's image beside its ``prompt_len`` text tokens (a vision-language
+    model's language model reads each as one prompt position; 0: a text-only workload).
     """
 
     batch_size: int
@@ -26,12 +28,16 @@ class Workload:
     token_bytes: int = 8
     float_bytes: int = 4
     filter_keep_rate: float = 1.0
+    image_tokens: int = 0
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "prompt_len", "response_len", "token_bytes", "float_bytes"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"Workload.{name}={value!r} must be a positive integer")
+        if not isinstance(self.image_tokens, int) or isinstance(self.image_tokens, bool) or self.image_tokens < 0:
+            raise ValueError(f"Workload.image_tokens={self.image_tokens!r} must be an integer >= 0 (visual tokens a "
+                             "prompt's image holds; 0 for text)")
         n = self.n_samples
         if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n <= 0):
             raise ValueError(f"Workload.n_samples={self.n_samples!r} must be a positive integer or None")
@@ -60,6 +66,8 @@ class NodeLoad:
 
     ``prompt_tokens`` are prefilled (or re-read by a forward pass), ``response_tokens`` decoded by a
     generate node or scored/trained by every other role op. Compute nodes process no model tokens.
+    ``image_tokens`` are the visual tokens among ``prompt_tokens`` (counted as they are: once per shared
+    prompt in a rollout) and ``row_image_tokens`` those of one sequence's context.
     """
 
     node: str
@@ -67,10 +75,19 @@ class NodeLoad:
     sequences: int
     prompt_tokens: int
     response_tokens: int
+    image_tokens: int = 0
+    row_image_tokens: int = 0
 
     @property
     def tokens(self) -> int:
         return self.prompt_tokens + self.response_tokens
+
+    def text_only(self) -> NodeLoad:
+        """This load as a model without a vision tower reads it: the images' tokens left out of the prompt."""
+        if not self.image_tokens:
+            return self
+        return NodeLoad(self.node, self.op, self.sequences, self.prompt_tokens - self.image_tokens,
+                        self.response_tokens)
 
 
 def node_load(graph: Graph, node: Node, workload: Workload) -> NodeLoad:
@@ -80,23 +97,25 @@ def node_load(graph: Graph, node: Node, workload: Workload) -> NodeLoad:
         return load
     rounds = workload.rounds(graph)
     return NodeLoad(node.name, node.op, round(load.sequences * rounds), round(load.prompt_tokens * rounds),
-                    round(load.response_tokens * rounds))
+                    round(load.response_tokens * rounds), round(load.image_tokens * rounds), load.row_image_tokens)
 
 
 def _one_round(graph: Graph, node: Node, workload: Workload) -> NodeLoad:
     rows = workload.sequences(graph)
+    image = workload.image_tokens
+    prompt = workload.prompt_len + image  # what a vision-language model's LM reads (NodeLoad.text_only: the rest)
     if node.op in (Op.COMPUTE, Op.FILTER):
         return NodeLoad(node.name, node.op, rows, 0, 0)
     if node.op is Op.GENERATE and node.port_inputs()["prompts"] in graph.producers:
         # Prompts a node renders from the sampled rows (an LLM judge's: prompt + response + template): each row is
         # prefilled alone and answered once, within the node's own budget (a verdict's few tokens).
-        return NodeLoad(node.name, node.op, rows, rows * (workload.prompt_len + workload.response_len),
-                        rows * node.max_new_tokens)
+        return NodeLoad(node.name, node.op, rows, rows * (prompt + workload.response_len),
+                        rows * node.max_new_tokens, rows * image, image)
     if node.op is Op.GENERATE:
-        # Prompts are prefilled once and shared by their n samples (prefix caching in vLLM).
-        return NodeLoad(node.name, node.op, rows, workload.batch_size * workload.prompt_len,
-                        rows * workload.response_len)
-    return NodeLoad(node.name, node.op, rows, rows * workload.prompt_len, rows * workload.response_len)
+        # Prompts are prefilled once and shared by their n samples (prefix caching in vLLM; one encode an image).
+        return NodeLoad(node.name, node.op, rows, workload.batch_size * prompt, rows * workload.response_len,
+                        workload.batch_size * image, image)
+    return NodeLoad(node.name, node.op, rows, rows * prompt, rows * workload.response_len, rows * image, image)
 
 
 def node_loads(graph: Graph, workload: Workload) -> dict[str, NodeLoad]:
@@ -110,7 +129,7 @@ def field_bytes(graph: Graph, name: str, workload: Workload) -> int:
     rows = workload.batch_size if name in graph.inputs else workload.sequences(graph)
     per_row = {
         Extent.SEQUENCE: 1,
-        Extent.PROMPT_TOKENS: workload.prompt_len,
+        Extent.PROMPT_TOKENS: workload.prompt_len + workload.image_tokens,  # an image's placeholder ids too
         Extent.RESPONSE_TOKENS: workload.response_len,
     }[spec.extent]
     return rows * per_row * spec.dtype_bytes

@@ -30,6 +30,7 @@ from hybridflow.planner.request import PlanRequest
 from hybridflow.planner.search import PlannerOptions, plan_placement
 from hybridflow.planner.settings import Offload, RunSettings
 from hybridflow.planner.support import ANY_LAYOUT, LayoutSupport
+from hybridflow.planner.vision import VisionSpec
 
 __all__ = [
     "ANY_LAYOUT",
@@ -57,6 +58,7 @@ __all__ = [
     "RunSettings",
     "SearchStats",
     "Sharding",
+    "VisionSpec",
     "colocated_plan",
     "compare_plans",
     "detachable_policies",

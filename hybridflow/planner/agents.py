@@ -70,7 +70,14 @@ from hybridflow.planner.lengths import LengthDistribution
 from hybridflow.planner.metrics_file import metric, metrics_rows
 from hybridflow.planner.models import ModelSpec
 from hybridflow.planner.plan import RoleLayout
-from hybridflow.planner.rollout import Engine, concurrency, decode_seconds, generate_cost, prefill_seconds
+from hybridflow.planner.rollout import (
+    Engine,
+    concurrency,
+    decode_seconds,
+    generate_cost,
+    prefill_seconds,
+    vision_prefill_seconds,
+)
 from hybridflow.planner.settings import DEFAULT_SETTINGS, RunSettings
 
 Z95 = 1.645  # the standard normal's 95th percentile: sigma = ln(p95 / p50) / Z95
@@ -314,13 +321,14 @@ def schedule_seconds(model: ModelSpec, load: NodeLoad, prompt_len: float, layout
     engine = Engine(model, shape, layout.rollout_tp, DTYPE_BYTES[layout.dtype])
     engines = max(1, shape.size // layout.rollout_tp)
     rows = max(load.sequences, 1)
-    traj = _trajectories(agent, load, prompt_len)
+    traj = _trajectories(agent, load, prompt_len + load.row_image_tokens)  # an image's tokens stay in the context
     lengths = _turn_lengths(shape, traj.turn_tokens, agent.max_turn_tokens)
     latency, calls = agent.workload.tool_latency, float(agent.workload.calls_per_turn)
     active = [max(1, round(rows * traj.alive(t))) for t in range(1, len(traj.probs) + 1)]
     prefills = [prefill_seconds(model, math.ceil(load.prompt_tokens / engines) if t == 1 else
                                 math.ceil(n / engines) * traj.new_tokens(t), layout, shape)
                 for t, n in enumerate(active, start=1)]
+    prefills[0] += vision_prefill_seconds(model, load, engines, layout, shape)
     batch = layout.rollout_batch_size
     turn, first = 0.0, 0.0
     for t, n in enumerate(active, start=1):

@@ -6,13 +6,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from hybridflow.planner.agents import choose_schedule, explain_schedule, schedule_seconds
-from hybridflow.planner.costs import Shape, state_bytes, static_bytes
+from hybridflow.planner.costs import Shape, batching, state_bytes, static_bytes, vision_seconds
 from hybridflow.planner.devices import DTYPE_BYTES, GIB
 from hybridflow.planner.errors import gib
 from hybridflow.planner.execution import ExecutionMode
 from hybridflow.planner.layouts import GroupLayout, engine_layout
 from hybridflow.planner.plan import GroupPlan, NodeEstimate, Plan, RoleLayout, SearchStats
 from hybridflow.planner.problem import Problem, RoleWork
+from hybridflow.planner.rollout import vision_prefill_seconds
 from hybridflow.planner.schedule import DRIVER, Schedule, Sharing, compile_schedule, shared_step, stream_schedule
 from hybridflow.planner.step_terms import step_terms
 from hybridflow.planner.weight_moves import adapter_only, weight_ship, weight_sync
@@ -89,6 +90,8 @@ def build_plan(problem: Problem, groups: Sequence[Placement], *, search: SearchS
         extra["agent_schedule"] = why
     if any(role.model.adapter is not None for role in problem.roles):
         extra["lora"] = adapter_summary(problem, groups)
+    if problem.workload.image_tokens and any(role.model.vision is not None for role in problem.roles):
+        extra["vision_s"], extra["vision_share"], extra["vision"] = vision_summary(problem, groups)
     cluster = problem.cluster
     plans = []
     for group in groups:
@@ -129,6 +132,37 @@ def adapter_summary(problem: Problem, groups: Sequence[Placement]) -> str:
                          "their own)")
             lines.append(text)
     return "; ".join(lines)
+
+
+def vision_summary(problem: Problem, groups: Sequence[Placement]) -> tuple[float, float, str]:
+    """(seconds, share, words): the vision towers' seconds in a step's GPU nodes on their placed layouts (rollout
+    encodes, forward passes, updates), their share of those nodes' seconds, and both per node."""
+    tower: dict[str, float] = {}
+    total = 0.0
+    for group in groups:
+        shape, seconds = group.shape, dict(group.layout.node_seconds)
+        total += sum(seconds.values())
+        for layout in group.layout.layouts:
+            work = problem.role(layout.role)
+            if work.model.vision is None:
+                continue
+            engines = max(1, shape.size // layout.rollout_tp)
+            for load in work.generate:
+                tower[load.node] = vision_prefill_seconds(work.model, load, engines, layout, shape)
+            for load in work.forward:
+                tower[load.node] = vision_seconds(work.model, load, batching(load, layout, shape, train=False), layout,
+                                                  shape, 1)
+            for load in work.update:
+                passes = 4 if layout.gradient_checkpointing else 3
+                tower[load.node] = vision_seconds(work.model, load, batching(load, layout, shape, train=True), layout,
+                                                  shape, passes)
+    spent = sum(tower.values())
+    share = spent / total if total else 0.0
+    image = problem.workload.image_tokens
+    words = (f"{spent:.3g} s of the {total:.3g} s its GPU nodes run ({share:.1%}), {image} visual tokens beside "
+             f"{problem.workload.prompt_len} text tokens a prompt: "
+             + ", ".join(f"{node} {value:.3g} s" for node, value in tower.items() if value))
+    return spent, share, words
 
 
 def _size(nbytes: float) -> str:

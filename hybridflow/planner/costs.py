@@ -16,7 +16,14 @@ from functools import cached_property
 from hybridflow.graph import NodeLoad, Op, RoleKind
 from hybridflow.planner.calibration import DEFAULT_CONSTANTS, Constants
 from hybridflow.planner.devices import DTYPE_BYTES, DeviceSpec
-from hybridflow.planner.flops import LM_HEAD_KINDS, NONMATMUL_HBM_EFFICIENCY, flops_per_token, nonmatmul_bytes_per_token
+from hybridflow.planner.flops import (
+    LM_HEAD_KINDS,
+    NONMATMUL_HBM_EFFICIENCY,
+    flops_per_token,
+    nonmatmul_bytes_per_token,
+    vision_flops_per_token,
+    vision_nonmatmul_bytes_per_token,
+)
 from hybridflow.planner.models import ModelSpec
 from hybridflow.planner.offload import HostTraffic, TrainerShard, forward_traffic, host_seconds, update_traffic
 from hybridflow.planner.overlays import ControllerOverlay, controller_seconds
@@ -110,10 +117,11 @@ def shard_ranks(layout: RoleLayout, shape: Shape) -> int:
 
 def stage_params(model: ModelSpec, layout: RoleLayout) -> float:
     """Weights one GPU's tensor/pipeline/expert slice holds before data-parallel sharding: experts split
-    over the expert-parallel ranks (one expert per rank slice, Megatron's ETP=1), else with the dense parts."""
+    over the expert-parallel ranks (one expert per rank slice, Megatron's ETP=1), else with the dense parts. A
+    vision tower splits over TP and sits whole on the first stage (the GPU the slice is sized for)."""
     dense = (model.params - model.expert_params) / layout.tp
     experts = model.expert_params / (layout.ep if layout.ep > 1 else layout.tp)
-    return (dense + experts) / layout.pp
+    return (dense + experts) / layout.pp + model.vision_params / layout.tp
 
 
 def adapter_stage_params(model: ModelSpec, layout: RoleLayout) -> float:
@@ -122,8 +130,12 @@ def adapter_stage_params(model: ModelSpec, layout: RoleLayout) -> float:
 
 
 def trainable_stage_params(model: ModelSpec, layout: RoleLayout) -> float:
-    """The weights one GPU's slice trains before data-parallel sharding: the adapter's, or all of them."""
-    return adapter_stage_params(model, layout) if model.adapter is not None else stage_params(model, layout)
+    """The weights one GPU's slice trains before data-parallel sharding: the adapter's, or all of them; a frozen
+    vision tower's never."""
+    tower = model.trained_vision_params / layout.tp
+    if model.adapter is not None:
+        return adapter_stage_params(model, layout) + tower
+    return stage_params(model, layout) - model.vision_params / layout.tp + tower
 
 
 def state_bytes(model: ModelSpec, kind: RoleKind, layout: RoleLayout, shape: Shape) -> tuple[float, float, float]:
@@ -193,10 +205,12 @@ def grad_reduce_bytes(layout: RoleLayout) -> int:
 
 
 def _gather_buffer(model: ModelSpec, layout: RoleLayout) -> int:
-    """FSDP holds two unsharded layers at a time (the current and the prefetched one)."""
+    """FSDP holds two unsharded layers at a time (the current and the prefetched one): decoder layers, wider than
+    a vision tower's blocks."""
     if layout.sharding not in FULL_SHARDS:
         return 0
-    return int(2 * stage_params(model, layout) * layout.pp / model.layers * DTYPE_BYTES[layout.dtype])
+    layers = stage_params(model, layout) - model.vision_params / layout.tp
+    return int(2 * layers * layout.pp / model.layers * DTYPE_BYTES[layout.dtype])
 
 
 def _activation_layer_bytes(model: ModelSpec, tokens: float, layout: RoleLayout) -> float:
@@ -237,6 +251,7 @@ class Batching:
     micro_batches: int  # micro batches per GPU in the pass (all epochs and mini-batches)
     optimizer_steps: int
     attention_seq: float = 0.0  # the sequence length a token attends over, token-weighted (0: ``seq``)
+    rows_per_gpu: float = 0.0  # sequences this GPU's data rank processes in the pass (all epochs)
 
 
 def sequence_tokens(load: NodeLoad, shape: Shape) -> float:
@@ -297,7 +312,7 @@ def batching(load: NodeLoad, layout: RoleLayout, shape: Shape, *, train: bool) -
         micro_tokens = rows_micro * seq / layout.sp
     return Batching(tokens_per_gpu=minis * tokens_rank / layout.pp, seq=seq, micro_tokens=micro_tokens,
                     micro_batches=minis * micro, optimizer_steps=minis if train else 0,
-                    attention_seq=attention_tokens(load, shape))
+                    attention_seq=attention_tokens(load, shape), rows_per_gpu=float(minis * rows_rank))
 
 
 def budget_micro_batches(load: NodeLoad, shape: Shape, rows: int, tokens: float, budget: float) -> int:
@@ -322,6 +337,49 @@ def nonmatmul_seconds(model: ModelSpec, kind: RoleKind, batch: Batching, layout:
     tokens = batch.tokens_per_gpu / layout.tp
     bandwidth = shape.device.hbm_bandwidth * NONMATMUL_HBM_EFFICIENCY
     return nonmatmul_bytes_per_token(model, kind, passes) * tokens / bandwidth
+
+
+def vision_passes(model: ModelSpec, passes: int) -> int:
+    """Passes the tower runs in a pass of the language model's ``passes``: one while it is frozen (nothing before it
+    needs gradients, so autograd runs no backward through it), all of them when it trains."""
+    return passes if model.trained_vision_params else 1
+
+
+def vision_seconds(model: ModelSpec, load: NodeLoad, batch: Batching, layout: RoleLayout, shape: Shape,
+                   passes: int) -> float:
+    """The vision tower over this GPU's images in a forward or update pass (:func:`vision_flops_per_token`,
+    :func:`vision_nonmatmul_bytes_per_token`): every row's visual tokens on each rank of its data-parallel rank's
+    sequence-parallel group (the tower runs on whole images before the sequence is split), matmuls split over TP
+    at the efficiency of a micro batch's patches; 0 for a text-only model or load."""
+    vision = model.vision
+    if vision is None or not load.row_image_tokens:
+        return 0.0
+    tokens = batch.rows_per_gpu * load.row_image_tokens
+    runs = vision_passes(model, passes)
+    flops = vision_flops_per_token(vision, load.row_image_tokens, runs) * tokens / layout.tp
+    micro_patches = batch.micro_tokens * layout.sp / max(batch.seq, 1.0) * load.row_image_tokens
+    compute = flops / (shape.device.matmul_flops(layout.dtype)
+                       * efficiency(micro_patches * vision.patches_per_token, shape.constants))
+    memory = vision_nonmatmul_bytes_per_token(vision, runs) * tokens / layout.tp
+    return compute + memory / (shape.device.hbm_bandwidth * NONMATMUL_HBM_EFFICIENCY)
+
+
+def vision_activation_bytes(model: ModelSpec, load: NodeLoad, batch: Batching, layout: RoleLayout,
+                            *, train: bool) -> float:
+    """The tower's activations at its peak on one GPU, for a micro batch's patches: two blocks' worth while it runs
+    forward only (frozen, or a forward pass); when an update trains it, every block's (under gradient checkpointing
+    each block's input and one block's full set), as ``update_cost`` counts a decoder layer's."""
+    vision = model.vision
+    if vision is None or not load.row_image_tokens:
+        return 0.0
+    patches = batch.micro_tokens * layout.sp / max(batch.seq, 1.0) * load.row_image_tokens * vision.patches_per_token
+    unit = DTYPE_BYTES[layout.dtype]
+    block = ACTIVATION_BYTES_PER_TOKEN_HIDDEN * patches * vision.hidden * unit / 2 / layout.tp
+    if not (train and model.trained_vision_params):
+        return 2 * block
+    if layout.gradient_checkpointing:
+        return vision.depth * patches * vision.hidden * unit + block
+    return vision.depth * block
 
 
 def moe_slowdown(model: ModelSpec, shape: Shape) -> float:
@@ -395,7 +453,8 @@ def forward_cost(model: ModelSpec, kind: RoleKind, load: NodeLoad, layout: RoleL
     memory-bound ops, with FSDP's gathers (and a frozen role's offloaded shard) beside it."""
     batch = batching(load, layout, shape, train=False)
     compute = _compute_seconds(model, kind, batch, layout, shape, 1)
-    compute += nonmatmul_seconds(model, kind, batch, layout, shape, 1)
+    compute += nonmatmul_seconds(model, kind, batch, layout, shape, 1) + vision_seconds(model, load, batch, layout,
+                                                                                          shape, 1)
     comm = parallel_comm_seconds(model, batch, layout, shape, 1)
     gather = _param_gathers(model, layout, shape, batch.micro_batches)
     offload = shape.run.offload_of(layout.role)
@@ -415,7 +474,7 @@ def forward_cost(model: ModelSpec, kind: RoleKind, load: NodeLoad, layout: RoleL
         swap = 2 * host_seconds(moved, shape)
     tokens = batch.micro_tokens
     transient = (2 * _activation_layer_bytes(model, tokens, layout) + _logit_bytes(model, kind, tokens, layout.tp)
-                 + moved)
+                 + moved + vision_activation_bytes(model, load, batch, layout, train=False))
     fixed = shape.constants.phase_overhead_s + batch.micro_batches * shape.constants.micro_batch_overhead_s
     fixed += controller_seconds(load, shape)
     passes = overlapped(compute + comm, gather, model.layers / layout.pp, shape)
@@ -429,7 +488,8 @@ def update_cost(model: ModelSpec, kind: RoleKind, load: NodeLoad, layout: RoleLa
     batch = batching(load, layout, shape, train=True)
     passes = 4 if layout.gradient_checkpointing else 3
     compute = _compute_seconds(model, kind, batch, layout, shape, passes)
-    compute += nonmatmul_seconds(model, kind, batch, layout, shape, passes)
+    compute += nonmatmul_seconds(model, kind, batch, layout, shape, passes) + vision_seconds(model, load, batch, layout,
+                                                                                               shape, passes)
     comm = parallel_comm_seconds(model, batch, layout, shape, passes)
     grad_bytes = trainable_stage_params(model, layout) * grad_reduce_bytes(layout)
     ranks, bandwidth = shard_ranks(layout, shape), shape.collective_bandwidth
@@ -475,6 +535,7 @@ def update_cost(model: ModelSpec, kind: RoleKind, load: NodeLoad, layout: RoleLa
         activations = layers * tokens * model.hidden * DTYPE_BYTES[layout.dtype] + layer
     else:
         activations = layers * layer
+    activations += vision_activation_bytes(model, load, batch, layout, train=True)
     passes_peak = activations + 2 * _logit_bytes(model, kind, tokens, layout.tp) + 2 * _gather_buffer(model, layout)
     if per_unshard(kind, shape):  # the offloaded state never comes back whole: a unit's copies at a time
         transient = passes_peak + traffic.transient_bytes

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from hybridflow.graph import RoleKind
 from hybridflow.planner.models import ModelSpec
+from hybridflow.planner.vision import VisionSpec
 
 # Memory-bound (non-matmul) HBM traffic of one token's forward through a decoder layer as Hugging Face transformers
 # runs it under bf16 autocast (modeling_qwen2.py / modeling_llama.py, the code verl's FSDP workers train): two
@@ -65,3 +66,26 @@ def nonmatmul_bytes_per_token(model: ModelSpec, kind: RoleKind, passes: int) -> 
     layer = NONMATMUL_BYTES_PER_HIDDEN * model.hidden + NONMATMUL_BYTES_PER_INTERMEDIATE * width
     logits = LOGIT_BYTES_PER_VOCAB * model.vocab if kind in LM_HEAD_KINDS else 0
     return passes * (model.layers * layer + logits)
+
+
+def vision_flops_per_token(vision: VisionSpec, image_tokens: float, passes: int) -> float:
+    """FLOPs of one visual token through the tower in ``passes`` passes (1 forward: a frozen tower, even in an
+    update, since nothing before it needs gradients; 3 or 4 when it trains): its ``spatial_merge²`` patches through
+    the patch embedding and every block's matmuls (2 per weight), the merger's matmuls once, and bidirectional
+    attention, ``4·hidden`` per patch and key (QK^T and AV), over a window's patches in the windowed blocks and
+    the whole image's (``image_tokens`` visual tokens: one image a sample) in the others."""
+    patches = vision.patches_per_token
+    image_patches = max(image_tokens, 1.0) * patches
+    window = min(float(vision.window_patches), image_patches) if vision.window_size else image_patches
+    keys = vision.windowed_blocks * window + (vision.depth - vision.windowed_blocks) * image_patches
+    attention = 4 * vision.hidden * keys
+    matmuls = 2 * (vision.patch_inputs * vision.hidden + vision.depth * vision.block_matmul_params)
+    attention_passes = passes if passes == 1 else passes - 2 + ATTENTION_BACKWARD_RATIO
+    return patches * (passes * matmuls + attention_passes * attention) + passes * 2 * vision.merger_matmul_params
+
+
+def vision_nonmatmul_bytes_per_token(vision: VisionSpec, passes: int) -> float:
+    """HBM bytes one visual token's patches move through a block's memory-bound ops (RMSNorms, rotary, residuals,
+    the gated MLP's activation: the kernels ``NONMATMUL_BYTES_PER_*`` count for a decoder layer)."""
+    block = NONMATMUL_BYTES_PER_HIDDEN * vision.hidden + NONMATMUL_BYTES_PER_INTERMEDIATE * vision.intermediate
+    return passes * vision.patches_per_token * vision.depth * block

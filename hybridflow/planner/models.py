@@ -1,4 +1,5 @@
-"""Model shapes the cost model needs: parameters, layers, hidden size, heads, KV heads, vocabulary.
+"""Model shapes the cost model needs: parameters, layers, hidden size, heads, KV heads, vocabulary, and a
+vision-language model's vision tower (:mod:`.vision`).
 
 A :class:`ModelSpec` comes from a preset (public HF configs), a local ``config.json``, or a raw
 parameter count (a Llama-like shape is derived).
@@ -13,11 +14,13 @@ from typing import Any
 
 from hybridflow.files import read_json
 from hybridflow.planner.lora_costs import LoraPlan
+from hybridflow.planner.vision import VisionSpec, qwen2_5_vl_tower, vision_from_config
 
 
 @dataclass(frozen=True, kw_only=True)
 class ModelSpec:
-    """A decoder-only transformer's shape. ``params`` counts every weight, embeddings included."""
+    """A decoder-only transformer's shape. ``params`` counts every weight of the language model, embeddings
+    included; a vision-language model's tower (``vision``) is counted apart (:attr:`vision_params`)."""
 
     name: str
     params: int
@@ -38,6 +41,7 @@ class ModelSpec:
     # A LoRA adapter the role trains on this frozen base (``lora_costs.py``); None: every weight is trained.
     adapter: LoraPlan | None = None
     adapter_params: int = field(default=0, init=False, compare=False, repr=False)  # the adapter's weights
+    vision: VisionSpec | None = None  # a vision-language model's vision tower; None: a text-only model
 
     def __post_init__(self) -> None:
         for field_name in ("params", "layers", "hidden", "heads", "kv_heads", "vocab"):
@@ -58,6 +62,8 @@ class ModelSpec:
         if self.experts and not 0 < self.experts_per_token <= self.experts:
             raise ValueError(f"ModelSpec({self.name}).experts_per_token={self.experts_per_token} must be in "
                              f"1..experts={self.experts}")
+        if self.vision is not None and not isinstance(self.vision, VisionSpec):
+            raise TypeError(f"ModelSpec({self.name}).vision must be a VisionSpec, got {type(self.vision).__name__}")
         if self.adapter is not None:
             if not isinstance(self.adapter, LoraPlan):
                 raise TypeError(f"ModelSpec({self.name}).adapter must be a LoraPlan, got {type(self.adapter).__name__}")
@@ -71,6 +77,16 @@ class ModelSpec:
     def with_adapter(self, adapter: LoraPlan | None) -> ModelSpec:
         """This base with ``adapter`` trained on it (None: the plain model, fully trained)."""
         return replace(self, adapter=adapter)
+
+    @property
+    def vision_params(self) -> int:
+        """The vision tower's weights (0 for a text-only model): held by every role that runs the model."""
+        return self.vision.params if self.vision is not None else 0
+
+    @property
+    def trained_vision_params(self) -> int:
+        """The tower's weights an update trains: 0 while it is frozen (the default, as verl)."""
+        return self.vision_params if self.vision is not None and self.vision.trainable else 0
 
     @property
     def base(self) -> ModelSpec:
@@ -209,7 +225,13 @@ def count_params(*, layers: int, hidden: int, heads: int, kv_heads: int, vocab: 
 
 def from_config_dict(config: dict[str, Any], *, name: str) -> ModelSpec:
     """A :class:`ModelSpec` from HF config keys (Llama/Qwen/Mistral names, GPT-2 names as a fallback;
-    Qwen-MoE ``num_experts``/``moe_intermediate_size`` and an explicit ``head_dim``)."""
+    Qwen-MoE ``num_experts``/``moe_intermediate_size`` and an explicit ``head_dim``); a vision-language config
+    (``vision_config``, its language model's keys top-level or under ``text_config``) gains its tower."""
+    if isinstance(config.get("vision_config"), dict):
+        text = {**config, **(config.get("text_config") or {})}
+        text.pop("vision_config")
+        spec = from_config_dict(text, name=name)
+        return replace(spec, vision=vision_from_config(config["vision_config"], out_hidden=spec.hidden, name=name))
     hidden = _key(config, name, "hidden_size", "n_embd")
     layers = _key(config, name, "num_hidden_layers", "n_layer")
     heads = _key(config, name, "num_attention_heads", "n_head")
@@ -257,6 +279,13 @@ def _preset(name: str, layers: int, hidden: int, heads: int, kv_heads: int, voca
     return from_config_dict(config, name=name)
 
 
+def _vl_preset(name: str, layers: int, hidden: int, heads: int, kv_heads: int, vocab: int, intermediate: int,
+               tie: bool = False) -> ModelSpec:
+    """A Qwen2.5-VL size: its language model's shape and the Qwen2.5-VL tower."""
+    spec = _preset(name, layers, hidden, heads, kv_heads, vocab, intermediate, tie)
+    return replace(spec, vision=qwen2_5_vl_tower(hidden))
+
+
 # DeepSeek-V3 (config.json + model card): 61 layers (3 dense), hidden 7168, 128 heads with latent attention
 # (kv_lora_rank 512 + rope 64 cached per layer), 256 routed experts of width 2048, 8 per token, 1 shared;
 # 671B weights, 37B active (the card's totals; MLA makes a shape count long for no gain here).
@@ -283,6 +312,12 @@ PRESETS: dict[str, ModelSpec] = {
     "qwen3-30b-a3b": _preset("qwen3-30b-a3b", 48, 2048, 32, 4, 151936, 6144, head_dim=128, num_experts=128,
                              num_experts_per_tok=8, moe_intermediate_size=768),
     "deepseek-v3": DEEPSEEK_V3,
+    # Qwen2.5-VL: each language model is the Qwen2.5 of its size (text keys of Qwen/Qwen2.5-VL-{3B,7B,32B,72B}-
+    # Instruct's config.json), beside the one tower of vision.qwen2_5_vl_tower.
+    "qwen2.5-vl-3b": _vl_preset("qwen2.5-vl-3b", 36, 2048, 16, 2, 151936, 11008, tie=True),
+    "qwen2.5-vl-7b": _vl_preset("qwen2.5-vl-7b", 28, 3584, 28, 4, 152064, 18944),
+    "qwen2.5-vl-32b": _vl_preset("qwen2.5-vl-32b", 64, 5120, 40, 8, 152064, 27648),
+    "qwen2.5-vl-72b": _vl_preset("qwen2.5-vl-72b", 80, 8192, 64, 8, 152064, 29568),
     # The runtime's CPU test models (hybridflow.models.tiny): two layers, about 0.6M weights with a
     # 1k vocabulary; plan with ModelSpec.from_hf_config(saved_dir) to use the real tokenizer's vocabulary.
     "tiny": _preset("tiny", 2, 128, 4, 2, 1024, 512, tie=True),

@@ -113,6 +113,7 @@ def streamed_generate_seconds(model: ModelSpec, load: NodeLoad, prompt_len: int,
     synchronous time (the pool could always run one batch as a synchronous engine does).
     """
     synchronous = generate_cost(model, load, prompt_len, layout, shape, resident).seconds
+    prompt_len += load.row_image_tokens  # the context a vision-language model's engine holds (generate_cost adds it)
     engine = Engine(model, shape, layout.rollout_tp, DTYPE_BYTES[layout.dtype])
     rows = max(load.sequences, 1)
     per_engine = math.ceil(rows / max(1, shape.size // layout.rollout_tp))

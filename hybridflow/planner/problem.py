@@ -141,7 +141,10 @@ def build_problem(graph: Graph, models: Mapping[str, ModelSpec], workload: Workl
         if role.name not in models:
             raise ValueError(f"no model for role {role.name!r}; pass models[{role.name!r}] = "
                              f"ModelSpec.preset('llama3-8b') (or --model {role.name}=...)")
-        mine = [loads[node.name] for node in graph.nodes_of(role.name)]
+        # A role reads a sample's images when its model has a vision tower; a text-only model reads the text.
+        reads_images = models[role.name].vision is not None
+        mine = [loads[node.name] if reads_images else loads[node.name].text_only()
+                for node in graph.nodes_of(role.name)]
         roles.append(RoleWork(
             name=role.name, kind=role.kind, model=models[role.name],
             forward=tuple(load for load in mine if load.op in FORWARD_OPS),

@@ -38,6 +38,8 @@ def render_plan(plan: Plan, title: str) -> None:
         console.print(f"step beyond the graph (amortised): {dict(plan.extra)['step_terms']}")
     if dict(plan.extra).get("agent_schedule"):
         console.print(str(dict(plan.extra)["agent_schedule"]))
+    if dict(plan.extra).get("vision"):
+        console.print(f"vision tower: {dict(plan.extra)['vision']}")
     if dict(plan.extra).get("lora"):
         console.print(f"LoRA: {dict(plan.extra)['lora']}")
     shipped = f" (shipped to {', '.join(plan.detached_rollouts.values())})" if plan.detached_rollouts else ""

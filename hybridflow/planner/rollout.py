@@ -26,6 +26,7 @@ from hybridflow.planner.costs import (
     moe_slowdown,
 )
 from hybridflow.planner.devices import DTYPE_BYTES
+from hybridflow.planner.flops import vision_flops_per_token
 from hybridflow.planner.lengths import LengthDistribution
 from hybridflow.planner.models import ModelSpec
 from hybridflow.planner.overlays import controller_seconds
@@ -43,7 +44,8 @@ class Engine:
 
     @property
     def weights(self) -> float:
-        return self.model.params * self.unit / self.rtp
+        """The engine's weights on one GPU: the language model and a vision tower, both split over its TP."""
+        return (self.model.params + self.model.vision_params) * self.unit / self.rtp
 
     @property
     def kv_token(self) -> float:
@@ -178,6 +180,17 @@ def prefill_seconds(model: ModelSpec, tokens: float, layout: RoleLayout, shape: 
     return 2 * model.layer_matmul_params * tokens / layout.rollout_tp / (peak * shape.constants.prefill_mfu)
 
 
+def vision_prefill_seconds(model: ModelSpec, load: NodeLoad, engines: int, layout: RoleLayout, shape: Shape) -> float:
+    """One engine encoding its share of the node's images before their prefill (vLLM runs the tower once a prompt:
+    ``load.image_tokens`` counts each shared prompt's image once), its matmuls split over the engine's TP at
+    ``prefill_mfu``; 0 for a text-only model or load."""
+    if model.vision is None or not load.image_tokens:
+        return 0.0
+    flops = vision_flops_per_token(model.vision, load.row_image_tokens, 1) * math.ceil(load.image_tokens / engines)
+    peak = shape.device.matmul_flops(layout.dtype)
+    return flops / layout.rollout_tp / (peak * shape.constants.prefill_mfu)
+
+
 def cache_rebuild_seconds(engine: Engine) -> float:
     """Rebuilding a vendored V0 engine's cache for a rollout (``V0_SWAP_SPACE_BYTES``): zeroing its CPU swap space on
     one host thread and its GPU KV cache (:func:`kv_tokens`) at the HBM rate; 0 unless the engine is verl's vendored
@@ -195,9 +208,12 @@ def generate_cost(model: ModelSpec, load: NodeLoad, prompt_len: int, layout: Rol
     """Rollout: compute-bound prefill, then continuous-batching decode (see the module docstring).
 
     ``load.prompt_tokens`` counts each prompt once (shared by its samples); ``resident`` is what the role
-    keeps on each GPU meanwhile (its static bytes), which the engine's memory share must hold too.
+    keeps on each GPU meanwhile (its static bytes), which the engine's memory share must hold too. ``prompt_len``
+    is a prompt's text; a vision-language model's context holds its image's ``load.row_image_tokens`` too, which
+    its tower encodes first (:func:`vision_prefill_seconds`).
     """
     rtp, unit = layout.rollout_tp, DTYPE_BYTES[layout.dtype]
+    prompt_len += load.row_image_tokens
     engine = Engine(model, shape, rtp, unit)
     engines = max(1, shape.size // rtp)
     rows = max(load.sequences, 1)
@@ -206,6 +222,7 @@ def generate_cost(model: ModelSpec, load: NodeLoad, prompt_len: int, layout: Rol
     in_flight = concurrency(engine, per_engine, layout.rollout_batch_size or per_engine, prompt_len, lengths,
                             resident)
     prefill = prefill_seconds(model, math.ceil(load.prompt_tokens / engines), layout, shape)
+    prefill += vision_prefill_seconds(model, load, engines, layout, shape)
     decode = decode_seconds(engine, per_engine, in_flight, prompt_len, lengths, rows)
     reuse = layout.sharding is Sharding.NO_SHARD and layout.tp == rtp
     if shape.run.gpu_memory_utilization is not None:

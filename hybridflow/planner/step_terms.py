@@ -77,8 +77,9 @@ def validation_seconds(problem: Problem, groups: Sequence[Placement]) -> float:
                 continue
             rows = run.validation_prompts * run.validation_samples
             prompt = problem.workload.prompt_len
-            load = NodeLoad("validation", Op.GENERATE, rows, run.validation_prompts * prompt,
-                            rows * problem.workload.response_len)
+            image = problem.workload.image_tokens if role.model.vision is not None else 0
+            load = NodeLoad("validation", Op.GENERATE, rows, run.validation_prompts * (prompt + image),
+                            rows * problem.workload.response_len, run.validation_prompts * image, image)
             resident = static_bytes(role.model, role.kind, layout, group.shape)
             seconds = generate_cost(role.model, load, prompt, layout, group.shape, resident).seconds
             if role.update:  # a colocated engine slept after the step's rollout and takes the new weights
@@ -101,6 +102,7 @@ def checkpoint_seconds(problem: Problem, groups: Sequence[Placement]) -> float:
             role = problem.role(layout.role)
             if role.kind.trainable and role.update:
                 trained = role.model.adapter_params if role.model.adapter is not None else role.model.params
+                trained += role.model.trained_vision_params
                 seconds += trained * CHECKPOINT_BYTES_PER_PARAM / (machines * CHECKPOINT_WRITE_BYTES_S)
     return seconds * problem.settings.checkpoints_per_step
 

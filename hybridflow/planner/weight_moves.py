@@ -33,10 +33,11 @@ def adapter_only(model: ModelSpec) -> bool:
 def sync_payload(model: ModelSpec, layout: RoleLayout) -> tuple[float, float]:
     """(bytes of one copy, fixed seconds) an update sends the rollout engine: the adapter in the role's dtype and
     one in-memory LoRA load (``ADAPTER_LOAD_S``), or the full (for LoRA: merged) weights and ``WEIGHT_TENSOR_S``
-    per tensor."""
+    per tensor. A vision tower goes only when it trains (frozen, the engine keeps the copy it loaded)."""
+    tower = model.trained_vision_params * DTYPE_BYTES[layout.dtype]
     if adapter_only(model):
-        return model.adapter_params * DTYPE_BYTES[layout.dtype], ADAPTER_LOAD_S
-    return model.params * DTYPE_BYTES[layout.dtype], tensor_seconds(model)
+        return model.adapter_params * DTYPE_BYTES[layout.dtype] + tower, ADAPTER_LOAD_S
+    return model.params * DTYPE_BYTES[layout.dtype] + tower, tensor_seconds(model)
 
 
 def weight_sync(model: ModelSpec, layout: RoleLayout, shape: Shape) -> tuple[float, int]:
@@ -59,7 +60,8 @@ def engine_switch(model: ModelSpec, kind: RoleKind, layout: RoleLayout, shape: S
     and leave again."""
     seconds = 0.0
     if shape.run.rollout_sleep:
-        seconds += 2 * host_seconds(model.params * DTYPE_BYTES[layout.dtype] / layout.rollout_tp, shape)
+        engine = (model.params + model.vision_params) * DTYPE_BYTES[layout.dtype] / layout.rollout_tp
+        seconds += 2 * host_seconds(engine, shape)
     if kind.trainable and shape.run.offload_of(layout.role).params:
         if not per_unshard(kind, shape):
             seconds += 2 * host_seconds(state_bytes(model, kind, layout, shape)[0], shape)
