@@ -102,16 +102,17 @@ def vision_messages(prompt: object, images: int, *, where: str) -> list[dict[str
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
     if not isinstance(messages, list) or not messages or not all(isinstance(m, Mapping) for m in messages):
         raise ValueError(f"{where}: the prompt is {prompt!r}; give a string or a list of chat messages")
-    out = [{"role": _role(m, i, where), "content": _parts(m.get("content"), i, where)} for i, m in enumerate(messages)]
-    placeholders = sum(part == IMAGE_PART for message in out for part in message["content"])
+    roles = [_role(m, i, where) for i, m in enumerate(messages)]
+    contents = [_parts(m.get("content"), i, where) for i, m in enumerate(messages)]
+    placeholders = sum(part == IMAGE_PART for parts in contents for part in parts)
     if placeholders == 0 and images:
-        first = next((m for m in out if m["role"] == "user"), out[0])
-        first["content"] = [dict(IMAGE_PART) for _ in range(images)] + first["content"]
+        first = roles.index("user") if "user" in roles else 0
+        contents[first] = [dict(IMAGE_PART) for _ in range(images)] + contents[first]
     elif placeholders != images:
         raise ValueError(f"{where}: the prompt has {placeholders} image placeholders ({PLACEHOLDER!r} or "
                          f"{{'type': 'image'}} parts) but the row has {images} images; give one placeholder per image "
                          "(or none: the images then open the first user turn)")
-    return out
+    return [{"role": role, "content": parts} for role, parts in zip(roles, contents, strict=True)]
 
 
 def _role(message: Mapping[str, Any], index: int, where: str) -> str:

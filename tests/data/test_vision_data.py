@@ -36,7 +36,8 @@ def test_verl_parquet_rows_with_image_bytes_and_placeholders(tmp_path: Path, pro
             _verl_row([{"bytes": png_bytes((16, 16), BLUE), "path": None}, {"bytes": png_bytes((8, 24)), "path": None}],
                       "Compare <image> with <image>.", "no")]
     records = load_records(write_parquet(tmp_path / "geo.parquet", rows))
-    assert records[0]["prompt"] == [{"role": "user", "content": [IMAGE_PART, {"type": "text", "text": "Which colour?"}]}]
+    assert records[0]["prompt"] == [{"role": "user",
+                                     "content": [IMAGE_PART, {"type": "text", "text": "Which colour?"}]}]
     assert records[1]["prompt"][0]["content"] == [{"type": "text", "text": "Compare "}, IMAGE_PART,
                                                   {"type": "text", "text": " with "}, IMAGE_PART,
                                                   {"type": "text", "text": "."}]
@@ -168,3 +169,26 @@ def test_pil_images_in_rows_are_read(processor: Any) -> None:
     ref = ImageRef(Image.new("L", (16, 8), 128), "r", "image", 0)
     assert open_image(ref).mode == "RGB" and open_image(ref).size == (16, 8)
     assert open_image(ImageRef(io.BytesIO(png_bytes((8, 8))).getvalue(), "r", "image", 0)).size == (8, 8)
+
+
+def test_a_run_reads_its_vision_keys_with_the_policys_processor(tmp_path: Path) -> None:
+    from hybridflow.models.vision import build_tiny_vlm
+    from hybridflow.train import setup
+    from hybridflow.train.config import config_from_dotted
+
+    processor = tiny_vlm_processor()
+    model_dir = save_vlm_dir(build_tiny_vlm(processor.tokenizer), processor, tmp_path / "vlm")
+    rows = [_verl_row([{"bytes": png_bytes((64, 64), RED)}], "<image>Colour?", "red"),
+            _verl_row([{"bytes": b"broken"}], "<image>Colour?", "?"),
+            _verl_row([{"bytes": png_bytes((64, 32), BLUE)}], "<image>Colour?", "blue")]
+    config = config_from_dotted({"model.path": str(model_dir), "data.path": str(write_parquet(tmp_path / "d.parquet",
+                                                                                                rows)),
+                                 "data.reward": "math", "data.batch_size": 2, "data.vision.max_pixels": 16 * 16,
+                                 "data.vision.bad_images": "skip"})
+    tokenizer = setup.policy_tokenizer(config)
+    train, _ = setup.prepare_data(config, setup.data_splits(config), tokenizer)
+    assert train.skipped_images == 1 and train.kept == 2
+    batch = setup.prompt_loader(config, train.records, tokenizer).batch(0)
+    # max_pixels=256 resizes 64 x 64 to 16 x 16 and 64 x 32 to 16 x 8 pixels, in 4 px patches (the processor's
+    # own bound, 1,024, would give 32 x 32: an 8 x 8 grid).
+    assert sorted(grid.tolist() for grid in batch["image_grid_thw"]) == [[[1, 2, 4]], [[1, 4, 4]]]
