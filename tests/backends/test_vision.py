@@ -174,3 +174,20 @@ def test_a_padded_update_over_image_rows_trains_through_the_vision_tower(vlm_dir
     packed = _update_grads(vlm_dir, batch, 2, padding=False)
     for other in (per_row, packed):
         assert max(float((whole[name] - other[name]).abs().max()) for name in whole) < TOLERANCE
+
+
+def test_image_rows_survive_the_runtimes_moves(vlm_dir: Path) -> None:
+    """n samples per prompt (repeat_interleave), the Ray wire format, padding to a multiple and concatenation keep
+    each row's images with its tokens: the pass over the moved rows equals the pass over the originals."""
+    from hybridflow.backends.torch.engine import TorchRoleEngine
+
+    batch, _, _ = _image_rows(vlm_dir)
+    spec = dataclasses.replace(role_spec("ref", RoleKind.FROZEN_POLICY), model=str(vlm_dir))
+    engine = TorchRoleEngine(spec, layout("ref", dp=1, sharding="NO_SHARD", padding=False,
+                                          forward_micro_batch_size=3), context())
+    moved = Batch.from_wire(batch.repeat_interleave(2).to_wire())
+    moved = Batch.concat([moved.slice(0, 3), moved.slice(3, 4)]).pad_to_multiple(5)[0]
+    assert len(moved) == 5 and moved["image_grid_thw"][2].shape == (2, 3)
+    expected = engine.log_probs(batch)["logprobs"]
+    got = engine.log_probs(moved)["logprobs"]
+    assert (got[:4] - expected.repeat_interleave(2, dim=0)).abs().max() < TOLERANCE
