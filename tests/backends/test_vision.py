@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from harness import context, layout, role_spec
+from harness import context, layout, role_spec, run_ranks
 from PIL import Image
 
 from hybridflow.data.images import ImageRef, open_image, vision_messages
@@ -191,3 +191,21 @@ def test_image_rows_survive_the_runtimes_moves(vlm_dir: Path) -> None:
     expected = engine.log_probs(batch)["logprobs"]
     got = engine.log_probs(moved)["logprobs"]
     assert (got[:4] - expected.repeat_interleave(2, dim=0)).abs().max() < TOLERANCE
+
+
+@pytest.mark.slow  # two spawned gloo ranks: ~40 s on 2 shared cores
+def test_fsdp_logprobs_over_image_rows_equal_the_torch_engines(vlm_dir: Path) -> None:
+    """FULL_SHARD over two ranks, a row with its images on each: padded and packed log-probs equal the torch
+    engine's over the whole batch (both rows have images, so both ranks run the vision tower's all-gathers)."""
+    import vision_ranks
+    from hybridflow.backends.torch.engine import TorchRoleEngine
+
+    batch, _, _ = _image_rows(vlm_dir)
+    spec = dataclasses.replace(role_spec("ref", RoleKind.FROZEN_POLICY), model=str(vlm_dir))
+    expected = TorchRoleEngine(spec, layout("ref", dp=1, sharding="NO_SHARD", padding=True),
+                               context()).log_probs(batch)["logprobs"]
+    ranks = run_ranks(vision_ranks.fsdp_logprobs, str(vlm_dir), batch.to_wire())
+    mask = batch["response_mask"].bool()
+    for name in ("padded", "packed"):
+        got = torch.cat([rank[name] for rank in ranks])
+        assert (got - expected)[mask].abs().max() < TOLERANCE, name
