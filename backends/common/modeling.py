@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from hybridflow.backends.common import packing, peft_lora, sampling, varlen
+from hybridflow.backends.common import packing, peft_lora, sampling, varlen, vision
 
 from hybridflow.graph import RoleKind
 from hybridflow.logits import token_entropy, token_logprobs
@@ -51,6 +51,13 @@ def _load(kind: RoleKind, model: str, dtype: str) -> Any:
                RoleKind.REWARD_MODEL: AutoModelForSequenceClassification}
     cls = classes.get(kind, AutoModelForCausalLM)
     head = {"num_labels": 1} if kind in classes else {}
+    if Path(model).is_dir() and _is_vision_language(model):
+        if kind in classes:
+            raise NotImplementedError(f"model {model} is a vision-language model: value and reward-model heads on "
+                                      "one are not built yet (docs/vision.md); use it as a policy or reference")
+        from transformers import AutoModelForImageTextToText
+
+        cls = AutoModelForImageTextToText
     if Path(model).is_dir():
         module = cls.from_pretrained(model, dtype=DTYPES[dtype], **head)
     else:
@@ -63,10 +70,23 @@ def _load(kind: RoleKind, model: str, dtype: str) -> Any:
         for key, value in head.items():
             setattr(config, key, value)
         module = cls.from_config(config, dtype=DTYPES[dtype])
+    text = getattr(module.config, "text_config", None)
+    if text is not None and text is not module.config:  # a VLM's token ids live in its text config
+        for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            if getattr(module.config, name, None) is None:
+                setattr(module.config, name, getattr(text, name, None))
     if getattr(module.config, "pad_token_id", None) is None:
         module.config.pad_token_id = module.config.eos_token_id
     varlen.enable(module)  # packed passes attend per sequence instead of through an N² mask
     return module
+
+
+def _is_vision_language(directory: str) -> bool:
+    """Whether the model in ``directory`` has a vision tower (its config a ``vision_config``): loaded as an
+    image-text-to-text model, since no causal-LM class takes its images."""
+    from transformers import AutoConfig
+
+    return getattr(AutoConfig.from_pretrained(directory), "vision_config", None) is not None
 
 
 def sequence_inputs(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -79,15 +99,17 @@ def sequence_inputs(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
 
 
 def policy_outputs(model: Any, batch: Batch, *, with_entropy: bool, packed: bool = True) -> dict[str, torch.Tensor]:
-    """Log-probs (and entropy) of the response tokens. Each (B, T); 0 where ``response_mask`` is 0 when ``packed``."""
+    """Log-probs (and entropy) of the response tokens. Each (B, T); 0 where ``response_mask`` is 0 when ``packed``.
+    Rows with images (:mod:`.vision`) also pass the model their pixel values, image grids and 3-D rope positions."""
     if packed:
         rows = _pack(model, batch)
+        inputs: dict[str, Any] = {"position_ids": rows.position_ids}
+        if vision.has_images(batch):  # each sequence keeps the 3-D rope positions the model gives it alone
+            inputs = vision.packed_inputs(hf_model(model), batch, *sequence_inputs(batch)[:2], rows.position_ids)
         if keeps_logits(model):  # the LM head on the M emitting tokens only, not all N packed ones (TRL's trim)
-            logits = model(input_ids=rows.input_ids, position_ids=rows.position_ids, use_cache=False,
-                           logits_to_keep=rows.emit).logits[0]
+            logits = model(input_ids=rows.input_ids, use_cache=False, logits_to_keep=rows.emit, **inputs).logits[0]
         else:
-            logits = model(input_ids=rows.input_ids, position_ids=rows.position_ids,
-                           use_cache=False).logits[0, rows.emit]
+            logits = model(input_ids=rows.input_ids, use_cache=False, **inputs).logits[0, rows.emit]
         targets = batch["responses"][rows.rows, rows.cols]
         out = {"logprobs": rows.scatter(token_logprobs(logits, targets))}  # (M, V) -> (M,) -> (B, T)
         if with_entropy:
@@ -95,11 +117,14 @@ def policy_outputs(model: Any, batch: Batch, *, with_entropy: bool, packed: bool
         return out
     input_ids, mask, positions = sequence_inputs(batch)
     prompt_len, response_len = batch["prompts"].shape[1], batch["responses"].shape[1]
+    inputs = {"position_ids": positions}
+    if vision.has_images(batch):  # pixel values, image grids and the model's 3-D rope positions
+        inputs = vision.padded_inputs(hf_model(model), batch, input_ids, mask)
     if keeps_logits(model):  # the last T + 1 positions, P - 1 .. P + T - 1: the first T predict the responses
-        logits = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=False,
-                       logits_to_keep=response_len + 1).logits[:, :response_len]
+        logits = model(input_ids=input_ids, attention_mask=mask, use_cache=False, logits_to_keep=response_len + 1,
+                       **inputs).logits[:, :response_len]
     else:
-        logits = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
+        logits = model(input_ids=input_ids, attention_mask=mask, use_cache=False, **inputs).logits
         logits = logits[:, prompt_len - 1:prompt_len - 1 + response_len]  # position t predicts token t + 1
     out = {"logprobs": token_logprobs(logits, batch["responses"])}
     if with_entropy:
@@ -123,6 +148,7 @@ _KEEPS_LOGITS: dict[type, bool] = {}  # per model class: its forward's signature
 
 def value_outputs(model: Any, batch: Batch, *, packed: bool = True) -> dict[str, torch.Tensor]:
     """Per-token values (B, T): the value head at the position that *emits* each response token."""
+    _no_images(batch, "value")
     if packed:
         rows = _pack(model, batch)
         values = model(input_ids=rows.input_ids, position_ids=rows.position_ids, use_cache=False).logits
@@ -135,6 +161,7 @@ def value_outputs(model: Any, batch: Batch, *, packed: bool = True) -> dict[str,
 
 def reward_model_scores(model: Any, batch: Batch, *, packed: bool = True) -> torch.Tensor:
     """(B,) scores of a sequence-classification model at each row's last real token."""
+    _no_images(batch, "score")
     if packed:
         return _packed_scores(model, batch)
     input_ids, mask, positions = sequence_inputs(batch)
@@ -159,6 +186,12 @@ def _packed_scores(model: Any, batch: Batch) -> torch.Tensor:
     return captured[0][0, rows.last, 0].float()  # (1, N, labels) -> (B,)
 
 
+def _no_images(batch: Batch, kind: str) -> None:
+    # A text head would read the image placeholders without the images: refused rather than silently blind.
+    if vision.has_images(batch):
+        raise NotImplementedError(f"{kind} passes over rows with images are not built yet (docs/vision.md)")
+
+
 def _pack(model: Any, batch: Batch) -> packing.PackedRows:
     config = _hf_module(model).config
     packing.check_packable(config)
@@ -168,6 +201,12 @@ def _pack(model: Any, batch: Batch) -> packing.PackedRows:
 def _hf_module(model: Any) -> Any:
     """The HF model under a training wrapper (a DeepSpeed engine holds it as ``module``)."""
     return getattr(model, "module", model)
+
+
+def hf_model(model: Any) -> Any:
+    """The transformers model under any wrapper: a DeepSpeed engine's ``module``, a peft model's base model."""
+    inner = _hf_module(model)
+    return inner.get_base_model() if hasattr(inner, "get_base_model") else inner
 
 
 def join_responses(parts: list[dict[str, torch.Tensor]], *, pad: int) -> dict[str, torch.Tensor]:

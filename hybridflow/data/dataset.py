@@ -15,8 +15,10 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from hybridflow.data.records import GROUND_TRUTH, PROMPT, Record, check_prompt, render_prompt, reward_target
+from hybridflow.data.images import image_column, image_refs, vision_messages
+from hybridflow.data.records import GROUND_TRUTH, IMAGES, PROMPT, Record, check_prompt, render_prompt, reward_target
 from hybridflow.data.sources import MissingColumnError, has_key, lookup, read_table
+from hybridflow.data.vision_prompts import encode_vision_prompts
 from hybridflow.fields import FieldError
 from hybridflow.runtime.batch import Batch
 
@@ -33,9 +35,12 @@ def load_records(path: str | Path, *, prompt_key: str = "prompt", answer_key: st
     ``reward_model.ground_truth``, and a file with neither in any row is prompt-only (every ground truth "",
     for reward functions that need none, as TRL allows). A prompt may be a string or chat messages (a
     ``messages`` column serves when there is no ``prompt``). The row's other columns (``data_source``,
-    ``extra_info``...) are kept for reward functions.
+    ``extra_info``...) are kept for reward functions. A row with an ``images`` or ``image`` column is a vision
+    row: its images become ``images`` (:mod:`~hybridflow.data.images`, relative paths read from the data file's
+    folder), its prompt chat messages with an image part per image.
     """
     table = read_table(path, split=split, field=field)
+    folder = Path(path) if Path(path).is_dir() else Path(path).parent
     # Prompt-only (TRL's convention): no row names a ground truth, so every one gets "" and the reward functions
     # judge the response alone. A file where only some rows have one is a data error, named at the first row.
     prompt_only = answer_key is None and not any(has_key(row, k) for row in table.rows for k in ANSWER_KEYS)
@@ -43,8 +48,15 @@ def load_records(path: str | Path, *, prompt_key: str = "prompt", answer_key: st
     for index, row in enumerate(table.rows):
         where = table.where(index)
         column = MESSAGES if prompt_key == PROMPT and PROMPT not in row and MESSAGES in row else prompt_key
-        prompt = check_prompt(lookup(row, column, where=where, field="prompt_key"), where)
-        extras = {name: value for name, value in row.items() if name not in (column, GROUND_TRUTH)}
+        images = image_column(row)
+        if images is None:
+            prompt = check_prompt(lookup(row, column, where=where, field="prompt_key"), where)
+            extras = {name: value for name, value in row.items() if name not in (column, GROUND_TRUTH)}
+        else:
+            refs = image_refs(row, images, where=where, base=folder)
+            prompt = vision_messages(lookup(row, column, where=where, field="prompt_key"), len(refs), where=where)
+            extras = {name: value for name, value in row.items() if name not in (column, GROUND_TRUTH, images)}
+            extras[IMAGES] = refs
         if prompt_only:
             records.append({PROMPT: prompt, GROUND_TRUTH: "", **extras})
             continue
@@ -71,12 +83,14 @@ def _as_text(answer: Any) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class PromptLoader:
-    """Seeded, step-addressable batches of tokenised prompts (left-padded, with ``prompt_mask``)."""
+    """Seeded, step-addressable batches of tokenised prompts (left-padded, with ``prompt_mask``); with the model's
+    ``processor``, records with images also carry their image inputs (:func:`encode_vision_prompts`)."""
 
     records: Sequence[Record]
     tokenizer: Any
     batch_size: int
     seed: int = 0
+    processor: Any | None = None
     COUNTED: ClassVar[str] = "the dataset's size"  # what ``records`` holds, for the batch size's bound
 
     def __post_init__(self) -> None:
@@ -94,7 +108,9 @@ class PromptLoader:
         return self.encode([self.records[i] for i in rows])
 
     def encode(self, records: Sequence[Record]) -> Batch:
-        """One step's records as a batch: :func:`encode_prompts`."""
+        """One step's records as a batch: :func:`encode_prompts`, or :func:`encode_vision_prompts` with a processor."""
+        if self.processor is not None:
+            return encode_vision_prompts(records, self.processor)
         return encode_prompts(records, self.tokenizer)
 
 

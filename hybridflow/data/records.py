@@ -15,8 +15,9 @@ Messages = list[dict[str, str]]
 
 # Keys of a record that are not "other columns" passed on to reward functions. ``raw_prompt`` keeps a
 # chat prompt's messages once ``prompt`` holds its rendered text (verl's name for the same thing).
-PROMPT, GROUND_TRUTH, RAW_PROMPT = "prompt", "ground_truth", "raw_prompt"
-RESERVED = (PROMPT, GROUND_TRUTH, RAW_PROMPT)
+# ``images``: a vision row's images (hybridflow.data.images), model inputs rather than a column for reward functions.
+PROMPT, GROUND_TRUTH, RAW_PROMPT, IMAGES = "prompt", "ground_truth", "raw_prompt", "images"
+RESERVED = (PROMPT, GROUND_TRUTH, RAW_PROMPT, IMAGES)
 CHAT_ROLES = ("system", "user", "assistant", "tool")  # the roles chat templates (HF, OpenAI) render
 
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from hybridflow.data.dataset import load_records
+from hybridflow.data.images import VisionData
 from hybridflow.data.records import Record
 from hybridflow.fields import FieldError
 
@@ -21,7 +22,8 @@ class DataFiles:
     ``ground_truth``, else verl's ``reward_model.ground_truth``); ``split`` picks the split of a
     ``DatasetDict``. Validation: ``val_path`` (read with ``val_split``) or ``val_fraction`` held out.
     ``max_prompt_length``: prompts longer than this many tokens are dropped (and counted) by
-    :func:`~hybridflow.data.prompts.prepare_records` once the tokenizer is known.
+    :func:`~hybridflow.data.prompts.prepare_records` once the tokenizer is known. ``vision``: how rows' images are
+    read and resized (:class:`~hybridflow.data.images.VisionData`).
     """
 
     prompt_key: str = "prompt"
@@ -31,6 +33,7 @@ class DataFiles:
     val_split: str = "test"
     val_fraction: float = 0.0
     max_prompt_length: int | None = None
+    vision: VisionData = field(default_factory=VisionData)
 
     def __post_init__(self) -> None:
         if self.max_prompt_length is not None and self.max_prompt_length < 1:

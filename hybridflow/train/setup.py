@@ -28,6 +28,7 @@ from hybridflow.data import (
 )
 from hybridflow.data import reward_scorer as load_reward_scorer
 from hybridflow.data.dataset import Record
+from hybridflow.data.images import has_images
 from hybridflow.data.preference import PreferenceLoader, load_preference_records, preference_task_examples
 from hybridflow.data.reward_pool import reward_timeout
 from hybridflow.data.splits import DataFiles, load_files
@@ -118,15 +119,32 @@ def policy_tokenizer(config: TrainConfig) -> Any:
     return char_tokenizer()
 
 
+def policy_processor(config: TrainConfig) -> Any | None:
+    """``model.path``'s processor (a vision-language model's), its images resized to between
+    ``data.vision.min_pixels`` and ``data.vision.max_pixels``; None for a model without one."""
+    path = config.model.path
+    if not path or not (Path(path) / "preprocessor_config.json").is_file():
+        return None
+    from hybridflow.models.vision import load_processor
+
+    vision = config.data.vision
+    with keys_at("data.vision."):
+        return load_processor(path, min_pixels=vision.min_pixels, max_pixels=vision.max_pixels)
+
+
 def prepare_data(config: TrainConfig, splits: DataSplits, tokenizer: Any) -> tuple[PreparedRecords,
                                                                                   PreparedRecords | None]:
-    """Chat prompts rendered, over-long prompts dropped and counted, for training and validation."""
+    """Chat prompts rendered, over-long prompts dropped and counted, for training and validation; rows with images
+    are read with the policy's processor (``data.vision``)."""
     limit = config.data.max_prompt_length
     tools = agent_tool_schemas(config)
+    vision: dict[str, Any] = {}
+    if has_images(splits.train) or has_images(splits.validation):
+        vision = {"processor": policy_processor(config), "bad_images": config.data.vision.bad_images}
     with keys_at("data."):
-        train = prepare_records(splits.train, tokenizer, max_prompt_length=limit, tools=tools)
+        train = prepare_records(splits.train, tokenizer, max_prompt_length=limit, tools=tools, **vision)
         validation = (prepare_records(splits.validation, tokenizer, max_prompt_length=limit, name="validation",
-                                      tools=tools) if splits.validation else None)
+                                      tools=tools, **vision) if splits.validation else None)
     return train, validation
 
 
@@ -422,7 +440,9 @@ def prompt_loader(config: TrainConfig, data: list[Record], tokenizer: Any,
     if graph is not None and graph.reads_pairs:
         return PreferenceLoader(records=data, tokenizer=tokenizer, batch_size=config.data.batch_size,
                                 seed=config.seed)
-    return PromptLoader(records=data, tokenizer=tokenizer, batch_size=config.data.batch_size, seed=config.seed)
+    processor = policy_processor(config) if has_images(data) else None
+    return PromptLoader(records=data, tokenizer=tokenizer, batch_size=config.data.batch_size, seed=config.seed,
+                        processor=processor)
 
 
 def make_executor(config: TrainConfig) -> Executor:

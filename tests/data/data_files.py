@@ -29,3 +29,26 @@ def verl_row(question: str, answer: str, index: int = 0) -> dict[str, Any]:
     return {"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": question}], "ability": "math",
             "reward_model": {"style": "rule", "ground_truth": answer},
             "extra_info": {"split": "train", "index": index}}
+
+
+def png_bytes(size: tuple[int, int], colour: tuple[int, int, int] = (255, 0, 0)) -> bytes:
+    """A solid-colour PNG of ``size`` (width, height), made with PIL."""
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", size, colour).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def png_header_claiming(width: int, height: int) -> bytes:
+    """A small PNG whose header claims ``width`` x ``height`` pixels (a 20k x 20k image without its 1.2 GB)."""
+    import struct
+    import zlib
+
+    data = bytearray(png_bytes((1, 1)))
+    start = 8 + 8  # signature, then the IHDR chunk's length and type
+    data[start:start + 8] = struct.pack(">II", width, height)
+    data[start + 13:start + 17] = struct.pack(">I", zlib.crc32(bytes(data[start - 4:start + 13])))
+    return bytes(data)
