@@ -20,8 +20,15 @@ from hybridflow.algorithms.graphs import Options, _actor_options, _group_relativ
 from hybridflow.algorithms.judge_templates import DEFAULT_SCALE, load_template
 from hybridflow.algorithms.modes import LossAgg, ScaleRewards
 
-from hybridflow.graph import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE, Graph, GraphBuilder, RoleKind
-from hybridflow.graph.node import TIMEOUT_KEY_OPTION, TIMEOUT_OPTION
+from hybridflow.graph import (
+    DEFAULT_MAX_NEW_TOKENS,
+    DEFAULT_TEMPERATURE,
+    TIMEOUT_KEY_OPTION,
+    TIMEOUT_OPTION,
+    Graph,
+    GraphBuilder,
+    RoleKind,
+)
 from hybridflow.registry import ALGORITHMS
 
 JUDGE = "judge"
@@ -50,7 +57,7 @@ def add_judge(g: GraphBuilder, *, template: str = "pointwise", verdict: str | No
 
     ``self_judge``: the role ``policy`` (declared already) judges instead, a second generate on its own engine
     (no ``judge`` role, no second model). ``timeout_s``: the judge's generate fails the step past it
-    (:data:`~hybridflow.graph.node.TIMEOUT_OPTION`), naming ``judge_timeout_s``."""
+    (:data:`~hybridflow.graph.TIMEOUT_OPTION`), naming ``judge_timeout_s``."""
     load_template(template, verdict=verdict, rubric=rubric, scale=scale)
     if not (math.isfinite(unparsed_score) and 0 <= unparsed_score <= 1):
         raise ValueError(f"algorithm option unparsed_score={unparsed_score} must be in [0, 1] (a verdict's scores "

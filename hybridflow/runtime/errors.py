@@ -120,5 +120,6 @@ class StepTracker:
         return self
 
     def __exit__(self, kind: object, err: BaseException | None, trace: object) -> None:
-        if isinstance(err, WorkerFailedError | RewardFunctionError | NodeTimeoutError) and err.step is None and self.step is not None:
+        if isinstance(err, WorkerFailedError | RewardFunctionError | NodeTimeoutError) and err.step is None \
+                and self.step is not None:
             err.at_step(self.step)

@@ -123,7 +123,8 @@ def test_a_self_judging_run_loads_one_model_and_its_actor_engine_answers_the_ver
     calls = _lines(log)
     assert {call["role"] for call in calls} == {"actor"}
     # Each step: the actor samples (n=2, its budget), then answers each row's judge prompt greedy, in the verdict's.
-    assert [(call["rows"], call["greedy"], call["max_new_tokens"]) for call in calls] == [(8, False, 6), (8, True, 4)] * 2
+    shapes = [(call["rows"], call["greedy"], call["max_new_tokens"]) for call in calls]
+    assert shapes == [(8, False, 6), (8, True, 4)] * 2
     judged = _lines(run / "judge_samples.jsonl")
     policy = char_tokenizer()
     for step in (0, 1):
@@ -145,8 +146,9 @@ def test_a_judge_past_its_deadline_fails_the_step_naming_it_and_resume_continues
              f"roles.judge.rollout={engines}:recording", "roles.judge.rollout_options={sleep_s: 4, slow_from: 1}"]
     code, line = _main(capsys, *words)
     assert code == 1, line
-    assert re.search(r"node 'judge_generate' of role 'judge' gave no answer within algorithm\.options\.judge_timeout_s"
-                     r"=1 s during step 1 \(last completed step: 0\): raise algorithm\.options\.judge_timeout_s", line), line
+    assert re.search(r"node 'judge_generate' of role 'judge' gave no answer within algorithm\.options\."
+                     r"judge_timeout_s=1 s during step 1 \(last completed step: 0\): raise algorithm\.options\."
+                     r"judge_timeout_s", line), line
     assert [row["step"] for row in _lines(run / "metrics.jsonl") if "reward/mean" in row] == [0]
     code, line = _main(capsys, "--resume", *words)
     assert code == 0, line
