@@ -84,7 +84,7 @@ def judge_deadline(timeout_s: float | None) -> Options:
             math.isfinite(timeout_s) and timeout_s > 0):
         raise ValueError(f"algorithm option judge_timeout_s={timeout_s!r} must be a positive number of seconds (or "
                          "unset: no deadline of the judge's own)")
-    return {TIMEOUT_OPTION: float(timeout_s), TIMEOUT_KEY_OPTION: "algorithm.options.judge_timeout_s"}
+    return {TIMEOUT_OPTION: float(timeout_s), TIMEOUT_KEY_OPTION: "algorithm option judge_timeout_s"}
 
 
 @ALGORITHMS.register("grpo_judge")

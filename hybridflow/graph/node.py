@@ -58,7 +58,7 @@ def op_ports(op: Op, options: Mapping[str, Any]) -> tuple[tuple[str, ...], tuple
 
 TIMEOUT_OPTION = "timeout_s"
 """A node's own deadline in seconds (any op): past it the step fails naming the node, its role and
-:data:`TIMEOUT_KEY_OPTION`, the setting to raise (an LLM judge's ``algorithm.options.judge_timeout_s``)."""
+:data:`TIMEOUT_KEY_OPTION`, the setting to raise (an LLM judge's algorithm option ``judge_timeout_s``)."""
 TIMEOUT_KEY_OPTION = "timeout_key"
 
 DRIVER_OPS = frozenset({Op.COMPUTE, Op.FILTER})
@@ -262,7 +262,7 @@ class Node:
     @property
     def deadline_key(self) -> str:
         """The setting that gave the node its deadline, for the error of a late call."""
-        return str(self.option(TIMEOUT_KEY_OPTION) or f"node {self.name!r} option {TIMEOUT_OPTION}")
+        return str(self.option(TIMEOUT_KEY_OPTION) or f"option {TIMEOUT_OPTION} of node {self.name!r}")
 
     @property
     def max_new_tokens(self) -> int:

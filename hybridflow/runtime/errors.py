@@ -88,7 +88,7 @@ class NodeTimeoutError(RuntimeStepError):
     def _message(self, node: str | None) -> str:
         of = f" of role {self.role!r}" if self.role else ""
         during = f" during step {self.step} (last completed step: {self.step - 1})" if self.step is not None else ""
-        return (f"node {node!r}{of} gave no answer within {self.key}={self.deadline_s:g} s{during}: raise "
+        return (f"node {node!r}{of} gave no answer within {self.deadline_s:g} s ({self.key}){during}: raise the "
                 f"{self.key}; the last checkpoint is as it was, resume from it with --resume")
 
     def at_step(self, step: int) -> NodeTimeoutError:

@@ -93,7 +93,7 @@ def test_a_self_judging_graph_judges_on_the_actor_and_declares_no_judge() -> Non
     sample, judge = graph.node("actor_generate"), graph.node("judge_generate")
     assert judge.role == "actor" and judge.op is Op.GENERATE and judge.inputs == ("judge_prompts",)
     assert judge.option("greedy") is True and judge.max_new_tokens == 5 and judge.samples_per_prompt == 1
-    assert judge.deadline_s == 30.0 and judge.deadline_key == "algorithm.options.judge_timeout_s"
+    assert judge.deadline_s == 30.0 and judge.deadline_key == "algorithm option judge_timeout_s"
     assert sample.samples_per_prompt == 4 and sample.deadline_s is None  # the sampling generate is untouched
     assert graph.node("judge_prompts").option("judge") == graph.node("judge").option("judge") == "actor"
     # Only the sampling generate's responses are trained on: the actor's log-probs read them, not the verdicts.
@@ -146,9 +146,9 @@ def test_a_judge_past_its_deadline_fails_the_step_naming_it_and_resume_continues
              f"roles.judge.rollout={engines}:recording", "roles.judge.rollout_options={sleep_s: 4, slow_from: 1}"]
     code, line = _main(capsys, *words)
     assert code == 1, line
-    assert re.search(r"node 'judge_generate' of role 'judge' gave no answer within algorithm\.options\."
-                     r"judge_timeout_s=1 s during step 1 \(last completed step: 0\): raise algorithm\.options\."
-                     r"judge_timeout_s", line), line
+    assert re.search(r"node 'judge_generate' of role 'judge' gave no answer within 1 s \(algorithm option "
+                     r"judge_timeout_s\) during step 1 \(last completed step: 0\): raise the algorithm option "
+                     r"judge_timeout_s; the last checkpoint is as it was, resume from it with --resume", line), line
     assert [row["step"] for row in _lines(run / "metrics.jsonl") if "reward/mean" in row] == [0]
     code, line = _main(capsys, "--resume", *words)
     assert code == 0, line
