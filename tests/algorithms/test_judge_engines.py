@@ -11,6 +11,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +20,13 @@ import pytest
 import torch
 
 from hybridflow.cli import main
-from hybridflow.graph import Op, load_graph
+from hybridflow.graph import Graph, Node, Op, load_graph
 from hybridflow.models import build_tiny_causal_lm, save_model_dir
 from hybridflow.models.tokenizer import WIDE_ALPHABET, char_tokenizer
+from hybridflow.runtime.batch import Batch
+from hybridflow.runtime.dispatch import Outcome
+from hybridflow.runtime.errors import NodeTimeoutError
+from hybridflow.runtime.scheduler import Scheduler, WholeStep
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = str(ROOT / "configs" / "grpo_judge.yaml")
@@ -153,6 +159,35 @@ def test_a_judge_past_its_deadline_fails_the_step_naming_it_and_resume_continues
     code, line = _main(capsys, "--resume", *words)
     assert code == 0, line
     assert [row["step"] for row in _lines(run / "metrics.jsonl") if "reward/mean" in row] == [0, 1]
+
+
+def _step_with(graph: Graph, seconds: dict[str, float]) -> Batch:
+    """One step of ``graph`` by the scheduler on a single queue of fake calls: each node sleeps ``seconds[name]``
+    (0 when absent) and writes zeros to its outputs."""
+    queue = ThreadPoolExecutor(1)
+
+    def call(node: Node, rows: Batch) -> Outcome:
+        time.sleep(seconds.get(node.name, 0.0))
+        return Outcome(Batch({name: torch.zeros(len(rows)) for name in node.outputs}), {}, 0.0)
+
+    scheduler = Scheduler(graph, submit=lambda node, rows, seed, part: queue.submit(call, node, rows),
+                          finished=lambda node, outcome: None, regrouped=lambda joins: None)
+    try:
+        return scheduler.run(WholeStep(prompts=Batch({"prompts": torch.zeros(2, 3)}), graph=graph, seed=0), seed=0)
+    finally:
+        queue.shutdown(wait=False, cancel_futures=True)
+
+
+def test_the_judges_clock_starts_when_its_call_does_and_stops_the_step_past_it() -> None:
+    graph = load_graph("grpo_judge", n=2, judge_timeout_s=0.3)
+    # Queued behind a 0.8 s log-prob call on its group, the judge answering at once is in time.
+    assert "scores" in _step_with(graph, {"actor_logprob": 0.8})
+    started = time.monotonic()
+    with pytest.raises(NodeTimeoutError, match=r"node 'judge_generate' of role 'judge' gave no answer within 0\.3 s "
+                       r"\(algorithm option judge_timeout_s\)") as failure:
+        _step_with(graph, {"judge_generate": 3.0})
+    assert time.monotonic() - started < 2.5 and failure.value.role == "judge"  # at the deadline, not the answer
+    assert load_graph("grpo_judge").node("judge_generate").deadline_s is None  # unset: no deadline of its own
 
 
 def test_a_missing_judge_model_is_named_by_its_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
