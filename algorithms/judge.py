@@ -4,9 +4,9 @@ The actor samples ``n`` responses per prompt; a ``judge_prompts`` compute node r
 ground truth) through the judge's template (:mod:`hybridflow.algorithms.judge_templates`) into prompt ids in the
 judge's tokens; a ``generate`` on the frozen ``judge`` role (its model ``roles.judge.model``, any tokenizer) samples
 one verdict per row, greedy by default, within its own budget ``judge_max_new_tokens`` and, with ``judge_timeout_s``,
-its own deadline; a ``judge`` compute node
-parses each verdict into ``scores`` in [0, 1] (``unparsed_score`` where it does not parse, counted in the
-``judge/unparsed`` metric); GRPO's group-relative advantages and clipped update follow. docs/judges.md shows the
+its own deadline; a ``judge`` compute node parses each verdict into ``scores`` in [0, 1] (``unparsed_score`` where
+it does not parse, counted in the ``judge/unparsed`` metric); GRPO's group-relative advantages and clipped update
+follow. docs/judges.md shows the
 same graph as a user's file. With ``self_judge`` the policy judges its own samples (as self-rewarding LMs do):
 no ``judge`` role is declared, and the verdicts are a second generate on the actor's own engine, its current
 weights. Imports no torch.
