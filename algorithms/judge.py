@@ -3,10 +3,13 @@
 The actor samples ``n`` responses per prompt; a ``judge_prompts`` compute node renders each (prompt, response,
 ground truth) through the judge's template (:mod:`hybridflow.algorithms.judge_templates`) into prompt ids in the
 judge's tokens; a ``generate`` on the frozen ``judge`` role (its model ``roles.judge.model``, any tokenizer) samples
-one verdict per row, greedy by default, within its own budget ``judge_max_new_tokens``; a ``judge`` compute node
-parses each verdict into ``scores`` in [0, 1] (``unparsed_score`` where it does not parse, counted in the
-``judge/unparsed`` metric); GRPO's group-relative advantages and clipped update follow. docs/judges.md shows the
-same graph as a user's file. Imports no torch.
+one verdict per row, greedy by default, within its own budget ``judge_max_new_tokens`` and, with ``judge_timeout_s``,
+its own deadline; a ``judge`` compute node parses each verdict into ``scores`` in [0, 1] (``unparsed_score`` where
+it does not parse, counted in the ``judge/unparsed`` metric); GRPO's group-relative advantages and clipped update
+follow. docs/judges.md shows the
+same graph as a user's file. With ``self_judge`` the policy judges its own samples (as self-rewarding LMs do):
+no ``judge`` role is declared, and the verdicts are a second generate on the actor's own engine, its current
+weights. Imports no torch.
 """
 
 from __future__ import annotations
@@ -17,7 +20,15 @@ from hybridflow.algorithms.graphs import Options, _actor_options, _group_relativ
 from hybridflow.algorithms.judge_templates import DEFAULT_SCALE, load_template
 from hybridflow.algorithms.modes import LossAgg, ScaleRewards
 
-from hybridflow.graph import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE, Graph, GraphBuilder, RoleKind
+from hybridflow.graph import (
+    DEFAULT_MAX_NEW_TOKENS,
+    DEFAULT_TEMPERATURE,
+    TIMEOUT_KEY_OPTION,
+    TIMEOUT_OPTION,
+    Graph,
+    GraphBuilder,
+    RoleKind,
+)
 from hybridflow.registry import ALGORITHMS
 
 JUDGE = "judge"
@@ -39,23 +50,41 @@ def judge_sampling(max_new_tokens: int, temperature: float) -> Options:
 
 def add_judge(g: GraphBuilder, *, template: str = "pointwise", verdict: str | None = None, rubric: str = "",
               scale: int = DEFAULT_SCALE, max_new_tokens: int = DEFAULT_JUDGE_MAX_NEW_TOKENS,
-              temperature: float = 0.0, unparsed_score: float = 0.0, policy: str = "actor") -> str:
+              temperature: float = 0.0, unparsed_score: float = 0.0, policy: str = "actor",
+              self_judge: bool = False, timeout_s: float | None = None) -> str:
     """Declare the ``judge`` role and the three nodes that turn sampled rows into ``scores``; returns the field.
-    The template is loaded here, so a bad one (a field it cannot fill) fails when the graph is built."""
+    The template is loaded here, so a bad one (a field it cannot fill) fails when the graph is built.
+
+    ``self_judge``: the role ``policy`` (declared already) judges instead, a second generate on its own engine
+    (no ``judge`` role, no second model). ``timeout_s``: the judge's generate fails the step past it
+    (:data:`~hybridflow.graph.TIMEOUT_OPTION`), naming ``judge_timeout_s``."""
     load_template(template, verdict=verdict, rubric=rubric, scale=scale)
     if not (math.isfinite(unparsed_score) and 0 <= unparsed_score <= 1):
         raise ValueError(f"algorithm option unparsed_score={unparsed_score} must be in [0, 1] (a verdict's scores "
                          "are)")
-    text: Options = {"template": template, "rubric": rubric, "scale": scale, "policy": policy, "judge": JUDGE,
+    if not isinstance(self_judge, bool):
+        raise ValueError(f"algorithm option self_judge={self_judge!r} must be true or false")
+    judge = policy if self_judge else g.role(JUDGE, RoleKind.FROZEN_POLICY)
+    text: Options = {"template": template, "rubric": rubric, "scale": scale, "policy": policy, "judge": judge,
                      **({"verdict": verdict} if verdict is not None else {})}
-    judge = g.role(JUDGE, RoleKind.FROZEN_POLICY)
     g.compute("judge_prompts", fn="judge_prompts", inputs=JUDGE_PROMPT_INPUTS,
               outputs=("judge_prompts", "judge_prompts_mask"), verdict_tokens=max_new_tokens, **text)
-    g.generate(judge, inputs=("judge_prompts",), outputs=("verdict_ids", "verdict_mask"),
-               **judge_sampling(max_new_tokens, temperature))
+    g.generate(judge, name="judge_generate", inputs=("judge_prompts",), outputs=("verdict_ids", "verdict_mask"),
+               **judge_sampling(max_new_tokens, temperature), **judge_deadline(timeout_s))
     g.compute(JUDGE, fn="judge_scores", inputs=("verdict_ids", "verdict_mask"), outputs=("scores", "verdicts"),
               unparsed_score=unparsed_score, **text)
     return "scores"
+
+
+def judge_deadline(timeout_s: float | None) -> Options:
+    """The judge generate's deadline options (none when ``timeout_s`` is unset: the executor's own bounds)."""
+    if timeout_s is None:
+        return {}
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not (
+            math.isfinite(timeout_s) and timeout_s > 0):
+        raise ValueError(f"algorithm option judge_timeout_s={timeout_s!r} must be a positive number of seconds (or "
+                         "unset: no deadline of the judge's own)")
+    return {TIMEOUT_OPTION: float(timeout_s), TIMEOUT_KEY_OPTION: "algorithm option judge_timeout_s"}
 
 
 @ALGORITHMS.register("grpo_judge")
@@ -66,10 +95,12 @@ def grpo_judge(*, n: int = 4, kl_coef: float = 0.04, clip_ratio: float = 0.2, cl
                mask_truncated: bool = False, judge_template: str = "pointwise", judge_verdict: str | None = None,
                judge_rubric: str = "", judge_scale: int = DEFAULT_SCALE,
                judge_max_new_tokens: int = DEFAULT_JUDGE_MAX_NEW_TOKENS, judge_temperature: float = 0.0,
-               unparsed_score: float = 0.0, teacher_kl_coef: float = 0.0) -> Graph:
+               unparsed_score: float = 0.0, teacher_kl_coef: float = 0.0, self_judge: bool = False,
+               judge_timeout_s: float | None = None) -> Graph:
     """GRPO whose scores are an LLM judge's verdicts (see the module). ``judge_template``: ``pointwise``,
     ``reference``, ``rubric`` (with ``judge_rubric``: ``"text=weight; ..."``), a file or Jinja text;
-    ``judge_verdict`` (``score``, ``binary``, ``rubric``): how a user's template's verdicts parse;
+    ``judge_verdict`` (``score``, ``binary``, ``rubric``): how a user's template's verdicts parse; ``self_judge``:
+    the actor judges its own samples on its own engine; ``judge_timeout_s``: the judge's deadline per step;
     ``teacher_kl_coef`` as on every policy-gradient graph (:mod:`hybridflow.algorithms.teacher`)."""
     g = GraphBuilder("grpo_judge")
     actor = g.role("actor", RoleKind.POLICY)
@@ -77,7 +108,8 @@ def grpo_judge(*, n: int = 4, kl_coef: float = 0.04, clip_ratio: float = 0.2, cl
     _sample(g, actor, n=n, temperature=temperature, max_new_tokens=max_new_tokens, mask_truncated=mask_truncated,
             **_top(top_p, top_k))
     add_judge(g, template=judge_template, verdict=judge_verdict, rubric=judge_rubric, scale=judge_scale,
-              max_new_tokens=judge_max_new_tokens, temperature=judge_temperature, unparsed_score=unparsed_score)
+              max_new_tokens=judge_max_new_tokens, temperature=judge_temperature, unparsed_score=unparsed_score,
+              self_judge=self_judge, timeout_s=judge_timeout_s)
     g.ref_logprob("reference")
     g.logprob(actor)
     return _group_relative(g, actor, n=n, norm_by_std=norm_by_std, loss="ppo_policy", kl_coef=kl_coef,

@@ -17,7 +17,14 @@ from hybridflow.graph.errors import (
 from hybridflow.graph.fields import STANDARD_FIELDS, Extent, FieldSpec, field_spec
 from hybridflow.graph.graph import DEFAULT_INPUTS, PAIR_INPUTS, Edge, Graph
 from hybridflow.graph.loading import load_graph
-from hybridflow.graph.node import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE, OP_PORTS, Node
+from hybridflow.graph.node import (
+    DEFAULT_MAX_NEW_TOKENS,
+    DEFAULT_TEMPERATURE,
+    OP_PORTS,
+    TIMEOUT_KEY_OPTION,
+    TIMEOUT_OPTION,
+    Node,
+)
 from hybridflow.graph.render import FORMATS, from_dict, from_json, render, to_dict, to_json
 from hybridflow.graph.roles import ALLOWED_OPS, Op, Role, RoleKind
 from hybridflow.graph.skipping import DETACHED_LOGPROBS, SkippedPass, prune_unread, with_detached_logprobs
@@ -33,6 +40,8 @@ __all__ = [
     "OP_PORTS",
     "PAIR_INPUTS",
     "STANDARD_FIELDS",
+    "TIMEOUT_KEY_OPTION",
+    "TIMEOUT_OPTION",
     "DeadNodeError",
     "DuplicateFieldError",
     "Edge",

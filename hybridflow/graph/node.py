@@ -56,6 +56,11 @@ def op_ports(op: Op, options: Mapping[str, Any]) -> tuple[tuple[str, ...], tuple
     return in_ports, out_ports + extra
 
 
+TIMEOUT_OPTION = "timeout_s"
+"""A node's own deadline in seconds (any op): past it the step fails naming the node, its role and
+:data:`TIMEOUT_KEY_OPTION`, the setting to raise (an LLM judge's algorithm option ``judge_timeout_s``)."""
+TIMEOUT_KEY_OPTION = "timeout_key"
+
 DRIVER_OPS = frozenset({Op.COMPUTE, Op.FILTER})
 """Ops the controller runs itself (registry functions on the driver), not a role's workers."""
 
@@ -121,6 +126,11 @@ class Node:
 
     def _check_shape(self) -> None:
         where = f"node {self.name!r} ({self.op})"
+        timeout = self.option(TIMEOUT_OPTION)
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float)
+                                    or not 0 < timeout < float("inf")):
+            raise NodeSpecError(f"{where}: {TIMEOUT_OPTION}={timeout!r} must be a positive number of seconds",
+                                node=self.name, field=TIMEOUT_OPTION)
         if self.fn is not None and self.op not in DRIVER_OPS:
             raise NodeSpecError(f"{where}: only a compute or filter node takes fn=", node=self.name, field="fn")
         if self.loss is not None and self.op is not Op.UPDATE:
@@ -242,6 +252,17 @@ class Node:
             raise NodeSpecError(f"{where}: max_rounds={rounds!r} must be an integer in [0, {MAX_FILTER_ROUNDS}] "
                                 "(extra rollouts allowed to refill the batch; each is a whole generation's work)",
                                 node=self.name, field="max_rounds")
+
+    @property
+    def deadline_s(self) -> float | None:
+        """The node's own deadline (:data:`TIMEOUT_OPTION`), None when it sets none."""
+        timeout = self.option(TIMEOUT_OPTION)
+        return float(timeout) if timeout is not None else None
+
+    @property
+    def deadline_key(self) -> str:
+        """The setting that gave the node its deadline, for the error of a late call."""
+        return str(self.option(TIMEOUT_KEY_OPTION) or f"option {TIMEOUT_OPTION} of node {self.name!r}")
 
     @property
     def max_new_tokens(self) -> int:

@@ -77,9 +77,38 @@ def _rebuild_reward_error(kind: type[RewardFunctionError], message: str, sample:
     return kind(message, sample=sample, node=node)
 
 
+class NodeTimeoutError(RuntimeStepError):
+    """A node that sets its own deadline (``Node.deadline_s``: an LLM judge's ``judge_timeout_s``) gave no answer
+    within it. The step fails before any update that reads its outputs; ``key`` is the setting to raise."""
+
+    def __init__(self, *, node: str, role: str | None, key: str, deadline_s: float, step: int | None = None) -> None:
+        self.role, self.key, self.deadline_s, self.step = role, key, deadline_s, step
+        super().__init__(self._message(node), node=node)
+
+    def _message(self, node: str | None) -> str:
+        of = f" of role {self.role!r}" if self.role else ""
+        during = f" during step {self.step} (last completed step: {self.step - 1})" if self.step is not None else ""
+        return (f"node {node!r}{of} gave no answer within {self.deadline_s:g} s ({self.key}){during}: raise the "
+                f"{self.key}; the last checkpoint is as it was, resume from it with --resume")
+
+    def at_step(self, step: int) -> NodeTimeoutError:
+        """Record the training step that was running (the scheduler does not know it)."""
+        self.step = step
+        self.args = (self._message(self.node),)
+        return self
+
+    def __reduce__(self) -> tuple[object, ...]:  # keyword-only __init__: pickle needs the fields
+        return (_rebuild_node_timeout, (self.node, self.role, self.key, self.deadline_s, self.step))
+
+
+def _rebuild_node_timeout(node: str, role: str | None, key: str, deadline_s: float,
+                          step: int | None) -> NodeTimeoutError:
+    return NodeTimeoutError(node=node, role=role, key=key, deadline_s=deadline_s, step=step)
+
+
 class StepTracker:
-    """A block that names the training step it was running in a :class:`WorkerFailedError` or
-    :class:`RewardFunctionError` leaving it.
+    """A block that names the training step it was running in a :class:`WorkerFailedError`,
+    :class:`RewardFunctionError` or :class:`NodeTimeoutError` leaving it.
 
     The executors do not know steps; the loop sets ``tracker.step`` as each one begins.
     """
@@ -91,5 +120,6 @@ class StepTracker:
         return self
 
     def __exit__(self, kind: object, err: BaseException | None, trace: object) -> None:
-        if isinstance(err, WorkerFailedError | RewardFunctionError) and err.step is None and self.step is not None:
+        if isinstance(err, WorkerFailedError | RewardFunctionError | NodeTimeoutError) and err.step is None \
+                and self.step is not None:
             err.at_step(self.step)

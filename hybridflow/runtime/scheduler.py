@@ -18,11 +18,15 @@ graph then runs once on the joined rows:
 Every partition goes through the step ledger (only fields a group lacks are shipped): a chunk partition's
 fields are held apart (``part``), and when the chunks join, groups whose ranks hold a field for every chunk
 rebuild it (:class:`~hybridflow.runtime.step_store.Join`) instead of receiving it again.
+
+A node with a deadline of its own (``Node.deadline_s``: an LLM judge's) fails the step with
+:class:`~hybridflow.runtime.errors.NodeTimeoutError` once its call has run that long (:class:`Deadlines`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -32,6 +36,7 @@ import torch
 from hybridflow.graph import Graph, Node, Op
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.dispatch import Outcome
+from hybridflow.runtime.errors import NodeTimeoutError
 from hybridflow.runtime.step_store import Join
 from hybridflow.runtime.weights import WeightSyncStats
 
@@ -92,6 +97,35 @@ class PartitionSource(Protocol):
         ...
 
 
+class Deadlines:
+    """The clocks of running nodes that set a deadline of their own. A node's clock starts when its call starts
+    on its role's queue (seen within ``poll_s``), not while it waits there behind the group's earlier calls."""
+
+    poll_s = 0.05
+
+    def __init__(self) -> None:
+        self._started: dict[Future[Outcome], float] = {}
+
+    def wait_s(self, running: Mapping[Future[Outcome], tuple[Node, int]]) -> float | None:
+        """How long the scheduler may wait before looking again (None: no running node has a deadline)."""
+        return self.poll_s if any(node.deadline_s is not None for node, _ in running.values()) else None
+
+    def check(self, running: Mapping[Future[Outcome], tuple[Node, int]]) -> None:
+        """Raise :class:`NodeTimeoutError` for a running node past its deadline."""
+        now = time.monotonic()
+        for future, (node, _) in running.items():
+            deadline = node.deadline_s
+            if deadline is None or future.done():
+                continue
+            if future not in self._started:
+                if future.running():
+                    self._started[future] = now
+                continue
+            if now - self._started[future] > deadline:
+                future.cancel()
+                raise NodeTimeoutError(node=node.name, role=node.role, key=node.deadline_key, deadline_s=deadline)
+
+
 Submit = Callable[[Node, Batch, int, "int | None"], "Future[Outcome]"]  # node, rows, seed, part
 
 
@@ -146,6 +180,7 @@ class Scheduler:
         done = [{n.name for n in self.graph.nodes} - set(p.nodes) for p in partitions]
         pending = [list(p.nodes) for p in partitions]
         running: dict[Future[Outcome], tuple[Node, int]] = {}
+        deadlines = Deadlines()
         while any(pending) or running:
             for index, partition in enumerate(partitions):
                 for name in [n for n in pending[index] if set(self.graph.predecessors(n)) <= done[index]]:
@@ -161,7 +196,8 @@ class Scheduler:
                     pending[index].remove(name)
             if not running:
                 raise RuntimeError(f"nodes {pending} wait for inputs no node produces")
-            finished, _ = wait(list(running), return_when=FIRST_COMPLETED)
+            finished, _ = wait(list(running), timeout=deadlines.wait_s(running), return_when=FIRST_COMPLETED)
+            deadlines.check(running)
             for future in finished:
                 node, index = running.pop(future)
                 outcome = future.result()  # re-raises the node's error
