@@ -71,6 +71,8 @@ class LengthDistribution:
             raise ValueError(f"response lengths: max/mean = {max / mean:.0f} is too wide for a lognormal "
                              f"(at most {math.exp(z * z / 2):.0f}); give a histogram instead")
         sigma = z - math.sqrt(z * z - gap)
+        if sigma <= 0:  # max within a rounding error of the mean
+            return cls.point(mean)
         mu = math.log(mean) - sigma * sigma / 2
         normal = NormalDist(mu, sigma)
         raw = [(math.exp(normal.inv_cdf((low + high) / 2)), high - low)

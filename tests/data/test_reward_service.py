@@ -174,7 +174,7 @@ def test_a_slow_service_times_out_naming_the_deadline(service: Service) -> None:
     with pytest.raises(RewardTimeoutError, match=r"failed after 2 attempts, the last with no answer within "
                                                   r"timeout_s=0.2 s"):
         score(service.url, 1, timeout_s=0.2, retries=1)
-    assert time.monotonic() - started < 0.9
+    assert time.monotonic() - started < 1.9  # not the two slow answers' 2 s: a hang guard, not a timing
 
 
 def test_the_config_spells_service_options_as_keys(service: Service) -> None:

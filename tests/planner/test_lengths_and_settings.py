@@ -71,3 +71,9 @@ def test_bad_settings_name_the_key(data, message):
 def test_run_settings_validate_on_construction():
     with pytest.raises(ValueError, match=r"RunSettings.epochs=0"):
         RunSettings(epochs=0)
+
+
+def test_a_cap_within_a_rounding_error_of_the_mean_is_a_point_not_a_zero_width_lognormal() -> None:
+    mean = 64.0
+    lengths = LengthDistribution.lognormal(mean=mean, max=mean * 1.0000000000000002)
+    assert lengths.mean == pytest.approx(mean) and lengths.max == pytest.approx(mean)
