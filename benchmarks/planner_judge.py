@@ -1,8 +1,9 @@
 """Where should an LLM judge go? The planner's choice against measured runs. CPU, Ray, three logical GPUs.
 
-``grpo_judge`` on ``tiny-qwen2`` (the judge a frozen copy of the policy's starting weights, ``configs/grpo_judge.yaml``'s
-default; the pointwise template), 16 prompts x 4 samples, 24 new tokens, an 8-token verdict budget, in three hand
-mappings of three logical GPUs that share the machine's cores (``placement.host_cores``):
+``grpo_judge`` on ``tiny-qwen2`` (the judge a frozen copy of the policy's starting weights,
+``configs/grpo_judge.yaml``'s default; the pointwise template), 16 prompts x 4 samples, 24 new tokens, an
+8-token verdict budget, in three hand mappings of three logical GPUs that share the machine's cores
+(``placement.host_cores``):
 
 - **with the actor**: the actor (its rollout colocated) and the judge on GPU 0, the reference on GPU 1;
 - **with the reference**: the actor on GPU 0, the reference and the judge on GPU 1;
@@ -105,7 +106,8 @@ def judge_place(groups: Any) -> str:
 
 
 def report(cases: dict[tuple[str, int], MeasuredCase], fitted: Calibration) -> None:
-    print("| mapping | chunks | measured step, median (s) | predicted, priors (s) | predicted, calibrated (s) | ratio |")
+    print("| mapping | chunks | measured step, median (s) | predicted, priors (s) | predicted, calibrated (s) "
+          "| ratio |")
     print("|---|---|---|---|---|---|")
     for (name, chunks), case in cases.items():
         step, after = case.measured["step"], case.predict(fitted)["step"]

@@ -4,11 +4,14 @@ With ``stream_chunks=m`` the controller splits a step's prompts into m chunks (a
 together) and generates them one after another on the rollout. When a chunk's responses are done, the
 row-wise forward nodes that read them (scores, reference / actor log-probs, values) start on that chunk
 at once, on their own groups or on the driver, while the next chunk still decodes: a reward function, a
-reference on other GPUs or a trainer pool beside a detached rollout no longer waits for the slowest
-response of the whole batch. Nodes that need the whole batch (advantages, filters, updates) run after the
-last chunk, on the chunks' outputs joined in row order (response-aligned fields right-padded to the
-batch's longest response). Chunk ``i`` samples with the step's seed plus ``i`` x 1,000,003: a streamed run
-is reproducible, but its samples differ from an unchunked run's (greedy decoding gives the same ones).
+reference on other GPUs, an LLM judge on its own group (its prompts, generate and verdicts: a second generate
+that answers each sampled row once, :mod:`hybridflow.graph.streamed`) or a trainer pool beside a detached
+rollout no longer waits for the slowest response of the whole batch. Nodes that need the whole batch
+(advantages, filters, updates) run after the last chunk, on the chunks' outputs joined in row order
+(response-aligned fields right-padded to the batch's longest response; a judge's computed prompts left-padded,
+its verdicts right-padded, each to its widest). Chunk ``i`` samples with the step's seed plus ``i`` x
+1,000,003: a streamed run is reproducible, but its samples differ from an unchunked run's (greedy decoding
+gives the same ones).
 Streaming applies to ``sync`` steps; ``one_step_off`` and ``async`` already take generation off the
 step's critical path.
 """

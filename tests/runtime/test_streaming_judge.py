@@ -4,7 +4,6 @@ unstreamed step gives (greedy sampling)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -102,8 +101,11 @@ def test_a_streamed_judge_scores_what_an_unstreamed_one_does(warm_model_dir: Pat
     calls.clear()
     (streamed,) = run(3)
     assert sorted(calls) == [("judge_prompts", 4)] * 3 + [("judge_scores", 4)] * 3  # each chunk's 2 prompts x 2
-    same: Callable[[str, str], bool] = lambda ids, mask: torch.equal(
-        whole.batch[ids][whole.batch[mask].bool()], streamed.batch[ids][streamed.batch[mask].bool()])
+
+    def same(ids: str, mask: str) -> bool:  # the tokens each mask keeps (padding positions hold anything)
+        return torch.equal(whole.batch[ids][whole.batch[mask].bool()],
+                           streamed.batch[ids][streamed.batch[mask].bool()])
+
     assert same("responses", "response_mask")
     assert same("judge_prompts", "judge_prompts_mask") and same("verdict_ids", "verdict_mask")
     assert whole.batch["judge_prompts"].shape == streamed.batch["judge_prompts"].shape
