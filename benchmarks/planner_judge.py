@@ -55,6 +55,7 @@ MAPPINGS: dict[str, dict[str, list[int]]] = {
     "its own": {"actor": [0], "reference": [1], "judge": [2]},
 }
 CHUNKS = (1, 2)
+TIE = 1.01  # predicted steps within 1% of the fastest: a tie, the choice between them the order of MAPPINGS
 OPTIONS = {"n": 4, "kl_coef": 0.04, "max_new_tokens": 24, "judge_template": "pointwise", "judge_max_new_tokens": 8}
 
 
@@ -126,10 +127,13 @@ def report(cases: dict[tuple[str, int], MeasuredCase], fitted: Calibration) -> N
         predicted = [cases[name, chunks].predict(fitted)["step"] for name in names]
         by_measured = sorted(names, key=lambda n: cases[n, chunks].measured["step"])
         by_predicted = sorted(names, key=lambda n: cases[n, chunks].predict(fitted)["step"])
-        print(f"{chunks} chunk(s): measured order {by_measured}; predicted order {by_predicted}; planner's choice "
-              f"{by_predicted[0]!r} is {'' if by_predicted[0] == by_measured[0] else 'NOT '}the measured fastest "
-              f"({cases[by_predicted[0], chunks].measured['step'] / min(measured):.2f}x its step); Kendall tau "
-              f"{kendall_tau(predicted, measured):.2f}")
+        tied = [name for name in by_predicted[1:] if cases[name, chunks].predict(fitted)["step"]
+                <= TIE * cases[by_predicted[0], chunks].predict(fitted)["step"]]
+        print(f"{chunks} chunk(s): measured order {by_measured}; predicted order {by_predicted}"
+              f"{f' (the first tied with {tied}: the planner cannot tell them apart)' if tied else ''}; planner's "
+              f"choice {by_predicted[0]!r} is {'' if by_predicted[0] == by_measured[0] else 'NOT '}the measured "
+              f"fastest ({cases[by_predicted[0], chunks].measured['step'] / min(measured):.2f}x its step); Kendall "
+              f"tau-a {kendall_tau(predicted, measured):.2f}")
     case = next(iter(cases.values()))
     request = PlanRequest(case.graph, case.models, case.workload, case.cluster, settings=case.settings,
                           calibration=fitted, micro_batch_sizes=case.micro_batch_sizes)
