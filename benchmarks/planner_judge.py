@@ -16,11 +16,12 @@ mapping (``evaluate_mapping``, as ``hybridflow train`` costs a manual mapping, r
 ``cli.calibrate.case_from_run_dir``), calibrated as ``benchmarks/planner_self.py`` calibrates: constants fitted on
 its workload A (GRPO with a rule reward, 4 runs on two logical GPUs). The questions: is the planner's choice among
 the three mappings the measured fastest, and does its order match the measured one? ``placement: auto`` on the same
-inputs (the search plans unstreamed steps) is printed beside them.
+inputs (the search plans unstreamed steps) is printed beside them, and trained and measured as a fourth
+configuration (with the calibration fitted on A).
 
     OMP_NUM_THREADS=1 nice -n 5 .venv/bin/python benchmarks/planner_judge.py [--steps 6] [--repeats 2] [--out DIR]
 
-Sized for a 2-core machine: 4 calibration runs and 6 x ``--repeats`` judge runs of ~30 s each (Ray and model start
+Sized for a 2-core machine: 4 calibration runs and 7 x ``--repeats`` judge runs of ~30 s each (Ray and model start
 included). A finished run directory is reused. Results: ``docs/benchmarks.md``, "Where a judge goes".
 """
 
@@ -44,8 +45,11 @@ from hybridflow.cli.calibrate import case_from_run_dir
 from hybridflow.planner import plan_placement
 from hybridflow.planner.calibration import Calibration
 from hybridflow.planner.fit import describe, fit_calibration
+from hybridflow.planner.plan import Plan
 from hybridflow.planner.published import MeasuredCase
 from hybridflow.planner.request import PlanRequest
+from hybridflow.train.config import load_config
+from hybridflow.train.setup import layout_support
 
 SKIP_STEPS = 2
 HOST_CORES = 2
@@ -55,14 +59,18 @@ MAPPINGS: dict[str, dict[str, list[int]]] = {
     "its own": {"actor": [0], "reference": [1], "judge": [2]},
 }
 CHUNKS = (1, 2)
+AUTO = "placement auto"
 TIE = 1.01  # predicted steps within 1% of the fastest: a tie, the choice between them the order of MAPPINGS
 OPTIONS = {"n": 4, "kl_coef": 0.04, "max_new_tokens": 24, "judge_template": "pointwise", "judge_max_new_tokens": 8}
 
 
-def config(meshes: dict[str, list[int]], chunks: int, steps: int, out: Path) -> dict[str, Any]:
+def config(meshes: dict[str, list[int]] | None, chunks: int, steps: int, out: Path,
+           calibration: Path | None = None) -> dict[str, Any]:
+    """A judge run on hand ``meshes``, or (None) the plan ``placement: auto`` makes with ``calibration``."""
+    placement: dict[str, Any] = ({"mode": "manual", "meshes": meshes} if meshes is not None
+                                 else {"mode": "auto", "calibration": str(calibration)})
     return {"algorithm": {"name": "grpo_judge", "options": OPTIONS}, "seed": 0, "steps": steps,
-            "executor": {"name": "ray"},
-            "placement": {"num_gpus": 3, "mode": "manual", "meshes": meshes, "host_cores": HOST_CORES},
+            "executor": {"name": "ray"}, "placement": {"num_gpus": 3, "host_cores": HOST_CORES, **placement},
             "pipeline": {"stream_chunks": chunks}, "model": {"name": "tiny-qwen2", "sft_steps": 0},
             "data": {"task": "reverse", "num_examples": 2000, "batch_size": 16},
             "optim": {"actor": {"lr": 5e-4, "grad_clip": 1.0, "micro_batch_size": 64}}, "output_dir": str(out),
@@ -135,10 +143,13 @@ def report(cases: dict[tuple[str, int], MeasuredCase], fitted: Calibration) -> N
               f"fastest ({cases[by_predicted[0], chunks].measured['step'] / min(measured):.2f}x its step); Kendall "
               f"tau-a {kendall_tau(predicted, measured):.2f}")
     case = next(iter(cases.values()))
+    run = load_config(Path(case.id) / "config.json")  # what the trainer's backends run, as `placement: auto` sees
     request = PlanRequest(case.graph, case.models, case.workload, case.cluster, settings=case.settings,
-                          calibration=fitted, micro_batch_sizes=case.micro_batch_sizes)
+                          calibration=fitted, support=layout_support(run, case.graph))
     auto = plan_placement(request)
-    groups = "; ".join(f"{list(g.roles)} on GPUs {list(g.gpus)}" for g in auto.groups)
+    groups = "; ".join(f"{list(g.roles)} on GPUs {list(g.gpus)} ("
+                       + ", ".join(f"{lay.role} dp={lay.dp} tp={lay.tp}" for lay in g.layouts) + ")"
+                       for g in auto.groups)
     print(f"placement: auto (calibrated, unstreamed): the judge {judge_place(auto.groups)}; {groups}; predicted "
           f"{auto.step_time_s:.2f} s; load average {os.getloadavg()[0]:.1f}")
 
@@ -151,17 +162,24 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     fitted = calibrated(args.out, args.steps)
+    calibration = (args.out / "calibration.json").resolve()
+    fitted.save(calibration)
     folders: dict[tuple[str, int], list[Path]] = {}
+    runs: list[tuple[str, dict[str, list[int]] | None, int]] = [
+        (name, meshes, chunks) for chunks in CHUNKS for name, meshes in MAPPINGS.items()]
     for repeat in range(args.repeats):  # interleaved: every configuration once before any twice
-        for chunks in CHUNKS:
-            for name, meshes in MAPPINGS.items():
-                print(f"{name}, {chunks} chunk(s) (repeat {repeat}); load average {os.getloadavg()[0]:.1f}",
-                      flush=True)
-                out = (args.out / f"J-{slug(name, chunks)}-r{repeat}").resolve()
-                folders.setdefault((name, chunks), []).append(
-                    train_at_driver_priority(config(meshes, chunks, args.steps, out), out))
+        for name, meshes, chunks in [*runs, (AUTO, None, 1)]:
+            print(f"{name}, {chunks} chunk(s) (repeat {repeat}); load average {os.getloadavg()[0]:.1f}", flush=True)
+            out = (args.out / f"J-{slug(name, chunks)}-r{repeat}").resolve()
+            folders.setdefault((name, chunks), []).append(
+                train_at_driver_priority(config(meshes, chunks, args.steps, out, calibration), out))
     prompt = prompt_tokens(next(args.out.glob("J-*.json")))
-    report({key: judge_case(paths, prompt) for key, paths in folders.items()}, fitted)
+    cases = {key: judge_case(paths, prompt) for key, paths in folders.items()}
+    auto = cases.pop((AUTO, 1))
+    report(cases, fitted)
+    plan = Plan.from_json((Path(auto.id) / "plan.json").read_text())
+    print(f"{AUTO} as trained: the judge {judge_place(plan.groups)}; measured {auto.measured['step']:.2f} s, "
+          f"predicted {auto.predict(fitted)['step']:.2f} s (its own plan said {plan.step_time_s:.2f} s)")
     return 0
 
 
