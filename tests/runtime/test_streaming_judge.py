@@ -20,6 +20,7 @@ from hybridflow.planner import ExecutionMode, Plan
 from hybridflow.registry import COMPUTE_FNS
 from hybridflow.runtime import Controller, OptimSpec, RoleSpec, default_plan
 from hybridflow.runtime.streaming import streamed_section
+from hybridflow.runtime.scheduler import combined
 
 TOKENIZER = char_tokenizer()
 LOADER = PromptLoader(records=task_examples("reverse", 64), tokenizer=TOKENIZER, batch_size=6)
@@ -112,5 +113,15 @@ def test_a_streamed_judge_scores_what_an_unstreamed_one_does(warm_model_dir: Pat
     assert bool(streamed.batch["judge_prompts_mask"][:, -1].all())  # joined left-padded: each row ends at the end
     assert torch.equal(whole.batch["scores"], streamed.batch["scores"])
     assert list(whole.batch.non_tensors["verdicts"]) == list(streamed.batch.non_tensors["verdicts"])
+    for name in ("judge/unparsed", "judge/unparsed_frac", "judge_prompts/truncated"):  # the step's, not a chunk's
+        assert streamed.metrics[name] == pytest.approx(whole.metrics[name]), name
+    assert whole.metrics["judge/unparsed"] == 12 * whole.metrics["judge/unparsed_frac"]
     mask = whole.batch["response_mask"].bool()
     assert torch.allclose(whole.batch["advantages"][mask], streamed.batch["advantages"][mask], atol=1e-5)
+
+
+def test_a_nodes_reports_over_a_step_add_up_its_counts_and_weigh_its_means_by_rows() -> None:
+    reports = [(4, {"unparsed": 1.0, "unparsed_frac": 0.25}), (2, {"unparsed": 2.0, "unparsed_frac": 1.0})]
+    assert combined(reports, {"unparsed"}) == {"unparsed": 3.0, "unparsed_frac": pytest.approx(0.5)}
+    assert combined(reports[:1], {"unparsed"}) == reports[0][1]
+    assert combined([(0, {"a": 1.0}), (0, {"a": 3.0, "b": 1.0})], ()) == {"a": 2.0, "b": 1.0}
