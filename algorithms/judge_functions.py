@@ -60,6 +60,8 @@ class JudgeText:
         self.verdict_tokens = verdict_tokens
         self.counts: dict[str, float] = {}
 
+    summed_metrics = frozenset({"unparsed", "truncated"})  # counts: a streamed step's chunks add up
+
     def metrics(self) -> dict[str, float]:
         return dict(self.counts)
 

@@ -96,7 +96,7 @@ def config(workload: dict[str, Any], meshes: dict[str, list[int]], steps: int, o
             "placement.mode": "manual", "placement.meshes": meshes, "model": {"name": workload["model"],
                                                                               "sft_steps": 0},
             "data": {"task": "reverse", "num_examples": 2000, "batch_size": workload["batch_size"]},
-            "actor": {"lr": 5e-4, **optim}, "critic": {"lr": 3e-3, **optim}, "output_dir": str(out),
+            "optim": {"actor": {"lr": 5e-4, **optim}, "critic": {"lr": 3e-3, **optim}}, "output_dir": str(out),
             "logging.trackers": [], "logging.plot": False, "logging.progress": False}
 
 

@@ -86,7 +86,7 @@ def config(workload: str, meshes: dict[str, list[int]], padding: bool, budget: i
             "algorithm.options": {**spec["options"], "reward_kind": "reward_function"}, "pipeline.padding": padding,
             "placement.mode": "manual", "placement.meshes": meshes, "model": {"name": spec["model"], "sft_steps": 0},
             "data": {"task": "reverse", "num_examples": 2000, "batch_size": spec["batch_size"]},
-            "actor": {"lr": 5e-4, "grad_clip": 1.0, "micro_batch_size": 64}, "output_dir": str(out),
+            "optim": {"actor": {"lr": 5e-4, "grad_clip": 1.0, "micro_batch_size": 64}}, "output_dir": str(out),
             "logging.trackers": [], "logging.plot": False, "logging.progress": False}
 
 

@@ -20,10 +20,9 @@ from hybridflow.graph.errors import (
 from hybridflow.graph.node import DEFAULT_MAX_NEW_TOKENS, Node, freeze_options
 from hybridflow.graph.roles import Op, Role, RoleKind
 from hybridflow.graph.skipping import SkippedPass
+from hybridflow.graph.streamed import followers, stream_generate
 
 DEFAULT_INPUTS = ("prompts", "ground_truth", "uid")
-# Ops that work row by row on generated rows, so a streamed step can run them on each finished chunk
-ROW_WISE_OPS = (Op.SCORE, Op.REF_LOGPROB, Op.LOGPROB, Op.VALUES)
 """What the dataset rows give every step: prompts, their ground truth and ``uid``, one id per prompt (unique
 in the step) that its n samples share, so group statistics find a prompt's samples wherever they are."""
 PAIR_INPUTS = ("prompts", "responses", "response_mask", "loss_mask", "pair", "chosen")
@@ -121,18 +120,18 @@ class Graph:
         return generates[0] if len(generates) == 1 and self.filter_node is None else None
 
     @cached_property
+    def stream_generate(self) -> Node | None:
+        """The sampling generate a streamed step streams from: the one fed by the step's inputs, in a graph with
+        no filter whose other generates (an LLM judge's) answer its rows one by one (:mod:`.streamed`); else None."""
+        return stream_generate(self)
+
+    @cached_property
     def streamed_followers(self) -> tuple[str, ...]:
-        """The row-wise nodes (score, reference / actor log-probs, values) a streamed step runs chunk by chunk
-        after :attr:`lone_generate`, in order: their inputs come from graph inputs, that node or each other.
-        Empty when the graph has no lone generate node."""
-        generate = self.lone_generate
-        if generate is None:
-            return ()
-        streamed = {generate.name}
-        for name in self.order:
-            if self.node(name).op in ROW_WISE_OPS and set(self.predecessors(name)) <= streamed:
-                streamed.add(name)
-        return tuple(name for name in self.order if name in streamed - {generate.name})
+        """The nodes a streamed step runs chunk by chunk after :attr:`stream_generate`, in order: row-wise ops
+        (score, reference / actor log-probs, values) and an LLM judge's chain (:mod:`.streamed`). Empty when the
+        graph has nothing to stream."""
+        generate = self.stream_generate
+        return () if generate is None else followers(self, generate)
 
     @cached_property
     def sampling_section(self) -> frozenset[str]:

@@ -63,7 +63,7 @@ def build_plan(problem: Problem, groups: Sequence[Placement], *, search: SearchS
         spans, span, latency = shared_step(schedule, seconds, latency, sharing)
     else:
         chunks, chunk_groups = streamed
-        generate = problem.graph.lone_generate
+        generate = problem.graph.stream_generate
         assert generate is not None and problem.mode.stream_chunks == chunks, "streaming a problem of other chunks"
         expanded, origin = stream_schedule(schedule, generate.name, problem.graph.streamed_followers, chunks)
         per_chunk = group_seconds(schedule, chunk_groups)

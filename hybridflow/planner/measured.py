@@ -77,4 +77,5 @@ def case_from_run(run_dir: str | Path, *, graph: Graph, models: Mapping[str, Mod
     return MeasuredCase(id=str(folder), graph=graph, models=models, workload=workload, cluster=cluster,
                         mapping=mapping, layout=layout_arguments(plan), settings=settings,
                         micro_batch_sizes={lay.role: lay.micro_batch_size for g in plan.groups for lay in g.layouts},
-                        measured={key: value for key, value in measured.items() if key in node_names})
+                        measured={key: value for key, value in measured.items() if key in node_names},
+                        stream_chunks=plan.mode.stream_chunks)

@@ -92,14 +92,15 @@ def check_pipeline(mode: ExecutionMode, graph: Graph, *, detached: bool) -> None
 
 def check_stream_chunks(graph: Graph, mode: ExecutionMode) -> None:
     """Refuse a streamed step (``mode.stream_chunks`` > 1) the graph cannot run, naming the fix: it needs one
-    generate node fed by the step's inputs only (the values themselves are the mode's to check)."""
+    sampling generate node fed by the step's inputs only, any other generate answering its rows one by one (an LLM
+    judge's, ``Graph.stream_generate``); the values themselves are the mode's to check."""
     chunks = mode.stream_chunks
     if chunks == 1:
         return
-    generate = graph.lone_generate
-    if generate is None or graph.predecessors(generate.name):
-        raise ValueError(f"stream_chunks={chunks}: the {graph.name} graph has no single generate node fed by the "
-                         "step's inputs (or has a filter), so there is nothing to stream: use stream_chunks=1")
+    if graph.stream_generate is None:
+        raise ValueError(f"stream_chunks={chunks}: the {graph.name} graph has no single sampling generate node fed by "
+                         "the step's inputs whose other generates answer its rows one by one (or it has a filter), so "
+                         "there is nothing to stream: use stream_chunks=1")
 
 
 def streamed_generate_seconds(model: ModelSpec, load: NodeLoad, prompt_len: int, layout: RoleLayout, shape: Shape,

@@ -54,6 +54,7 @@ class MeasuredCase:
     settings: RunSettings
     measured: Mapping[str, float]  # "step", verl phase names or graph node names -> seconds
     overlay: ControllerOverlay | None = None  # the framework's own costs (verl's controller traffic)
+    stream_chunks: int = 1  # a sync step streamed in that many chunks (a hybridflow run's plan.json says)
 
     @property
     def device(self) -> str:
@@ -61,7 +62,8 @@ class MeasuredCase:
 
     def plan(self, calibration: Calibration | None = None) -> Plan:
         request = PlanRequest(self.graph, self.models, self.workload, self.cluster, settings=self.settings,
-                              calibration=calibration, micro_batch_sizes=self.micro_batch_sizes, overlay=self.overlay)
+                              calibration=calibration, micro_batch_sizes=self.micro_batch_sizes, overlay=self.overlay,
+                              stream_chunks=self.stream_chunks)
         return evaluate_mapping(request, self.mapping, **self.layout)
 
     def predict(self, calibration: Calibration | None = None) -> dict[str, float]:

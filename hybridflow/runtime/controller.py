@@ -182,7 +182,7 @@ class Controller:
 
     def _finished(self, record: StepRecord, node: Node, outcome: Outcome) -> None:
         """A node's outcome: its metrics and seconds, and the weights an update of a detached policy ships."""
-        record.add(node, outcome)
+        record.add(node, outcome, summed=getattr(self.node_states.get(node.name), "summed_metrics", ()))
         if node.op is Op.UPDATE and str(node.role) in self.plan.detached_rollouts:
             shipment = self._ship(str(node.role))  # a later update replaces it
             if self._overlap is not None:  # the rollout samples with these weights once they land

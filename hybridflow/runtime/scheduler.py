@@ -26,7 +26,7 @@ A node with a deadline of its own (``Node.deadline_s``: an LLM judge's) fails th
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -60,16 +60,41 @@ class Partition:
 
 @dataclass
 class StepRecord:
-    """What a step's nodes reported: metrics, seconds (summed over partitions) and weight shipments."""
+    """What a step's nodes reported: metrics, seconds (summed over partitions) and weight shipments.
+
+    A node that runs on several partitions of a step (stream chunks, filter rounds) reports each time; its metric
+    for the step is the mean over those reports weighted by their rows, except the ``summed`` ones (counts, such as
+    a judge's unparsed verdicts: ``NodeState.summed_metrics``), which add up."""
 
     metrics: dict[str, float] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
     shipments: dict[str, Future[WeightSyncStats]] = field(default_factory=dict)
+    reports: dict[str, list[tuple[int, Mapping[str, float]]]] = field(default_factory=dict)
 
-    def add(self, node: Node, outcome: Outcome) -> None:
+    def add(self, node: Node, outcome: Outcome, *, summed: Collection[str] = ()) -> None:
         self.seconds[node.name] = self.seconds.get(node.name, 0.0) + outcome.seconds
         prefix = f"{node.role}/" if node.role else f"{node.name}/"
-        self.metrics.update({prefix + key: value for key, value in outcome.metrics.items()})
+        reports = self.reports.setdefault(node.name, [])
+        reports.append((len(outcome.outputs), outcome.metrics))
+        self.metrics.update({prefix + key: value for key, value in combined(reports, summed).items()})
+
+
+def combined(reports: Sequence[tuple[int, Mapping[str, float]]], summed: Collection[str]) -> dict[str, float]:
+    """One node's metrics over its reports of a step, ``(rows, metrics)`` each: ``summed`` keys add up, the others
+    are the rows-weighted mean of the reports that have them (the plain mean where no report has rows)."""
+    if len(reports) == 1:
+        return dict(reports[0][1])
+    out: dict[str, float] = {}
+    for key in dict.fromkeys(key for _, metrics in reports for key in metrics):
+        having = [(rows, metrics[key]) for rows, metrics in reports if key in metrics]
+        total = sum(rows for rows, _ in having)
+        if key in summed:
+            out[key] = float(sum(value for _, value in having))
+        elif total:
+            out[key] = sum(rows * value for rows, value in having) / total
+        else:
+            out[key] = sum(value for _, value in having) / len(having)
+    return out
 
 
 class PartitionSource(Protocol):

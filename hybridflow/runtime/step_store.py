@@ -33,17 +33,28 @@ Part = int | None
 @dataclass(frozen=True)
 class Join:
     """How field ``name`` of the joined rows comes from its copies in ``parts`` chunk partitions: concatenated
-    in chunk order, chunk ``i`` right-padded to ``width`` with ``pads[i]`` (``width`` None: not padded)."""
+    in chunk order, chunk ``i`` right-padded (``left``: left-padded, computed prompts) to ``width`` with
+    ``pads[i]`` (``width`` None: not padded)."""
 
     name: str
     parts: int
     width: int | None
     pads: tuple[float, ...]
+    left: bool = False
 
     def rebuild(self, pieces: Sequence[torch.Tensor]) -> torch.Tensor:
         if self.width is None:
             return torch.cat(list(pieces))
-        return torch.cat([right_pad(piece, self.width, pad) for piece, pad in zip(pieces, self.pads, strict=True)])
+        pad = left_pad if self.left else right_pad
+        return torch.cat([pad(piece, self.width, value) for piece, value in zip(pieces, self.pads, strict=True)])
+
+
+def left_pad(value: torch.Tensor, width: int, pad: float) -> torch.Tensor:
+    """``value`` (rows, w, ...) left-padded along dim 1 to ``width`` with ``pad``."""
+    if value.shape[1] == width:
+        return value
+    extra = torch.full((value.shape[0], width - value.shape[1], *value.shape[2:]), pad, dtype=value.dtype)
+    return torch.cat([extra, value], dim=1)
 
 
 def right_pad(value: torch.Tensor, width: int, pad: float) -> torch.Tensor:

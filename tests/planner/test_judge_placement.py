@@ -4,6 +4,8 @@ group of its own (docs/planner.md, "Judges")."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from hybridflow.graph import Workload, load_graph
@@ -53,3 +55,18 @@ def test_plan_cli_places_the_judge(capsys: pytest.CaptureFixture[str]) -> None:
                  "--model", "judge=qwen2.5-0.5b"]) == 0
     out = capsys.readouterr().out
     assert "judge" in out and "T4" in out and "judge_generate" in out
+
+
+def test_a_streamed_step_overlaps_the_judge_with_the_rollout_only_on_a_group_apart(judge_request: PlanRequest) -> None:
+    """Streamed, the judge's chain follows the policy's generate chunk by chunk (``Graph.streamed_followers``, the
+    runtime's rule): on its own GPUs it starts on the first chunk while the next decodes; beside the rollout its
+    generate queues behind every generate chunk (its prompts are rendered on the driver either way)."""
+    streamed = replace(judge_request, stream_chunks=4)
+    apart = evaluate_mapping(streamed, {"actor": range(8), "reference": range(8), "judge": (8, 9)})
+    colocated = evaluate_mapping(streamed, {"actor": range(8), "reference": range(8), "judge": range(8)})
+    for plan, overlaps in ((apart, True), (colocated, False)):
+        nodes = {node.node: node for node in plan.nodes}
+        assert plan.feasible and plan.mode.stream_chunks == 4
+        assert nodes["judge_prompts"].start_s < nodes["actor_generate"].end_s
+        for name in ("judge_generate", "judge"):
+            assert (nodes[name].start_s < nodes["actor_generate"].end_s) is overlaps, name
