@@ -25,3 +25,24 @@ def fsdp_logprobs(rank: int, world_size: int, model_dir: str, wire: Any) -> dict
                                              forward_micro_batch_size=1), context(rank, world_size))
         out["padded" if padding else "packed"] = engine.log_probs(batch)["logprobs"]
     return out
+
+
+def fsdp_frozen_update(rank: int, world_size: int, model_dir: str, wire: Any) -> dict[str, Any]:
+    """An FSDP (FULL_SHARD) policy with a frozen vision tower: its whole weights before and after one update of this
+    rank's rows, the names its sync stream ships, and how many tower parameters hold optimizer state here."""
+    from hybridflow.backends.fsdp import FsdpRoleEngine
+
+    from hybridflow.registry import LOSSES
+    from hybridflow.runtime.weights import full_weights
+
+    batch = rank_rows(Batch.from_wire(wire), rank, world_size)
+    spec = dataclasses.replace(role_spec("actor", RoleKind.POLICY), model=model_dir, freeze_vision_tower=True)
+    engine = FsdpRoleEngine(spec, layout("actor", sharding=Sharding.FULL_SHARD, padding=True, micro_batch_size=1),
+                            context(rank, world_size))
+    before = {name: tensor.clone() for name, tensor in engine.iter_full_weights()}
+    engine.train_step(batch, loss=LOSSES.get("ppo_policy"), options={})
+    after = {name: tensor.clone() for name, tensor in engine.iter_full_weights()}
+    shipped = [name for name, _ in full_weights(engine, "fp32", trained_only=True)]
+    tower = [param for name, param in engine.model.named_parameters() if name.startswith("model.visual.")]
+    return {"before": before, "after": after, "shipped": shipped,
+            "tower_state": sum(1 for param in tower if engine.optimizer.state.get(param))}
