@@ -150,3 +150,15 @@ def test_fsdp_updates_with_a_frozen_tower_keep_it_and_train_the_rest(vlm_dir: Pa
     assert moved and not any(name.startswith(TOWER) for name in moved)
     assert set(shipped) == {name for name in before if not name.startswith(TOWER)}
     assert ranks[0]["tower_state"] == 0 and ranks[1]["tower_state"] == 0  # no optimizer state for the tower's shards
+
+
+@pytest.mark.slow  # two spawned gloo ranks, DeepSpeed's start-up: ~200 s on 2 shared cores
+def test_deepspeed_zero2_updates_a_vlm_as_the_torch_engine_and_keeps_a_frozen_tower(vlm_dir: Path,
+                                                                                   update_rows: Batch) -> None:
+    pytest.importorskip("deepspeed", reason="needs DeepSpeed (the `deepspeed` extra)")
+    import vision_ranks
+
+    for result in run_ranks(vision_ranks.deepspeed_zero2_updates, str(vlm_dir), update_rows.to_wire()):
+        assert result["weight_gap"] < 1e-5  # one image row per rank: the torch engine's update over both
+        assert result["trained"]["tower_moved"] > 0 and result["trained"]["text_moved"] > 0
+        assert result["frozen"]["tower_moved"] == 0 and result["frozen"]["text_moved"] > 0
