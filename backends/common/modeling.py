@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from hybridflow.backends.common import packing, peft_lora, sampling, varlen, vision
 
+from hybridflow.fields import FieldError
 from hybridflow.graph import RoleKind
 from hybridflow.logits import token_entropy, token_logprobs
 from hybridflow.models import vision as models_vision
@@ -105,8 +106,8 @@ def freeze_vision_tower(model: Any, *, role: str, source: str) -> str:
     of its state-dict names. A model without one is refused naming the key."""
     found = vision_tower(model)
     if found is None:
-        raise ValueError(f"config key 'roles.{role}.freeze_vision_tower': model {source} "
-                         f"({type(hf_model(model)).__name__}) has no vision tower; remove the key")
+        raise FieldError("freeze_vision_tower", True, f"for role {role!r}: model {source} "
+                         f"({type(hf_model(model)).__name__}) has no vision tower; set it false")
     path, tower = found
     tower.requires_grad_(False)
     return path

@@ -97,7 +97,7 @@ def test_freeze_vision_tower_is_refused_where_there_is_no_tower_or_nothing_train
     from hybridflow.backends.torch.engine import TorchRoleEngine
 
     spec = dataclasses.replace(role_spec("actor", RoleKind.POLICY), freeze_vision_tower=True)  # a text model
-    with pytest.raises(ValueError, match=r"roles\.actor\.freeze_vision_tower.*no vision tower"):
+    with pytest.raises(ValueError, match=r"freeze_vision_tower=True for role 'actor'.*no vision tower"):
         TorchRoleEngine(spec, layout("actor", dp=1, sharding="NO_SHARD"), context())
     with pytest.raises(ValueError, match="freeze_vision_tower is for a trainable role"):
         RoleSpec(name="ref", kind=RoleKind.FROZEN_POLICY, model="m", freeze_vision_tower=True)
@@ -114,8 +114,24 @@ def test_the_config_key_reaches_the_policys_spec_and_is_refused_on_a_reference()
     frozen = specs(**{"roles.actor.freeze_vision_tower": True})
     assert frozen["actor"].freeze_vision_tower and not frozen["reference"].freeze_vision_tower
     assert not specs()["actor"].freeze_vision_tower  # verl's default: the tower trains
+    assert specs(**{"actor_rollout_ref.actor.freeze_vision_tower": True})["actor"].freeze_vision_tower  # verl's key
     with pytest.raises(ValueError, match=r"'roles\.reference\.freeze_vision_tower'.*trains nothing"):
         specs(**{"roles.reference.freeze_vision_tower": True})
+
+
+def test_a_run_plans_the_tower_as_the_config_freezes_it(vlm_dir: Path) -> None:
+    from hybridflow.train.config import config_from_dotted
+    from hybridflow.train.placement import role_models
+    from hybridflow.train.setup import build_graph
+
+    def trained(**keys: Any) -> dict[str, bool]:
+        config = config_from_dotted({"algorithm.options.kl_coef": 0.05, **keys})
+        return {role: model.trained_vision_params > 0
+                for role, model in role_models(config, build_graph(config), str(vlm_dir)).items()}
+
+    assert trained() == {"actor": True, "reference": False}
+    assert trained(**{"roles.actor.freeze_vision_tower": True}) == {"actor": False, "reference": False}
+    assert trained(**{"roles.actor.lora": {"rank": 4}}) == {"actor": False, "reference": False}
 
 
 def test_lora_on_a_vlm_adapts_the_language_model_only(vlm_dir: Path, update_rows: Batch) -> None:
