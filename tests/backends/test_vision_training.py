@@ -168,7 +168,7 @@ def test_fsdp_updates_with_a_frozen_tower_keep_it_and_train_the_rest(vlm_dir: Pa
     assert ranks[0]["tower_state"] == 0 and ranks[1]["tower_state"] == 0  # no optimizer state for the tower's shards
 
 
-@pytest.mark.slow  # two spawned gloo ranks, DeepSpeed's start-up: ~200 s on 2 shared cores
+@pytest.mark.slow  # two spawned gloo ranks and DeepSpeed's start-up: 35 s, 200 s on a loaded 2-core box
 def test_deepspeed_zero2_updates_a_vlm_as_the_torch_engine_and_keeps_a_frozen_tower(vlm_dir: Path,
                                                                                    update_rows: Batch) -> None:
     pytest.importorskip("deepspeed", reason="needs DeepSpeed (the `deepspeed` extra)")
