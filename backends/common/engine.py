@@ -71,6 +71,8 @@ backend's own engine holds and steps the optimizer, as DeepSpeed's does).
         model = modeling.load_model(spec.kind, spec.model, dtype=self.load_dtype(layout), seed=spec.seed,
                                     lora=spec.lora, role=spec.name)
         self.adapter_layers = peft_lora.lora_layers(model)
+        if spec.freeze_vision_tower:  # before the optimizer and any wrapping: neither sees the tower as trainable
+            self.frozen_prefixes = (modeling.freeze_vision_tower(model, role=spec.name, source=spec.model) + ".",)
         if layout.gradient_checkpointing and spec.kind.trainable:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model = self.wrap_model(model, layout)
@@ -124,7 +126,9 @@ backend's own engine holds and steps the optimizer, as DeepSpeed's does).
         """Whole weights, owned by the caller (never aliasing the live parameters)."""
 
     def load_weights(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
-        self.load_state_dict(dict(named))
+        """A sync's weights: those named (a sync leaves out a frozen vision tower, which keeps its values)."""
+        self.refuse_whole_weights()
+        self.write_whole_state(dict(named), partial=True)
 
     def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
         """Whole weights (the same on every rank, as :meth:`state_dict` gives them) into the model; refused for a
@@ -133,8 +137,9 @@ backend's own engine holds and steps the optimizer, as DeepSpeed's does).
         self.write_whole_state(state)
 
     @abstractmethod
-    def write_whole_state(self, state: Mapping[str, torch.Tensor]) -> None:
-        """Copy whole weights into the live model (each rank keeping its shard, where sharded)."""
+    def write_whole_state(self, state: Mapping[str, torch.Tensor], *, partial: bool = False) -> None:
+        """Copy whole weights into the live model (each rank keeping its shard, where sharded); a name the model
+        lacks is refused, and so is one missing from ``state`` unless ``partial`` (those keep their values)."""
 
     def save_checkpoint(self, directory: str) -> None:
         """The role's weights and optimizer states in the backend's format, and the schedule's position."""

@@ -25,6 +25,7 @@ from hybridflow.runtime.protocols import (
     Generator,
     LossFn,
     SamplingParams,
+    TrainedWeightSource,
     WeightSink,
 )
 from hybridflow.runtime.weights import CountedWeights, WeightSyncStats, adapter_weights, full_weights
@@ -88,7 +89,7 @@ class HybridEngine:
             counted = CountedWeights(adapter_weights(self.trainer, self.weight_dtype))
             self.rollout.load_adapter(counted, self.trainer.adapter_config())
         else:
-            counted = CountedWeights(full_weights(self.trainer, self.weight_dtype))
+            counted = CountedWeights(full_weights(self.trainer, self.weight_dtype, trained_only=True))
             self.rollout.load_weights(counted)
         self.last_sync = counted.stats(time.perf_counter() - start)
         self.stale = False
@@ -146,6 +147,12 @@ class HybridEngine:
 
     def iter_full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         return self.trainer.iter_full_weights()
+
+    def iter_trained_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        trainer = self.trainer
+        if isinstance(trainer, TrainedWeightSource):
+            return trainer.iter_trained_weights()
+        return self.iter_full_weights()
 
     def tied_weights(self) -> Mapping[str, str]:
         return self.trainer.tied_weights()

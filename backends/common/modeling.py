@@ -10,8 +10,10 @@ from typing import Any
 import torch
 from hybridflow.backends.common import packing, peft_lora, sampling, varlen, vision
 
+from hybridflow.fields import FieldError
 from hybridflow.graph import RoleKind
 from hybridflow.logits import token_entropy, token_logprobs
+from hybridflow.models import vision as models_vision
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.protocols import AdapterSpec
 from hybridflow.runtime.weights import DTYPES
@@ -86,7 +88,29 @@ def _is_vision_language(directory: str) -> bool:
     image-text-to-text model, since no causal-LM class takes its images."""
     from transformers import AutoConfig
 
-    return getattr(AutoConfig.from_pretrained(directory), "vision_config", None) is not None
+    return models_vision.is_vision_language(AutoConfig.from_pretrained(directory))
+
+
+def vision_tower(model: Any) -> tuple[str, torch.nn.Module] | None:
+    """(module path in ``model``, module) of a vision-language model's vision tower under any wrapper (peft), as
+    :func:`hybridflow.models.vision.vision_tower` finds it in the transformers model; None for a text model."""
+    found = models_vision.vision_tower(hf_model(model))
+    if found is None:
+        return None
+    tower = found[1]
+    return next(name for name, module in model.named_modules() if module is tower), tower
+
+
+def freeze_vision_tower(model: Any, *, role: str, source: str) -> str:
+    """Freeze ``model``'s vision tower (no gradients, so no optimizer state); returns its module path, the prefix
+    of its state-dict names. A model without one is refused naming the key."""
+    found = vision_tower(model)
+    if found is None:
+        raise FieldError("freeze_vision_tower", True, f"for role {role!r}: model {source} "
+                         f"({type(hf_model(model)).__name__}) has no vision tower; set it false")
+    path, tower = found
+    tower.requires_grad_(False)
+    return path
 
 
 def sequence_inputs(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

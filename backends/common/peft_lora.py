@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from hybridflow.models.vision import TOWER_MODULES, vision_tower
 from hybridflow.runtime.protocols import AdapterSpec
 
 ADAPTER = "default"  # peft's name of a model's only adapter
@@ -42,34 +43,44 @@ def apply_adapters(model: Any, spec: AdapterSpec, *, role: str) -> Any:
     check_targets(model, spec, role=role)
     targets: str | list[str] = (spec.target_modules if isinstance(spec.target_modules, str)
                                 else list(spec.target_modules))
+    # A vision-language model's adapters go on its language model: its vision tower's modules are excluded.
+    exclude = TOWER_MODULES if vision_tower(model) is not None else None
     # peft annotates lora_alpha as int but scales by alpha / r in floats: a fractional alpha is honoured.
     config = LoraConfig(r=spec.rank, lora_alpha=spec.alpha,  # type: ignore[arg-type]
-                        lora_dropout=spec.dropout, target_modules=targets,
+                        lora_dropout=spec.dropout, target_modules=targets, exclude_modules=exclude,
                         init_lora_weights=_INITS[spec.init], task_type="CAUSAL_LM")
     return get_peft_model(model, config)
 
 
-def linear_module_names(model: Any) -> list[str]:
-    """The distinct last names of the model's linear modules (what ``target_modules`` may name)."""
+def linear_module_paths(model: Any) -> list[str]:
+    """The paths of the linear modules adapters may go on: every one of a text model's, a vision-language model's
+    outside its vision tower (which takes no adapters)."""
     from transformers.pytorch_utils import Conv1D
 
-    return sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules()
-                   if isinstance(module, torch.nn.Linear | Conv1D) and name})
+    tower = vision_tower(model)
+    inside = (tower[0] + ".") if tower is not None else None
+    return [name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear | Conv1D) and name
+            and not (inside is not None and (name + ".").startswith(inside))]
+
+
+def linear_module_names(model: Any) -> list[str]:
+    """The distinct last names of those linear modules (what ``target_modules`` may name)."""
+    return sorted({name.rsplit(".", 1)[-1] for name in linear_module_paths(model)})
 
 
 def check_targets(model: Any, spec: AdapterSpec, *, role: str) -> None:
-    """Every named target matches a linear module of ``model`` (as a path suffix), or the error lists them."""
+    """Every named target matches a linear module of ``model`` (as a path suffix; outside a vision-language model's
+    vision tower), or the error lists them."""
     if isinstance(spec.target_modules, str):
         return
-    from transformers.pytorch_utils import Conv1D
-
-    paths = [name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear | Conv1D)]
+    paths = linear_module_paths(model)
     unmatched = [target for target in spec.target_modules
                  if not any(path == target or path.endswith("." + target) for path in paths)]
     if unmatched:
+        where = "'s language model" if vision_tower(model) is not None else ""
         raise ValueError(f"role {role!r}: lora.target_modules "
-                         f"{unmatched} match no linear module of {type(model).__name__}; its linear modules are "
-                         f"{linear_module_names(model)} (or 'all-linear')")
+                         f"{unmatched} match no linear module of {type(model).__name__}{where}; its linear modules "
+                         f"are {linear_module_names(model)} (or 'all-linear')")
 
 
 def lora_layers(model: Any) -> dict[str, LoraLayer]:

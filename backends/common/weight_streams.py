@@ -26,6 +26,7 @@ class WeightStreams:
     spec: RoleSpec
     model: Any
     adapter_layers: Mapping[str, peft_lora.LoraLayer]
+    frozen_prefixes: tuple[str, ...] = ()  # state-dict name prefixes of weights that never train (a frozen tower)
 
     def whole_state(self, keep: Callable[[str], bool]) -> Iterator[tuple[str, torch.Tensor]]:
         """(model state-dict name, whole tensor) of the entries ``keep`` accepts, one at a time; the tensors may be
@@ -39,6 +40,14 @@ class WeightStreams:
     def iter_full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """(HF name, whole tensor) one at a time; a LoRA policy's adapted weights merged (``W + scale * B @ A``)."""
         return peft_lora.merged_weights(self.whole_state(lambda _name: True), self.adapter_layers)
+
+    def iter_trained_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """:meth:`iter_full_weights` less the weights that never train (a frozen vision tower), which a rollout
+        loaded with the model keeps: a sync sends (and a sharded engine gathers) only the rest."""
+        def trained(name: str) -> bool:
+            return not name.startswith(self.frozen_prefixes)
+
+        return peft_lora.merged_weights(self.whole_state(trained), self.adapter_layers)
 
     def tied_weights(self) -> Mapping[str, str]:
         return peft_lora.hf_aliases(modeling.tied_weights(self.model), self.adapter_layers)

@@ -174,11 +174,18 @@ class DeepSpeedRoleEngine(TrainingEngine):
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {name: tensor.cpu().clone() for name, tensor in self.iter_full_weights()}
 
-    def write_whole_state(self, state: Mapping[str, torch.Tensor]) -> None:
+    def write_whole_state(self, state: Mapping[str, torch.Tensor], *, partial: bool = False) -> None:
         """Whole weights into the module and the optimizer's fp32 copy."""
         deepspeed = import_deepspeed()
+        live = self.model.state_dict(keep_vars=True)
+        missing, unexpected = sorted(set(live) - set(state)), sorted(set(state) - set(live))
+        if unexpected or (missing and not partial):
+            raise KeyError(f"role {self.spec.name!r}: the weights miss {missing[:5]} and name {unexpected[:5]} "
+                           "that this model lacks")
         with torch.no_grad():
-            for name, value in self.model.state_dict(keep_vars=True).items():
+            for name, value in live.items():
+                if name not in state:
+                    continue
                 context = (deepspeed.zero.GatheredParameters([value], modifier_rank=0)
                            if self.stage == 3 and hasattr(value, "ds_id") else contextlib.nullcontext())
                 with context:

@@ -146,17 +146,20 @@ class FsdpRoleEngine(TrainingEngine):
         return {name: tensor.clone() if tensor.data_ptr() in live else tensor.cpu()
                 for name, tensor in self.iter_full_weights()}
 
-    def write_whole_state(self, state: Mapping[str, torch.Tensor]) -> None:
+    def write_whole_state(self, state: Mapping[str, torch.Tensor], *, partial: bool = False) -> None:
         """Each rank keeps its own shard of the whole weights, without communication. The optimizer's moments are
         left as they are."""
         from torch.distributed.tensor import DTensor, distribute_tensor
 
-        missing = sorted(set(self.model.state_dict()) - set(state))
-        if missing:
+        live = self.model.state_dict()
+        missing, unexpected = sorted(set(live) - set(state)), sorted(set(state) - set(live))
+        if unexpected or (missing and not partial):
             raise KeyError(f"role {self.spec.name!r}: load_state_dict is missing {missing[:5]} "
-                           f"({len(missing)} of {len(self.model.state_dict())} tensors)")
+                           f"({len(missing)} of {len(live)} tensors), unexpected {unexpected[:5]}")
         with torch.no_grad():
-            for name, value in self.model.state_dict().items():
+            for name, value in live.items():
+                if name not in state:
+                    continue
                 full = state[name].to(device=value.device, dtype=value.dtype)
                 if isinstance(value, DTensor):
                     full = distribute_tensor(full, value.device_mesh, value.placements, src_data_rank=None).to_local()

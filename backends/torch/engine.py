@@ -95,8 +95,10 @@ class TorchRoleEngine(TrainingEngine):
         """Whole weights, owned by the caller (never aliasing the live parameters)."""
         return {name: tensor.clone() for name, tensor in self.iter_full_weights()}
 
-    def write_whole_state(self, state: Mapping[str, torch.Tensor]) -> None:
-        self.model.load_state_dict(dict(state))
+    def write_whole_state(self, state: Mapping[str, torch.Tensor], *, partial: bool = False) -> None:
+        unexpected = self.model.load_state_dict(dict(state), strict=not partial).unexpected_keys
+        if unexpected:
+            raise KeyError(f"role {self.spec.name!r}: the weights name tensors this model lacks: {unexpected[:5]}")
 
     def save_state(self, directory: str) -> None:
         if self.context.rank != 0:  # replicas are identical: rank 0 writes for the group

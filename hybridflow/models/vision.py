@@ -43,6 +43,33 @@ _VISION = dict(depth=2, embed_dim=32, mlp_ratio=2, num_heads=2, in_channels=3, p
                spatial_merge_size=MERGE_SIZE, temporal_patch_size=TEMPORAL_PATCH)
 
 
+# The attribute a transformers vision-language model keeps its vision tower under (Qwen-VL's ``visual``, with its patch
+# merger; LLaVA-style ``vision_tower``; SigLIP/Idefics-style ``vision_model``), on the model or its inner ``model``.
+VISION_TOWER_NAMES = ("visual", "vision_tower", "vision_model")
+# peft ``exclude_modules`` (a full-match regex over module paths): every module inside a vision tower. The trainers and
+# the LoRA export both write it, so a VLM's adapters go on its language model only.
+TOWER_MODULES = r"(.*\.)?(" + "|".join(VISION_TOWER_NAMES) + r")(\..*)?"
+
+
+def is_vision_language(config: Any) -> bool:
+    """Whether a transformers config is a vision-language model's (it has a ``vision_config``)."""
+    return getattr(config, "vision_config", None) is not None
+
+
+def vision_tower(model: Any) -> tuple[str, Any] | None:
+    """(module path in ``model``, module) of a transformers vision-language model's vision tower, found as verl finds
+    it (``model.model.visual``, then ``model.visual``; also the other :data:`VISION_TOWER_NAMES`); None for a text
+    model."""
+    import torch
+
+    for owner in (getattr(model, "model", None), model):
+        for attribute in VISION_TOWER_NAMES:
+            tower = getattr(owner, attribute, None)
+            if isinstance(tower, torch.nn.Module):
+                return next(name for name, module in model.named_modules() if module is tower), tower
+    return None
+
+
 def vision_tokenizer(alphabet: str = WIDE_ALPHABET) -> Any:
     """The character tokenizer plus Qwen2-VL's vision tokens (special, so they tokenise whole) and the vision chat
     template; ``image_token`` / ``image_token_id`` name the placeholder for processors that read them."""
@@ -109,6 +136,18 @@ def save_vlm_dir(model: Any, processor: Any, directory: str | Path) -> Path:
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)
+    return save_processor(processor, path)
+
+
+def save_processor(processor: Any, directory: str | Path) -> Path:
+    """The processor's files in ``directory``: ``preprocessor_config.json`` (the image processor), the tokenizer's,
+    ``chat_template.jinja`` and ``processor_config.json``: what ``AutoProcessor.from_pretrained`` reads (where
+    torchvision is installed) and :func:`load_processor` reads anywhere."""
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    if getattr(processor, "video_processor", None) is not None:  # a whole processor (torchvision installed)
+        processor.save_pretrained(path)
+        return path
     processor.image_processor.save_pretrained(path)
     processor.tokenizer.save_pretrained(path)
     if processor.chat_template:

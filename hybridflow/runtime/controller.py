@@ -253,7 +253,7 @@ class Controller:
         assert source is not None and target is not None
         dtype = self.plan.layout(rollout).dtype
         exported = self._dispatchers[source].submit(_timed_export, self.groups[source], policy, dtype,
-                                                    self._adapter_shipping[policy])
+                                                    self._adapter_shipping[policy])  # trained weights alone
         return self._dispatchers[target].submit(_import, self.groups[target], rollout, exported)
 
     def sync_rollouts(self) -> dict[str, WeightSyncStats]:
@@ -294,8 +294,8 @@ NODE_STATES = "node_states.json"  # beside the roles' checkpoints: driver-side s
 
 
 def _timed_export(group: WorkerGroup, role: str, dtype: str, adapter: bool) -> tuple[Any, float]:
-    started = time.perf_counter()
-    return group.export_weights(role, dtype, adapter), started
+    started = time.perf_counter()  # the rollout loaded the policy's model: weights that never train stay there
+    return group.export_weights(role, dtype, adapter, True), started
 
 
 def _import(group: WorkerGroup, role: str, exported: Future[tuple[Any, float]]) -> WeightSyncStats:

@@ -56,9 +56,10 @@ class WorkerGroup(Protocol):
     def load_checkpoint(self, directory: str) -> None:
         ...
 
-    def export_weights(self, role: str, dtype: str, adapter: bool = False) -> Any:
-        """``role``'s whole weights in ``dtype`` (``adapter``: its LoRA adapter alone) as an opaque handle another
-        group's :meth:`import_weights` accepts (the packed weights here; an object-store reference under Ray)."""
+    def export_weights(self, role: str, dtype: str, adapter: bool = False, trained_only: bool = False) -> Any:
+        """``role``'s whole weights in ``dtype`` (``adapter``: its LoRA adapter alone; ``trained_only``: without the
+        weights that never train, a frozen vision tower) as an opaque handle another group's :meth:`import_weights`
+        accepts (the packed weights here; an object-store reference under Ray)."""
         ...
 
     def import_weights(self, role: str, weights: Any) -> list[dict[str, float]]:
@@ -173,8 +174,8 @@ class LocalWorkerGroup:
     def load_checkpoint(self, directory: str) -> None:
         self._all(lambda worker: worker.load_checkpoint(directory))
 
-    def export_weights(self, role: str, dtype: str, adapter: bool = False) -> Any:
-        return self._all(lambda worker: worker.export_weights(role, dtype, adapter))[0]
+    def export_weights(self, role: str, dtype: str, adapter: bool = False, trained_only: bool = False) -> Any:
+        return self._all(lambda worker: worker.export_weights(role, dtype, adapter, trained_only))[0]
 
     def import_weights(self, role: str, weights: Any) -> list[dict[str, float]]:
         return self._all(lambda worker: worker.import_weights(role, weights))

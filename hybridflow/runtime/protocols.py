@@ -216,11 +216,23 @@ class WeightSource(Protocol):
 
 
 @runtime_checkable
+class TrainedWeightSource(Protocol):
+    """A :class:`WeightSource` some of whose weights never train (a frozen vision tower): a sync to a rollout that
+    loaded the same model sends the others alone (:func:`~hybridflow.runtime.weights.full_weights`)."""
+
+    def iter_trained_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(HF name, whole tensor) of the weights that train, one at a time; a collective like
+        :meth:`WeightSource.iter_full_weights`."""
+        ...
+
+
+@runtime_checkable
 class WeightSink(Protocol):
     """An engine that takes whole weights from elsewhere (a detached rollout)."""
 
     def load_weights(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Replace the engine's weights with HF-named whole tensors (consumed one at a time)."""
+        """Replace the engine's weights with HF-named whole tensors (consumed one at a time); weights not named
+        keep their values (a sync leaves out a frozen vision tower: :class:`TrainedWeightSource`)."""
         ...
 
 

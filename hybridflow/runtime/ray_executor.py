@@ -374,10 +374,10 @@ class RayWorkerGroup(NamedWorkerCalls):
         deadline = self.liveness.setup_timeout_s if slow else None
         return self._gather([getattr(actor, method).remote(*args) for actor in self.actors], None, deadline_s=deadline)
 
-    def export_weights(self, role: str, dtype: str, adapter: bool = False) -> Any:
+    def export_weights(self, role: str, dtype: str, adapter: bool = False, trained_only: bool = False) -> Any:
         """Rank 0's packed weights as an object reference: they stay in this group's object store until
         the receivers pull them, and never pass through the controller (only the tensor counts do)."""
-        parts = [actor.export_weights_parts.options(num_returns=2).remote(role, dtype, adapter)
+        parts = [actor.export_weights_parts.options(num_returns=2).remote(role, dtype, adapter, trained_only)
                  for actor in self.actors]
         self._gather([count for count, _ in parts], None)  # a failed or dead rank raises here, by rank
         return parts[0][1]

@@ -148,7 +148,10 @@ class RoleSpec:
     (``hybridflow.registry.ROLLOUTS``) of the engine a policy generates with, checked when the engine is
     built; ``rollout_options`` are that factory's own options (the vLLM engine's for ``"vllm"``).
 
-    ``lora``: train LoRA adapters over the frozen model (trainable policies only). ``shares_policy``: a frozen
+    ``lora``: train LoRA adapters over the frozen model (trainable policies only); on a vision-language model they go
+    on the language model, never the vision tower. ``freeze_vision_tower``: a trainable role's vision tower (a
+    vision-language model's image encoder and its merger, as verl freezes it) gets no gradients and no optimizer state,
+    and a weight sync to a rollout that loaded the same model skips it. ``shares_policy``: a frozen
     role that is that LoRA policy's base model (the same ``model``): where the plan puts both on one group,
     it runs on the policy's engine with adapters disabled and loads no model of its own (the planner's cue
     to cost it as no weights). ``serves_adapter``: a detached rollout of a LoRA policy (set by
@@ -169,6 +172,7 @@ class RoleSpec:
     rollout: str = DEFAULT_ROLLOUT
     rollout_options: Mapping[str, Any] = field(default_factory=dict)
     lora: AdapterSpec | None = None
+    freeze_vision_tower: bool = False
     shares_policy: str | None = None
     serves_adapter: AdapterSpec | None = None
     policy_versions: int = 1
@@ -178,6 +182,9 @@ class RoleSpec:
         if self.lora is not None and self.kind is not RoleKind.POLICY:
             raise ValueError(f"role {self.name!r} ({self.kind}): lora trains adapters on a trainable policy "
                              "only; remove it here")
+        if self.freeze_vision_tower and not self.kind.trainable:
+            raise ValueError(f"role {self.name!r} ({self.kind}): freeze_vision_tower is for a trainable role; this one "
+                             "trains nothing, remove it here")
         if self.shares_policy is not None and self.kind is not RoleKind.FROZEN_POLICY:
             raise ValueError(f"role {self.name!r} ({self.kind}): shares_policy is for a frozen policy (a reference)")
         if self.serves_adapter is not None and self.kind is not RoleKind.FROZEN_POLICY:

@@ -183,8 +183,8 @@ class TorchrunWorkerGroup(NamedWorkerCalls):
         request = Request(kind="call", group=self.index, args=(method, *args))
         return self._exchange(lambda rank: request, local, None)
 
-    def export_weights(self, role: str, dtype: str, adapter: bool = False) -> Any:
-        return self.call("export_weights", role, dtype, adapter)[0]  # through the control plane, like any call
+    def export_weights(self, role: str, dtype: str, adapter: bool = False, trained_only: bool = False) -> Any:
+        return self.call("export_weights", role, dtype, adapter, trained_only)[0]  # through the control plane, like any call
 
     def shutdown(self) -> None:
         return None  # the executor closes every rank's engines at once (a ``stop`` request)

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from hybridflow.runtime.batch import from_numpy, to_numpy
-from hybridflow.runtime.protocols import AdapterModel, WeightSource
+from hybridflow.runtime.protocols import AdapterModel, TrainedWeightSource, WeightSource
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # plan dtype names -> torch
 
@@ -41,14 +41,18 @@ class AdapterShipment:
     config: dict[str, Any]
 
 
-def full_weights(engine: WeightSource, dtype: str) -> Iterator[tuple[str, torch.Tensor]]:
+def full_weights(engine: WeightSource, dtype: str, *, trained_only: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
     """An engine's whole weights, one tensor at a time, floating tensors cast to ``dtype`` (a plan dtype).
 
-    Casting here makes the bytes that travel the planner's ``params x dtype`` estimate.
+    Casting here makes the bytes that travel the planner's ``params x dtype`` estimate. ``trained_only`` (a sync to
+    a rollout that loaded the same model) leaves out the weights that never train, where the engine names them
+    (:class:`~hybridflow.runtime.protocols.TrainedWeightSource`: a frozen vision tower).
     """
     if dtype not in DTYPES:
         raise ValueError(f"weight dtype {dtype!r} must be one of {sorted(DTYPES)}")
-    for name, tensor in engine.iter_full_weights():
+    source = engine.iter_trained_weights() if trained_only and isinstance(engine, TrainedWeightSource) \
+        else engine.iter_full_weights()
+    for name, tensor in source:
         yield name, tensor.to(DTYPES[dtype]) if tensor.is_floating_point() else tensor
 
 

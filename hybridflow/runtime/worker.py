@@ -196,8 +196,10 @@ class GroupWorker:
             return rollout_role(role)
         return role
 
-    def export_weights(self, role: str, dtype: str, adapter: bool = False) -> Shipment | AdapterShipment | None:
-        """``role``'s whole weights in ``dtype`` (with ``adapter``, its LoRA adapter alone): rank 0 returns them
+    def export_weights(self, role: str, dtype: str, adapter: bool = False,
+                       trained_only: bool = False) -> Shipment | AdapterShipment | None:
+        """``role``'s whole weights in ``dtype`` (with ``adapter``, its LoRA adapter alone; with ``trained_only``,
+        without the weights that never train: :func:`~hybridflow.runtime.weights.full_weights`): rank 0 returns them
         packed, the other ranks only take part in the gathers (every rank of a sharded trainer must drain the
         stream together). A tied copy (``lm_head`` = embeddings) travels as its name only."""
         engine = self.engines[role]
@@ -209,18 +211,18 @@ class GroupWorker:
                 pass
             return None
         aliases = dict(engine.tied_weights())
-        named = full_weights(engine, dtype)
+        named = full_weights(engine, dtype, trained_only=trained_only)
         if self.rank == 0:
             return state_to_wire((name, tensor) for name, tensor in named if name not in aliases), aliases
         for _ in named:
             pass
         return None
 
-    def export_weights_parts(self, role: str, dtype: str, adapter: bool = False
+    def export_weights_parts(self, role: str, dtype: str, adapter: bool = False, trained_only: bool = False
                              ) -> tuple[int, Shipment | AdapterShipment | None]:
         """:meth:`export_weights` as (tensor count, weights): Ray returns the two as separate objects, so the
         controller can wait on the small one while the weights travel straight to the receivers."""
-        shipment = self.export_weights(role, dtype, adapter)
+        shipment = self.export_weights(role, dtype, adapter, trained_only)
         if isinstance(shipment, AdapterShipment):
             return len(shipment.tensors), shipment
         return (len(shipment[0]) if shipment is not None else 0), shipment

@@ -15,8 +15,9 @@ from typing import Any
 
 import torch
 
+from hybridflow.models.vision import TOWER_MODULES, is_vision_language
 from hybridflow.runtime.protocols import AdapterSpec
-from hybridflow.train.export import EXPORT_MARKER, write_dir_atomically
+from hybridflow.train.export import EXPORT_MARKER, model_class, write_dir_atomically
 
 ADAPTER = "default"  # peft's name of a model's only adapter (backends/common/peft_lora.py ADAPTER)
 _INITS: dict[str, Any] = {"default": True, "gaussian": "gaussian", "pissa": "pissa", "olora": "olora"}
@@ -44,8 +45,9 @@ def adapted_modules(state: Mapping[str, torch.Tensor]) -> list[str]:
     return sorted({name.split(".lora_", 1)[0].rsplit(".", 1)[-1] for name in state})
 
 
-def lora_config(spec: AdapterSpec, *, target_modules: list[str], base_model: str) -> Any:
-    """peft's ``LoraConfig`` for ``spec`` (as the trainers build it) naming ``base_model``."""
+def lora_config(spec: AdapterSpec, *, target_modules: list[str], base_model: str, vision: bool = False) -> Any:
+    """peft's ``LoraConfig`` for ``spec`` (as the trainers build it) naming ``base_model``; ``vision``: the base is a
+    vision-language model, whose vision tower the adapters leave out (``exclude_modules``, as the trainers do)."""
     try:
         from peft import LoraConfig
     except ImportError as err:
@@ -55,7 +57,15 @@ def lora_config(spec: AdapterSpec, *, target_modules: list[str], base_model: str
     return LoraConfig(r=spec.rank, lora_alpha=spec.alpha,  # type: ignore[arg-type]
                       lora_dropout=spec.dropout, target_modules=target_modules,
                       init_lora_weights=_INITS[spec.init], task_type="CAUSAL_LM",
-                      base_model_name_or_path=base_model)
+                      exclude_modules=TOWER_MODULES if vision else None, base_model_name_or_path=base_model)
+
+
+def is_vision_base(base_model: str | Path) -> bool:
+    """Whether ``base_model`` is a vision-language model's directory (False when it is not there: an adapter export
+    then names the adapted modules as the trainer's state does)."""
+    from transformers import AutoConfig
+
+    return (Path(base_model) / "config.json").is_file() and is_vision_language(AutoConfig.from_pretrained(base_model))
 
 
 def save_adapter_dir(state: Mapping[str, torch.Tensor], spec: AdapterSpec, base_model: str | Path, out: str | Path,
@@ -69,7 +79,7 @@ def save_adapter_dir(state: Mapping[str, torch.Tensor], spec: AdapterSpec, base_
                          "load: the adapter does not apply to the base model directory. Export the merged model "
                          "(--merged) instead")
     targets = list(spec.target_modules) if isinstance(spec.target_modules, tuple) else adapted_modules(state)
-    config = lora_config(spec, target_modules=targets, base_model=str(base_model))
+    config = lora_config(spec, target_modules=targets, base_model=str(base_model), vision=is_vision_base(base_model))
 
     def write(tmp: Path) -> None:
         save_file(peft_names(state), str(tmp / "adapter_model.safetensors"), metadata={"format": "pt"})
@@ -87,12 +97,14 @@ def merged_state(state: Mapping[str, torch.Tensor], spec: AdapterSpec, base_mode
     moves part of each base weight into the adapter, recover the same residual base before the merge.
     """
     from peft import get_peft_model
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig
 
-    base = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32)
+    config = AutoConfig.from_pretrained(base_model)
+    base = model_class(config).from_pretrained(base_model, dtype=torch.float32)
     targets = list(spec.target_modules) if isinstance(spec.target_modules, tuple) else adapted_modules(state)
     torch.manual_seed(seed)  # backends/common/modeling.load_model seeds the same way before adapting
-    model = get_peft_model(base, lora_config(spec, target_modules=targets, base_model=str(base_model)))
+    model = get_peft_model(base, lora_config(spec, target_modules=targets, base_model=str(base_model),
+                                             vision=is_vision_language(config)))
     expected = {name for name in model.state_dict() if ".lora_" in name}
     missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
     if missing or unexpected:

@@ -171,7 +171,9 @@ class RoleConfig:
     token budget per GPU for the role's update and forward micro batches instead (the layout's fields of that name);
     ``max_concurrent_requests``: most forward requests in flight to the role's workers; ``lora``: train LoRA
     adapters on this policy instead of all its weights (:class:`~hybridflow.runtime.protocols.AdapterSpec`: rank,
-    alpha, dropout, target_modules, init); the reference is then its base model with the adapters disabled.
+    alpha, dropout, target_modules, init); the reference is then its base model with the adapters disabled (on a
+    vision-language model the adapters go on the language model only). ``freeze_vision_tower``: a trainable
+    vision-language role's image encoder does not train (verl's ``actor.freeze_vision_tower``, default false too).
     ``offload``: the trainer state the role keeps in host memory, a list of ``params``, ``grads``, ``optimizer``
     (the layout's ``offload_*`` fields; which combinations each backend runs: docs/backends.md).
     """
@@ -185,6 +187,7 @@ class RoleConfig:
     max_tokens_per_micro_batch: int | None = None
     max_concurrent_requests: int | None = None
     lora: AdapterSpec | None = None
+    freeze_vision_tower: bool = False
     offload: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:

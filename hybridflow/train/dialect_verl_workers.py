@@ -221,7 +221,8 @@ def _actor_keys() -> dict[str, ForeignKey]:
                                 "ppo_policy's dual_clip in your own graph (docs/algorithms.md)", ()),
         a + "tau_pos": accepted("SAPO option", "read only with policy_loss.loss_mode sapo (refused)"),
         a + "tau_neg": accepted("SAPO option", "read only with policy_loss.loss_mode sapo (refused)"),
-        a + "freeze_vision_tower": refused("freeze a vision tower", "no vision models here"),
+        a + "freeze_vision_tower": renamed("roles.actor.freeze_vision_tower", "freeze the vision tower (default false "
+                                                                     "in both)"),
         a + "policy_loss.loss_mode": translated(_loss_mode, "the policy loss", "vanilla accepted; gspo: algorithm gspo",
                                            first=True),
         a + "policy_loss.**": accepted("options of other policy losses", "read only by loss modes that are refused"),

@@ -3,7 +3,9 @@
 A run writes one at its end (``RUN_DIR/final``) and one beside each checkpoint's role states
 (``checkpoints/step_N/hf``); ``hybridflow export`` converts a checkpoint written by any backend (torch
 ``state.pt``, FSDP's DCP shards, DeepSpeed's ZeRO files) without starting workers. The result loads
-with ``AutoModelForCausalLM.from_pretrained`` and ``vllm.LLM(model=...)``.
+with ``AutoModelForCausalLM.from_pretrained`` and ``vllm.LLM(model=...)``; a vision-language policy's with
+``AutoModelForImageTextToText.from_pretrained``, beside its processor's files (image processor, tokenizer, chat
+template: :func:`hybridflow.models.vision.save_processor`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 import torch
 
 from hybridflow.graph import Graph, RoleKind
+from hybridflow.models.vision import is_vision_language, load_processor, save_processor
 from hybridflow.runtime.weights import DTYPES, state_from_wire
 
 EXPORT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -57,15 +60,17 @@ def save_hf_dir(state: Mapping[str, torch.Tensor], base_model: str | Path, token
                 dtype: str | None = None) -> Path:
     """Write ``state`` as an HF model directory at ``out`` (atomically: a temp dir renamed into place).
 
-    ``base_model``: the run's starting directory, whose config (architecture, sizes) the weights fit.
+    ``base_model``: the run's starting directory, whose config (architecture, sizes) the weights fit; a
+    vision-language model's processor is copied from it (``tokenizer`` is then the processor's).
     ``dtype``: ``fp32``/``bf16``/``fp16``; default the base config's dtype (fp32 when it names none).
     """
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     out = Path(out)
     config = AutoConfig.from_pretrained(base_model)
     chosen = EXPORT_DTYPES[dtype] if dtype else _config_dtype(config)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model = model_class(config).from_config(config, dtype=torch.float32)
+    processor = load_processor(base_model) if is_vision_language(config) else None
     expected = set(model.state_dict())
     missing, unexpected = expected - set(state), sorted(set(state) - expected)
     tied = {name for name in missing if _is_tied(model, name)}
@@ -78,13 +83,23 @@ def save_hf_dir(state: Mapping[str, torch.Tensor], base_model: str | Path, token
 
     def write(tmp: Path) -> None:
         model.save_pretrained(tmp, safe_serialization=True)
-        if tokenizer is not None:
+        if processor is not None:
+            save_processor(processor, tmp)
+        elif tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         _write_generation_config(model, base_model, tokenizer, tmp)
         (tmp / EXPORT_MARKER).write_text(json.dumps({"base_model": str(base_model),
                                                                 "dtype": str(chosen).removeprefix("torch.")}))
 
     return write_dir_atomically(out, write)
+
+
+def model_class(config: Any) -> Any:
+    """The transformers auto class a policy's weights load into: image-text-to-text for a vision-language model
+    (no causal-LM class takes its images), causal LM otherwise."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    return AutoModelForImageTextToText if is_vision_language(config) else AutoModelForCausalLM
 
 
 class ExportTargetError(ValueError):

@@ -132,14 +132,20 @@ def role_models(config: TrainConfig, graph: Graph, model_dir: str | None = None,
                 vocab_size: int | None = None) -> dict[str, ModelSpec]:
     """A planner spec per GPU role: its own directory if configured, else the policy's model (``model_dir``,
     the run's starting weights, when known; before a built-in tiny model exists, its config with the
-    tokenizer's ``vocab_size``)."""
+    tokenizer's ``vocab_size``). A trainable role's vision tower trains unless ``roles.<name>.freeze_vision_tower``
+    or ``lora`` (the runtime's default, verl's), so it is planned with its gradients and optimizer states."""
     policy = model_dir or config.model.path or config.model.name
     specs = {}
     for role in graph.roles:
         if role.kind.needs_gpu:
             override = config.roles.get(role.name)
             model = override.model if override is not None and override.model else policy
-            specs[role.name] = _model_spec(model, vocab_size)
+            spec = _model_spec(model, vocab_size)
+            # LoRA adapts the language model alone: its tower is frozen like the rest of the base
+            frozen = override is not None and (override.freeze_vision_tower or override.lora is not None)
+            if spec.vision is not None and role.kind.trainable and not frozen:
+                spec = replace(spec, vision=spec.vision.with_trainable(True))
+            specs[role.name] = spec
     return specs
 
 

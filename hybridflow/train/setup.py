@@ -370,11 +370,16 @@ def role_specs(config: TrainConfig, graph: Graph, model_dir: str, plan: Plan | N
                       "are not supported; train the critic fully)") if role.kind is RoleKind.VALUE else ""
             raise ValueError(f"config key 'roles.{role.name}.lora': role {role.name!r} is a {role.kind} role; LoRA "
                              f"adapters train on a trainable policy (e.g. roles.actor.lora){critic}, remove the key")
+        if entry.freeze_vision_tower and not role.kind.trainable:
+            raise ValueError(f"config key 'roles.{role.name}.freeze_vision_tower': role {role.name!r} is a "
+                             f"{role.kind} role, which trains nothing; the key is for a trainable role (e.g. "
+                             "roles.actor.freeze_vision_tower), remove it")
         specs[role.name] = RoleSpec(name=role.name, kind=role.kind, model=entry.model or model_dir,
                                     backend=entry.backend or "torch", seed=config.seed,
                                     optim=optim.spec(config.steps) if role.kind.trainable else None,
                                     options=entry.options, rollout=entry.rollout,
-                                    rollout_options=entry.rollout_options, lora=entry.lora)
+                                    rollout_options=entry.rollout_options, lora=entry.lora,
+                                    freeze_vision_tower=entry.freeze_vision_tower)
     specs.update({name: replace(specs[name], shares_policy=policy)
                   for name, policy in shared_references(graph, specs).items()})
     policies = [*detached, *(plan.detached_rollouts if plan is not None else {})]
@@ -386,6 +391,9 @@ def role_specs(config: TrainConfig, graph: Graph, model_dir: str, plan: Plan | N
             if entry.lora is not None:
                 raise ValueError(f"config key 'roles.{rollout}.lora': a rollout generates with its policy's weights "
                                  f"(merged adapters); set roles.{policy}.lora instead")
+            if entry.freeze_vision_tower:
+                raise ValueError(f"config key 'roles.{rollout}.freeze_vision_tower': a rollout trains nothing; set "
+                                 f"roles.{policy}.freeze_vision_tower instead")
             specs[rollout] = replace(derived, model=entry.model or derived.model,
                                      backend=entry.backend or derived.backend,
                                      options=entry.options or derived.options,
