@@ -23,7 +23,7 @@ import sys
 import time
 from typing import IO
 
-GRACE_S = 2.0
+GRACE_S = 1.0  # a dead driver needs no graceful shutdown; vLLM takes seconds to honour SIGTERM
 
 
 class ServerGuard:
