@@ -15,7 +15,6 @@ from hybridflow.backends.vllm.engine import (
     VllmRoleEngine,
     VllmRolloutFactory,
 )
-
 from hybridflow.backends.vllm.server import ROLLOUT as SERVER_ROLLOUT
 
 from hybridflow.registry import BACKENDS, ROLLOUTS

@@ -12,6 +12,7 @@ down within the guard's grace. :meth:`ServerFleet.close` stops the router first,
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import importlib.util
 import logging
@@ -144,7 +145,7 @@ class ServerFleet:
 
     def _start(self) -> None:
         for index in range(self.config.replicas):
-            self._commands[f"replica-{index}"] = lambda port, i=index: self.command(i, port)
+            self._commands[f"replica-{index}"] = functools.partial(self.command, index)
             self.replicas.append(self._launch(f"replica-{index}"))
         self._await(self.replicas)
         if self.config.router:

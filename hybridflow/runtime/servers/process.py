@@ -9,6 +9,7 @@ start deadline passes; the last two raise :class:`ServerStartError` naming the l
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -102,10 +103,8 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 continue
             if sig == signal.SIGTERM:
-                try:  # the leader exited: end any child it left behind in its group
+                with contextlib.suppress(ProcessLookupError):  # the leader exited: end children left in its group
                     os.killpg(self.process.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
             break
         if self.process.poll() is None:
             self.process.wait()
