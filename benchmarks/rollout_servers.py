@@ -7,7 +7,8 @@ The tiny Qwen2 (``tiny-qwen2``, fp32) served by ``--replicas`` vLLM OpenAI-serve
 each) behind vllm-router (``rollout: server``, ``backends/vllm/server.py``). ``generate``: ``--rows`` prompts of
 16 tokens, ``--tokens`` new tokens sampled at temperature 1, median of 3 after a warm-up, through the router and
 with the same requests split evenly over the replicas by the client (no router). ``latency``: ``--pings`` one-token
-requests one at a time, through the router and straight to a replica: p50/p99 and their difference. ``sync``: new
+requests one at a time, through the router and straight to a replica, interleaved: p50/p99 and their difference.
+``sync``: new
 weights written once and reloaded by every replica (median of 3). Prints one JSON object.
 """
 
@@ -48,13 +49,18 @@ def _throughput(clients: list[CompletionsClient], requests: list[CompletionReque
     return sum(len(c.token_ids) for c in done) / (time.perf_counter() - start)
 
 
-def _latencies(client: CompletionsClient, pings: int) -> list[float]:
-    out = []
-    for i in range(pings):
-        start = time.perf_counter()
-        client.complete(CompletionRequest(prompt=[5, 6, 7], max_tokens=1, seed=i, session="ping"))
-        out.append(time.perf_counter() - start)
-    return out
+def _latencies(router: CompletionsClient, direct: list[CompletionsClient], pings: int) -> tuple[list[float], ...]:
+    """One-token request times through the router and straight to a replica, interleaved so that load from other
+    jobs falls on both alike (10 unmeasured of each first)."""
+    via: list[float] = []
+    straight: list[float] = []
+    for i in range(pings + 10):
+        for client, out in ((router, via), (direct[i % len(direct)], straight)):
+            start = time.perf_counter()
+            client.complete(CompletionRequest(prompt=[5, 6, 7], max_tokens=1, seed=i, session=f"ping{i}"))
+            if i >= 10:
+                out.append(time.perf_counter() - start)
+    return via, straight
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -87,7 +93,7 @@ def main() -> None:
         for name, clients in (("router", router), ("direct", direct)):
             rates = [_throughput(clients, _requests(args.rows, args.tokens, seed)) for seed in range(3)]
             report[f"{name}_tokens_per_s"] = round(statistics.median(rates))
-        via, straight = _latencies(router[0], args.pings), _latencies(direct[0], args.pings)
+        via, straight = _latencies(router[0], direct, args.pings)
         for name, values in (("router", via), ("direct", straight)):
             report[f"{name}_p50_ms"] = round(1000 * _pct(values, 0.5), 2)
             report[f"{name}_p99_ms"] = round(1000 * _pct(values, 0.99), 2)
