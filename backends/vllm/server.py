@@ -50,6 +50,7 @@ from hybridflow.runtime.servers import (
     CompletionsClient,
     FleetConfig,
     ServerFleet,
+    ServerProcess,
     ServerStartError,
 )
 from hybridflow.runtime.weights import WeightSyncStats
@@ -152,6 +153,25 @@ def server_env(options: ServerOptions) -> dict[str, str]:
     return env
 
 
+def reload_replica(replica: ServerProcess, snapshot: Path) -> None:
+    """Have one vLLM server load the safetensors in ``snapshot``: paused (in-flight requests finish first), its
+    prefix cache emptied (its blocks hold the old weights' keys and values), resumed. A refusal is one error
+    naming the replica and its log."""
+    steps = [("/pause", {"mode": "wait"}, None),
+             ("/collective_rpc", None, {"method": "reload_weights", "kwargs": {"weights_path": str(snapshot)}}),
+             ("/reset_prefix_cache", None, None), ("/resume", None, None)]
+    with httpx.Client(timeout=SYNC_TIMEOUT_S, trust_env=False) as http:
+        for path, params, body in steps:
+            try:
+                reply = http.post(replica.url + path, params=params, json=body)
+            except httpx.HTTPError as err:
+                raise RuntimeError(f"weight sync: {replica.name} ({replica.url}{path}) failed: {err}; see its log "
+                                   f"{replica.log_path}") from err
+            if reply.status_code != 200:
+                raise RuntimeError(f"weight sync: {replica.name} ({replica.url}{path}) -> {reply.status_code}: "
+                                   f"{reply.text[:300]}; see its log {replica.log_path}")
+
+
 class ServerRollout:
     """A fleet of vLLM servers as a rollout engine: a :class:`Generator` and :class:`WeightSink`."""
 
@@ -189,26 +209,10 @@ class ServerRollout:
         start = time.perf_counter()
         written = write_snapshot(named, self._snapshot)
         with ThreadPoolExecutor(max_workers=len(self.fleet.replicas)) as pool:
-            list(pool.map(self._reload, self.fleet.replicas))
+            list(pool.map(lambda replica: reload_replica(replica, self._snapshot), self.fleet.replicas))
         self.weights_version += 1
         self.last_sync = WeightSyncStats(seconds=time.perf_counter() - start, bytes=written.bytes,
                                          tensors=written.tensors, largest_tensor_bytes=written.largest_tensor_bytes)
-
-    def _reload(self, replica: Any) -> None:
-        steps = [("/pause", {"mode": "wait"}, None),
-                 ("/collective_rpc", None, {"method": "reload_weights",
-                                            "kwargs": {"weights_path": str(self._snapshot)}}),
-                 ("/reset_prefix_cache", None, None), ("/resume", None, None)]
-        with httpx.Client(timeout=SYNC_TIMEOUT_S, trust_env=False) as http:
-            for path, params, body in steps:
-                try:
-                    reply = http.post(replica.url + path, params=params, json=body)
-                except httpx.HTTPError as err:
-                    raise RuntimeError(f"weight sync: {replica.name} ({replica.url}{path}) failed: {err}; see its log "
-                                       f"{replica.log_path}") from err
-                if reply.status_code != 200:
-                    raise RuntimeError(f"weight sync: {replica.name} ({replica.url}{path}) -> {reply.status_code}: "
-                                       f"{reply.text[:300]}; see its log {replica.log_path}")
 
     def close(self) -> None:
         self.client.close()
