@@ -5,14 +5,15 @@ each, loopback, :class:`~hybridflow.runtime.servers.ServerFleet`) and ``vllm-rou
 sends one ``/v1/completions`` request per row, token ids in and token ids with their raw-logit log-probs out
 (``--logprobs-mode raw_logprobs``, the trainer's definition), each row seeded ``base + i`` as the in-process
 ``vllm`` rollout does and keyed by its prompt (``X-Session-ID``: the samples of one prompt share a replica and
-its prefix cache). New weights are written once as a safetensors snapshot (``/dev/shm`` where it exists) and
-each replica, paused (``/pause?mode=wait``), reloads it through the dev-mode ``/collective_rpc``
-(``reload_weights(weights_path=...)``), empties its prefix cache and resumes. Every rank of the role runs a
-fleet of its own.
+its prefix cache; an agent's turns are keyed by their first 32 token ids). New weights are written once as a
+safetensors snapshot (``/dev/shm`` where it exists) and each replica, paused (``/pause?mode=wait``), reloads it
+through the dev-mode ``/collective_rpc`` (``reload_weights(weights_path=...)``), empties its prefix cache and
+resumes. Every rank of the role runs a fleet of its own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -22,7 +23,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,10 +42,18 @@ from hybridflow.backends.vllm.rollout import (
 )
 from hybridflow.backends.vllm.weights import write_snapshot
 
+from hybridflow.agents.protocols import TurnRequest, TurnResult
 from hybridflow.graph import RoleKind
 from hybridflow.planner import LayoutSupport, RoleLayout
 from hybridflow.runtime.batch import Batch
-from hybridflow.runtime.protocols import Engine, RoleSpec, SamplingParams, WorkerContext, parse_options
+from hybridflow.runtime.protocols import (
+    Engine,
+    GenerateBatch,
+    RoleSpec,
+    SamplingParams,
+    WorkerContext,
+    parse_options,
+)
 from hybridflow.runtime.servers import (
     CompletionRequest,
     CompletionsClient,
@@ -57,6 +66,7 @@ from hybridflow.runtime.weights import WeightSyncStats
 
 VLLM_MIN_VERSION = (0, 32)  # the oldest tested with these endpoints (/pause, /collective_rpc weights_path)
 SYNC_TIMEOUT_S = 600.0
+AFFINITY_TOKENS = 32  # the session key hashes this many leading token ids: a trajectory's prompt, usually
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -153,6 +163,31 @@ def server_env(options: ServerOptions) -> dict[str, str]:
     return env
 
 
+class ServerTurns:
+    """The ``generate_batch`` of a server rollout's turn session: each :class:`TurnRequest` one completions request.
+
+    Its session key is the hash of its first ``AFFINITY_TOKENS`` token ids, the trajectory's prompt in most agent
+    tasks, so a trajectory's later turns (and the other samples of its prompt) reach the replica that cached it;
+    a prompt shorter than that loses its affinity after the first turn (TurnRequest names no trajectory)."""
+
+    accepts_concurrent_calls = True
+
+    def __init__(self, client: CompletionsClient, sampling: SamplingParams, *, eos_id: int, version: int) -> None:
+        self.client, self.sampling, self.eos_id, self.version = client, sampling, eos_id, version
+
+    def __call__(self, requests: Sequence[TurnRequest]) -> list[TurnResult]:
+        done = self.client.complete_all([
+            CompletionRequest(prompt=request.token_ids, max_tokens=request.max_tokens, seed=request.seed,
+                              sampling=sampling_knobs(self.sampling), session=session_key(request.token_ids))
+            for request in requests])
+        return [TurnResult.cut(c.token_ids, c.logprobs, eos=self.eos_id, version=self.version) for c in done]
+
+
+def session_key(token_ids: Sequence[int]) -> str:
+    """The router's session key (``X-Session-ID``) of a prompt or trajectory: a hash of its first token ids."""
+    return hashlib.sha1(str(list(token_ids[:AFFINITY_TOKENS])).encode()).hexdigest()[:16]
+
+
 def reload_replica(replica: ServerProcess, snapshot: Path) -> None:
     """Have one vLLM server load the safetensors in ``snapshot``: paused (in-flight requests finish first), its
     prefix cache emptied (its blocks hold the old weights' keys and values), resumed. A refusal is one error
@@ -181,6 +216,7 @@ class ServerRollout:
         self.model_dir, self._model_holder = materialize_model(spec.model, seed=spec.seed)
         config = json.loads((Path(self.model_dir) / "config.json").read_text())
         self.pad_id = int(config.get("pad_token_id") or 0)
+        self.eos_id = int(config["eos_token_id"])
         self.weights_version = 0
         self.last_sync: WeightSyncStats | None = None
         shm = Path("/dev/shm")
@@ -198,11 +234,17 @@ class ServerRollout:
         base = sample_seed(sampling, self.rank)
         requests = [CompletionRequest(prompt=prompt, max_tokens=sampling.max_new_tokens, seed=base + i,
                                       sampling=sampling_knobs(sampling), logprobs=sampling.logprobs,
-                                      session=hashlib.sha1(str(prompt).encode()).hexdigest()[:16])
+                                      session=session_key(prompt))
                     for i, prompt in enumerate(prompts)]
         done = self.client.complete_all(requests)
         return pack_responses([c.token_ids for c in done], [c.logprobs for c in done] if sampling.logprobs else None,
                               pad_id=self.pad_id)
+
+    @contextlib.contextmanager
+    def turn_session(self, sampling: SamplingParams) -> Iterator[GenerateBatch]:
+        """Agent turns (:class:`~hybridflow.runtime.protocols.TurnGenerator`) through the router, safe to call from
+        many threads at once (each turn is its own HTTP request); results carry :attr:`weights_version`."""
+        yield ServerTurns(self.client, sampling, eos_id=self.eos_id, version=self.weights_version)
 
     def load_weights(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Write the weights once, then have every replica reload them, paused around it."""

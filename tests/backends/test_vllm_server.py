@@ -15,6 +15,7 @@ if importlib.util.find_spec("vllm_router") is None:
 import torch
 from harness import context, layout, role_spec, rollout_batch
 
+from hybridflow.agents.protocols import TurnRequest
 from hybridflow.planner import Sharding
 from hybridflow.registry import LOSSES
 from hybridflow.runtime.engines import build_engine
@@ -35,22 +36,30 @@ def engine() -> Iterator[Any]:
     built.close()
 
 
-def _against_trainer(engine: Any, prompts: Any) -> tuple[torch.Tensor, float]:
-    """Greedy responses through the router, and the largest |server log-prob - trainer log-prob|."""
+def _against_trainer(engine: Any, prompts: Any) -> tuple[Any, float]:
+    """Greedy rollout through the router, and the largest |server log-prob - trainer log-prob|."""
     rollout = engine.generate(prompts, GREEDY)
     assert torch.equal(rollout["responses"], engine.trainer.generate(prompts, GREEDY)["responses"])
     rows = prompts.union(rollout.select(["responses", "response_mask"]))
     mask = rollout["response_mask"].bool()
     gap = (rollout["rollout_logprobs"] - engine.trainer.log_probs(rows)["logprobs"])[mask].abs().max()
-    return rollout["responses"], float(gap)
+    return rollout, float(gap)
 
 
 @pytest.mark.slow
 def test_generation_through_the_router_is_token_exact_and_follows_weight_syncs(engine: Any) -> None:
     batch = rollout_batch(8, seed=3)
     prompts = batch.select(["prompts", "prompt_mask"])
-    before, gap = _against_trainer(engine, prompts)
+    greedy, gap = _against_trainer(engine, prompts)
+    before = greedy["responses"]
     assert gap < 1e-4  # raw-logit log-probs of the sampled ids: the trainer's definition, through HTTP
+    rows = [tuple(int(t) for t in row) for row in prompts["prompts"]]
+    with engine.turn_session(GREEDY) as turns:  # agent turns: the same requests, one by one, from the session
+        results = turns([TurnRequest(token_ids=row, max_tokens=8, seed=i) for i, row in enumerate(rows)])
+    for i, result in enumerate(results):
+        length = int(greedy["response_mask"][i].sum())
+        assert list(result.token_ids) == before[i, :length].tolist()
+        assert result.logprobs == pytest.approx(greedy["rollout_logprobs"][i, :length].tolist(), abs=1e-6)
 
     # Sampled rows: the router returns what a replica returns for the same request (ids, log-probs, seed).
     server = engine.rollout
@@ -69,12 +78,13 @@ def test_generation_through_the_router_is_token_exact_and_follows_weight_syncs(e
 
     for _ in range(3):
         engine.train_step(batch, loss=LOSSES.get("ppo_policy"), options={})
-    after, gap = _against_trainer(engine, prompts)  # the first generate after the updates reloads every replica
+    rollout_after, gap = _against_trainer(engine, prompts)
+    after = rollout_after["responses"]  # the first generate after the updates reloads every replica
     assert gap < 1e-4
     assert not torch.equal(before, after)
     assert server.weights_version == 1
     assert server.last_sync.bytes == engine.last_sync.bytes > 0  # the whole stream was written once
-    expected = after[0][:int(engine.generate(prompts, GREEDY)["response_mask"][0].sum())].tolist()
+    expected = after[0][:int(rollout_after["response_mask"][0].sum())].tolist()
     for url in server.fleet.replica_urls:  # every replica, not only those the router picked, has the new weights
         direct = CompletionsClient(url, server.spec.name)
         try:
