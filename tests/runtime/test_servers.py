@@ -96,6 +96,10 @@ def test_a_killed_replica_is_dropped_and_close_leaves_nothing_listening(fleet: S
     client = CompletionsClient(fleet.url, "policy", timeout_s=10)
     survivor = str(ports[1])
     os.killpg(fleet.replicas[0].process.pid, signal.SIGKILL)
+    # At once, before the router's health check: a request whose replica died is sent again and succeeds.
+    results = client.complete_all([CompletionRequest(prompt=[5, 9 + i], max_tokens=2, seed=i, session=f"s{i}")
+                                   for i in range(16)])
+    assert [r.token_ids for r in results] == [[10 + i, 11 + i] for i in range(16)]
 
     def all_on_survivor() -> bool:
         try:

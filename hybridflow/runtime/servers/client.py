@@ -9,6 +9,8 @@ samples of one prompt, or the turns of one trajectory, land where their prefix i
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -47,8 +49,12 @@ class Completion:
 class CompletionsClient:
     """Sends :class:`CompletionRequest` s to ``base_url`` (a router or one replica), ``concurrency`` at a time."""
 
-    def __init__(self, base_url: str, model: str, *, timeout_s: float = 600.0, concurrency: int = 64) -> None:
+    def __init__(self, base_url: str, model: str, *, timeout_s: float = 600.0, concurrency: int = 64,
+                 retries: int = 3, retry_wait_s: float = 0.5) -> None:
         self.base_url, self.model = base_url.rstrip("/"), model
+        self.retries, self.retry_wait_s = retries, retry_wait_s
+        self.retried = 0  # requests sent again after a 5xx or a lost connection (a replica lost mid-request)
+        self._count = threading.Lock()
         limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
         # trust_env=False: a proxy from the environment must not carry loopback traffic elsewhere.
         self._http = httpx.Client(timeout=timeout_s, limits=limits, trust_env=False)
@@ -64,16 +70,27 @@ class CompletionsClient:
         return body
 
     def complete(self, request: CompletionRequest) -> Completion:
+        """One request; a 5xx reply or a lost connection (the router's replica died under it) is sent again, up to
+        ``retries`` times ``retry_wait_s`` apart, by then the router has re-routed its session. A 4xx is not."""
         headers = {SESSION_HEADER: request.session} if request.session else {}
-        try:
-            reply = self._http.post(f"{self.base_url}/v1/completions", json=self.body(request), headers=headers)
-        except httpx.HTTPError as err:
-            raise ServerRequestError(f"POST {self.base_url}/v1/completions failed: {type(err).__name__}: {err}") \
-                from err
-        if reply.status_code != 200:
-            raise ServerRequestError(f"POST {self.base_url}/v1/completions -> {reply.status_code}: "
-                                     f"{_message(reply)}")
-        return parse_completion(reply.json(), want_logprobs=request.logprobs)
+        url = f"{self.base_url}/v1/completions"
+        failure = ""
+        for attempt in range(self.retries + 1):
+            if attempt:
+                with self._count:
+                    self.retried += 1
+                time.sleep(self.retry_wait_s)
+            try:
+                reply = self._http.post(url, json=self.body(request), headers=headers)
+            except httpx.TransportError as err:
+                failure = f"POST {url} failed: {type(err).__name__}: {err}"
+                continue
+            if reply.status_code == 200:
+                return parse_completion(reply.json(), want_logprobs=request.logprobs)
+            failure = f"POST {url} -> {reply.status_code}: {_message(reply)}"
+            if reply.status_code < 500:
+                raise ServerRequestError(failure)
+        raise ServerRequestError(f"{failure} (after {self.retries} retries)")
 
     def complete_all(self, requests: Sequence[CompletionRequest]) -> list[Completion]:
         """Every request, concurrently; results in request order (the first failure is raised)."""
