@@ -177,3 +177,19 @@ def test_missing_binary_and_router_are_one_line(tmp_path: Path, monkeypatch: pyt
         ServerFleet(FleetConfig(log_dir=str(tmp_path)), fake())
     with pytest.raises(ValueError, match=r"host='0.0.0.0': servers listen on loopback only"):
         FleetConfig(host="0.0.0.0")
+
+
+def test_a_guard_told_to_stop_ends_its_groups_first() -> None:
+    """Ray's reaper SIGTERMs every process of a run, the guard included: it must not leave the servers behind."""
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    guard = ServerGuard()
+    guard.watch(sleeper.pid)
+    def catches_sigterm() -> bool:  # the watcher's handler is in place (SigCgt bit 15), so it started reading
+        status = Path(f"/proc/{guard._watcher.pid}/status").read_text()
+        caught = next(line for line in status.splitlines() if line.startswith("SigCgt:"))
+        return bool(int(caught.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
+    assert wait_until(catches_sigterm, 10.0)
+    time.sleep(0.2)  # the line written before the handler was in place is read by now
+    guard._watcher.terminate()
+    assert wait_until(lambda: sleeper.poll() is not None, 5.0)
+    guard._watcher.wait(timeout=5)

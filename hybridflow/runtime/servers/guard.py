@@ -93,12 +93,26 @@ def end_groups(groups: list[tuple[int, int]], *, grace_s: float = GRACE_S) -> No
             time.sleep(0.1)
 
 
+class _Stop(Exception):
+    """SIGTERM: whoever ends the run's processes (Ray's reaper ends those holding its token) reached this watcher
+    first; it ends its groups before it goes."""
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise _Stop
+
+
 def _main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C meant for the driver must not stop the watcher
+    signal.signal(signal.SIGTERM, _stop)
     groups = []
-    for line in sys.stdin:  # until EOF: the driver closed the guard, or died
-        pgid, born = line.split()
-        groups.append((int(pgid), int(born)))
+    try:
+        for line in sys.stdin:  # until EOF: the driver closed the guard, or died
+            pgid, born = line.split()
+            groups.append((int(pgid), int(born)))
+    except _Stop:
+        pass
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     end_groups(groups)
 
 
