@@ -224,7 +224,11 @@ class ServerRollout:
         command = server_command(model_dir=self.model_dir, name=spec.name, seed=spec.seed + context.rank,
                                  dtype=options.rollout_dtype or layout.dtype, options=options,
                                  max_num_seqs=layout.rollout_batch_size or None)
-        self.fleet = ServerFleet(options.fleet(), command, env=server_env(options))
+        try:
+            self.fleet = ServerFleet(options.fleet(), command, env=server_env(options))
+        except BaseException:
+            shutil.rmtree(self._snapshot, ignore_errors=True)
+            raise
         self.client = CompletionsClient(self.fleet.url, spec.name, timeout_s=options.request_timeout_s)
 
     def generate(self, batch: Batch, sampling: SamplingParams) -> Batch:
