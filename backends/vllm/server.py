@@ -55,6 +55,7 @@ from hybridflow.runtime.protocols import (
     parse_options,
 )
 from hybridflow.runtime.servers import (
+    AttachedServer,
     CompletionRequest,
     CompletionsClient,
     FleetConfig,
@@ -77,7 +78,10 @@ class ServerOptions:
     ports the OS picks). ``start_timeout_s``: how long a replica may take to answer ``/health``. ``threads``:
     each replica's ``OMP_NUM_THREADS``. ``log_dir``: where ``replica-<i>.log`` and ``router.log`` go (default: a
     new temporary directory, kept). ``server_args``: extra ``vllm serve`` flags (``{"max_num_batched_tokens":
-    512}`` -> ``--max-num-batched-tokens 512``; ``True`` -> the bare flag). The rest as the ``vllm`` rollout's."""
+    512}`` -> ``--max-num-batched-tokens 512``; ``True`` -> the bare flag). ``attach``: URLs of vLLM servers you
+    started (``VLLM_SERVER_DEV_MODE=1`` and ``--logprobs-mode raw_logprobs`` for syncs and exact log-probs, on
+    this machine: they reload the weights from a local path); none is started, and the router goes in front of
+    them. The rest as the ``vllm`` rollout's."""
 
     replicas: int = 1
     port_base: int = 0
@@ -90,6 +94,7 @@ class ServerOptions:
     kv_cache_gib: int = 1
     max_model_len: int | None = None
     server_args: Mapping[str, Any] = field(default_factory=dict)
+    attach: tuple[str, ...] = ()
 
     @classmethod
     def parse(cls, options: Mapping[str, Any], role: str) -> ServerOptions:
@@ -107,7 +112,7 @@ class ServerOptions:
 
     def fleet(self) -> FleetConfig:
         return FleetConfig(replicas=self.replicas, port_base=self.port_base, start_timeout_s=self.start_timeout_s,
-                           router_policy=self.router_policy, log_dir=self.log_dir)
+                           router_policy=self.router_policy, log_dir=self.log_dir, attach=tuple(self.attach))
 
 
 def check_vllm_server() -> None:
@@ -188,7 +193,13 @@ def session_key(token_ids: Sequence[int]) -> str:
     return hashlib.sha1(str(list(token_ids[:AFFINITY_TOKENS])).encode()).hexdigest()[:16]
 
 
-def reload_replica(replica: ServerProcess, snapshot: Path) -> None:
+def served_model(url: str) -> str:
+    """The model name an attached server serves (the first of its ``/v1/models``)."""
+    with httpx.Client(timeout=30.0, trust_env=False) as http:
+        return str(http.get(url + "/v1/models").json()["data"][0]["id"])
+
+
+def reload_replica(replica: ServerProcess | AttachedServer, snapshot: Path) -> None:
     """Have one vLLM server load the safetensors in ``snapshot``: paused (in-flight requests finish first), its
     prefix cache emptied (its blocks hold the old weights' keys and values), resumed. A refusal is one error
     naming the replica and its log."""
@@ -201,17 +212,18 @@ def reload_replica(replica: ServerProcess, snapshot: Path) -> None:
                 reply = http.post(replica.url + path, params=params, json=body)
             except httpx.HTTPError as err:
                 raise RuntimeError(f"weight sync: {replica.name} ({replica.url}{path}) failed: {err}; see its log "
-                                   f"{replica.log_path}") from err
+                                   f"{replica.log_path or '(its owner keeps it)'}") from err
             if reply.status_code != 200:
                 raise RuntimeError(f"weight sync: {replica.name} ({replica.url}{path}) -> {reply.status_code}: "
-                                   f"{reply.text[:300]}; see its log {replica.log_path}")
+                                   f"{reply.text[:300]}; see its log {replica.log_path or '(its owner keeps it)'}")
 
 
 class ServerRollout:
     """A fleet of vLLM servers as a rollout engine: a :class:`Generator` and :class:`WeightSink`."""
 
     def __init__(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext, options: ServerOptions) -> None:
-        check_vllm_server()
+        if not options.attach:
+            check_vllm_server()
         self.spec, self.rank, self.options = spec, context.rank, options
         self.model_dir, self._model_holder = materialize_model(spec.model, seed=spec.seed)
         config = json.loads((Path(self.model_dir) / "config.json").read_text())
@@ -229,7 +241,8 @@ class ServerRollout:
         except BaseException:
             shutil.rmtree(self._snapshot, ignore_errors=True)
             raise
-        self.client = CompletionsClient(self.fleet.url, spec.name, timeout_s=options.request_timeout_s)
+        model = served_model(self.fleet.endpoints[0].url) if options.attach else spec.name
+        self.client = CompletionsClient(self.fleet.url, model, timeout_s=options.request_timeout_s)
 
     def generate(self, batch: Batch, sampling: SamplingParams) -> Batch:
         """``prompts``/``prompt_mask`` -> ``responses``/``response_mask`` (and ``rollout_logprobs``), one request
@@ -254,8 +267,8 @@ class ServerRollout:
         """Write the weights once, then have every replica reload them, paused around it."""
         start = time.perf_counter()
         written = write_snapshot(named, self._snapshot)
-        with ThreadPoolExecutor(max_workers=len(self.fleet.replicas)) as pool:
-            list(pool.map(lambda replica: reload_replica(replica, self._snapshot), self.fleet.replicas))
+        with ThreadPoolExecutor(max_workers=len(self.fleet.endpoints)) as pool:
+            list(pool.map(lambda replica: reload_replica(replica, self._snapshot), self.fleet.endpoints))
         self.weights_version += 1
         self.last_sync = WeightSyncStats(seconds=time.perf_counter() - start, bytes=written.bytes,
                                          tensors=written.tensors, largest_tensor_bytes=written.largest_tensor_bytes)

@@ -29,7 +29,7 @@ from hybridflow.runtime.servers import (
     ServerStartError,
 )
 from hybridflow.runtime.servers.guard import ServerGuard
-from hybridflow.runtime.servers.process import port_is_free, start_server, wait_healthy
+from hybridflow.runtime.servers.process import pick_port, port_is_free, start_server, wait_healthy
 
 FAKE = str(Path(__file__).with_name("fake_openai_server.py"))
 needs_router = pytest.mark.skipif(
@@ -193,3 +193,25 @@ def test_a_guard_told_to_stop_ends_its_groups_first() -> None:
     guard._watcher.terminate()
     assert wait_until(lambda: sleeper.poll() is not None, 5.0)
     guard._watcher.wait(timeout=5)
+
+
+@needs_router
+def test_attached_servers_get_the_router_and_outlive_the_fleet(tmp_path: Path) -> None:
+    """Servers you started yourself: hybridflow routes to them and leaves them running when it closes."""
+    ports = [pick_port("127.0.0.1", 0, taken=set()) for _ in range(2)]
+    owned = [subprocess.Popen([sys.executable, FAKE, str(port)]) for port in ports]
+    try:
+        urls = tuple(f"http://127.0.0.1:{port}" for port in ports)
+        with ServerFleet(FleetConfig(attach=urls, log_dir=str(tmp_path), start_timeout_s=30), fake()) as fleet:
+            assert fleet.replica_urls == list(urls) and fleet.replicas == []  # none started here
+            client = CompletionsClient(fleet.url, "policy")
+            assert {served_by(client, f"s{i}") for i in range(16)} == {str(port) for port in ports}
+            client.close()
+        assert all(process.poll() is None for process in owned)  # still running
+        with pytest.raises(ServerStartError, match=r"attached-0: the attached server http://127.0.0.1:1 did not"):
+            ServerFleet(FleetConfig(attach=("http://127.0.0.1:1",), start_timeout_s=1, log_dir=str(tmp_path)),
+                        fake())
+    finally:
+        for process in owned:
+            process.kill()
+            process.wait()

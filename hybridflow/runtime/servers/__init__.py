@@ -13,7 +13,7 @@ from hybridflow.runtime.servers.client import (
     ServerRequestError,
 )
 from hybridflow.runtime.servers.fleet import FleetConfig, ServerFleet
-from hybridflow.runtime.servers.process import PortInUseError, ServerProcess, ServerStartError
+from hybridflow.runtime.servers.process import AttachedServer, PortInUseError, ServerProcess, ServerStartError
 
-__all__ = ["Completion", "CompletionRequest", "CompletionsClient", "FleetConfig", "PortInUseError",
+__all__ = ["AttachedServer", "Completion", "CompletionRequest", "CompletionsClient", "FleetConfig", "PortInUseError",
            "ServerFleet", "ServerProcess", "ServerRequestError", "ServerStartError"]

@@ -26,11 +26,13 @@ from types import TracebackType
 
 from hybridflow.runtime.servers.guard import ServerGuard
 from hybridflow.runtime.servers.process import (
+    AttachedServer,
     PortInUseError,
     ServerProcess,
     ServerStartError,
     pick_port,
     start_server,
+    wait_attached,
     wait_healthy,
 )
 
@@ -47,10 +49,12 @@ ReplicaCommand = Callable[[int, int], Sequence[str]]
 class FleetConfig:
     """How many replicas, where they listen and log, and how long they may take to start.
 
-    ``port_base`` 0 lets the OS pick free ports; otherwise replica ports are the first free ones from it (the
-    router's after them). ``router``: put the router in front (default); without it the fleet has one replica
-    and its URL is the replica's. ``log_dir`` None: a new directory under the system's temporary one (kept after
-    :meth:`ServerFleet.close`, so a failure's log can still be read)."""
+    ``attach``: URLs of servers already running (started by you, on this machine for weight syncs): hybridflow
+    starts no replica, puts the router in front of them, and never stops them. ``port_base`` 0 lets the OS pick
+    free ports; otherwise replica ports are the first free ones from it (the router's after them). ``router``: put
+    the router in front (default); without it the fleet has one replica and its URL is the replica's. ``log_dir``
+    None: a new directory under the system's temporary one (kept after :meth:`ServerFleet.close`, so a failure's
+    log can still be read)."""
 
     replicas: int = 1
     host: str = "127.0.0.1"
@@ -60,8 +64,15 @@ class FleetConfig:
     router_policy: str = "consistent_hash"
     health_interval_s: int = 1
     log_dir: str | None = None
+    attach: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "attach", tuple(url.rstrip("/") for url in self.attach))
+        if self.attach and self.replicas not in (1, len(self.attach)):
+            raise ValueError(f"replicas={self.replicas} and attach={list(self.attach)} disagree: attached servers are "
+                             "the replicas (hybridflow starts none); leave replicas unset")
+        if self.attach and not self.router and len(self.attach) > 1:
+            raise ValueError(f"attach={list(self.attach)} needs the router (router=True) to spread requests")
         if isinstance(self.replicas, bool) or not isinstance(self.replicas, int) or self.replicas < 1:
             raise ValueError(f"replicas={self.replicas!r} must be an integer >= 1")
         if not self.router and self.replicas > 1:
@@ -124,6 +135,7 @@ class ServerFleet:
         self.log_dir = Path(config.log_dir or tempfile.mkdtemp(prefix="hybridflow-servers-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.replicas: list[ServerProcess] = []
+        self.attached = [AttachedServer(name=f"attached-{i}", url=url) for i, url in enumerate(config.attach)]
         self.router: ServerProcess | None = None
         self._ports: set[int] = set()
         self._commands: dict[str, Callable[[int], Sequence[str]]] = {}
@@ -137,17 +149,25 @@ class ServerFleet:
     @property
     def url(self) -> str:
         """The router's URL (the only replica's without a router)."""
-        return self.router.url if self.router is not None else self.replicas[0].url
+        return self.router.url if self.router is not None else self.endpoints[0].url
+
+    @property
+    def endpoints(self) -> list[ServerProcess | AttachedServer]:
+        """Every replica requests may reach: those started here, or the attached ones."""
+        return [*self.replicas, *self.attached]
 
     @property
     def replica_urls(self) -> list[str]:
-        return [replica.url for replica in self.replicas]
+        return [replica.url for replica in self.endpoints]
 
     def _start(self) -> None:
-        for index in range(self.config.replicas):
+        if self.attached:
+            wait_attached(self.attached, deadline_s=self.config.start_timeout_s)
+        for index in range(0 if self.attached else self.config.replicas):
             self._commands[f"replica-{index}"] = functools.partial(self.command, index)
             self.replicas.append(self._launch(f"replica-{index}"))
-        self._await(self.replicas)
+        if self.replicas:
+            self._await(self.replicas)
         if self.config.router:
             workers = self.replica_urls
             self._commands["router"] = lambda port: router_command(
@@ -184,7 +204,8 @@ class ServerFleet:
                             self.router = servers[i]
 
     def close(self) -> None:
-        """Stop the router, then the replicas (each its whole process group); idempotent."""
+        """Stop the router, then the replicas started here (each its whole process group; attached ones run on);
+        idempotent."""
         for server in ([self.router] if self.router is not None else []) + self.replicas:
             server.stop()
         self.router, self.replicas = None, []

@@ -110,6 +110,33 @@ class ServerProcess:
             self.process.wait()
 
 
+@dataclass(frozen=True)
+class AttachedServer:
+    """A server someone else started and owns (``attach``): hybridflow routes to it and syncs it, never stops it."""
+
+    name: str
+    url: str
+    log_path: Path | None = None  # its log is its owner's
+
+
+def wait_attached(servers: Sequence[AttachedServer], *, deadline_s: float, poll_s: float = 0.5) -> None:
+    """Block until every attached server answers ``/health`` with 200; one that does not by ``deadline_s`` is one
+    error naming its URL."""
+    started = time.monotonic()
+    with httpx.Client(timeout=2.0, trust_env=False) as client:
+        for server in servers:
+            while True:
+                try:
+                    if client.get(server.url + "/health").status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() - started > deadline_s:
+                    raise ServerStartError(f"{server.name}: the attached server {server.url} did not answer /health "
+                                           f"with 200 within {deadline_s:.0f} s; is it running?")
+                time.sleep(poll_s)
+
+
 def start_server(name: str, command: Callable[[int], Sequence[str]], *, host: str, port: int, log_dir: Path,
                  env: Mapping[str, str], guard: ServerGuard) -> ServerProcess:
     """Start ``command(port)`` as server ``name`` in its own process group, logging to ``log_dir/<name>.log``."""
