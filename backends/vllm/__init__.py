@@ -15,10 +15,12 @@ from hybridflow.backends.vllm.engine import (
     VllmRoleEngine,
     VllmRolloutFactory,
 )
+from hybridflow.backends.vllm.server import ROLLOUT as SERVER_ROLLOUT
 
 from hybridflow.registry import BACKENDS, ROLLOUTS
 
 BACKENDS.add("vllm", BACKEND)
 ROLLOUTS.add("vllm", ROLLOUT)
+ROLLOUTS.add("server", SERVER_ROLLOUT)
 
-__all__ = ["BACKEND", "ROLLOUT", "VllmBackend", "VllmOptions", "VllmRoleEngine", "VllmRolloutFactory"]
+__all__ = ["BACKEND", "ROLLOUT", "SERVER_ROLLOUT", "VllmBackend", "VllmOptions", "VllmRoleEngine", "VllmRolloutFactory"]

@@ -106,27 +106,19 @@ class VllmRollout:
         logits before temperature, top-k and top-p, the trainer's definition of a token's log-prob.
         """
         vllm = import_vllm()
-        prompts = [_tokens(row, mask) for row, mask in zip(batch["prompts"], batch["prompt_mask"], strict=True)]
+        prompts = prompt_token_lists(batch)
         asked = 0 if sampling.logprobs else None  # 0: the sampled token's log-prob only
         params = [vllm.SamplingParams(max_tokens=sampling.max_new_tokens, logprobs=asked, detokenize=False,
                                       seed=seed + i, **sampling_knobs(sampling)) for i in range(len(prompts))]
         outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False,
                                     lora_request=self.lora_request)
         tokens = [list(out.outputs[0].token_ids) for out in outputs]
-        width = max(1, *(len(t) for t in tokens))
-        responses = torch.full((len(tokens), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(tokens), width), dtype=torch.long)
-        for i, toks in enumerate(tokens):
-            responses[i, :len(toks)] = torch.tensor(toks, dtype=torch.long)
-            mask[i, :len(toks)] = 1
-        out = {"responses": responses, "response_mask": mask}
+        logprobs = None
         if sampling.logprobs:
-            out["rollout_logprobs"] = torch.zeros((len(tokens), width), dtype=torch.float32)
-            for i, (result, toks) in enumerate(zip(outputs, tokens, strict=True)):
-                steps = result.outputs[0].logprobs or []
-                out["rollout_logprobs"][i, :len(toks)] = torch.tensor(
-                    [chosen_logprob(step, tok) for step, tok in zip(steps, toks, strict=True)], dtype=torch.float32)
-        return Batch(out)
+            logprobs = [[chosen_logprob(step, tok) for step, tok in zip(result.outputs[0].logprobs or [], toks,
+                                                                        strict=True)]
+                        for result, toks in zip(outputs, tokens, strict=True)]
+        return pack_responses(tokens, logprobs, pad_id=self.pad_id)
 
     def log_probs(self, batch: Batch) -> Batch:
         """Log-probs (B, T) of given responses, from vLLM's prompt log-probs over prompt + response."""
@@ -205,6 +197,28 @@ class VllmRollout:
 
 def _tokens(row: torch.Tensor, mask: torch.Tensor) -> list[int]:
     return [int(t) for t in row[mask.bool()].tolist()]
+
+
+def prompt_token_lists(batch: Batch) -> list[list[int]]:
+    """Each row's prompt token ids, padding dropped."""
+    return [_tokens(row, mask) for row, mask in zip(batch["prompts"], batch["prompt_mask"], strict=True)]
+
+
+def pack_responses(tokens: list[list[int]], logprobs: list[list[float]] | None, *, pad_id: int) -> Batch:
+    """``responses``/``response_mask`` (B, T) right-padded with ``pad_id`` from each row's sampled ids, and with
+    ``logprobs`` the ``rollout_logprobs`` (B, T) float32, 0 on padding."""
+    width = max(1, *(len(t) for t in tokens))
+    responses = torch.full((len(tokens), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(tokens), width), dtype=torch.long)
+    for i, toks in enumerate(tokens):
+        responses[i, :len(toks)] = torch.tensor(toks, dtype=torch.long)
+        mask[i, :len(toks)] = 1
+    out = {"responses": responses, "response_mask": mask}
+    if logprobs is not None:
+        out["rollout_logprobs"] = torch.zeros((len(tokens), width), dtype=torch.float32)
+        for i, row in enumerate(logprobs):
+            out["rollout_logprobs"][i, :len(row)] = torch.tensor(row, dtype=torch.float32)
+    return Batch(out)
 
 
 def sampling_knobs(sampling: SamplingParams) -> dict[str, Any]:

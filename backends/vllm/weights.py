@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -31,25 +32,46 @@ def load_in_process(llm: Any, named: Iterable[tuple[str, torch.Tensor]]) -> Weig
     return counter.stats(time.perf_counter() - start)
 
 
-def load_serialized(llm: Any, named: Iterable[tuple[str, torch.Tensor]]) -> WeightSyncStats:
-    """Send safetensors buckets to vLLM's worker processes (tensor-parallel engines)."""
-    from safetensors.torch import save
-
-    start = time.perf_counter()
-    counter = CountedWeights(named)
+def _buckets(named: Iterable[tuple[str, torch.Tensor]], limit: int) -> Iterator[dict[str, torch.Tensor]]:
+    """``named`` as CPU tensors in dicts of about ``limit`` bytes that safetensors can save."""
     bucket: dict[str, torch.Tensor] = {}
     size = 0
     seen: set[int] = set()
-    for name, tensor in counter:
+    for name, tensor in named:
         tensor = tensor.detach().cpu().contiguous()
         if tensor.data_ptr() in seen:  # tied weights (embeddings = head): safetensors refuses shared storage
             tensor = tensor.clone()
         seen.add(tensor.data_ptr())
         bucket[name] = tensor
         size += tensor.numel() * tensor.element_size()
-        if size >= BUCKET_BYTES:
-            llm.collective_rpc(_reload_from_bytes, args=(save(bucket),))
+        if size >= limit:
+            yield bucket
             bucket, size, seen = {}, 0, set()
     if bucket:
+        yield bucket
+
+
+def load_serialized(llm: Any, named: Iterable[tuple[str, torch.Tensor]]) -> WeightSyncStats:
+    """Send safetensors buckets to vLLM's worker processes (tensor-parallel engines)."""
+    from safetensors.torch import save
+
+    start = time.perf_counter()
+    counter = CountedWeights(named)
+    for bucket in _buckets(counter, BUCKET_BYTES):
         llm.collective_rpc(_reload_from_bytes, args=(save(bucket),))
+    return counter.stats(time.perf_counter() - start)
+
+
+def write_snapshot(named: Iterable[tuple[str, torch.Tensor]], directory: Path) -> WeightSyncStats:
+    """HF-named tensors as ``model-<k>.safetensors`` files of about ``BUCKET_BYTES`` in ``directory`` (emptied of
+    earlier ones first): what a vLLM server's ``reload_weights(weights_path=directory)`` reads. At most one bucket
+    is held at a time."""
+    from safetensors.torch import save_file
+
+    start = time.perf_counter()
+    for old in directory.glob("*.safetensors"):
+        old.unlink()
+    counter = CountedWeights(named)
+    for k, bucket in enumerate(_buckets(counter, BUCKET_BYTES)):
+        save_file(bucket, str(directory / f"model-{k:05d}.safetensors"), metadata={"format": "pt"})
     return counter.stats(time.perf_counter() - start)

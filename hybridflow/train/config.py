@@ -166,7 +166,7 @@ class RoleConfig:
     ``model``: a local HF directory for this role (default: the policy's starting weights);
     ``backend``: the backend that runs it (default ``torch``); ``options``: the backend's own options;
     ``rollout``: the engine a policy generates with, a name in the rollout registry (built in: ``native``,
-    ``hf_generate``, ``vllm``; docs/backends.md) or a ``file.py:factory`` path, and ``rollout_options`` that
+    ``hf_generate``, ``vllm``, ``server``; docs/backends.md) or a ``file.py:factory`` path, and ``rollout_options`` that
     engine's options; ``micro_batch_size``: rows per forward/backward pass; ``max_tokens_per_micro_batch``: a
     token budget per GPU for the role's update and forward micro batches instead (the layout's fields of that name);
     ``max_concurrent_requests``: most forward requests in flight to the role's workers; ``lora``: train LoRA
@@ -202,7 +202,7 @@ class RoleConfig:
                 raise ValueError(f"config key 'roles.*.{name}'={value} must be >= 1 (or unset)")
         if "rollout" in self.options:
             raise ValueError("config key 'roles.*.options.rollout' moved: the rollout engine is "
-                             "'roles.<name>.rollout' (native, hf_generate, vllm...), its options "
+                             "'roles.<name>.rollout' (native, hf_generate, vllm, server...), its options "
                              "'roles.<name>.rollout_options'")
 
 

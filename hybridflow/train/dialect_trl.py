@@ -257,7 +257,7 @@ ROWS: dict[str, ForeignKey] = {
     "log_unique_prompts": accepted("log unique prompts", _LOGGING),
     "log_completions_hub_repo": refused("upload completions", "no Hub uploads"),
     "use_transformers_continuous_batching": refused("transformers' continuous batching", "roles.actor.rollout picks "
-                                                    "the engine (native, hf_generate, vllm)"),
+                                                    "the engine (native, hf_generate, vllm, server)"),
     "transformers_continuous_batching_config": refused("its options", "roles.actor.rollout_options"),
     "use_transformers_paged": refused("paged generation (deprecated)", "roles.actor.rollout picks the engine"),
 }

@@ -71,7 +71,7 @@ def _strategy(role: str) -> Any:
 def _rollout_name(value: Any, context: Context) -> dict[str, Any]:
     engines = {"vllm": "vllm", "hf": "hf_generate"}
     if value not in engines:
-        raise Refused("the rollout engines are native, hf_generate, vllm (roles.actor.rollout)")
+        raise Refused("the rollout engines are native, hf_generate, vllm, server (roles.actor.rollout)")
     return {"roles.actor.rollout": engines[value]}
 
 

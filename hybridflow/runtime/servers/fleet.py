@@ -1,0 +1,219 @@
+"""A fleet of inference-server replicas behind a router, started and owned by hybridflow on loopback.
+
+:class:`ServerFleet` starts ``replicas`` processes of a server command (vLLM's OpenAI server for the ``server``
+rollout; any command that serves ``/health`` in tests), each on its own free port with its own log file and
+process group, waits until all are healthy, then starts the router in front of them (``vllm-router``, a Rust
+load balancer from PyPI, ``consistent_hash`` policy: requests carrying the same ``X-Session-ID`` header reach
+the same replica, so a multi-turn trajectory's turns find their prefix cache). The router health-checks the
+replicas every ``health_interval_s`` and stops routing to one that fails. Every process is registered with one
+:class:`~hybridflow.runtime.servers.guard.ServerGuard`: a driver that dies, even by SIGKILL, takes the fleet
+down within the guard's grace. :meth:`ServerFleet.close` stops the router first, then the replicas.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import importlib.util
+import logging
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+from hybridflow.runtime.servers.guard import ServerGuard
+from hybridflow.runtime.servers.process import (
+    AttachedServer,
+    PortInUseError,
+    ServerProcess,
+    ServerStartError,
+    pick_port,
+    start_server,
+    wait_attached,
+    wait_healthy,
+)
+
+logger = logging.getLogger(__name__)
+
+ROUTER_PACKAGE, ROUTER_MIN_VERSION = "vllm-router", (0, 1, 17)
+ROUTER_POLICIES = ("consistent_hash", "round_robin", "power_of_two", "random", "cache_aware")
+PORT_TRIES = 3
+ReplicaCommand = Callable[[int, int], Sequence[str]]
+"""``(replica index, port) -> argv`` of one replica."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class FleetConfig:
+    """How many replicas, where they listen and log, and how long they may take to start.
+
+    ``attach``: URLs of servers already running (started by you, on this machine for weight syncs): hybridflow
+    starts no replica, puts the router in front of them, and never stops them. ``port_base`` 0 lets the OS pick
+    free ports; otherwise replica ports are the first free ones from it (the router's after them). ``router``: put
+    the router in front (default); without it the fleet has one replica and its URL is the replica's. ``log_dir``
+    None: a new directory under the system's temporary one (kept after :meth:`ServerFleet.close`, so a failure's
+    log can still be read)."""
+
+    replicas: int = 1
+    host: str = "127.0.0.1"
+    port_base: int = 0
+    start_timeout_s: float = 600.0
+    router: bool = True
+    router_policy: str = "consistent_hash"
+    health_interval_s: int = 1
+    log_dir: str | None = None
+    attach: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "attach", tuple(url.rstrip("/") for url in self.attach))
+        if self.attach and self.replicas not in (1, len(self.attach)):
+            raise ValueError(f"replicas={self.replicas} and attach={list(self.attach)} disagree: attached servers are "
+                             "the replicas (hybridflow starts none); leave replicas unset")
+        if self.attach and not self.router and len(self.attach) > 1:
+            raise ValueError(f"attach={list(self.attach)} needs the router (router=True) to spread requests")
+        if isinstance(self.replicas, bool) or not isinstance(self.replicas, int) or self.replicas < 1:
+            raise ValueError(f"replicas={self.replicas!r} must be an integer >= 1")
+        if not self.router and self.replicas > 1:
+            raise ValueError(f"replicas={self.replicas} needs the router (router=True) to spread requests over them")
+        if self.router_policy not in ROUTER_POLICIES:
+            raise ValueError(f"router_policy={self.router_policy!r} must be one of {list(ROUTER_POLICIES)}")
+        if not 0 <= self.port_base < 65536:
+            raise ValueError(f"port_base={self.port_base} must be 0 (any free port) or a port number")
+        if self.start_timeout_s <= 0:
+            raise ValueError(f"start_timeout_s={self.start_timeout_s} must be > 0")
+        if self.host not in ("127.0.0.1", "localhost"):
+            raise ValueError(f"host={self.host!r}: servers listen on loopback only (127.0.0.1); they serve "
+                             "unauthenticated control endpoints (weight reload)")
+
+
+def check_router_installed() -> None:
+    """Raise one line when ``vllm-router`` is missing or older than the oldest version tested."""
+    try:
+        version = importlib.metadata.version(ROUTER_PACKAGE)
+    except importlib.metadata.PackageNotFoundError as err:
+        raise ServerStartError("the server router needs vllm-router: install the `servers` extra "
+                               "(`pip install hybridflow[servers]`, i.e. vllm-router>=0.1.17)") from err
+    if _release(version) < ROUTER_MIN_VERSION:
+        raise ServerStartError(f"vllm-router {version} is older than 0.1.17, the oldest tested here: "
+                               "`pip install -U 'vllm-router>=0.1.17'`")
+    if importlib.util.find_spec("vllm_router") is None:
+        raise ServerStartError("vllm-router is installed but its module `vllm_router` does not import here; "
+                               "reinstall it (`pip install --force-reinstall vllm-router`)")
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """The leading numeric release of a version string ("0.32.0+cpu" -> (0, 32, 0))."""
+    parts = []
+    for piece in version.split("+")[0].split("."):
+        digits = "".join(ch for ch in piece if ch.isdigit()) if piece[:1].isdigit() else ""
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
+
+
+def router_command(*, host: str, port: int, workers: Sequence[str], policy: str,
+                   health_interval_s: int) -> list[str]:
+    """``vllm-router``'s command line, run by this interpreter (its console script may not be on PATH)."""
+    return [sys.executable, "-m", "vllm_router.launch_router", "--host", host, "--port", str(port),
+            "--worker-urls", *workers, "--policy", policy,
+            "--health-check-interval-secs", str(health_interval_s), "--health-failure-threshold", "1",
+            "--log-level", "warning"]
+
+
+class ServerFleet:
+    """``config.replicas`` processes of ``command`` behind a router; :attr:`url` is where requests go."""
+
+    def __init__(self, config: FleetConfig, command: ReplicaCommand, *, env: Mapping[str, str] | None = None,
+                 health_path: str = "/health") -> None:
+        if config.router:
+            check_router_installed()
+        self.config, self.command, self.health_path = config, command, health_path
+        self.env = dict(os.environ if env is None else env)
+        self.log_dir = Path(config.log_dir or tempfile.mkdtemp(prefix="hybridflow-servers-"))
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.replicas: list[ServerProcess] = []
+        self.attached = [AttachedServer(name=f"attached-{i}", url=url) for i, url in enumerate(config.attach)]
+        self.router: ServerProcess | None = None
+        self._ports: set[int] = set()
+        self._commands: dict[str, Callable[[int], Sequence[str]]] = {}
+        self._guard = ServerGuard()
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def url(self) -> str:
+        """The router's URL (the only replica's without a router)."""
+        return self.router.url if self.router is not None else self.endpoints[0].url
+
+    @property
+    def endpoints(self) -> list[ServerProcess | AttachedServer]:
+        """Every replica requests may reach: those started here, or the attached ones."""
+        return [*self.replicas, *self.attached]
+
+    @property
+    def replica_urls(self) -> list[str]:
+        return [replica.url for replica in self.endpoints]
+
+    def _start(self) -> None:
+        if self.attached:
+            wait_attached(self.attached, deadline_s=self.config.start_timeout_s)
+        for index in range(0 if self.attached else self.config.replicas):
+            self._commands[f"replica-{index}"] = functools.partial(self.command, index)
+            self.replicas.append(self._launch(f"replica-{index}"))
+        if self.replicas:
+            self._await(self.replicas)
+        if self.config.router:
+            workers = self.replica_urls
+            self._commands["router"] = lambda port: router_command(
+                host=self.config.host, port=port, workers=workers, policy=self.config.router_policy,
+                health_interval_s=self.config.health_interval_s)
+            self.router = self._launch("router")
+            self._await([self.router])
+        logger.info("server fleet up: %d replica(s) %s behind %s; logs in %s", len(self.replicas),
+                    self.replica_urls, self.url, self.log_dir)
+
+    def _launch(self, name: str) -> ServerProcess:
+        port = pick_port(self.config.host, self.config.port_base and self.config.port_base + len(self._ports),
+                         taken=self._ports)
+        self._ports.add(port)
+        return start_server(name, self._commands[name], host=self.config.host, port=port, log_dir=self.log_dir,
+                            env=self.env, guard=self._guard)
+
+    def _await(self, servers: list[ServerProcess]) -> None:
+        """Wait for ``servers``; one whose port was taken meanwhile restarts on another port (``PORT_TRIES``)."""
+        health = "/health" if servers[0] is self.router else self.health_path
+        for attempt in range(PORT_TRIES):
+            try:
+                wait_healthy(servers, deadline_s=self.config.start_timeout_s, health_path=health)
+                return
+            except PortInUseError:
+                if attempt == PORT_TRIES - 1:
+                    raise
+                for i, server in enumerate(servers):
+                    if not server.alive:
+                        logger.warning("%s: port %d was taken; starting it on another", server.name, server.port)
+                        server.stop()
+                        servers[i] = self._launch(server.name)
+                        if server is self.router:
+                            self.router = servers[i]
+
+    def close(self) -> None:
+        """Stop the router, then the replicas started here (each its whole process group; attached ones run on);
+        idempotent."""
+        for server in ([self.router] if self.router is not None else []) + self.replicas:
+            server.stop()
+        self.router, self.replicas = None, []
+        self._guard.close()
+
+    def __enter__(self) -> ServerFleet:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        self.close()

@@ -1,0 +1,66 @@
+"""A tiny OpenAI-style completions server for the server-fleet tests (stdlib only, run as a script).
+
+``python fake_openai_server.py PORT [--unhealthy] [--spawn-child]``: ``GET /health`` answers 200 (never, with
+``--unhealthy``); ``POST /v1/completions`` with a token-id ``prompt`` returns ``max_tokens`` ids counting up
+from the prompt's last id, log-probs ``-0.1 * (i + 1)``, and this server's port as the id, so a test can
+tell which replica served a request. ``--spawn-child`` also starts a sleeping child in the same process group
+(a stand-in for vLLM's engine core), whose pid the server prints to its log.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class Handler(BaseHTTPRequestHandler):
+    unhealthy = False
+
+    def log_message(self, format: str, *args: object) -> None:  # quiet
+        return
+
+    def _send(self, status: int, payload: object) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        if self.path == "/health" and not self.unhealthy:
+            self._send(200, {})
+        else:
+            self._send(503 if self.path == "/health" else 404, {"detail": "no"})
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+        if self.path != "/v1/completions":
+            self._send(404, {"detail": "Not Found"})
+            return
+        prompt = body.get("prompt")
+        if not isinstance(prompt, list) or not prompt:
+            self._send(400, {"error": {"message": "prompt must be a non-empty list of token ids"}})
+            return
+        tokens = [int(prompt[-1]) + 1 + i for i in range(int(body.get("max_tokens", 1)))]
+        logprobs = {"token_logprobs": [-0.1 * (i + 1) for i in range(len(tokens))]} if "logprobs" in body else None
+        self._send(200, {"id": str(self.server.server_address[1]), "object": "text_completion",
+                         "choices": [{"index": 0, "text": "", "token_ids": tokens, "logprobs": logprobs,
+                                      "finish_reason": "length"}]})
+
+
+def main() -> None:
+    port = int(sys.argv[1])
+    Handler.unhealthy = "--unhealthy" in sys.argv
+    if "--spawn-child" in sys.argv:
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        print(f"child {child.pid}", flush=True)
+    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    print(f"listening on {port}", flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

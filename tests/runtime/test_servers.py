@@ -1,0 +1,217 @@
+"""The server fleet's lifecycle with fake OpenAI-style replicas behind the real router (vllm-router).
+
+Start, health, session affinity, token ids passed through untouched, a killed replica dropped by the router,
+teardown (close, and a driver killed with SIGKILL) leaving nothing listening, and the one-line start errors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hybridflow.runtime.servers import (
+    CompletionRequest,
+    CompletionsClient,
+    FleetConfig,
+    PortInUseError,
+    ServerFleet,
+    ServerRequestError,
+    ServerStartError,
+)
+from hybridflow.runtime.servers.guard import ServerGuard
+from hybridflow.runtime.servers.process import pick_port, port_is_free, start_server, wait_healthy
+
+FAKE = str(Path(__file__).with_name("fake_openai_server.py"))
+needs_router = pytest.mark.skipif(
+    __import__("importlib").util.find_spec("vllm_router") is None, reason="needs vllm-router (hybridflow[servers])")
+
+
+def fake(*flags: str):  # type: ignore[no-untyped-def]
+    return lambda index, port: [sys.executable, FAKE, str(port), *flags]
+
+
+def served_by(client: CompletionsClient, session: str) -> str:
+    reply = client._http.post(f"{client.base_url}/v1/completions", json=client.body(
+        CompletionRequest(prompt=[3], max_tokens=1, seed=0)), headers={"X-Session-ID": session})
+    assert reply.status_code == 200, reply.text
+    return str(reply.json()["id"])
+
+
+def gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def wait_until(condition, timeout_s: float) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return bool(condition())
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> Iterator[ServerFleet]:
+    with ServerFleet(FleetConfig(replicas=2, log_dir=str(tmp_path), start_timeout_s=60), fake("--spawn-child")) as f:
+        yield f
+
+
+@needs_router
+def test_router_spreads_sessions_keeps_each_on_one_replica_and_passes_tokens_through(fleet: ServerFleet) -> None:
+    client = CompletionsClient(fleet.url, "policy")
+    try:
+        owners = {f"s{i}": served_by(client, f"s{i}") for i in range(16)}
+        assert all(served_by(client, session) == owner for session, owner in owners.items())  # affinity
+        assert set(owners.values()) == {url.rsplit(":", 1)[1] for url in fleet.replica_urls}  # both replicas used
+        results = client.complete_all([CompletionRequest(prompt=[5, 9 + i], max_tokens=3, seed=i, session=f"s{i}")
+                                       for i in range(8)])
+        assert [r.token_ids for r in results] == [[10 + i, 11 + i, 12 + i] for i in range(8)]
+        assert results[0].logprobs == pytest.approx([-0.1, -0.2, -0.3])
+        with pytest.raises(ServerRequestError, match="400: prompt must be a non-empty list"):
+            client.complete(CompletionRequest(prompt=[], max_tokens=1, seed=0))
+    finally:
+        client.close()
+
+
+@needs_router
+def test_a_killed_replica_is_dropped_and_close_leaves_nothing_listening(fleet: ServerFleet) -> None:
+    ports = [int(url.rsplit(":", 1)[1]) for url in [*fleet.replica_urls, fleet.url]]
+    children = [int(line.split()[1]) for replica in fleet.replicas
+                for line in replica.log_path.read_text().splitlines() if line.startswith("child ")]
+    assert len(children) == 2
+    client = CompletionsClient(fleet.url, "policy", timeout_s=10)
+    survivor = str(ports[1])
+    os.killpg(fleet.replicas[0].process.pid, signal.SIGKILL)
+    # At once, before the router's health check: a request whose replica died is sent again and succeeds.
+    results = client.complete_all([CompletionRequest(prompt=[5, 9 + i], max_tokens=2, seed=i, session=f"s{i}")
+                                   for i in range(16)])
+    assert [r.token_ids for r in results] == [[10 + i, 11 + i] for i in range(16)]
+
+    def all_on_survivor() -> bool:
+        try:
+            return all(served_by(client, f"s{i}") == survivor for i in range(16))
+        except AssertionError:
+            return False
+    try:
+        assert wait_until(all_on_survivor, 20), "the router kept sending sessions to the dead replica"
+    finally:
+        client.close()
+    fleet.close()
+    assert all(port_is_free("127.0.0.1", port) for port in ports)
+    assert all(gone(pid) for pid in children)  # a replica's own children went with its process group
+
+
+@needs_router
+def test_a_driver_killed_with_sigkill_leaves_nothing_listening(tmp_path: Path) -> None:
+    driver = textwrap.dedent(f"""
+        import json, sys, time
+        from hybridflow.runtime.servers import FleetConfig, ServerFleet
+        fleet = ServerFleet(FleetConfig(replicas=2, log_dir={str(tmp_path)!r}, start_timeout_s=60),
+                            lambda i, port: [sys.executable, {FAKE!r}, str(port), "--spawn-child"])
+        print(json.dumps([fleet.url, *fleet.replica_urls]), flush=True)
+        time.sleep(600)
+    """)
+    process = subprocess.Popen([sys.executable, "-c", driver], stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    urls = json.loads(process.stdout.readline())
+    ports = [int(url.rsplit(":", 1)[1]) for url in urls]
+    children = [int(line.split()[1]) for log in tmp_path.glob("replica-*.log")
+                for line in log.read_text().splitlines() if line.startswith("child ")]
+    assert not any(port_is_free("127.0.0.1", port) for port in ports)
+    process.kill()
+    process.wait()
+    assert wait_until(lambda: all(port_is_free("127.0.0.1", p) for p in ports), 5.0), "a server outlived its driver"
+    assert wait_until(lambda: all(gone(pid) for pid in children), 1.0)
+
+
+def test_a_replica_that_never_becomes_healthy_is_one_error_naming_its_log(tmp_path: Path) -> None:
+    config = FleetConfig(replicas=1, router=False, log_dir=str(tmp_path), start_timeout_s=1.5)
+    with pytest.raises(ServerStartError, match=rf"replica-0 .* not healthy after 2 s.*{tmp_path}/replica-0.log"):
+        ServerFleet(config, fake("--unhealthy"))
+    port = int((tmp_path / "replica-0.log").read_text().split("listening on ")[1].split()[0])
+    assert port_is_free("127.0.0.1", port)  # and it was stopped
+
+
+def test_taken_ports_are_skipped_or_named(tmp_path: Path) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        with ServerFleet(FleetConfig(router=False, port_base=taken, log_dir=str(tmp_path)), fake()) as fleet:
+            assert fleet.url != f"http://127.0.0.1:{taken}"  # the next free port from the base
+        # A port taken between the probe and the bind: the server's exit is recognised as such (retried by a fleet).
+        guard = ServerGuard()
+        server = start_server("replica-9", lambda port: [sys.executable, FAKE, str(port)], host="127.0.0.1",
+                              port=taken, log_dir=tmp_path, env=os.environ, guard=guard)
+        with pytest.raises(PortInUseError, match=r"replica-9 .*exited with code 1.*Address already in use"):
+            wait_healthy([server], deadline_s=30)
+        guard.close()
+
+
+def test_missing_binary_and_router_are_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ServerStartError, match=r"replica-0: cannot run '/nonexistent/vllm' .*is it installed"):
+        ServerFleet(FleetConfig(router=False, log_dir=str(tmp_path)), lambda i, port: ["/nonexistent/vllm"])
+    import importlib.metadata
+
+    def missing(name: str) -> str:
+        raise importlib.metadata.PackageNotFoundError(name)
+    monkeypatch.setattr(importlib.metadata, "version", missing)
+    with pytest.raises(ServerStartError, match=r"install the `servers` extra"):
+        ServerFleet(FleetConfig(log_dir=str(tmp_path)), fake())
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.1.3")
+    with pytest.raises(ServerStartError, match=r"vllm-router 0.1.3 is older than 0.1.17"):
+        ServerFleet(FleetConfig(log_dir=str(tmp_path)), fake())
+    with pytest.raises(ValueError, match=r"host='0.0.0.0': servers listen on loopback only"):
+        FleetConfig(host="0.0.0.0")
+
+
+def test_a_guard_told_to_stop_ends_its_groups_first() -> None:
+    """Ray's reaper SIGTERMs every process of a run, the guard included: it must not leave the servers behind."""
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    guard = ServerGuard()
+    guard.watch(sleeper.pid)
+    def catches_sigterm() -> bool:  # the watcher's handler is in place (SigCgt bit 15), so it started reading
+        status = Path(f"/proc/{guard._watcher.pid}/status").read_text()
+        caught = next(line for line in status.splitlines() if line.startswith("SigCgt:"))
+        return bool(int(caught.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
+    assert wait_until(catches_sigterm, 10.0)
+    time.sleep(0.2)  # the line written before the handler was in place is read by now
+    guard._watcher.terminate()
+    assert wait_until(lambda: sleeper.poll() is not None, 5.0)
+    guard._watcher.wait(timeout=5)
+
+
+@needs_router
+def test_attached_servers_get_the_router_and_outlive_the_fleet(tmp_path: Path) -> None:
+    """Servers you started yourself: hybridflow routes to them and leaves them running when it closes."""
+    ports = [pick_port("127.0.0.1", 0, taken=set()) for _ in range(2)]
+    owned = [subprocess.Popen([sys.executable, FAKE, str(port)]) for port in ports]
+    try:
+        urls = tuple(f"http://127.0.0.1:{port}" for port in ports)
+        with ServerFleet(FleetConfig(attach=urls, log_dir=str(tmp_path), start_timeout_s=30), fake()) as fleet:
+            assert fleet.replica_urls == list(urls) and fleet.replicas == []  # none started here
+            client = CompletionsClient(fleet.url, "policy")
+            assert {served_by(client, f"s{i}") for i in range(16)} == {str(port) for port in ports}
+            client.close()
+        assert all(process.poll() is None for process in owned)  # still running
+        with pytest.raises(ServerStartError, match=r"attached-0: the attached server http://127.0.0.1:1 did not"):
+            ServerFleet(FleetConfig(attach=("http://127.0.0.1:1",), start_timeout_s=1, log_dir=str(tmp_path)),
+                        fake())
+    finally:
+        for process in owned:
+            process.kill()
+            process.wait()
