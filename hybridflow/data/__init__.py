@@ -21,6 +21,7 @@ from hybridflow.data.rewards import (
 )
 from hybridflow.data.splits import DataSpec, DataSplits, hold_out, load_splits
 from hybridflow.data.tasks import TASKS, Task, char_accuracy, task_examples
+from hybridflow.data import visual_tasks  # noqa: F401 (registers the vision tasks)
 from hybridflow.models.tokenizer import char_tokenizer, load_tokenizer
 
 __all__ = ["REWARDS", "TASKS", "DataSpec", "DataSplits", "GroundTruth", "PreferenceLoader", "PreparedRecords",
