@@ -31,7 +31,7 @@ from hybridflow.data.records import (
     render_prompt,
 )
 from hybridflow.data.sources import MissingColumnError, lookup, read_table
-from hybridflow.data.tasks import TASKS, Task
+from hybridflow.data.tasks import TASKS, Task, VisionExample
 from hybridflow.runtime.batch import Batch
 
 CHOSEN, REJECTED = "chosen", "rejected"
