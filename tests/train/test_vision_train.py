@@ -57,3 +57,33 @@ def test_grpo_trains_a_vlm_policy_on_image_prompts(tmp_path: Path, monkeypatch: 
     # images in the rollout's prefill (no grad), the reference's log-probs (no grad) and the update (grad)
     assert passes[("padded_inputs", False)] >= 2 and passes[("packed_inputs", False)] >= 2
     assert passes[("packed_inputs", True)] >= 2
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_a_ray_run_of_a_vlm_policy_samples_and_scores_as_a_local_one(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("ray")
+    processor = tiny_vlm_processor()
+    model = build_tiny_vlm(processor.tokenizer)
+    torch.manual_seed(0)
+    with torch.no_grad():  # wider weights than the default init, whose samples hardly vary with the image
+        for param in model.parameters():
+            if param.ndim > 1:
+                param.normal_(0.0, 0.5)
+    model_dir = save_vlm_dir(model, processor, tmp_path / "vlm")
+    monkeypatch.setattr(loop, "export_policy", lambda *args, **kwargs: None)  # as above: vlm-export's work
+    rewards = {}
+    for executor in ("local", "ray"):
+        config = load_config(ROOT / "configs" / "grpo_vision.yaml",
+                             [f"model.path={model_dir}", f"output_dir={tmp_path / executor}", "steps=2",
+                              "data.batch_size=4", "data.num_examples=16", "algorithm.options.n=4",
+                              "algorithm.options.kl_coef=0.01", f"executor.name={executor}",
+                              "logging.progress=false", "logging.plot=false"])
+        history = loop.train(config).history
+        rewards[executor] = [row[key] for row in history for key in METRICS]
+    assert rewards["local"][METRICS.index("actor/entropy")] > 0  # the update pass read image rows
+    assert rewards["ray"] == pytest.approx(rewards["local"], abs=1e-5)  # the images crossed the Ray wire intact
+
+
+METRICS = ("reward/mean", "response_length/mean", "actor/entropy", "actor/ref_kl")
