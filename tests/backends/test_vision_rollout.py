@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import torch
 from harness import context, layout, role_spec
+from hybridflow.backends.common.vision import placeholder_ids
 from PIL import Image
 
-from hybridflow.backends.common.vision import placeholder_ids
 from hybridflow.data.images import ImageRef, open_image, vision_messages
 from hybridflow.data.prompts import prepare_records
 from hybridflow.data.vision_prompts import encode_vision_prompts

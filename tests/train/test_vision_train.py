@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 import torch
-
 from hybridflow.backends.common import vision
+
 from hybridflow.graph import load_graph
 from hybridflow.models.vision import build_tiny_vlm, save_vlm_dir, tiny_vlm_processor
 from hybridflow.runtime.worker import companion_fields
