@@ -263,9 +263,13 @@ def generate(model: Any, batch: Batch, *, max_new_tokens: int, greedy: bool, tem
                                          temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                                          logprobs=logprobs)
     else:
+        prefill = None
+        if vision.has_images(batch):  # pixel values, image grids and the prompts' 3-D rope positions
+            prefill = vision.padded_inputs(hf_model(model), batch, prompts, batch["prompt_mask"].long())
         responses, chosen = sampling.sample(model, prompts, batch["prompt_mask"], max_new_tokens=max_new_tokens,
                                             greedy=greedy, temperature=temperature, top_p=top_p, top_k=top_k,
-                                            seed=seed, eos=eos, pad=pad, logprobs=logprobs)
+                                            seed=seed, eos=eos, pad=pad, logprobs=logprobs, prefill=prefill,
+                                            suppress=vision.placeholder_ids(hf_model(model)))
     is_eos = (responses == eos).long()
     # Keep tokens up to and including the first EOS: no EOS strictly before the position.
     mask = (is_eos.cumsum(dim=1) - is_eos == 0).long()
@@ -287,12 +291,22 @@ def _hf_generate(model: Any, batch: Batch, *, max_new_tokens: int, greedy: bool,
     from transformers import GenerationConfig
 
     config, prompts = model.config, batch["prompts"]
-    options = {} if greedy else {"temperature": temperature, "top_p": top_p, "top_k": top_k}
+    options: dict[str, Any] = {} if greedy else {"temperature": temperature, "top_p": top_p, "top_k": top_k}
+    suppress = vision.placeholder_ids(hf_model(model))
+    if suppress:
+        options["suppress_tokens"] = list(suppress)
     gen_config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=not greedy, eos_token_id=config.eos_token_id,
                                   pad_token_id=config.pad_token_id, bos_token_id=config.bos_token_id,
                                   return_dict_in_generate=logprobs, output_logits=logprobs, **options)
+    images: dict[str, Any] = {}
+    if vision.has_images(batch):  # the model computes its 3-D rope positions from these
+        pixel_values, grid_thw = vision.image_inputs(batch, device=prompts.device)
+        if pixel_values is not None:
+            images = {"pixel_values": pixel_values, "image_grid_thw": grid_thw,
+                      "mm_token_type_ids": vision.token_types(hf_model(model), prompts)}
     torch.manual_seed(seed)
-    out = model.generate(input_ids=prompts, attention_mask=batch["prompt_mask"], generation_config=gen_config)
+    out = model.generate(input_ids=prompts, attention_mask=batch["prompt_mask"], generation_config=gen_config,
+                         **images)
     if not logprobs:
         return out[:, prompts.shape[1]:], None
     responses = out.sequences[:, prompts.shape[1]:]

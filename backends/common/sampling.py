@@ -8,7 +8,7 @@ log-prob under the trainer's definition.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +32,9 @@ def _filter(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
 
 def sample(model: Any, prompts: torch.Tensor, prompt_mask: torch.Tensor, *, max_new_tokens: int, greedy: bool,
            temperature: float, top_p: float, top_k: int, seed: int, eos: int, pad: int,
-           logprobs: bool = False, row_seeds: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+           logprobs: bool = False, row_seeds: Sequence[int] | None = None,
+           prefill: Mapping[str, Any] | None = None,
+           suppress: Sequence[int] = ()) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Sampled continuations (B, <= max_new_tokens), ``pad`` after each row's EOS; stops when all ended.
 
     With ``logprobs`` also each sampled token's log-prob (B, <= max_new_tokens), float32: the log-softmax of
@@ -44,22 +46,36 @@ def sample(model: Any, prompts: torch.Tensor, prompt_mask: torch.Tensor, *, max_
 
     Rows that ended leave the decoding batch (:class:`_Decoding`), so a long-tail step decodes about its real
     tokens, not every row to the longest one's length.
+
+    ``prefill`` holds extra inputs of the prompt's forward (a vision-language model's ``pixel_values``,
+    ``image_grid_thw`` and 3-D rope ``position_ids`` (3, B, P): :func:`~.vision.padded_inputs`). With 3-D
+    positions each decode step takes, on all three axes, one past the row's largest prompt position, then one
+    more per step: what Qwen2-VL's own ``generate`` computes (its ``rope_deltas``). ``suppress`` lists token ids
+    never sampled (HF's ``suppress_tokens``: a VLM's image placeholders, which a response must not hold); the
+    log-probs stay those of the raw logits.
     """
     generator = torch.Generator(device=prompts.device).manual_seed(seed)
     row_generators = None if row_seeds is None else [
         torch.Generator(device=prompts.device).manual_seed(int(row_seed)) for row_seed in row_seeds]
     mask = prompt_mask.long()
-    positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
-    out = model(input_ids=prompts, attention_mask=mask, position_ids=positions, use_cache=True)
-    state = _Decoding(past=out.past_key_values, mask=mask, position=positions[:, -1:] + 1, generators=row_generators,
+    inputs = dict(prefill or {})
+    positions = inputs.pop("position_ids", None)
+    if positions is None:
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)  # (B, P)
+    out = model(input_ids=prompts, attention_mask=mask, position_ids=positions, use_cache=True, **inputs)
+    # the next position: (B, 1), or (3, B, 1) past each row's largest 3-D prompt position (0 on padding)
+    following = positions.amax(dim=-1, keepdim=True) + 1
+    state = _Decoding(past=out.past_key_values, mask=mask, position=following, generators=row_generators,
                       rows=torch.arange(len(prompts), device=prompts.device))
     logits = out.logits[:, -1]
     tokens, chosen = [], []
+    banned = torch.tensor(list(suppress), dtype=torch.long, device=prompts.device)
     for _ in range(max_new_tokens):
+        choosing = logits.index_fill(-1, banned, float("-inf")) if len(banned) else logits
         if greedy:
-            token = logits.argmax(dim=-1)
+            token = choosing.argmax(dim=-1)
         else:
-            probs = torch.softmax(_filter(logits.float() / temperature, top_k, top_p), dim=-1)
+            probs = torch.softmax(_filter(choosing.float() / temperature, top_k, top_p), dim=-1)
             if state.generators is None:
                 token = torch.multinomial(probs, 1, generator=generator).squeeze(1)
             else:
@@ -88,7 +104,7 @@ class _Decoding:
 
     past: Any
     mask: torch.Tensor
-    position: torch.Tensor
+    position: torch.Tensor  # (B, 1), or (3, B, 1) for 3-D rope positions
     generators: list[torch.Generator] | None
     rows: torch.Tensor
     finished: torch.Tensor = field(init=False)
@@ -112,7 +128,8 @@ class _Decoding:
             return token
         keep = (~self.finished).nonzero().squeeze(1)
         self.past.batch_select_indices(keep)
-        self.mask, self.position, self.rows = self.mask[keep], self.position[keep], self.rows[keep]
+        self.mask, self.rows = self.mask[keep], self.rows[keep]
+        self.position = self.position.index_select(-2, keep)  # rows are the second-last axis of (B, 1), (3, B, 1)
         if self.generators is not None:
             self.generators = [self.generators[int(i)] for i in keep]
         self.finished = self.finished[keep]

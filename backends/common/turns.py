@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from hybridflow.backends.common import sampling
+from hybridflow.backends.common import sampling, vision
 
 from hybridflow.agents.protocols import TurnRequest, TurnResult
 from hybridflow.runtime.batch import left_padded
@@ -26,7 +26,8 @@ def sample_turns(model: Any, requests: Sequence[TurnRequest], params: SamplingPa
     tokens, logprobs = sampling.sample(
         model, prompts.to(device), mask.to(device), max_new_tokens=max(r.max_tokens for r in requests),
         greedy=params.greedy, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k, seed=0,
-        eos=eos, pad=pad, logprobs=True, row_seeds=[request.seed for request in requests])
+        eos=eos, pad=pad, logprobs=True, row_seeds=[request.seed for request in requests],
+        suppress=vision.placeholder_ids(model))  # a VLM's turns carry no images, and never their placeholders
     assert logprobs is not None
     return [TurnResult.cut(tokens[row, :request.max_tokens].tolist(), logprobs[row, :request.max_tokens].tolist(),
                            eos=eos, version=version) for row, request in enumerate(requests)]

@@ -36,6 +36,16 @@ def image_inputs(batch: Batch, *, device: torch.device) -> tuple[torch.Tensor | 
     return pixel_values, torch.from_numpy(np.concatenate(grids)).to(device=device, dtype=torch.long)
 
 
+def placeholder_ids(model: Any) -> tuple[int, ...]:
+    """A vision-language model's image and video placeholder ids (and their start / end markers): tokens its
+    responses must not hold, since a pass reads each placeholder as a visual token; () for a text model."""
+    config = model.config
+    if getattr(config, "image_token_id", None) is None:
+        return ()
+    names = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+    return tuple(int(value) for name in names if (value := getattr(config, name, None)) is not None)
+
+
 def token_types(model: Any, input_ids: torch.Tensor) -> torch.Tensor:
     """``mm_token_type_ids`` (B, L): 1 on image placeholders, 2 on video ones, 0 on text."""
     config = model.config

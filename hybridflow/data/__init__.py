@@ -1,5 +1,6 @@
 """Prompts (files, chat templates, splits), preference pairs, built-in tasks, reward functions, offline tokenizer."""
 
+from hybridflow.data import visual_tasks  # noqa: F401 (registers the vision tasks)
 from hybridflow.data.dataset import PromptLoader, encode_prompts, load_records
 from hybridflow.data.math_reward import answers_equivalent, extract_answer, math_reward
 from hybridflow.data.preference import (

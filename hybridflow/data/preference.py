@@ -31,7 +31,7 @@ from hybridflow.data.records import (
     render_prompt,
 )
 from hybridflow.data.sources import MissingColumnError, lookup, read_table
-from hybridflow.data.tasks import TASKS, Task
+from hybridflow.data.tasks import TASKS, Task, VisionExample
 from hybridflow.runtime.batch import Batch
 
 CHOSEN, REJECTED = "chosen", "rejected"
@@ -96,7 +96,11 @@ def preference_task_examples(task: str | Task, count: int, *, seed: int = 0) -> 
     rng = random.Random(seed)
     records = []
     for _ in range(count):
-        prompt, answer = found.make_example(rng)
+        example = found.make_example(rng)
+        if isinstance(example, VisionExample):
+            raise ValueError(f"task {found.name!r} has images: its rule-built preference pairs are not built; give "
+                             "pairs in a data file (data.path) instead")
+        prompt, answer = example
         records.append({PROMPT: prompt, GROUND_TRUTH: answer, CHOSEN: answer, REJECTED: corrupt(answer, rng)})
     return records
 

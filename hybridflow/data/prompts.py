@@ -21,8 +21,9 @@ class PreparedRecords:
 
     records: list[Record]
     filtered: int
-    longest_prompt_tokens: int
+    longest_prompt_tokens: int  # visual tokens included
     skipped_images: int = 0  # rows dropped for a bad image (bad_images="skip")
+    image_tokens: int = 0  # the most visual tokens of a kept prompt (the planner's Workload.image_tokens)
 
     @property
     def kept(self) -> int:
@@ -51,16 +52,18 @@ def prepare_records(records: Sequence[Record], tokenizer: Any, *, max_prompt_len
         checked = _checked_images(records, processor, bad_images=bad_images, name=name)
         records, sizes, skipped = checked.records, checked.sizes, checked.skipped
     kept: list[Record] = []
-    longest = 0
+    longest = most_visual = 0
     for index, record in enumerate(records):
         prompt = record[PROMPT]
         text = render_prompt(prompt, tokenizer, f"{name} record {index}", tools=tools)
         tokens = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+        visual = 0
         if sizes is not None:  # each placeholder token becomes the image's visual tokens.
-            tokens += sum(image_tokens(processor, size) - 1 for size in sizes[index])
+            visual = sum(image_tokens(processor, size) for size in sizes[index])
+            tokens += visual - len(sizes[index])
         if max_prompt_length is not None and tokens > max_prompt_length:
             continue
-        longest = max(longest, tokens)
+        longest, most_visual = max(longest, tokens), max(most_visual, visual)
         kept.append({**record, PROMPT: text, RAW_PROMPT: prompt} if is_chat(prompt) else dict(record))
     filtered = len(records) - len(kept)
     if not kept:
@@ -69,7 +72,8 @@ def prepare_records(records: Sequence[Record], tokenizer: Any, *, max_prompt_len
     if filtered:
         log.warning("%s: dropped %d of %d prompts longer than max_prompt_length=%s tokens", name, filtered,
                     len(records), max_prompt_length)
-    return PreparedRecords(records=kept, filtered=filtered, longest_prompt_tokens=longest, skipped_images=skipped)
+    return PreparedRecords(records=kept, filtered=filtered, longest_prompt_tokens=longest, skipped_images=skipped,
+                           image_tokens=most_visual)
 
 
 def _checked_images(records: Sequence[Record], processor: Any | None, *, bad_images: str,

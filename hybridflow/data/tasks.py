@@ -2,7 +2,8 @@
 
 Each task draws ``(prompt, answer)`` pairs from a seeded generator and scores a decoded response
 against the answer. Rewards give partial credit per correct character, so a policy that is sometimes
-right has a gradient to climb; an exact answer scores 1.0.
+right has a gradient to climb; an exact answer scores 1.0. A vision task's examples carry images too
+(:class:`VisionExample`; ``hybridflow.data.visual_tasks``), as records the data loaders would read.
 """
 
 from __future__ import annotations
@@ -12,10 +13,21 @@ import re
 import string
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
+from hybridflow.data.images import image_refs, vision_messages
 from hybridflow.registry import Registry
 
 Example = tuple[str, str]
+
+
+class VisionExample(NamedTuple):
+    """A vision task's example: ``prompt`` with one ``<image>`` marker per image, ``answer``, and the images as
+    PNG bytes."""
+
+    prompt: str
+    answer: str
+    images: list[bytes]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -23,7 +35,7 @@ class Task:
     """A prompt generator and the rule that scores a response to it."""
 
     name: str
-    make_example: Callable[[random.Random], Example]
+    make_example: Callable[[random.Random], Example | VisionExample]
     reward: Callable[[str, str], float]
     max_answer_chars: int
 
@@ -79,12 +91,20 @@ TASKS.add("arithmetic", Task(name="arithmetic", make_example=_add, reward=_arith
 TASKS.add("multiply", Task(name="multiply", make_example=_multiply, reward=_last_number_reward, max_answer_chars=5))
 
 
-def task_examples(task: str | Task, count: int, *, seed: int = 0) -> list[dict[str, str]]:
-    """``count`` examples of a task as ``{"prompt", "ground_truth"}`` records, reproducible by seed."""
+def task_examples(task: str | Task, count: int, *, seed: int = 0) -> list[dict[str, Any]]:
+    """``count`` examples of a task as ``{"prompt", "ground_truth"}`` records, reproducible by seed. A vision
+    task's records are those a data file's ``images`` column loads as: chat prompts with an image part per image,
+    ``images`` as :class:`~hybridflow.data.images.ImageRef` s."""
     found = TASKS.get(task) if isinstance(task, str) else task
     rng = random.Random(seed)
-    records = []
-    for _ in range(count):
-        prompt, answer = found.make_example(rng)
-        records.append({"prompt": prompt, "ground_truth": answer})
+    records: list[dict[str, Any]] = []
+    for index in range(count):
+        example = found.make_example(rng)
+        if isinstance(example, VisionExample):
+            where = f"task {found.name!r} example {index}"
+            records.append({"prompt": vision_messages(example.prompt, len(example.images), where=where),
+                            "ground_truth": example.answer,
+                            "images": image_refs({"images": example.images}, "images", where=where)})
+        else:
+            records.append({"prompt": example[0], "ground_truth": example[1]})
     return records

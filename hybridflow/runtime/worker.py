@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from hybridflow.graph import Node, Op
+from hybridflow.models.vision import IMAGE_GRID_THW, PIXEL_VALUES
 from hybridflow.planner import RoleLayout, rollout_role
 from hybridflow.registry import LOSSES
 from hybridflow.runtime.agent_rollout import agent_generate, role_tokenizer
@@ -40,6 +41,7 @@ from hybridflow.runtime.weights import (
 
 # The prompt's attention mask travels with ``prompts`` wherever they go (it is not a graph field).
 COMPANIONS = {"prompts": "prompt_mask"}
+IMAGE_FIELDS = (PIXEL_VALUES, IMAGE_GRID_THW)  # a row's image inputs (hybridflow.data.vision_prompts)
 
 
 def prompt_mask_field(prompts: str) -> str:
@@ -50,11 +52,14 @@ def prompt_mask_field(prompts: str) -> str:
 
 def companion_fields(node: Node) -> list[str]:
     """The companions a worker node reads with its inputs: the mask of the field bound to its ``prompts`` port
-    (and ``prompt_mask`` wherever it reads ``prompts``)."""
+    (and ``prompt_mask`` wherever it reads ``prompts``), and the dataset prompts' images (a vision-language
+    policy's ``pixel_values`` / ``image_grid_thw``) wherever it reads those prompts: every role that reads a
+    sample sees its images. A node absent from a batch without images reads none (callers select non-strictly)."""
     bound = node.port_inputs().get("prompts")
     masks = [prompt_mask_field(bound)] if bound is not None else []
+    images = list(IMAGE_FIELDS) if "prompts" in node.inputs else []
     return [*masks, *(mask for field_name, mask in COMPANIONS.items()
-                      if field_name in node.inputs and mask not in masks)]
+                      if field_name in node.inputs and mask not in masks), *images]
 
 
 _SAMPLING_KEYS = ("max_new_tokens", "temperature", "top_p", "top_k", "greedy", "logprobs")

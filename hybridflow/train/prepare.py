@@ -69,8 +69,10 @@ def prepare_run(config: TrainConfig, *, graph: Graph | None = None, plan: Plan |
     try:
         probe_rewards(config, train_data.records, tokenizer, scorer)
         if plan is None:
-            plan = setup.build_plan(config, graph, train_data.longest_prompt_tokens, config.model.path,
-                                    vocab_size=len(tokenizer))
+            # the planner counts a prompt's text and its images' visual tokens apart (Workload.image_tokens)
+            text_tokens = max(1, train_data.longest_prompt_tokens - train_data.image_tokens)
+            plan = setup.build_plan(config, graph, text_tokens, config.model.path, vocab_size=len(tokenizer),
+                                    image_tokens=train_data.image_tokens)
         else:
             setup.check_given_plan(config, graph, plan, specs)
     except BaseException:

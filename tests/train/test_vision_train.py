@@ -1,0 +1,89 @@
+"""`hybridflow train` with a vision-language policy: GRPO on the largest_colour task, images in every pass."""
+
+from __future__ import annotations
+
+import collections
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hybridflow.backends.common import vision
+
+from hybridflow.graph import load_graph
+from hybridflow.models.vision import build_tiny_vlm, save_vlm_dir, tiny_vlm_processor
+from hybridflow.runtime.worker import companion_fields
+from hybridflow.train import loop, placement
+from hybridflow.train.config import load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_nodes_reading_the_prompts_read_their_images_too() -> None:
+    nodes = {node.name: node for node in load_graph("grpo_judge", kl_coef=0.01).nodes}
+    images = {"pixel_values", "image_grid_thw"}
+    for name in ("actor_generate", "reference_ref_logprob", "actor_logprob", "actor_update"):
+        assert images <= set(companion_fields(nodes[name])), name
+    assert not images & set(companion_fields(nodes["judge_generate"]))  # it reads its own rendered text prompts
+
+
+@pytest.mark.slow
+def test_grpo_trains_a_vlm_policy_on_image_prompts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    processor = tiny_vlm_processor()
+    model_dir = save_vlm_dir(build_tiny_vlm(processor.tokenizer), processor, tmp_path / "vlm")
+    passes: collections.Counter[tuple[str, bool]] = collections.Counter()
+    for name in ("padded_inputs", "packed_inputs"):
+        original = getattr(vision, name)
+
+        def counted(*args: Any, _original: Any = original, _name: str = name, **kwargs: Any) -> Any:
+            passes[(_name, torch.is_grad_enabled())] += 1
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(vision, name, counted)
+    loads: list[Any] = []
+    monkeypatch.setattr(placement, "workload", lambda *a, _w=placement.workload, **k: loads.append(_w(*a, **k))
+                        or loads[-1])
+    # Exporting a VLM is the vlm-export branch's (hybridflow/train/export.py); the steps do not depend on it.
+    monkeypatch.setattr(loop, "export_policy", lambda *args, **kwargs: None)
+    config = load_config(ROOT / "configs" / "grpo_vision.yaml",
+                         [f"model.path={model_dir}", f"output_dir={tmp_path / 'run'}", "steps=2", "data.batch_size=4",
+                          "data.num_examples=16", "algorithm.options.n=2", "algorithm.options.kl_coef=0.01",
+                          "placement.mode=auto", "placement.cluster=1xA100-80G",
+                          "logging.progress=false", "logging.plot=false"])
+    result = loop.train(config)
+    assert [row["step"] for row in result.history] == [0, 1]
+    assert all("reward/mean" in row for row in result.history)
+    assert loads and all(load.image_tokens == 4 for load in loads)  # the plan costed the images
+    # images in the rollout's prefill (no grad), the reference's log-probs (no grad) and the update (grad)
+    assert passes[("padded_inputs", False)] >= 2 and passes[("packed_inputs", False)] >= 2
+    assert passes[("packed_inputs", True)] >= 2
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_a_ray_run_of_a_vlm_policy_samples_and_scores_as_a_local_one(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("ray")
+    processor = tiny_vlm_processor()
+    model = build_tiny_vlm(processor.tokenizer)
+    torch.manual_seed(0)
+    with torch.no_grad():  # wider weights than the default init, whose samples hardly vary with the image
+        for param in model.parameters():
+            if param.ndim > 1:
+                param.normal_(0.0, 0.5)
+    model_dir = save_vlm_dir(model, processor, tmp_path / "vlm")
+    monkeypatch.setattr(loop, "export_policy", lambda *args, **kwargs: None)  # as above: vlm-export's work
+    rewards = {}
+    for executor in ("local", "ray"):
+        config = load_config(ROOT / "configs" / "grpo_vision.yaml",
+                             [f"model.path={model_dir}", f"output_dir={tmp_path / executor}", "steps=2",
+                              "data.batch_size=4", "data.num_examples=16", "algorithm.options.n=4",
+                              "algorithm.options.kl_coef=0.01", f"executor.name={executor}",
+                              "logging.progress=false", "logging.plot=false"])
+        history = loop.train(config).history
+        rewards[executor] = [row[key] for row in history for key in METRICS]
+    assert rewards["local"][METRICS.index("actor/entropy")] > 0  # the update pass read image rows
+    assert rewards["ray"] == pytest.approx(rewards["local"], abs=1e-5)  # the images crossed the Ray wire intact
+
+
+METRICS = ("reward/mean", "response_length/mean", "actor/entropy", "actor/ref_kl")
