@@ -9,8 +9,6 @@ loop (``configs/grpo_vision.yaml``): one on the real images, one (the control) o
 every image blanked. Prints per run the mean reward of the first and last ``--window`` steps and their rise; the
 target is a rise of >= 0.2 with the images and none without (docs/benchmarks.md).
 
-The final export is skipped (``export_policy`` stubbed): exporting a vision-language policy is another branch's work
-(vlm-export); the run's steps and metrics are unaffected.
 """
 
 from __future__ import annotations
@@ -119,7 +117,6 @@ def main() -> None:
     parser.add_argument("--sft-steps", type=int, default=60)
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench_vision")
     args = parser.parse_args()
-    loop.export_policy = lambda *a, **k: None  # type: ignore[assignment]  # module docstring: vlm-export's work
     results = []
     for seed in (int(s) for s in args.seeds.split(",")):
         model = warm_model(args.out, seed=seed, sft_steps=args.sft_steps)

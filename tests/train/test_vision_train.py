@@ -43,8 +43,6 @@ def test_grpo_trains_a_vlm_policy_on_image_prompts(tmp_path: Path, monkeypatch: 
     loads: list[Any] = []
     monkeypatch.setattr(placement, "workload", lambda *a, _w=placement.workload, **k: loads.append(_w(*a, **k))
                         or loads[-1])
-    # Exporting a VLM is the vlm-export branch's (hybridflow/train/export.py); the steps do not depend on it.
-    monkeypatch.setattr(loop, "export_policy", lambda *args, **kwargs: None)
     config = load_config(ROOT / "configs" / "grpo_vision.yaml",
                          [f"model.path={model_dir}", f"output_dir={tmp_path / 'run'}", "steps=2", "data.batch_size=4",
                           "data.num_examples=16", "algorithm.options.n=2", "algorithm.options.kl_coef=0.01",
@@ -61,8 +59,7 @@ def test_grpo_trains_a_vlm_policy_on_image_prompts(tmp_path: Path, monkeypatch: 
 
 @pytest.mark.slow
 @pytest.mark.ray
-def test_a_ray_run_of_a_vlm_policy_samples_and_scores_as_a_local_one(tmp_path: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_ray_run_of_a_vlm_policy_samples_and_scores_as_a_local_one(tmp_path: Path) -> None:
     pytest.importorskip("ray")
     processor = tiny_vlm_processor()
     model = build_tiny_vlm(processor.tokenizer)
@@ -72,7 +69,6 @@ def test_a_ray_run_of_a_vlm_policy_samples_and_scores_as_a_local_one(tmp_path: P
             if param.ndim > 1:
                 param.normal_(0.0, 0.5)
     model_dir = save_vlm_dir(model, processor, tmp_path / "vlm")
-    monkeypatch.setattr(loop, "export_policy", lambda *args, **kwargs: None)  # as above: vlm-export's work
     rewards = {}
     for executor in ("local", "ray"):
         config = load_config(ROOT / "configs" / "grpo_vision.yaml",
