@@ -28,6 +28,7 @@ CONFIGS: dict[str, list[str] | str] = {
     "grpo_reverse": ["data.num_examples=64"],
     "grpo_reverse_strong": ["data.num_examples=64"],
     "ppo_reverse": ["data.num_examples=64"],
+    "grpo_vision": "tests/train/test_vision_train.py::test_grpo_trains_a_vlm_policy_on_image_prompts",
     "ppo_torchrun": "tests/torchrun/test_torchrun.py::"
                     "test_torchrun_trains_ppo_with_the_actor_data_parallel_over_two_processes",
 }

@@ -99,7 +99,7 @@ def preference_task_examples(task: str | Task, count: int, *, seed: int = 0) -> 
         example = found.make_example(rng)
         if isinstance(example, VisionExample):
             raise ValueError(f"task {found.name!r} has images: its rule-built preference pairs are not built; give "
-                             "pairs in a data file (data.path) instead")
+                             "the pairs in a data file instead")
         prompt, answer = example
         records.append({PROMPT: prompt, GROUND_TRUTH: answer, CHOSEN: answer, REJECTED: corrupt(answer, rng)})
     return records

@@ -23,7 +23,7 @@ def test_a_refusal_at_every_value_must_say_why() -> None:
 FLOORS = {
     "TRL": {"renamed": 15, "translated": 30, "accepted": 80, "accepted when off": 52, "accepted at values": 10,
             "refused": 0},
-    "verl": {"renamed": 32, "translated": 44, "accepted": 140, "accepted when off": 103, "accepted at values": 27,
+    "verl": {"renamed": 33, "translated": 44, "accepted": 140, "accepted when off": 102, "accepted at values": 27,
              "refused": 1},
 }
 
