@@ -288,7 +288,7 @@ class ServerRollout:
         if self.weights_version:
             reload_replica(replica, self._snapshot)
 
-    def take_rollout_metrics(self) -> dict[str, float]:
+    def rollout_metrics(self) -> dict[str, float]:
         """Replicas restarted and requests sent again since this fleet started (a generate node's metrics)."""
         return {"rollout/replica_restarts": float(self.fleet.restarts),
                 "rollout/requests_retried": float(self.client.retried)}

@@ -314,9 +314,9 @@ def run_role_op(engine: Any, node: Node, batch: Batch, seed: int) -> Batch:
 
 def rollout_metrics(engine: Any) -> dict[str, float]:
     """A generate node's metrics from its rollout (itself, or a hybrid engine's ``rollout``) where it reports
-    some (``take_rollout_metrics``: the ``server`` rollout's replica restarts and retried requests)."""
+    some (its ``rollout_metrics()``: the ``server`` rollout's replica restarts and retried requests)."""
     for owner in (engine, getattr(engine, "rollout", None)):
-        take = getattr(owner, "take_rollout_metrics", None)
+        take = getattr(owner, "rollout_metrics", None)
         if callable(take):
             return dict(take())
     return {}

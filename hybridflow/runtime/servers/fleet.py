@@ -9,9 +9,9 @@ replicas every ``health_interval_s`` and stops routing to one that fails. Every 
 :class:`~hybridflow.runtime.servers.guard.ServerGuard`: a driver that dies, even by SIGKILL, takes the fleet
 down within the guard's grace. :meth:`ServerFleet.close` stops the router first, then the replicas.
 
-A replica that dies costs a retry, not the run: the router sends a request whose replica failed to another one
-(``ROUTER_RETRIES`` times) and the client sends it again after a 5xx or a lost connection (bounded, see
-:class:`~hybridflow.runtime.servers.client.CompletionsClient`). :meth:`ServerFleet.heal` then takes the dead
+A replica that dies costs a retry, not the run: the client sends a request whose replica failed again after a
+5xx or a lost connection (bounded, see :class:`~hybridflow.runtime.servers.client.CompletionsClient`; the
+router's own retries are off, so every retry is the client's and is counted), by then to another replica. :meth:`ServerFleet.heal` then takes the dead
 replica out of the router (``POST /remove_worker``), starts it again on a new port, lets the caller re-sync it
 (the current weights) and only then adds it to the router (``POST /add_worker``), so it takes no traffic on old
 weights. With every replica dead, :class:`FleetDownError` names each one and its log.
@@ -50,7 +50,6 @@ logger = logging.getLogger(__name__)
 ROUTER_PACKAGE, ROUTER_MIN_VERSION = "vllm-router", (0, 1, 17)
 ROUTER_POLICIES = ("consistent_hash", "round_robin", "power_of_two", "random", "cache_aware")
 PORT_TRIES = 3
-ROUTER_RETRIES = 2  # the router's own retries of a request whose replica failed (on another replica)
 ReplicaCommand = Callable[[int, int], Sequence[str]]
 """``(replica index, port) -> argv`` of one replica."""
 
@@ -130,7 +129,7 @@ def router_command(*, host: str, port: int, workers: Sequence[str], policy: str,
     return [sys.executable, "-m", "vllm_router.launch_router", "--host", host, "--port", str(port),
             "--worker-urls", *workers, "--policy", policy,
             "--health-check-interval-secs", str(health_interval_s), "--health-failure-threshold", "1",
-            "--retry-max-retries", str(ROUTER_RETRIES), "--log-level", "warning"]
+            "--disable-retries", "--log-level", "warning"]  # the client retries, and counts it
 
 
 class FleetDownError(RuntimeError):
