@@ -54,8 +54,8 @@ def test_a_lost_replica_is_restarted_on_the_last_weights_and_counted(tmp_path: P
     """The server rollout on fake replicas (no vLLM): a replica lost between steps comes back on the weights sent
     last before it takes requests; the step's generate metrics count it; every replica lost is one error."""
     from harness import context, layout, role_spec
-
     from hybridflow.backends.vllm import server
+
     from hybridflow.runtime.batch import Batch
     from hybridflow.runtime.protocols import SamplingParams
     from hybridflow.runtime.servers import FleetDownError

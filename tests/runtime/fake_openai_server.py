@@ -1,11 +1,13 @@
 """A tiny OpenAI-style completions server for the server-fleet tests (stdlib only, run as a script).
 
-``python fake_openai_server.py PORT [--unhealthy] [--spawn-child] [--slow] [--dev-mode]``: ``GET /health`` answers 200 (never, with
-``--unhealthy``); ``POST /v1/completions`` with a token-id ``prompt`` returns ``max_tokens`` ids counting up
-from the prompt's last id, log-probs ``-0.1 * (i + 1)``, and this server's port as the id, so a test can
-tell which replica served a request. ``--dev-mode``: it answers the weight-sync calls (``/pause``,
-``/collective_rpc``, ``/reset_prefix_cache``, ``/resume``) as a vLLM server in dev mode does (404 without).
-Every completion and sync call is one line of its log (``served`` / ``sync <path> <weights_path>``), in order. ``--spawn-child`` also starts a sleeping child in the same process group
+``python fake_openai_server.py PORT [--unhealthy] [--spawn-child] [--slow] [--dev-mode]``: ``GET /health``
+answers 200 (never, with ``--unhealthy``); ``POST /v1/completions`` with a token-id ``prompt`` returns
+``max_tokens`` ids counting up from the prompt's last id, log-probs ``-0.1 * (i + 1)``, and this server's port
+as the id, so a test can tell which replica served a request. ``--dev-mode``: it answers the weight-sync calls
+(``/pause``, ``/collective_rpc``, ``/reset_prefix_cache``, ``/resume``) as a vLLM server in dev mode does (404
+without).
+Every completion and sync call is one line of its log (``served`` / ``sync <path> <weights_path>``), in order.
+``--spawn-child`` also starts a sleeping child in the same process group
 (a stand-in for vLLM's engine core), whose pid the server prints to its log. ``--slow``: each completion takes
 0.5 s (requests still in flight when a test kills the server).
 """

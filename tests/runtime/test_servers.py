@@ -229,7 +229,8 @@ def since_start(log: Path) -> list[str]:
 
 @needs_router
 def test_a_replica_lost_mid_burst_costs_retries_and_comes_back_resynced(tmp_path: Path) -> None:
-    fleet = ServerFleet(FleetConfig(replicas=2, log_dir=str(tmp_path), start_timeout_s=60), fake("--slow", "--dev-mode"))
+    config = FleetConfig(replicas=2, log_dir=str(tmp_path), start_timeout_s=60)
+    fleet = ServerFleet(config, fake("--slow", "--dev-mode"))
     client = CompletionsClient(fleet.url, "policy", timeout_s=10, retry_wait_s=0.2)
     lost = fleet.replicas[0]
     requests = [CompletionRequest(prompt=[5, 9 + i], max_tokens=2, seed=i, session=f"s{i}") for i in range(32)]

@@ -11,10 +11,11 @@ down within the guard's grace. :meth:`ServerFleet.close` stops the router first,
 
 A replica that dies costs a retry, not the run: the client sends a request whose replica failed again after a
 5xx or a lost connection (bounded, see :class:`~hybridflow.runtime.servers.client.CompletionsClient`; the
-router's own retries are off, so every retry is the client's and is counted), by then to another replica. :meth:`ServerFleet.heal` then takes the dead
-replica out of the router (``POST /remove_worker``), starts it again on a new port, lets the caller re-sync it
-(the current weights) and only then adds it to the router (``POST /add_worker``), so it takes no traffic on old
-weights. With every replica dead, :class:`FleetDownError` names each one and its log.
+router's own retries are off, so every retry is the client's and is counted), by then to another replica.
+:meth:`ServerFleet.heal` then takes the dead replica out of the router (``POST /remove_worker``), starts it
+again on a new port, lets the caller re-sync it (the current weights) and only then adds it to the router
+(``POST /add_worker``), so it takes no traffic on old weights. With every replica dead, :class:`FleetDownError`
+names each one and its log.
 """
 
 from __future__ import annotations
@@ -226,7 +227,8 @@ class ServerFleet:
         if self.replicas and not any(replica.alive for replica in self.replicas):
             raise FleetDownError("every rollout server replica has exited: " + "; ".join(
                 f"{r.name} ({r.url}, exit code {r.process.returncode}) log {r.log_path} ends: {r.log_tail()}"
-                for r in self.replicas) + " (the step failed; --resume continues the run)")
+                for r in self.replicas) + " (the step failed; `hybridflow train --resume` continues from the last "
+                "checkpoint)")
 
     def heal(self, resync: Callable[[ServerProcess], None] | None = None) -> int:
         """Start every dead replica again (a new port), ``resync`` it (e.g. load the current weights), then add it
