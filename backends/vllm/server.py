@@ -9,6 +9,11 @@ its prefix cache; an agent's turns are keyed by their first 32 token ids). New w
 safetensors snapshot (``/dev/shm`` where it exists) and each replica, paused (``/pause?mode=wait``), reloads it
 through the dev-mode ``/collective_rpc`` (``reload_weights(weights_path=...)``), empties its prefix cache and
 resumes. Every rank of the role runs a fleet of its own.
+
+A replica that dies mid-step costs retries (the router's and the client's), not the step: before and after each
+generate call the fleet restarts dead replicas, reloads the last weights snapshot into each before the router
+admits it, and the generate node's metrics count it (``rollout/replica_restarts``, ``rollout/requests_retried``:
+totals since this rank's fleet started). Every replica dead: one error naming each and its log.
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ from hybridflow.runtime.servers import (
     FleetConfig,
     ServerFleet,
     ServerProcess,
+    ServerRequestError,
     ServerStartError,
 )
 from hybridflow.runtime.weights import WeightSyncStats
@@ -253,7 +259,8 @@ class ServerRollout:
                                       sampling=sampling_knobs(sampling), logprobs=sampling.logprobs,
                                       session=session_key(prompt))
                     for i, prompt in enumerate(prompts)]
-        done = self.client.complete_all(requests)
+        with self._healing():
+            done = self.client.complete_all(requests)
         return pack_responses([c.token_ids for c in done], [c.logprobs for c in done] if sampling.logprobs else None,
                               pad_id=self.pad_id)
 
@@ -261,11 +268,35 @@ class ServerRollout:
     def turn_session(self, sampling: SamplingParams) -> Iterator[GenerateBatch]:
         """Agent turns (:class:`~hybridflow.runtime.protocols.TurnGenerator`) through the router, safe to call from
         many threads at once (each turn is its own HTTP request); results carry :attr:`weights_version`."""
-        yield ServerTurns(self.client, sampling, eos_id=self.eos_id, version=self.weights_version)
+        with self._healing():
+            yield ServerTurns(self.client, sampling, eos_id=self.eos_id, version=self.weights_version)
+
+    @contextlib.contextmanager
+    def _healing(self) -> Iterator[None]:
+        """Restart dead replicas before and after the requests; a failed request with every replica dead is one
+        error naming their logs (:class:`~hybridflow.runtime.servers.FleetDownError`)."""
+        self.fleet.heal(self._resync)
+        try:
+            yield
+        except ServerRequestError:
+            self.fleet.check_alive()
+            raise
+        self.fleet.heal(self._resync)
+
+    def _resync(self, replica: ServerProcess) -> None:
+        """A restarted replica loads the last weights sent (it started from the initial ones) before it is routed to."""
+        if self.weights_version:
+            reload_replica(replica, self._snapshot)
+
+    def rollout_metrics(self) -> dict[str, float]:
+        """Replicas restarted and requests sent again since this fleet started (a generate node's metrics)."""
+        return {"rollout/replica_restarts": float(self.fleet.restarts),
+                "rollout/requests_retried": float(self.client.retried)}
 
     def load_weights(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Write the weights once, then have every replica reload them, paused around it."""
         start = time.perf_counter()
+        self.fleet.heal(self._resync)  # a replica lost since the last step must not fail the sync
         written = write_snapshot(named, self._snapshot)
         with ThreadPoolExecutor(max_workers=len(self.fleet.endpoints)) as pool:
             list(pool.map(lambda replica: reload_replica(replica, self._snapshot), self.fleet.endpoints))

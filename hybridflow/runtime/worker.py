@@ -190,6 +190,8 @@ class GroupWorker:
                                    max_batch=self.layouts[role].rollout_batch_size)
         else:
             outputs = run_role_op(engine, node, batch, seed)
+        if node.op is Op.GENERATE:
+            metrics = rollout_metrics(engine)
         if token is not None:
             self.store.keep(outputs, dp, part)
         return NodeResult(outputs=outputs, metrics=metrics, seconds=time.perf_counter() - start)
@@ -308,6 +310,16 @@ def run_role_op(engine: Any, node: Node, batch: Batch, seed: int) -> Batch:
         raise ValueError(f"node {node.name!r}: op {node.op} does not run on a role engine")
     ports = node.port_outputs()
     return result.select(ports).rename(ports)
+
+
+def rollout_metrics(engine: Any) -> dict[str, float]:
+    """A generate node's metrics from its rollout (itself, or a hybrid engine's ``rollout``) where it reports
+    some (its ``rollout_metrics()``: the ``server`` rollout's replica restarts and retried requests)."""
+    for owner in (engine, getattr(engine, "rollout", None)):
+        take = getattr(owner, "rollout_metrics", None)
+        if callable(take):
+            return dict(take())
+    return {}
 
 
 def run_agent_op(engine: Any, node: Node, batch: Batch, seed: int, *, model: str, rank: int,

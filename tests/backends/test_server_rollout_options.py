@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import signal
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 from hybridflow.backends.vllm.server import ServerOptions, reload_replica, server_command, server_env
 
 from hybridflow.runtime.servers import FleetConfig, ServerFleet
@@ -42,3 +46,53 @@ def test_a_replica_that_refuses_a_weight_reload_is_named_with_its_log(tmp_path: 
     with ServerFleet(config, lambda i, port: [sys.executable, FAKE, str(port)]) as fleet, \
             pytest.raises(RuntimeError, match=refusal):
         reload_replica(fleet.replicas[0], tmp_path)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm_router") is None, reason="needs vllm-router (hybridflow[servers])")
+def test_a_lost_replica_is_restarted_on_the_last_weights_and_counted(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server rollout on fake replicas (no vLLM): a replica lost between steps comes back on the weights sent
+    last before it takes requests; the step's generate metrics count it; every replica lost is one error."""
+    from harness import context, layout, role_spec
+    from hybridflow.backends.vllm import server
+
+    from hybridflow.runtime.batch import Batch
+    from hybridflow.runtime.protocols import SamplingParams
+    from hybridflow.runtime.servers import FleetDownError
+    from hybridflow.runtime.worker import rollout_metrics
+
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text('{"eos_token_id": 2, "pad_token_id": 0}')
+    monkeypatch.setattr(server, "check_vllm_server", lambda: None)
+    monkeypatch.setattr(server, "materialize_model", lambda model, seed: (str(model_dir), None))
+    monkeypatch.setattr(server, "server_command", lambda **kw: lambda i, port: [sys.executable, FAKE, str(port),
+                                                                                  "--dev-mode"])
+    options = server.ServerOptions(replicas=2, log_dir=str(tmp_path / "logs"), start_timeout_s=60)
+    rollout = server.ServerRollout(role_spec(rollout="server"), layout(dp=1), context(), options)
+    prompts = Batch({"prompts": torch.tensor([[5, 9 + i] for i in range(8)]), "prompt_mask": torch.ones(8, 2)})
+    sampling = SamplingParams(max_new_tokens=2, greedy=True, logprobs=True)
+    try:
+        rollout.load_weights([("w", torch.zeros(3))])
+        lost = rollout.fleet.replicas[0]
+        os.killpg(lost.process.pid, signal.SIGKILL)
+        lost.process.wait()
+        out = rollout.generate(prompts, sampling)
+        assert out["responses"].tolist() == [[10 + i, 11 + i] for i in range(8)]
+        fresh = rollout.fleet.replicas[0]
+        assert fresh.alive and fresh.url != lost.url
+        lines = fresh.log_path.read_text().splitlines()
+        lines = lines[max(i for i, line in enumerate(lines) if line.startswith("listening on ")) + 1:]
+        assert lines[:4] == ["sync /pause -", f"sync /collective_rpc {rollout._snapshot}",
+                             "sync /reset_prefix_cache -", "sync /resume -"]  # the last weights, before traffic
+        hybrid = type("Hybrid", (), {"rollout": rollout})()  # a hybrid engine's rollout reports through it
+        assert rollout_metrics(hybrid) == {"rollout/replica_restarts": 1.0,
+                                           "rollout/requests_retried": float(rollout.client.retried)}
+        for replica in rollout.fleet.replicas:
+            os.killpg(replica.process.pid, signal.SIGKILL)
+            replica.process.wait()
+        logs = [str(replica.log_path) for replica in rollout.fleet.replicas]
+        with pytest.raises(FleetDownError, match=rf"replica-0 .*{logs[0]}.*replica-1 .*{logs[1]}"):
+            rollout.generate(prompts, sampling)
+    finally:
+        rollout.close()

@@ -1,10 +1,15 @@
 """A tiny OpenAI-style completions server for the server-fleet tests (stdlib only, run as a script).
 
-``python fake_openai_server.py PORT [--unhealthy] [--spawn-child]``: ``GET /health`` answers 200 (never, with
-``--unhealthy``); ``POST /v1/completions`` with a token-id ``prompt`` returns ``max_tokens`` ids counting up
-from the prompt's last id, log-probs ``-0.1 * (i + 1)``, and this server's port as the id, so a test can
-tell which replica served a request. ``--spawn-child`` also starts a sleeping child in the same process group
-(a stand-in for vLLM's engine core), whose pid the server prints to its log.
+``python fake_openai_server.py PORT [--unhealthy] [--spawn-child] [--slow] [--dev-mode]``: ``GET /health``
+answers 200 (never, with ``--unhealthy``); ``POST /v1/completions`` with a token-id ``prompt`` returns
+``max_tokens`` ids counting up from the prompt's last id, log-probs ``-0.1 * (i + 1)``, and this server's port
+as the id, so a test can tell which replica served a request. ``--dev-mode``: it answers the weight-sync calls
+(``/pause``, ``/collective_rpc``, ``/reset_prefix_cache``, ``/resume``) as a vLLM server in dev mode does (404
+without).
+Every completion and sync call is one line of its log (``served`` / ``sync <path> <weights_path>``), in order.
+``--spawn-child`` also starts a sleeping child in the same process group
+(a stand-in for vLLM's engine core), whose pid the server prints to its log. ``--slow``: each completion takes
+0.5 s (requests still in flight when a test kills the server).
 """
 
 from __future__ import annotations
@@ -12,11 +17,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 class Handler(BaseHTTPRequestHandler):
     unhealthy = False
+    slow = False
+    dev_mode = False
 
     def log_message(self, format: str, *args: object) -> None:  # quiet
         return
@@ -37,6 +45,11 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+        path = self.path.split("?")[0]
+        if self.dev_mode and path in ("/pause", "/collective_rpc", "/reset_prefix_cache", "/resume"):
+            print(f"sync {path} {(body.get('kwargs') or {}).get('weights_path', '-')}", flush=True)
+            self._send(200, {})
+            return
         if self.path != "/v1/completions":
             self._send(404, {"detail": "Not Found"})
             return
@@ -44,6 +57,9 @@ class Handler(BaseHTTPRequestHandler):
         if not isinstance(prompt, list) or not prompt:
             self._send(400, {"error": {"message": "prompt must be a non-empty list of token ids"}})
             return
+        print("served", flush=True)
+        if self.slow:
+            time.sleep(0.5)
         tokens = [int(prompt[-1]) + 1 + i for i in range(int(body.get("max_tokens", 1)))]
         logprobs = {"token_logprobs": [-0.1 * (i + 1) for i in range(len(tokens))]} if "logprobs" in body else None
         self._send(200, {"id": str(self.server.server_address[1]), "object": "text_completion",
@@ -54,6 +70,8 @@ class Handler(BaseHTTPRequestHandler):
 def main() -> None:
     port = int(sys.argv[1])
     Handler.unhealthy = "--unhealthy" in sys.argv
+    Handler.slow = "--slow" in sys.argv
+    Handler.dev_mode = "--dev-mode" in sys.argv
     if "--spawn-child" in sys.argv:
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
         print(f"child {child.pid}", flush=True)

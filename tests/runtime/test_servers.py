@@ -15,14 +15,17 @@ import sys
 import textwrap
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import pytest
 
 from hybridflow.runtime.servers import (
     CompletionRequest,
     CompletionsClient,
     FleetConfig,
+    FleetDownError,
     PortInUseError,
     ServerFleet,
     ServerRequestError,
@@ -215,3 +218,67 @@ def test_attached_servers_get_the_router_and_outlive_the_fleet(tmp_path: Path) -
         for process in owned:
             process.kill()
             process.wait()
+
+
+def since_start(log: Path) -> list[str]:
+    """The lines a replica's log got from its latest start (a restarted replica appends to the same log)."""
+    lines = log.read_text().splitlines()
+    start = max(i for i, line in enumerate(lines) if line.startswith("listening on "))
+    return lines[start + 1:]
+
+
+@needs_router
+def test_a_replica_lost_mid_burst_costs_retries_and_comes_back_resynced(tmp_path: Path) -> None:
+    config = FleetConfig(replicas=2, log_dir=str(tmp_path), start_timeout_s=60)
+    fleet = ServerFleet(config, fake("--slow", "--dev-mode"))
+    client = CompletionsClient(fleet.url, "policy", timeout_s=10, retry_wait_s=0.2)
+    lost = fleet.replicas[0]
+    requests = [CompletionRequest(prompt=[5, 9 + i], max_tokens=2, seed=i, session=f"s{i}") for i in range(32)]
+    try:
+        with ThreadPoolExecutor(1) as driver:
+            burst = driver.submit(client.complete_all, requests)
+            assert wait_until(lambda: "served" in lost.log_path.read_text(), 10)
+            os.killpg(lost.process.pid, signal.SIGKILL)  # with requests in flight on it (each takes 0.5 s)
+            assert [r.token_ids for r in burst.result(timeout=60)] == [[10 + i, 11 + i] for i in range(32)]
+        assert client.retried >= 1  # its in-flight requests were lost and sent again, to the survivor
+        assert fleet.dead() == [lost]
+
+        synced: list[str] = []
+
+        def resync(replica) -> None:  # type: ignore[no-untyped-def]
+            with httpx.Client(trust_env=False) as http:  # what the server rollout's reload does, in short
+                reply = http.post(replica.url + "/collective_rpc", json={"method": "reload_weights",
+                                                                         "kwargs": {"weights_path": "/snap/v3"}})
+            assert reply.status_code == 200
+            synced.append(replica.url)
+        assert fleet.heal(resync) == 1 and fleet.restarts == 1 and fleet.dead() == []
+        fresh = fleet.replicas[0]
+        assert synced == [fresh.url] and fresh.url != lost.url and fresh.alive
+        assert set(fleet.replica_urls) == {fresh.url, fleet.replicas[1].url}
+        # The router admits it again: sessions reach it, and only after it loaded the weights.
+        def owners() -> set[str]:  # each reply takes 0.5 s: ask for all the sessions at once
+            return set(client._pool.map(lambda i: served_by(client, f"s{i}"), range(32)))
+        assert wait_until(lambda: str(fresh.port) in owners(), 20)
+        lines = since_start(fresh.log_path)
+        assert lines[0] == "sync /collective_rpc /snap/v3" and "served" in lines
+        assert fleet.heal(resync) == 0  # nothing more to do
+    finally:
+        client.close()
+        fleet.close()
+
+
+@needs_router
+def test_every_replica_dead_is_one_error_naming_each_log(fleet: ServerFleet) -> None:
+    for replica in fleet.replicas:
+        os.killpg(replica.process.pid, signal.SIGKILL)
+    assert wait_until(lambda: not any(r.alive for r in fleet.replicas), 5)
+    logs = [str(r.log_path) for r in fleet.replicas]
+    with pytest.raises(FleetDownError, match=rf"replica-0 .*{logs[0]}.*replica-1 .*{logs[1]}.*--resume"):
+        fleet.heal()
+    client = CompletionsClient(fleet.url, "policy", timeout_s=5, retries=2, retry_wait_s=0.1, retry_deadline_s=30)
+    try:
+        with pytest.raises(ServerRequestError, match=r"after 2 retries"):
+            client.complete(CompletionRequest(prompt=[5], max_tokens=1, seed=0))
+        assert client.retried == 2
+    finally:
+        client.close()

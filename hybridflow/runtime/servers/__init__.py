@@ -12,8 +12,9 @@ from hybridflow.runtime.servers.client import (
     CompletionsClient,
     ServerRequestError,
 )
-from hybridflow.runtime.servers.fleet import FleetConfig, ServerFleet
+from hybridflow.runtime.servers.fleet import FleetConfig, FleetDownError, ServerFleet
 from hybridflow.runtime.servers.process import AttachedServer, PortInUseError, ServerProcess, ServerStartError
 
-__all__ = ["AttachedServer", "Completion", "CompletionRequest", "CompletionsClient", "FleetConfig", "PortInUseError",
+__all__ = ["AttachedServer", "Completion", "CompletionRequest", "CompletionsClient", "FleetConfig", "FleetDownError",
+           "PortInUseError",
            "ServerFleet", "ServerProcess", "ServerRequestError", "ServerStartError"]

@@ -50,9 +50,9 @@ class CompletionsClient:
     """Sends :class:`CompletionRequest` s to ``base_url`` (a router or one replica), ``concurrency`` at a time."""
 
     def __init__(self, base_url: str, model: str, *, timeout_s: float = 600.0, concurrency: int = 64,
-                 retries: int = 3, retry_wait_s: float = 0.5) -> None:
+                 retries: int = 6, retry_wait_s: float = 0.5, retry_deadline_s: float = 120.0) -> None:
         self.base_url, self.model = base_url.rstrip("/"), model
-        self.retries, self.retry_wait_s = retries, retry_wait_s
+        self.retries, self.retry_wait_s, self.retry_deadline_s = retries, retry_wait_s, retry_deadline_s
         self.retried = 0  # requests sent again after a 5xx or a lost connection (a replica lost mid-request)
         self._count = threading.Lock()
         limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
@@ -71,11 +71,16 @@ class CompletionsClient:
 
     def complete(self, request: CompletionRequest) -> Completion:
         """One request; a 5xx reply or a lost connection (the router's replica died under it) is sent again, up to
-        ``retries`` times ``retry_wait_s`` apart, by then the router has re-routed its session. A 4xx is not."""
+        ``retries`` times ``retry_wait_s`` apart, by then the router has re-routed its session, and none is sent
+        once ``retry_deadline_s`` has passed since the first (the fleet's router does not retry itself). A 4xx is
+        not sent again."""
         headers = {SESSION_HEADER: request.session} if request.session else {}
         url = f"{self.base_url}/v1/completions"
-        failure = ""
+        failure, started = "", time.monotonic()
         for attempt in range(self.retries + 1):
+            if attempt and time.monotonic() - started + self.retry_wait_s > self.retry_deadline_s:
+                raise ServerRequestError(f"{failure} (after {attempt - 1} retries; the retry deadline "
+                                         f"{self.retry_deadline_s:.0f} s passed)")
             if attempt:
                 with self._count:
                     self.retried += 1

@@ -8,6 +8,14 @@ the same replica, so a multi-turn trajectory's turns find their prefix cache). T
 replicas every ``health_interval_s`` and stops routing to one that fails. Every process is registered with one
 :class:`~hybridflow.runtime.servers.guard.ServerGuard`: a driver that dies, even by SIGKILL, takes the fleet
 down within the guard's grace. :meth:`ServerFleet.close` stops the router first, then the replicas.
+
+A replica that dies costs a retry, not the run: the client sends a request whose replica failed again after a
+5xx or a lost connection (bounded, see :class:`~hybridflow.runtime.servers.client.CompletionsClient`; the
+router's own retries are off, so every retry is the client's and is counted), by then to another replica.
+:meth:`ServerFleet.heal` then takes the dead replica out of the router (``POST /remove_worker``), starts it
+again on a new port, lets the caller re-sync it (the current weights) and only then adds it to the router
+(``POST /add_worker``), so it takes no traffic on old weights. With every replica dead, :class:`FleetDownError`
+names each one and its log.
 """
 
 from __future__ import annotations
@@ -23,6 +31,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+
+import httpx
 
 from hybridflow.runtime.servers.guard import ServerGuard
 from hybridflow.runtime.servers.process import (
@@ -120,7 +130,11 @@ def router_command(*, host: str, port: int, workers: Sequence[str], policy: str,
     return [sys.executable, "-m", "vllm_router.launch_router", "--host", host, "--port", str(port),
             "--worker-urls", *workers, "--policy", policy,
             "--health-check-interval-secs", str(health_interval_s), "--health-failure-threshold", "1",
-            "--log-level", "warning"]
+            "--disable-retries", "--log-level", "warning"]  # the client retries, and counts it
+
+
+class FleetDownError(RuntimeError):
+    """Every replica of a fleet has exited: nothing is left to retry on."""
 
 
 class ServerFleet:
@@ -140,6 +154,7 @@ class ServerFleet:
         self._ports: set[int] = set()
         self._commands: dict[str, Callable[[int], Sequence[str]]] = {}
         self._guard = ServerGuard()
+        self.restarts = 0  # replicas started again after they died (:meth:`heal`)
         try:
             self._start()
         except BaseException:
@@ -202,6 +217,53 @@ class ServerFleet:
                         servers[i] = self._launch(server.name)
                         if server is self.router:
                             self.router = servers[i]
+
+    def dead(self) -> list[ServerProcess]:
+        """The replicas started here whose process has exited."""
+        return [replica for replica in self.replicas if not replica.alive]
+
+    def check_alive(self) -> None:
+        """Raise :class:`FleetDownError` when every replica started here has exited, naming each and its log."""
+        if self.replicas and not any(replica.alive for replica in self.replicas):
+            raise FleetDownError("every rollout server replica has exited: " + "; ".join(
+                f"{r.name} ({r.url}, exit code {r.process.returncode}) log {r.log_path} ends: {r.log_tail()}"
+                for r in self.replicas) + " (the step failed; `hybridflow train --resume` continues from the last "
+                "checkpoint)")
+
+    def heal(self, resync: Callable[[ServerProcess], None] | None = None) -> int:
+        """Start every dead replica again (a new port), ``resync`` it (e.g. load the current weights), then add it
+        to the router; returns how many were restarted. All of them dead: :class:`FleetDownError`."""
+        dead = self.dead()
+        if not dead:
+            return 0
+        self.check_alive()
+        for old in dead:
+            logger.warning("%s (%s) exited with code %s; restarting it (its log: %s)", old.name, old.url,
+                           old.process.returncode, old.log_path)
+            self._router_call("remove_worker", old.url)
+            old.stop()
+            index, started = self.replicas.index(old), [self._launch(old.name)]
+            self.replicas[index] = started[0]  # close() stops it even if it never becomes healthy
+            try:
+                self._await(started)  # may start it again on another port
+            finally:
+                self.replicas[index] = started[0]
+            fresh = started[0]
+            if resync is not None:
+                resync(fresh)
+            self._router_call("add_worker", fresh.url)
+            self.restarts += 1
+        return len(dead)
+
+    def _router_call(self, action: str, worker: str) -> None:
+        """``POST /<action>?url=<worker>`` on the router (``add_worker``/``remove_worker``); a refusal is an error."""
+        if self.router is None:
+            return
+        with httpx.Client(timeout=30.0, trust_env=False) as http:
+            reply = http.post(f"{self.router.url}/{action}", params={"url": worker})
+        if reply.status_code != 200 and not (action == "remove_worker" and reply.status_code == 404):
+            raise ServerStartError(f"router {action} {worker} -> {reply.status_code}: {reply.text[:300]}; see its "
+                                   f"log {self.router.log_path}")
 
     def close(self) -> None:
         """Stop the router, then the replicas started here (each its whole process group; attached ones run on);
