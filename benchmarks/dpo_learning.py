@@ -8,8 +8,9 @@ the task's rule-built pairs, through ``hybridflow train``'s loop on the local ex
 chosen completion is the task's answer; the rejected one (``--rejected``) either a corrupted answer (``corrupted``:
 a near miss, :func:`~hybridflow.data.preference.corrupt`) or the warmed policy's own sample that the rule scores
 lowest of ``--samples`` (``sampled``: its own mistakes, written to a ``pairs.jsonl`` the run reads as
-``data.path``; a prompt whose samples all score 1 keeps a corrupted answer). Before and after, on held-out prompts: the mean reward of greedy
-samples under the task's rule, and the mean summed log-prob margin of chosen over rejected on held-out pairs.
+``data.path``; a prompt whose samples all score 1 keeps a corrupted answer). Before and after, on held-out
+prompts: the mean reward of greedy samples under the task's rule, and the mean summed log-prob margin of chosen over
+rejected on held-out pairs.
 Prints a markdown table for docs/benchmarks.md.
 """
 

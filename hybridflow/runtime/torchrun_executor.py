@@ -184,7 +184,8 @@ class TorchrunWorkerGroup(NamedWorkerCalls):
         return self._exchange(lambda rank: request, local, None)
 
     def export_weights(self, role: str, dtype: str, adapter: bool = False, trained_only: bool = False) -> Any:
-        return self.call("export_weights", role, dtype, adapter, trained_only)[0]  # through the control plane, like any call
+        # through the control plane, like any call
+        return self.call("export_weights", role, dtype, adapter, trained_only)[0]
 
     def shutdown(self) -> None:
         return None  # the executor closes every rank's engines at once (a ``stop`` request)

@@ -20,13 +20,17 @@ from hybridflow.data.images import ImageRef, vision_messages
 from hybridflow.data.prompts import prepare_records
 from hybridflow.data.vision_prompts import encode_vision_prompts
 from hybridflow.graph import RoleKind
-from hybridflow.models.vision import build_tiny_vlm, images_only_processor, load_processor, save_vlm_dir, \
-    tiny_vlm_processor
+from hybridflow.models.vision import (
+    build_tiny_vlm,
+    images_only_processor,
+    load_processor,
+    save_vlm_dir,
+    tiny_vlm_processor,
+)
 from hybridflow.planner import RoleLayout, Sharding
 from hybridflow.runtime.batch import Batch
-from hybridflow.runtime.protocols import AdapterSpec, OptimSpec, RoleSpec
+from hybridflow.runtime.protocols import AdapterSpec, OptimSpec, RoleSpec, WorkerContext
 from hybridflow.runtime.worker import SoloCollective
-from hybridflow.runtime.protocols import WorkerContext
 
 PROCESSOR_FILES = ("preprocessor_config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
                    "processor_config.json")
@@ -56,6 +60,7 @@ def _update_rows(processor: Any) -> Batch:
 def _trained_checkpoint(root: Path, lora: AdapterSpec | None) -> tuple[Any, Path, Path]:
     """(the trainer's engine after 3 updates, the base model directory, its torch checkpoint in a run folder)."""
     from hybridflow.backends.torch.engine import TorchRoleEngine
+
     from hybridflow.registry import LOSSES
 
     processor = tiny_vlm_processor()

@@ -19,8 +19,8 @@ from hybridflow.models.tokenizer import WIDE_ALPHABET
 from hybridflow.planner import ExecutionMode, Plan
 from hybridflow.registry import COMPUTE_FNS
 from hybridflow.runtime import Controller, OptimSpec, RoleSpec, default_plan
-from hybridflow.runtime.streaming import streamed_section
 from hybridflow.runtime.scheduler import combined
+from hybridflow.runtime.streaming import streamed_section
 
 TOKENIZER = char_tokenizer()
 LOADER = PromptLoader(records=task_examples("reverse", 64), tokenizer=TOKENIZER, batch_size=6)
