@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
 from hybridflow.algorithms.judge_templates import JudgeTemplate, load_template
-from hybridflow.data import TASKS, encode_prompts, task_examples
+
+from hybridflow.data import encode_prompts, task_examples
 from hybridflow.data.tasks import char_accuracy
 from hybridflow.models import build_tiny_causal_lm, save_model_dir
 from hybridflow.models.tokenizer import char_tokenizer
@@ -45,9 +45,10 @@ ROOT = Path(__file__).resolve().parents[1]
 # policy's response budget (8 tokens): the tiny judge compares neighbours, which it learns in a few hundred SFT steps
 # (with the two answers one after the other, their i-th characters a length-dependent distance apart, 400-1,000
 # steps left it at chance).
-TEMPLATE = ("{{ prompt }} pairs{% for i in range(8) %} {{ ground_truth.ljust(8, '.')[i] }}{{ response.ljust(8, '.')[i] }}"
-            "{% endfor %} check:")
+TEMPLATE = ("{{ prompt }} pairs{% for i in range(8) %} {{ ground_truth.ljust(8, '.')[i] }}"
+            "{{ response.strip().ljust(8, '.')[i] }}{% endfor %} check:")
 CORRECT, INCORRECT = "correct", "incorrect"
+JUDGE_TOKENS = 8 * 3 + len(" verdict: incorrect") + 1  # eight marks, the verdict, EOS
 JUDGE_SEED = 1_000  # the judge's init, its SFT data and the policy that samples them: seeds no GRPO run uses
 HELD_OUT_SEED = 2_000  # the held-out responses' prompts and samples
 VAL_REWARD = "val/reward/mean"
@@ -60,12 +61,13 @@ def rule_verdict(response: str, answer: str, threshold: float) -> str:
 
 
 def worked_verdict(response: str, answer: str, threshold: float) -> str:
-    """The judge's taught answer: one mark per position the rule compares (``+`` where the response has the
-    reference's character, ``-`` where not), then ``verdict: correct|incorrect`` (:func:`rule_verdict`). The marks
-    give the SFT a signal at every position, where the verdict alone gives one bit per response."""
+    """The judge's taught answer: one mark per position the rule compares (`` ok`` where the response has the
+    reference's character, `` no`` where not), then `` verdict: correct|incorrect`` (:func:`rule_verdict`). The marks
+    give the SFT a signal at every position, where the verdict alone gives one bit per response; each is as wide as
+    a pair of :data:`TEMPLATE`, so the i-th mark sits a fixed distance after the i-th pair."""
     stripped = response.strip()
-    marks = "".join("+" if index < len(stripped) and index < len(answer) and stripped[index] == answer[index] else "-"
-                    for index in range(max(len(stripped), len(answer), 1)))
+    marks = "".join(" ok" if index < len(stripped) and index < len(answer) and stripped[index] == answer[index]
+                    else " no" for index in range(max(len(stripped), len(answer), 1)))
     return f"{marks} verdict: {rule_verdict(response, answer, threshold)}"
 
 
@@ -150,8 +152,9 @@ def judge_verdicts(judge: Any, tokenizer: Any, rows: Sequence[dict[str, str]], t
         batch = encode_prompts(chunk, tokenizer)
         sampling = {"do_sample": True, "temperature": temperature} if temperature else {"do_sample": False}
         with torch.no_grad():
-            out = judge.generate(input_ids=batch["prompts"], attention_mask=batch["prompt_mask"], max_new_tokens=24,
-                                 pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, **sampling)
+            out = judge.generate(input_ids=batch["prompts"], attention_mask=batch["prompt_mask"],
+                                 max_new_tokens=JUDGE_TOKENS, pad_token_id=tokenizer.pad_token_id,
+                                 eos_token_id=tokenizer.eos_token_id, **sampling)
         verdicts += tokenizer.batch_decode(out[:, batch["prompts"].shape[1]:], skip_special_tokens=True)
     return verdicts
 
@@ -172,8 +175,8 @@ def grpo_judge_run(seed: int, judge: Path, template_file: Path, out: Path, args:
     """One ``grpo_judge`` run scored by ``judge``; the rule's validation reward before training (step 0) and
     after every ``--val-every`` steps, and the judge's mean score per step."""
     options = (f"{{n: {args.n}, kl_coef: 0.0, max_new_tokens: 8, temperature: 1.0, judge_template: {template_file}, "
-               f"judge_verdict: binary, judge_max_new_tokens: 24, judge_temperature: {args.judge_temperature}, "
-               "unparsed_score: 0.0}")
+               f"judge_verdict: binary, judge_max_new_tokens: {JUDGE_TOKENS}, "
+               f"judge_temperature: {args.judge_temperature}, unparsed_score: 0.0}}")
     config = load_config(ROOT / "configs" / "grpo_reverse.yaml", [
         "algorithm=grpo_judge", f"algorithm.options={options}", f"roles.judge.model={judge}", f"steps={args.steps}",
         f"data.batch_size={args.batch_size}", f"optim.actor.lr={args.lr}", "optim.actor.mini_batches=2",
@@ -215,8 +218,17 @@ def plot_curves(rows: Sequence[dict[str, Any]], path: Path) -> None:
     plt.close(figure)
 
 
-def build_judges(args: argparse.Namespace) -> dict[str, Any]:
-    """The judge and the control, saved under ``--out``, with their held-out agreement."""
+JUDGES = {"judge": None, "control": JUDGE_SEED}  # each judge's label shuffle: none, or the control's seed
+
+
+def build_judge(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The judge ``name`` (:data:`JUDGES`) saved under ``--out/<name>``, with its held-out agreement; a judge
+    already saved there with the same settings is reused (``judge.json``), so seeds can run in parallel after it."""
+    settings = {key: getattr(args, key) for key in ("sft_steps", "threshold", "judge_sft_steps", "judge_lr",
+                                                    "judge_examples", "held_out")}
+    record = args.out / name / "judge.json"
+    if record.is_file() and json.loads(record.read_text())["settings"] == settings:
+        return dict(json.loads(record.read_text()))
     tokenizer, template = char_tokenizer(), load_template(TEMPLATE, verdict="binary")
     policy = build_tiny_causal_lm("tiny-qwen2", vocab_size=len(tokenizer), seed=JUDGE_SEED)
     sft_warm_start(policy, tokenizer, task_examples("reverse", 2000, seed=JUDGE_SEED), steps=args.sft_steps,
@@ -229,16 +241,17 @@ def build_judges(args: argparse.Namespace) -> dict[str, Any]:
                                                                       args.threshold)}
                for record, response in zip(records, policy_samples(policy, tokenizer, records, HELD_OUT_SEED + 1),
                                            strict=True)]
-    found: dict[str, Any] = {}
-    for name, shuffle in (("judge", None), ("control", JUDGE_SEED)):
-        judge, seconds = train_judge(rows, template, args, shuffle_labels_seed=shuffle)
-        found[name] = {"dir": str(save_model_dir(judge, tokenizer, args.out / name)), "sft_seconds": seconds}
-        for held_name, held_rows in (("held_out", held), ("start_samples", natural)):
-            labels = [row["label"] for row in held_rows]
-            for mode, temperature in (("greedy", 0.0), ("sampled", 1.0)):
-                verdicts = judge_verdicts(judge, tokenizer, held_rows, template, temperature=temperature, seed=0)
-                found[name][f"{held_name}_{mode}"] = agreement(verdicts, labels, template)
-        found[name]["start_samples_correct_share"] = sum(row["label"] == CORRECT for row in natural) / len(natural)
+    judge, seconds = train_judge(rows, template, args, shuffle_labels_seed=JUDGES[name])
+    found: dict[str, Any] = {"dir": str(save_model_dir(judge, tokenizer, args.out / name)), "sft_seconds": seconds,
+                             "settings": settings,
+                             "start_samples_correct_share": sum(row["label"] == CORRECT for row in natural) / len(
+                                 natural)}
+    for held_name, held_rows in (("held_out", held), ("start_samples", natural)):
+        labels = [row["label"] for row in held_rows]
+        for mode, temperature in (("greedy", 0.0), ("sampled", 1.0)):
+            verdicts = judge_verdicts(judge, tokenizer, held_rows, template, temperature=temperature, seed=0)
+            found[f"{held_name}_{mode}"] = agreement(verdicts, labels, template)
+    record.write_text(json.dumps(found, indent=1))
     return found
 
 
@@ -262,6 +275,8 @@ def main() -> None:
     parser.add_argument("--val-every", type=int, default=10)
     parser.add_argument("--window", type=int, default=3, help="validation passes in the end's mean")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench_judge")
+    parser.add_argument("--judges-only", nargs="+", choices=list(JUDGES), help="build (or reuse) these judges "
+                        "and stop: a later run with the same --out and settings reuses them")
     args = parser.parse_args()
     if args.val_every < 2:
         parser.error("--val-every must be >= 2 (step 0's row holds the pass before training)")
@@ -269,7 +284,10 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     template_file = args.out / "template.jinja"
     template_file.write_text(TEMPLATE, encoding="utf-8")  # no trailing new line: the tokenizer has none
-    judges = build_judges(args)
+    judges = {name: build_judge(name, args) for name in (args.judges_only or JUDGES)}
+    if args.judges_only:
+        print(json.dumps(judges, indent=1))
+        return
     print("| judge | SFT s | held-out agreement, greedy | sampled | start's samples, greedy | sampled |")
     print("|---|---|---|---|---|---|")
     for name, found in judges.items():

@@ -8,8 +8,8 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-
 from hybridflow.algorithms.judge_templates import load_template
+
 from hybridflow.data.tasks import char_accuracy
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "judge_learning.py"
@@ -35,16 +35,16 @@ def test_the_rule_verdict_is_the_reward_at_the_threshold(bench: ModuleType) -> N
 
 def test_the_worked_verdict_marks_the_positions_the_rule_compares_and_parses_to_its_label(bench: ModuleType) -> None:
     template = load_template(bench.TEMPLATE, verdict="binary")
-    assert bench.worked_verdict("cbx", "cba", 0.5) == "++- verdict: correct"
-    assert bench.worked_verdict("cb", "dcba", 0.5) == "---- verdict: incorrect"
-    assert bench.worked_verdict("", "cba", 0.5) == "--- verdict: incorrect"
-    assert bench.worked_verdict(" ab ", "ab", 0.5) == "++ verdict: correct"  # the rule strips the response
+    assert bench.worked_verdict("cbx", "cba", 0.5) == " ok ok no verdict: correct"
+    assert bench.worked_verdict("cb", "dcba", 0.5) == " no no no no verdict: incorrect"
+    assert bench.worked_verdict("", "cba", 0.5) == " no no no verdict: incorrect"
+    assert bench.worked_verdict(" ab ", "ab", 0.5) == " ok ok verdict: correct"  # the rule strips the response
     rng = random.Random(0)
     for _ in range(200):
         answer = "".join(rng.choices("abcdefgh", k=rng.randint(3, 5)))
         response = bench.corrupted(answer, rng)
-        marks, _, _ = bench.worked_verdict(response, answer, 0.5).partition(" ")
-        assert marks.count("+") / len(marks) == pytest.approx(char_accuracy(response, answer))
+        marks = bench.worked_verdict(response, answer, 0.5).split(" verdict: ")[0].split()
+        assert marks.count("ok") / len(marks) == pytest.approx(char_accuracy(response, answer))
         label = bench.rule_verdict(response, answer, 0.5)
         assert template.parse(bench.worked_verdict(response, answer, 0.5)) == (1.0 if label == "correct" else 0.0)
 
@@ -60,7 +60,7 @@ def test_the_template_lines_the_answers_up_and_fits_the_tiny_tokenizer(bench: Mo
 
 def test_agreement_counts_an_unparsed_verdict_as_a_disagreement(bench: ModuleType) -> None:
     template = load_template(bench.TEMPLATE, verdict="binary")
-    verdicts = ["++ verdict: correct", "-- verdict: incorrect", "++ verdict: incorrect", "++ verdict:", "correct"]
+    verdicts = [" ok verdict: correct", " no verdict: incorrect", " ok verdict: incorrect", " ok verdict:", "correct"]
     labels = ["correct", "incorrect", "correct", "correct", "correct"]
     assert bench.agreement(verdicts, labels, template) == pytest.approx(3 / 5)
     with pytest.raises(ValueError, match="2 verdicts for 1 labels"):
