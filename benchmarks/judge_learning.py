@@ -1,22 +1,27 @@
 """GRPO rewarded only by a tiny learned judge lifts the `reverse` task's rule-measured reward; a random judge does not.
 
-    .venv/bin/python benchmarks/judge_learning.py [--seeds 3] [--steps 150] [--judge-sft-steps 600]
+    .venv/bin/python benchmarks/judge_learning.py [--seeds 3] [--steps 150] [--judge-sft-steps 1000]
+    # or the judges once, then seeds as separate commands (same --out; curves.png merges every seed there):
+    .venv/bin/python benchmarks/judge_learning.py --judges-only judge control
+    .venv/bin/python benchmarks/judge_learning.py --seeds 1 --first-seed 1
 
-The judge: the tiny Qwen2 (character tokenizer) SFT-trained for ``--judge-sft-steps`` to answer ``correct`` or
-``incorrect`` after the one-line, lowercase template :data:`TEMPLATE` (the prompt, the reference answer, the
-response), on rule-labelled responses of varied quality: samples of a weakly SFT-warmed policy and corrupted
-reference answers (:func:`corrupted`), each labelled ``correct`` when the task's per-character reward is at least
-``--threshold`` (:func:`rule_verdict`), the two labels balanced. Its agreement with the rule (:func:`agreement`,
-an unparsed verdict counts as a disagreement) is measured on held-out responses of the same kinds on prompts of
-another seed, and on held-out samples of a GRPO start. The control judge is the same SFT on the same responses
-with the labels shuffled: it answers ``correct`` or ``incorrect`` at random, whatever the response.
+The judge: the tiny Qwen2 (character tokenizer) SFT-trained for ``--judge-sft-steps`` on the one-line, lowercase
+template :data:`TEMPLATE` (the prompt, then the reference answer's and the response's characters side by side), to
+answer a worked verdict (:func:`worked_verdict`: `` ok``/`` no`` per position, then ``verdict: correct`` or
+``verdict: incorrect``, which the ``binary`` parser reads). Its training rows are rule-labelled responses of varied
+quality: samples of a weakly SFT-warmed policy and corrupted reference answers (:func:`corrupted`), each labelled
+``correct`` when the task's per-character reward reaches ``--threshold`` (:func:`rule_verdict`), the two labels
+balanced. Its agreement with the rule (:func:`agreement`; an unparsed verdict disagrees) is measured on held-out
+rows of the same kinds (prompts and samples of another seed), and on held-out samples of the weak policy alone.
+The control judge is the same SFT on the same rows with the verdicts shuffled among them: sampled, it answers
+``correct`` or ``incorrect`` at random, whatever the response.
 
-For each seed, ``grpo_judge`` trains the same start (the tiny model SFT-warmed for ``--sft-steps``, the run's
-seed) once with the judge and once with the control, both judges sampled at ``judge_temperature`` 1, the scores
-only the judges' verdicts. The rule measures both: the run's validation pass (``val/reward/mean``: one
-temperature-1 sample per held-out prompt, scored by the task's rule, never by the judge) before training and every
-``--val-every`` steps. Prints markdown tables for docs/benchmarks.md, writes ``results.json`` and ``curves.png``
-under ``--out``.
+For each seed, ``grpo_judge`` trains the same start (the tiny model SFT-warmed for ``--sft-steps``, the run's seed)
+once with the judge and once with the control, both judges sampled at ``--judge-temperature``, the scores only their
+verdicts. The rule measures both: the run's validation pass (``val/reward/mean``: one temperature-1 sample per
+held-out prompt, scored by the task's rule, never by the judge) before training and every ``--val-every`` steps.
+Prints markdown tables for docs/benchmarks.md; writes ``results_<first>-<last seed>.json`` and ``curves.png`` (every
+seed under ``--out``) under ``--out``.
 """
 
 from __future__ import annotations
@@ -111,7 +116,8 @@ def policy_samples(model: Any, tokenizer: Any, records: Sequence[dict[str, str]]
 def judged_responses(policy: Any, tokenizer: Any, count: int, seed: int, threshold: float) -> list[dict[str, str]]:
     """``count`` rule-labelled rows (``prompt``, ``ground_truth``, ``response``, ``label``), half of each label:
     samples of ``policy`` and corrupted answers (one each per prompt) until both labels have ``count // 2``."""
-    rng, rows = random.Random(seed), {CORRECT: [], INCORRECT: []}  # type: dict[str, list[dict[str, str]]]
+    rng = random.Random(seed)
+    rows: dict[str, list[dict[str, str]]] = {CORRECT: [], INCORRECT: []}
     for round_ in range(100):
         records = task_examples("reverse", count, seed=seed * 100 + round_)
         sampled = policy_samples(policy, tokenizer, records, seed=seed * 100 + round_)
@@ -221,6 +227,12 @@ def plot_curves(rows: Sequence[dict[str, Any]], path: Path) -> None:
 JUDGES = {"judge": None, "control": JUDGE_SEED}  # each judge's label shuffle: none, or the control's seed
 
 
+def merged_rows(out: Path) -> list[dict[str, Any]]:
+    """Every seed's row from the ``results_*.json`` under ``out`` (seeds run as separate commands), by seed."""
+    rows = [row for path in sorted(out.glob("results_*.json")) for row in json.loads(path.read_text())["seeds"]]
+    return sorted({row["seed"]: row for row in rows}.values(), key=lambda row: row["seed"])
+
+
 def build_judge(name: str, args: argparse.Namespace) -> dict[str, Any]:
     """The judge ``name`` (:data:`JUDGES`) saved under ``--out/<name>``, with its held-out agreement; a judge
     already saved there with the same settings is reused (``judge.json``), so seeds can run in parallel after it."""
@@ -298,7 +310,8 @@ def main() -> None:
     print(f"| seed | judge: start | end (last {args.window}) | rise | control: start | end | rise | judge s | "
           "control s |")
     print("|---|---|---|---|---|---|---|---|---|")
-    rows = []
+    rows: list[dict[str, Any]] = []
+    results = args.out / f"results_{args.first_seed}-{args.first_seed + args.seeds - 1}.json"
     for seed in range(args.first_seed, args.first_seed + args.seeds):
         judged = grpo_judge_run(seed, Path(judges["judge"]["dir"]), template_file, args.out / str(seed) / "judge",
                                 args)
@@ -310,10 +323,10 @@ def main() -> None:
         print(f"| {seed} | {j0:.3f} | {j1:.3f} | {j1 - j0:+.3f} | {c0:.3f} | {c1:.3f} | {c1 - c0:+.3f} | "
               f"{judged['seconds']:.0f} | {control['seconds']:.0f} |", flush=True)
         settings = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
-        (args.out / "results.json").write_text(json.dumps({"settings": settings, "judges": judges, "seeds": rows,
-                                                           "seconds": time.perf_counter() - started}, indent=1))
-        plot_curves(rows, args.out / "curves.png")
-    print(f"results: {args.out / 'results.json'}, curves.png ({time.perf_counter() - started:.0f} s)")
+        results.write_text(json.dumps({"settings": settings, "judges": judges, "seeds": rows,
+                                       "seconds": time.perf_counter() - started}, indent=1))
+    plot_curves(merged_rows(args.out), args.out / "curves.png")
+    print(f"results: {results}, curves.png ({time.perf_counter() - started:.0f} s)")
 
 
 if __name__ == "__main__":
