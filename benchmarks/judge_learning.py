@@ -194,9 +194,22 @@ def grpo_judge_run(seed: int, judge: Path, template_file: Path, out: Path, args:
     history = result.history
     curve = [(0, history[0][VAL_REWARD])] + [(row["step"] + 1, row[VAL_REWARD]) for row in history[1:]
                                              if VAL_REWARD in row]
+    template, run_dir = load_template(TEMPLATE, verdict="binary"), Path(result.run_dir)
     return {"rule_reward": curve, "judge_score": [row["reward/mean"] for row in history],
+            "agreement_first10": on_policy_agreement(run_dir, template, args.threshold, range(10)),
+            "agreement_last10": on_policy_agreement(run_dir, template, args.threshold,
+                                                    range(args.steps - 10, args.steps)),
             "unparsed_frac": sum(row.get("judge/unparsed_frac", 0.0) for row in history) / len(history),
             "seconds": time.perf_counter() - started, "run_dir": str(result.run_dir)}
+
+
+def on_policy_agreement(run_dir: Path, template: JudgeTemplate, threshold: float, steps: range) -> float:
+    """The judge's agreement with the rule on the run's own samples of ``steps`` (``judge_samples.jsonl``: each
+    step's first ``validation.samples`` rows, their verdicts and the prompts' ground truths)."""
+    rows = [json.loads(line) for line in (run_dir / "judge_samples.jsonl").read_text().splitlines()]
+    kept = [row for row in rows if row["step"] in steps]
+    return agreement([row["verdict"] for row in kept],
+                     [rule_verdict(row["response"], row["ground_truth"], threshold) for row in kept], template)
 
 
 def rise(curve: Sequence[tuple[int, float]], window: int) -> tuple[float, float]:
@@ -307,9 +320,9 @@ def main() -> None:
               f"{found['held_out_sampled']:.3f} | {found['start_samples_greedy']:.3f} | "
               f"{found['start_samples_sampled']:.3f} |", flush=True)
     print(f"start's samples rule-labelled correct: {judges['judge']['start_samples_correct_share']:.3f}")
-    print(f"| seed | judge: start | end (last {args.window}) | rise | control: start | end | rise | judge s | "
-          "control s |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print(f"| seed | judge: start | end (last {args.window}) | rise | control: start | end | rise | judge's agreement "
+          "on its run's samples, first 10 steps | last 10 | judge s | control s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     rows: list[dict[str, Any]] = []
     results = args.out / f"results_{args.first_seed}-{args.first_seed + args.seeds - 1}.json"
     for seed in range(args.first_seed, args.first_seed + args.seeds):
@@ -321,7 +334,8 @@ def main() -> None:
         rows.append({"seed": seed, "judge": judged, "control": control})
         (j0, j1), (c0, c1) = rise(judged["rule_reward"], args.window), rise(control["rule_reward"], args.window)
         print(f"| {seed} | {j0:.3f} | {j1:.3f} | {j1 - j0:+.3f} | {c0:.3f} | {c1:.3f} | {c1 - c0:+.3f} | "
-              f"{judged['seconds']:.0f} | {control['seconds']:.0f} |", flush=True)
+              f"{judged['agreement_first10']:.3f} | {judged['agreement_last10']:.3f} | {judged['seconds']:.0f} | "
+              f"{control['seconds']:.0f} |", flush=True)
         settings = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
         results.write_text(json.dumps({"settings": settings, "judges": judges, "seeds": rows,
                                        "seconds": time.perf_counter() - started}, indent=1))

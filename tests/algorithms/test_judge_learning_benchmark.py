@@ -76,3 +76,18 @@ def test_the_corrupted_answers_span_every_quality_and_the_rows_are_balanced(benc
         [{**row, "prompt": "rev abc=", "ground_truth": "cba", "response": "cba", "verdict": row["label"]}
          for row in rows], load_template(bench.TEMPLATE, verdict="binary"), shuffle_labels_seed=0)
     assert sorted(record["ground_truth"] for record in shuffled) == ["correct"] * 3 + ["incorrect"] * 3
+
+
+def test_on_policy_agreement_reads_the_runs_judge_samples_of_the_steps_asked(bench: ModuleType, tmp_path: Path) -> None:
+    import json
+
+    rows = [{"step": 0, "prompt": "rev abc=", "response": "cba", "ground_truth": "cba",
+             "verdict": " ok ok ok verdict: correct", "score": 1.0},
+            {"step": 0, "prompt": "rev abc=", "response": "xxx", "ground_truth": "cba",
+             "verdict": " no no no verdict: correct", "score": 1.0},  # the judge fooled
+            {"step": 5, "prompt": "rev abc=", "response": "xxx", "ground_truth": "cba",
+             "verdict": " no no no verdict: incorrect", "score": 0.0}]
+    (tmp_path / "judge_samples.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    template = load_template(bench.TEMPLATE, verdict="binary")
+    assert bench.on_policy_agreement(tmp_path, template, 0.5, range(1)) == pytest.approx(0.5)
+    assert bench.on_policy_agreement(tmp_path, template, 0.5, range(5, 10)) == 1.0
