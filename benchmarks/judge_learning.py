@@ -288,7 +288,7 @@ def main() -> None:
     parser.add_argument("--sft-steps", type=int, default=30, help="the GRPO start's SFT warm start (and the "
                         "judge data's sampling policy's)")
     parser.add_argument("--threshold", type=float, default=0.5, help="the rule reward a correct verdict needs")
-    parser.add_argument("--judge-sft-steps", type=int, default=600)
+    parser.add_argument("--judge-sft-steps", type=int, default=1000)
     parser.add_argument("--judge-lr", type=float, default=3e-3)
     parser.add_argument("--judge-examples", type=int, default=3000)
     parser.add_argument("--held-out", type=int, default=256)
