@@ -47,9 +47,8 @@ from hybridflow.train.sft import sft_warm_start
 
 ROOT = Path(__file__).resolve().parents[1]
 # The reference's and the response's characters side by side, position by position, each padded with "." to the
-# policy's response budget (8 tokens): the tiny judge compares neighbours, which it learns in a few hundred SFT steps
-# (with the two answers one after the other, their i-th characters a length-dependent distance apart, 400-1,000
-# steps left it at chance).
+# policy's response budget (8 tokens), so the judge compares neighbours; with the two answers one after the other
+# (their i-th characters a length-dependent distance apart), 300-1,000 SFT steps left it at chance.
 TEMPLATE = ("{{ prompt }} pairs{% for i in range(8) %} {{ ground_truth.ljust(8, '.')[i] }}"
             "{{ response.strip().ljust(8, '.')[i] }}{% endfor %} check:")
 CORRECT, INCORRECT = "correct", "incorrect"
