@@ -36,5 +36,5 @@ def test_its_records_prepare_with_their_visual_tokens_counted() -> None:
 
 
 def test_rule_built_preference_pairs_refuse_a_vision_task() -> None:
-    with pytest.raises(ValueError, match=r"largest_colour.*data\.path"):
+    with pytest.raises(ValueError, match=r"largest_colour.*pairs in a data file"):
         preference_task_examples("largest_colour", 2)
