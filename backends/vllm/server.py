@@ -30,7 +30,7 @@ import tempfile
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,7 @@ from hybridflow.backends.vllm.weights import write_snapshot
 from hybridflow.agents.protocols import TurnRequest, TurnResult
 from hybridflow.graph import RoleKind
 from hybridflow.planner import LayoutSupport, RoleLayout
+from hybridflow.planner.fleet import check_replicas
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.protocols import (
     Engine,
@@ -80,8 +81,10 @@ AFFINITY_TOKENS = 32  # the session key hashes this many leading token ids: a tr
 class ServerOptions:
     """``roles.<policy>.rollout_options`` of ``rollout: server``; any other key is refused.
 
-    ``replicas``: vLLM server processes per rank, behind one router. ``port_base``: first port to try (0: free
-    ports the OS picks). ``start_timeout_s``: how long a replica may take to answer ``/health``. ``threads``:
+    ``replicas``: vLLM server processes per rank, behind one router; unset, the plan's (the rollout layout's
+    replicas, :func:`~hybridflow.planner.fleet.fleet_replicas`, over the role's ranks), and on GPUs a value that
+    disagrees with the plan is refused (:func:`~hybridflow.planner.fleet.check_replicas`). ``port_base``: first
+    port to try (0: free ports the OS picks). ``start_timeout_s``: how long a replica may take to answer ``/health``. ``threads``:
     each replica's ``OMP_NUM_THREADS``. ``log_dir``: where ``replica-<i>.log`` and ``router.log`` go (default: a
     new temporary directory, kept). ``server_args``: extra ``vllm serve`` flags (``{"max_num_batched_tokens":
     512}`` -> ``--max-num-batched-tokens 512``; ``True`` -> the bare flag). ``attach``: URLs of vLLM servers you
@@ -89,7 +92,7 @@ class ServerOptions:
     this machine: they reload the weights from a local path); none is started, and the router goes in front of
     them. The rest as the ``vllm`` rollout's."""
 
-    replicas: int = 1
+    replicas: int | None = None
     port_base: int = 0
     start_timeout_s: float = 600.0
     threads: int = 1
@@ -117,7 +120,7 @@ class ServerOptions:
         return parsed
 
     def fleet(self) -> FleetConfig:
-        return FleetConfig(replicas=self.replicas, port_base=self.port_base, start_timeout_s=self.start_timeout_s,
+        return FleetConfig(replicas=self.replicas or 1, port_base=self.port_base, start_timeout_s=self.start_timeout_s,
                            router_policy=self.router_policy, log_dir=self.log_dir, attach=tuple(self.attach))
 
 
@@ -237,6 +240,7 @@ class ServerRollout:
         self.eos_id = int(config["eos_token_id"])
         self.weights_version = 0
         self.last_sync: WeightSyncStats | None = None
+        self._sync_bytes = 0  # the last snapshot's files, headers included
         shm = Path("/dev/shm")
         self._snapshot = Path(tempfile.mkdtemp(prefix="hybridflow-weights-", dir=shm if shm.is_dir() else None))
         command = server_command(model_dir=self.model_dir, name=spec.name, seed=spec.seed + context.rank,
@@ -289,15 +293,22 @@ class ServerRollout:
             reload_replica(replica, self._snapshot)
 
     def rollout_metrics(self) -> dict[str, float]:
-        """Replicas restarted and requests sent again since this fleet started (a generate node's metrics)."""
-        return {"rollout/replica_restarts": float(self.fleet.restarts),
-                "rollout/requests_retried": float(self.client.retried)}
+        """Replicas restarted and requests sent again since this fleet started, and the last weight sync's seconds,
+        snapshot bytes (its files' size, what each replica reads) and replicas (a generate node's metrics; the
+        controller logs the planner's estimate of the same sync beside them, ``rollout/sync_s_planned``...)."""
+        metrics = {"rollout/replica_restarts": float(self.fleet.restarts),
+                   "rollout/requests_retried": float(self.client.retried)}
+        if self.last_sync is not None:
+            metrics.update({"rollout/sync_s": self.last_sync.seconds, "rollout/sync_bytes": float(self._sync_bytes),
+                            "rollout/sync_replicas": float(len(self.fleet.endpoints))})
+        return metrics
 
     def load_weights(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Write the weights once, then have every replica reload them, paused around it."""
         start = time.perf_counter()
         self.fleet.heal(self._resync)  # a replica lost since the last step must not fail the sync
         written = write_snapshot(named, self._snapshot)
+        self._sync_bytes = sum(path.stat().st_size for path in self._snapshot.glob("*.safetensors"))
         with ThreadPoolExecutor(max_workers=len(self.fleet.endpoints)) as pool:
             list(pool.map(lambda replica: reload_replica(replica, self._snapshot), self.fleet.endpoints))
         self.weights_version += 1
@@ -318,13 +329,18 @@ class ServerRolloutFactory:
 
     standalone = True
     max_rollout_tp = 1
-    support = LayoutSupport(backend="vllm-server", max_rollout_tp=1, rollout_batch_size=True,
+    support = LayoutSupport(backend="vllm-server", max_rollout_tp=1, rollout_batch_size=True, served=True,
                             notes={**VllmBackend.support.notes,
                                    "rollout_tp": "a server replica is one dp rank; tensor-parallel replicas: not yet"})
 
     def build(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext, *,
               trainer: Engine | None) -> Engine:
         options = ServerOptions.parse(spec.rollout_options, spec.name)
+        if not options.attach:  # the plan sizes the fleet; attached servers are the user's own
+            logical = context.device.split(":")[0] == "cpu"
+            replicas = check_replicas(options.replicas, layout, world_size=context.world_size, logical=logical,
+                                      role=spec.name)
+            options = replace(options, replicas=replicas)
         if trainer is None:
             return ServerRollout(spec, layout, context, options)
         if spec.kind is not RoleKind.POLICY:

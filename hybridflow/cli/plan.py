@@ -81,7 +81,9 @@ def add_parser(subparsers: Any) -> None:
     add_agent_arguments(parser)
     parser.add_argument("--backend", action="append", default=[], metavar="ROLE=NAME",
                         help="plan only layouts that backend runs for ROLE (torch, fsdp, deepspeed, vllm or a "
-                             "registered one; repeatable; actor:rollout for a detached rollout). Default: any layout")
+                             "registered one; repeatable; actor:rollout for a detached rollout, which may also name a "
+                             "rollout engine: actor:rollout=server plans vLLM servers behind a router). Default: any "
+                             "layout")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.add_argument("--config", help="YAML with any of these options (keys as flags with underscores; "
                                          "models: {role: model}); flags override it. A `hybridflow train` config "
@@ -246,7 +248,7 @@ def _pairs(text: str) -> dict[str, str]:
 def backend_support(items: list[str], gpu_roles: list[str]) -> dict[str, LayoutSupport]:
     """``--backend ROLE=NAME`` as each role's :class:`LayoutSupport` (importing a backend loads its stack, so a
     dry run without the flag stays torch-free)."""
-    from hybridflow.registry import BACKENDS
+    from hybridflow.registry import BACKENDS, ROLLOUTS
 
     support = {}
     for item in items:
@@ -255,7 +257,10 @@ def backend_support(items: list[str], gpu_roles: list[str]) -> dict[str, LayoutS
             raise ValueError(f"--backend {item!r} must look like ROLE=NAME, e.g. --backend actor=fsdp")
         if role not in gpu_roles and role.removesuffix(ROLLOUT_SUFFIX) not in gpu_roles:
             raise ValueError(f"--backend {item!r}: {role!r} is not a GPU role of the algorithm; GPU roles: {gpu_roles}")
-        declared = getattr(BACKENDS.get(name), "support", None)
+        if role.endswith(ROLLOUT_SUFFIX) and name not in BACKENDS and name in ROLLOUTS:
+            declared = getattr(ROLLOUTS.get(name), "support", None)  # a rollout engine: `server` plans a fleet
+        else:
+            declared = getattr(BACKENDS.get(name), "support", None)
         support[role] = declared if declared is not None else LayoutSupport(backend=name)
     return support
 

@@ -10,6 +10,7 @@ from hybridflow.planner.costs import Shape, batching, state_bytes, static_bytes,
 from hybridflow.planner.devices import DTYPE_BYTES, GIB
 from hybridflow.planner.errors import gib
 from hybridflow.planner.execution import ExecutionMode
+from hybridflow.planner.fleet import FLEET_KEY, fleet_replicas, fleet_sync, requests_of, router_seconds
 from hybridflow.planner.layouts import GroupLayout, engine_layout
 from hybridflow.planner.plan import GroupPlan, NodeEstimate, Plan, RoleLayout, SearchStats
 from hybridflow.planner.problem import Problem, RoleWork
@@ -90,6 +91,7 @@ def build_plan(problem: Problem, groups: Sequence[Placement], *, search: SearchS
         extra["agent_schedule"] = why
     if any(role.model.adapter is not None for role in problem.roles):
         extra["lora"] = adapter_summary(problem, groups)
+    extra.update(fleet_extra(problem, groups))
     if problem.workload.image_tokens and any(role.model.vision is not None for role in problem.roles):
         extra["vision_s"], extra["vision_share"], extra["vision"] = vision_summary(problem, groups)
     cluster = problem.cluster
@@ -108,6 +110,24 @@ def build_plan(problem: Problem, groups: Sequence[Placement], *, search: SearchS
                 weight_sync_seconds=sum(group.layout.weight_sync_seconds for group in groups),
                 bottleneck=bottleneck(nodes, groups, step), feasible=not problems, problems=tuple(problems),
                 search=search, extra=tuple(sorted(extra.items())), mode=mode)
+
+
+def fleet_extra(problem: Problem, groups: Sequence[Placement]) -> dict[str, float]:
+    """``fleet/<role>/<field>`` of each served rollout (:func:`hybridflow.planner.fleet.fleets` reads them back):
+    its replicas and their tensor parallelism, its group, one update's broadcast and the router's seconds."""
+    extra: dict[str, float] = {}
+    for index, group in enumerate(groups):
+        for layout in group.layout.layouts:
+            work = problem.role(layout.role)
+            if not work.served:
+                continue
+            sync_s, sync = fleet_sync(work.model, layout, group.shape)
+            requests = sum(requests_of(load, work.agent(load.node)) for load in work.generate)
+            values = {"replicas": fleet_replicas(layout), "tp": layout.rollout_tp, "group": index,
+                      "sync_bytes": sync, "sync_s": sync_s, "requests": requests,
+                      "router_s": router_seconds(requests, group.shape)}
+            extra.update({f"{FLEET_KEY}/{work.name}/{name}": value for name, value in values.items()})
+    return extra
 
 
 def adapter_summary(problem: Problem, groups: Sequence[Placement]) -> str:

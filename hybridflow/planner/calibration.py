@@ -31,6 +31,8 @@ class Constants:
     micro_batch_overhead_s: float = 0.0  # per micro batch pass and optimizer step: launches, Python dispatch
     moe_efficiency: float = 0.5  # expert layers' share of the dense efficiency (small grouped GEMMs)
     controller_gbs: float = 1.0  # GB/s verl's controller ships padded batches at (overlays.ControllerOverlay only)
+    # per request a served rollout sends (fleet.py): vllm-router's added p50 latency, 0.42 ms measured (benchmarks.md)
+    router_request_s: float = 0.00042
 
     def __post_init__(self) -> None:
         for item in fields(self):

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 
 from hybridflow.planner.agents import rollout_cost
 from hybridflow.planner.costs import Shape, forward_cost, static_bytes, update_cost
+from hybridflow.planner.fleet import fleet_sync, requests_of, router_seconds
 from hybridflow.planner.layouts import (
     Candidate,
     Constraint,
@@ -45,7 +46,11 @@ def node_seconds(role: RoleWork, layout: RoleLayout, shape: Shape, prompt_len: i
         first = role.generate[0].node
         seconds[first] += weight_sync(role.model, layout, shape)[0]
         seconds[first] += engine_switch(role.model, role.kind, layout, shape)
-    if role.generates_only and pipeline in OVERLAPPED:
+    if role.served:  # the fleet's broadcast and reloads in every mode, and the router on every request (fleet.py)
+        seconds[role.generate[0].node] += fleet_sync(role.model, layout, shape)[0]
+        for load in role.generate:
+            seconds[load.node] += router_seconds(requests_of(load, role.agent(load.node)), shape)
+    elif role.generates_only and pipeline in OVERLAPPED:
         seconds[role.generate[0].node] += weight_load(role.model, layout, shape)
     for load in role.forward:
         seconds[load.node] = forward_cost(role.model, role.kind, load, layout, shape).seconds
@@ -137,7 +142,10 @@ class GroupEvaluator:
             if work.ships_to:
                 ship_s, ship = weight_ship(work.model, layout, shape)
                 sync, sync_seconds = sync + ship, sync_seconds + ship_s
-            if work.generates_only and self.problem.mode.pipeline in OVERLAPPED:
+            if work.served:
+                fan_s, fan = fleet_sync(work.model, layout, shape)
+                sync, sync_seconds = sync + fan, sync_seconds + fan_s
+            elif work.generates_only and self.problem.mode.pipeline in OVERLAPPED:
                 sync_seconds += weight_load(work.model, layout, shape)
             if work.streams:
                 resident = static_bytes(work.model, work.kind, costed, shape)

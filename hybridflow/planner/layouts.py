@@ -13,6 +13,7 @@ from typing import Any
 
 from hybridflow.planner.agents import rollout_cost
 from hybridflow.planner.costs import FULL_SHARDS, USABLE_MEMORY, Shape, forward_cost, static_bytes, update_cost
+from hybridflow.planner.fleet import fleet_sync
 from hybridflow.planner.plan import RoleLayout, Sharding
 from hybridflow.planner.problem import RoleWork
 from hybridflow.planner.support import ANY_LAYOUT, LayoutSupport
@@ -138,6 +139,8 @@ def _generate_front(role: RoleWork, base: RoleLayout, shape: Shape, prompt_len: 
             if role.update:
                 seconds += weight_sync(role.model, layout, shape)[0]
                 seconds += engine_switch(role.model, role.kind, layout, shape)
+            if role.served:  # more replicas: more copies of the weights to send (fleet.py)
+                seconds += fleet_sync(role.model, layout, shape)[0]
             points.append((max(c.transient_bytes for c in costs), seconds, layout))
     return _front2(points)
 

@@ -36,6 +36,7 @@ class RoleWork:
     agents: tuple[AgentNode, ...] = ()  # its multi-turn generate nodes (``agents.py``)
     guests: tuple[str, ...] = ()  # frozen roles whose forward nodes run on this role's weights (``shared_weights``)
     token_budget: int | None = None  # tokens per micro batch and GPU the user fixed (None: the run's, else rows)
+    served: bool = False  # a detached rollout generating through server replicas behind a router (``fleet.py``)
 
     def agent(self, node: str) -> AgentNode | None:
         """The multi-turn spec of generate node ``node``; None for a single-turn one."""
@@ -79,7 +80,7 @@ class Problem:
 
     def support_of(self, role: str) -> LayoutSupport:
         """What ``role``'s backend runs; a detached rollout without its own entry runs its policy's."""
-        return self.support.get(role) or self.support.get(role.removesuffix(ROLLOUT_SUFFIX)) or ANY_LAYOUT
+        return _support_of(self.support, role)
 
     def role(self, name: str) -> RoleWork:
         for role in self.roles:
@@ -160,6 +161,16 @@ def build_problem(graph: Graph, models: Mapping[str, ModelSpec], workload: Workl
     shared = dict(shared_weights or {})
     roles = _share_weights(roles, shared, node_role)
     roles, apart = _detach_rollouts(roles, detach, node_role, streams=pipeline == "async")
+    served = {name for name in gpu_roles if _support_of(support or {}, rollout_role(name)).served}
+    roles = [replace(work, served=True) if work.generates_only and work.name.removesuffix(ROLLOUT_SUFFIX) in served
+             else work for work in roles]
+    colocated = sorted(served - set(detach))
+    if colocated:
+        policy = colocated[0]
+        raise ValueError(f"role {policy!r} generates through server replicas behind a router (its rollout's backend "
+                         "is served, rollout: server): the fleet runs on GPUs of its own, never the trainer's. Give it "
+                         f"GPUs ('{policy}{ROLLOUT_SUFFIX}=<GPUs not shared with {policy}>' in the mapping, or let the "
+                         "search split the pool), or use rollout: vllm to generate on the trainer's GPUs")
     mode = ExecutionMode.checked(key=str, pipeline=pipeline, max_staleness=max_staleness, stream_chunks=stream_chunks)
     check_pipeline(mode, graph, detached=bool(apart))
     placed = {role.name for role in roles} | {rollout_role(name) for name in gpu_roles} | set(shared)
@@ -178,6 +189,10 @@ def build_problem(graph: Graph, models: Mapping[str, ModelSpec], workload: Workl
                    edge_bytes=edge_bytes(graph, workload), node_role=node_role, apart=apart, max_tp=max_tp,
                    settings=settings or DEFAULT_SETTINGS, calibration=calibration or DEFAULT_CALIBRATION,
                    mode=mode, agents=agents, shared_weights=shared, overlay=overlay)
+
+
+def _support_of(support: Mapping[str, LayoutSupport], role: str) -> LayoutSupport:
+    return support.get(role) or support.get(role.removesuffix(ROLLOUT_SUFFIX)) or ANY_LAYOUT
 
 
 def role_adapters(graph: Graph, lora: LoraPlan | Mapping[str, LoraPlan] | None) -> dict[str, LoraPlan]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from hybridflow.planner.compare import describe_layout
 from hybridflow.planner.errors import gib
+from hybridflow.planner.fleet import describe_fleet, fleets
 from hybridflow.planner.modes import describe_mode
 from hybridflow.planner.plan import Plan
 
@@ -42,6 +43,8 @@ def render_plan(plan: Plan, title: str) -> None:
         console.print(f"vision tower: {dict(plan.extra)['vision']}")
     if dict(plan.extra).get("lora"):
         console.print(f"LoRA: {dict(plan.extra)['lora']}")
+    for role in fleets(plan):
+        console.print(f"rollout servers: {describe_fleet(plan, role)}")
     shipped = f" (shipped to {', '.join(plan.detached_rollouts.values())})" if plan.detached_rollouts else ""
     console.print(f"cross-group bytes/step: {plan.cross_group_bytes / 1e6:.1f} MB; rollout weight refresh: "
                   f"{gib(plan.weight_sync_bytes)} in {plan.weight_sync_seconds:.3g} s{shipped}")

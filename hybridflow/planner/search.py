@@ -20,10 +20,11 @@ from hybridflow.planner.groups import GroupEvaluator
 from hybridflow.planner.layouts import GroupLayout
 from hybridflow.planner.lora_costs import LoraPlan
 from hybridflow.planner.modes import DEFAULT_STALENESS, OVERLAPPED, explain_choice, overlap_blocker
-from hybridflow.planner.plan import Plan, SearchStats, detachable_policies
+from hybridflow.planner.plan import Plan, SearchStats, detachable_policies, rollout_role
 from hybridflow.planner.problem import Problem
 from hybridflow.planner.request import PlanRequest
 from hybridflow.planner.schedule import Schedule, Sharing, compile_schedule, makespan, shared_step
+from hybridflow.planner.support import ANY_LAYOUT
 from hybridflow.planner.units import GpuUnits, MachineUnits, State, Token, Units
 
 TOLERANCE = 1e-9  # relative: step times this close count as equal and fall to the tie-breaks
@@ -297,11 +298,18 @@ def _modes(request: PlanRequest, options: PlannerOptions) -> list[Mode]:
             raise ValueError(f"PlanRequest.pipeline={pipeline!r}: {blocker}; use pipeline='sync'")
         return [mode for mode in overlapped if mode[1] == pipeline]
     modes: list[Mode] = [((), "sync", None)]
-    if detachable and (options.separate_rollout or pipeline == "auto"):
+    if detachable and (options.separate_rollout or pipeline == "auto" or served(request)):
         modes.append((detachable, "sync", None))
     if detachable and pipeline == "auto" and overlap_blocker(graph) is None:
         modes.extend(overlapped)
-    return modes
+    # A served rollout's fleet never shares the trainer's GPUs (fleet.py): its colocated mode is not searched.
+    return [mode for mode in modes if mode[0] or not served(request)]
+
+
+def served(request: PlanRequest) -> bool:
+    """Whether a policy of the request generates through server replicas (its rollout's support is ``served``)."""
+    return any(request.support.get(rollout_role(policy), request.support.get(policy, ANY_LAYOUT)).served
+               for policy in detachable_policies(request.graph))
 
 
 def _assemble(problem: Problem, placements: list[Placement], stats: SearchStats) -> Plan:

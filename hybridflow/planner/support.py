@@ -36,7 +36,9 @@ class LayoutSupport:
     the combinations of them it runs, when it cannot offload each part alone (FSDP2's ``CPUOffloadPolicy`` moves all
     three; empty: any combination of ``offload``); ``offload_shardings``: per part, the shardings it offloads that
     part under on more than one rank (DeepSpeed offloads parameters at ZeRO-3 only; a part not listed: any).
-    ``dtypes``: the layout dtypes it loads.
+    ``dtypes``: the layout dtypes it loads. ``served``: its rollout engines are inference servers behind a router
+    (``rollout: server``), each engine of ``rollout_tp`` GPUs one replica, on GPUs of their own
+    (:mod:`~hybridflow.planner.fleet`).
     """
 
     backend: str
@@ -52,6 +54,7 @@ class LayoutSupport:
     offload_sets: tuple[frozenset[str], ...] = ()
     offload_shardings: tuple[tuple[str, frozenset[Sharding]], ...] = ()
     dtypes: frozenset[str] = DTYPES
+    served: bool = False
     notes: Mapping[str, str] = field(default_factory=dict, compare=False)  # field -> how to get it elsewhere
 
     def __post_init__(self) -> None:

@@ -31,6 +31,7 @@ from typing import Any
 from hybridflow.graph import Graph, Node, Op
 from hybridflow.planner import Plan
 from hybridflow.planner.execution import ExecutionMode
+from hybridflow.planner.fleet import fleet_metrics
 from hybridflow.registry import COMPUTE_FNS
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.checks import (
@@ -161,6 +162,7 @@ class Controller:
         if self.plan.weight_sync_bytes:
             metrics["weight_sync/planned_bytes"] = float(self.plan.weight_sync_bytes)
             metrics["weight_sync/planned_seconds"] = self.plan.weight_sync_seconds
+        metrics.update(fleet_metrics(self.plan))  # beside the server rollout's measured rollout/sync_s, sync_bytes
         if self.services is not None:
             metrics.update(self.services.metrics())
         for index, shipped in enumerate(self.ledger.shipped):

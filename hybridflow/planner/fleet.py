@@ -1,0 +1,110 @@
+"""A rollout served by a fleet of inference servers behind a router (``rollout: server``), in the cost model.
+
+A backend whose :class:`~hybridflow.planner.support.LayoutSupport` says ``served`` generates through N server
+replicas behind one router. The plan sizes the fleet: the rollout's layout is its dp x tp, and a replica is one
+engine of it, ``rollout_tp`` GPUs, so the fleet is ``dp * tp / rollout_tp`` replicas of tensor parallelism
+``rollout_tp`` (:func:`fleet_replicas`). What serving adds to the in-process engine's costs:
+
+- **No colocation with training.** The fleet is a group of its own (``<policy>:rollout``): the search plans a
+  served policy's rollout detached only, and a mapping that puts it on the trainer's GPUs is refused. Training
+  and generation then overlap only in the overlapped modes the planner already models for detached rollouts
+  (``modes.py``); in ``sync`` they take turns.
+- **The router.** Every request crosses it (one per sample; one per turn in a multi-turn node), and each costs
+  ``Constants.router_request_s`` (vllm-router's added p50 latency, 0.42 ms measured: docs/benchmarks.md
+  "Rollout servers"), taken as its service time: one router admits a batch's requests one after another, and the
+  model credits none of that to the decode it overlaps (an upper bound for a multi-threaded proxy).
+- **The weight broadcast.** After an update the trainer ships one copy of the weights to the fleet's group (as to
+  any detached rollout, ``weight_moves.weight_ship``); there it is written once as a snapshot that every replica
+  reloads from its path (``reload_weights(weights_path=...)``), so each replica's copy crosses the link on its
+  own, no relay tree: N copies through the writer's link at the cluster's inter-node bandwidth, the replicas
+  paused meanwhile, each reloading tensor by tensor in parallel (:func:`fleet_sync`). It is the fleet's own work,
+  charged to its first generate node in every mode.
+"""
+
+from __future__ import annotations
+
+from hybridflow.graph import NodeLoad
+from hybridflow.planner.agents import AgentNode
+from hybridflow.planner.costs import COLLECTIVE_LATENCY_S, Shape
+from hybridflow.planner.models import ModelSpec
+from hybridflow.planner.plan import ROLLOUT_SUFFIX, Plan, RoleLayout
+from hybridflow.planner.weight_moves import sync_payload
+
+FLEET_KEY = "fleet"  # ``Plan.extra`` keys ``fleet/<role>/<field>`` describe a served rollout's fleet
+FLEET_FIELDS = ("replicas", "tp", "group", "sync_bytes", "sync_s", "router_s", "requests")
+
+
+def fleet_replicas(layout: RoleLayout) -> int:
+    """Server replicas of a served rollout's layout: one per engine of ``rollout_tp`` GPUs."""
+    return max(1, layout.dp * layout.tp // layout.rollout_tp)
+
+
+def fleet_sync(model: ModelSpec, layout: RoleLayout, shape: Shape) -> tuple[float, int]:
+    """Seconds and bytes to bring every replica the weights after an update (module docstring): one copy
+    (adapter-only: the adapter's, :func:`~hybridflow.planner.weight_moves.sync_payload`) per replica over the
+    link, plus one tensor-by-tensor reload, the replicas reloading in parallel."""
+    full, fixed = sync_payload(model, layout)
+    copies = fleet_replicas(layout)
+    return copies * full / shape.inter + COLLECTIVE_LATENCY_S + fixed, int(copies * full)
+
+
+def requests_of(load: NodeLoad, agent: AgentNode | None) -> int:
+    """HTTP requests a generate node sends through the router: one per sample, one per turn of an agent's."""
+    return round(load.sequences * (agent.turns.mean if agent is not None else 1.0))
+
+
+def router_seconds(requests: int, shape: Shape) -> float:
+    """Seconds the router adds to a generate node of ``requests`` requests (module docstring)."""
+    return requests * shape.constants.router_request_s
+
+
+def fleets(plan: Plan) -> dict[str, dict[str, float]]:
+    """``{rollout role: {replicas, tp, group, sync_bytes, sync_s, router_s, requests}}`` of a plan's served
+    rollouts, read back from its ``extra``."""
+    found: dict[str, dict[str, float]] = {}
+    for key, value in plan.extra:
+        prefix, _, rest = str(key).partition("/")
+        role, _, name = rest.rpartition("/")
+        if prefix == FLEET_KEY and role and name in FLEET_FIELDS:
+            found.setdefault(role, {})[name] = float(value)
+    return found
+
+
+def describe_fleet(plan: Plan, role: str) -> str:
+    """``actor:rollout: 8 server replicas x tp 1 behind a router on group 1 (8xH100); sync per update ...``."""
+    fleet = fleets(plan)[role]
+    index = int(fleet["group"])
+    group = plan.groups[index]
+    return (f"{role}: {int(fleet['replicas'])} server replicas x tp {int(fleet['tp'])} behind a router on group "
+            f"{index} ({group.size}x{group.device}); weight sync per update {fleet['sync_bytes'] / 1e9:.3g} GB "
+            f"({int(fleet['replicas'])} copies) {fleet['sync_s']:.3g} s; router {int(fleet['requests'])} requests "
+            f"{fleet['router_s']:.3g} s")
+
+
+def fleet_metrics(plan: Plan) -> dict[str, float]:
+    """The planner's estimate of each served rollout's weight sync, keyed as its generate node's measured metrics
+    (``<policy>/rollout/sync_s``, ``sync_bytes``: one snapshot, ``sync_replicas``) with ``_planned`` appended."""
+    metrics = {}
+    for role, fleet in fleets(plan).items():
+        prefix = f"{role.removesuffix(ROLLOUT_SUFFIX)}/rollout/"
+        metrics.update({prefix + "sync_s_planned": fleet["sync_s"],
+                        prefix + "sync_bytes_planned": fleet["sync_bytes"] / fleet["replicas"],
+                        prefix + "sync_replicas_planned": fleet["replicas"]})
+    return metrics
+
+
+def check_replicas(asked: int | None, layout: RoleLayout, *, world_size: int, logical: bool, role: str) -> int:
+    """Server replicas this rank starts: the plan's share (its rollout layout's replicas over the role's ranks),
+    or ``asked`` (the user's ``replicas``) when it agrees with it. On logical GPUs (``logical``: CPU processes,
+    where the plan's GPU is a share of the host's cores) ``asked`` stands as given: replicas are processes sharing
+    those cores. A disagreement on real GPUs is refused: the plan sized the fleet and costed it so."""
+    share = max(1, fleet_replicas(layout) // max(1, world_size))
+    if asked is None or asked == share or logical:
+        return share if asked is None else asked
+    policy = role.removesuffix(ROLLOUT_SUFFIX)
+    raise ValueError(f"config key 'roles.{role}.rollout_options.replicas'={asked} disagrees with the plan: its "
+                     f"layout of {role!r} (dp={layout.dp} x tp={layout.tp}, rollout_tp={layout.rollout_tp}) is "
+                     f"{fleet_replicas(layout)} server replica(s) over {world_size} rank(s), {share} per rank. "
+                     f"Drop the key (the plan sizes the fleet), or give {policy!r}'s rollout as many GPUs as "
+                     "replicas you want (a mapping such as "
+                     f"'{policy}{ROLLOUT_SUFFIX}=<GPUs>', or placement that plans them)")
