@@ -84,8 +84,8 @@ class ServerOptions:
     ``replicas``: vLLM server processes per rank, behind one router; unset, the plan's (the rollout layout's
     replicas, :func:`~hybridflow.planner.fleet.fleet_replicas`, over the role's ranks), and on GPUs a value that
     disagrees with the plan is refused (:func:`~hybridflow.planner.fleet.check_replicas`). ``port_base``: first
-    port to try (0: free ports the OS picks). ``start_timeout_s``: how long a replica may take to answer ``/health``. ``threads``:
-    each replica's ``OMP_NUM_THREADS``. ``log_dir``: where ``replica-<i>.log`` and ``router.log`` go (default: a
+    port to try (0: free ports the OS picks). ``start_timeout_s``: how long a replica may take to answer
+    ``/health``. ``threads``: each replica's ``OMP_NUM_THREADS``. ``log_dir``: where ``replica-<i>.log`` and ``router.log`` go (default: a
     new temporary directory, kept). ``server_args``: extra ``vllm serve`` flags (``{"max_num_batched_tokens":
     512}`` -> ``--max-num-batched-tokens 512``; ``True`` -> the bare flag). ``attach``: URLs of vLLM servers you
     started (``VLLM_SERVER_DEV_MODE=1`` and ``--logprobs-mode raw_logprobs`` for syncs and exact log-probs, on
@@ -120,8 +120,9 @@ class ServerOptions:
         return parsed
 
     def fleet(self) -> FleetConfig:
-        return FleetConfig(replicas=self.replicas or 1, port_base=self.port_base, start_timeout_s=self.start_timeout_s,
-                           router_policy=self.router_policy, log_dir=self.log_dir, attach=tuple(self.attach))
+        return FleetConfig(replicas=1 if self.replicas is None else self.replicas, port_base=self.port_base,
+                           start_timeout_s=self.start_timeout_s, router_policy=self.router_policy,
+                           log_dir=self.log_dir, attach=tuple(self.attach))
 
 
 def check_vllm_server() -> None:

@@ -12,6 +12,7 @@ import pytest
 import torch
 from hybridflow.backends.vllm.server import ServerOptions, reload_replica, server_command, server_env
 
+from hybridflow.planner import Sharding
 from hybridflow.runtime.servers import FleetConfig, ServerFleet
 
 FAKE = str(Path(__file__).parents[1] / "runtime" / "fake_openai_server.py")
@@ -55,6 +56,7 @@ def test_a_lost_replica_is_restarted_on_the_last_weights_and_counted(tmp_path: P
     last before it takes requests; the step's generate metrics count it; every replica lost is one error."""
     from harness import context, layout, role_spec
     from hybridflow.backends.vllm import server
+    from safetensors.torch import save
 
     from hybridflow.runtime.batch import Batch
     from hybridflow.runtime.protocols import SamplingParams
@@ -86,8 +88,13 @@ def test_a_lost_replica_is_restarted_on_the_last_weights_and_counted(tmp_path: P
         assert lines[:4] == ["sync /pause -", f"sync /collective_rpc {rollout._snapshot}",
                              "sync /reset_prefix_cache -", "sync /resume -"]  # the last weights, before traffic
         hybrid = type("Hybrid", (), {"rollout": rollout})()  # a hybrid engine's rollout reports through it
+        assert rollout.last_sync is not None
+        snapshot = len(save({"w": torch.zeros(3)}, metadata={"format": "pt"}))  # the file a replica reads
         assert rollout_metrics(hybrid) == {"rollout/replica_restarts": 1.0,
-                                           "rollout/requests_retried": float(rollout.client.retried)}
+                                           "rollout/requests_retried": float(rollout.client.retried),
+                                           "rollout/sync_s": rollout.last_sync.seconds,
+                                           "rollout/sync_bytes": float(snapshot), "rollout/sync_replicas": 2.0}
+        assert snapshot > rollout.last_sync.bytes == 12  # the header too, not only the tensor's bytes
         for replica in rollout.fleet.replicas:
             os.killpg(replica.process.pid, signal.SIGKILL)
             replica.process.wait()
@@ -96,3 +103,29 @@ def test_a_lost_replica_is_restarted_on_the_last_weights_and_counted(tmp_path: P
             rollout.generate(prompts, sampling)
     finally:
         rollout.close()
+
+
+def test_replicas_come_from_the_plan_and_a_disagreement_on_gpus_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The factory sizes each rank's fleet from the plan's rollout layout before anything starts (no vLLM here)."""
+    from harness import layout, role_spec
+    from hybridflow.backends.vllm import server
+
+    from hybridflow.graph import RoleKind
+    from hybridflow.runtime.protocols import WorkerContext
+
+    built: list[int | None] = []
+    monkeypatch.setattr(server, "ServerRollout", lambda spec, lay, ctx, options: built.append(options.replicas))
+    spec = role_spec("actor:rollout", RoleKind.FROZEN_POLICY, rollout="server")
+    plan_layout = layout("actor:rollout", dp=4, sharding=Sharding.NO_SHARD)
+
+    def on(device: str, world_size: int = 4) -> WorkerContext:
+        return WorkerContext(group=1, rank=0, world_size=world_size, device=device, collective=None)  # type: ignore[arg-type]
+
+    server.ROLLOUT.build(spec, plan_layout, on("cuda:0"), trainer=None)
+    server.ROLLOUT.build(spec, plan_layout, on("cuda:0", world_size=1), trainer=None)
+    assert built == [1, 4]  # one replica per rank, or the rank's share of the plan's four
+    asked = role_spec("actor:rollout", RoleKind.FROZEN_POLICY, rollout="server", rollout_options={"replicas": 2})
+    with pytest.raises(ValueError, match=r"'roles.actor:rollout.rollout_options.replicas'=2 disagrees with the plan"):
+        server.ROLLOUT.build(asked, plan_layout, on("cuda:0"), trainer=None)
+    server.ROLLOUT.build(asked, plan_layout, on("cpu"), trainer=None)  # logical GPUs: processes sharing the cores
+    assert built[-1] == 2

@@ -13,7 +13,6 @@ from hybridflow.planner import (
     LayoutSupport,
     ModelSpec,
     Plan,
-    PlannerOptions,
     RoleLayout,
     plan_placement,
     rollout_role,
