@@ -85,12 +85,12 @@ class ServerOptions:
     replicas, :func:`~hybridflow.planner.fleet.fleet_replicas`, over the role's ranks), and on GPUs a value that
     disagrees with the plan is refused (:func:`~hybridflow.planner.fleet.check_replicas`). ``port_base``: first
     port to try (0: free ports the OS picks). ``start_timeout_s``: how long a replica may take to answer
-    ``/health``. ``threads``: each replica's ``OMP_NUM_THREADS``. ``log_dir``: where ``replica-<i>.log`` and ``router.log`` go (default: a
-    new temporary directory, kept). ``server_args``: extra ``vllm serve`` flags (``{"max_num_batched_tokens":
-    512}`` -> ``--max-num-batched-tokens 512``; ``True`` -> the bare flag). ``attach``: URLs of vLLM servers you
-    started (``VLLM_SERVER_DEV_MODE=1`` and ``--logprobs-mode raw_logprobs`` for syncs and exact log-probs, on
-    this machine: they reload the weights from a local path); none is started, and the router goes in front of
-    them. The rest as the ``vllm`` rollout's."""
+    ``/health``. ``threads``: each replica's ``OMP_NUM_THREADS``. ``log_dir``: where ``replica-<i>.log`` and
+    ``router.log`` go (default: a new temporary directory, kept). ``server_args``: extra ``vllm serve`` flags
+    (``{"max_num_batched_tokens": 512}`` -> ``--max-num-batched-tokens 512``; ``True`` -> the bare flag).
+    ``attach``: URLs of vLLM servers you started (``VLLM_SERVER_DEV_MODE=1`` and ``--logprobs-mode raw_logprobs``
+    for syncs and exact log-probs, on this machine: they reload the weights from a local path); none is started,
+    and the router goes in front of them. The rest as the ``vllm`` rollout's."""
 
     replicas: int | None = None
     port_base: int = 0
