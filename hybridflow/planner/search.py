@@ -264,6 +264,10 @@ def _plan(request: PlanRequest, opts: PlannerOptions, *, adapters: Mapping[str, 
             found.append((problem, searcher, placements))
     if not found:
         assert fallback is not None
+        if served(request) and cluster.num_gpus < 2:
+            raise InfeasibleError("a policy's rollout is served (rollout: server): its fleet needs GPUs of its own, "
+                                  f"at least 2 GPUs in all, the cluster has {cluster.num_gpus}; add GPUs or use "
+                                  "rollout: vllm to generate on the trainer's GPUs")
         if request.pipeline in OVERLAPPED and cluster.num_gpus < 2:
             raise InfeasibleError(f"PlanRequest.pipeline={request.pipeline!r} needs the rollout on GPUs of its own: "
                                   f"at least 2 GPUs, the cluster has {cluster.num_gpus}; use pipeline='sync'")

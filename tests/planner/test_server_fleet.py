@@ -10,6 +10,7 @@ from hybridflow.graph import Graph, Workload, load_graph
 from hybridflow.planner import (
     Calibration,
     Cluster,
+    InfeasibleError,
     LayoutSupport,
     ModelSpec,
     Plan,
@@ -78,6 +79,8 @@ def test_the_search_never_colocates_a_served_rollout_and_a_mapping_that_does_is_
     assert plan_placement(request(grpo)).detached_rollouts == {"actor": ROLLOUT}
     with pytest.raises(ValueError, match=r"role 'actor' generates through server replicas.*'actor:rollout=<GPUs"):
         manual(request(grpo), "actor=0-15,reference=0-15")
+    with pytest.raises(InfeasibleError, match=r"rollout is served.*at least 2 GPUs in all, the cluster has 1"):
+        plan_placement(request(grpo, cluster="1xH100"))
 
 
 def test_more_replicas_send_more_copies_of_the_weights(grpo: Graph) -> None:
