@@ -125,7 +125,8 @@ def fleet_extra(problem: Problem, groups: Sequence[Placement]) -> dict[str, floa
             requests = sum(requests_of(load, work.agent(load.node)) for load in work.generate)
             values = {"replicas": fleet_replicas(layout), "tp": layout.rollout_tp, "group": index,
                       "sync_bytes": sync, "sync_s": sync_s, "requests": requests,
-                      "router_s": router_seconds(requests, group.shape)}
+                      "router_s": sum(router_seconds(requests_of(load, work.agent(load.node)), group.shape,
+                                                     fleet_replicas(layout)) for load in work.generate)}
             extra.update({f"{FLEET_KEY}/{work.name}/{name}": value for name, value in values.items()})
     return extra
 

@@ -9,10 +9,12 @@ engine of it, ``rollout_tp`` GPUs, so the fleet is ``dp * tp / rollout_tp`` repl
   served policy's rollout detached only, and a mapping that puts it on the trainer's GPUs is refused. Training
   and generation then overlap only in the overlapped modes the planner already models for detached rollouts
   (``modes.py``); in ``sync`` they take turns.
-- **The router.** Every request crosses it (one per sample; one per turn in a multi-turn node), and each costs
+- **The router.** Every request crosses one (one per sample; one per turn in a multi-turn node), and each costs
   ``Constants.router_request_s`` (vllm-router's added p50 latency, 0.42 ms measured: docs/benchmarks.md
-  "Rollout servers"), taken as its service time: one router admits a batch's requests one after another, and the
-  model credits none of that to the decode it overlaps (an upper bound for a multi-threaded proxy).
+  "Rollout servers"), taken as its service time: a router admits its requests one after another, and the model
+  credits none of that to the decode it overlaps (an upper bound for a multi-threaded proxy). The runtime runs a
+  router per rank of the rollout role, in front of that rank's replicas, and the plan's fleet is one replica per
+  rank, so a generate node's requests split over as many routers as replicas (:func:`router_seconds`).
 - **The weight broadcast.** After an update the trainer ships one copy of the weights to the fleet's group (as to
   any detached rollout, ``weight_moves.weight_ship``); there it is written once as a snapshot that every replica
   reloads from its path (``reload_weights(weights_path=...)``), so each replica's copy crosses the link on its
@@ -22,6 +24,8 @@ engine of it, ``rollout_tp`` GPUs, so the fleet is ``dp * tp / rollout_tp`` repl
 """
 
 from __future__ import annotations
+
+import math
 
 from hybridflow.graph import NodeLoad
 from hybridflow.planner.agents import AgentNode
@@ -53,9 +57,10 @@ def requests_of(load: NodeLoad, agent: AgentNode | None) -> int:
     return round(load.sequences * (agent.turns.mean if agent is not None else 1.0))
 
 
-def router_seconds(requests: int, shape: Shape) -> float:
-    """Seconds the router adds to a generate node of ``requests`` requests (module docstring)."""
-    return requests * shape.constants.router_request_s
+def router_seconds(requests: int, shape: Shape, routers: int = 1) -> float:
+    """Seconds the routers add to a generate node of ``requests`` requests spread over ``routers`` of them, each
+    admitting its share one after another (module docstring)."""
+    return math.ceil(requests / max(1, routers)) * shape.constants.router_request_s
 
 
 def fleets(plan: Plan) -> dict[str, dict[str, float]]:
@@ -71,14 +76,14 @@ def fleets(plan: Plan) -> dict[str, dict[str, float]]:
 
 
 def describe_fleet(plan: Plan, role: str) -> str:
-    """``actor:rollout: 8 server replicas x tp 1 behind a router on group 1 (8xH100); sync per update ...``."""
+    """``actor:rollout: 8 server replicas x tp 1 on group 1 (8xH100-80G); weight sync per update ...``."""
     fleet = fleets(plan)[role]
     index = int(fleet["group"])
     group = plan.groups[index]
-    return (f"{role}: {int(fleet['replicas'])} server replicas x tp {int(fleet['tp'])} behind a router on group "
-            f"{index} ({group.size}x{group.device}); weight sync per update {fleet['sync_bytes'] / 1e9:.3g} GB "
-            f"({int(fleet['replicas'])} copies) {fleet['sync_s']:.3g} s; router {int(fleet['requests'])} requests "
-            f"{fleet['router_s']:.3g} s")
+    return (f"{role}: {int(fleet['replicas'])} server replicas x tp {int(fleet['tp'])} on group {index} "
+            f"({group.size}x{group.device}); weight sync per update {fleet['sync_bytes'] / 1e9:.3g} GB "
+            f"({int(fleet['replicas'])} copies) {fleet['sync_s']:.3g} s; {int(fleet['requests'])} requests through "
+            f"{int(fleet['replicas'])} router(s) {fleet['router_s']:.3g} s")
 
 
 def fleet_metrics(plan: Plan) -> dict[str, float]:

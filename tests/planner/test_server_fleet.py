@@ -100,6 +100,7 @@ def test_the_router_costs_each_request(grpo: Graph) -> None:
     shape = Shape(get_device("H100"), (8,), 25e9)
     assert router_seconds(2000, shape) == pytest.approx(2 * router_seconds(1000, shape))
     assert router_seconds(1000, shape) == pytest.approx(1000 * 0.42e-3)
+    assert router_seconds(1000, shape, routers=8) == pytest.approx(125 * 0.42e-3)  # one router per rank's replica
     added = {}
     for batch in (128, 256):
         base = node(manual(request(grpo, batch=batch, router_s=0.0)), "actor_generate")
@@ -107,7 +108,8 @@ def test_the_router_costs_each_request(grpo: Graph) -> None:
         added[batch] = node(slow, "actor_generate") - base
         requests = Workload(batch_size=batch, prompt_len=256, response_len=1024).sequences(grpo)
         assert fleets(slow)[ROLLOUT]["requests"] == requests
-        assert added[batch] == pytest.approx(requests * 0.01)
+        assert added[batch] == pytest.approx(requests / 8 * 0.01)  # 8 replicas, each behind its rank's router
+        assert fleets(slow)[ROLLOUT]["router_s"] == pytest.approx(added[batch])
     assert added[256] == pytest.approx(2 * added[128])
 
 
@@ -143,8 +145,8 @@ def test_plan_prints_the_server_layout(capsys: pytest.CaptureFixture[str]) -> No
             "--response-len", "1024", "--reward-kind", "reward_function", "--backend", "actor:rollout=server"]
     assert main(args) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert "rollout servers: actor:rollout:" in out and "server replicas x tp 1 behind a router on group" in out
-    assert "weight sync per update" in out and "router 1024 requests" in out
+    assert "rollout servers: actor:rollout:" in out and "server replicas x tp 1 on group" in out
+    assert "weight sync per update" in out and "1024 requests through" in out
     assert main([*args, "--json"]) == 0
     data = Plan.from_json(capsys.readouterr().out)
     assert fleets(data)[ROLLOUT]["tp"] == 1.0  # the server backend's replicas: tensor parallelism 1 today
