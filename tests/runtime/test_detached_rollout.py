@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -54,7 +55,9 @@ def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
 
 def test_generate_runs_on_the_rollout_group_and_sees_every_update(random_model_dir: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    with _controller(random_model_dir, _plan()) as controller:
+    fleet = (("fleet/actor:rollout/replicas", 1), ("fleet/actor:rollout/sync_bytes", 7),
+             ("fleet/actor:rollout/sync_s", 0.25))
+    with _controller(random_model_dir, dataclasses.replace(_plan(), extra=fleet)) as controller:
         rollout = controller.executor.groups[1].workers[0].engines["actor:rollout"]  # type: ignore[attr-defined]
         trainer = controller.executor.groups[0].workers[0].engines["actor"]  # type: ignore[attr-defined]
         seen: list[dict[str, torch.Tensor]] = []
@@ -83,6 +86,9 @@ def test_generate_runs_on_the_rollout_group_and_sees_every_update(random_model_d
     assert result.metrics["actor/weight_sync/receivers"] == 1
     assert result.metrics["actor/weight_sync/seconds"] > 0
     assert result.metrics["weight_sync/planned_bytes"] == 1 and result.metrics["weight_sync/planned_seconds"] == 0.5
+    # a planned server fleet's sync estimate sits beside the server rollout's measured rollout/sync_* metrics
+    assert result.metrics["actor/rollout/sync_bytes_planned"] == 7
+    assert result.metrics["actor/rollout/sync_s_planned"] == 0.25
     assert result.metrics["transfer/to_group1_bytes"] > 0  # the prompts went to the rollout group
 
 
