@@ -130,3 +130,15 @@ def test_plan_cli_takes_a_template_count(capsys: pytest.CaptureFixture[str]) -> 
     assert judged[1] > judged[0]
     assert main([*args, "--template-tokens", "-1"]) == 2
     assert "--template-tokens" in capsys.readouterr().err
+
+
+def test_a_self_judging_actor_with_a_detached_rollout_judges_on_the_rollouts_gpus() -> None:
+    graph = load_graph("grpo_judge", self_judge=True)
+    request = PlanRequest(graph, {"actor": MODELS["actor"], "reference": MODELS["reference"]}, WORKLOAD,
+                          Cluster.parse("16xA100-80G"))
+    mapping = {"actor": range(8), "actor:rollout": range(8, 16), "reference": range(8, 16)}
+    plan = evaluate_mapping(request, mapping)
+    placed = {node.node: node.role for node in plan.nodes}
+    assert plan.feasible and placed["actor_generate"] == placed["judge_generate"] == "actor:rollout"
+    with pytest.raises(ValueError, match=r"2 generate node\(s\); one_step_off overlaps exactly one"):
+        evaluate_mapping(replace(request, pipeline="one_step_off"), mapping)
