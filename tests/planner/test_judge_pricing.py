@@ -142,3 +142,19 @@ def test_a_self_judging_actor_with_a_detached_rollout_judges_on_the_rollouts_gpu
     assert plan.feasible and placed["actor_generate"] == placed["judge_generate"] == "actor:rollout"
     with pytest.raises(ValueError, match=r"2 generate node\(s\); one_step_off overlaps exactly one"):
         evaluate_mapping(replace(request, pipeline="one_step_off"), mapping)
+
+
+def test_a_runs_plan_counts_the_template_and_ground_truths_with_its_tokenizer(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hybridflow.train import setup
+    from hybridflow.train.prepare import prepare_run
+
+    seen: dict[str, object] = {}
+    build = setup.build_plan
+    monkeypatch.setattr(setup, "build_plan", lambda *args, **kwargs: seen.update(kwargs) or build(*args, **kwargs))
+    config = load_config(ROOT / "configs" / "grpo_judge.yaml",  # the reference template, which shows the ground truth
+                         ["data.num_examples=32", "placement.mode=auto", "placement.num_gpus=2"])
+    run = prepare_run(config)
+    run.scorer.close()
+    truths = [len(str(record["ground_truth"])) for record in run.train_data.records]
+    expected = len(load_template("reference").render(prompt="", response="")) + round(sum(truths) / len(truths))
+    assert seen["template_tokens"] == expected  # the tiny policy's character tokenizer: one token a character
