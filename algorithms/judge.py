@@ -23,6 +23,7 @@ from hybridflow.algorithms.modes import LossAgg, ScaleRewards
 from hybridflow.graph import (
     DEFAULT_MAX_NEW_TOKENS,
     DEFAULT_TEMPERATURE,
+    TEMPLATE_TOKENS_OPTION,
     TIMEOUT_KEY_OPTION,
     TIMEOUT_OPTION,
     Graph,
@@ -58,7 +59,7 @@ def add_judge(g: GraphBuilder, *, template: str = "pointwise", verdict: str | No
     ``self_judge``: the role ``policy`` (declared already) judges instead, a second generate on its own engine
     (no ``judge`` role, no second model). ``timeout_s``: the judge's generate fails the step past it
     (:data:`~hybridflow.graph.TIMEOUT_OPTION`), naming ``judge_timeout_s``."""
-    load_template(template, verdict=verdict, rubric=rubric, scale=scale)
+    loaded = load_template(template, verdict=verdict, rubric=rubric, scale=scale)
     if not (math.isfinite(unparsed_score) and 0 <= unparsed_score <= 1):
         raise ValueError(f"algorithm option unparsed_score={unparsed_score} must be in [0, 1] (a verdict's scores "
                          "are)")
@@ -68,7 +69,8 @@ def add_judge(g: GraphBuilder, *, template: str = "pointwise", verdict: str | No
     text: Options = {"template": template, "rubric": rubric, "scale": scale, "policy": policy, "judge": judge,
                      **({"verdict": verdict} if verdict is not None else {})}
     g.compute("judge_prompts", fn="judge_prompts", inputs=JUDGE_PROMPT_INPUTS,
-              outputs=("judge_prompts", "judge_prompts_mask"), verdict_tokens=max_new_tokens, **text)
+              outputs=("judge_prompts", "judge_prompts_mask"), verdict_tokens=max_new_tokens,
+              **{TEMPLATE_TOKENS_OPTION: loaded.estimated_tokens()}, **text)
     g.generate(judge, name="judge_generate", inputs=("judge_prompts",), outputs=("verdict_ids", "verdict_mask"),
                **judge_sampling(max_new_tokens, temperature), **judge_deadline(timeout_s))
     g.compute(JUDGE, fn="judge_scores", inputs=("verdict_ids", "verdict_mask"), outputs=("scores", "verdicts"),

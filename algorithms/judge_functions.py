@@ -159,6 +159,18 @@ def _fitted(text: JudgeText, prompt: str, response: str, truth: str) -> tuple[li
     return render(response[:low] + CUT), True
 
 
+def _template_tokens(*, tokenizer: Any, ground_truths: Sequence[str], template: str = "pointwise",
+                     verdict: str | None = None, rubric: str = "", scale: int = DEFAULT_SCALE, **_: Any) -> int:
+    """The tokens a judge prompt holds beside the prompt and response, in the judge's ``tokenizer``: the template
+    rendered with them empty, through the judge's chat template (as :func:`judge_prompts` renders), its ground truth
+    each of ``ground_truths`` where it shows one (their mean); what the planner adds to a judge prompt."""
+    loaded = load_template(template, verdict=verdict, rubric=rubric, scale=scale)
+    truths = [str(truth) for truth in ground_truths] if "ground_truth" in loaded.fields else []
+    counts = [len(_judge_text(tokenizer, loaded.render(prompt="", response="", ground_truth=truth)))
+              for truth in truths or [""]]
+    return round(sum(counts) / len(counts))
+
+
 @COMPUTE_FNS.register("judge_scores")
 def judge_scores(verdict_ids: torch.Tensor, verdict_mask: torch.Tensor, *, unparsed_score: float = 0.0,
                  state: JudgeText | None = None, **_: Any) -> tuple[torch.Tensor, list[str]]:
@@ -176,3 +188,4 @@ def judge_scores(verdict_ids: torch.Tensor, verdict_mask: torch.Tensor, *, unpar
 for _fn in (judge_prompts, judge_scores):
     _fn.make_state = _make_state  # type: ignore[attr-defined]
     _fn.reads_role_models = True  # type: ignore[attr-defined]
+judge_prompts.template_tokens = _template_tokens  # type: ignore[attr-defined]

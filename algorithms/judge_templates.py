@@ -67,6 +67,11 @@ Criteria:
 Reply with one line per criterion, <number>: yes or <number>: no
 """
 
+# A dry run's estimate of a template's tokens: English text runs ~4 characters a token in the BPE vocabularies of
+# today's models (OpenAI's tokenizer guide: "~4 characters of common English text"; Llama 3 and Qwen2 tokenizers
+# are close). A run counts the template with its judge's own tokenizer instead (``JudgeText.template_tokens``).
+CHARS_PER_TOKEN = 4
+
 BUILTINS = {"pointwise": (POINTWISE, "score"), "reference": (REFERENCE, "binary"), "rubric": (RUBRIC, "rubric")}
 DEFAULT_SCALE = 10
 
@@ -93,6 +98,11 @@ class JudgeTemplate:
         values = {"prompt": prompt, "response": response, "ground_truth": ground_truth, "scale": self.scale,
                   "rubric": [criterion for criterion, _ in self.rubric]}
         return str(_compiled(self.source).render(**values))
+
+    def estimated_tokens(self) -> int:
+        """A dry run's count of the tokens this template adds around a prompt and response: its text rendered with
+        empty fields, at :data:`CHARS_PER_TOKEN` (no ground truth, no chat markup: a run counts those)."""
+        return -(-len(self.render(prompt="", response="")) // CHARS_PER_TOKEN)
 
     def parse(self, verdict: str) -> float | None:
         """The verdict's score in [0, 1], or None when it does not parse strictly."""

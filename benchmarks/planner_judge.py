@@ -16,8 +16,9 @@ mapping (``evaluate_mapping``, as ``hybridflow train`` costs a manual mapping, r
 ``cli.calibrate.case_from_run_dir``), calibrated as ``benchmarks/planner_self.py`` calibrates: constants fitted on
 its workload A (GRPO with a rule reward, 4 runs on two logical GPUs). The questions: is the planner's choice among
 the three mappings the measured fastest, and does its order match the measured one? ``placement: auto`` on the same
-inputs (the search plans unstreamed steps) is printed beside them, and trained and measured as a fourth
-configuration (with the calibration fitted on A).
+inputs is printed beside them, unstreamed and allowed 2 chunks (the search then costs each step streamed and not
+and keeps the faster), and the unstreamed one trained and measured as a fourth configuration (with the calibration
+fitted on A). The judge's prompts are priced with the template's tokens as the run's tokenizer counts them.
 
     OMP_NUM_THREADS=1 nice -n 5 .venv/bin/python benchmarks/planner_judge.py [--steps 6] [--repeats 2] [--out DIR]
 
@@ -152,6 +153,11 @@ def report(cases: dict[tuple[str, int], MeasuredCase], fitted: Calibration) -> N
                        for g in auto.groups)
     print(f"placement: auto (calibrated, unstreamed): the judge {judge_place(auto.groups)}; {groups}; predicted "
           f"{auto.step_time_s:.2f} s; load average {os.getloadavg()[0]:.1f}")
+    streamed = plan_placement(replace(request, stream_chunks=max(CHUNKS)))
+    print(f"placement: auto allowed {max(CHUNKS)} chunks: the judge {judge_place(streamed.groups)}; predicted "
+          f"{streamed.step_time_s:.2f} s; {dict(streamed.extra)['stream_choice']}")
+    print(f"judge prompt: {case.workload.prompt_len} prompt + {case.workload.response_len} response + "
+          f"{case.workload.template_tokens} template tokens (the run's tokenizer)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,6 +6,9 @@
 - **Scoring a sample with a rule**: ``hybridflow.data.math_reward.math_reward`` on a reasoning-length response
   ending in ``\\boxed{...}`` (what verl's ``math_dapo``/``gsm8k`` ``compute_score`` do: find the final answer,
   normalise it, compare), per sample, excluding the decode.
+- **Rendering and tokenising an LLM judge's prompt** (``judge_prompts``, ``hybridflow.algorithms.judge_functions``):
+  the pointwise template rendered around each decoded prompt and response (Jinja, per row), and the rendered text
+  encoded in the judge's tokenizer, per token.
 - **Writing a checkpoint**, per byte: ``torch.save`` of a state dict of fp32 tensors (``--checkpoint-mb``) to a
   temporary directory, flushed (``os.fsync``), the way FSDP/Megatron ranks write their shards.
 
@@ -55,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint-mb", type=int, default=512)
     args = parser.parse_args(argv)
     import torch
+    from hybridflow.algorithms.judge_templates import load_template
 
     from hybridflow.data.math_reward import math_reward
     from hybridflow.data.rewards import decode_responses
@@ -71,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     tokens = int(mask.sum())
     state = {f"layer{i}": torch.randn(args.checkpoint_mb * 2**20 // 4 // 16) for i in range(16)}
     size = sum(t.numel() * 4 for t in state.values())
-    decode, score, write = [], [], []
+    template = load_template("pointwise")
+    decode, score, write, render, encode = [], [], [], [], []
     with tempfile.TemporaryDirectory() as folder:
         for repeat in range(args.repeats):
             start = time.perf_counter()
@@ -81,6 +86,12 @@ def main(argv: list[str] | None = None) -> int:
             for text in decoded:
                 math_reward(text, "42")
             score.append((time.perf_counter() - start) / len(decoded))
+            start = time.perf_counter()
+            judged = [template.render(prompt="Reverse the string.", response=text) for text in decoded]
+            render.append((time.perf_counter() - start) / len(decoded))
+            start = time.perf_counter()
+            encoded = sum(len(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in judged)
+            encode.append((time.perf_counter() - start) / encoded)
             path = Path(folder) / f"shard{repeat}.pt"
             start = time.perf_counter()
             with path.open("wb") as handle:
@@ -93,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
           f"checkpoint {size / 2**20:.0f} MiB; {args.repeats} interleaved repeats, medians:")
     print(f"  detokenise: {statistics.median(decode) * 1e6:.3f} us/token  (runs {[round(x * 1e6, 3) for x in decode]})")
     print(f"  rule score: {statistics.median(score) * 1e6:.1f} us/sample (runs {[round(x * 1e6, 1) for x in score]})")
+    print(f"  judge template render: {statistics.median(render) * 1e6:.1f} us/row "
+          f"(runs {[round(x * 1e6, 1) for x in render]})")
+    print(f"  tokenise: {statistics.median(encode) * 1e6:.3f} us/token  (runs {[round(x * 1e6, 3) for x in encode]})")
     print(f"  checkpoint write: {statistics.median(write) / 1e9:.2f} GB/s (runs {[round(x / 1e9, 2) for x in write]})")
     return 0
 

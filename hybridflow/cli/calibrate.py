@@ -60,6 +60,7 @@ def case_from_run_dir(folder: Path, skip_steps: int, prompt_len: int | None) -> 
     from hybridflow.planner.plan import Plan
     from hybridflow.train import placement, setup
     from hybridflow.train.config import load_config
+    from hybridflow.train.template_tokens import template_tokens
 
     config = load_config(folder / "config.json")
     prompt = prompt_len or config.data.max_prompt_length
@@ -71,7 +72,8 @@ def case_from_run_dir(folder: Path, skip_steps: int, prompt_len: int | None) -> 
     settings = settings_as_run(plan, placement.run_settings(config, graph), folder / "metrics.jsonl")
     final = folder / "final"
     models = placement.role_models(config, graph, str(final) if (final / "config.json").is_file() else None)
-    work = placement.workload(config, graph, prompt, settings)
+    extra = template_tokens(config, graph, setup.policy_tokenizer(config), setup.records(config))
+    work = placement.workload(config, graph, prompt, settings, template_tokens=extra)
     return case_from_run(folder, graph=graph, models=models, workload=work, cluster=placement.planner_cluster(config),
                          settings=settings, skip_steps=skip_steps)
 

@@ -47,6 +47,10 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--n-samples", type=int, help="responses per prompt (default: the graph's n)")
     parser.add_argument("--image-tokens", type=int, help="visual tokens of a prompt's image beside its --prompt-len "
                                                          "text tokens, for a vision-language model (default 0)")
+    parser.add_argument("--template-tokens", type=int,
+                        help="tokens an LLM judge's template adds to each judge prompt beside the prompt and response "
+                             "(default: the template's text at 4 characters a token; a run counts it with its "
+                             "tokenizer; add a reference-guided template's ground truth)")
     parser.add_argument("--train-vision-tower", action="store_true", default=None,
                         help="updates train the vision tower too (default: frozen, forward only, as verl)")
     parser.add_argument("--reward-kind", choices=("reward_model", "reward_function"),
@@ -70,7 +74,8 @@ def add_parser(subparsers: Any) -> None:
                         help="async: policy updates the rollout may run ahead of the trainer (default: compare 1 "
                              "and 2)")
     parser.add_argument("--stream-chunks", type=int, metavar="M",
-                        help="with --manual and sync: cost the step streamed in M chunks (the search does not stream)")
+                        help="sync: the search costs each step unstreamed and streamed in M chunks and keeps the "
+                             "faster; with --manual, the mapping's step streamed in M chunks")
     parser.add_argument("--lora", metavar="rank=R[,targets=all-linear|q_proj+v_proj][,...]",
                         help="the trainable policies train LoRA adapters: their gradients and optimizer states are the "
                              "adapter's, a reference with the policy's model runs on its engine with the adapter "
@@ -325,7 +330,8 @@ def run(args: argparse.Namespace) -> int:
                          settings, config=args.config, from_file=settings.get("from_file", set()))
     workload = Workload(batch_size=int(settings["batch_size"]), prompt_len=int(settings["prompt_len"]),
                         response_len=int(settings["response_len"]), n_samples=settings.get("n_samples"),
-                        image_tokens=int(settings.get("image_tokens") or 0))
+                        image_tokens=int(settings.get("image_tokens") or 0),
+                        template_tokens=settings.get("template_tokens"))
     steps = run_settings(settings, workload.response_len)
     support = backend_support(args.backend, gpu_roles)
     calibration = Calibration.load(settings["calibration"]) if settings.get("calibration") else None
@@ -336,7 +342,8 @@ def run(args: argparse.Namespace) -> int:
         request = PlanRequest(graph, models, workload, cluster, settings=steps, calibration=calibration,
                               support=support, agent=agent, lora=lora, shared_weights=shared,
                               pipeline=str(settings.get("pipeline") or "sync"),
-                              max_staleness=settings.get("max_staleness"))
+                              max_staleness=settings.get("max_staleness"),
+                              stream_chunks=int(settings.get("stream_chunks") or 1))
         options = PlannerOptions(unit=settings["unit"], separate_rollout=bool(settings.get("separate_rollout")),
                                  max_tp=settings.get("max_tp"), lora_when=lora_when)
         auto = plan_placement(request, options)
@@ -352,13 +359,9 @@ def run(args: argparse.Namespace) -> int:
         # A reference the mapping puts on GPUs of its own keeps its own copy.
         kept = {guest: host for guest, host in shared.items()
                 if sorted(mapping.get(guest, mapping.get(host, ()))) == sorted(mapping.get(host, ()))}
-        manual = evaluate_mapping(replace(request, shared_weights=kept,
-                                          stream_chunks=int(settings.get("stream_chunks") or 1)), mapping,
+        manual = evaluate_mapping(replace(request, shared_weights=kept), mapping,
                                   data_parallel_size=settings.get("data_parallel_size"),
                                   sharding=None if sharding in (None, "auto") else str(sharding).upper())
-    elif settings.get("stream_chunks") not in (None, 1):
-        raise ValueError("--stream-chunks costs a hand-written mapping's streamed step: add --manual (the search "
-                         "plans unstreamed steps)")
     _print(auto, manual, as_json=args.json)
     return 0 if manual is None or manual.feasible else 1
 

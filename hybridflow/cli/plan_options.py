@@ -21,7 +21,7 @@ INTEGER_OPTIONS: dict[str, tuple[int, int | None]] = {
     "batch_size": (1, MAX_STEP_ROWS), "n_samples": (1, MAX_STEP_ROWS), "mini_batch_size": (1, MAX_STEP_ROWS),
     "max_num_seqs": (1, MAX_STEP_ROWS), "prompt_len": (1, MAX_SEQUENCE_TOKENS),
     "response_len": (1, MAX_SEQUENCE_TOKENS), "max_response_len": (1, MAX_SEQUENCE_TOKENS),
-    "image_tokens": (0, MAX_SEQUENCE_TOKENS),
+    "image_tokens": (0, MAX_SEQUENCE_TOKENS), "template_tokens": (0, MAX_SEQUENCE_TOKENS),
     "train_tokens_per_gpu": (1, None), "forward_tokens_per_gpu": (1, None), "epochs": (1, MAX_EPOCHS),
     "max_tp": (1, MAX_CLUSTER_GPUS), "data_parallel_size": (1, MAX_CLUSTER_GPUS), "host_cores": (1, None),
     "max_staleness": (0, MAX_STALENESS), "stream_chunks": (1, MAX_STREAM_CHUNKS)}

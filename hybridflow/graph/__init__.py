@@ -28,7 +28,7 @@ from hybridflow.graph.node import (
 from hybridflow.graph.render import FORMATS, from_dict, from_json, render, to_dict, to_json
 from hybridflow.graph.roles import ALLOWED_OPS, Op, Role, RoleKind
 from hybridflow.graph.skipping import DETACHED_LOGPROBS, SkippedPass, prune_unread, with_detached_logprobs
-from hybridflow.graph.workload import NodeLoad, Workload, edge_bytes, field_bytes, node_loads
+from hybridflow.graph.workload import TEMPLATE_TOKENS_OPTION, NodeLoad, Workload, edge_bytes, field_bytes, node_loads
 
 __all__ = [
     "ALLOWED_OPS",
@@ -40,6 +40,7 @@ __all__ = [
     "OP_PORTS",
     "PAIR_INPUTS",
     "STANDARD_FIELDS",
+    "TEMPLATE_TOKENS_OPTION",
     "TIMEOUT_KEY_OPTION",
     "TIMEOUT_OPTION",
     "DeadNodeError",

@@ -9,6 +9,11 @@ from hybridflow.graph.graph import Graph
 from hybridflow.graph.node import Node
 from hybridflow.graph.roles import Op
 
+# The option a compute node that renders another generate's prompts (an LLM judge's ``judge_prompts``) carries: the
+# tokens its rendering adds around the prompt and response it reads, as its algorithm estimates them from the text
+# alone (a dry run's count; a run counts them with its tokenizer, ``Workload.template_tokens``).
+TEMPLATE_TOKENS_OPTION = "template_tokens"
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Workload:
@@ -19,6 +24,9 @@ class Workload:
     prompt groups a graph's filter keeps (DAPO: the groups whose rewards differ; 1: all of them).
     ``image_tokens``: visual tokens of a prompt's image beside its ``prompt_len`` text tokens (a vision-language
     model's language model reads each as one prompt position; 0: a text-only workload).
+    ``template_tokens``: the tokens a rendered prompt adds around the prompt and response it reads (an LLM judge's
+    template and chat markup, and the ground truth a reference-guided template shows), counted with the run's
+    tokenizer; None: each rendering node's own estimate (its :data:`TEMPLATE_TOKENS_OPTION`, 0 without one).
     """
 
     batch_size: int
@@ -29,6 +37,7 @@ class Workload:
     float_bytes: int = 4
     filter_keep_rate: float = 1.0
     image_tokens: int = 0
+    template_tokens: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "prompt_len", "response_len", "token_bytes", "float_bytes"):
@@ -38,6 +47,10 @@ class Workload:
         if not isinstance(self.image_tokens, int) or isinstance(self.image_tokens, bool) or self.image_tokens < 0:
             raise ValueError(f"Workload.image_tokens={self.image_tokens!r} must be an integer >= 0 (visual tokens a "
                              "prompt's image holds; 0 for text)")
+        extra = self.template_tokens
+        if extra is not None and (not isinstance(extra, int) or isinstance(extra, bool) or extra < 0):
+            raise ValueError(f"Workload.template_tokens={extra!r} must be an integer >= 0 (tokens a judge's template "
+                             "adds to each judge prompt) or None (the graph's own estimate)")
         n = self.n_samples
         if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n <= 0):
             raise ValueError(f"Workload.n_samples={self.n_samples!r} must be a positive integer or None")
@@ -109,13 +122,22 @@ def _one_round(graph: Graph, node: Node, workload: Workload) -> NodeLoad:
     if node.op is Op.GENERATE and node.port_inputs()["prompts"] in graph.producers:
         # Prompts a node renders from the sampled rows (an LLM judge's: prompt + response + template): each row is
         # prefilled alone and answered once, within the node's own budget (a verdict's few tokens).
-        return NodeLoad(node.name, node.op, rows, rows * (prompt + workload.response_len),
-                        rows * node.max_new_tokens, rows * image, image)
+        rendered = prompt + workload.response_len + template_tokens(graph, node, workload)
+        return NodeLoad(node.name, node.op, rows, rows * rendered, rows * node.max_new_tokens, rows * image, image)
     if node.op is Op.GENERATE:
         # Prompts are prefilled once and shared by their n samples (prefix caching in vLLM; one encode an image).
         return NodeLoad(node.name, node.op, rows, workload.batch_size * prompt, rows * workload.response_len,
                         workload.batch_size * image, image)
     return NodeLoad(node.name, node.op, rows, rows * prompt, rows * workload.response_len, rows * image, image)
+
+
+def template_tokens(graph: Graph, node: Node, workload: Workload) -> int:
+    """The tokens the node rendering generate ``node``'s prompts adds to each: the workload's count where the run
+    measured one, else the rendering node's own estimate (:data:`TEMPLATE_TOKENS_OPTION`), else 0."""
+    if workload.template_tokens is not None:
+        return workload.template_tokens
+    renderer = graph.node(graph.producers[node.port_inputs()["prompts"]])
+    return int(renderer.option(TEMPLATE_TOKENS_OPTION, 0) or 0)
 
 
 def node_loads(graph: Graph, workload: Workload) -> dict[str, NodeLoad]:

@@ -24,6 +24,7 @@ from hybridflow.planner.plan import Plan, SearchStats, detachable_policies, roll
 from hybridflow.planner.problem import Problem
 from hybridflow.planner.request import PlanRequest
 from hybridflow.planner.schedule import Schedule, Sharing, compile_schedule, makespan, shared_step
+from hybridflow.planner.streamed_search import stream_choice, streamed_plan
 from hybridflow.planner.support import ANY_LAYOUT
 from hybridflow.planner.units import GpuUnits, MachineUnits, State, Token, Units
 
@@ -120,9 +121,12 @@ class Searcher:
             self._optimistic[roles] = best
         return self._optimistic[roles]
 
-    def run(self) -> list[Placement] | None:
+    def run(self, only: Sequence[tuple[str, ...]] | None = None) -> list[Placement] | None:
+        """The best placements over every partition of the roles, or over the partition ``only``."""
         partitions = []
         for blocks in set_partitions(self.problem.role_names):
+            if only is not None and blocks != list(only):
+                continue
             if any(policy in block and rollout in block for policy, rollout in self.problem.apart for block in blocks):
                 continue  # that is the colocated rollout, which the undetached problem models
             bounds = [self.optimistic(block) for block in blocks]
@@ -212,8 +216,8 @@ def plan_placement(request: PlanRequest, options: PlannerOptions | None = None) 
     ``request``: what is planned and every input the user fixed (:class:`PlanRequest`); ``options``: how the
     search runs. With ``request.pipeline`` "auto" the plan records the mode compared fastest and why
     (``extra["pipeline_choice"]``); with ``request.agent`` the faster agent schedule in ``mode.agent_schedule``
-    and why in ``extra["agent_schedule"]``. The search plans unstreamed steps (``stream_chunks`` is
-    ``evaluate_mapping``'s).
+    and why in ``extra["agent_schedule"]``. With ``request.stream_chunks`` > 1 (a sync step) the search also costs
+    streamed steps and keeps the faster, saying which and why in ``extra["stream_choice"]`` (:mod:`.streamed_search`).
 
     With ``request.lora`` the trainable roles train adapters (``options.lora_when="needed"``: only when full
     fine-tuning fits nowhere); ``extra["lora"]`` gives their trainable weights, gradient and optimizer memory and
@@ -284,7 +288,35 @@ def _plan(request: PlanRequest, opts: PlannerOptions, *, adapters: Mapping[str, 
     if len(plans) > 1 or request.pipeline != "sync":
         why = explain_choice(chosen, [plan for i, plan in enumerate(plans) if i != best])
         chosen = replace(chosen, extra=tuple(sorted((*chosen.extra, ("pipeline_choice", why)))))
+    if request.stream_chunks > 1:
+        chosen = _streamed_or_not(request if adapters else replace(request, lora=None, shared_weights={}),
+                                  chosen, [(problem, searcher) for problem, searcher, _ in found])
     return chosen
+
+
+def _streamed_or_not(request: PlanRequest, chosen: Plan, searched: Sequence[tuple[Problem, Searcher]]) -> Plan:
+    """``chosen`` or, where faster, the best streamed candidate (:mod:`.streamed_search`), saying which and why."""
+    generate = request.graph.stream_generate
+    if generate is None:
+        raise ValueError(f"PlanRequest.stream_chunks={request.stream_chunks}: the {request.graph.name} graph has no "
+                         "single sampling generate node fed by the step's inputs whose other generates answer its "
+                         "rows one by one (or it has a filter), so there is nothing to stream: use stream_chunks=1")
+    streamed = []
+    for problem, searcher in searched:
+        for blocks in set_partitions(problem.role_names):
+            if any(policy in block and rollout in block for policy, rollout in problem.apart for block in blocks):
+                continue
+            searcher.best = _Best()
+            placements = searcher.run(only=blocks)
+            plan = streamed_plan(request, placements) if placements is not None else None
+            if plan is not None:
+                streamed.append(plan)
+    fastest = min(streamed, key=lambda plan: plan.step_time_s, default=None)
+    pick = fastest if fastest is not None and fastest.step_time_s < chosen.step_time_s * (1 - TOLERANCE) else chosen
+    if pick is not chosen:
+        extra = {**dict(pick.extra), **dict(chosen.extra)}
+        pick = replace(pick, search=chosen.search, extra=tuple(sorted(extra.items())))
+    return _with_extra(pick, "stream_choice", stream_choice(pick, chosen, streamed, generate.name))
 
 
 Mode = tuple[tuple[str, ...], str, int | None]  # (detached policies, pipeline, max_staleness)

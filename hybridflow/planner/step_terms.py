@@ -9,6 +9,10 @@ calibration) for all of this; a constant that long dominated short runs and expl
   driver loop; hybridflow: its reward pool's workers). ``DETOKENIZE_TOKEN_S`` and ``RULE_SCORE_S`` are measured
   by ``benchmarks/step_terms.py`` (hybridflow's ``decode_responses`` and ``math_reward``, the same work as verl's
   ``math_dapo``/``gsm8k`` ``compute_score``). It is the driver node's time in the schedule.
+- **An LLM judge's driver nodes** (:func:`driver_seconds`): the node rendering its prompts decodes each row's
+  prompt and response, renders the template around them (``TEMPLATE_RENDER_S`` a row) and encodes the judge prompt
+  in the judge's tokenizer (``TOKENIZE_TOKEN_S`` a token, every token the judge prefills); the node parsing its
+  verdicts decodes each verdict's budget of tokens. Measured by ``benchmarks/step_terms.py``.
 - **Validation** (:func:`validation_seconds`): every ``1 / validations_per_step`` steps, a generate pass over
   the validation prompts on the policy's rollout engine (woken again, weights refreshed) and their rewards.
   verl runs it inside its step timer (``ray_trainer.fit``: ``testing`` within ``step``), hybridflow after it.
@@ -29,6 +33,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from hybridflow.graph import NodeLoad, Op
+from hybridflow.graph.workload import node_load
 from hybridflow.planner.costs import DRIVER_SECONDS_PER_ROW, static_bytes
 from hybridflow.planner.rollout import generate_cost
 from hybridflow.planner.weight_moves import engine_switch, weight_sync
@@ -41,6 +46,11 @@ if TYPE_CHECKING:
 # ~1,640 tokens, byte-level BPE): 0.89 us per detokenised token, 78 us per math_reward call.
 DETOKENIZE_TOKEN_S = 0.9e-6
 RULE_SCORE_S = 78e-6
+# benchmarks/step_terms.py on a 2-core Intel Xeon KVM guest (2026-12-07, load ~2.5; detokenising measured 0.22 us a
+# token there): the pointwise template rendered around a ~1,640-token response, 11.7 us a row; the rendered text
+# encoded by the byte-level BPE, 1.0 us a token (the tiny models' character tokenizer: 1.3-1.8 us).
+TEMPLATE_RENDER_S = 11.7e-6
+TOKENIZE_TOKEN_S = 1.0e-6
 # Checkpoint writes per machine: an 8B model's weights and Adam states (~100 GB) take ~6 min on one 8xH100 machine
 # (pytorch/torchtitan#1301: 0.27 GB/s) and over 4 min (pytorch/pytorch#104081, HSDP: ~0.4 GB/s); torch.save with
 # fsync measured 0.24 GB/s here (benchmarks/step_terms.py). Shards of all of a machine's ranks share its storage.
@@ -56,11 +66,21 @@ def reward_seconds(rows: int, tokens_per_row: float, workers: int) -> float:
 
 
 def driver_seconds(problem: Problem, node: str) -> float:
-    """A driver node's seconds: a rule-based reward (:func:`reward_seconds`), else a vector op over the rows."""
+    """A driver node's seconds: a rule-based reward (:func:`reward_seconds`), an LLM judge's prompts or verdicts (the
+    module), else a vector op over the rows."""
     graph, workload = problem.graph, problem.workload
     rows = workload.sequences(graph)
     if graph.node(node).op is Op.SCORE:
         return reward_seconds(rows, workload.prompt_len + workload.response_len, problem.settings.reward_workers)
+    for generate in graph.nodes:
+        if generate.op is not Op.GENERATE or generate.port_inputs()["prompts"] not in graph.producers:
+            continue
+        if graph.producers[generate.port_inputs()["prompts"]] == node:  # renders the judge's prompts
+            judged = node_load(graph, generate, workload).prompt_tokens
+            return (rows * (TEMPLATE_RENDER_S + (workload.prompt_len + workload.response_len) * DETOKENIZE_TOKEN_S)
+                    + judged * TOKENIZE_TOKEN_S)
+        if generate.name in graph.predecessors(node):  # decodes and parses the judge's verdicts
+            return rows * (generate.max_new_tokens * DETOKENIZE_TOKEN_S + DRIVER_SECONDS_PER_ROW)
     return rows * DRIVER_SECONDS_PER_ROW
 
 

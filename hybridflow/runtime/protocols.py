@@ -306,7 +306,10 @@ class NodeState(Protocol):
     ``NodeState`` (or None); the controller makes it once, passes it as ``state=`` every step, logs its
     metrics under the node's name and keeps it in checkpoints. A function whose ``reads_role_models`` attribute is
     True gets ``role_models`` too (role -> its model directory, where its tokenizer is): a judge's templates turn
-    the policy's token ids into text and the judge's text into its own ids. A state may name its counts in a
+    the policy's token ids into text and the judge's text into its own ids. A function that renders another
+    generate's prompts may have a ``template_tokens(*, tokenizer, ground_truths, **node_options) -> int`` attribute:
+    the tokens its rendering adds around a prompt and response, which the planner prices
+    (``hybridflow.train.template_tokens``). A state may name its counts in a
     ``summed_metrics`` attribute: where a node runs on several partitions of a step (stream chunks), those add up
     over the step; its other metrics are a mean weighted by rows (:class:`~hybridflow.runtime.scheduler.StepRecord`).
     """

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -251,8 +251,12 @@ class TrainConfig:
         _cross_checks(self)
 
     def execution_mode(self, plan: Plan | None = None) -> ExecutionMode:
-        """The mode the run executes (:meth:`PipelineConfig.execution_mode`)."""
-        return self.pipeline.execution_mode(plan)
+        """The mode the run executes (:meth:`PipelineConfig.execution_mode`); with ``placement.mode: auto`` and
+        ``pipeline.stream_chunks`` > 1, streamed or not as the search chose (``plan.extra["stream_choice"]``)."""
+        mode = self.pipeline.execution_mode(plan)
+        if plan is not None and "stream_choice" in dict(plan.extra) and self.placement.mode == "auto":
+            return replace(mode, stream_chunks=plan.mode.stream_chunks)
+        return mode
 
 
 def _cross_checks(config: TrainConfig) -> None:

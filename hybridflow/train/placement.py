@@ -199,14 +199,15 @@ def shared_references(config: TrainConfig, graph: Graph, models: Mapping[str, Mo
 
 
 def workload(config: TrainConfig, graph: Graph, prompt_len: int, settings: RunSettings | None = None, *,
-             image_tokens: int = 0) -> Workload:
+             image_tokens: int = 0, template_tokens: int | None = None) -> Workload:
     """The run's workload; responses as long as ``max_new_tokens`` unless ``settings`` give a length distribution
-    (then its mean, which the graph sizes its edges with); ``image_tokens``: a prompt's visual tokens."""
+    (then its mean, which the graph sizes its edges with); ``image_tokens``: a prompt's visual tokens;
+    ``template_tokens``: a judge template's, counted with the run's tokenizer (``train.template_tokens``)."""
     response = graph.max_new_tokens
     if settings is not None and settings.lengths is not None:
         response = max(1, round(settings.lengths.mean))
     return Workload(batch_size=config.data.batch_size, prompt_len=prompt_len, response_len=response,
-                    image_tokens=image_tokens)
+                    image_tokens=image_tokens, template_tokens=template_tokens)
 
 
 def run_settings(config: TrainConfig, graph: Graph) -> RunSettings:
@@ -282,16 +283,18 @@ def host_cores(config: TrainConfig, cluster: Cluster) -> int | None:
 def planned(config: TrainConfig, graph: Graph, prompt_len: int, model_dir: str | None = None, *,
             support: Mapping[str, LayoutSupport] | None = None, micro_batch_sizes: Mapping[str, int] | None = None,
             token_budgets: Mapping[str, int] | None = None, vocab_size: int | None = None,
-            image_tokens: int = 0) -> Plan:
+            image_tokens: int = 0, template_tokens: int | None = None) -> Plan:
     """The plan ``config.placement.mode`` asks for; raises naming the key at fault.
 
     ``support``: per role, the layouts its backend runs (the search proposes nothing else);
     ``micro_batch_sizes`` and ``token_budgets``: what the user fixed, inputs the plan is costed with.
     """
     request = plan_request(config, graph, prompt_len, model_dir, support=support, micro_batch_sizes=micro_batch_sizes,
-                           token_budgets=token_budgets, vocab_size=vocab_size, image_tokens=image_tokens)
-    if config.placement.mode == "auto":
-        return plan_placement(request, PlannerOptions(separate_rollout=config.placement.separate_rollout))
+                           token_budgets=token_budgets, vocab_size=vocab_size, image_tokens=image_tokens,
+                           template_tokens=template_tokens)
+    if config.placement.mode == "auto":  # with pipeline.stream_chunks > 1 the search keeps streamed or not, the faster
+        return plan_placement(replace(request, stream_chunks=config.pipeline.stream_chunks),
+                              PlannerOptions(separate_rollout=config.placement.separate_rollout))
     gpu_roles, shared = set(request.models), set(request.shared_weights)
     # a shared reference runs on its host's
     missing = sorted(gpu_roles - set(config.placement.meshes) - shared)
@@ -316,15 +319,17 @@ def planned(config: TrainConfig, graph: Graph, prompt_len: int, model_dir: str |
 def plan_request(config: TrainConfig, graph: Graph, prompt_len: int, model_dir: str | None = None, *,
                  support: Mapping[str, LayoutSupport] | None = None,
                  micro_batch_sizes: Mapping[str, int] | None = None, token_budgets: Mapping[str, int] | None = None,
-                 vocab_size: int | None = None, image_tokens: int = 0) -> PlanRequest:
-    """The planner's inputs from the run's config, one request for ``placement: auto`` and ``manual`` alike (a
-    manual mapping's step adds ``pipeline.stream_chunks``; the search plans unstreamed steps). ``prompt_len``:
+                 vocab_size: int | None = None, image_tokens: int = 0,
+                 template_tokens: int | None = None) -> PlanRequest:
+    """The planner's inputs from the run's config, one request for ``placement: auto`` and ``manual`` alike (both add
+    ``pipeline.stream_chunks``: a manual mapping's step is costed streamed, the search keeps the faster of streamed
+    and not). ``prompt_len``:
     a prompt's text tokens; ``image_tokens``: its images' visual tokens."""
     settings = run_settings(config, graph)
     models = role_models(config, graph, model_dir, vocab_size=vocab_size)
     adapters = role_adapters(config, graph)
     calibration = Calibration.load(config.placement.calibration) if config.placement.calibration else None
-    load = workload(config, graph, prompt_len, settings, image_tokens=image_tokens)
+    load = workload(config, graph, prompt_len, settings, image_tokens=image_tokens, template_tokens=template_tokens)
     return PlanRequest(graph, models, load, planner_cluster(config),
                        settings=settings, calibration=calibration, support=dict(support or {}),
                        agent=agent_workload(config, graph), lora=adapters or None,

@@ -22,6 +22,7 @@ from hybridflow.train import setup
 from hybridflow.train.config import TrainConfig
 from hybridflow.train.preflight import check_config, check_prompts, check_vocabulary, probe_rewards
 from hybridflow.train.role_tokenizers import check_role_tokenizers
+from hybridflow.train.template_tokens import template_tokens
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,7 +73,8 @@ def prepare_run(config: TrainConfig, *, graph: Graph | None = None, plan: Plan |
             # the planner counts a prompt's text and its images' visual tokens apart (Workload.image_tokens)
             text_tokens = max(1, train_data.longest_prompt_tokens - train_data.image_tokens)
             plan = setup.build_plan(config, graph, text_tokens, config.model.path, vocab_size=len(tokenizer),
-                                    image_tokens=train_data.image_tokens)
+                                    image_tokens=train_data.image_tokens,
+                                    template_tokens=template_tokens(config, graph, tokenizer, train_data.records))
         else:
             setup.check_given_plan(config, graph, plan, specs)
     except BaseException:

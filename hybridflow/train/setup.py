@@ -225,13 +225,14 @@ def with_agent(config: TrainConfig, graph: Graph) -> Graph:
 
 
 def build_plan(config: TrainConfig, graph: Graph, prompt_len: int = 32, model_dir: str | None = None, *,
-               vocab_size: int | None = None, image_tokens: int = 0) -> Plan:
+               vocab_size: int | None = None, image_tokens: int = 0, template_tokens: int | None = None) -> Plan:
     """The plan file's, the planner's (``placement``) or the one-group plan; the run then executes it as it is.
 
     Every plan holds the micro batches the user fixed and only layouts the roles' backends run (refused here,
     before any model loads). ``model_dir``: the run's starting weights, which the planner sizes the models by
     (before they exist, a built-in tiny model is sized by its config and ``vocab_size``, the tokenizer's).
-    ``prompt_len`` counts a prompt's text tokens, ``image_tokens`` its images' visual tokens (a VLM's).
+    ``prompt_len`` counts a prompt's text tokens, ``image_tokens`` its images' visual tokens (a VLM's),
+    ``template_tokens`` what a judge's template adds to a judge prompt (``train.template_tokens``).
     """
     fixed, budgets = fixed_micro_batches(config, graph), token_budgets(config)
     if config.placement.plan_file:
@@ -242,7 +243,7 @@ def build_plan(config: TrainConfig, graph: Graph, prompt_len: int = 32, model_di
 
         plan = planned(config, graph, prompt_len, model_dir, support=layout_support(config, graph),
                        micro_batch_sizes=fixed, token_budgets=budgets, vocab_size=vocab_size,
-                       image_tokens=image_tokens)
+                       image_tokens=image_tokens, template_tokens=template_tokens)
     else:
         plan = default_plan(graph, num_gpus=config.placement.num_gpus, micro_batch_sizes=fixed,
                             token_budgets=budgets, padding=config.pipeline.padding)

@@ -144,6 +144,33 @@ def test_a_self_judging_run_loads_one_model_and_its_actor_engine_answers_the_ver
 
 
 @pytest.mark.slow
+def test_a_self_judging_actor_with_a_detached_rollout_samples_and_judges_on_the_rollout(
+        engines: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The actor trains on GPU 0 and generates on GPU 1 (``actor:rollout``): both its generates, the samples and the
+    verdicts, run on the rollout's engine, which holds the weights of every update (shipped after each)."""
+    log, run = tmp_path / "calls.jsonl", tmp_path / "run"
+    code, line = _main(capsys, f"algorithm.options={OPTIONS}, self_judge: true, judge_verdict: score, "
+                       "judge_template: 'judge {{ prompt }} {{ response }} ='}", *QUICK, f"output_dir={run}",
+                       "placement.num_gpus=2", "placement.mode=manual",
+                       'placement.meshes={actor: [0], "actor:rollout": [1]}',
+                       f"roles.actor.rollout={engines}:recording", f"roles.actor.rollout_options={{log: {log}}}")
+    assert code == 0, line
+    plan = json.loads((run / "plan.json").read_text())
+    assert [group["roles"] for group in plan["groups"]] == [["actor"], ["actor:rollout"]]
+    placed = {node["node"]: node["role"] for node in plan["nodes"]}
+    assert placed["actor_generate"] == placed["judge_generate"] == "actor:rollout"
+    calls = _lines(log)
+    assert {call["role"] for call in calls} == {"actor:rollout"}
+    shapes = [(call["rows"], call["greedy"], call["max_new_tokens"]) for call in calls]
+    assert shapes == [(8, False, 6), (8, True, 4)] * 2  # per step: the samples, then each row's verdict
+    judged, policy = _lines(run / "judge_samples.jsonl"), char_tokenizer()
+    for step in (0, 1):
+        verdicts = [policy.decode(tokens, skip_special_tokens=True) for tokens in calls[2 * step + 1]["tokens"]]
+        assert [row["verdict"] for row in judged if row["step"] == step] == verdicts
+    assert [row["step"] for row in _lines(run / "metrics.jsonl") if "reward/mean" in row] == [0, 1]
+
+
+@pytest.mark.slow
 def test_a_judge_past_its_deadline_fails_the_step_naming_it_and_resume_continues(
         engines: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = tmp_path / "run"

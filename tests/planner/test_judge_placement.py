@@ -17,13 +17,16 @@ from hybridflow.planner.request import PlanRequest
 WORKLOAD = Workload(batch_size=128, prompt_len=256, response_len=512)
 
 
-def test_a_judges_generate_reads_prompt_and_response_and_decodes_its_verdict_budget() -> None:
+def test_a_judges_generate_reads_prompt_response_and_template_and_decodes_its_verdict_budget() -> None:
     graph = load_graph("grpo_judge", n=4, judge_max_new_tokens=24)
+    template = graph.node("judge_prompts").option("template_tokens")
+    assert isinstance(template, int) and template > 0  # the pointwise template's text, estimated for a dry run
     loads = node_loads(graph, WORKLOAD)
     rows = 128 * 4
     actor, judge = loads["actor_generate"], loads["judge_generate"]
     assert (actor.prompt_tokens, actor.response_tokens) == (128 * 256, rows * 512)  # prompts shared by n samples
-    assert (judge.sequences, judge.prompt_tokens, judge.response_tokens) == (rows, rows * (256 + 512), rows * 24)
+    assert (judge.sequences, judge.prompt_tokens, judge.response_tokens) == (
+        rows, rows * (256 + 512 + template), rows * 24)
 
 
 @pytest.fixture(scope="module")
