@@ -83,3 +83,35 @@ def test_a_ray_run_of_a_vlm_policy_samples_and_scores_as_a_local_one(tmp_path: P
 
 
 METRICS = ("reward/mean", "response_length/mean", "actor/entropy", "actor/ref_kl")
+
+
+@pytest.mark.slow  # 15 s alone on 2 cores, more beside other jobs
+def test_ppo_runs_a_step_with_a_vlm_critic_that_reads_the_images(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    import yaml
+
+    from hybridflow.backends.common import modeling
+
+    processor = tiny_vlm_processor()
+    model_dir = save_vlm_dir(build_tiny_vlm(processor.tokenizer), processor, tmp_path / "vlm")
+    passes: list[tuple[bool, bool, int]] = []  # (images in the rows, grad enabled, the head's width)
+    original = modeling.value_outputs
+
+    def counted(model: Any, batch: Any, **kwargs: Any) -> Any:
+        width = modeling.hf_model(model).get_output_embeddings().out_features
+        passes.append((vision.has_images(batch), torch.is_grad_enabled(), width))
+        return original(model, batch, **kwargs)
+
+    monkeypatch.setattr(modeling, "value_outputs", counted)
+    raw = yaml.safe_load((ROOT / "configs" / "grpo_vision.yaml").read_text())
+    raw["algorithm"] = {"name": "ppo", "options": {"kl_coef": 0.01, "max_new_tokens": 6, "temperature": 1.0}}
+    raw["optim"]["critic"] = {"lr": 0.001, "micro_batch_size": 128}
+    (tmp_path / "ppo.yaml").write_text(yaml.safe_dump(raw))
+    config = load_config(tmp_path / "ppo.yaml",
+                         [f"model.path={model_dir}", f"output_dir={tmp_path / 'run'}", "steps=1", "data.batch_size=4",
+                          "data.num_examples=8", "logging.progress=false", "logging.plot=false"])
+    history = loop.train(config).history
+    assert [row["step"] for row in history] == [0]
+    assert "critic/vf_loss" in history[0], sorted(history[0])
+    # the values pass (no grad) and the critic's update (grad) both read the images, through a one-wide value head
+    assert (True, False, 1) in passes and (True, True, 1) in passes and all(images for images, _, _ in passes)
