@@ -141,6 +141,7 @@ def sequence_inputs(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
 def policy_outputs(model: Any, batch: Batch, *, with_entropy: bool, packed: bool = True) -> dict[str, torch.Tensor]:
     """Log-probs (and entropy) of the response tokens. Each (B, T); 0 where ``response_mask`` is 0 when ``packed``.
     Rows with images (:mod:`.vision`) also pass the model their pixel values, image grids and 3-D rope positions."""
+    _refuse_blind(model, batch, "log-prob")
     if packed:
         rows = _pack(model, batch)
         inputs = _packed_inputs(model, batch, rows)
@@ -310,7 +311,7 @@ def generate(model: Any, batch: Batch, *, max_new_tokens: int, greedy: bool, tem
                                          logprobs=logprobs)
     else:
         prefill = None
-        if vision.has_images(batch):  # pixel values, image grids and the prompts' 3-D rope positions
+        if vision.reads_images(hf_model(model), batch):  # pixel values, image grids, the prompts' 3-D positions
             prefill = vision.padded_inputs(hf_model(model), batch, prompts, batch["prompt_mask"].long())
         responses, chosen = sampling.sample(model, prompts, batch["prompt_mask"], max_new_tokens=max_new_tokens,
                                             greedy=greedy, temperature=temperature, top_p=top_p, top_k=top_k,
@@ -345,7 +346,7 @@ def _hf_generate(model: Any, batch: Batch, *, max_new_tokens: int, greedy: bool,
                                   pad_token_id=config.pad_token_id, bos_token_id=config.bos_token_id,
                                   return_dict_in_generate=logprobs, output_logits=logprobs, **options)
     images: dict[str, Any] = {}
-    if vision.has_images(batch):  # the model computes its 3-D rope positions from these
+    if vision.reads_images(hf_model(model), batch):  # the model computes its 3-D rope positions from these
         pixel_values, grid_thw = vision.image_inputs(batch, device=prompts.device)
         if pixel_values is not None:
             images = {"pixel_values": pixel_values, "image_grid_thw": grid_thw,

@@ -121,3 +121,45 @@ def test_a_vlm_teachers_logprobs_read_the_images(vlm_dir: Path, tmp_path: Path) 
         assert (got[row, :length] - alone).abs().max() < TOLERANCE
     blank = run_role_op(teacher, node, _blank(batch), seed=0)["teacher_logprobs"]
     assert (blank - got)[batch["response_mask"].bool()].abs().max() > 1e-3
+
+
+def test_a_vlm_judge_reads_the_samples_images(vlm_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """grpo_judge with a vision-language judge: its rendered prompts keep each sample's image placeholders, its
+    generate gets the samples' pixel_values, and its verdict's log-probs change when the images are blanked."""
+    from hybridflow.algorithms.judge_functions import JudgeText, judge_prompts
+    from hybridflow.backends.common import vision
+    from hybridflow.graph import load_graph
+    from hybridflow.models.vision import IMAGE_PAD
+    from hybridflow.runtime.worker import run_role_op
+
+    processor = tiny_vlm_processor()
+    judge_dir = save_vlm_dir(build_tiny_vlm(processor.tokenizer, seed=2), processor, tmp_path / "judge")
+    batch, processor, records = image_rows(vlm_dir)
+    truths = [record["ground_truth"] for record in records]
+
+    def rendered(judge: str) -> tuple[torch.Tensor, torch.Tensor]:
+        state = JudgeText(role_models={"actor": str(vlm_dir), "judge": judge}, policy="actor", judge="judge",
+                          template="reference", verdict=None, rubric="", scale=10)
+        return judge_prompts(batch["prompts"], batch["responses"], batch["response_mask"], truths, state=state)
+
+    ids, mask = rendered(str(judge_dir))
+    pad = processor.tokenizer.convert_tokens_to_ids(IMAGE_PAD)
+    visual = [int(grid.prod(axis=1).sum()) // 4 for grid in batch["image_grid_thw"]]  # merged 2 x 2
+    assert [int((row == pad).sum()) for row in ids] == visual == [int((row == pad).sum()) for row in batch["prompts"]]
+    assert not (rendered("tiny-qwen2")[0] == pad).any()  # a text judge reads the text alone
+
+    node = load_graph("grpo_judge", kl_coef=0.01).node("judge_generate")
+    images = batch.select(["pixel_values", "image_grid_thw"])
+    rows = images.union(Batch({"judge_prompts": ids, "judge_prompts_mask": mask}))
+    seen: list[bool] = []
+    original = vision.padded_inputs
+    monkeypatch.setattr(vision, "padded_inputs", lambda model, b, *a: seen.append("pixel_values" in b) or
+                        original(model, b, *a))
+    judge = _engine(judge_dir, RoleKind.FROZEN_POLICY, padding=False, name="judge")
+    verdicts = run_role_op(judge, node, rows, seed=0)
+    assert seen == [True]  # the verdict's prefill read the images
+    scored = images.union(Batch({"prompts": ids, "prompt_mask": mask, "responses": verdicts["verdict_ids"],
+                                 "response_mask": verdicts["verdict_mask"]}))
+    logprobs = judge.log_probs(scored)["logprobs"]
+    blank = judge.log_probs(_blank(scored))["logprobs"]
+    assert (blank - logprobs)[verdicts["verdict_mask"].bool()].abs().max() > 1e-3
