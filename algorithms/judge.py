@@ -70,10 +70,9 @@ def add_judge(g: GraphBuilder, *, template: str = "pointwise", verdict: str | No
                      **({"verdict": verdict} if verdict is not None else {})}
     g.compute("judge_prompts", fn="judge_prompts", inputs=JUDGE_PROMPT_INPUTS,
               outputs=("judge_prompts", "judge_prompts_mask"), verdict_tokens=max_new_tokens, **text)
-    # A vision-language judge's prompts keep the samples' image placeholders: its rows carry their images.
+    images: Options = {SAMPLE_IMAGES_OPTION: True}  # a VLM judge's prompts keep the samples' image placeholders
     g.generate(judge, name="judge_generate", inputs=("judge_prompts",), outputs=("verdict_ids", "verdict_mask"),
-               **judge_sampling(max_new_tokens, temperature), **judge_deadline(timeout_s),
-               **{SAMPLE_IMAGES_OPTION: True})
+               **judge_sampling(max_new_tokens, temperature), **judge_deadline(timeout_s), **images)
     g.compute(JUDGE, fn="judge_scores", inputs=("verdict_ids", "verdict_mask"), outputs=("scores", "verdicts"),
               unparsed_score=unparsed_score, **text)
     return "scores"

@@ -13,7 +13,6 @@ import pytest
 import torch
 from harness import context, layout, role_spec, run_ranks
 from PIL import Image
-
 from vision_rows import forward_alone, image_rows
 
 from hybridflow.data.images import open_image

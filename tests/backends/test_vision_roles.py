@@ -128,6 +128,7 @@ def test_a_vlm_judge_reads_the_samples_images(vlm_dir: Path, tmp_path: Path, mon
     generate gets the samples' pixel_values, and its verdict's log-probs change when the images are blanked."""
     from hybridflow.algorithms.judge_functions import JudgeText, judge_prompts
     from hybridflow.backends.common import vision
+
     from hybridflow.graph import load_graph
     from hybridflow.models.vision import IMAGE_PAD
     from hybridflow.runtime.worker import run_role_op

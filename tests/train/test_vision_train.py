@@ -90,7 +90,6 @@ METRICS = ("reward/mean", "response_length/mean", "actor/entropy", "actor/ref_kl
 def test_ppo_runs_a_step_with_a_vlm_critic_that_reads_the_images(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     import yaml
-
     from hybridflow.backends.common import modeling
 
     processor = tiny_vlm_processor()
