@@ -164,3 +164,18 @@ def test_a_vlm_judge_reads_the_samples_images(vlm_dir: Path, tmp_path: Path, mon
     logprobs = judge.log_probs(scored)["logprobs"]
     blank = judge.log_probs(_blank(scored))["logprobs"]
     assert (blank - logprobs)[verdicts["verdict_mask"].bool()].abs().max() > 1e-3
+
+
+def test_a_vlm_judge_that_reads_images_otherwise_is_refused_naming_both(vlm_dir: Path, tmp_path: Path) -> None:
+    import json
+    import shutil
+
+    from hybridflow.algorithms.judge_functions import JudgeText
+
+    judge_dir = Path(shutil.copytree(vlm_dir, tmp_path / "judge"))
+    config = json.loads((judge_dir / "config.json").read_text())
+    config["vision_config"]["patch_size"] = 8
+    (judge_dir / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"judge model .*patch_size': 8.*policy's processor.*patch_size': 4"):
+        JudgeText(role_models={"actor": str(vlm_dir), "judge": str(judge_dir)}, policy="actor", judge="judge",
+                  template="pointwise", verdict=None, rubric="", scale=10)
