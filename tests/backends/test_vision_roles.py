@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from harness import context, layout, role_spec
+from harness import context, layout, role_spec, run_ranks
 from vision_rows import forward_alone, image_rows
 
 from hybridflow.data.images import open_image
@@ -179,3 +179,21 @@ def test_a_vlm_judge_that_reads_images_otherwise_is_refused_naming_both(vlm_dir:
     with pytest.raises(ValueError, match=r"judge model .*patch_size': 8.*policy's processor.*patch_size': 4"):
         JudgeText(role_models={"actor": str(vlm_dir), "judge": str(judge_dir)}, policy="actor", judge="judge",
                   template="pointwise", verdict=None, rubric="", scale=10)
+
+
+@pytest.mark.slow  # two spawned gloo ranks: ~40 s on 2 shared cores
+def test_an_fsdp_vlm_critic_gives_the_torch_engines_values_and_update(vlm_dir: Path) -> None:
+    """FULL_SHARD over two ranks, one image row each: the values equal the torch engine's over both rows, and one
+    value update lands on the torch engine's weights."""
+    import vision_ranks
+
+    batch, _, _ = image_rows(vlm_dir)
+    engine = _engine(vlm_dir, RoleKind.VALUE, padding=True)
+    values = engine.values(batch)["values"]
+    returns = values + torch.linspace(-1.0, 1.0, values.shape[1])
+    rows = batch.union(Batch({"values": values, "returns": returns, "loss_mask": batch["response_mask"]}))
+    ranks = run_ranks(vision_ranks.fsdp_critic, str(vlm_dir), rows.to_wire())
+    mask = batch["response_mask"].bool()
+    assert (torch.cat([rank["values"] for rank in ranks]) - values)[mask].abs().max() < TOLERANCE
+    # Adam's first step moves every weight by about lr (1e-3); the sharded one lands within float noise of it
+    assert ranks[0]["step"] > 5e-4 and max(rank["weight_gap"] for rank in ranks) < 2e-5
