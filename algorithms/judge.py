@@ -23,6 +23,7 @@ from hybridflow.algorithms.modes import LossAgg, ScaleRewards
 from hybridflow.graph import (
     DEFAULT_MAX_NEW_TOKENS,
     DEFAULT_TEMPERATURE,
+    SAMPLE_IMAGES_OPTION,
     TEMPLATE_TOKENS_OPTION,
     TIMEOUT_KEY_OPTION,
     TIMEOUT_OPTION,
@@ -71,8 +72,9 @@ def add_judge(g: GraphBuilder, *, template: str = "pointwise", verdict: str | No
     g.compute("judge_prompts", fn="judge_prompts", inputs=JUDGE_PROMPT_INPUTS,
               outputs=("judge_prompts", "judge_prompts_mask"), verdict_tokens=max_new_tokens,
               **{TEMPLATE_TOKENS_OPTION: loaded.estimated_tokens()}, **text)
+    images: Options = {SAMPLE_IMAGES_OPTION: True}  # a VLM judge's prompts keep the samples' image placeholders
     g.generate(judge, name="judge_generate", inputs=("judge_prompts",), outputs=("verdict_ids", "verdict_mask"),
-               **judge_sampling(max_new_tokens, temperature), **judge_deadline(timeout_s))
+               **judge_sampling(max_new_tokens, temperature), **judge_deadline(timeout_s), **images)
     g.compute(JUDGE, fn="judge_scores", inputs=("verdict_ids", "verdict_mask"), outputs=("scores", "verdicts"),
               unparsed_score=unparsed_score, **text)
     return "scores"

@@ -23,6 +23,7 @@ from hybridflow.algorithms.judge_templates import DEFAULT_SCALE, JudgeTemplate, 
 
 from hybridflow.models.tiny import TINY_CONFIGS
 from hybridflow.models.tokenizer import char_tokenizer, load_tokenizer
+from hybridflow.models.vision import VISION_TOKENS
 from hybridflow.registry import COMPUTE_FNS
 
 
@@ -56,6 +57,8 @@ class JudgeText:
         self.template: JudgeTemplate = load_template(template, verdict=verdict, rubric=rubric, scale=scale)
         self.policy_tokenizer = _tokenizer(role_models[policy])
         self.judge_tokenizer = _tokenizer(role_models[judge])
+        # A vision-language judge reads the samples' images: their placeholders stay in its prompts.
+        self.kept_ids = _image_placeholders(self.policy_tokenizer, role_models[policy], role_models[judge])
         self.context = context if context is not None else judge_context(role_models[judge])
         self.verdict_tokens = verdict_tokens
         self.counts: dict[str, float] = {}
@@ -85,13 +88,48 @@ def _state(state: JudgeText | None, node: str) -> JudgeText:
     return state
 
 
-def _decode(tokenizer: Any, ids: torch.Tensor, mask: torch.Tensor | None = None) -> str:
-    """The text of one row: its masked tokens, or (left-padded prompts) the row after its leading padding."""
+def _decode(tokenizer: Any, ids: torch.Tensor, mask: torch.Tensor | None = None,
+            kept_ids: frozenset[int] = frozenset()) -> str:
+    """The text of one row: its masked tokens, or (left-padded prompts) the row after its leading padding. Special
+    tokens are dropped except ``kept_ids`` (a vision-language judge's image placeholders)."""
     tokens = ids[mask.bool()] if mask is not None else ids
     if mask is None and tokenizer.pad_token_id is not None:
         kept = (tokens != tokenizer.pad_token_id).nonzero()
         tokens = tokens[int(kept[0]):] if len(kept) else tokens[:0]
-    return str(tokenizer.decode(tokens.tolist(), skip_special_tokens=True))
+    if not kept_ids:
+        return str(tokenizer.decode(tokens.tolist(), skip_special_tokens=True))
+    dropped = set(tokenizer.all_special_ids) - kept_ids
+    return str(tokenizer.decode([token for token in tokens.tolist() if token not in dropped]))
+
+
+_VISION_SHAPE = ("patch_size", "spatial_merge_size", "temporal_patch_size", "in_channels")
+"""The vision-config fields that fix how a tower reads ``pixel_values`` and how many placeholders an image takes."""
+
+
+def _vision_config(model: str) -> dict[str, Any] | None:
+    """A model directory's ``vision_config`` (None for a text model or a built-in tiny one)."""
+    config = Path(model) / "config.json"
+    if not config.is_file():
+        return None
+    found = json.loads(config.read_text()).get("vision_config")
+    return dict(found) if isinstance(found, dict) else None
+
+
+def _image_placeholders(policy_tokenizer: Any, policy: str, judge: str) -> frozenset[int]:
+    """The policy's image-placeholder ids a judge's prompts keep: those of a vision-language judge of a
+    vision-language policy (which then reads the samples' images with them), none otherwise. The judge must read
+    the policy's ``pixel_values`` as the policy does, or its placeholders would not match its image features."""
+    policy_vision, judge_vision = _vision_config(policy), _vision_config(judge)
+    if policy_vision is None or judge_vision is None:
+        return frozenset()
+    shape = {key: policy_vision.get(key) for key in _VISION_SHAPE}
+    theirs = {key: judge_vision.get(key) for key in _VISION_SHAPE}
+    if shape != theirs:
+        raise ValueError(f"the judge model {judge} reads images as {theirs}, the policy's processor makes them as "
+                         f"{shape}: a vision-language judge reads the policy's pixel_values, so give it a model of the "
+                         "same image processing (or a text judge, which reads the rendered text alone)")
+    ids = {policy_tokenizer.convert_tokens_to_ids(token) for token in VISION_TOKENS}
+    return frozenset(token for token in ids if token is not None and token != policy_tokenizer.unk_token_id)
 
 
 def _judge_text(tokenizer: Any, text: str) -> list[int]:
@@ -126,7 +164,7 @@ def judge_prompts(prompts: torch.Tensor, responses: torch.Tensor, response_mask:
     if "ground_truth" in template.fields and any(not truth for truth in truths):
         raise ValueError("the judge's template reads field 'ground_truth', but rows of this batch have none: give the "
                          "dataset a ground_truth column, or use a template without it")
-    fitted = [_fitted(text, _decode(policy, prompt), _decode(policy, response, mask), truth)
+    fitted = [_fitted(text, _decode(policy, prompt, kept_ids=text.kept_ids), _decode(policy, response, mask), truth)
               for prompt, response, mask, truth in zip(prompts, responses, response_mask, truths, strict=True)]
     text.counts = {"truncated": float(sum(cut for _, cut in fitted))}
     rows = [ids for ids, _ in fitted]

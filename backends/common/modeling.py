@@ -54,13 +54,12 @@ def _load(kind: RoleKind, model: str, dtype: str) -> Any:
     cls = classes.get(kind, AutoModelForCausalLM)
     head = {"num_labels": 1} if kind in classes else {}
     if Path(model).is_dir() and _is_vision_language(model):
-        if kind in classes:
-            raise NotImplementedError(f"model {model} is a vision-language model: value and reward-model heads on "
-                                      "one are not built yet (docs/vision.md); use it as a policy or reference")
         from transformers import AutoModelForImageTextToText
 
-        cls = AutoModelForImageTextToText
-    if Path(model).is_dir():
+        module = AutoModelForImageTextToText.from_pretrained(model, dtype=DTYPES[dtype])
+        if kind in classes:  # no transformers head class takes images: the VLM itself with a one-wide head
+            with_scalar_head(module)
+    elif Path(model).is_dir():
         module = cls.from_pretrained(model, dtype=DTYPES[dtype], **head)
     else:
         from hybridflow.models import tiny_config
@@ -81,6 +80,23 @@ def _load(kind: RoleKind, model: str, dtype: str) -> Any:
         module.config.pad_token_id = module.config.eos_token_id
     varlen.enable(module)  # packed passes attend per sequence instead of through an N² mask
     return module
+
+
+def with_scalar_head(model: Any) -> None:
+    """Make a vision-language model a value or reward model: its LM head becomes a fresh ``Linear(hidden, 1)``
+    (as transformers' token- and sequence-classification heads, ``num_labels=1``), so ``logits`` (B, L, 1) are
+    per-token scalars that read the images through the same forward as the policy's. The head is untied from the
+    input embeddings (a tied head would be the embeddings)."""
+    head = model.get_output_embeddings()
+    text = model.config.get_text_config()
+    scalar = torch.nn.Linear(head.in_features, 1, dtype=head.weight.dtype)
+    torch.nn.init.normal_(scalar.weight, std=float(getattr(text, "initializer_range", 0.02)))
+    torch.nn.init.zeros_(scalar.bias)
+    model.set_output_embeddings(scalar)
+    for config in {id(model.config): model.config, id(text): text}.values():
+        config.tie_word_embeddings = False
+    model.config.num_labels = 1
+
 
 
 def _is_vision_language(directory: str) -> bool:
@@ -125,11 +141,10 @@ def sequence_inputs(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
 def policy_outputs(model: Any, batch: Batch, *, with_entropy: bool, packed: bool = True) -> dict[str, torch.Tensor]:
     """Log-probs (and entropy) of the response tokens. Each (B, T); 0 where ``response_mask`` is 0 when ``packed``.
     Rows with images (:mod:`.vision`) also pass the model their pixel values, image grids and 3-D rope positions."""
+    _refuse_blind(model, batch, "log-prob")
     if packed:
         rows = _pack(model, batch)
-        inputs: dict[str, Any] = {"position_ids": rows.position_ids}
-        if vision.has_images(batch):  # each sequence keeps the 3-D rope positions the model gives it alone
-            inputs = vision.packed_inputs(hf_model(model), batch, *sequence_inputs(batch)[:2], rows.position_ids)
+        inputs = _packed_inputs(model, batch, rows)
         if keeps_logits(model):  # the LM head on the M emitting tokens only, not all N packed ones (TRL's trim)
             logits = model(input_ids=rows.input_ids, use_cache=False, logits_to_keep=rows.emit, **inputs).logits[0]
         else:
@@ -141,9 +156,7 @@ def policy_outputs(model: Any, batch: Batch, *, with_entropy: bool, packed: bool
         return out
     input_ids, mask, positions = sequence_inputs(batch)
     prompt_len, response_len = batch["prompts"].shape[1], batch["responses"].shape[1]
-    inputs = {"position_ids": positions}
-    if vision.has_images(batch):  # pixel values, image grids and the model's 3-D rope positions
-        inputs = vision.padded_inputs(hf_model(model), batch, input_ids, mask)
+    inputs = _padded_inputs(model, batch, input_ids, mask, positions)
     if keeps_logits(model):  # the last T + 1 positions, P - 1 .. P + T - 1: the first T predict the responses
         logits = model(input_ids=input_ids, attention_mask=mask, use_cache=False, logits_to_keep=response_len + 1,
                        **inputs).logits[:, :response_len]
@@ -154,6 +167,21 @@ def policy_outputs(model: Any, batch: Batch, *, with_entropy: bool, packed: bool
     if with_entropy:
         out["entropy"] = token_entropy(logits)
     return out
+
+
+def _packed_inputs(model: Any, batch: Batch, rows: packing.PackedRows) -> dict[str, Any]:
+    """The packed pass's position ids; with images, their pixel values, grids and each sequence's 3-D positions."""
+    if vision.has_images(batch):  # each sequence keeps the 3-D rope positions the model gives it alone
+        return vision.packed_inputs(hf_model(model), batch, *sequence_inputs(batch)[:2], rows.position_ids)
+    return {"position_ids": rows.position_ids}
+
+
+def _padded_inputs(model: Any, batch: Batch, input_ids: torch.Tensor, mask: torch.Tensor,
+                   positions: torch.Tensor) -> dict[str, Any]:
+    """The padded pass's position ids; with images, their pixel values, grids and the model's 3-D positions."""
+    if vision.has_images(batch):
+        return vision.padded_inputs(hf_model(model), batch, input_ids, mask)
+    return {"position_ids": positions}
 
 
 def keeps_logits(model: Any) -> bool:
@@ -171,27 +199,44 @@ _KEEPS_LOGITS: dict[type, bool] = {}  # per model class: its forward's signature
 
 
 def value_outputs(model: Any, batch: Batch, *, packed: bool = True) -> dict[str, torch.Tensor]:
-    """Per-token values (B, T): the value head at the position that *emits* each response token."""
-    _no_images(batch, "value")
+    """Per-token values (B, T): the value head at the position that *emits* each response token. A
+    vision-language critic (:func:`with_scalar_head`) reads the rows' images as the policy's passes do."""
+    _refuse_blind(model, batch, "value")
     if packed:
         rows = _pack(model, batch)
-        values = model(input_ids=rows.input_ids, position_ids=rows.position_ids, use_cache=False).logits
+        values = model(input_ids=rows.input_ids, use_cache=False, **_packed_inputs(model, batch, rows)).logits
         return {"values": rows.scatter(values[0, rows.emit, 0].float())}
     input_ids, mask, positions = sequence_inputs(batch)
     prompt_len, response_len = batch["prompts"].shape[1], batch["responses"].shape[1]
-    values = model(input_ids=input_ids, attention_mask=mask, position_ids=positions).logits.squeeze(-1)
+    values = model(input_ids=input_ids, attention_mask=mask,
+                   **_padded_inputs(model, batch, input_ids, mask, positions)).logits.squeeze(-1)
     return {"values": values[:, prompt_len - 1:prompt_len - 1 + response_len].float()}
 
 
 def reward_model_scores(model: Any, batch: Batch, *, packed: bool = True) -> torch.Tensor:
-    """(B,) scores of a sequence-classification model at each row's last real token."""
-    _no_images(batch, "score")
+    """(B,) scores of a sequence-classification model at each row's last real token (a vision-language reward
+    model's, :func:`with_scalar_head`, from its per-token head there, with the rows' images)."""
+    _refuse_blind(model, batch, "score")
+    if vision.placeholder_ids(hf_model(model)):
+        return _vision_scores(model, batch, packed=packed)
     if packed:
         return _packed_scores(model, batch)
     input_ids, mask, positions = sequence_inputs(batch)
     # HF pools at the last non-pad token, so every masked position must hold the pad id.
     input_ids = input_ids.masked_fill(mask == 0, model.config.pad_token_id)
     return model(input_ids=input_ids, attention_mask=mask, position_ids=positions).logits[:, 0].float()
+
+
+def _vision_scores(model: Any, batch: Batch, *, packed: bool) -> torch.Tensor:
+    if packed:
+        rows = _pack(model, batch)
+        scores = model(input_ids=rows.input_ids, use_cache=False, **_packed_inputs(model, batch, rows)).logits
+        return scores[0, rows.last, 0].float()
+    input_ids, mask, positions = sequence_inputs(batch)
+    scores = model(input_ids=input_ids, attention_mask=mask, use_cache=False,
+                   **_padded_inputs(model, batch, input_ids, mask, positions)).logits[..., 0]  # (B, P + T)
+    last = mask.shape[1] - 1 - mask.flip(1).argmax(dim=1)  # each row's last real token (responses pad on the right)
+    return scores[torch.arange(len(last)), last].float()
 
 
 def _packed_scores(model: Any, batch: Batch) -> torch.Tensor:
@@ -210,10 +255,12 @@ def _packed_scores(model: Any, batch: Batch) -> torch.Tensor:
     return captured[0][0, rows.last, 0].float()  # (1, N, labels) -> (B,)
 
 
-def _no_images(batch: Batch, kind: str) -> None:
+def _refuse_blind(model: Any, batch: Batch, kind: str) -> None:
     # A text head would read the image placeholders without the images: refused rather than silently blind.
-    if vision.has_images(batch):
-        raise NotImplementedError(f"{kind} passes over rows with images are not built yet (docs/vision.md)")
+    if vision.has_images(batch) and not vision.placeholder_ids(hf_model(model)):
+        raise NotImplementedError(f"{kind} passes over rows with images need a vision-language model; "
+                                  f"{type(hf_model(model)).__name__} is a text model: give the role the policy's "
+                                  "VLM (or another with the same processor) as its model")
 
 
 def _pack(model: Any, batch: Batch) -> packing.PackedRows:
@@ -264,7 +311,7 @@ def generate(model: Any, batch: Batch, *, max_new_tokens: int, greedy: bool, tem
                                          logprobs=logprobs)
     else:
         prefill = None
-        if vision.has_images(batch):  # pixel values, image grids and the prompts' 3-D rope positions
+        if vision.reads_images(hf_model(model), batch):  # pixel values, image grids, the prompts' 3-D positions
             prefill = vision.padded_inputs(hf_model(model), batch, prompts, batch["prompt_mask"].long())
         responses, chosen = sampling.sample(model, prompts, batch["prompt_mask"], max_new_tokens=max_new_tokens,
                                             greedy=greedy, temperature=temperature, top_p=top_p, top_k=top_k,
@@ -299,7 +346,7 @@ def _hf_generate(model: Any, batch: Batch, *, max_new_tokens: int, greedy: bool,
                                   pad_token_id=config.pad_token_id, bos_token_id=config.bos_token_id,
                                   return_dict_in_generate=logprobs, output_logits=logprobs, **options)
     images: dict[str, Any] = {}
-    if vision.has_images(batch):  # the model computes its 3-D rope positions from these
+    if vision.reads_images(hf_model(model), batch):  # the model computes its 3-D rope positions from these
         pixel_values, grid_thw = vision.image_inputs(batch, device=prompts.device)
         if pixel_values is not None:
             images = {"pixel_values": pixel_values, "image_grid_thw": grid_thw,

@@ -25,6 +25,13 @@ def has_images(batch: Batch) -> bool:
     return PIXEL_VALUES in batch
 
 
+def reads_images(model: Any, batch: Batch) -> bool:
+    """Whether a generate of ``model`` over ``batch`` reads images: the rows carry them and the model takes them. A
+    text model's rows can carry them only as an LLM judge's, whose rendered prompts then hold no placeholders (the
+    judge reads the text alone)."""
+    return has_images(batch) and bool(placeholder_ids(model))
+
+
 def image_inputs(batch: Batch, *, device: torch.device) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """The rows' ``pixel_values`` (all patches, row after row) and ``image_grid_thw`` (N images, 3) as the model
     takes them; (None, None) when no row has an image."""

@@ -38,7 +38,9 @@ class GraphBuilder:
         ``logprobs=True``, which adds the output ``rollout_logprobs`` (each sampled token's behaviour log-prob),
         and ``loss_mask=True``, which adds the output ``loss_mask`` (B, T): the response tokens that carry loss,
         a subset of ``response_mask`` (a multi-turn rollout leaves tool outputs out; an engine that writes
-        none gets ``response_mask``). Without it, losses fall back to ``response_mask``.
+        none gets ``response_mask``). Without it, losses fall back to ``response_mask``. ``sample_images=True``:
+        prompts a node rendered from the sampled rows read those rows' images too (an LLM judge's;
+        :data:`~hybridflow.graph.node.SAMPLE_IMAGES_OPTION`).
 
         Multi-turn (docs/agents.md): ``environment="calculator"`` (an ``ENVIRONMENTS`` name or
         ``path/file.py:factory``) with ``env_options`` (its factory's keyword arguments), ``max_turns``,

@@ -60,6 +60,10 @@ TIMEOUT_OPTION = "timeout_s"
 """A node's own deadline in seconds (any op): past it the step fails naming the node, its role and
 :data:`TIMEOUT_KEY_OPTION`, the setting to raise (an LLM judge's algorithm option ``judge_timeout_s``)."""
 TIMEOUT_KEY_OPTION = "timeout_key"
+SAMPLE_IMAGES_OPTION = "sample_images"
+"""A role op whose rows are the sampled rows but whose prompts a compute node wrote (an LLM judge's, holding the
+samples' image placeholders) sets it true to read the dataset prompts' images with them, as every node reading
+``prompts`` does (``hybridflow.runtime.worker.companion_fields``)."""
 
 DRIVER_OPS = frozenset({Op.COMPUTE, Op.FILTER})
 """Ops the controller runs itself (registry functions on the driver), not a role's workers."""

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from hybridflow.graph import Node, Op
+from hybridflow.graph import SAMPLE_IMAGES_OPTION, Node, Op
 from hybridflow.models.vision import IMAGE_GRID_THW, PIXEL_VALUES
 from hybridflow.planner import RoleLayout, rollout_role
 from hybridflow.registry import LOSSES
@@ -54,10 +54,12 @@ def companion_fields(node: Node) -> list[str]:
     """The companions a worker node reads with its inputs: the mask of the field bound to its ``prompts`` port
     (and ``prompt_mask`` wherever it reads ``prompts``), and the dataset prompts' images (a vision-language
     policy's ``pixel_values`` / ``image_grid_thw``) wherever it reads those prompts: every role that reads a
-    sample sees its images. A node absent from a batch without images reads none (callers select non-strictly)."""
+    sample sees its images (so does a node with :data:`~hybridflow.graph.SAMPLE_IMAGES_OPTION`: an LLM judge's
+    generate, whose rendered prompts keep the samples' image placeholders). A node absent from a batch without images
+    reads none (callers select non-strictly)."""
     bound = node.port_inputs().get("prompts")
     masks = [prompt_mask_field(bound)] if bound is not None else []
-    images = list(IMAGE_FIELDS) if "prompts" in node.inputs else []
+    images = list(IMAGE_FIELDS) if "prompts" in node.inputs or node.option(SAMPLE_IMAGES_OPTION) is True else []
     return [*masks, *(mask for field_name, mask in COMPANIONS.items()
                       if field_name in node.inputs and mask not in masks), *images]
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import io
 from pathlib import Path
 from typing import Any
 
@@ -14,21 +13,14 @@ import pytest
 import torch
 from harness import context, layout, role_spec, run_ranks
 from PIL import Image
+from vision_rows import forward_alone, image_rows
 
-from hybridflow.data.images import ImageRef, open_image, vision_messages
-from hybridflow.data.prompts import prepare_records
-from hybridflow.data.vision_prompts import encode_vision_prompts
+from hybridflow.data.images import open_image
 from hybridflow.graph import RoleKind
 from hybridflow.models.vision import build_tiny_vlm, load_processor, save_vlm_dir, tiny_vlm_processor
 from hybridflow.runtime.batch import Batch
 
 TOLERANCE = 1e-5
-
-
-def _png(size: tuple[int, int], colour: tuple[int, int, int]) -> bytes:
-    buffer = io.BytesIO()
-    Image.new("RGB", size, colour).save(buffer, "PNG")
-    return buffer.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -69,42 +61,12 @@ def test_auto_processor_loads_the_saved_processor(vlm_dir: Path) -> None:
     assert processor.image_processor.patch_size == 4 and "<|image_pad|>" in processor.tokenizer.get_vocab()
 
 
-def _image_rows(vlm_dir: Path) -> tuple[Batch, Any, list[dict[str, Any]]]:
-    """Two image prompts of different lengths (one image, then two) with responses, the second one shorter."""
-    processor = load_processor(vlm_dir)
-    red = ImageRef(_png((32, 16), (255, 0, 0)), "r0", "images", 0)
-    blue, green = (ImageRef(_png(size, colour), "r1", "images", i)
-                   for i, (size, colour) in enumerate((((24, 24), (0, 0, 255)), ((8, 40), (0, 255, 0)))))
-    records = [{"prompt": vision_messages("<image> which colour?", 1, where="r0"), "ground_truth": "red",
-                "images": [red]},
-               {"prompt": vision_messages("<image> or <image>, same?", 2, where="r1"), "ground_truth": "no",
-                "images": [blue, green]}]
-    prepared = prepare_records(records, processor.tokenizer, processor=processor).records
-    prompts = encode_vision_prompts(prepared, processor)
-    responses = torch.randint(4, 90, (2, 6), generator=torch.Generator().manual_seed(0))
-    response_mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]])
-    return prompts.union(Batch({"responses": responses, "response_mask": response_mask})), processor, prepared
-
-
-def _alone(model: Any, processor: Any, record: dict[str, Any], response: torch.Tensor) -> torch.Tensor:
-    """The response's log-probs from the model's own forward on this sample alone (no padding, its own inputs)."""
-    images = [open_image(ref) for ref in record["images"]]
-    inputs = processor(text=[record["prompt"]], images=images, return_tensors="pt")
-    prompt_len = inputs["input_ids"].shape[1]
-    types = torch.cat([inputs["mm_token_type_ids"], torch.zeros(1, len(response), dtype=torch.long)], dim=1)
-    with torch.no_grad():
-        logits = model(input_ids=torch.cat([inputs["input_ids"], response[None]], dim=1),
-                       pixel_values=inputs["pixel_values"], image_grid_thw=inputs["image_grid_thw"],
-                       mm_token_type_ids=types).logits[0, prompt_len - 1:-1]
-    return torch.log_softmax(logits.float(), dim=-1).gather(-1, response[:, None])[:, 0]
-
-
 @pytest.mark.parametrize("micro_batch", [1, 2])
 def test_padded_logprobs_over_image_rows_equal_each_sample_alone(vlm_dir: Path, micro_batch: int) -> None:
     from hybridflow.backends.torch.engine import TorchRoleEngine
     from transformers import AutoModelForImageTextToText
 
-    batch, processor, records = _image_rows(vlm_dir)
+    batch, processor, records = image_rows(vlm_dir)
     spec = dataclasses.replace(role_spec("ref", RoleKind.FROZEN_POLICY), model=str(vlm_dir))
     engine = TorchRoleEngine(spec, layout("ref", dp=1, sharding="NO_SHARD", padding=True,
                                           forward_micro_batch_size=micro_batch), context())
@@ -113,7 +75,7 @@ def test_padded_logprobs_over_image_rows_equal_each_sample_alone(vlm_dir: Path, 
     assert int(batch["prompt_mask"][0].sum()) < batch["prompts"].shape[1]  # the first row is left-padded
     for row, record in enumerate(records):
         length = int(batch["response_mask"][row].sum())
-        alone = _alone(model, processor, record, batch["responses"][row, :length])
+        alone = forward_alone(model, processor, record, batch["responses"][row, :length])
         assert (out["logprobs"][row, :length] - alone).abs().max() < TOLERANCE
     # Controls: the same pass reads the images and their 3-D positions, so without them it differs.
     blank = Batch(batch.tensors, {**batch.non_tensors,
@@ -132,7 +94,7 @@ def test_padded_logprobs_over_image_rows_equal_each_sample_alone(vlm_dir: Path, 
 def test_packed_logprobs_keep_each_sequences_rope_positions(vlm_dir: Path) -> None:
     from hybridflow.backends.torch.engine import TorchRoleEngine
 
-    batch, _, _ = _image_rows(vlm_dir)
+    batch, _, _ = image_rows(vlm_dir)
     spec = dataclasses.replace(role_spec("ref", RoleKind.FROZEN_POLICY), model=str(vlm_dir))
     packed, padded = (TorchRoleEngine(spec, layout("ref", dp=1, sharding="NO_SHARD", padding=padding,
                                                    forward_micro_batch_size=2), context()).log_probs(batch)
@@ -163,7 +125,7 @@ def _update_grads(vlm_dir: Path, batch: Batch, micro_batch: int, padding: bool =
 
 
 def test_a_padded_update_over_image_rows_trains_through_the_vision_tower(vlm_dir: Path) -> None:
-    batch, _, _ = _image_rows(vlm_dir)
+    batch, _, _ = image_rows(vlm_dir)
     old = -4.6 + 0.1 * torch.randn(batch["responses"].shape, generator=torch.Generator().manual_seed(1))
     batch = batch.union(Batch({"old_logprobs": old, "advantages": torch.tensor([[1.0] * 6, [-1.0] * 6])}))
     whole, per_row = (_update_grads(vlm_dir, batch, micro_batch) for micro_batch in (2, 1))
@@ -181,7 +143,7 @@ def test_image_rows_survive_the_runtimes_moves(vlm_dir: Path) -> None:
     each row's images with its tokens: the pass over the moved rows equals the pass over the originals."""
     from hybridflow.backends.torch.engine import TorchRoleEngine
 
-    batch, _, _ = _image_rows(vlm_dir)
+    batch, _, _ = image_rows(vlm_dir)
     spec = dataclasses.replace(role_spec("ref", RoleKind.FROZEN_POLICY), model=str(vlm_dir))
     engine = TorchRoleEngine(spec, layout("ref", dp=1, sharding="NO_SHARD", padding=False,
                                           forward_micro_batch_size=3), context())
@@ -200,7 +162,7 @@ def test_fsdp_logprobs_over_image_rows_equal_the_torch_engines(vlm_dir: Path) ->
     import vision_ranks
     from hybridflow.backends.torch.engine import TorchRoleEngine
 
-    batch, _, _ = _image_rows(vlm_dir)
+    batch, _, _ = image_rows(vlm_dir)
     spec = dataclasses.replace(role_spec("ref", RoleKind.FROZEN_POLICY), model=str(vlm_dir))
     expected = TorchRoleEngine(spec, layout("ref", dp=1, sharding="NO_SHARD", padding=True),
                                context()).log_probs(batch)["logprobs"]

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 from harness import context, layout, role_spec, run_ranks
-from test_vision import _image_rows
+from vision_rows import image_rows
 
 from hybridflow.graph import RoleKind
 from hybridflow.models.vision import build_tiny_vlm, save_vlm_dir, tiny_vlm_processor
@@ -31,7 +31,7 @@ def vlm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def update_rows(vlm_dir: Path) -> Batch:
     """Two image rows with the fields a PPO policy update reads (advantages of both signs)."""
-    batch, _, _ = _image_rows(vlm_dir)
+    batch, _, _ = image_rows(vlm_dir)
     old = -4.6 + 0.1 * torch.randn(batch["responses"].shape, generator=torch.Generator().manual_seed(1))
     return batch.union(Batch({"old_logprobs": old, "advantages": torch.tensor([[1.0] * 6, [-1.0] * 6])}))
 

@@ -78,3 +78,28 @@ def deepspeed_zero2_updates(rank: int, world_size: int, model_dir: str, wire: An
             "tower_moved": sum(name.startswith("model.visual.") for name in moved),
             "text_moved": sum(not name.startswith("model.visual.") for name in moved)}
     return out
+
+
+def fsdp_critic(rank: int, world_size: int, model_dir: str, wire: Any) -> dict[str, Any]:
+    """An FSDP (FULL_SHARD) vision-language critic: its values of this rank's rows, then the largest gap between its
+    whole weights after one value update of them and the torch engine's after the same update of all the rows, and
+    the largest change that update made (``step``)."""
+    from hybridflow.backends.fsdp import FsdpRoleEngine
+    from hybridflow.backends.torch import TorchRoleEngine
+
+    from hybridflow.registry import LOSSES
+
+    whole = Batch.from_wire(wire)
+    spec = dataclasses.replace(role_spec("critic", RoleKind.VALUE), model=model_dir)
+    reference = TorchRoleEngine(spec, layout("critic", dp=1, sharding=Sharding.NO_SHARD, padding=True), context())
+    before = {name: tensor.clone() for name, tensor in reference.state_dict().items()}
+    reference.train_step(whole, loss=LOSSES.get("value"), options={})
+    expected = reference.state_dict()
+    engine = FsdpRoleEngine(spec, layout("critic", sharding=Sharding.FULL_SHARD, padding=True, micro_batch_size=1,
+                                         forward_micro_batch_size=1), context(rank, world_size))
+    batch = rank_rows(whole, rank, world_size)
+    values = engine.values(batch)["values"]
+    engine.train_step(batch, loss=LOSSES.get("value"), options={})
+    after = dict(engine.iter_full_weights())
+    return {"values": values, "weight_gap": max(float((after[name] - expected[name]).abs().max()) for name in expected),
+            "step": max(float((expected[name] - before[name]).abs().max()) for name in expected)}

@@ -24,7 +24,8 @@ def test_nodes_reading_the_prompts_read_their_images_too() -> None:
     images = {"pixel_values", "image_grid_thw"}
     for name in ("actor_generate", "reference_ref_logprob", "actor_logprob", "actor_update"):
         assert images <= set(companion_fields(nodes[name])), name
-    assert not images & set(companion_fields(nodes["judge_generate"]))  # it reads its own rendered text prompts
+    # the judge reads its own rendered prompts, which keep the image placeholders for a vision-language judge
+    assert images <= set(companion_fields(nodes["judge_generate"]))
 
 
 @pytest.mark.slow
@@ -83,3 +84,65 @@ def test_a_ray_run_of_a_vlm_policy_samples_and_scores_as_a_local_one(tmp_path: P
 
 
 METRICS = ("reward/mean", "response_length/mean", "actor/entropy", "actor/ref_kl")
+
+
+@pytest.mark.slow  # 15 s alone on 2 cores, more beside other jobs
+def test_ppo_runs_a_step_with_a_vlm_critic_that_reads_the_images(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    import yaml
+    from hybridflow.backends.common import modeling
+
+    processor = tiny_vlm_processor()
+    model_dir = save_vlm_dir(build_tiny_vlm(processor.tokenizer), processor, tmp_path / "vlm")
+    passes: list[tuple[bool, bool, int]] = []  # (images in the rows, grad enabled, the head's width)
+    original = modeling.value_outputs
+
+    def counted(model: Any, batch: Any, **kwargs: Any) -> Any:
+        width = modeling.hf_model(model).get_output_embeddings().out_features
+        passes.append((vision.has_images(batch), torch.is_grad_enabled(), width))
+        return original(model, batch, **kwargs)
+
+    monkeypatch.setattr(modeling, "value_outputs", counted)
+    raw = yaml.safe_load((ROOT / "configs" / "grpo_vision.yaml").read_text())
+    raw["algorithm"] = {"name": "ppo", "options": {"kl_coef": 0.01, "max_new_tokens": 6, "temperature": 1.0}}
+    raw["optim"]["critic"] = {"lr": 0.001, "micro_batch_size": 128}
+    (tmp_path / "ppo.yaml").write_text(yaml.safe_dump(raw))
+    config = load_config(tmp_path / "ppo.yaml",
+                         [f"model.path={model_dir}", f"output_dir={tmp_path / 'run'}", "steps=1", "data.batch_size=4",
+                          "data.num_examples=8", "logging.progress=false", "logging.plot=false"])
+    history = loop.train(config).history
+    assert [row["step"] for row in history] == [0]
+    assert "critic/vf_loss" in history[0], sorted(history[0])
+    # the values pass (no grad) and the critic's update (grad) both read the images, through a one-wide value head
+    assert (True, False, 1) in passes and (True, True, 1) in passes and all(images for images, _, _ in passes)
+
+
+@pytest.mark.slow  # ~15 s alone on 2 cores
+def test_grpo_judge_with_a_vlm_judge_sends_it_the_samples_images(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from hybridflow.models.vision import IMAGE_PAD
+
+    processor = tiny_vlm_processor()
+    model_dir = save_vlm_dir(build_tiny_vlm(processor.tokenizer), processor, tmp_path / "vlm")
+    judge_dir = save_vlm_dir(build_tiny_vlm(processor.tokenizer, seed=3), processor, tmp_path / "judge")
+    pad = processor.tokenizer.convert_tokens_to_ids(IMAGE_PAD)
+    prefills: list[tuple[int, int]] = []  # per generate with images: (placeholders in its prompts, visual tokens)
+    original = vision.padded_inputs
+
+    def counted(model: Any, batch: Any, input_ids: torch.Tensor, mask: torch.Tensor) -> Any:
+        if not torch.is_grad_enabled() and input_ids.shape[1] == batch["prompts"].shape[1]:
+            grids = [grid for grid in batch["image_grid_thw"] if len(grid)]
+            prefills.append((int((input_ids == pad).sum()), sum(int(g.prod(axis=1).sum()) // 4 for g in grids)))
+        return original(model, batch, input_ids, mask)
+
+    monkeypatch.setattr(vision, "padded_inputs", counted)
+    config = load_config(ROOT / "configs" / "grpo_vision.yaml",
+                         [f"model.path={model_dir}", f"output_dir={tmp_path / 'run'}", "steps=1", "data.batch_size=2",
+                          "data.num_examples=4", "algorithm.name=grpo_judge", "algorithm.options.n=2",
+                          "algorithm.options.judge_template=reference", f"roles.judge.model={judge_dir}",
+                          "logging.progress=false", "logging.plot=false"])
+    history = loop.train(config).history
+    assert [row["step"] for row in history] == [0]
+    # two generates read the images: the actor's prefill, then the judge's over its rendered prompts (longer, with
+    # the same placeholders, one per visual token)
+    assert len(prefills) == 2 and all(placeholders == visual > 0 for placeholders, visual in prefills), prefills
