@@ -107,9 +107,9 @@ def check_replicas(asked: int | None, layout: RoleLayout, *, world_size: int, lo
     if asked is None or asked == share or logical:
         return share if asked is None else asked
     policy = role.removesuffix(ROLLOUT_SUFFIX)
-    raise ValueError(f"config key 'roles.{role}.rollout_options.replicas'={asked} disagrees with the plan: its "
+    raise ValueError(f"role {policy!r}: its rollout option replicas={asked} disagrees with the plan: its "
                      f"layout of {role!r} (dp={layout.dp} x tp={layout.tp}, rollout_tp={layout.rollout_tp}) is "
                      f"{fleet_replicas(layout)} server replica(s) over {world_size} rank(s), {share} per rank. "
-                     f"Drop the key (the plan sizes the fleet), or give {policy!r}'s rollout as many GPUs as "
+                     f"Drop the option (the plan sizes the fleet), or give {policy!r}'s rollout as many GPUs as "
                      "replicas you want (a mapping such as "
                      f"'{policy}{ROLLOUT_SUFFIX}=<GPUs>', or placement that plans them)")

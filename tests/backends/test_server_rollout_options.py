@@ -125,7 +125,7 @@ def test_replicas_come_from_the_plan_and_a_disagreement_on_gpus_is_refused(monke
     server.ROLLOUT.build(spec, plan_layout, on("cuda:0", world_size=1), trainer=None)
     assert built == [1, 4]  # one replica per rank, or the rank's share of the plan's four
     asked = role_spec("actor:rollout", RoleKind.FROZEN_POLICY, rollout="server", rollout_options={"replicas": 2})
-    with pytest.raises(ValueError, match=r"'roles.actor:rollout.rollout_options.replicas'=2 disagrees with the plan"):
+    with pytest.raises(ValueError, match=r"role 'actor': its rollout option replicas=2 disagrees with the plan"):
         server.ROLLOUT.build(asked, plan_layout, on("cuda:0"), trainer=None)
     server.ROLLOUT.build(asked, plan_layout, on("cpu"), trainer=None)  # logical GPUs: processes sharing the cores
     assert built[-1] == 2

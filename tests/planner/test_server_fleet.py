@@ -132,7 +132,7 @@ def test_replicas_that_disagree_with_the_plan_are_refused_naming_the_key() -> No
                           role=ROLLOUT) == 8
     assert check_replicas(1, layout, world_size=8, logical=False, role=ROLLOUT) == 1
     assert check_replicas(2, layout, world_size=8, logical=True, role=ROLLOUT) == 2  # CPU processes share cores
-    with pytest.raises(ValueError, match=r"config key 'roles.actor:rollout.rollout_options.replicas'=2 disagrees "
+    with pytest.raises(ValueError, match=r"role 'actor': its rollout option replicas=2 disagrees "
                                          r"with the plan.*8 server replica\(s\) over 8 rank\(s\), 1 per rank. Drop "
                                          r"the key"):
         check_replicas(2, layout, world_size=8, logical=False, role=ROLLOUT)
