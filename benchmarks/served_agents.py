@@ -4,9 +4,10 @@ in-worker ``vllm`` and the ``native`` torch loop; the router's added latency per
     OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 nice -n 5 python benchmarks/served_agents.py [--rows 64] [--rounds 3]
 
 The workload is the calculator agent of ``benchmarks/agent_learning.py``: its SFT-warmed tiny Qwen2 (built, or
-reused from ``--out``; ``--tool-fraction`` 1.0 makes nearly every trajectory call the tool), ``multiply`` prompts, the ``calculator`` environment (compact calls, up to 3 turns of at
-most 24 tokens, 64 response tokens), ``--rows`` trajectories (``--prompts`` prompts x the rest as samples) at
-temperature 1, the ``trajectory`` schedule. The three engines are trainable policies built as a worker builds
+reused from ``--out``; ``--tool-fraction`` 1.0 makes nearly every trajectory call the tool), ``multiply``
+prompts, the ``calculator`` environment (compact calls, up to 3 turns of at most 24 tokens, 64 response tokens),
+``--rows`` trajectories (``--prompts`` prompts x the rest as samples) at temperature 1, the ``trajectory``
+schedule. The three engines are trainable policies built as a worker builds
 them (``build_engine``; ``server``: ``--replicas`` single-thread replicas, fp32) and live in this one process; each
 timed round runs every engine once on the same prompts, the engines' order rotating, so load from other jobs falls
 on all three alike. One untimed warm-up round first. Tokens/s counts the tokens the policy sampled (``loss_mask``)
