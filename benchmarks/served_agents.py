@@ -33,15 +33,15 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from agent_learning import TOOL_FRACTION, warm_model  # noqa: E402
-from rollout_servers import _latencies, _pct  # noqa: E402
+from agent_learning import TOOL_FRACTION, warm_model
+from rollout_servers import _latencies, _pct
 
-from hybridflow.graph import load_graph  # noqa: E402
-from hybridflow.graph.agents import with_environment  # noqa: E402
-from hybridflow.planner import RoleLayout, Sharding  # noqa: E402
-from hybridflow.runtime.batch import Batch  # noqa: E402
-from hybridflow.runtime.protocols import OptimSpec, RoleSpec, WorkerContext  # noqa: E402
-from hybridflow.runtime.worker import SoloCollective  # noqa: E402
+from hybridflow.graph import load_graph
+from hybridflow.graph.agents import with_environment
+from hybridflow.planner import RoleLayout, Sharding
+from hybridflow.runtime.batch import Batch
+from hybridflow.runtime.protocols import OptimSpec, RoleSpec, WorkerContext
+from hybridflow.runtime.worker import SoloCollective
 
 ROOT = Path(__file__).resolve().parents[1]
 ROLLOUTS = ("server", "vllm", "native")
