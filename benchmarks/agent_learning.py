@@ -1,6 +1,7 @@
 """Learning with a tool: GRPO on ``multiply`` with the calculator vs the same model without it, on CPU.
 
     .venv/bin/python benchmarks/agent_learning.py [--seeds 3] [--steps 30] [--jobs 2] [--out runs/bench_agent]
+        [--rollout server --replicas 2]
 
 A tiny Qwen2 cannot multiply a 3-digit by a 2-digit number, but it can learn to copy. Both arms start from one
 SFT warm start (seed 0) on demonstrations of which ``--tool-fraction`` call the calculator exactly as a
@@ -10,13 +11,16 @@ observation not trained on) and the rest answer directly. The arms then differ o
 (its reward is what the model can do alone; a call it writes is just text, scored on its last number). Each arm
 runs in its own process (``--jobs`` at a time) for every RL seed. Prints per arm and seed the reward and the
 tool-call rate of the first and last ``WINDOW`` steps, the per-seed gap between the arms' final rewards, and
-each quantity's mean, std and mean - 3 std; writes ``agent_learning.json``.
+each quantity's mean, std and mean - 3 std; writes ``agent_learning.json``. ``--rollout`` picks the policy's
+rollout (``roles.actor.rollout``; ``server``: ``--replicas`` vLLM replicas behind the router, fp32, so run one
+job at a time on a small machine) and names the runs and the JSON after it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import time
@@ -77,10 +81,13 @@ def warm_model(out: Path, *, tool_fraction: float, sft_steps: int = SFT_STEPS) -
     return target
 
 
-def arm_overrides(arm: str, *, steps: int, seed: int, model: Path, run_dir: Path,
-                  lr: float = LR, mini_batches: int = MINI_BATCHES) -> dict[str, Any]:
+def arm_overrides(arm: str, *, steps: int, seed: int, model: Path, run_dir: Path, lr: float = LR,
+                  mini_batches: int = MINI_BATCHES, rollout: str = "native", replicas: int = 2) -> dict[str, Any]:
     """The run's dotted config: both arms share everything but the environment and the response budget."""
-    common: dict[str, Any] = {
+    served: dict[str, Any] = {} if rollout == "native" else {"roles.actor.rollout": rollout}
+    if rollout == "server":
+        served["roles.actor.rollout_options"] = {"replicas": replicas, "rollout_dtype": "fp32"}
+    common: dict[str, Any] = {**served,
         "algorithm": "grpo_no_ref", "seed": seed, "steps": steps, "model.path": str(model),
         "output_dir": str(run_dir), "data.task": "multiply", "data.num_examples": 2000, "data.batch_size": 8,
         "algorithm.options.n": 8, "algorithm.options.temperature": 1.0, "optim.actor.lr": lr,
@@ -104,13 +111,14 @@ def window_means(history: Sequence[dict[str, float]], key: str,
 
 
 def run_arm(arm: str, seed: int, steps: int, model: Path, out: Path, lr: float = LR,
-            mini_batches: int = MINI_BATCHES) -> dict[str, Any]:
+            mini_batches: int = MINI_BATCHES, rollout: str = "native", replicas: int = 2) -> dict[str, Any]:
     """One GRPO run; reward and tool-call rate at both ends, wall and CPU seconds."""
     from hybridflow.train.config import config_from_dotted
     from hybridflow.train.loop import train
 
-    config = config_from_dotted(arm_overrides(arm, steps=steps, seed=seed, model=model, run_dir=out / f"{arm}_{seed}",
-                                           lr=lr, mini_batches=mini_batches))
+    name = f"{arm}_{seed}" if rollout == "native" else f"{arm}_{seed}_{rollout}"
+    config = config_from_dotted(arm_overrides(arm, steps=steps, seed=seed, model=model, run_dir=out / name,
+                                           lr=lr, mini_batches=mini_batches, rollout=rollout, replicas=replicas))
     wall, cpu = time.perf_counter(), time.process_time()
     history = train(config, overwrite=True).history
     first, last = window_means(history, "reward/mean")
@@ -178,6 +186,8 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=LR)
     parser.add_argument("--mini-batches", type=int, default=MINI_BATCHES)
     parser.add_argument("--first-seed", type=int, default=0)
+    parser.add_argument("--rollout", default="native", help="roles.actor.rollout: native, vllm or server")
+    parser.add_argument("--replicas", type=int, default=2, help="rollout: server's replicas")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench_agent")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -189,8 +199,8 @@ def main() -> None:
     jobs = [(arm, seed) for seed in seeds for arm in args.arms.split(",")]
     with ProcessPoolExecutor(max_workers=args.jobs, mp_context=get_context("spawn"),
                              initializer=_one_thread) as pool:
-        futures = [pool.submit(run_arm, arm, seed, args.steps, model, args.out, args.lr, args.mini_batches)
-                   for arm, seed in jobs]
+        futures = [pool.submit(run_arm, arm, seed, args.steps, model, args.out, args.lr, args.mini_batches,
+                               args.rollout, args.replicas) for arm, seed in jobs]
         rows = []
         for future in futures:
             rows.append(future.result())
@@ -200,8 +210,10 @@ def main() -> None:
     stats = summary(rows)
     report = {"steps": args.steps, "seeds": list(seeds), "tool_fraction": args.tool_fraction,
               "sft_steps": args.sft_steps, "lr": args.lr, "mini_batches": args.mini_batches, "window": WINDOW,
-              "sft_s": sft_s, "total_s": time.perf_counter() - start, "runs": rows, "summary": stats}
-    (args.out / "agent_learning.json").write_text(json.dumps(report, indent=2))
+              "sft_s": sft_s, "total_s": time.perf_counter() - start, "runs": rows, "summary": stats,
+              "rollout": args.rollout, "load_after": os.getloadavg()}
+    suffix = "" if args.rollout == "native" else f"_{args.rollout}"
+    (args.out / f"agent_learning{suffix}.json").write_text(json.dumps(report, indent=2))
     print("\n".join(table(rows, stats)))
     print(f"total {report['total_s']:.0f} s")
 

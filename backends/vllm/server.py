@@ -5,7 +5,7 @@ each, loopback, :class:`~hybridflow.runtime.servers.ServerFleet`) and ``vllm-rou
 sends one ``/v1/completions`` request per row, token ids in and token ids with their raw-logit log-probs out
 (``--logprobs-mode raw_logprobs``, the trainer's definition), each row seeded ``base + i`` as the in-process
 ``vllm`` rollout does and keyed by its prompt (``X-Session-ID``: the samples of one prompt share a replica and
-its prefix cache; an agent's turns are keyed by their first 32 token ids). New weights are written once as a
+its prefix cache; an agent trajectory's turns by the trajectory's key). New weights are written once as a
 safetensors snapshot (``/dev/shm`` where it exists) and each replica, paused (``/pause?mode=wait``), reloads it
 through the dev-mode ``/collective_rpc`` (``reload_weights(weights_path=...)``), empties its prefix cache and
 resumes. Every rank of the role runs a fleet of its own.
@@ -181,9 +181,9 @@ def server_env(options: ServerOptions) -> dict[str, str]:
 class ServerTurns:
     """The ``generate_batch`` of a server rollout's turn session: each :class:`TurnRequest` one completions request.
 
-    Its session key is the hash of its first ``AFFINITY_TOKENS`` token ids, the trajectory's prompt in most agent
-    tasks, so a trajectory's later turns (and the other samples of its prompt) reach the replica that cached it;
-    a prompt shorter than that loses its affinity after the first turn (TurnRequest names no trajectory)."""
+    Its session key (``X-Session-ID``) is the request's own (the agent loop gives every turn of a trajectory its
+    trajectory's key), so a trajectory's later turns reach the replica that cached its earlier ones; a request
+    without one is keyed by the hash of its first ``AFFINITY_TOKENS`` token ids."""
 
     accepts_concurrent_calls = True
 
@@ -193,7 +193,8 @@ class ServerTurns:
     def __call__(self, requests: Sequence[TurnRequest]) -> list[TurnResult]:
         done = self.client.complete_all([
             CompletionRequest(prompt=request.token_ids, max_tokens=request.max_tokens, seed=request.seed,
-                              sampling=sampling_knobs(self.sampling), session=session_key(request.token_ids))
+                              sampling=sampling_knobs(self.sampling),
+                              session=request.session or session_key(request.token_ids))
             for request in requests])
         return [TurnResult.cut(c.token_ids, c.logprobs, eos=self.eos_id, version=self.version) for c in done]
 

@@ -22,6 +22,7 @@ behind (a daemon thread, so the process can still exit) and the rollout fails at
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -164,7 +165,14 @@ class _Runner:
             trajectory.truncated, self.live = True, False
             return None
         return TurnRequest(token_ids=(*trajectory.prompt_ids, *trajectory.tokens), max_tokens=budget,
-                           seed=self.seed + trajectory.turns * TURN_SEED_STRIDE)
+                           seed=self.seed + trajectory.turns * TURN_SEED_STRIDE, session=self.session)
+
+    @property
+    def session(self) -> str:
+        """The trajectory's session key: its prompt and seed (fixed once ``start`` has run), so every turn carries
+        the same one and two samples of one prompt (different seeds) may go to different replicas."""
+        key = f"{self.seed}:{self.trajectory.prompt_ids}"
+        return hashlib.sha1(key.encode()).hexdigest()[:16]
 
     def take(self, result: TurnResult) -> None:
         """Append a sampled turn; step the environment on it and append its observation, or end."""

@@ -168,11 +168,15 @@ EnvironmentFactory = Callable[..., Environment]
 
 @dataclass(frozen=True, kw_only=True)
 class TurnRequest:
-    """Sample one turn: continue ``token_ids`` (the whole trajectory so far) by at most ``max_tokens``."""
+    """Sample one turn: continue ``token_ids`` (the whole trajectory so far) by at most ``max_tokens``.
+
+    ``session``: the trajectory's key, the same on each of its turns (a server rollout sends it as the router's
+    ``X-Session-ID``, so the turns reach the replica that holds their prefix); empty: none."""
 
     token_ids: tuple[int, ...]
     max_tokens: int
     seed: int
+    session: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)

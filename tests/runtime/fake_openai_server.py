@@ -1,6 +1,6 @@
 """A tiny OpenAI-style completions server for the server-fleet tests (stdlib only, run as a script).
 
-``python fake_openai_server.py PORT [--unhealthy] [--spawn-child] [--slow] [--dev-mode]``: ``GET /health``
+``python fake_openai_server.py PORT [--unhealthy] [--spawn-child] [--slow] [--dev-mode] [--end-id N]``: ``GET /health``
 answers 200 (never, with ``--unhealthy``); ``POST /v1/completions`` with a token-id ``prompt`` returns
 ``max_tokens`` ids counting up from the prompt's last id, log-probs ``-0.1 * (i + 1)``, and this server's port
 as the id, so a test can tell which replica served a request. ``--dev-mode``: it answers the weight-sync calls
@@ -9,7 +9,9 @@ without).
 Every completion and sync call is one line of its log (``served`` / ``sync <path> <weights_path>``), in order.
 ``--spawn-child`` also starts a sleeping child in the same process group
 (a stand-in for vLLM's engine core), whose pid the server prints to its log. ``--slow``: each completion takes
-0.5 s (requests still in flight when a test kills the server).
+0.5 s (requests still in flight when a test kills the server). ``--end-id N``: a completion is at most
+``TURN_TOKENS`` ids, the last ``N`` (an agent's turn that ends), each also logged as ``turn {"session", "prompt",
+"ids", "logprobs"}`` (the ``X-Session-ID`` it arrived with and the prompt ids it continued).
 """
 
 from __future__ import annotations
@@ -20,11 +22,14 @@ import sys
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+TURN_TOKENS = 4
+
 
 class Handler(BaseHTTPRequestHandler):
     unhealthy = False
     slow = False
     dev_mode = False
+    end_id: int | None = None
 
     def log_message(self, format: str, *args: object) -> None:  # quiet
         return
@@ -61,7 +66,12 @@ class Handler(BaseHTTPRequestHandler):
         if self.slow:
             time.sleep(0.5)
         tokens = [int(prompt[-1]) + 1 + i for i in range(int(body.get("max_tokens", 1)))]
+        if self.end_id is not None:
+            tokens = [*tokens[:TURN_TOKENS - 1], self.end_id][:len(tokens)]
         logprobs = {"token_logprobs": [-0.1 * (i + 1) for i in range(len(tokens))]} if "logprobs" in body else None
+        if self.end_id is not None:
+            print("turn " + json.dumps({"session": self.headers.get("X-Session-ID"), "prompt": prompt, "ids": tokens,
+                                        "logprobs": (logprobs or {}).get("token_logprobs")}), flush=True)
         self._send(200, {"id": str(self.server.server_address[1]), "object": "text_completion",
                          "choices": [{"index": 0, "text": "", "token_ids": tokens, "logprobs": logprobs,
                                       "finish_reason": "length"}]})
@@ -72,6 +82,8 @@ def main() -> None:
     Handler.unhealthy = "--unhealthy" in sys.argv
     Handler.slow = "--slow" in sys.argv
     Handler.dev_mode = "--dev-mode" in sys.argv
+    if "--end-id" in sys.argv:
+        Handler.end_id = int(sys.argv[sys.argv.index("--end-id") + 1])
     if "--spawn-child" in sys.argv:
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
         print(f"child {child.pid}", flush=True)
