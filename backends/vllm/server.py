@@ -13,7 +13,15 @@ resumes. Every rank of the role runs a fleet of its own.
 A replica that dies mid-step costs retries (the router's and the client's), not the step: before and after each
 generate call the fleet restarts dead replicas, reloads the last weights snapshot into each before the router
 admits it, and the generate node's metrics count it (``rollout/replica_restarts``, ``rollout/requests_retried``:
-totals since this rank's fleet started). Every replica dead: one error naming each and its log.
+totals since this rank's fleet started). Every replica dead: one error naming each and its log. A replica that
+fails a weight sync is restarted and synced again (the others keep the new weights); a router that exits is
+restarted once (a generate call it broke is sent again), a second exit is one error naming its log.
+
+Every response carries the version of the weights that generated it (``policy_version`` per row of ``generate``,
+``TurnResult.version`` per turn): the number of weight syncs this fleet has taken, which every replica the router
+reaches holds (:meth:`~hybridflow.runtime.servers.ServerFleet.serving_version`). A row whose prompt plus
+``max_new_tokens`` exceeds the servers' ``max_model_len`` is refused before it is sent (vLLM would silently cut
+its budget to what fits).
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import json
+import logging
 import os
 import shutil
 import sys
@@ -64,12 +73,15 @@ from hybridflow.runtime.servers import (
     CompletionRequest,
     CompletionsClient,
     FleetConfig,
+    RouterDownError,
     ServerFleet,
     ServerProcess,
     ServerRequestError,
     ServerStartError,
 )
 from hybridflow.runtime.weights import WeightSyncStats
+
+logger = logging.getLogger(__name__)
 
 VLLM_MIN_VERSION = (0, 32)  # the oldest tested with these endpoints (/pause, /collective_rpc weights_path)
 SYNC_TIMEOUT_S = 600.0
@@ -183,10 +195,13 @@ class ServerTurns:
 
     accepts_concurrent_calls = True
 
-    def __init__(self, client: CompletionsClient, sampling: SamplingParams, *, eos_id: int, version: int) -> None:
-        self.client, self.sampling, self.eos_id, self.version = client, sampling, eos_id, version
+    def __init__(self, client: CompletionsClient, sampling: SamplingParams, *, eos_id: int, version: int,
+                 limit: ContextLimit) -> None:
+        self.client, self.sampling, self.eos_id, self.version, self.limit = client, sampling, eos_id, version, limit
 
     def __call__(self, requests: Sequence[TurnRequest]) -> list[TurnResult]:
+        for index, request in enumerate(requests):
+            self.limit.check(index, len(request.token_ids), request.max_tokens, what="turn")
         done = self.client.complete_all([
             CompletionRequest(prompt=request.token_ids, max_tokens=request.max_tokens, seed=request.seed,
                               sampling=sampling_knobs(self.sampling), session=session_key(request.token_ids))
@@ -199,10 +214,30 @@ def session_key(token_ids: Sequence[int]) -> str:
     return hashlib.sha1(str(list(token_ids[:AFFINITY_TOKENS])).encode()).hexdigest()[:16]
 
 
-def served_model(url: str) -> str:
-    """The model name an attached server serves (the first of its ``/v1/models``)."""
+def served_model(url: str) -> tuple[str, int | None]:
+    """The model name a server serves and its ``max_model_len`` (the first of its ``/v1/models``; vLLM states the
+    length, another server may not: None)."""
     with httpx.Client(timeout=30.0, trust_env=False) as http:
-        return str(http.get(url + "/v1/models").json()["data"][0]["id"])
+        card = http.get(url + "/v1/models").json()["data"][0]
+    length = card.get("max_model_len")
+    return str(card["id"]), int(length) if length else None
+
+
+@dataclass(frozen=True)
+class ContextLimit:
+    """The servers' ``max_model_len`` and the role whose option raises it: a request that does not fit is refused
+    before it is sent (vLLM cuts ``max_tokens`` to what fits, silently; a prompt alone too long it refuses)."""
+
+    role: str
+    max_model_len: int | None
+
+    def check(self, row: int, prompt_tokens: int, max_tokens: int, *, what: str = "row") -> None:
+        if self.max_model_len is None or prompt_tokens + max_tokens <= self.max_model_len:
+            return
+        raise ValueError(f"role {self.role!r}: {what} {row} needs {prompt_tokens} prompt + {max_tokens} new tokens = "
+                         f"{prompt_tokens + max_tokens}, more than the rollout servers' max_model_len "
+                         f"{self.max_model_len}; raise roles.{self.role}.rollout_options.max_model_len (or shorten "
+                         "the prompts or max_new_tokens)")
 
 
 def reload_replica(replica: ServerProcess | AttachedServer, snapshot: Path) -> None:
@@ -247,62 +282,105 @@ class ServerRollout:
         except BaseException:
             shutil.rmtree(self._snapshot, ignore_errors=True)
             raise
-        model = served_model(self.fleet.endpoints[0].url) if options.attach else spec.name
-        self.client = CompletionsClient(self.fleet.url, model, timeout_s=options.request_timeout_s)
+        try:
+            model, max_model_len = served_model(self.fleet.endpoints[0].url)
+        except BaseException:
+            self.fleet.close()
+            shutil.rmtree(self._snapshot, ignore_errors=True)
+            raise
+        self.limit = ContextLimit(spec.name, max_model_len)
+        self.client = CompletionsClient(self.fleet.url, model if options.attach else spec.name,
+                                        timeout_s=options.request_timeout_s)
 
     def generate(self, batch: Batch, sampling: SamplingParams) -> Batch:
         """``prompts``/``prompt_mask`` -> ``responses``/``response_mask`` (and ``rollout_logprobs``), one request
         per row through the router."""
         prompts = prompt_token_lists(batch)
+        for row, prompt in enumerate(prompts):
+            self.limit.check(row, len(prompt), sampling.max_new_tokens)
         base = sample_seed(sampling, self.rank)
         requests = [CompletionRequest(prompt=prompt, max_tokens=sampling.max_new_tokens, seed=base + i,
                                       sampling=sampling_knobs(sampling), logprobs=sampling.logprobs,
                                       session=session_key(prompt))
                     for i, prompt in enumerate(prompts)]
         with self._healing():
-            done = self.client.complete_all(requests)
-        return pack_responses([c.token_ids for c in done], [c.logprobs for c in done] if sampling.logprobs else None,
-                              pad_id=self.pad_id)
+            version = self.fleet.serving_version()
+            try:
+                done = self.client.complete_all(requests)
+            except ServerRequestError:
+                if self.fleet.router is None or self.fleet.router.alive:
+                    raise
+                self.fleet.heal(self._resync)  # the router is started again, once; then the requests again
+                self.client.base_url = self.fleet.url
+                version = self.fleet.serving_version()
+                done = self.client.complete_all(requests)
+        out = pack_responses([c.token_ids for c in done], [c.logprobs for c in done] if sampling.logprobs else None,
+                             pad_id=self.pad_id)
+        return out.union(Batch({"policy_version": torch.full((len(done),), version, dtype=torch.long)}))
 
     @contextlib.contextmanager
     def turn_session(self, sampling: SamplingParams) -> Iterator[GenerateBatch]:
         """Agent turns (:class:`~hybridflow.runtime.protocols.TurnGenerator`) through the router, safe to call from
         many threads at once (each turn is its own HTTP request); results carry :attr:`weights_version`."""
         with self._healing():
-            yield ServerTurns(self.client, sampling, eos_id=self.eos_id, version=self.weights_version)
+            yield ServerTurns(self.client, sampling, eos_id=self.eos_id, version=self.fleet.serving_version(),
+                              limit=self.limit)
 
     @contextlib.contextmanager
     def _healing(self) -> Iterator[None]:
         """Restart dead replicas before and after the requests; a failed request with every replica dead is one
         error naming their logs (:class:`~hybridflow.runtime.servers.FleetDownError`)."""
-        self.fleet.heal(self._resync)
+        self._heal()
         try:
             yield
         except ServerRequestError:
+            self.fleet.check_router()  # a router lost for the second time: one line naming its log
             self.fleet.check_alive()
             raise
+        self._heal()
+
+    def _heal(self) -> None:
         self.fleet.heal(self._resync)
+        self.client.base_url = self.fleet.url  # a restarted router may have had to take another port
 
     def _resync(self, replica: ServerProcess) -> None:
         """A restarted replica loads the last weights sent (it started from the initial ones) before it is routed to."""
         if self.weights_version:
             reload_replica(replica, self._snapshot)
+            self.fleet.loaded(replica, self.weights_version)
 
     def rollout_metrics(self) -> dict[str, float]:
         """Replicas restarted and requests sent again since this fleet started (a generate node's metrics)."""
         return {"rollout/replica_restarts": float(self.fleet.restarts),
+                "rollout/router_restarts": float(self.fleet.router_restarts),
                 "rollout/requests_retried": float(self.client.retried)}
 
     def load_weights(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Write the weights once, then have every replica reload them, paused around it."""
         start = time.perf_counter()
-        self.fleet.heal(self._resync)  # a replica lost since the last step must not fail the sync
+        self._heal()  # a replica lost since the last step must not fail the sync
         written = write_snapshot(named, self._snapshot)
-        with ThreadPoolExecutor(max_workers=len(self.fleet.endpoints)) as pool:
-            list(pool.map(lambda replica: reload_replica(replica, self._snapshot), self.fleet.endpoints))
+        endpoints = self.fleet.endpoints
+        with ThreadPoolExecutor(max_workers=len(endpoints)) as pool:
+            failures = list(pool.map(self._try_reload, endpoints))
         self.weights_version += 1
+        for endpoint, failure in zip(endpoints, failures, strict=True):
+            if failure is None:
+                self.fleet.loaded(endpoint, self.weights_version)
+            elif isinstance(endpoint, ServerProcess):  # restarted on the new weights; the others keep serving
+                logger.warning("%s; restarting it and loading the weights again", failure)
+                self.fleet.replace(endpoint, self._resync)
+            else:
+                raise failure  # an attached server is its owner's to restart
         self.last_sync = WeightSyncStats(seconds=time.perf_counter() - start, bytes=written.bytes,
                                          tensors=written.tensors, largest_tensor_bytes=written.largest_tensor_bytes)
+
+    def _try_reload(self, endpoint: ServerProcess | AttachedServer) -> RuntimeError | None:
+        try:
+            reload_replica(endpoint, self._snapshot)
+        except RuntimeError as failure:
+            return failure
+        return None
 
     def close(self) -> None:
         self.client.close()

