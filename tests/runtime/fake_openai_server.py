@@ -1,18 +1,18 @@
 """A tiny OpenAI-style completions server for the server-fleet tests (stdlib only, run as a script).
 
-``python fake_openai_server.py PORT [--unhealthy] [--spawn-child] [--slow] [--dev-mode] [--fail-reload-once FILE]
-[--max-model-len N]``: ``GET /health`` answers 200 (never, with ``--unhealthy``); ``GET /v1/models`` names the
-model ``policy`` and its ``max_model_len`` (N, default 2048); ``POST /v1/completions`` with a token-id ``prompt`` returns
-``max_tokens`` ids counting up from the prompt's last id, log-probs ``-0.1 * (i + 1)``, and this server's port
-as the id, so a test can tell which replica served a request. ``--dev-mode``: it answers the weight-sync calls
-(``/pause``, ``/collective_rpc``, ``/reset_prefix_cache``, ``/resume``) as a vLLM server in dev mode does (404
-without).
-Every completion and sync call is one line of its log (``served`` / ``sync <path> <weights_path>``), in order.
-``--spawn-child`` also starts a sleeping child in the same process group
-(a stand-in for vLLM's engine core), whose pid the server prints to its log. ``--slow``: each completion takes
-0.5 s (requests still in flight when a test kills the server). ``--fail-reload-once FILE``: the first
-``/collective_rpc`` of whichever server finds no FILE creates it and answers 500 (one failed weight sync across
-restarts).
+``python fake_openai_server.py PORT [flags]``. ``GET /health`` answers 200 (never, with ``--unhealthy``);
+``GET /v1/models`` names the model ``policy`` and its ``max_model_len`` (``--max-model-len N``, default 2048);
+``POST /v1/completions`` with a token-id ``prompt`` returns ``max_tokens`` ids counting up from the prompt's last
+id, log-probs ``-0.1 * (i + 1)``, and this server's port as the id, so a test can tell which replica served a
+request.
+
+``--dev-mode``: it answers the weight-sync calls (``/pause``, ``/collective_rpc``, ``/reset_prefix_cache``,
+``/resume``, ``/v1/load_lora_adapter``) as a vLLM server in dev mode does (404 without). Every completion and sync
+call is one line of its log (``served`` / ``sync <path> <weights_path or lora_path>``), in order.
+``--fail-reload-once FILE``: the first ``/collective_rpc`` of whichever server finds no FILE creates it and
+answers 500 (one failed weight sync across restarts). ``--spawn-child`` also starts a sleeping child in the same
+process group (a stand-in for vLLM's engine core), whose pid the server prints to its log. ``--slow``: each
+completion takes 0.5 s (requests still in flight when a test kills the server).
 """
 
 from __future__ import annotations
@@ -60,8 +60,10 @@ class Handler(BaseHTTPRequestHandler):
             print("sync failed", flush=True)
             self._send(500, {"error": {"message": "reload_weights failed (injected)"}})
             return
-        if self.dev_mode and path in ("/pause", "/collective_rpc", "/reset_prefix_cache", "/resume"):
-            print(f"sync {path} {(body.get('kwargs') or {}).get('weights_path', '-')}", flush=True)
+        if self.dev_mode and path in ("/pause", "/collective_rpc", "/reset_prefix_cache", "/resume",
+                                      "/v1/load_lora_adapter"):
+            loaded = (body.get("kwargs") or {}).get("weights_path") or body.get("lora_path") or "-"
+            print(f"sync {path} {loaded}", flush=True)
             self._send(200, {})
             return
         if self.path != "/v1/completions":
@@ -76,9 +78,9 @@ class Handler(BaseHTTPRequestHandler):
             time.sleep(0.5)
         tokens = [int(prompt[-1]) + 1 + i for i in range(int(body.get("max_tokens", 1)))]
         logprobs = {"token_logprobs": [-0.1 * (i + 1) for i in range(len(tokens))]} if "logprobs" in body else None
-        self._send(200, {"id": str(self.server.server_address[1]), "object": "text_completion",
-                         "choices": [{"index": 0, "text": "", "token_ids": tokens, "logprobs": logprobs,
-                                      "finish_reason": "length"}]})
+        choice = {"index": 0, "text": "", "token_ids": tokens, "logprobs": logprobs,
+                  "finish_reason": "length"}
+        self._send(200, {"id": str(self.server.server_address[1]), "object": "text_completion", "choices": [choice]})
 
 
 def main() -> None:

@@ -132,9 +132,12 @@ def _release(version: str) -> tuple[int, ...]:
 
 
 def router_command(*, host: str, port: int, workers: Sequence[str], policy: str,
-                   health_interval_s: int) -> list[str]:
-    """``vllm-router``'s command line, run by this interpreter (its console script may not be on PATH)."""
+                   health_interval_s: int, metrics_port: int) -> list[str]:
+    """``vllm-router``'s command line, run by this interpreter (its console script may not be on PATH). Its
+    Prometheus exporter gets a port of its own (the default, 29000 for every router, makes a second router on the
+    machine, e.g. another rank's, exit at start)."""
     return [sys.executable, "-m", "vllm_router.launch_router", "--host", host, "--port", str(port),
+            "--prometheus-host", host, "--prometheus-port", str(metrics_port),
             "--worker-urls", *workers, "--policy", policy,
             "--health-check-interval-secs", str(health_interval_s), "--health-failure-threshold", "1",
             "--disable-retries", "--log-level", "warning"]  # the client retries, and counts it
@@ -201,14 +204,20 @@ class ServerFleet:
             self._await(self.replicas)
         self.versions = {endpoint.name: 0 for endpoint in self.endpoints}
         if self.config.router:
-            workers = self.replica_urls
-            self._commands["router"] = lambda port: router_command(
-                host=self.config.host, port=port, workers=workers, policy=self.config.router_policy,
-                health_interval_s=self.config.health_interval_s)
+            self._commands["router"] = self._router_command(self.replica_urls)
             self.router = self._launch("router")
             self._await([self.router])
         logger.info("server fleet up: %d replica(s) %s behind %s; logs in %s", len(self.replicas),
                     self.replica_urls, self.url, self.log_dir)
+
+    def _router_command(self, workers: Sequence[str]) -> Callable[[int], Sequence[str]]:
+        def command(port: int) -> Sequence[str]:
+            metrics_port = pick_port(self.config.host, 0, taken=self._ports | {port})
+            self._ports.add(metrics_port)
+            return router_command(host=self.config.host, port=port, workers=list(workers),
+                                  policy=self.config.router_policy, health_interval_s=self.config.health_interval_s,
+                                  metrics_port=metrics_port)
+        return command
 
     def _launch(self, name: str, *, port: int | None = None) -> ServerProcess:
         """Start server ``name`` on ``port`` (default: a new free one)."""
@@ -296,10 +305,7 @@ class ServerFleet:
                                   "the last checkpoint)")
         logger.warning("%s; restarting it once (its log: %s)", what, router.log_path)
         router.stop()
-        workers = self.replica_urls
-        self._commands["router"] = lambda port: router_command(
-            host=self.config.host, port=port, workers=workers, policy=self.config.router_policy,
-            health_interval_s=self.config.health_interval_s)
+        self._commands["router"] = self._router_command(self.replica_urls)
         # Its port, so clients holding its URL reach it again (another port if something took it meanwhile).
         port = router.port if port_is_free(self.config.host, router.port) else None
         self.router = self._launch("router", port=port)
