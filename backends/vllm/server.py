@@ -136,7 +136,10 @@ class ServerOptions:
         return parsed
 
     def takes_adapter(self, role: str, lora: AdapterSpec | None) -> bool:
-        """Whether a policy training ``lora`` syncs its servers with the adapter alone (the ``vllm`` rollout's rule)."""
+        """Whether a policy training ``lora`` syncs its servers with the adapter alone (the ``vllm`` rollout's rule;
+        attached servers, whose flags are their owner's, take merged weights unless ``lora_sync`` says adapter)."""
+        if self.attach and self.lora_sync is None and lora is not None:
+            return False
         return VllmOptions(lora_sync=self.lora_sync).takes_adapter(role, lora)
 
     def fleet(self) -> FleetConfig:

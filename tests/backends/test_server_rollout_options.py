@@ -312,3 +312,17 @@ def test_a_lora_policy_syncs_its_servers_with_the_adapter_alone(tmp_path: Path,
         model_dir="/m", name="actor", dtype="fp32", seed=0, options=options, max_num_seqs=None, lora_rank=4)(0, 1))
     assert "--enable-lora --max-lora-rank 8 --max-loras 1" in command_line
     assert server.server_env(options)["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+
+
+def test_lora_sync_follows_the_vllm_rule_and_attached_servers_default_to_merged() -> None:
+    from hybridflow.runtime.protocols import AdapterSpec
+
+    lora = AdapterSpec(rank=4, alpha=8.0)
+    assert ServerOptions().takes_adapter("actor", lora)
+    assert not ServerOptions(lora_sync="merged").takes_adapter("actor", lora)
+    assert not ServerOptions(attach=("http://127.0.0.1:8001",)).takes_adapter("actor", lora)
+    assert ServerOptions(attach=("http://127.0.0.1:8001",), lora_sync="adapter").takes_adapter("actor", lora)
+    with pytest.raises(ValueError, match=r"lora_sync=adapter is impossible: lora.init='pissa'"):
+        ServerOptions(lora_sync="adapter").takes_adapter("actor", AdapterSpec(rank=4, alpha=8.0, init="pissa"))
+    with pytest.raises(ValueError, match=r"role 'actor': server option lora_sync='delta' must be one of"):
+        ServerOptions.parse({"lora_sync": "delta"}, "actor")
