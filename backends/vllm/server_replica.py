@@ -108,8 +108,8 @@ class ContextLimit:
             return
         raise ValueError(f"role {self.role!r}: {what} {row} needs {prompt_tokens} prompt + {max_tokens} new tokens = "
                          f"{prompt_tokens + max_tokens}, more than the rollout servers' max_model_len "
-                         f"{self.max_model_len}; raise roles.{self.role}.rollout_options.max_model_len (or shorten "
-                         "the prompts or max_new_tokens)")
+                         f"{self.max_model_len}; raise the role's rollout_options.max_model_len (or shorten the "
+                         "prompts or max_new_tokens)")
 
 
 def reload_replica(replica: ServerProcess | AttachedServer, snapshot: Path, *, adapter: str | None = None) -> None:

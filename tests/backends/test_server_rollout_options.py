@@ -211,7 +211,7 @@ def test_a_row_longer_than_max_model_len_is_refused_before_it_is_sent(tmp_path: 
     prompts = Batch({"prompts": torch.tensor([[0, 0, 5, 6, 7], [1, 2, 3, 4, 5]]),
                      "prompt_mask": torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])})
     refusal = (r"role 'actor': row 1 needs 5 prompt \+ 4 new tokens = 9, more than the rollout servers' "
-               r"max_model_len 8; raise roles.actor.rollout_options.max_model_len")
+               r"max_model_len 8; raise the role's rollout_options.max_model_len")
     try:
         with pytest.raises(ValueError, match=refusal):
             rollout.generate(prompts, SamplingParams(max_new_tokens=4, greedy=True))

@@ -105,5 +105,5 @@ def test_responses_carry_the_version_and_an_overlong_row_is_refused_with_vllms_l
     width = int(prompts["prompt_mask"].sum(dim=1).max())
     too_long = SamplingParams(max_new_tokens=257 - width, greedy=True)
     with pytest.raises(ValueError, match=r"new tokens = 257, more than the rollout servers' max_model_len 256; "
-                                         r"raise roles.actor.rollout_options.max_model_len"):
+                                         r"raise the role's rollout_options.max_model_len"):
         engine.generate(prompts, too_long)
