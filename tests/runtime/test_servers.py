@@ -16,6 +16,7 @@ import textwrap
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -282,3 +283,17 @@ def test_every_replica_dead_is_one_error_naming_each_log(fleet: ServerFleet) -> 
         assert client.retried == 2
     finally:
         client.close()
+
+
+@needs_router
+def test_two_fleets_on_one_machine_each_get_a_router(tmp_path: Path) -> None:
+    """Two ranks' fleets on one machine: each router's metrics exporter takes a port of its own (vllm-router's
+    default, 29000 for every router, made the second one exit at start)."""
+    config = FleetConfig(replicas=1, start_timeout_s=60)
+    with ServerFleet(replace(config, log_dir=str(tmp_path / "a")), fake()) as first, \
+            ServerFleet(replace(config, log_dir=str(tmp_path / "b")), fake()) as second:
+        assert first.router is not None and second.router is not None
+        assert first.router.alive and second.router.alive and first.url != second.url
+        lines = [" ".join(fleet.router.process.args) for fleet in (first, second)]  # type: ignore[union-attr]
+        ports = {line.split("--prometheus-port ")[1].split()[0] for line in lines}
+        assert len(ports) == 2 and all("--prometheus-host 127.0.0.1" in line for line in lines)

@@ -12,9 +12,9 @@ from hybridflow.runtime.servers.client import (
     CompletionsClient,
     ServerRequestError,
 )
-from hybridflow.runtime.servers.fleet import FleetConfig, FleetDownError, ServerFleet
+from hybridflow.runtime.servers.fleet import FleetConfig, FleetDownError, RouterDownError, ServerFleet
 from hybridflow.runtime.servers.process import AttachedServer, PortInUseError, ServerProcess, ServerStartError
 
 __all__ = ["AttachedServer", "Completion", "CompletionRequest", "CompletionsClient", "FleetConfig", "FleetDownError",
-           "PortInUseError",
+           "PortInUseError", "RouterDownError",
            "ServerFleet", "ServerProcess", "ServerRequestError", "ServerStartError"]

@@ -15,7 +15,13 @@ router's own retries are off, so every retry is the client's and is counted), by
 :meth:`ServerFleet.heal` then takes the dead replica out of the router (``POST /remove_worker``), starts it
 again on a new port, lets the caller re-sync it (the current weights) and only then adds it to the router
 (``POST /add_worker``), so it takes no traffic on old weights. With every replica dead, :class:`FleetDownError`
-names each one and its log.
+names each one and its log. A router that exits is started again once, on its port (:meth:`ServerFleet.heal`); a
+second exit is :class:`RouterDownError`, one line naming its log.
+
+Weights versions: :attr:`ServerFleet.versions` holds the version of the weights each replica last loaded (0: the
+ones it started with), set by whoever syncs it (:meth:`ServerFleet.loaded`); :meth:`ServerFleet.serving_version`
+is the version every routed replica holds, the one each response is tagged with, and refuses replicas that
+disagree rather than tag a response with a version that may not have generated it.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from hybridflow.runtime.servers.process import (
     ServerProcess,
     ServerStartError,
     pick_port,
+    port_is_free,
     start_server,
     wait_attached,
     wait_healthy,
@@ -125,9 +132,12 @@ def _release(version: str) -> tuple[int, ...]:
 
 
 def router_command(*, host: str, port: int, workers: Sequence[str], policy: str,
-                   health_interval_s: int) -> list[str]:
-    """``vllm-router``'s command line, run by this interpreter (its console script may not be on PATH)."""
+                   health_interval_s: int, metrics_port: int) -> list[str]:
+    """``vllm-router``'s command line, run by this interpreter (its console script may not be on PATH). Its
+    Prometheus exporter gets a port of its own (the default, 29000 for every router, makes a second router on the
+    machine, e.g. another rank's, exit at start)."""
     return [sys.executable, "-m", "vllm_router.launch_router", "--host", host, "--port", str(port),
+            "--prometheus-host", host, "--prometheus-port", str(metrics_port),
             "--worker-urls", *workers, "--policy", policy,
             "--health-check-interval-secs", str(health_interval_s), "--health-failure-threshold", "1",
             "--disable-retries", "--log-level", "warning"]  # the client retries, and counts it
@@ -135,6 +145,13 @@ def router_command(*, host: str, port: int, workers: Sequence[str], policy: str,
 
 class FleetDownError(RuntimeError):
     """Every replica of a fleet has exited: nothing is left to retry on."""
+
+
+class RouterDownError(FleetDownError):
+    """The router exited again after it was restarted once."""
+
+
+Resync = Callable[[ServerProcess], None]
 
 
 class ServerFleet:
@@ -154,7 +171,9 @@ class ServerFleet:
         self._ports: set[int] = set()
         self._commands: dict[str, Callable[[int], Sequence[str]]] = {}
         self._guard = ServerGuard()
-        self.restarts = 0  # replicas started again after they died (:meth:`heal`)
+        self.restarts = 0  # replicas started again after they died (:meth:`heal`) or failed a sync (:meth:`replace`)
+        self.router_restarts = 0
+        self.versions: dict[str, int] = {}  # replica name -> version of the weights it last loaded
         try:
             self._start()
         except BaseException:
@@ -183,19 +202,28 @@ class ServerFleet:
             self.replicas.append(self._launch(f"replica-{index}"))
         if self.replicas:
             self._await(self.replicas)
+        self.versions = {endpoint.name: 0 for endpoint in self.endpoints}
         if self.config.router:
-            workers = self.replica_urls
-            self._commands["router"] = lambda port: router_command(
-                host=self.config.host, port=port, workers=workers, policy=self.config.router_policy,
-                health_interval_s=self.config.health_interval_s)
+            self._commands["router"] = self._router_command(self.replica_urls)
             self.router = self._launch("router")
             self._await([self.router])
         logger.info("server fleet up: %d replica(s) %s behind %s; logs in %s", len(self.replicas),
                     self.replica_urls, self.url, self.log_dir)
 
-    def _launch(self, name: str) -> ServerProcess:
-        port = pick_port(self.config.host, self.config.port_base and self.config.port_base + len(self._ports),
-                         taken=self._ports)
+    def _router_command(self, workers: Sequence[str]) -> Callable[[int], Sequence[str]]:
+        def command(port: int) -> Sequence[str]:
+            metrics_port = pick_port(self.config.host, 0, taken=self._ports | {port})
+            self._ports.add(metrics_port)
+            return router_command(host=self.config.host, port=port, workers=list(workers),
+                                  policy=self.config.router_policy, health_interval_s=self.config.health_interval_s,
+                                  metrics_port=metrics_port)
+        return command
+
+    def _launch(self, name: str, *, port: int | None = None) -> ServerProcess:
+        """Start server ``name`` on ``port`` (default: a new free one)."""
+        if port is None:
+            port = pick_port(self.config.host, self.config.port_base and self.config.port_base + len(self._ports),
+                             taken=self._ports)
         self._ports.add(port)
         return start_server(name, self._commands[name], host=self.config.host, port=port, log_dir=self.log_dir,
                             env=self.env, guard=self._guard)
@@ -230,9 +258,11 @@ class ServerFleet:
                 for r in self.replicas) + " (the step failed; `hybridflow train --resume` continues from the last "
                 "checkpoint)")
 
-    def heal(self, resync: Callable[[ServerProcess], None] | None = None) -> int:
-        """Start every dead replica again (a new port), ``resync`` it (e.g. load the current weights), then add it
-        to the router; returns how many were restarted. All of them dead: :class:`FleetDownError`."""
+    def heal(self, resync: Resync | None = None) -> int:
+        """Start the router again if it exited (once: :meth:`check_router`), then every dead replica (a new port),
+        ``resync`` it (e.g. load the current weights) and add it to the router; returns how many replicas were
+        restarted. All of them dead: :class:`FleetDownError`."""
+        self.check_router()
         dead = self.dead()
         if not dead:
             return 0
@@ -240,20 +270,61 @@ class ServerFleet:
         for old in dead:
             logger.warning("%s (%s) exited with code %s; restarting it (its log: %s)", old.name, old.url,
                            old.process.returncode, old.log_path)
-            self._router_call("remove_worker", old.url)
-            old.stop()
-            index, started = self.replicas.index(old), [self._launch(old.name)]
-            self.replicas[index] = started[0]  # close() stops it even if it never becomes healthy
-            try:
-                self._await(started)  # may start it again on another port
-            finally:
-                self.replicas[index] = started[0]
-            fresh = started[0]
-            if resync is not None:
-                resync(fresh)
-            self._router_call("add_worker", fresh.url)
-            self.restarts += 1
+            self.replace(old, resync)
         return len(dead)
+
+    def replace(self, old: ServerProcess, resync: Resync | None = None) -> ServerProcess:
+        """Take replica ``old`` out of the router, stop it, start it again on a new port, ``resync`` it and only then
+        add it to the router (a replica that died, or one that failed a weight sync); returns the new one."""
+        self._router_call("remove_worker", old.url)
+        old.stop()
+        index, started = self.replicas.index(old), [self._launch(old.name)]
+        self.replicas[index] = started[0]  # close() stops it even if it never becomes healthy
+        self.versions[old.name] = 0  # it starts from the weights on disk
+        try:
+            self._await(started)  # may start it again on another port
+        finally:
+            self.replicas[index] = started[0]
+        fresh = started[0]
+        if resync is not None:
+            resync(fresh)
+        self._router_call("add_worker", fresh.url)
+        self.restarts += 1
+        return fresh
+
+    def check_router(self) -> None:
+        """A router that exited is started again, on its port, with the current replicas, once per fleet; a second
+        exit is :class:`RouterDownError` naming its log (the step fails; ``--resume`` continues the run)."""
+        router = self.router
+        if router is None or router.alive:
+            return
+        what = f"the router ({router.url}) exited with code {router.process.returncode}"
+        if self.router_restarts >= 1:
+            raise RouterDownError(f"{what} again after one restart; its log {router.log_path} ends: "
+                                  f"{router.log_tail()} (the step failed; `hybridflow train --resume` continues from "
+                                  "the last checkpoint)")
+        logger.warning("%s; restarting it once (its log: %s)", what, router.log_path)
+        router.stop()
+        self._commands["router"] = self._router_command(self.replica_urls)
+        # Its port, so clients holding its URL reach it again (another port if something took it meanwhile).
+        port = router.port if port_is_free(self.config.host, router.port) else None
+        self.router = self._launch("router", port=port)
+        self.router_restarts += 1
+        self._await([self.router])
+
+    def loaded(self, endpoint: ServerProcess | AttachedServer, version: int) -> None:
+        """Record that ``endpoint`` now holds the weights of ``version``."""
+        self.versions[endpoint.name] = version
+
+    def serving_version(self) -> int:
+        """The weights version every replica requests may reach holds; replicas that disagree are one error naming
+        each one's version (a response could not be tagged with the version that generated it)."""
+        held = {endpoint.name: self.versions.get(endpoint.name, 0) for endpoint in self.endpoints}
+        if len(set(held.values())) > 1:
+            raise RuntimeError("rollout server replicas hold different weights versions " + ", ".join(
+                f"{name}: v{version}" for name, version in held.items()) + "; a response's version would be unknown "
+                "(a weight sync failed part-way: see the replicas' logs in " + str(self.log_dir) + ")")
+        return next(iter(held.values()), 0)
 
     def _router_call(self, action: str, worker: str) -> None:
         """``POST /<action>?url=<worker>`` on the router (``add_worker``/``remove_worker``); a refusal is an error."""
