@@ -125,7 +125,7 @@ def test_the_plan_round_trips_its_fleet_and_states_its_sync_estimate(grpo: Graph
     assert fleet_metrics(plan_placement(request(grpo, served=False))) == {}
 
 
-def test_replicas_that_disagree_with_the_plan_are_refused_naming_the_key() -> None:
+def test_replicas_that_disagree_with_the_plan_are_refused_naming_the_option() -> None:
     layout = RoleLayout(role=ROLLOUT, dp=8, dtype="bf16")
     assert check_replicas(None, layout, world_size=8, logical=False, role=ROLLOUT) == 1
     assert check_replicas(None, dataclasses.replace(layout, dp=4, tp=2, rollout_tp=1), world_size=1, logical=False,
@@ -134,7 +134,7 @@ def test_replicas_that_disagree_with_the_plan_are_refused_naming_the_key() -> No
     assert check_replicas(2, layout, world_size=8, logical=True, role=ROLLOUT) == 2  # CPU processes share cores
     with pytest.raises(ValueError, match=r"role 'actor': its rollout option replicas=2 disagrees "
                                          r"with the plan.*8 server replica\(s\) over 8 rank\(s\), 1 per rank. Drop "
-                                         r"the key"):
+                                         r"the option"):
         check_replicas(2, layout, world_size=8, logical=False, role=ROLLOUT)
 
 
