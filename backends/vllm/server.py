@@ -277,9 +277,9 @@ class ServerRollout:
             self.fleet.loaded(replica, self.weights_version)
 
     def rollout_metrics(self) -> dict[str, float]:
-        """Replicas and routers restarted and requests sent again since this fleet started, and the last weight sync's seconds,
-        snapshot bytes (its files' size, what each replica reads) and replicas (a generate node's metrics; the
-        controller logs the planner's estimate of the same sync beside them, ``rollout/sync_s_planned``...)."""
+        """Replicas and routers restarted and requests sent again since this fleet started, and the last weight
+        sync's seconds, snapshot bytes (its files' size, what each replica reads) and replicas (a generate node's
+        metrics; the controller logs the planner's estimate of the same sync beside them, ``sync_s_planned``...)."""
         metrics = {"rollout/replica_restarts": float(self.fleet.restarts),
                    "rollout/router_restarts": float(self.fleet.router_restarts),
                    "rollout/requests_retried": float(self.client.retried)}
