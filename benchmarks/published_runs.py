@@ -67,6 +67,8 @@ PUBLISHED_HELD = (*HELD, "phase_overhead_s")
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / "benchmarks" / "data" / "published_runs.json"
+# Runs that are only ever held out (never in --fit): costed by --held-out beside the HELD_OUT arms below.
+HELD_OUT_RUNS = ROOT / "benchmarks" / "data" / "held_out_runs.json"
 
 MATH_PROMPT = 200  # DAPO-Math-17k prompts with the DAPO instruction template: ~150-250 tokens
 GSM8K_PROMPT = 130  # GSM8K question with verl's "Let's think step by step ... ####" template
@@ -129,6 +131,17 @@ ASSUMPTIONS: dict[str, dict[str, Any]] = {
         # save_freq > 0) writes a checkpoint: 2 validations and 1 checkpoint in the 5 averaged steps.
         "validations_per_step": 2 / 5, "validation_prompts": GSM8K_TEST, "checkpoints_per_step": 1 / 5,
     },
+    # Held out (HELD_OUT_RUNS). Geo3K's prompt: the problem text with verl's geo3k instruction (<think> tags,
+    # \boxed{} answer) in the chat template, ~120 text tokens; one diagram, small (Geometry3K's are a few hundred
+    # pixels a side): ~128 visual tokens at Qwen3.5's 32 x 32 pixels a token (patch 16, merge 2); a guess, +-2x.
+    # The mean response is read off the run's own throughput (verl's perf/throughput: the batch's tokens, prompt
+    # and response, per GPU-second): 143 x 290 s x 8 GPUs / 160 samples = 2,074 tokens a sample, less the
+    # 248-token prompt: ~1,830 of the 2,048 cap (Qwen3.5 reasons at length). Unpublished, assumed: one optimizer
+    # step a batch (ppo_mini_batch_size = train_batch_size 32; a smaller one adds only optimizer steps), no
+    # validation or checkpoint in steps 2-5, recompute as the planner's layout policy chooses.
+    "verl_issue7203_qwen35_9b_geo3k_megatron_8xH800": {
+        "prompt_len": 120, "image_tokens": 128, "response_len_mean": 1830,
+    },
     "rocm_blog_verl_ppo_qwen2_7b_gsm8k_8xH100": {
         # The step is derived from tokens/GPU/s, so it scales with these two assumed lengths. Its average leaves out
         # the steps with step % 10 == 0 (the record), where validation and checkpoints fall: no step terms.
@@ -178,9 +191,11 @@ HELD_OUT = {
 }
 
 
-def held_out_cases(path: Path = RUNS) -> list[MeasuredCase]:
-    """The held-out arms (``HELD_OUT``) as cases: their base record with the GPU count and timings replaced."""
-    cases = []
+def held_out_cases(path: Path = RUNS, held_out_runs: Path = HELD_OUT_RUNS) -> list[MeasuredCase]:
+    """The held-out arms (``HELD_OUT``) as cases, their base record with the GPU count and timings replaced, and
+    the runs of ``held_out_runs`` (never fitted)."""
+    cases = [case_from_record({**record, "id": f"{record['id']} (held out)"})
+             for record in records_with_assumptions(held_out_runs)]
     for record in records_with_assumptions(path):
         for gpus, timings in HELD_OUT.get(record["id"], {}).items():
             nodes = gpus // int(record["gpus"]["gpus_per_node"])

@@ -44,11 +44,12 @@ def flops_per_token(model: ModelSpec, seq: float, passes: int, *, train: bool = 
     decoder-layer weight (:attr:`ModelSpec.layer_matmul_params`) and pass, the LM head's (``head``: a policy's; a
     value model's is one column) in at most 3 of them (recomputation reruns the checkpointed layers, not the head:
     Hugging Face's gradient checkpointing wraps the decoder layers alone), and causal attention ``2·L·heads·
-    head_dim·seq``, whose backward costs ``ATTENTION_BACKWARD_RATIO`` forwards.
+    head_dim·seq`` in the full-attention layers (a hybrid's linear layers add :func:`linear_mixer_flops`, constant in
+    ``seq``), whose backward costs ``ATTENTION_BACKWARD_RATIO`` forwards.
 
     Training a LoRA adapter (``train``) skips the frozen weights' gradients: their matmuls run one pass fewer
     (forward, input gradients, recomputation), attention all of its passes, the adapter's own ``passes``."""
-    attention = 2 * model.layers * model.heads * model.head_dim * seq
+    attention = 2 * model.attention_layers * model.heads * model.head_dim * seq + linear_mixer_flops(model)
     attention_passes = passes if passes == 1 else passes - 2 + ATTENTION_BACKWARD_RATIO
     head_passes = min(passes, 3) if head else 0
     if train and model.adapter is not None:
@@ -56,6 +57,15 @@ def flops_per_token(model: ModelSpec, seq: float, passes: int, *, train: bool = 
         return weights + attention_passes * attention + passes * 2 * model.adapter_params
     return (passes * 2 * model.layer_matmul_params + head_passes * 2 * model.head_params
             + attention_passes * attention)
+
+
+def linear_mixer_flops(model: ModelSpec) -> float:
+    """Forward FLOPs of one token's delta rule over a hybrid's Gated DeltaNet layers beyond their projections
+    (:attr:`LinearAttentionSpec.mixer_flops_per_token`); 0 for attention-only models. Its backward, like
+    attention's, is taken at ``ATTENTION_BACKWARD_RATIO`` forwards (fla's chunked backward recomputes the states
+    and runs the gradient products of each forward one)."""
+    linear = model.linear_attention
+    return linear.layers * linear.mixer_flops_per_token if linear is not None else 0.0
 
 
 def nonmatmul_bytes_per_token(model: ModelSpec, kind: RoleKind, passes: int) -> float:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from hybridflow.files import read_json
+from hybridflow.planner.linear_attention import LinearAttentionSpec, linear_attention_from_config
 from hybridflow.planner.lora_costs import LoraPlan
 from hybridflow.planner.vision import VisionSpec, qwen2_5_vl_tower, vision_from_config
 
@@ -42,6 +43,8 @@ class ModelSpec:
     adapter: LoraPlan | None = None
     adapter_params: int = field(default=0, init=False, compare=False, repr=False)  # the adapter's weights
     vision: VisionSpec | None = None  # a vision-language model's vision tower; None: a text-only model
+    # A hybrid model's Gated DeltaNet layers (``linear_attention.py``); the other layers are full attention.
+    linear_attention: LinearAttentionSpec | None = None
 
     def __post_init__(self) -> None:
         for field_name in ("params", "layers", "hidden", "heads", "kv_heads", "vocab"):
@@ -64,6 +67,10 @@ class ModelSpec:
                              f"1..experts={self.experts}")
         if self.vision is not None and not isinstance(self.vision, VisionSpec):
             raise TypeError(f"ModelSpec({self.name}).vision must be a VisionSpec, got {type(self.vision).__name__}")
+        if self.linear_attention is not None and not (isinstance(self.linear_attention, LinearAttentionSpec)
+                                                      and self.linear_attention.layers < self.layers):
+            raise ValueError(f"ModelSpec({self.name}).linear_attention must be a LinearAttentionSpec of fewer than "
+                             f"layers={self.layers} layers")
         if self.adapter is not None:
             if not isinstance(self.adapter, LoraPlan):
                 raise TypeError(f"ModelSpec({self.name}).adapter must be a LoraPlan, got {type(self.adapter).__name__}")
@@ -96,6 +103,17 @@ class ModelSpec:
     @property
     def head_dim(self) -> int:
         return self.attention_head_dim or self.hidden // self.heads
+
+    @property
+    def attention_layers(self) -> int:
+        """Layers of full (softmax) attention, which keep a KV cache and cost O(context) a token: all of them but a
+        hybrid's linear-attention layers."""
+        return self.layers - (self.linear_attention.layers if self.linear_attention is not None else 0)
+
+    @property
+    def state_bytes_per_sequence(self) -> int:
+        """Decode state a sequence holds whatever its length (a hybrid's GDN states; 0 for attention-only)."""
+        return self.linear_attention.state_bytes_per_sequence if self.linear_attention is not None else 0
 
     @property
     def active(self) -> int:
@@ -133,11 +151,12 @@ class ModelSpec:
         return self.expert_params * self.experts_per_token / self.experts if self.is_moe else 0.0
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
-        """K and V of every layer for one token (grouped-query attention stores ``kv_heads`` heads;
-        latent attention one compressed vector per layer)."""
+        """K and V of every full-attention layer for one token (grouped-query attention stores ``kv_heads`` heads;
+        latent attention one compressed vector per layer; a hybrid's linear layers keep a fixed-size state instead,
+        :attr:`state_bytes_per_sequence`)."""
         if self.kv_latent_dim:
-            return self.layers * self.kv_latent_dim * dtype_bytes
-        return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes
+            return self.attention_layers * self.kv_latent_dim * dtype_bytes
+        return 2 * self.attention_layers * self.kv_heads * self.head_dim * dtype_bytes
 
     def weights_read(self, tokens: float) -> float:
         """Weights a decode step over ``tokens`` sequences reads: dense parts always, each routed expert
@@ -259,8 +278,17 @@ def from_config_dict(config: dict[str, Any], *, name: str) -> ModelSpec:
                          experts=experts, experts_per_token=top, expert_params=routed, attention_head_dim=head_dim)
     params = count_params(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, vocab=vocab,
                           intermediate=intermediate, tie_embeddings=tie) + layers * attention_fix
+    linear = linear_attention_from_config(config, name=name)
+    if linear is not None:
+        # Hybrid (Qwen3-Next, Qwen3.5): the linear layers hold a GDN mixer where the others hold attention, whose
+        # q_proj is twice as wide under attn_output_gate (a sigmoid gate on the attention output).
+        width = heads * (head_dim or hidden // heads)
+        attention = 2 * hidden * width + 2 * hidden * kv_heads * (head_dim or hidden // heads)
+        gate = hidden * width if config.get("attn_output_gate") else 0
+        params += (layers - linear.layers) * gate + linear.layers * (linear.layer_params(hidden) - attention)
     return ModelSpec(name=name, params=params, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
-                     vocab=vocab, intermediate=intermediate, tie_embeddings=tie, attention_head_dim=head_dim)
+                     vocab=vocab, intermediate=intermediate, tie_embeddings=tie, attention_head_dim=head_dim,
+                     linear_attention=linear)
 
 
 def _key(config: dict[str, Any], name: str, *keys: str) -> int:
@@ -295,6 +323,23 @@ DEEPSEEK_V3 = ModelSpec(name="deepseek-v3", params=671_000_000_000, layers=61, h
                         kv_latent_dim=576)
 
 
+# Qwen/Qwen3.5-9B's config.json (Hugging Face Hub, revision c2022362, as a public test fixture reproduces it
+# whole; the same linear_* keys and the 1-in-4 layout as slime's scripts/models/qwen3.5-4B/27B and transformers'
+# Qwen3_5VisionConfig defaults for the tower). The checkpoint holds 9.653B weights: ~8.95B language model, ~0.45B
+# tower, ~0.24B of one multi-token-prediction layer that RL training and this catalogue leave out.
+QWEN3_5_9B_CONFIG: dict[str, Any] = {
+    "text_config": {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 16, "num_key_value_heads": 4,
+                    "head_dim": 256, "intermediate_size": 12288, "vocab_size": 248320, "tie_word_embeddings": False,
+                    "attn_output_gate": True, "full_attention_interval": 4,
+                    "layer_types": ["linear_attention"] * 3 + ["full_attention"],  # x 8: see below
+                    "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_key_head_dim": 128,
+                    "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "mamba_ssm_dtype": "float32"},
+    "vision_config": {"depth": 27, "hidden_size": 1152, "intermediate_size": 4304, "num_heads": 16, "patch_size": 16,
+                      "temporal_patch_size": 2, "spatial_merge_size": 2, "in_channels": 3, "out_hidden_size": 4096,
+                      "num_position_embeddings": 2304},
+}
+QWEN3_5_9B_CONFIG["text_config"]["layer_types"] *= 8
+
 # Shapes from each model's public config.json on the Hugging Face Hub.
 PRESETS: dict[str, ModelSpec] = {
     "llama3-8b": _preset("llama3-8b", 32, 4096, 32, 8, 128256, 14336),
@@ -312,6 +357,7 @@ PRESETS: dict[str, ModelSpec] = {
     "qwen3-30b-a3b": _preset("qwen3-30b-a3b", 48, 2048, 32, 4, 151936, 6144, head_dim=128, num_experts=128,
                              num_experts_per_tok=8, moe_intermediate_size=768),
     "deepseek-v3": DEEPSEEK_V3,
+    "qwen3.5-9b": from_config_dict(QWEN3_5_9B_CONFIG, name="qwen3.5-9b"),
     # Qwen2.5-VL: each language model is the Qwen2.5 of its size (text keys of Qwen/Qwen2.5-VL-{3B,7B,32B,72B}-
     # Instruct's config.json), beside the one tower of vision.qwen2_5_vl_tower.
     "qwen2.5-vl-3b": _vl_preset("qwen2.5-vl-3b", 36, 2048, 16, 2, 151936, 11008, tie=True),

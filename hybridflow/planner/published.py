@@ -36,7 +36,8 @@ DEFAULTS: dict[str, Any] = {
 PHASES = {"gen": "actor_generate", "old_log_prob": "actor_logprob", "ref": "reference_ref_logprob",
           "values": "critic_values", "update_critic": "critic_update", "update_actor": "actor_update"}
 MODEL_NAMES = {"qwen2.5-math-7b": "qwen2.5-math-7b", "qwen3-30b-a3b": "qwen3-30b-a3b", "deepseek-v3": "deepseek-v3",
-               "qwen2-7b": "qwen2-7b", "qwen2.5-7b": "qwen2.5-7b", "qwen3-8b": "qwen3-8b", "llama-3-8b": "llama3-8b"}
+               "qwen2-7b": "qwen2-7b", "qwen2.5-7b": "qwen2.5-7b", "qwen3-8b": "qwen3-8b", "llama-3-8b": "llama3-8b",
+               "qwen3.5-9b": "qwen3.5-9b"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,7 +130,8 @@ def case_from_record(record: Mapping[str, Any], overrides: Mapping[str, Any] | N
     mean = extra.get("response_len_mean") or record.get("response_len_mean") or cap * extra["response_mean_fraction"]
     lengths = LengthDistribution.lognormal(mean=float(mean), max=float(cap))
     workload = Workload(batch_size=int(record["batch_prompts"]), prompt_len=int(extra["prompt_len"]),
-                        response_len=max(1, round(lengths.mean)), n_samples=samples)
+                        response_len=max(1, round(lengths.mean)), n_samples=samples,
+                        image_tokens=int(extra.get("image_tokens") or 0))
     model = model_for(record, extra.get("model"))
     roles = [role.name for role in graph.roles if role.kind.needs_gpu]
     every = tuple(range(cluster.num_gpus))

@@ -26,7 +26,7 @@ from hybridflow.planner.costs import (
     moe_slowdown,
 )
 from hybridflow.planner.devices import DTYPE_BYTES
-from hybridflow.planner.flops import vision_flops_per_token
+from hybridflow.planner.flops import linear_mixer_flops, vision_flops_per_token
 from hybridflow.planner.lengths import LengthDistribution
 from hybridflow.planner.models import ModelSpec
 from hybridflow.planner.overlays import controller_seconds
@@ -55,15 +55,28 @@ class Engine:
             return float(self.model.kv_bytes_per_token(self.unit))
         return self.model.kv_bytes_per_token(self.unit) / min(self.rtp, self.model.kv_heads)
 
+    @property
+    def state_sequence(self) -> float:
+        """A sequence's linear-attention state on one GPU (heads split over TP); 0 without linear layers."""
+        linear = self.model.linear_attention
+        return self.model.state_bytes_per_sequence / min(self.rtp, linear.value_heads) if linear else 0.0
+
+    @property
+    def state_tokens(self) -> float:
+        """A sequence's state in KV tokens' worth of cache: what it takes from the engine's pool beside its KV."""
+        return self.state_sequence / self.kv_token if self.kv_token else 0.0
+
     def step_seconds(self, in_flight: float, context: float) -> float:
         """One decode step with ``in_flight`` sequences of ``context`` tokens each."""
         model, device, constants = self.model, self.shape.device, self.shape.constants
         weights = model.weights_read(in_flight)
         experts = weights - (model.params - model.expert_params)  # 0 for a dense model
+        # A hybrid's linear layers read and write each sequence's fixed-size state every step instead of a KV
+        # cache that grows with the context.
         read = ((weights - experts + experts / constants.moe_efficiency) * self.unit / self.rtp
-                + in_flight * context * self.kv_token)
+                + in_flight * (context * self.kv_token + 2 * self.state_sequence))
         memory = read / (device.hbm_bandwidth * constants.hbm_efficiency)
-        attention = 4 * model.layers * model.heads * model.head_dim * context
+        attention = 4 * model.attention_layers * model.heads * model.head_dim * context + linear_mixer_flops(model)
         multiplied = model.layer_matmul_params + model.head_params  # every sequence samples from its logits
         flops = in_flight * (2 * multiplied * moe_slowdown(model, self.shape) + attention) / self.rtp
         compute = flops / (device.matmul_flops(_dtype(self.unit, device.dtypes)) * constants.decode_mfu)
@@ -138,7 +151,7 @@ def concurrency(engine: Engine, per_engine: int, batch: int, prompt_len: float, 
     cap = min(per_engine, batch, run.max_num_seqs)
     cache = kv_tokens(engine)
     if cache is not None:
-        cap = min(cap, max(1, int(cache / (prompt_len + lengths.mean_age()))))
+        cap = min(cap, max(1, int(cache / (prompt_len + lengths.mean_age() + engine.state_tokens))))
     return max(cap, 1)
 
 
@@ -157,7 +170,7 @@ def decode_seconds(engine: Engine, per_engine: int, in_flight: int, prompt_len: 
     for start, end, alive in lengths.survivors(lengths.expected_max(rows)):
         running = max(1.0, cohort * alive)
         context = prompt_len + (start + end) / 2
-        fits = running if cache is None else max(1.0, min(running, cache / context))
+        fits = running if cache is None else max(1.0, min(running, cache / (context + engine.state_tokens)))
         seconds += (end - start) * running / fits * engine.step_seconds(fits, context)
         if fits < running:
             seconds += preempted_seconds(engine, (running - fits) * (prompt_len + start))
@@ -232,7 +245,7 @@ def generate_cost(model: ModelSpec, load: NodeLoad, prompt_len: int, layout: Rol
         share = shape.run.gpu_memory_utilization * shape.device.memory_bytes
         transient = max(share - (1 - USABLE_MEMORY) * shape.device.memory_bytes, engine.weights)
     else:
-        kv_cache = in_flight * engine.kv_token * (prompt_len + lengths.mean_age())
+        kv_cache = in_flight * engine.kv_token * (prompt_len + lengths.mean_age() + engine.state_tokens)
         transient = (0 if reuse else engine.weights) + kv_cache + in_flight * model.vocab * 4 / rtp
     dispatch = controller_seconds(load, shape, prompt_len)
     rebuild = cache_rebuild_seconds(engine)

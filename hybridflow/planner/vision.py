@@ -110,6 +110,9 @@ def vision_from_config(config: dict[str, Any], *, out_hidden: int, name: str) ->
             hidden = int(config["embed_dim"])
             # Two matrices of h x (ratio·h) hold what a gated MLP of width 2/3 of that holds in three.
             intermediate = round(2 * hidden * float(config.get("mlp_ratio", 4)) / 3)
+        elif "num_position_embeddings" in config:  # Qwen3-VL / Qwen3.5: learned positions, an fc1/fc2 GELU MLP
+            hidden = int(config["hidden_size"])
+            intermediate = round(2 * int(config["intermediate_size"]) / 3)  # as a gated MLP's width, as above
         else:
             hidden, intermediate = int(config["hidden_size"]), int(config["intermediate_size"])
     except (KeyError, TypeError, ValueError) as err:
