@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 # flash-linear-attention's chunked gated delta rule (``chunk_gated_delta_rule``, the kernel transformers, Megatron
-# and SGLang call for prefill and training) works in chunks of 64 tokens (``chunk_size=64`` in fla/ops/gated_delta_rule).
+# and SGLang call for prefill and training) works in chunks of 64 tokens (fla/ops/gated_delta_rule).
 GDN_CHUNK = 64
 
 

@@ -32,7 +32,10 @@ def test_a_gdn_layer_costs_less_than_full_attention_at_long_context():
     assert gdn is not None
     hidden, width = Q35.hidden, Q35.heads * Q35.head_dim
     attention_weights = 2 * hidden * width + 2 * hidden * Q35.kv_heads * Q35.head_dim + hidden * width  # gated q
-    full_at = lambda seq: 2 * attention_weights + 2 * Q35.heads * Q35.head_dim * seq  # noqa: E731
+
+    def full_at(seq: int) -> float:
+        return 2 * attention_weights + 2 * Q35.heads * Q35.head_dim * seq
+
     linear = 2 * gdn.layer_params(hidden) + gdn.mixer_flops_per_token
     assert linear < full_at(32768)
     # At a short context the GDN layer (wider projections) is not cheaper: the saving is the O(n) term.
