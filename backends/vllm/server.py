@@ -54,6 +54,7 @@ from hybridflow.backends.vllm.rollout import (
 from hybridflow.backends.vllm.server_replica import (
     ContextLimit,
     check_vllm_server,
+    gpu_env,
     reload_replica,
     served_model,
     server_command,
@@ -207,9 +208,11 @@ class ServerRollout:
         self._snapshot = Path(tempfile.mkdtemp(prefix="hybridflow-weights-", dir=shm if shm.is_dir() else None))
         command = server_command(model_dir=self.model_dir, name=spec.name, seed=spec.seed + context.rank,
                                  dtype=options.rollout_dtype or layout.dtype, options=options,
-                                 max_num_seqs=layout.rollout_batch_size or None, lora_rank=lora_rank)
+                                 max_num_seqs=layout.rollout_batch_size or None, lora_rank=lora_rank,
+                                 tensor_parallel=layout.rollout_tp)
         try:
-            self.fleet = ServerFleet(options.fleet(), command, env=server_env(options))
+            self.fleet = ServerFleet(options.fleet(), command, env=server_env(options),
+                                     replica_env=gpu_env(context.device, layout.rollout_tp))
         except BaseException:
             shutil.rmtree(self._snapshot, ignore_errors=True)
             raise
@@ -375,10 +378,13 @@ class ServerRolloutFactory:
     LoRA policy's adapter alone (:meth:`ServerOptions.takes_adapter`)."""
 
     standalone = True
+    # A replica of rollout_tp > 1 runs (``--tensor-parallel-size``, each on its own GPUs) where one rank holds them
+    # all; every executor gives a rank one GPU, so plans keep rollout_tp 1 until ranks pool GPUs for a replica.
     max_rollout_tp = 1
     support = LayoutSupport(backend="vllm-server", max_rollout_tp=1, rollout_batch_size=True, served=True,
                             notes={**VllmBackend.support.notes,
-                                   "rollout_tp": "a server replica is one dp rank; tensor-parallel replicas: not yet"})
+                                   "rollout_tp": "a server replica is started by one rank of one GPU; replicas "
+                                                 "spanning ranks (tensor-parallel replicas in a plan): not yet"})
 
     def build(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext, *,
               trainer: Engine | None) -> Engine:

@@ -13,8 +13,8 @@ import pytest
 import torch
 from hybridflow.backends.vllm.server import ServerOptions, reload_replica, server_command, server_env
 
-from hybridflow.planner import Sharding
-from hybridflow.runtime.servers import FleetConfig, ServerFleet
+from hybridflow.planner import RoleLayout, Sharding
+from hybridflow.runtime.servers import FleetConfig, ServerFleet, ServerStartError
 
 FAKE = str(Path(__file__).parents[1] / "runtime" / "fake_openai_server.py")
 
@@ -446,13 +446,59 @@ def test_a_router_lost_mid_turn_session_is_restarted_and_the_turns_go_on(tmp_pat
             assert [future.result(timeout=60) for future in running] == expected
         assert rollout.fleet.router_restarts == 1 and rollout.fleet.router.alive
         assert rollout.rollout_metrics()["rollout/requests_retried"] >= 1
-        with pytest.raises(RouterDownError, match=rf"exited with code -9 again after one restart; its log "
-                                                  rf"{router_log} ends"):
-            with rollout.turn_session(sampling) as turns, ThreadPoolExecutor(6) as agents:
-                for replica in rollout.fleet.replicas:
-                    replica.log_path.write_text("")
-                running = [agents.submit(trajectory, turns, i) for i in range(6)]
-                _kill_router_once(rollout, "served")
-                [future.result(timeout=60) for future in running]
+        for replica in rollout.fleet.replicas:
+            replica.log_path.write_text("")
+        second_loss = pytest.raises(RouterDownError, match=rf"exited with code -9 again after one restart; its log "
+                                                            rf"{router_log} ends")
+        with second_loss, rollout.turn_session(sampling) as turns, ThreadPoolExecutor(6) as agents:
+            running = [agents.submit(trajectory, turns, i) for i in range(6)]
+            _kill_router_once(rollout, "served")
+            [future.result(timeout=60) for future in running]
     finally:
         rollout.close()
+
+
+def test_tensor_parallel_replicas_come_from_the_plans_rollout_tp(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A layout of 4 GPUs with rollout_tp=2 on one rank: 2 replicas, each `--tensor-parallel-size 2`, each on its
+    own two of the rank's GPUs (CUDA); a rank holding fewer GPUs than a replica needs is refused."""
+    from harness import role_spec
+    from hybridflow.backends.vllm import server
+
+    from hybridflow.graph import RoleKind
+    from hybridflow.runtime.protocols import WorkerContext
+
+    started: list[tuple[FleetConfig, object, object]] = []
+
+    class Stop(Exception):
+        pass
+
+    def fleet(config, command, *, env, replica_env):  # type: ignore[no-untyped-def]
+        started.append((config, command, replica_env))
+        raise Stop  # nothing is started
+    monkeypatch.setattr(server, "check_vllm_server", lambda: None)
+    (tmp_path / "config.json").write_text('{"eos_token_id": 2, "pad_token_id": 0}')
+    monkeypatch.setattr(server, "materialize_model", lambda model, seed: (str(tmp_path), None))
+    monkeypatch.setattr(server, "ServerFleet", fleet)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    spec = role_spec("actor:rollout", RoleKind.FROZEN_POLICY, rollout="server")
+    plan_layout = RoleLayout(role="actor:rollout", dp=4, sharding=Sharding.NO_SHARD, dtype="fp32", rollout_tp=2)
+
+    def on(device: str, world_size: int = 1) -> WorkerContext:
+        return WorkerContext(group=1, rank=0, world_size=world_size, device=device, collective=None)  # type: ignore[arg-type]
+
+    for device in ("cpu", "cuda:0"):
+        with pytest.raises(Stop):
+            server.ROLLOUT.build(spec, plan_layout, on(device), trainer=None)
+    (cpu, command, no_gpus), (_, _, gpus) = started
+    assert cpu.replicas == 2 and no_gpus is None  # dp * tp / rollout_tp = 4 / 2
+    line = " ".join(command(1, 18001))  # type: ignore[operator]
+    assert "--tensor-parallel-size 2 --distributed-executor-backend mp" in line and "--port 18001" in line
+    assert [gpus(i) for i in range(2)] == [{"CUDA_VISIBLE_DEVICES": "4,5"}, {"CUDA_VISIBLE_DEVICES": "6,7"}]  # type: ignore[operator]
+    with pytest.raises(ServerStartError, match=r"server replica 2 needs GPUs 4..5 of this rank's 4 visible"):
+        gpus(2)  # type: ignore[operator]
+    assert "--tensor-parallel-size" not in " ".join(server_command(
+        model_dir="/m", name="actor", dtype="fp32", seed=0, options=ServerOptions(), max_num_seqs=None)(0, 1))
+    with pytest.raises(ValueError, match=r"role 'actor': its layout of 'actor:rollout' \(dp=4 x tp=1, rollout_tp=2\) "
+                                         r"over 4 rank\(s\) gives each rank 1 GPU\(s\), fewer than one server replica"):
+        server.ROLLOUT.build(spec, plan_layout, on("cuda:0", world_size=4), trainer=None)

@@ -162,11 +162,13 @@ class ServerFleet:
     """``config.replicas`` processes of ``command`` behind a router; :attr:`url` is where requests go."""
 
     def __init__(self, config: FleetConfig, command: ReplicaCommand, *, env: Mapping[str, str] | None = None,
-                 health_path: str = "/health") -> None:
+                 replica_env: Callable[[int], Mapping[str, str]] | None = None, health_path: str = "/health") -> None:
+        """``env``: every server's environment; ``replica_env``: what replica ``i``'s adds to it (its GPUs)."""
         if config.router:
             check_router_installed()
         self.config, self.command, self.health_path = config, command, health_path
         self.env = dict(os.environ if env is None else env)
+        self.replica_env = replica_env
         self.log_dir = Path(config.log_dir or tempfile.mkdtemp(prefix="hybridflow-servers-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.replicas: list[ServerProcess] = []
@@ -174,6 +176,7 @@ class ServerFleet:
         self.router: ServerProcess | None = None
         self._ports: set[int] = set()
         self._commands: dict[str, Callable[[int], Sequence[str]]] = {}
+        self._envs: dict[str, Mapping[str, str]] = {}  # a replica's own environment, where it has one
         self._guard = ServerGuard()
         self.restarts = 0  # replicas started again after they died (:meth:`heal`) or failed a sync (:meth:`replace`)
         self.router_restarts = 0
@@ -208,6 +211,8 @@ class ServerFleet:
             wait_attached(self.attached, deadline_s=self.config.start_timeout_s)
         for index in range(0 if self.attached else self.config.replicas):
             self._commands[f"replica-{index}"] = functools.partial(self.command, index)
+            if self.replica_env is not None:
+                self._envs[f"replica-{index}"] = {**self.env, **self.replica_env(index)}
             self.replicas.append(self._launch(f"replica-{index}"))
         if self.replicas:
             self._await(self.replicas)
@@ -235,7 +240,7 @@ class ServerFleet:
                              taken=self._ports)
         self._ports.add(port)
         return start_server(name, self._commands[name], host=self.config.host, port=port, log_dir=self.log_dir,
-                            env=self.env, guard=self._guard)
+                            env=self._envs.get(name, self.env), guard=self._guard)
 
     def _await(self, servers: list[ServerProcess]) -> None:
         """Wait for ``servers``; one whose port was taken meanwhile restarts on another port (``PORT_TRIES``)."""
