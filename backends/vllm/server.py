@@ -15,7 +15,8 @@ generate call the fleet restarts dead replicas, reloads the last weights snapsho
 admits it, and the generate node's metrics count it (``rollout/replica_restarts``, ``rollout/requests_retried``:
 totals since this rank's fleet started). Every replica dead: one error naming each and its log. A replica that
 fails a weight sync is restarted and synced again (the others keep the new weights); a router that exits is
-restarted once (a generate call it broke is sent again), a second exit is one error naming its log.
+restarted once (the requests of a generate call or of agent turns it broke are sent again; a weight sync goes to
+each replica, not through it), a second exit is one error naming its log.
 
 Every response carries the version of the weights that generated it (``policy_version`` per row of ``generate``,
 ``TurnResult.version`` per turn): the number of weight syncs this fleet has taken, which every replica the router
@@ -32,8 +33,9 @@ import json
 import logging
 import shutil
 import tempfile
+import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -52,6 +54,7 @@ from hybridflow.backends.vllm.rollout import (
 from hybridflow.backends.vllm.server_replica import (
     ContextLimit,
     check_vllm_server,
+    gpu_env,
     reload_replica,
     served_model,
     server_command,
@@ -76,6 +79,7 @@ from hybridflow.runtime.protocols import (
 )
 from hybridflow.runtime.servers import (
     AttachedServer,
+    Completion,
     CompletionRequest,
     CompletionsClient,
     FleetConfig,
@@ -157,18 +161,19 @@ class ServerTurns:
 
     Its session key (``X-Session-ID``) is the request's own (the agent loop gives every turn of a trajectory its
     trajectory's key), so a trajectory's later turns reach the replica that cached its earlier ones; a request
-    without one is keyed by the hash of its first ``AFFINITY_TOKENS`` token ids."""
+    without one is keyed by the hash of its first ``AFFINITY_TOKENS`` token ids. ``complete`` sends them (the rollout's
+    :meth:`ServerRollout.complete`: turns a lost router broke are sent again once it is back)."""
 
     accepts_concurrent_calls = True
 
-    def __init__(self, client: CompletionsClient, sampling: SamplingParams, *, eos_id: int, version: int,
-                 limit: ContextLimit) -> None:
-        self.client, self.sampling, self.eos_id, self.version, self.limit = client, sampling, eos_id, version, limit
+    def __init__(self, complete: Callable[[Sequence[CompletionRequest]], list[Completion]], sampling: SamplingParams,
+                 *, eos_id: int, version: int, limit: ContextLimit) -> None:
+        self.complete, self.sampling, self.eos_id, self.version, self.limit = complete, sampling, eos_id, version, limit
 
     def __call__(self, requests: Sequence[TurnRequest]) -> list[TurnResult]:
         for index, request in enumerate(requests):
             self.limit.check(index, len(request.token_ids), request.max_tokens, what="turn")
-        done = self.client.complete_all([
+        done = self.complete([
             CompletionRequest(prompt=request.token_ids, max_tokens=request.max_tokens, seed=request.seed,
                               sampling=sampling_knobs(self.sampling),
                               session=request.session or session_key(request.token_ids))
@@ -203,9 +208,11 @@ class ServerRollout:
         self._snapshot = Path(tempfile.mkdtemp(prefix="hybridflow-weights-", dir=shm if shm.is_dir() else None))
         command = server_command(model_dir=self.model_dir, name=spec.name, seed=spec.seed + context.rank,
                                  dtype=options.rollout_dtype or layout.dtype, options=options,
-                                 max_num_seqs=layout.rollout_batch_size or None, lora_rank=lora_rank)
+                                 max_num_seqs=layout.rollout_batch_size or None, lora_rank=lora_rank,
+                                 tensor_parallel=layout.rollout_tp)
         try:
-            self.fleet = ServerFleet(options.fleet(), command, env=server_env(options))
+            self.fleet = ServerFleet(options.fleet(), command, env=server_env(options),
+                                     replica_env=gpu_env(context.device, layout.rollout_tp))
         except BaseException:
             shutil.rmtree(self._snapshot, ignore_errors=True)
             raise
@@ -218,6 +225,7 @@ class ServerRollout:
         self.limit = ContextLimit(spec.name, max_model_len)
         self.client = CompletionsClient(self.fleet.url, model if options.attach else spec.name,
                                         timeout_s=options.request_timeout_s)
+        self._recovering = threading.Lock()  # one thread restarts a lost router; the others wait, then resend
 
     def generate(self, batch: Batch, sampling: SamplingParams) -> Batch:
         """``prompts``/``prompt_mask`` -> ``responses``/``response_mask`` (and ``rollout_logprobs``), one request
@@ -232,15 +240,7 @@ class ServerRollout:
                     for i, prompt in enumerate(prompts)]
         with self._healing():
             version = self.fleet.serving_version()
-            try:
-                done = self.client.complete_all(requests)
-            except ServerRequestError:
-                if self.fleet.router is None or self.fleet.router.alive:
-                    raise
-                self.fleet.heal(self._resync)  # the router is started again, once; then the requests again
-                self.client.base_url = self.fleet.url
-                version = self.fleet.serving_version()
-                done = self.client.complete_all(requests)
+            done = self.complete(requests)
         out = pack_responses([c.token_ids for c in done], [c.logprobs for c in done] if sampling.logprobs else None,
                              pad_id=self.pad_id)
         return out.union(Batch({"policy_version": torch.full((len(done),), version, dtype=torch.long)}))
@@ -250,8 +250,34 @@ class ServerRollout:
         """Agent turns (:class:`~hybridflow.runtime.protocols.TurnGenerator`) through the router, safe to call from
         many threads at once (each turn is its own HTTP request); results carry the fleet's weights version."""
         with self._healing():
-            yield ServerTurns(self.client, sampling, eos_id=self.eos_id, version=self.fleet.serving_version(),
+            yield ServerTurns(self.complete, sampling, eos_id=self.eos_id, version=self.fleet.serving_version(),
                               limit=self.limit)
+
+    def complete(self, requests: Sequence[CompletionRequest]) -> list[Completion]:
+        """Send ``requests`` through the router; those that failed because the router was lost meanwhile are sent
+        again (same seeds) once it is back (:meth:`_router_back`), the others' results kept. Safe from many
+        threads at once (an agent loop's turns)."""
+        router = self.fleet.router
+        done = self.client.complete_each(requests)
+        failed = [i for i, result in enumerate(done) if isinstance(result, ServerRequestError)]
+        if failed:
+            first = done[failed[0]]
+            assert isinstance(first, ServerRequestError)
+            if not self._router_back(router):
+                raise first
+            for i, result in zip(failed, self.client.complete_all([requests[i] for i in failed]), strict=True):
+                done[i] = result
+        return [result for result in done if isinstance(result, Completion)]
+
+    def _router_back(self, router: ServerProcess | None) -> bool:
+        """Whether ``router`` (the one requests were sent through) was lost and a router is up again: started again
+        here (once per fleet; a second loss is :class:`~hybridflow.runtime.servers.RouterDownError`) or by another
+        thread meanwhile."""
+        with self._recovering:
+            if router is None or (self.fleet.router is router and router.alive):
+                return False  # the router is fine: the failure is the request's own
+            self._heal()
+            return True
 
     @contextlib.contextmanager
     def _healing(self) -> Iterator[None]:
@@ -352,10 +378,13 @@ class ServerRolloutFactory:
     LoRA policy's adapter alone (:meth:`ServerOptions.takes_adapter`)."""
 
     standalone = True
+    # A replica of rollout_tp > 1 runs (``--tensor-parallel-size``, each on its own GPUs) where one rank holds them
+    # all; every executor gives a rank one GPU, so plans keep rollout_tp 1 until ranks pool GPUs for a replica.
     max_rollout_tp = 1
     support = LayoutSupport(backend="vllm-server", max_rollout_tp=1, rollout_batch_size=True, served=True,
                             notes={**VllmBackend.support.notes,
-                                   "rollout_tp": "a server replica is one dp rank; tensor-parallel replicas: not yet"})
+                                   "rollout_tp": "a server replica is started by one rank of one GPU; replicas "
+                                                 "spanning ranks (tensor-parallel replicas in a plan): not yet"})
 
     def build(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext, *,
               trainer: Engine | None) -> Engine:

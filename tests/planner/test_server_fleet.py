@@ -136,6 +136,12 @@ def test_replicas_that_disagree_with_the_plan_are_refused_naming_the_option() ->
                                          r"with the plan.*8 server replica\(s\) over 8 rank\(s\), 1 per rank. Drop "
                                          r"the option"):
         check_replicas(2, layout, world_size=8, logical=False, role=ROLLOUT)
+    tensor_parallel = dataclasses.replace(layout, dp=4, tp=1, rollout_tp=2)  # replicas of 2 GPUs each
+    assert check_replicas(None, tensor_parallel, world_size=1, logical=False, role=ROLLOUT) == 2
+    assert check_replicas(None, tensor_parallel, world_size=2, logical=True, role=ROLLOUT) == 1
+    with pytest.raises(ValueError, match=r"role 'actor': its layout .*rollout_tp=2\) over 4 rank\(s\) gives each "
+                                         r"rank 1 GPU\(s\), fewer than one server replica of tensor parallelism 2"):
+        check_replicas(None, tensor_parallel, world_size=4, logical=True, role=ROLLOUT)
 
 
 def test_plan_prints_the_server_layout(capsys: pytest.CaptureFixture[str]) -> None:

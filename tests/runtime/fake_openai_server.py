@@ -12,7 +12,8 @@ call is one line of its log (``served`` / ``sync <path> <weights_path or lora_pa
 ``--fail-reload-once FILE``: the first ``/collective_rpc`` of whichever server finds no FILE creates it and
 answers 500 (one failed weight sync across restarts). ``--spawn-child`` also starts a sleeping child in the same
 process group (a stand-in for vLLM's engine core), whose pid the server prints to its log. ``--slow``: each
-completion takes 0.5 s (requests still in flight when a test kills the server).
+completion takes 0.5 s (requests still in flight when a test kills the server); ``--slow-sync``: so does each
+``/pause`` (a weight sync still under way when a test kills the router).
 ``--end-id N``: a completion is at most ``TURN_TOKENS`` ids, the last ``N`` (an agent's turn that ends), each also
 logged as ``turn {"session", "prompt", "ids", "logprobs"}`` (the ``X-Session-ID`` it arrived with and the prompt
 ids it continued).
@@ -33,6 +34,7 @@ TURN_TOKENS = 4
 class Handler(BaseHTTPRequestHandler):
     unhealthy = False
     slow = False
+    slow_sync = False
     dev_mode = False
     end_id: int | None = None
     fail_reload_once = ""
@@ -70,6 +72,8 @@ class Handler(BaseHTTPRequestHandler):
                                       "/v1/load_lora_adapter"):
             loaded = (body.get("kwargs") or {}).get("weights_path") or body.get("lora_path") or "-"
             print(f"sync {path} {loaded}", flush=True)
+            if self.slow_sync and path == "/pause":
+                time.sleep(0.5)
             self._send(200, {})
             return
         if self.path != "/v1/completions":
@@ -98,6 +102,7 @@ def main() -> None:
     port = int(sys.argv[1])
     Handler.unhealthy = "--unhealthy" in sys.argv
     Handler.slow = "--slow" in sys.argv
+    Handler.slow_sync = "--slow-sync" in sys.argv
     Handler.dev_mode = "--dev-mode" in sys.argv
     if "--end-id" in sys.argv:
         Handler.end_id = int(sys.argv[sys.argv.index("--end-id") + 1])

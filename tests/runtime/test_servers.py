@@ -150,6 +150,15 @@ def test_a_replica_that_never_becomes_healthy_is_one_error_naming_its_log(tmp_pa
     assert port_is_free("127.0.0.1", port)  # and it was stopped
 
 
+def test_each_replica_gets_its_own_environment(tmp_path: Path) -> None:
+    """``replica_env``: what a replica adds to the fleet's environment (the server rollout: its GPUs)."""
+    config = FleetConfig(replicas=1, router=False, log_dir=str(tmp_path))
+    with ServerFleet(config, fake(), env={**os.environ, "SHARED": "1"},
+                     replica_env=lambda i: {"CUDA_VISIBLE_DEVICES": f"{2 * i},{2 * i + 1}"}) as fleet:
+        environ = Path(f"/proc/{fleet.replicas[0].process.pid}/environ").read_bytes().split(b"\0")
+        assert b"CUDA_VISIBLE_DEVICES=0,1" in environ and b"SHARED=1" in environ
+
+
 def test_taken_ports_are_skipped_or_named(tmp_path: Path) -> None:
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))

@@ -101,6 +101,15 @@ class CompletionsClient:
         """Every request, concurrently; results in request order (the first failure is raised)."""
         return list(self._pool.map(self.complete, requests))
 
+    def complete_each(self, requests: Sequence[CompletionRequest]) -> list[Completion | ServerRequestError]:
+        """Every request, concurrently, in request order: each one's completion or its failure (to send those again)."""
+        def attempt(request: CompletionRequest) -> Completion | ServerRequestError:
+            try:
+                return self.complete(request)
+            except ServerRequestError as failure:
+                return failure
+        return list(self._pool.map(attempt, requests))
+
     def close(self) -> None:
         self._pool.shutdown(wait=True)
         self._http.close()

@@ -15,8 +15,9 @@ router's own retries are off, so every retry is the client's and is counted), by
 :meth:`ServerFleet.heal` then takes the dead replica out of the router (``POST /remove_worker``), starts it
 again on a new port, lets the caller re-sync it (the current weights) and only then adds it to the router
 (``POST /add_worker``), so it takes no traffic on old weights. With every replica dead, :class:`FleetDownError`
-names each one and its log. A router that exits is started again once, on its port (:meth:`ServerFleet.heal`); a
-second exit is :class:`RouterDownError`, one line naming its log.
+names each one and its log. A router that exits is started again once, on its port (:meth:`ServerFleet.heal`, or
+a router call of :meth:`ServerFleet.replace` that finds it gone), with the replicas it routed to (not one still
+being re-synced); a second exit is :class:`RouterDownError`, one line naming its log.
 
 Weights versions: :attr:`ServerFleet.versions` holds the version of the weights each replica last loaded (0: the
 ones it started with), set by whoever syncs it (:meth:`ServerFleet.loaded`); :meth:`ServerFleet.serving_version`
@@ -26,11 +27,13 @@ disagree rather than tag a response with a version that may not have generated i
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.metadata
 import importlib.util
 import logging
 import os
+import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -58,6 +61,7 @@ logger = logging.getLogger(__name__)
 ROUTER_PACKAGE, ROUTER_MIN_VERSION = "vllm-router", (0, 1, 17)
 ROUTER_POLICIES = ("consistent_hash", "round_robin", "power_of_two", "random", "cache_aware")
 PORT_TRIES = 3
+ROUTER_EXIT_WAIT_S = 2.0
 ReplicaCommand = Callable[[int, int], Sequence[str]]
 """``(replica index, port) -> argv`` of one replica."""
 
@@ -158,11 +162,13 @@ class ServerFleet:
     """``config.replicas`` processes of ``command`` behind a router; :attr:`url` is where requests go."""
 
     def __init__(self, config: FleetConfig, command: ReplicaCommand, *, env: Mapping[str, str] | None = None,
-                 health_path: str = "/health") -> None:
+                 replica_env: Callable[[int], Mapping[str, str]] | None = None, health_path: str = "/health") -> None:
+        """``env``: every server's environment; ``replica_env``: what replica ``i``'s adds to it (its GPUs)."""
         if config.router:
             check_router_installed()
         self.config, self.command, self.health_path = config, command, health_path
         self.env = dict(os.environ if env is None else env)
+        self.replica_env = replica_env
         self.log_dir = Path(config.log_dir or tempfile.mkdtemp(prefix="hybridflow-servers-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.replicas: list[ServerProcess] = []
@@ -170,10 +176,12 @@ class ServerFleet:
         self.router: ServerProcess | None = None
         self._ports: set[int] = set()
         self._commands: dict[str, Callable[[int], Sequence[str]]] = {}
+        self._envs: dict[str, Mapping[str, str]] = {}  # a replica's own environment, where it has one
         self._guard = ServerGuard()
         self.restarts = 0  # replicas started again after they died (:meth:`heal`) or failed a sync (:meth:`replace`)
         self.router_restarts = 0
         self.versions: dict[str, int] = {}  # replica name -> version of the weights it last loaded
+        self._unrouted: set[str] = set()  # replicas out of the router while :meth:`replace` restarts them
         try:
             self._start()
         except BaseException:
@@ -194,11 +202,17 @@ class ServerFleet:
     def replica_urls(self) -> list[str]:
         return [replica.url for replica in self.endpoints]
 
+    def _routed_urls(self) -> list[str]:
+        """The replicas a (re)started router routes to: all but those :meth:`replace` has not admitted yet."""
+        return [endpoint.url for endpoint in self.endpoints if endpoint.name not in self._unrouted]
+
     def _start(self) -> None:
         if self.attached:
             wait_attached(self.attached, deadline_s=self.config.start_timeout_s)
         for index in range(0 if self.attached else self.config.replicas):
             self._commands[f"replica-{index}"] = functools.partial(self.command, index)
+            if self.replica_env is not None:
+                self._envs[f"replica-{index}"] = {**self.env, **self.replica_env(index)}
             self.replicas.append(self._launch(f"replica-{index}"))
         if self.replicas:
             self._await(self.replicas)
@@ -226,7 +240,7 @@ class ServerFleet:
                              taken=self._ports)
         self._ports.add(port)
         return start_server(name, self._commands[name], host=self.config.host, port=port, log_dir=self.log_dir,
-                            env=self.env, guard=self._guard)
+                            env=self._envs.get(name, self.env), guard=self._guard)
 
     def _await(self, servers: list[ServerProcess]) -> None:
         """Wait for ``servers``; one whose port was taken meanwhile restarts on another port (``PORT_TRIES``)."""
@@ -276,6 +290,7 @@ class ServerFleet:
     def replace(self, old: ServerProcess, resync: Resync | None = None) -> ServerProcess:
         """Take replica ``old`` out of the router, stop it, start it again on a new port, ``resync`` it and only then
         add it to the router (a replica that died, or one that failed a weight sync); returns the new one."""
+        self._unrouted.add(old.name)
         self._router_call("remove_worker", old.url)
         old.stop()
         index, started = self.replicas.index(old), [self._launch(old.name)]
@@ -289,6 +304,7 @@ class ServerFleet:
         if resync is not None:
             resync(fresh)
         self._router_call("add_worker", fresh.url)
+        self._unrouted.discard(old.name)
         self.restarts += 1
         return fresh
 
@@ -305,7 +321,7 @@ class ServerFleet:
                                   "the last checkpoint)")
         logger.warning("%s; restarting it once (its log: %s)", what, router.log_path)
         router.stop()
-        self._commands["router"] = self._router_command(self.replica_urls)
+        self._commands["router"] = self._router_command(self._routed_urls())
         # Its port, so clients holding its URL reach it again (another port if something took it meanwhile).
         port = router.port if port_is_free(self.config.host, router.port) else None
         self.router = self._launch("router", port=port)
@@ -327,14 +343,26 @@ class ServerFleet:
         return next(iter(held.values()), 0)
 
     def _router_call(self, action: str, worker: str) -> None:
-        """``POST /<action>?url=<worker>`` on the router (``add_worker``/``remove_worker``); a refusal is an error."""
+        """``POST /<action>?url=<worker>`` on the router (``add_worker``/``remove_worker``); a refusal is an error. A
+        router found gone is started again (once, :meth:`check_router`) and asked again."""
         if self.router is None:
             return
-        with httpx.Client(timeout=30.0, trust_env=False) as http:
-            reply = http.post(f"{self.router.url}/{action}", params={"url": worker})
+        for attempt in range(2):
+            router = self.router
+            try:
+                with httpx.Client(timeout=30.0, trust_env=False) as http:
+                    reply = http.post(f"{router.url}/{action}", params={"url": worker})
+                break
+            except httpx.TransportError as err:
+                with contextlib.suppress(subprocess.TimeoutExpired):  # a killed router's exit is seen a moment late
+                    router.process.wait(timeout=ROUTER_EXIT_WAIT_S)
+                if router.alive or attempt:
+                    raise ServerStartError(f"router {action} {worker} failed: {type(err).__name__}: {err}; see its "
+                                           f"log {router.log_path}") from err
+                self.check_router()  # started again once, or RouterDownError naming its log
         if reply.status_code != 200 and not (action == "remove_worker" and reply.status_code == 404):
             raise ServerStartError(f"router {action} {worker} -> {reply.status_code}: {reply.text[:300]}; see its "
-                                   f"log {self.router.log_path}")
+                                   f"log {router.log_path}")
 
     def close(self) -> None:
         """Stop the router, then the replicas started here (each its whole process group; attached ones run on);
