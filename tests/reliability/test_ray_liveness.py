@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -152,9 +153,11 @@ def test_every_socket_the_cluster_listens_on_is_listed_in_security_md(local_ray:
     """Each listening socket of the run's processes matches a row of docs/security.md's table: its process, its
     address (loopback), its port if the row fixes one; a token row refuses a request without the token, a
     ``none`` row serves only a Prometheus page."""
+    from hybridflow.agents.openai_endpoint import openai_endpoint
     from hybridflow.runtime.ray_reaper import holds_session
 
     rows = _documented_sockets()
+    endpoint_port = int(openai_endpoint().url.rsplit(":", 1)[1])  # the driver runs an agent rollout's endpoint
     class Probe:  # defined here, so Ray ships it by value (workers cannot import this test module)
         def pid(self) -> int:
             return os.getpid()
@@ -168,6 +171,8 @@ def test_every_socket_the_cluster_listens_on_is_listed_in_security_md(local_ray:
         if conn.status != psutil.CONN_LISTEN or conn.pid not in ours:
             continue
         process, ip = _process_key(ours[conn.pid]), conn.laddr.ip.removeprefix("::ffff:")
+        if process == "the driver" and conn.laddr.port == endpoint_port:
+            process = "the agents' OpenAI endpoint"
         matching = [row for row in rows if row[0] == process and row[2] in ("any", str(conn.laddr.port))]
         assert matching, f"{process} listens on {ip}:{conn.laddr.port}, which docs/security.md does not list"
         row = min(matching, key=lambda r: r[2] == "any")  # a row fixing this port before the process's 'any' row
@@ -175,7 +180,8 @@ def test_every_socket_the_cluster_listens_on_is_listed_in_security_md(local_ray:
         _check_authentication(ip, conn.laddr.port, row)
         seen.add(process)
     ray.kill(actor)
-    assert {"gcs_server", "raylet", "the driver", "ray::<worker or actor>"} <= seen, seen
+    assert {"gcs_server", "raylet", "the driver", "ray::<worker or actor>", "the agents' OpenAI endpoint"} <= seen, \
+        seen
 
 
 def _documented_sockets() -> list[tuple[str, str, str, str]]:
@@ -206,19 +212,30 @@ def _process_key(process: psutil.Process) -> str:
 
 
 def _check_authentication(ip: str, port: int, row: tuple[str, str, str, str]) -> None:
+    if row[3] == "trajectory id":  # no token: only a live trajectory's random id is routed
+        for path in ("/", f"/t/{uuid.uuid4().hex}/v1/models"):
+            status, body = _get(ip, port, path)
+            assert status == 404, f"{row[0]} on {ip}:{port} answers {status} {body[:80]!r} to GET {path}"
+        return
+    status, body = _get(ip, port, "/")
+    if row[3] == "none":
+        assert status == 200 and body.startswith("# HELP"), f"{row[0]} on {port}: {status} {body[:80]!r}"
+    else:
+        assert status is None or status in (401, 403), \
+            f"{row[0]} on {ip}:{port} answers {status} {body[:80]!r} without the token"
+
+
+def _get(ip: str, port: int, path: str) -> tuple[int | None, str]:
+    """``GET path``'s status and body head, or ``(None, "")`` from a server that does not speak HTTP/1."""
     import http.client
 
     client = http.client.HTTPConnection(ip, port, timeout=5)
     try:
-        client.request("GET", "/")
+        client.request("GET", path)
         reply = client.getresponse()
         status, body = reply.status, reply.read(200).decode(errors="replace")
     except (http.client.HTTPException, OSError):
         status, body = None, ""  # not HTTP/1: a gRPC server, which refuses calls without the token (test above)
     finally:
         client.close()
-    if row[3] == "none":
-        assert status == 200 and body.startswith("# HELP"), f"{row[0]} on {port}: {status} {body[:80]!r}"
-    else:
-        assert status is None or status in (401, 403), \
-            f"{row[0]} on {ip}:{port} answers {status} {body[:80]!r} without the token"
+    return status, body
