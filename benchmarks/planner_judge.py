@@ -173,7 +173,7 @@ def spread_verdict(rounds: int, apart: bool) -> str:
 
 
 def order_verdict(chunks: int, names: list[str], before: dict[Key, float], cases: dict[Key, MeasuredCase],
-                  rounds: dict[Key, list[float]]) -> None:
+                  rounds: dict[Key, list[float]], fitted: Calibration) -> None:
     """Predicted against measured order for one mode, and whether each measured gap clears the rounds' spread."""
     measured = {name: cases[name, chunks].measured["step"] for name in names}
     prior = {name: before[name, chunks] for name in names}
@@ -183,6 +183,9 @@ def order_verdict(chunks: int, names: list[str], before: dict[Key, float], cases
           f"measured order {by_measured}: {'the SAME' if by_predicted == by_measured else 'DIFFERENT'}; the "
           f"planner's choice {by_predicted[0]!r} is {'' if by_predicted[0] == by_measured[0] else 'NOT '}the measured "
           f"fastest; Kendall tau-a {kendall_tau([prior[n] for n in names], [measured[n] for n in names]):.2f}")
+    recosted = sorted(names, key=lambda name: cases[name, chunks].predict(fitted)["step"])
+    print(f"  re-costed on the runs' response lengths: order {recosted} "
+          f"({'the same' if recosted == by_predicted else 'NOT the same'} as a priori)")
     for fast, slow in itertools.pairwise(by_measured):
         low, high = max(rounds[fast, chunks]), min(rounds[slow, chunks])
         print(f"  {slow!r} measured +{measured[slow] / measured[fast] - 1:.0%} over {fast!r} (predicted "
@@ -208,7 +211,7 @@ def report(cases: dict[Key, MeasuredCase], fitted: Calibration, before: dict[Key
     for chunks in CHUNKS:
         names = [name for name, c in cases if c == chunks]
         if len(names) > 1:
-            order_verdict(chunks, names, before, cases, rounds)
+            order_verdict(chunks, names, before, cases, rounds, fitted)
     case = next(iter(cases.values()))
     run = load_config(Path(case.id) / "config.json")  # what the trainer's backends run, as `placement: auto` sees
     request = PlanRequest(case.graph, case.models, case.workload, case.cluster, settings=case.settings,
