@@ -1,37 +1,49 @@
-"""Where should an LLM judge go? The planner's choice against measured runs. CPU, Ray, three logical GPUs.
+"""Where should an LLM judge go? The planner's predicted order against measured runs. CPU, Ray, four logical GPUs.
 
-``grpo_judge`` on ``tiny-qwen2`` (the judge a frozen copy of the policy's starting weights,
-``configs/grpo_judge.yaml``'s default; the pointwise template), 16 prompts x 4 samples, 24 new tokens, an
-8-token verdict budget, in three hand mappings of three logical GPUs that share the machine's cores
-(``placement.host_cores``):
+``grpo_judge`` on ``tiny-qwen2-wide`` (the judge a frozen copy of the policy's starting weights,
+``configs/grpo_judge.yaml``'s default; the pointwise template), 16 prompts x 4 samples, 48 new tokens, an 8-token
+verdict budget, on four logical GPUs that share the machine's cores (``placement.host_cores``). The actor (its
+rollout colocated) is data parallel on GPUs 0-1 and the reference on GPU 2, and the judge goes
 
-- **with the actor**: the actor (its rollout colocated) and the judge on GPU 0, the reference on GPU 1;
-- **with the reference**: the actor on GPU 0, the reference and the judge on GPU 1;
-- **its own**: the actor on GPU 0, the reference on GPU 1, the judge on GPU 2,
+- **with the actor**: on GPUs 0-1, data parallel beside the rollout (dp=2);
+- **with the reference**: on GPU 2, after the reference's log-probs;
+- **its own**: on GPU 3 (dp=1), beside the reference's pass,
 
 each as a sync step and streamed in 2 chunks (``pipeline.stream_chunks``; the judge's chain then runs chunk by chunk
-on its group while the next chunk decodes, ``docs/judges.md``). Each run's measured step (the median of its kept
-steps over the repeats, interleaved across configurations) is compared with the planner's prediction for the same
-mapping (``evaluate_mapping``, as ``hybridflow train`` costs a manual mapping, re-costed through
-``cli.calibrate.case_from_run_dir``), calibrated as ``benchmarks/planner_self.py`` calibrates: constants fitted on
-its workload A (GRPO with a rule reward, 4 runs on two logical GPUs). The questions: is the planner's choice among
-the three mappings the measured fastest, and does its order match the measured one? ``placement: auto`` on the same
-inputs is printed beside them, unstreamed and allowed 2 chunks (the search then costs each step streamed and not
-and keeps the faster), and the unstreamed one trained and measured as a fourth configuration (with the calibration
-fitted on A). The judge's prompts are priced with the template's tokens as the run's tokenizer counts them.
+on its group while the next chunk decodes, ``docs/judges.md``).
 
-    OMP_NUM_THREADS=1 nice -n 5 .venv/bin/python benchmarks/planner_judge.py [--steps 6] [--repeats 2] [--out DIR]
+The workload was chosen before any measurement, from the planner's predictions alone (``--predict``: no training,
+a fraction of a second per mapping): with three one-GPU groups (the layout of the 2026-12-07 runs) the model puts the
+judge with the actor and on its own group at the same step unstreamed (the actor's GPU idles while the judge answers
+in either place), and every neighbour within 2-10% in both modes; the group sizes above, the wider policy (the
+judge's prompt, ~235 tokens, and the reference's pass over 58 tokens both grow with it) and the longer responses
+spread the three to >= 12% between neighbours in both modes (``docs/benchmarks.md``, "Where a judge goes").
 
-Sized for a 2-core machine: 4 calibration runs and 7 x ``--repeats`` judge runs of ~30 s each (Ray and model start
-included). A finished run directory is reused. Results: ``docs/benchmarks.md``, "Where a judge goes".
+``--predict`` prints, and writes to ``OUT/predicted.json``, those a-priori steps (``placement.planned`` on each
+run's config, as ``hybridflow train`` costs a manual mapping) with the calibration it is given. A measurement then
+trains every configuration once per round, rounds repeated (placements alternated, so a slow spell of the shared
+machine falls on all of them), and compares each configuration's median kept step (and its per-round medians'
+range) with the same a-priori prediction and with the prediction re-costed on the run's own response lengths
+(``cli.calibrate.case_from_run_dir``). The calibration: ``--calibration FILE`` (a saved fit), else planner_self's
+workload A trained and fitted here (4 GRPO runs on two logical GPUs, ``benchmarks/planner_self.py``).
+``placement: auto`` on the same inputs is printed beside them; ``--auto`` also trains its unstreamed plan.
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/planner_judge.py --predict [--calibration FILE] [--out DIR]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/planner_judge.py [--calibration FILE] [--steps 6] [--rounds 3]
+
+Sized for a 2-core machine: 6 x ``--rounds`` judge runs of ~30-40 s each (Ray and model start included). A
+finished run directory is reused. Results: ``docs/benchmarks.md``, "Where a judge goes".
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
+import json
 import os
 import statistics
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -49,37 +61,76 @@ from hybridflow.planner.fit import describe, fit_calibration
 from hybridflow.planner.plan import Plan
 from hybridflow.planner.published import MeasuredCase
 from hybridflow.planner.request import PlanRequest
-from hybridflow.train.config import load_config
+from hybridflow.train import placement, setup
+from hybridflow.train.config import config_from_dotted, load_config
 from hybridflow.train.setup import layout_support
+from hybridflow.train.template_tokens import template_tokens
 
 SKIP_STEPS = 2
 HOST_CORES = 2
+NUM_GPUS = 4
+MODEL = "tiny-qwen2-wide"
+BATCH = 16
 MAPPINGS: dict[str, dict[str, list[int]]] = {
-    "with the actor": {"actor": [0], "reference": [1], "judge": [0]},
-    "with the reference": {"actor": [0], "reference": [1], "judge": [1]},
-    "its own": {"actor": [0], "reference": [1], "judge": [2]},
+    "with the actor": {"actor": [0, 1], "reference": [2], "judge": [0, 1]},
+    "with the reference": {"actor": [0, 1], "reference": [2], "judge": [2]},
+    "its own": {"actor": [0, 1], "reference": [2], "judge": [3]},
 }
 CHUNKS = (1, 2)
 AUTO = "placement auto"
 TIE = 1.01  # predicted steps within 1% of the fastest: a tie, the choice between them the order of MAPPINGS
-OPTIONS = {"n": 4, "kl_coef": 0.04, "max_new_tokens": 24, "judge_template": "pointwise", "judge_max_new_tokens": 8}
+OPTIONS = {"n": 4, "kl_coef": 0.04, "max_new_tokens": 48, "judge_template": "pointwise", "judge_max_new_tokens": 8}
+Key = tuple[str, int]
 
 
 def config(meshes: dict[str, list[int]] | None, chunks: int, steps: int, out: Path,
            calibration: Path | None = None) -> dict[str, Any]:
     """A judge run on hand ``meshes``, or (None) the plan ``placement: auto`` makes with ``calibration``."""
-    placement: dict[str, Any] = ({"mode": "manual", "meshes": meshes} if meshes is not None
-                                 else {"mode": "auto", "calibration": str(calibration)})
+    placement_: dict[str, Any] = ({"mode": "manual", "meshes": meshes} if meshes is not None else {"mode": "auto"})
+    if calibration is not None:
+        placement_["calibration"] = str(calibration)
     return {"algorithm": {"name": "grpo_judge", "options": OPTIONS}, "seed": 0, "steps": steps,
-            "executor": {"name": "ray"}, "placement": {"num_gpus": 3, "host_cores": HOST_CORES, **placement},
-            "pipeline": {"stream_chunks": chunks}, "model": {"name": "tiny-qwen2", "sft_steps": 0},
-            "data": {"task": "reverse", "num_examples": 2000, "batch_size": 16},
+            "executor": {"name": "ray"}, "placement": {"num_gpus": NUM_GPUS, "host_cores": HOST_CORES, **placement_},
+            "pipeline": {"stream_chunks": chunks}, "model": {"name": MODEL, "sft_steps": 0},
+            "data": {"task": "reverse", "num_examples": 2000, "batch_size": BATCH},
             "optim": {"actor": {"lr": 5e-4, "grad_clip": 1.0, "micro_batch_size": 64}}, "output_dir": str(out),
             "logging": {"trackers": [], "plot": False, "progress": False}}
 
 
 def slug(name: str, chunks: int) -> str:
     return f"{name.replace(' ', '-')}-c{chunks}"
+
+
+def predicted(settings: dict[str, Any]) -> float:
+    """The step ``hybridflow train`` would plan for ``settings`` before training it (no run): the longest prompt,
+    the template's tokens in the run's tokenizer, responses at their budget."""
+    run = config_from_dotted(settings)
+    graph = setup.build_graph(run)
+    tokenizer = setup.policy_tokenizer(run)
+    train, _ = setup.prepare_data(run, setup.data_splits(run), tokenizer)
+    extra = template_tokens(run, graph, tokenizer, setup.records(run))
+    return placement.planned(run, graph, int(train.longest_prompt_tokens), support=layout_support(run, graph),
+                             vocab_size=len(tokenizer), template_tokens=extra).step_time_s
+
+
+def gaps(steps: dict[str, float]) -> str:
+    """The names fastest first, each with how much slower it is than the one before it."""
+    order = sorted(steps, key=steps.__getitem__)
+    return " < ".join(
+        f"{name} ({steps[name]:.2f} s{'' if i == 0 else f', +{steps[name] / steps[order[i - 1]] - 1:.0%}'})"
+        for i, name in enumerate(order))
+
+
+def predict_all(calibration: Path, steps: int, out: Path) -> dict[Key, float]:
+    """Every hand configuration's a-priori step, printed and written to ``out/predicted.json``."""
+    before = {(name, chunks): predicted(config(meshes, chunks, steps, out / "unused", calibration))
+              for chunks in CHUNKS for name, meshes in MAPPINGS.items()}
+    for chunks in CHUNKS:
+        print(f"predicted a priori, {chunks} chunk(s): {gaps({n: s for (n, c), s in before.items() if c == chunks})}")
+    (out / "predicted.json").write_text(json.dumps(
+        {"written": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "calibration": str(calibration),
+         "steps": [{"mapping": n, "chunks": c, "step_s": s} for (n, c), s in before.items()]}, indent=1))
+    return before
 
 
 def calibrated(out: Path, steps: int) -> Calibration:
@@ -99,7 +150,7 @@ def calibrated(out: Path, steps: int) -> Calibration:
 
 
 def judge_case(folders: list[Path], prompt: int) -> MeasuredCase:
-    """The first repeat's case, its measured step the median of every repeat's kept steps."""
+    """The first round's case, its measured step the median of every round's kept steps."""
     case = case_from_run_dir(folders[0], SKIP_STEPS, prompt)
     nodes = [case_from_run_dir(folder, SKIP_STEPS, prompt).measured for folder in folders]
     measured = {key: statistics.median(node[key] for node in nodes) for key in set.intersection(*map(set, nodes))}
@@ -115,14 +166,43 @@ def judge_place(groups: Any) -> str:
     return "nowhere"
 
 
-def report(cases: dict[tuple[str, int], MeasuredCase], fitted: Calibration) -> None:
-    print("| mapping | chunks | measured step, median (s) | predicted, priors (s) | predicted, calibrated (s) "
-          "| ratio |")
-    print("|---|---|---|---|---|---|")
+def spread_verdict(rounds: int, apart: bool) -> str:
+    if rounds < 2:
+        return "one round: no spread"
+    return "apart (the gap exceeds the spread)" if apart else "OVERLAP (the gap is within the spread)"
+
+
+def order_verdict(chunks: int, names: list[str], before: dict[Key, float], cases: dict[Key, MeasuredCase],
+                  rounds: dict[Key, list[float]], fitted: Calibration) -> None:
+    """Predicted against measured order for one mode, and whether each measured gap clears the rounds' spread."""
+    measured = {name: cases[name, chunks].measured["step"] for name in names}
+    prior = {name: before[name, chunks] for name in names}
+    by_measured, by_predicted = sorted(names, key=measured.__getitem__), sorted(names, key=prior.__getitem__)
+    tied = [name for name in by_predicted[1:] if prior[name] <= TIE * prior[by_predicted[0]]]
+    print(f"{chunks} chunk(s): predicted order {by_predicted}{f' (the first tied with {tied})' if tied else ''}; "
+          f"measured order {by_measured}: {'the SAME' if by_predicted == by_measured else 'DIFFERENT'}; the "
+          f"planner's choice {by_predicted[0]!r} is {'' if by_predicted[0] == by_measured[0] else 'NOT '}the measured "
+          f"fastest; Kendall tau-a {kendall_tau([prior[n] for n in names], [measured[n] for n in names]):.2f}")
+    recosted = sorted(names, key=lambda name: cases[name, chunks].predict(fitted)["step"])
+    print(f"  re-costed on the runs' response lengths: order {recosted} "
+          f"({'the same' if recosted == by_predicted else 'NOT the same'} as a priori)")
+    for fast, slow in itertools.pairwise(by_measured):
+        low, high = max(rounds[fast, chunks]), min(rounds[slow, chunks])
+        print(f"  {slow!r} measured +{measured[slow] / measured[fast] - 1:.0%} over {fast!r} (predicted "
+              f"{prior[slow] / prior[fast] - 1:+.0%}); per-round medians {fast} "
+              f"{min(rounds[fast, chunks]):.2f}-{low:.2f} s, {slow} {high:.2f}-{max(rounds[slow, chunks]):.2f} s: "
+              f"{spread_verdict(len(rounds[fast, chunks]), low < high)}")
+
+
+def report(cases: dict[Key, MeasuredCase], fitted: Calibration, before: dict[Key, float],
+           rounds: dict[Key, list[float]]) -> None:
+    print("| judge | chunks | predicted a priori (s) | predicted on the run's lengths (s) | measured step, median (s) "
+          "| per-round medians (s) | predicted / measured |")
+    print("|---|---|---|---|---|---|---|")
     for (name, chunks), case in cases.items():
-        step, after = case.measured["step"], case.predict(fitted)["step"]
-        print(f"| {name} | {chunks} | {step:.2f} | {case.predict(Calibration())['step']:.2f} | {after:.2f} | "
-              f"{after / step:.2f}x |")
+        step = case.measured["step"]
+        print(f"| {name} | {chunks} | {before[name, chunks]:.2f} | {case.predict(fitted)['step']:.2f} | {step:.2f} | "
+              f"{' / '.join(f'{s:.2f}' for s in rounds[name, chunks])} | {before[name, chunks] / step:.2f}x |")
     for (name, chunks), case in cases.items():
         after = case.predict(fitted)
         parts = ", ".join(f"{key} {sec:.2f}/{after.get(key, 0.0):.2f}" for key, sec in sorted(case.measured.items())
@@ -130,19 +210,8 @@ def report(cases: dict[tuple[str, int], MeasuredCase], fitted: Calibration) -> N
         print(f"  {name}, {chunks} chunk(s), measured/predicted node seconds: {parts}")
     for chunks in CHUNKS:
         names = [name for name, c in cases if c == chunks]
-        if len(names) < 2:
-            continue
-        measured = [cases[name, chunks].measured["step"] for name in names]
-        predicted = [cases[name, chunks].predict(fitted)["step"] for name in names]
-        by_measured = sorted(names, key=lambda n: cases[n, chunks].measured["step"])
-        by_predicted = sorted(names, key=lambda n: cases[n, chunks].predict(fitted)["step"])
-        tied = [name for name in by_predicted[1:] if cases[name, chunks].predict(fitted)["step"]
-                <= TIE * cases[by_predicted[0], chunks].predict(fitted)["step"]]
-        print(f"{chunks} chunk(s): measured order {by_measured}; predicted order {by_predicted}"
-              f"{f' (the first tied with {tied}: the planner cannot tell them apart)' if tied else ''}; planner's "
-              f"choice {by_predicted[0]!r} is {'' if by_predicted[0] == by_measured[0] else 'NOT '}the measured "
-              f"fastest ({cases[by_predicted[0], chunks].measured['step'] / min(measured):.2f}x its step); Kendall "
-              f"tau-a {kendall_tau(predicted, measured):.2f}")
+        if len(names) > 1:
+            order_verdict(chunks, names, before, cases, rounds, fitted)
     case = next(iter(cases.values()))
     run = load_config(Path(case.id) / "config.json")  # what the trainer's backends run, as `placement: auto` sees
     request = PlanRequest(case.graph, case.models, case.workload, case.cluster, settings=case.settings,
@@ -163,29 +232,39 @@ def report(cases: dict[tuple[str, int], MeasuredCase], fitted: Calibration) -> N
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--repeats", type=int, default=2, help="runs of each configuration, interleaved")
+    parser.add_argument("--rounds", type=int, default=3, help="runs of each configuration, one per round, interleaved")
     parser.add_argument("--out", type=Path, default=Path("runs/planner_judge"))
+    parser.add_argument("--calibration", type=Path, help="a saved fit (else workload A is trained and fitted here)")
+    parser.add_argument("--predict", action="store_true", help="print the a-priori predictions and train nothing")
+    parser.add_argument("--auto", action="store_true", help="also train placement: auto's unstreamed plan each round")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    fitted = calibrated(args.out, args.steps)
     calibration = (args.out / "calibration.json").resolve()
+    fitted = Calibration.load(args.calibration) if args.calibration else calibrated(args.out, args.steps)
     fitted.save(calibration)
-    folders: dict[tuple[str, int], list[Path]] = {}
+    before = predict_all(calibration, args.steps, args.out)
+    if args.predict:
+        return 0
+    folders: dict[Key, list[Path]] = {}
     runs: list[tuple[str, dict[str, list[int]] | None, int]] = [
         (name, meshes, chunks) for chunks in CHUNKS for name, meshes in MAPPINGS.items()]
-    for repeat in range(args.repeats):  # interleaved: every configuration once before any twice
-        for name, meshes, chunks in [*runs, (AUTO, None, 1)]:
-            print(f"{name}, {chunks} chunk(s) (repeat {repeat}); load average {os.getloadavg()[0]:.1f}", flush=True)
+    for repeat in range(args.rounds):  # interleaved: every configuration once before any twice
+        for name, meshes, chunks in [*runs, *([(AUTO, None, 1)] if args.auto else [])]:
+            started = time.time()
             out = (args.out / f"J-{slug(name, chunks)}-r{repeat}").resolve()
             folders.setdefault((name, chunks), []).append(
                 train_at_driver_priority(config(meshes, chunks, args.steps, out, calibration), out))
+            print(f"{name}, {chunks} chunk(s), round {repeat}: {time.time() - started:.0f} s; load average "
+                  f"{os.getloadavg()[0]:.1f}", flush=True)
     prompt = prompt_tokens(next(args.out.glob("J-*.json")))
+    rounds = {key: [statistics.median(kept_steps(folder)) for folder in paths] for key, paths in folders.items()}
     cases = {key: judge_case(paths, prompt) for key, paths in folders.items()}
-    auto = cases.pop((AUTO, 1))
-    report(cases, fitted)
-    plan = Plan.from_json((Path(auto.id) / "plan.json").read_text())
-    print(f"{AUTO} as trained: the judge {judge_place(plan.groups)}; measured {auto.measured['step']:.2f} s, "
-          f"predicted {auto.predict(fitted)['step']:.2f} s (its own plan said {plan.step_time_s:.2f} s)")
+    auto = cases.pop((AUTO, 1), None)
+    report(cases, fitted, before, rounds)
+    if auto is not None:
+        plan = Plan.from_json((Path(auto.id) / "plan.json").read_text())
+        print(f"{AUTO} as trained: the judge {judge_place(plan.groups)}; measured {auto.measured['step']:.2f} s, "
+              f"predicted {auto.predict(fitted)['step']:.2f} s (its own plan said {plan.step_time_s:.2f} s)")
     return 0
 
 
