@@ -13,6 +13,7 @@ import importlib.util
 
 if importlib.util.find_spec("vllm_router") is None:
     pytest.skip("needs vllm-router (hybridflow[servers])", allow_module_level=True)
+import psutil
 import torch
 from harness import context, layout, role_spec, rollout_batch
 from safetensors.torch import load_file
@@ -47,7 +48,8 @@ def test_a_tensor_parallel_replica_generates_the_models_tokens_and_takes_weight_
     try:
         (replica,) = rollout.fleet.replicas  # dp * tp / rollout_tp = 1 replica, of both logical GPUs
         assert "--tensor-parallel-size 2" in " ".join(replica.process.args)
-        assert "Worker_TP1" in replica.log_path.read_text()  # vLLM ran a second shard
+        workers = [child.name() for child in psutil.Process(replica.process.pid).children(recursive=True)]
+        assert sum(name.startswith("VLLM::Worker") for name in workers) == 2, workers  # one process a shard
         prompts = rollout_batch(4, seed=3).select(["prompts", "prompt_mask"])
         weights = load_file(str(Path(rollout.model_dir) / "model.safetensors"))
         before = rollout.generate(prompts, GREEDY)
