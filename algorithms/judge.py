@@ -103,9 +103,9 @@ def grpo_judge(*, n: int = 4, kl_coef: float = 0.04, clip_ratio: float = 0.2, cl
                judge_timeout_s: float | None = None) -> Graph:
     """GRPO whose scores are an LLM judge's verdicts (see the module). ``judge_template``: ``pointwise``,
     ``reference``, ``rubric`` (with ``judge_rubric``: ``"text=weight; ..."``), a file or Jinja text;
-    ``judge_verdict`` (``score``, ``binary``, ``rubric``): how a user's template's verdicts parse; ``self_judge``:
-    the actor judges its own samples on its own engine; ``judge_timeout_s``: the judge's deadline per step;
-    ``teacher_kl_coef`` as on every policy-gradient graph (:mod:`hybridflow.algorithms.teacher`)."""
+    ``judge_verdict`` (``score``, ``binary``, ``rubric``, ``marks``): how a user's template's verdicts parse;
+    ``self_judge``: the actor judges its own samples on its own engine; ``judge_timeout_s``: the judge's deadline per
+    step; ``teacher_kl_coef`` as on every policy-gradient graph (:mod:`hybridflow.algorithms.teacher`)."""
     g = GraphBuilder("grpo_judge")
     actor = g.role("actor", RoleKind.POLICY)
     g.role("reference", RoleKind.FROZEN_POLICY)

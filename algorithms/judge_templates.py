@@ -10,9 +10,12 @@ prompt, decoded), ``response`` (its sampled response, decoded) and ``ground_trut
   scored as the weighted share of yeses.
 
 A user's template is a file path or a Jinja string (any text holding ``{{`` or ``{%``); ``verdict`` says how its
-verdicts parse (``score``, ``binary`` or ``rubric``). A template naming any other field is refused when the graph
-is built, in one line naming the field. A verdict that does not parse strictly (no such line, two different
-answers, a score out of range) parses to None: the caller scores it ``unparsed_score`` and counts it.
+verdicts parse (``score``, ``binary``, ``rubric``, or ``marks``: a row of ``ok``/``no`` marks, one per item the
+judge checks, however many, scored as the share of ``ok``; a graded verdict a line-less character tokenizer can
+write, where a rubric needs numbered lines and a fixed list of criteria). A template naming any other field is
+refused when the graph is built, in one line naming the field. A verdict that does not parse strictly (no such line,
+two different answers, a score out of range, a word that is no mark) parses to None: the caller scores it
+``unparsed_score`` and counts it.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import Any
 
 FIELDS = ("prompt", "response", "ground_truth")
 SETTINGS = ("scale", "rubric")
-VERDICTS = ("score", "binary", "rubric")
+VERDICTS = ("score", "binary", "rubric", "marks")
 
 POINTWISE = """You are a strict grader. Rate how well the response answers the task, from 0 (useless) to {{ scale }} \
 (perfect).
@@ -80,6 +83,7 @@ _BARE_SCORE = re.compile(r"^\s*(-?\d+(?:\.\d+)?)(?:\s*/\s*(\d+))?\s*[.!]?\s*$")
 _VERDICT = re.compile(r"\bverdict\s*[:=]\s*\**\s*(correct|incorrect)\b", re.IGNORECASE)
 _BARE_VERDICT = re.compile(r"^\s*\**\s*(correct|incorrect)\s*\**\s*[.!]?\s*$", re.IGNORECASE)
 _RUBRIC_LINE = re.compile(r"^\s*[-*]?\s*(\d+)\s*[.:)=]\s*(yes|no)\b", re.IGNORECASE | re.MULTILINE)
+_MARKS = re.compile(r"^\s*(?:ok|no)(?:(?:\s+|\s*,\s*)(?:ok|no))*\s*\.?\s*$", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -110,6 +114,8 @@ class JudgeTemplate:
             return parse_score(verdict, self.scale)
         if self.verdict == "binary":
             return parse_binary(verdict)
+        if self.verdict == "marks":
+            return parse_marks(verdict)
         return parse_rubric(verdict, tuple(weight for _, weight in self.rubric))
 
 
@@ -151,6 +157,15 @@ def parse_rubric(verdict: str, weights: tuple[float, ...]) -> float | None:
         return None
     yes = sum(weight for index, weight in enumerate(weights, start=1) if answers[index] == {"yes"})
     return yes / sum(weights)
+
+
+def parse_marks(verdict: str) -> float | None:
+    """``ok ok no`` (marks separated by spaces, new lines or commas, any case, an optional final period) -> the
+    share of ``ok`` marks, 2/3; None for no mark or any other word (``ok ok maybe``, ``ok verdict: correct``)."""
+    if not _MARKS.match(verdict):
+        return None
+    marks = re.findall(r"ok|no", verdict, re.IGNORECASE)
+    return sum(mark.lower() == "ok" for mark in marks) / len(marks)
 
 
 def parse_rubric_option(rubric: str) -> tuple[tuple[str, float], ...]:

@@ -1,27 +1,33 @@
-"""GRPO rewarded only by a tiny learned judge lifts the `reverse` task's rule-measured reward; a random judge does not.
+"""GRPO rewarded only by a tiny learned judge lifts the `reverse` task's rule-measured reward; a control judge does not.
 
-    .venv/bin/python benchmarks/judge_learning.py [--seeds 3] [--steps 150] [--judge-sft-steps 1000]
+    .venv/bin/python benchmarks/judge_learning.py [--seeds 3] [--steps 150] [--judge-sft-steps 1500]
     # or the judges once, then seeds as separate commands (same --out; curves.png merges every seed there):
     .venv/bin/python benchmarks/judge_learning.py --judges-only judge control
     .venv/bin/python benchmarks/judge_learning.py --seeds 1 --first-seed 1
 
 The judge: the tiny Qwen2 (character tokenizer) SFT-trained for ``--judge-sft-steps`` on the one-line, lowercase
 template :data:`TEMPLATE` (the prompt, then the reference answer's and the response's characters side by side), to
-answer a worked verdict (:func:`worked_verdict`: `` ok``/`` no`` per position, then ``verdict: correct`` or
-``verdict: incorrect``, which the ``binary`` parser reads). Its training rows are rule-labelled responses of varied
-quality: samples of a weakly SFT-warmed policy and corrupted reference answers (:func:`corrupted`), each labelled
-``correct`` when the task's per-character reward reaches ``--threshold`` (:func:`rule_verdict`), the two labels
-balanced. Its agreement with the rule (:func:`agreement`; an unparsed verdict disagrees) is measured on held-out
-rows of the same kinds (prompts and samples of another seed), and on held-out samples of the weak policy alone.
-The control judge is the same SFT on the same rows with the verdicts shuffled among them: sampled, it answers
-``correct`` or ``incorrect`` at random, whatever the response.
+answer one mark per position the rule compares (:func:`rule_marks`: `` ok`` or `` no``), which the ``marks`` parser
+scores as the share of `` ok``: a graded score, the rule's per-character reward when the marks are right (a first
+recipe answered marks and a ``binary`` verdict at a threshold, which GRPO learned to reach just). Its training rows
+are rule-labelled responses of varied quality: samples of a weakly SFT-warmed policy and corrupted reference
+answers (:func:`corrupted`), half of them the shapes the first recipe's policies found to fool the judge (runs of
+one letter, doubled, shuffled or padded answers); the labels (the per-character reward reaching ``--threshold``,
+:func:`rule_verdict`) balanced. Its agreement with the rule is measured on held-out rows of the same kinds
+(prompts and samples of another seed), on held-out samples of the weak policy alone and on held-out corruptions of
+the exploit shapes alone: the thresholded score's (:func:`agreement`; an unparsed verdict disagrees), the marks'
+(:func:`marks_agreement`: every mark right) and the score's mean distance to the rule's (:func:`score_error`).
+The control judge is the same SFT on the same rows with the marks shuffled among them: its marks say nothing of
+the response.
 
 For each seed, ``grpo_judge`` trains the same start (the tiny model SFT-warmed for ``--sft-steps``, the run's seed)
 once with the judge and once with the control, both judges sampled at ``--judge-temperature``, the scores only their
-verdicts. The rule measures both: the run's validation pass (``val/reward/mean``: one temperature-1 sample per
-held-out prompt, scored by the task's rule, never by the judge) before training and every ``--val-every`` steps.
+verdicts' marks. The rule measures both: the run's validation pass (``val/reward/mean``: one temperature-1 sample
+per held-out prompt, scored by the task's rule, never by the judge) before training and every ``--val-every``
+steps.
 Prints markdown tables for docs/benchmarks.md; writes ``results_<first>-<last seed>.json`` and ``curves.png`` (every
-seed under ``--out``) under ``--out``.
+seed under ``--out``) under ``--out``. Longer than ~400 lines: the judge's data, its measures and the report are one
+script, as the other learning benchmarks are.
 """
 
 from __future__ import annotations
@@ -52,7 +58,10 @@ ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE = ("{{ prompt }} pairs{% for i in range(8) %} {{ ground_truth.ljust(8, '.')[i] }}"
             "{{ response.strip().ljust(8, '.')[i] }}{% endfor %} check:")
 CORRECT, INCORRECT = "correct", "incorrect"
-JUDGE_TOKENS = 8 * 3 + len(" verdict: incorrect") + 1  # eight marks, the verdict, EOS
+VERDICT = "marks"  # the judge's score: the share of its pass marks (algorithms/judge_templates.py, parse_marks)
+RECIPE = "marks+exploit-shapes"  # a judge saved by another recipe is not reused
+JUDGE_TOKENS = 8 * 3 + 1  # eight marks, EOS
+MAX_CHARS = 8  # the policy's response budget: the template shows this many positions
 JUDGE_SEED = 1_000  # the judge's init, its SFT data and the policy that samples them: seeds no GRPO run uses
 HELD_OUT_SEED = 2_000  # the held-out responses' prompts and samples
 VAL_REWARD = "val/reward/mean"
@@ -64,29 +73,53 @@ def rule_verdict(response: str, answer: str, threshold: float) -> str:
     return CORRECT if char_accuracy(response, answer) >= threshold else INCORRECT
 
 
-def worked_verdict(response: str, answer: str, threshold: float) -> str:
-    """The judge's taught answer: one mark per position the rule compares (`` ok`` where the response has the
-    reference's character, `` no`` where not), then `` verdict: correct|incorrect`` (:func:`rule_verdict`). The marks
-    give the SFT a signal at every position, where the verdict alone gives one bit per response; each is as wide as
-    a pair of :data:`TEMPLATE`, so the i-th mark sits a fixed distance after the i-th pair."""
+def rule_marks(response: str, answer: str) -> str:
+    """The judge's taught answer: one mark per position the rule compares, `` ok`` where the response has the
+    reference's character, `` no`` where not; their ``ok`` share is the rule's reward. The marks give the SFT a
+    signal at every position; each is as wide as a pair of :data:`TEMPLATE`, so the i-th mark sits a fixed distance
+    after the i-th pair."""
     stripped = response.strip()
-    marks = "".join(" ok" if index < len(stripped) and index < len(answer) and stripped[index] == answer[index]
-                    else " no" for index in range(max(len(stripped), len(answer), 1)))
-    return f"{marks} verdict: {rule_verdict(response, answer, threshold)}"
+    return "".join(" ok" if index < len(stripped) and index < len(answer) and stripped[index] == answer[index]
+                   else " no" for index in range(max(len(stripped), len(answer), 1)))
 
 
-def agreement(verdicts: Sequence[str], labels: Sequence[str], template: JudgeTemplate) -> float:
-    """The share of ``verdicts`` (the judge's texts) that parse to the rule's ``labels``; an unparsed one disagrees."""
-    if len(verdicts) != len(labels) or not labels:
-        raise ValueError(f"agreement: {len(verdicts)} verdicts for {len(labels)} labels (need as many, at least one)")
-    wanted = {CORRECT: 1.0, INCORRECT: 0.0}
-    return sum(template.parse(verdict) == wanted[label] for verdict, label in zip(verdicts, labels, strict=True)) / len(
-        labels)
+def _checked(verdicts: Sequence[str], wanted: Sequence[Any], name: str) -> None:
+    if len(verdicts) != len(wanted) or not wanted:
+        raise ValueError(f"{name}: {len(verdicts)} verdicts for {len(wanted)} rows (need as many, at least one)")
 
 
-def corrupted(answer: str, rng: random.Random) -> str:
-    """``answer`` with 0 to all of its characters replaced, or cut, lengthened or shifted by one: responses of every
-    quality from the exact answer to none of it."""
+def agreement(verdicts: Sequence[str], labels: Sequence[str], template: JudgeTemplate, threshold: float) -> float:
+    """The share of ``verdicts`` (the judge's texts) whose score, thresholded at ``threshold`` as the rule's reward
+    is, gives the rule's ``labels``; an unparsed one disagrees."""
+    _checked(verdicts, labels, "agreement")
+    scores = [template.parse(verdict) for verdict in verdicts]
+    return sum(score is not None and (CORRECT if score >= threshold else INCORRECT) == label
+               for score, label in zip(scores, labels, strict=True)) / len(labels)
+
+
+def marks_agreement(verdicts: Sequence[str], marks: Sequence[str]) -> float:
+    """The share of ``verdicts`` whose marks are all the rule's ``marks`` (:func:`rule_marks`), as many of them."""
+    _checked(verdicts, marks, "marks_agreement")
+    return sum(verdict.split() == wanted.split() for verdict, wanted in zip(verdicts, marks, strict=True)) / len(marks)
+
+
+def score_error(verdicts: Sequence[str], rewards: Sequence[float], template: JudgeTemplate) -> float:
+    """The mean distance of the judge's scores to the rule's ``rewards``; an unparsed verdict scores 0, as in the runs
+    (``unparsed_score: 0.0``)."""
+    _checked(verdicts, rewards, "score_error")
+    return sum(abs((template.parse(verdict) or 0.0) - reward)
+               for verdict, reward in zip(verdicts, rewards, strict=True)) / len(rewards)
+
+
+EXPLOIT_SHAPES = ("run", "run", "doubled", "shuffle", "pad")
+
+
+def corrupted(answer: str, rng: random.Random, kinds: Sequence[str] = ("old", "exploit")) -> str:
+    """``answer`` with 0 to all of its characters replaced, or cut, lengthened or shifted by one (``old``: responses
+    of every quality from the exact answer to none of it), or, as often, one of :data:`EXPLOIT_SHAPES` (``exploit``:
+    :func:`exploit_shape`). At most :data:`MAX_CHARS` characters."""
+    if rng.choice(kinds) == "exploit":
+        return exploit_shape(answer, rng)
     kind = rng.choice(("replace", "replace", "cut", "extend", "shift"))
     if kind == "cut":
         return answer[:rng.randint(0, len(answer) - 1)]
@@ -98,6 +131,24 @@ def corrupted(answer: str, rng: random.Random) -> str:
     for index in rng.sample(range(len(chars)), rng.randint(0, len(chars))):
         chars[index] = rng.choice(LETTERS.replace(chars[index], ""))
     return "".join(chars)
+
+
+def exploit_shape(answer: str, rng: random.Random) -> str:
+    """A response of the shapes GRPO found to fool a judge taught on :func:`corrupted`'s ``old`` kinds alone: a run of
+    one letter after 0-2 of the answer's first characters (``cbbbbb`` for ``egceb``), the answer with characters
+    doubled (``eedd`` for ``ed``), its letters shuffled, or padded with a repeated letter at either end; the letter
+    often one of the answer's own."""
+    letter = rng.choice(answer if rng.random() < 0.5 else LETTERS)
+    kind = rng.choice(EXPLOIT_SHAPES)
+    if kind == "run":
+        prefix = answer[:rng.randint(0, 2)]
+        return prefix + letter * rng.randint(max(1 - len(prefix), 0), MAX_CHARS - len(prefix))
+    if kind == "doubled":
+        return "".join(char * rng.choice((1, 2, 2)) for char in answer)[:MAX_CHARS]
+    if kind == "shuffle":
+        return "".join(rng.sample(answer, len(answer)))
+    pad = letter * rng.randint(1, MAX_CHARS - len(answer))
+    return answer + pad if rng.random() < 0.7 else (pad + answer)[:MAX_CHARS]
 
 
 def policy_samples(model: Any, tokenizer: Any, records: Sequence[dict[str, str]], seed: int,
@@ -124,7 +175,7 @@ def judged_responses(policy: Any, tokenizer: Any, count: int, seed: int, thresho
             for response in (sample, corrupted(record["ground_truth"], rng)):
                 label = rule_verdict(response, record["ground_truth"], threshold)
                 rows[label].append({**record, "response": response, "label": label,
-                                    "verdict": worked_verdict(response, record["ground_truth"], threshold)})
+                                    "verdict": rule_marks(response, record["ground_truth"])})
         if min(len(found) for found in rows.values()) >= count // 2:
             mixed = rows[CORRECT][:count // 2] + rows[INCORRECT][:count - count // 2]
             rng.shuffle(mixed)
@@ -134,8 +185,8 @@ def judged_responses(policy: Any, tokenizer: Any, count: int, seed: int, thresho
 
 def judge_prompt_records(rows: Sequence[dict[str, str]], template: JudgeTemplate, *,
                          shuffle_labels_seed: int | None = None) -> list[dict[str, str]]:
-    """SFT records: the rendered judge prompt, the worked verdict as the answer; the verdicts permuted when
-    ``shuffle_labels_seed`` is set (the control judge: the same responses, verdicts that say nothing of them)."""
+    """SFT records: the rendered judge prompt, the rule's marks as the answer; the marks permuted among the rows
+    when ``shuffle_labels_seed`` is set (the control judge: the same responses, marks that say nothing of them)."""
     labels = [row["verdict"] for row in rows]
     if shuffle_labels_seed is not None:
         random.Random(shuffle_labels_seed).shuffle(labels)
@@ -177,10 +228,11 @@ def train_judge(rows: Sequence[dict[str, str]], template: JudgeTemplate, args: a
 
 def grpo_judge_run(seed: int, judge: Path, template_file: Path, out: Path, args: argparse.Namespace,
                    extra: Sequence[str] = ()) -> dict[str, Any]:
-    """One ``grpo_judge`` run scored by ``judge``; the rule's validation reward before training (step 0) and
-    after every ``--val-every`` steps, and the judge's mean score per step."""
+    """One ``grpo_judge`` run scored by ``judge``'s marks; the rule's validation reward before training (step 0) and
+    after every ``--val-every`` steps, the judge's mean score per step, and its agreement with the rule on the run's
+    samples of the first and the last 10 steps."""
     options = (f"{{n: {args.n}, kl_coef: 0.0, max_new_tokens: 8, temperature: 1.0, judge_template: {template_file}, "
-               f"judge_verdict: binary, judge_max_new_tokens: {JUDGE_TOKENS}, "
+               f"judge_verdict: {VERDICT}, judge_max_new_tokens: {JUDGE_TOKENS}, "
                f"judge_temperature: {args.judge_temperature}, unparsed_score: 0.0}}")
     config = load_config(ROOT / "configs" / "grpo_reverse.yaml", [
         "algorithm=grpo_judge", f"algorithm.options={options}", f"roles.judge.model={judge}", f"steps={args.steps}",
@@ -193,22 +245,35 @@ def grpo_judge_run(seed: int, judge: Path, template_file: Path, out: Path, args:
     history = result.history
     curve = [(0, history[0][VAL_REWARD])] + [(row["step"] + 1, row[VAL_REWARD]) for row in history[1:]
                                              if VAL_REWARD in row]
-    template, run_dir = load_template(TEMPLATE, verdict="binary"), Path(result.run_dir)
+    template, run_dir = load_template(TEMPLATE, verdict=VERDICT), Path(result.run_dir)
+    first, last = (on_policy_agreement(run_dir, template, args.threshold, steps)
+                   for steps in (range(10), range(args.steps - 10, args.steps)))
     return {"rule_reward": curve, "judge_score": [row["reward/mean"] for row in history],
-            "agreement_first10": on_policy_agreement(run_dir, template, args.threshold, range(10)),
-            "agreement_last10": on_policy_agreement(run_dir, template, args.threshold,
-                                                    range(args.steps - 10, args.steps)),
+            **{f"{name}_first10": value for name, value in first.items()},
+            **{f"{name}_last10": value for name, value in last.items()},
             "unparsed_frac": sum(row.get("judge/unparsed_frac", 0.0) for row in history) / len(history),
             "seconds": time.perf_counter() - started, "run_dir": str(result.run_dir)}
 
 
-def on_policy_agreement(run_dir: Path, template: JudgeTemplate, threshold: float, steps: range) -> float:
+def on_policy_agreement(run_dir: Path, template: JudgeTemplate, threshold: float, steps: range) -> dict[str, float]:
     """The judge's agreement with the rule on the run's own samples of ``steps`` (``judge_samples.jsonl``: each
-    step's first ``validation.samples`` rows, their verdicts and the prompts' ground truths)."""
+    step's first ``validation.samples`` rows, their verdicts and the prompts' ground truths): ``agreement``,
+    ``marks_agreement`` and ``score_error`` (the functions of those names)."""
     rows = [json.loads(line) for line in (run_dir / "judge_samples.jsonl").read_text().splitlines()]
     kept = [row for row in rows if row["step"] in steps]
-    return agreement([row["verdict"] for row in kept],
-                     [rule_verdict(row["response"], row["ground_truth"], threshold) for row in kept], template)
+    return judged_agreement([row["verdict"] for row in kept], kept, template, threshold)
+
+
+def judged_agreement(verdicts: Sequence[str], rows: Sequence[dict[str, Any]], template: JudgeTemplate,
+                     threshold: float) -> dict[str, float]:
+    """``verdicts`` on ``rows`` (``response``, ``ground_truth``) against the rule: ``agreement`` (the thresholded
+    score), ``marks_agreement`` and ``score_error``."""
+    labels = [rule_verdict(row["response"], row["ground_truth"], threshold) for row in rows]
+    return {"agreement": agreement(verdicts, labels, template, threshold),
+            "marks_agreement": marks_agreement(verdicts, [rule_marks(row["response"], row["ground_truth"])
+                                                          for row in rows]),
+            "score_error": score_error(verdicts, [char_accuracy(row["response"], row["ground_truth"])
+                                                  for row in rows], template)}
 
 
 def rise(curve: Sequence[tuple[int, float]], window: int) -> tuple[float, float]:
@@ -225,7 +290,7 @@ def plot_curves(rows: Sequence[dict[str, Any]], path: Path) -> None:
 
     figure, axes = plt.subplots(1, len(rows), figsize=(4 * len(rows), 3.2), sharey=True, squeeze=False)
     for axis, row in zip(axes[0], rows, strict=True):
-        for name, label in (("judge", "learned judge"), ("control", "random judge")):
+        for name, label in (("judge", "learned judge"), ("control", "control judge (shuffled marks)")):
             steps, values = zip(*row[name]["rule_reward"], strict=True)
             axis.plot(steps, values, label=label, marker=".")
         axis.set(title=f"seed {row['seed']}", xlabel="steps")
@@ -248,12 +313,12 @@ def merged_rows(out: Path) -> list[dict[str, Any]]:
 def build_judge(name: str, args: argparse.Namespace) -> dict[str, Any]:
     """The judge ``name`` (:data:`JUDGES`) saved under ``--out/<name>``, with its held-out agreement; a judge
     already saved there with the same settings is reused (``judge.json``), so seeds can run in parallel after it."""
-    settings = {key: getattr(args, key) for key in ("sft_steps", "threshold", "judge_sft_steps", "judge_lr",
-                                                    "judge_examples", "held_out")}
+    settings = {"recipe": RECIPE, **{key: getattr(args, key) for key in (
+        "sft_steps", "threshold", "judge_sft_steps", "judge_lr", "judge_examples", "held_out")}}
     record = args.out / name / "judge.json"
     if record.is_file() and json.loads(record.read_text())["settings"] == settings:
         return dict(json.loads(record.read_text()))
-    tokenizer, template = char_tokenizer(), load_template(TEMPLATE, verdict="binary")
+    tokenizer, template = char_tokenizer(), load_template(TEMPLATE, verdict=VERDICT)
     policy = build_tiny_causal_lm("tiny-qwen2", vocab_size=len(tokenizer), seed=JUDGE_SEED)
     sft_warm_start(policy, tokenizer, task_examples("reverse", 2000, seed=JUDGE_SEED), steps=args.sft_steps,
                    lr=3e-3, seed=JUDGE_SEED)
@@ -265,18 +330,42 @@ def build_judge(name: str, args: argparse.Namespace) -> dict[str, Any]:
                                                                       args.threshold)}
                for record, response in zip(records, policy_samples(policy, tokenizer, records, HELD_OUT_SEED + 1),
                                            strict=True)]
+    rng, records = random.Random(HELD_OUT_SEED + 2), task_examples("reverse", args.held_out, seed=HELD_OUT_SEED + 2)
+    shapes = [{**record, "response": exploit_shape(record["ground_truth"], rng)} for record in records]
     judge, seconds = train_judge(rows, template, args, shuffle_labels_seed=JUDGES[name])
     found: dict[str, Any] = {"dir": str(save_model_dir(judge, tokenizer, args.out / name)), "sft_seconds": seconds,
                              "settings": settings,
                              "start_samples_correct_share": sum(row["label"] == CORRECT for row in natural) / len(
                                  natural)}
-    for held_name, held_rows in (("held_out", held), ("start_samples", natural)):
-        labels = [row["label"] for row in held_rows]
+    for held_name, held_rows in (("held_out", held), ("start_samples", natural), ("exploit_shapes", shapes)):
         for mode, temperature in (("greedy", 0.0), ("sampled", 1.0)):
             verdicts = judge_verdicts(judge, tokenizer, held_rows, template, temperature=temperature, seed=0)
-            found[f"{held_name}_{mode}"] = agreement(verdicts, labels, template)
+            for measure, value in judged_agreement(verdicts, held_rows, template, args.threshold).items():
+                found[f"{held_name}_{mode}_{measure}"] = value
     record.write_text(json.dumps(found, indent=1))
     return found
+
+
+MEASURES = ("agreement", "marks_agreement", "score_error")
+
+
+def on_policy(run: dict[str, Any], steps: str) -> str:
+    """A run's agreement with the rule on its samples of ``steps`` (``first10`` or ``last10``), as a table cell."""
+    return " / ".join(f"{run[f'{measure}_{steps}']:.3f}" for measure in MEASURES)
+
+
+def print_judges(judges: dict[str, dict[str, Any]]) -> None:
+    """The judges' held-out agreement, a markdown table (thresholded score / every mark / mean score error)."""
+    sets = ("held_out", "start_samples", "exploit_shapes")
+    print("| judge | SFT s | " + " | ".join(f"{held} {mode} (thresholded / marks / score error)" for held in sets
+                                            for mode in ("greedy", "sampled")) + " |")
+    print("|---|---|" + "---|" * 2 * len(sets))
+    for name, found in judges.items():
+        cells = [" / ".join(f"{found[f'{held}_{mode}_{measure}']:.3f}" for measure in MEASURES)
+                 for held in sets for mode in ("greedy", "sampled")]
+        print(f"| {name} | {found['sft_seconds']:.0f} | " + " | ".join(cells) + " |", flush=True)
+    share = next(iter(judges.values()))["start_samples_correct_share"]
+    print(f"start's samples rule-labelled correct: {share:.3f}")
 
 
 def main() -> None:
@@ -287,9 +376,9 @@ def main() -> None:
     parser.add_argument("--sft-steps", type=int, default=30, help="the GRPO start's SFT warm start (and the "
                         "judge data's sampling policy's)")
     parser.add_argument("--threshold", type=float, default=0.5, help="the rule reward a correct verdict needs")
-    parser.add_argument("--judge-sft-steps", type=int, default=1000)
+    parser.add_argument("--judge-sft-steps", type=int, default=1500)
     parser.add_argument("--judge-lr", type=float, default=3e-3)
-    parser.add_argument("--judge-examples", type=int, default=3000)
+    parser.add_argument("--judge-examples", type=int, default=4000)
     parser.add_argument("--held-out", type=int, default=256)
     parser.add_argument("--judge-temperature", type=float, default=1.0, help="both judges' sampling in the runs")
     parser.add_argument("--batch-size", type=int, default=16, help="prompts per step")
@@ -311,16 +400,11 @@ def main() -> None:
     judges = {name: build_judge(name, args) for name in (args.judges_only or JUDGES)}
     if args.judges_only:
         print(json.dumps(judges, indent=1))
+        print_judges(judges)
         return
-    print("| judge | SFT s | held-out agreement, greedy | sampled | start's samples, greedy | sampled |")
-    print("|---|---|---|---|---|---|")
-    for name, found in judges.items():
-        print(f"| {name} | {found['sft_seconds']:.0f} | {found['held_out_greedy']:.3f} | "
-              f"{found['held_out_sampled']:.3f} | {found['start_samples_greedy']:.3f} | "
-              f"{found['start_samples_sampled']:.3f} |", flush=True)
-    print(f"start's samples rule-labelled correct: {judges['judge']['start_samples_correct_share']:.3f}")
+    print_judges(judges)
     print(f"| seed | judge: start | end (last {args.window}) | rise | control: start | end | rise | judge's agreement "
-          "on its run's samples, first 10 steps | last 10 | judge s | control s |")
+          "(thresholded / marks / score error) on its run's samples, first 10 steps | last 10 | judge s | control s |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     rows: list[dict[str, Any]] = []
     results = args.out / f"results_{args.first_seed}-{args.first_seed + args.seeds - 1}.json"
@@ -333,7 +417,7 @@ def main() -> None:
         rows.append({"seed": seed, "judge": judged, "control": control})
         (j0, j1), (c0, c1) = rise(judged["rule_reward"], args.window), rise(control["rule_reward"], args.window)
         print(f"| {seed} | {j0:.3f} | {j1:.3f} | {j1 - j0:+.3f} | {c0:.3f} | {c1:.3f} | {c1 - c0:+.3f} | "
-              f"{judged['agreement_first10']:.3f} | {judged['agreement_last10']:.3f} | {judged['seconds']:.0f} | "
+              f"{on_policy(judged, 'first10')} | {on_policy(judged, 'last10')} | {judged['seconds']:.0f} | "
               f"{control['seconds']:.0f} |", flush=True)
         settings = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
         results.write_text(json.dumps({"settings": settings, "judges": judges, "seeds": rows,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hybridflow.algorithms.judge_templates import load_template, parse_binary, parse_rubric, parse_score
+from hybridflow.algorithms.judge_templates import load_template, parse_binary, parse_marks, parse_rubric, parse_score
 
 from hybridflow.graph import Graph, GraphBuilder, NodeSpecError, RoleKind, load_graph
 from hybridflow.models import build_tiny_causal_lm, save_model_dir
@@ -94,6 +94,21 @@ def test_a_rubric_verdict_parses_strictly(verdict: str, score: float | None) -> 
     assert parse_rubric(verdict, (2.0, 1.0)) == (None if score is None else pytest.approx(score))
 
 
+@pytest.mark.parametrize(("verdict", "score"), [
+    (" ok ok no", 2 / 3), ("OK, no", 0.5), ("ok\nno\nok.", 2 / 3), ("no", 0.0), ("ok ok ok ok ok ok ok ok", 1.0),
+    ("", None), ("  ", None), ("okno", None), ("nook", None), ("ok ok maybe", None), ("ok verdict: correct", None),
+    ("ok,,no", None), ("ok. no", None), ("2: ok", None),
+])
+def test_a_marks_verdict_parses_strictly(verdict: str, score: float | None) -> None:
+    assert parse_marks(verdict) == (None if score is None else pytest.approx(score))
+
+
+def test_a_users_template_can_be_scored_by_its_marks() -> None:
+    template = load_template("{{ ground_truth }} {{ response }} check:", verdict="marks")
+    assert template.verdict == "marks" and template.parse(" ok no no no") == 0.25
+    assert template.parse(" ok no verdict: correct") is None
+
+
 def _shape(graph: Graph) -> tuple[set[tuple[str, str, str | None]], set[tuple[str, str]], dict[str, RoleKind]]:
     nodes = {(node.name, str(node.op), node.role) for node in graph.nodes}
     return nodes, {(edge.src, edge.dst) for edge in graph.edges}, {role.name: role.kind for role in graph.roles}
@@ -175,6 +190,21 @@ def test_the_judges_functions_render_in_the_judges_tokens_and_parse_its_verdicts
     scores, text = COMPUTE_FNS.get("judge_scores")(verdicts, verdict_mask, unparsed_score=0.25, state=kept, **options)
     assert scores.tolist() == [1.0, 0.25] and text == ["Verdict: correct", "I think so"]
     assert kept.metrics() == {"unparsed": 1.0, "unparsed_frac": 0.5}  # type: ignore[attr-defined]
+
+
+def test_a_marks_judge_scores_the_share_of_pass_marks_and_counts_the_unparsed(tmp_path: Path) -> None:
+    tokenizer = char_tokenizer()
+    judge_dir = save_model_dir(build_tiny_causal_lm("tiny-qwen2", vocab_size=len(tokenizer)), tokenizer,
+                               tmp_path / "judge")
+    models = {"actor": "tiny-qwen2", "judge": str(judge_dir)}
+    options = {"template": "{{ ground_truth }} {{ response }} check:", "verdict": "marks"}
+    verdicts = tokenizer([" ok ok no no", " ok ok ok", " ok no verdict: correct"], padding=True,
+                         return_tensors="pt")["input_ids"]
+    kept = _state("judge_scores", options, models)
+    scores, _ = COMPUTE_FNS.get("judge_scores")(verdicts, (verdicts != tokenizer.pad_token_id).long(),
+                                                unparsed_score=0.0, state=kept, **options)
+    assert scores.tolist() == [0.5, 1.0, 0.0]
+    assert kept.metrics() == {"unparsed": 1.0, "unparsed_frac": pytest.approx(1 / 3)}  # type: ignore[attr-defined]
 
 
 def test_a_judge_of_another_tokenizer_is_not_refused(tmp_path: Path) -> None:
