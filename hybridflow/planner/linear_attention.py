@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from hybridflow.planner.settings import check_positive_int
+
 # flash-linear-attention's chunked gated delta rule (``chunk_gated_delta_rule``, the kernel transformers, Megatron
 # and SGLang call for prefill and training) works in chunks of 64 tokens (fla/ops/gated_delta_rule).
 GDN_CHUNK = 64
@@ -35,9 +37,7 @@ class LinearAttentionSpec:
     def __post_init__(self) -> None:
         for name in ("layers", "key_heads", "value_heads", "key_head_dim", "value_head_dim", "conv_kernel",
                      "state_bytes"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"LinearAttentionSpec.{name}={value!r} must be a positive integer")
+            check_positive_int("LinearAttentionSpec", name, getattr(self, name), allow_none=False)
         if self.value_heads % self.key_heads:
             raise ValueError(f"LinearAttentionSpec: value_heads={self.value_heads} must be a multiple of "
                              f"key_heads={self.key_heads}")

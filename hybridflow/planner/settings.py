@@ -69,7 +69,8 @@ MAX_STEP_ROWS = 1 << 22  # samples of one step: every step's tensors are sized b
 MAX_SEQUENCE_TOKENS = 1 << 20  # prompt or response tokens: 1M, beyond the longest context of public models
 
 
-def _positive_int(owner: str, name: str, value: Any, *, allow_none: bool = True) -> None:
+def check_positive_int(owner: str, name: str, value: Any, *, allow_none: bool = True) -> None:
+    """``owner.name=value must be a positive integer`` unless ``value`` is one (or None, with ``allow_none``)."""
     if value is None and allow_none:
         return
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -131,14 +132,14 @@ class RunSettings:
         if isinstance(self.offload, Mapping):
             object.__setattr__(self, "offload", tuple(sorted(self.offload.items())))
         for name in ("mini_batch_size", "train_tokens_per_gpu", "forward_tokens_per_gpu", "max_prompt_len"):
-            _positive_int(owner, name, getattr(self, name))
-        _positive_int(owner, "epochs", self.epochs, allow_none=False)
+            check_positive_int(owner, name, getattr(self, name))
+        check_positive_int(owner, "epochs", self.epochs, allow_none=False)
         if self.epochs > MAX_EPOCHS:
             raise ValueError(f"{owner}.epochs={self.epochs} exceeds {MAX_EPOCHS} passes over a step's batch; use at "
                              f"most {MAX_EPOCHS} (PPO recipes use 1-10)")
-        _positive_int(owner, "max_num_seqs", self.max_num_seqs, allow_none=False)
+        check_positive_int(owner, "max_num_seqs", self.max_num_seqs, allow_none=False)
         for name in ("reward_workers", "validation_samples"):
-            _positive_int(owner, name, getattr(self, name), allow_none=False)
+            check_positive_int(owner, name, getattr(self, name), allow_none=False)
         if not isinstance(self.validation_prompts, int) or isinstance(self.validation_prompts, bool) \
                 or self.validation_prompts < 0:
             raise ValueError(f"{owner}.validation_prompts={self.validation_prompts!r} must be a count >= 0")

@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from hybridflow.planner.settings import check_positive_int
+
 
 @dataclass(frozen=True, kw_only=True)
 class VisionSpec:
@@ -41,9 +43,7 @@ class VisionSpec:
     def __post_init__(self) -> None:
         for name in ("depth", "hidden", "heads", "intermediate", "out_hidden", "patch_size", "temporal_patch_size",
                      "spatial_merge", "in_channels"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"VisionSpec.{name}={value!r} must be a positive integer")
+            check_positive_int("VisionSpec", name, getattr(self, name), allow_none=False)
         for name in ("window_size", "full_attention_blocks"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
