@@ -25,10 +25,19 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 TURN_TOKENS = 4
+LOG_LOCK = threading.Lock()
+
+
+def log(line: str) -> None:
+    """One whole line of the log: the handler threads run concurrently, and ``print`` writes text and newline apart."""
+    with LOG_LOCK:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -65,13 +74,13 @@ class Handler(BaseHTTPRequestHandler):
         if self.dev_mode and path == "/collective_rpc" and self.fail_reload_once \
                 and not os.path.exists(self.fail_reload_once):
             open(self.fail_reload_once, "w").close()
-            print("sync failed", flush=True)
+            log("sync failed")
             self._send(500, {"error": {"message": "reload_weights failed (injected)"}})
             return
         if self.dev_mode and path in ("/pause", "/collective_rpc", "/reset_prefix_cache", "/resume",
                                       "/v1/load_lora_adapter"):
             loaded = (body.get("kwargs") or {}).get("weights_path") or body.get("lora_path") or "-"
-            print(f"sync {path} {loaded}", flush=True)
+            log(f"sync {path} {loaded}")
             if self.slow_sync and path == "/pause":
                 time.sleep(0.5)
             self._send(200, {})
@@ -83,7 +92,7 @@ class Handler(BaseHTTPRequestHandler):
         if not isinstance(prompt, list) or not prompt:
             self._send(400, {"error": {"message": "prompt must be a non-empty list of token ids"}})
             return
-        print("served", flush=True)
+        log("served")
         if self.slow:
             time.sleep(0.5)
         tokens = [int(prompt[-1]) + 1 + i for i in range(int(body.get("max_tokens", 1)))]
@@ -91,8 +100,8 @@ class Handler(BaseHTTPRequestHandler):
             tokens = [*tokens[:TURN_TOKENS - 1], self.end_id][:len(tokens)]
         logprobs = {"token_logprobs": [-0.1 * (i + 1) for i in range(len(tokens))]} if "logprobs" in body else None
         if self.end_id is not None:
-            print("turn " + json.dumps({"session": self.headers.get("X-Session-ID"), "prompt": prompt, "ids": tokens,
-                                        "logprobs": (logprobs or {}).get("token_logprobs")}), flush=True)
+            log("turn " + json.dumps({"session": self.headers.get("X-Session-ID"), "prompt": prompt, "ids": tokens,
+                                      "logprobs": (logprobs or {}).get("token_logprobs")}))
         choice = {"index": 0, "text": "", "token_ids": tokens, "logprobs": logprobs,
                   "finish_reason": "length"}
         self._send(200, {"id": str(self.server.server_address[1]), "object": "text_completion", "choices": [choice]})
@@ -112,9 +121,9 @@ def main() -> None:
         Handler.max_model_len = int(sys.argv[sys.argv.index("--max-model-len") + 1])
     if "--spawn-child" in sys.argv:
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-        print(f"child {child.pid}", flush=True)
+        log(f"child {child.pid}")
     server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-    print(f"listening on {port}", flush=True)
+    log(f"listening on {port}")
     server.serve_forever()
 
 
