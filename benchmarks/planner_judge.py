@@ -158,6 +158,26 @@ def judge_case(folders: list[Path], prompt: int) -> MeasuredCase:
     return replace(case, measured=measured)
 
 
+def measured_timeline(folders: list[Path]) -> dict[str, tuple[float, float]]:
+    """Each node's span in the step (``timeline/<node>/start_s``, ``end_s``), the median over every round's kept
+    steps (runs written before the runtime recorded spans have none)."""
+    steps = [json.loads(line) for folder in folders
+             for line in (folder / "metrics.jsonl").read_text().splitlines()[SKIP_STEPS:] if line.strip()]
+    nodes = {key.split("/")[1] for step in steps for key in step if key.startswith("timeline/")}
+    return {node: (statistics.median(step[f"timeline/{node}/start_s"] for step in steps
+                                     if f"timeline/{node}/start_s" in step),
+                   statistics.median(step[f"timeline/{node}/end_s"] for step in steps
+                                     if f"timeline/{node}/end_s" in step)) for node in sorted(nodes)}
+
+
+def timeline_lines(case: MeasuredCase, fitted: Calibration, measured: dict[str, tuple[float, float]]) -> str:
+    """Each node's measured span beside the planner's (start-end, seconds into the step), in the planner's order."""
+    plan = case.plan(fitted)
+    return ", ".join(f"{node.node} {measured[node.node][0]:.2f}-{measured[node.node][1]:.2f}/"
+                     f"{node.start_s:.2f}-{node.end_s:.2f}" for node in sorted(plan.nodes, key=lambda n: n.start_s)
+                     if node.node in measured)
+
+
 def judge_place(groups: Any) -> str:
     for group in groups:
         if "judge" in group.roles:
@@ -195,7 +215,7 @@ def order_verdict(chunks: int, names: list[str], before: dict[Key, float], cases
 
 
 def report(cases: dict[Key, MeasuredCase], fitted: Calibration, before: dict[Key, float],
-           rounds: dict[Key, list[float]]) -> None:
+           rounds: dict[Key, list[float]], timelines: dict[Key, dict[str, tuple[float, float]]]) -> None:
     print("| judge | chunks | predicted a priori (s) | predicted on the run's lengths (s) | measured step, median (s) "
           "| per-round medians (s) | predicted / measured |")
     print("|---|---|---|---|---|---|---|")
@@ -208,6 +228,9 @@ def report(cases: dict[Key, MeasuredCase], fitted: Calibration, before: dict[Key
         parts = ", ".join(f"{key} {sec:.2f}/{after.get(key, 0.0):.2f}" for key, sec in sorted(case.measured.items())
                           if key != "step" and sec > 0.005)
         print(f"  {name}, {chunks} chunk(s), measured/predicted node seconds: {parts}")
+        if timelines.get((name, chunks)):
+            print(f"    measured/predicted spans (s into the step): "
+                  f"{timeline_lines(case, fitted, timelines[name, chunks])}")
     for chunks in CHUNKS:
         names = [name for name, c in cases if c == chunks]
         if len(names) > 1:
@@ -260,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     rounds = {key: [statistics.median(kept_steps(folder)) for folder in paths] for key, paths in folders.items()}
     cases = {key: judge_case(paths, prompt) for key, paths in folders.items()}
     auto = cases.pop((AUTO, 1), None)
-    report(cases, fitted, before, rounds)
+    report(cases, fitted, before, rounds, {key: measured_timeline(paths) for key, paths in folders.items()})
     if auto is not None:
         plan = Plan.from_json((Path(auto.id) / "plan.json").read_text())
         print(f"{AUTO} as trained: the judge {judge_place(plan.groups)}; measured {auto.measured['step']:.2f} s, "

@@ -52,7 +52,9 @@ def build_plan(problem: Problem, groups: Sequence[Placement], *, search: SearchS
     """The plan for ``groups`` with node timings, totals and the bottleneck the schedule shows.
 
     ``streamed``: a sync step streamed in that many chunks, with the same groups costed on one chunk's rows
-    (``schedule.stream_schedule``); a streamed node's estimate spans its first chunk's start to its last's end.
+    (``schedule.stream_schedule``); a streamed node's estimate spans its first chunk's start to its last's end
+    (``start_s``, ``end_s``), and its seconds are its chunks' own, summed: the time it runs, not the time it waits
+    between chunks, as a run's ``time/<node>`` sums its calls.
     """
     role_group = {role: index for index, group in enumerate(groups) for role in group.roles}
     schedule = compile_schedule(problem, role_group)
@@ -62,6 +64,7 @@ def build_plan(problem: Problem, groups: Sequence[Placement], *, search: SearchS
     extra: dict[str, float | str] = {}
     if streamed is None:
         spans, span, latency = shared_step(schedule, seconds, latency, sharing)
+        busy = [end - start for start, end in spans]
     else:
         chunks, chunk_groups = streamed
         generate = problem.graph.stream_generate
@@ -73,6 +76,8 @@ def build_plan(problem: Problem, groups: Sequence[Placement], *, search: SearchS
         spans = [(min(a for (j, _), (a, _) in zip(origin, pieces, strict=True) if j == i),
                   max(b for (j, _), (_, b) in zip(origin, pieces, strict=True) if j == i))
                  for i in range(len(schedule.nodes))]
+        busy = [sum(b - a for (j, _), (a, b) in zip(origin, pieces, strict=True) if j == i)
+                for i in range(len(schedule.nodes))]
     terms = step_terms(problem, groups)
     step = span + sum(terms.values())
     if any(terms.values()):
@@ -82,9 +87,9 @@ def build_plan(problem: Problem, groups: Sequence[Placement], *, search: SearchS
     if problem.mode.pipeline == "async":
         extra["batch_latency_s"] = latency  # what modes.describe_mode explains the async step with
     nodes = tuple(
-        NodeEstimate(node=name, group=None if g == DRIVER else g, seconds=end - start, start_s=start, end_s=end,
+        NodeEstimate(node=name, group=None if g == DRIVER else g, seconds=own, start_s=start, end_s=end,
                      role=problem.node_role[name])
-        for name, g, (start, end) in zip(schedule.nodes, schedule.group_of, spans, strict=True))
+        for name, g, (start, end), own in zip(schedule.nodes, schedule.group_of, spans, busy, strict=True))
     mode = problem.mode
     if problem.agents:
         mode, why = agent_schedule(problem, groups)

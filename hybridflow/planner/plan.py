@@ -132,7 +132,8 @@ class GroupPlan:
 
 @dataclass(frozen=True, kw_only=True)
 class NodeEstimate:
-    """When a graph node runs in the modelled schedule. ``group`` is None for driver-side nodes."""
+    """When a graph node runs in the modelled schedule: from ``start_s`` to ``end_s``, for ``seconds`` of its own
+    (less than the span where a streamed node waits between its chunks). ``group`` is None for driver-side nodes."""
 
     node: str
     group: int | None

@@ -59,11 +59,13 @@ from hybridflow.runtime.weights import WeightSyncStats
 
 @dataclass(frozen=True, kw_only=True)
 class StepResult:
-    """The full batch after a step (every field the graph produced), metrics and per-node seconds."""
+    """The full batch after a step (every field the graph produced), metrics, per-node seconds (summed over the
+    node's calls) and spans (its first call's start and its last call's end, seconds from the step's start)."""
 
     batch: Batch
     metrics: dict[str, float] = field(default_factory=dict)
     node_seconds: dict[str, float] = field(default_factory=dict)
+    node_spans: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
 def _agent_tokenizer(node: Node, specs: Mapping[str, RoleSpec]) -> Any:
@@ -167,7 +169,7 @@ class Controller:
             metrics.update(self.services.metrics())
         for index, shipped in enumerate(self.ledger.shipped):
             metrics[f"transfer/to_group{index}_bytes"] = float(shipped)
-        return StepResult(batch=state, metrics=metrics, node_seconds=record.seconds)
+        return StepResult(batch=state, metrics=metrics, node_seconds=record.seconds, node_spans=record.spans)
 
     def _partitions(self, prompts: Batch, step: int, record: StepRecord, more: Callable[[int], Batch] | None,
                     upcoming: Upcoming) -> PartitionSource:

@@ -35,11 +35,13 @@ from hybridflow.runtime.worker import NodeResult, companion_fields, port_batch
 
 @dataclass(frozen=True)
 class Outcome:
-    """What a node produced (graph field names, the step's rows), its metrics and its wall seconds."""
+    """What a node produced (graph field names, the step's rows), its metrics, its wall seconds and when its call
+    started on its queue (``time.perf_counter()`` in the controller's process; 0.0: not known)."""
 
     outputs: Batch
     metrics: Mapping[str, float]
     seconds: float
+    started: float = 0.0
 
 
 class Target(Protocol):
@@ -63,7 +65,7 @@ def _request(run_rows: RunRows, node: Node, rows: Batch, seed: int, on_start: Ca
         on_start()
     start = time.perf_counter()
     outputs, metrics = run_rows(node, rows, seed)
-    return Outcome(outputs, metrics, time.perf_counter() - start)
+    return Outcome(outputs, metrics, time.perf_counter() - start, start)
 
 
 def node_inputs(node: Node, state: Batch) -> list[str]:
@@ -100,7 +102,7 @@ class GroupTarget:
         leaders = self._run(node, send, seed, token=token, fields=fields, part=part, joins=joins)
         self.ledger.hold(self.key, exact_fields([r.outputs for r in leaders]), part)
         outputs, metrics = _gathered(leaders, rows)
-        return Outcome(outputs, metrics, time.perf_counter() - start)
+        return Outcome(outputs, metrics, time.perf_counter() - start, start)
 
     def submit_rows(self, node: Node, rows: Batch, seed: int, *,
                     on_start: Callable[[], None] | None = None) -> Future[Outcome]:
@@ -189,4 +191,4 @@ def timed(run: Callable[[], tuple[Batch, Mapping[str, float]]]) -> Outcome:
     """``run()``'s (outputs, metrics) with the seconds it took."""
     start = time.perf_counter()
     outputs, metrics = run()
-    return Outcome(outputs, metrics, time.perf_counter() - start)
+    return Outcome(outputs, metrics, time.perf_counter() - start, start)

@@ -60,19 +60,27 @@ class Partition:
 
 @dataclass
 class StepRecord:
-    """What a step's nodes reported: metrics, seconds (summed over partitions) and weight shipments.
+    """What a step's nodes reported: metrics, seconds (summed over partitions), spans and weight shipments.
 
     A node that runs on several partitions of a step (stream chunks, filter rounds) reports each time; its metric
     for the step is the mean over those reports weighted by their rows, except the ``summed`` ones (counts, such as
-    a judge's unparsed verdicts: ``NodeState.summed_metrics``), which add up."""
+    a judge's unparsed verdicts: ``NodeState.summed_metrics``), which add up. Its span runs from its first call's
+    start to its last call's end, in seconds since the record began (the step's start): the step's timeline, which
+    the planner's node estimates (``start_s``, ``end_s``) predict."""
 
     metrics: dict[str, float] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
+    spans: dict[str, tuple[float, float]] = field(default_factory=dict)
     shipments: dict[str, Future[WeightSyncStats]] = field(default_factory=dict)
     reports: dict[str, list[tuple[int, Mapping[str, float]]]] = field(default_factory=dict)
+    began: float = field(default_factory=time.perf_counter)
 
     def add(self, node: Node, outcome: Outcome, *, summed: Collection[str] = ()) -> None:
         self.seconds[node.name] = self.seconds.get(node.name, 0.0) + outcome.seconds
+        if outcome.started:
+            start = outcome.started - self.began
+            first, last = self.spans.get(node.name, (start, start + outcome.seconds))
+            self.spans[node.name] = (min(first, start), max(last, start + outcome.seconds))
         prefix = f"{node.role}/" if node.role else f"{node.name}/"
         reports = self.reports.setdefault(node.name, [])
         reports.append((len(outcome.outputs), outcome.metrics))

@@ -49,6 +49,8 @@ def step_metrics(result: StepResult, seconds: float, graph: Graph | None = None)
     if "agent_trace" in batch:
         out.update(agent_metrics(list(batch["agent_trace"])))
     out.update({f"time/{name}": value for name, value in result.node_seconds.items()})
+    for name, (start, end) in result.node_spans.items():  # the step's timeline (the plan's node start_s, end_s)
+        out[f"timeline/{name}/start_s"], out[f"timeline/{name}/end_s"] = start, end
     out["time/step"] = seconds
     out["memory/rss_gb"] = _rss_gb()
     if graph is not None:

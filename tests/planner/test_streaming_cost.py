@@ -54,6 +54,22 @@ def test_streaming_overlaps_forward_passes_when_lengths_are_even(grpo: Graph) ->
     assert by_node["reference_ref_logprob"].start_s < by_node["actor_generate"].end_s  # on the first chunk done
 
 
+def test_a_streamed_nodes_seconds_are_its_chunks_not_the_waits_between_them(grpo: Graph) -> None:
+    """The reference and the reward model share a group: each chunk of one waits behind the other's, so a node's
+    span (first chunk's start to last chunk's end) holds time it spends queued. Its seconds are its chunks' own, as
+    a run's ``time/<node>`` sums its calls: within the span, and the two nodes' seconds fit in their shared span."""
+    models = {role: ModelSpec.preset("qwen2.5-7b") for role in ("actor", "reference", "reward")}
+    workload = Workload(batch_size=1024, prompt_len=512, response_len=512, n_samples=8)
+    mapping = {"actor": [0, 1, 2, 3], "reference": [4, 5, 6, 7], "reward": [4, 5, 6, 7]}
+    streamed = evaluate_mapping(PlanRequest(grpo, models, workload, Cluster.parse("8xH100"), stream_chunks=4), mapping)
+    nodes = {node.node: node for node in streamed.nodes}
+    reference, reward = nodes["reference_ref_logprob"], nodes["reward_score"]
+    for node in (reference, reward):
+        assert 0 < node.seconds < 0.9 * (node.end_s - node.start_s), node  # 3 waits behind the other's chunks
+    shared = max(reference.end_s, reward.end_s) - min(reference.start_s, reward.start_s)
+    assert reference.seconds + reward.seconds <= shared + 1e-9
+
+
 def test_streaming_pays_each_chunks_tail_when_lengths_are_skewed() -> None:
     """The CPU benchmark's case: a tiny model whose decode is mostly per-step overhead and a long tail. Each
     chunk waits for its own longest response, so 4 chunks cost more than one batch."""

@@ -15,6 +15,7 @@ from hybridflow.planner import ExecutionMode
 from hybridflow.runtime import Controller, OptimSpec, RoleSpec, default_plan
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.streaming import streamed_section
+from hybridflow.train.metrics import step_metrics
 
 BACKEND = f"{Path(__file__).with_name('minimal_backend.py')}:BACKEND"
 TOKENIZER = char_tokenizer()
@@ -74,6 +75,14 @@ def test_scoring_starts_while_later_chunks_still_generate() -> None:
         ended = time.perf_counter()
     assert len(calls) == 2 and len(result.batch) == 12
     assert ended - calls[0] > 0.25  # the first chunk was scored while the second still generated
+    # The step's timeline says the same: the scorer's span opens inside the generation's, and the generation
+    # runs its two calls back to back while the scorer's two calls leave a chunk's decode between them.
+    generate, score = result.node_spans["actor_generate"], result.node_spans["reward_score"]
+    assert 0 <= generate[0] < score[0] < generate[1] - 0.2 < score[1]
+    assert result.node_seconds["actor_generate"] > 0.9 * (generate[1] - generate[0])
+    assert result.node_seconds["reward_score"] < 0.5 * (score[1] - score[0])
+    metrics = step_metrics(result, ended - calls[0])
+    assert metrics["timeline/reward_score/start_s"] == score[0] and metrics["timeline/actor_update/end_s"] > score[1]
 
 
 def test_streaming_is_refused_where_it_cannot_apply() -> None:
