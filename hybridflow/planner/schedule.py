@@ -1,10 +1,12 @@
 """Step time as the makespan of the graph scheduled on its groups.
 
-Nodes of one group run one after another in the graph's topological order; nodes on different groups
-overlap when the graph allows; driver-side nodes never wait for a group. Data crossing between groups,
-or between a group and the driver, travels through the single controller at ``driver_bandwidth``.
-Every start and end time is a max or sum of durations, so the makespan never falls when a node slows:
-that monotonicity is what makes the search's lower bounds valid.
+Nodes of one group run one at a time, in the order they become ready (first come, first served: the runtime
+submits a node to its group's queue the moment its inputs exist, ``runtime/scheduler.py``; ties go to the graph's
+topological order); nodes on different groups overlap when the graph allows; driver-side nodes never wait for a
+group. Data crossing between groups, or between a group and the driver, travels through the single controller at
+``driver_bandwidth``. Such a schedule can shorten when a node slows (a queue's order changes), so the search prunes
+with :func:`lower_bound`, which holds for every order: the longest chain of the graph, and each group's first
+possible start plus all of its work.
 
 In ``one_step_off`` and ``async`` (``modes.py``) a detached generate node is *overlapped*: it starts as soon
 as its group is free, without waiting for its inputs (those are the next step's prompts), and its consumers
@@ -17,8 +19,8 @@ and its row-wise followers split into one node per chunk (``stream_schedule``).
 Logical GPUs that are processes on a CPU host share its cores (``Cluster.host_cores``, :class:`Sharing`):
 when the busy GPUs of a host outnumber its cores, each busy node advances at ``cores / busy`` of its own
 speed (processor sharing), so colocating three workers on two cores, or overlapping a two-GPU rollout
-with a one-GPU trainer there, costs what it does on the machine. A node's rate never exceeds 1, so every
-start and end is at least its unshared one: the unshared makespan stays a lower bound for the search.
+with a one-GPU trainer there, costs what it does on the machine. A node's rate never exceeds 1, so
+:func:`lower_bound` holds for shared cores too.
 """
 
 from __future__ import annotations
@@ -92,26 +94,69 @@ def compile_schedule(problem: Problem, role_group: Mapping[str, int]) -> Schedul
                     overlapped=overlapped, max_staleness=problem.mode.k if problem.mode.pipeline == "async" else None)
 
 
+def ready_time(schedule: Schedule, i: int, end: Sequence[float], ahead: Sequence[bool]) -> float:
+    """When node i's inputs are there, given its predecessors' ``end`` times (nan: not yet, then nan). An
+    overlapped node waits for nothing; a predecessor that is overlapped made this step's input during the step
+    before, so only its transfer is waited for."""
+    if ahead[i]:
+        return 0.0
+    times = [(0.0 if ahead[pred] else end[pred]) + transfer for pred, transfer in schedule.preds[i]]
+    return math.nan if any(math.isnan(t) for t in times) else max([0.0, *times])
+
+
 def timeline(schedule: Schedule, seconds: Sequence[float]) -> list[tuple[float, float]]:
-    """(start, end) of every node, given each group node's ``seconds`` (driver entries are ignored)."""
+    """(start, end) of every node, given each group node's ``seconds`` (driver entries are ignored): each group
+    takes its nodes in the order they become ready (the module docstring)."""
+    count = len(schedule.nodes)
+    ahead = schedule.overlapped or (False,) * count
     free = [0.0] * schedule.num_groups
-    ahead = schedule.overlapped or (False,) * len(schedule.nodes)
-    spans: list[tuple[float, float]] = []
+    start, end = [math.nan] * count, [math.nan] * count
+    for _ in range(count):
+        # Of the nodes whose inputs are all placed, the one that starts first: a group node starts when it is
+        # ready and its group is free, the earliest-ready first. A node not yet eligible waits for one that
+        # starts no earlier, so it is ready no earlier: placing in start order is first come, first served.
+        best: tuple[float, float, int] | None = None
+        for i in range(count):
+            if not math.isnan(start[i]):
+                continue
+            ready = ready_time(schedule, i, end, ahead)
+            if math.isnan(ready):
+                continue
+            group = schedule.group_of[i]
+            key = (ready if group == DRIVER else max(ready, free[group]), ready, i)
+            best = key if best is None or key < best else best
+        assert best is not None, "a schedule's predecessors come before their nodes"
+        at, _, i = best
+        group = schedule.group_of[i]
+        start[i] = at
+        end[i] = at + (schedule.driver_seconds[i] if group == DRIVER else seconds[i])
+        if group != DRIVER:
+            free[group] = end[i]
+    return list(zip(start, end, strict=True))
+
+
+def lower_bound(schedule: Schedule, seconds: Sequence[float]) -> float:
+    """A step no schedule of these node times beats, whatever order the groups take their nodes in and however
+    shared cores slow them: the longest chain of the graph (every node as early as its inputs allow), and per
+    group its earliest possible start plus all of its nodes' seconds. It never falls when a node slows: the
+    search prunes with it."""
+    count = len(schedule.nodes)
+    ahead = schedule.overlapped or (False,) * count
+    earliest: list[float] = []
+    end: list[float] = []
+    for i, group in enumerate(schedule.group_of):  # predecessors come first
+        earliest.append(ready_time(schedule, i, end, ahead))
+        end.append(earliest[i] + (schedule.driver_seconds[i] if group == DRIVER else seconds[i]))
+    work: dict[int, tuple[float, float]] = {}
     for i, group in enumerate(schedule.group_of):
-        start = 0.0
-        for pred, transfer in schedule.preds[i] if not ahead[i] else ():
-            start = max(start, (0.0 if ahead[pred] else spans[pred][1]) + transfer)
-        if group == DRIVER:
-            spans.append((start, start + schedule.driver_seconds[i]))
-        else:
-            start = max(start, free[group])
-            free[group] = start + seconds[i]
-            spans.append((start, free[group]))
-    return spans
+        if group != DRIVER:
+            first, busy = work.get(group, (earliest[i], 0.0))
+            work[group] = (min(first, earliest[i]), busy + seconds[i])
+    return max([0.0, *end, *(first + busy for first, busy in work.values())])
 
 
 def makespan(schedule: Schedule, seconds: Sequence[float]) -> float:
-    """The latest end: the step without its overhead, except for ``async``'s latency term (a lower bound)."""
+    """The latest end: the step without its overhead, except for ``async``'s latency term."""
     return max((end for _, end in timeline(schedule, seconds)), default=0.0)
 
 
@@ -171,29 +216,22 @@ def shared_timeline(schedule: Schedule, seconds: Sequence[float], sharing: Shari
     count = len(schedule.nodes)
     ahead = schedule.overlapped or (False,) * count
     work = [schedule.driver_seconds[i] if g == DRIVER else float(seconds[i]) for i, g in enumerate(schedule.group_of)]
-    before: list[int | None] = []  # the node a group node waits for on its group (the previous one in order)
-    last: dict[int, int] = {}
-    for i, group in enumerate(schedule.group_of):
-        before.append(last.get(group) if group != DRIVER else None)
-        if group != DRIVER:
-            last[group] = i
     start, end = [math.nan] * count, [math.nan] * count  # nan: not yet
     left = list(work)
     now = 0.0
 
-    def ready(i: int) -> float | None:
-        """When node i may start, or None while something it waits for has not ended."""
-        # An overlapped predecessor made this step's input during the step before: only its transfer is waited for.
-        times = [(0.0 if ahead[pred] else end[pred]) + transfer for pred, transfer in schedule.preds[i] if not ahead[i]]
-        previous = before[i]
-        if previous is not None:  # the group runs its nodes one at a time, overlapped ones included
-            times.append(end[previous])
-        return None if any(math.isnan(t) for t in times) else max([0.0, *times])
+    def waiting() -> list[tuple[float, int]]:
+        """(ready time, node) of the nodes not started whose inputs are there by now."""
+        return [(at, i) for i in range(count)
+                if math.isnan(start[i]) and not math.isnan(at := ready_time(schedule, i, end, ahead)) and at <= now]
 
     while any(math.isnan(e) for e in end):
-        for i in range(count):
-            if math.isnan(start[i]) and (at := ready(i)) is not None and at <= now:
+        busy = {schedule.group_of[i] for i in range(count) if not math.isnan(start[i]) and math.isnan(end[i])}
+        for _, i in sorted(waiting()):  # first come, first served on each free group; the driver never waits
+            group = schedule.group_of[i]
+            if group == DRIVER or group not in busy:
                 start[i] = now
+                busy.add(group)
         running = [i for i in range(count) if not math.isnan(start[i]) and math.isnan(end[i])]
         rates = sharing.rates([schedule.group_of[i] for i in running if schedule.group_of[i] != DRIVER])
         speed = {i: rates.get(schedule.group_of[i], 1.0) for i in running}
@@ -202,7 +240,8 @@ def shared_timeline(schedule: Schedule, seconds: Sequence[float], sharing: Shari
             end[i] = now
         if finished:
             continue
-        pending = [at for i in range(count) if math.isnan(start[i]) and (at := ready(i)) is not None]
+        pending = [at for i in range(count)
+                   if math.isnan(start[i]) and not math.isnan(at := ready_time(schedule, i, end, ahead))]
         step = min([left[i] / speed[i] for i in running] + [at - now for at in pending if at > now])
         for i in running:
             left[i] -= speed[i] * step

@@ -1,8 +1,9 @@
 """The auto planner: colocation partitions × GPU allocations × per-group layouts, by branch and bound.
 
 For each partition of the roles into groups, groups take allocations one by one; a partial plan is cut
-when the makespan with every unplaced group at its fastest possible times already exceeds the best
-plan found (valid because the makespan is monotone in node times). Small clusters are searched GPU by
+when the step's lower bound with every unplaced group at its fastest possible times already exceeds the best
+plan found (``schedule.lower_bound``: valid for any order the groups take their nodes in, and monotone in node
+times). Small clusters are searched GPU by
 GPU, which is exact; large ones in whole machines (see ``PlannerOptions.exact_gpu_limit``).
 """
 
@@ -23,7 +24,7 @@ from hybridflow.planner.modes import DEFAULT_STALENESS, OVERLAPPED, explain_choi
 from hybridflow.planner.plan import Plan, SearchStats, detachable_policies, rollout_role
 from hybridflow.planner.problem import Problem
 from hybridflow.planner.request import PlanRequest
-from hybridflow.planner.schedule import Schedule, Sharing, compile_schedule, makespan, shared_step
+from hybridflow.planner.schedule import Schedule, Sharing, compile_schedule, lower_bound, shared_step
 from hybridflow.planner.streamed_search import stream_choice, streamed_plan
 from hybridflow.planner.support import ANY_LAYOUT
 from hybridflow.planner.units import GpuUnits, MachineUnits, State, Token, Units
@@ -134,7 +135,7 @@ class Searcher:
                 continue
             schedule = compile_schedule(self.problem, {r: i for i, block in enumerate(blocks) for r in block})
             seconds = self._seconds(schedule, bounds)
-            partitions.append((makespan(schedule, seconds), blocks, schedule, seconds))
+            partitions.append((lower_bound(schedule, seconds), blocks, schedule, seconds))
         partitions.sort(key=lambda p: p[0])
         for lower, blocks, schedule, seconds in partitions:
             if self._beaten(lower):
@@ -174,7 +175,7 @@ class Searcher:
             times = dict(group.node_seconds)
             for i in mine:
                 seconds[i] = times[schedule.nodes[i]]
-            if self._beaten(makespan(schedule, seconds)):
+            if self._beaten(lower_bound(schedule, seconds)):
                 continue
             chosen[index] = (Placement(roles, (), shape, group), token)
             self._branch(blocks, order, depth + 1, rest, schedule, seconds, chosen)
@@ -187,8 +188,8 @@ class Searcher:
         return [i for i, name in enumerate(schedule.nodes) if name in nodes]
 
     def _finish(self, schedule: Schedule, chosen: list[tuple[Placement, Token] | None]) -> None:
-        # The step may exceed the makespan the bounds use (async's batch-latency term and shared cores only add),
-        # so they stay valid.
+        # The step is at least the bound the search prunes with (async's batch-latency term and shared cores only
+        # add), so the bounds stay valid.
         picks = [c for c in chosen if c is not None]
         gpu_lists = self.units.realise([token for _, token in picks])
         placements = [Placement(p.roles, gpus, p.shape, p.layout) for (p, _), gpus in zip(picks, gpu_lists,

@@ -86,21 +86,26 @@ def test_the_judges_driver_nodes_are_priced_from_their_tokens() -> None:
 
 
 def test_the_search_streams_where_streaming_is_cheaper_and_says_so() -> None:
+    """A small judge beside 4 A100s and 2 T4s: unstreamed, the search keeps everything on the A100s (the judge
+    would only wait for the whole batch on the T4s); streamed, the judge moves to the T4s, where it scores each
+    chunk while the next one decodes. Eight chunks pay eight decode tails: the unstreamed plan stays."""
     models = {"actor": ModelSpec.preset("qwen2.5-1.5b"), "reference": ModelSpec.preset("qwen2.5-1.5b"),
-              "judge": ModelSpec.preset("qwen2.5-7b")}
-    workload = Workload(batch_size=256, prompt_len=256, response_len=512, template_tokens=1000)
-    request = PlanRequest(load_graph("grpo_judge"), models, workload, Cluster.parse("8xA100-80G"))
+              "judge": ModelSpec.preset("qwen2.5-0.5b")}
+    workload = Workload(batch_size=1024, prompt_len=256, response_len=512, template_tokens=300)
+    request = PlanRequest(load_graph("grpo_judge"), models, workload, Cluster.parse("4xA100-80G+2xT4"))
     unstreamed = plan_placement(request)
     assert "stream_choice" not in dict(unstreamed.extra)  # nothing asked to stream: nothing costed streamed
-    two, four = plan_placement(replace(request, stream_chunks=2)), plan_placement(replace(request, stream_chunks=4))
-    assert two.mode.stream_chunks == 2 and two.step_time_s < unstreamed.step_time_s
+    assert [group.roles for group in unstreamed.groups] == [("actor", "reference", "judge")]
+    two, eight = plan_placement(replace(request, stream_chunks=2)), plan_placement(replace(request, stream_chunks=8))
+    assert two.mode.stream_chunks == 2 and two.step_time_s < 0.98 * unstreamed.step_time_s
+    assert {group.roles: group.device for group in two.groups} == {("actor", "reference"): "A100-80G",
+                                                                    ("judge",): "T4"}
     assert dict(two.extra)["stream_choice"].startswith("streamed in 2 chunks")
-    # four chunks pay four decode tails: slower than not streaming, so the search keeps the unstreamed plan
-    assert four.mode.stream_chunks == 1 and four.step_time_s == pytest.approx(unstreamed.step_time_s)
-    assert dict(four.extra)["stream_choice"].startswith("unstreamed")
-    streamed_four = evaluate_mapping(replace(request, stream_chunks=4), {"actor": range(8), "reference": range(8),
-                                                                         "judge": range(8)})
-    assert streamed_four.step_time_s > four.step_time_s
+    assert eight.mode.stream_chunks == 1 and eight.step_time_s == pytest.approx(unstreamed.step_time_s)
+    assert dict(eight.extra)["stream_choice"].startswith("unstreamed")
+    streamed_eight = evaluate_mapping(replace(request, stream_chunks=8), {"actor": range(4), "reference": range(4),
+                                                                          "judge": [4, 5]})
+    assert streamed_eight.step_time_s > eight.step_time_s
 
 
 def test_the_search_refuses_to_stream_a_graph_with_nothing_to_stream() -> None:

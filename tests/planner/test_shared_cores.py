@@ -25,7 +25,8 @@ from hybridflow.planner.calibration import Constants
 from hybridflow.planner.manual import evaluate_mapping
 from hybridflow.planner.problem import build_problem
 from hybridflow.planner.request import PlanRequest
-from hybridflow.planner.schedule import DRIVER, Schedule, Sharing, shared_step, shared_timeline, timeline
+from hybridflow.planner.schedule import (DRIVER, Schedule, Sharing, lower_bound, makespan, shared_step,
+                                         shared_timeline, timeline)
 from hybridflow.testing import brute_force_step_time, check_plan
 
 TINY = "tiny-qwen2"
@@ -80,10 +81,11 @@ def test_async_latency_stretches_with_its_overlapped_generation() -> None:
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.integers(-1, 2), st.floats(0.0, 5.0), st.booleans()), min_size=1, max_size=8),
-       st.integers(1, 4), st.lists(st.integers(0, 3), min_size=3, max_size=3))
-def test_shared_times_are_never_below_the_unshared_ones(nodes: list[tuple[int, float, bool]], cores: int,
-                                                        sizes: list[int]) -> None:
-    """The search prunes with the unshared makespan: it must stay a lower bound of every node's shared times."""
+       st.integers(1, 4), st.lists(st.integers(0, 3), min_size=3, max_size=3), st.floats(0.0, 3.0))
+def test_the_bound_the_search_prunes_with_holds_shared_or_not_and_never_falls(
+        nodes: list[tuple[int, float, bool]], cores: int, sizes: list[int], slower: float) -> None:
+    """The search prunes with ``lower_bound``: no node of the schedule ends after the step it bounds, with or
+    without shared cores, and it never falls when a node slows (a first-come queue's makespan may)."""
     groups = [g for g, _, _ in nodes]
     if max(groups) < 0:
         groups[0] = 0
@@ -91,8 +93,25 @@ def test_shared_times_are_never_below_the_unshared_ones(nodes: list[tuple[int, f
     plan = schedule(groups, preds)
     sharing = Sharing(cores=(cores,), devices=tuple((size,) for size in sizes))
     seconds = [s for _, s, _ in nodes]
-    for (s0, e0), (s1, e1) in zip(timeline(plan, seconds), shared_timeline(plan, seconds, sharing), strict=True):
-        assert s1 >= s0 - 1e-9 and e1 >= e0 - 1e-9
+    bound = lower_bound(plan, seconds)
+    assert bound <= makespan(plan, seconds) + 1e-9
+    assert bound <= max(end for _, end in shared_timeline(plan, seconds, sharing)) + 1e-9
+    for i in range(len(seconds)):
+        assert lower_bound(plan, [s + slower * (j == i) for j, s in enumerate(seconds)]) >= bound - 1e-9
+
+
+def test_a_group_takes_its_nodes_as_they_become_ready() -> None:
+    """gen (group 0) feeds a driver node (1 s) and a log-prob pass (group 1, 2 s); a judge pass on group 1 waits for
+    the driver node. The log-prob pass is ready first, so it runs first, though the judge comes first in the graph's
+    order: the runtime submits each node the moment its inputs exist."""
+    plan = Schedule(nodes=("gen", "render", "judge", "logprob"), group_of=(0, DRIVER, 1, 1),
+                    preds=((), ((0, 0.0),), ((1, 0.0),), ((0, 0.0),)), driver_seconds=(0.0, 1.0, 0.0, 0.0),
+                    cross_group_bytes=0, num_groups=2)
+    seconds = [1.0, 0.0, 3.0, 2.0]
+    assert timeline(plan, seconds) == [(0.0, 1.0), (1.0, 2.0), (3.0, 6.0), (1.0, 3.0)]
+    sharing = Sharing(cores=(2,), devices=((1,), (1,)))  # a core each: nothing slows
+    assert shared_timeline(plan, seconds, sharing) == [pytest.approx(span) for span in timeline(plan, seconds)]
+    assert makespan(plan, seconds) == lower_bound(plan, seconds) == 6.0  # the chain gen, logprob, judge on group 1
 
 
 @pytest.fixture(scope="module")

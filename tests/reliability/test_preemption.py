@@ -65,7 +65,7 @@ except Terminated as err:
     assert is_ray_handler(signal.getsignal(signal.SIGTERM)), "Ray's handler was not put back"
     sys.exit(143)
 """
-TIMED = ("time/", "memory/", "throughput/")
+TIMED = ("time/", "timeline/", "memory/", "throughput/")
 
 
 @pytest.fixture(scope="module")

@@ -61,7 +61,7 @@ def _steps(controller: Controller, steps: range) -> list[Any]:
 
 
 def _computed(metrics: dict[str, float]) -> dict[str, float]:
-    return {k: v for k, v in metrics.items() if k not in TIMED and not k.startswith(("time/", "memory/"))}
+    return {k: v for k, v in metrics.items() if k not in TIMED and not k.startswith(("time/", "timeline/", "memory/"))}
 
 
 def _interrupted(mode: dict[str, Any], checkpoint: Path, **options: float) -> tuple[list[Any], list[Any]]:

@@ -30,7 +30,7 @@ LORA = "roles.actor.lora={rank: 4, alpha: 8.0}"
 QUICK = ["model.sft_steps=5", "data.batch_size=4", "data.num_examples=64", "algorithm.options.n=2",
          "algorithm.options.max_new_tokens=6", "algorithm.options.kl_coef=0.05", "logging.progress=false",
          "logging.plot=false"]
-TIMING_KEYS = ("time/", "memory/", "throughput/")
+TIMING_KEYS = ("time/", "timeline/", "memory/", "throughput/")
 
 
 def _specs(*overrides: str) -> dict[str, RoleSpec]:

@@ -15,7 +15,7 @@ from hybridflow.train.loop import train
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "grpo_reverse.yaml"
 QUICK = ["model.sft_steps=5", "data.batch_size=4", "data.num_examples=64", "algorithm.options.n=2",
          "algorithm.options.max_new_tokens=6", "logging.progress=false", "logging.plot=false"]
-TIMING_KEYS = ("time/", "memory/", "throughput/")
+TIMING_KEYS = ("time/", "timeline/", "memory/", "throughput/")
 
 
 def _deterministic(row: dict[str, float]) -> dict[str, float]:
