@@ -25,8 +25,16 @@ from hybridflow.planner.calibration import Constants
 from hybridflow.planner.manual import evaluate_mapping
 from hybridflow.planner.problem import build_problem
 from hybridflow.planner.request import PlanRequest
-from hybridflow.planner.schedule import (DRIVER, Schedule, Sharing, lower_bound, makespan, shared_step,
-                                         shared_timeline, timeline)
+from hybridflow.planner.schedule import (
+    DRIVER,
+    Schedule,
+    Sharing,
+    lower_bound,
+    makespan,
+    shared_step,
+    shared_timeline,
+    timeline,
+)
 from hybridflow.testing import brute_force_step_time, check_plan
 
 TINY = "tiny-qwen2"

@@ -39,6 +39,6 @@ def test_reward_rises(algorithm: str, warm_model_dir: Path, tmp_path: Path) -> N
 def test_a_run_repeats_exactly(warm_model_dir: Path, tmp_path: Path) -> None:
     runs = [train(_config("grpo", warm_model_dir, tmp_path / str(i), "steps=3")).history  # type: ignore[arg-type]
             for i in range(2)]
-    strip = [[{k: v for k, v in row.items() if not k.startswith(("time/", "timeline/", "throughput/", "memory/"))} for row in run]
-             for run in runs]
+    timed = ("time/", "timeline/", "throughput/", "memory/")
+    strip = [[{k: v for k, v in row.items() if not k.startswith(timed)} for row in run] for run in runs]
     assert strip[0] == strip[1]
