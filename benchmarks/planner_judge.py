@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
 import statistics
 import sys
@@ -192,6 +193,14 @@ def spread_verdict(rounds: int, apart: bool) -> str:
     return "apart (the gap exceeds the spread)" if apart else "OVERLAP (the gap is within the spread)"
 
 
+def paired(fast: list[float], slow: list[float]) -> str:
+    """The rounds compared pairwise (a round runs every configuration back to back, so a round's pair shares the
+    machine's state): in how many the slower configuration was slower, and the sign test's two-sided p-value."""
+    wins, rounds = sum(b > a for a, b in zip(fast, slow, strict=True)), len(fast)
+    tail = sum(math.comb(rounds, k) for k in range(max(wins, rounds - wins), rounds + 1)) / 2 ** rounds
+    return f"slower in {wins} of {rounds} rounds (sign test p = {min(1.0, 2 * tail):.2f})"
+
+
 def order_verdict(chunks: int, names: list[str], before: dict[Key, float], cases: dict[Key, MeasuredCase],
                   rounds: dict[Key, list[float]], fitted: Calibration) -> None:
     """Predicted against measured order for one mode, and whether each measured gap clears the rounds' spread."""
@@ -211,7 +220,8 @@ def order_verdict(chunks: int, names: list[str], before: dict[Key, float], cases
         print(f"  {slow!r} measured +{measured[slow] / measured[fast] - 1:.0%} over {fast!r} (predicted "
               f"{prior[slow] / prior[fast] - 1:+.0%}); per-round medians {fast} "
               f"{min(rounds[fast, chunks]):.2f}-{low:.2f} s, {slow} {high:.2f}-{max(rounds[slow, chunks]):.2f} s: "
-              f"{spread_verdict(len(rounds[fast, chunks]), low < high)}")
+              f"{spread_verdict(len(rounds[fast, chunks]), low < high)}; "
+              f"{paired(rounds[fast, chunks], rounds[slow, chunks])}")
 
 
 def report(cases: dict[Key, MeasuredCase], fitted: Calibration, before: dict[Key, float],

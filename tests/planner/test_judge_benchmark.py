@@ -43,3 +43,18 @@ def test_three_one_gpu_groups_tie_the_judge_with_the_actor_and_on_its_own_unstre
 
 def test_gaps_names_the_order_and_each_step_over_the_one_before(bench):
     assert bench.gaps({"b": 1.5, "a": 1.0, "c": 1.8}) == "a (1.00 s) < b (1.50 s, +50%) < c (1.80 s, +20%)"
+
+
+def test_rounds_are_compared_pairwise_with_a_sign_test(bench):
+    assert bench.paired([1.0] * 6, [1.1] * 6) == "slower in 6 of 6 rounds (sign test p = 0.03)"
+    assert bench.paired([1.0, 1.2, 1.0, 1.2], [1.1, 1.1, 1.1, 1.1]) == "slower in 2 of 4 rounds (sign test p = 1.00)"
+    assert bench.paired([1.0] * 3, [0.9] * 3) == "slower in 0 of 3 rounds (sign test p = 0.25)"
+
+
+def test_measured_spans_are_read_from_the_runs_timeline(bench, tmp_path):
+    import json
+
+    rows = [{"step": k, "time/step": 1.0, "timeline/judge_generate/start_s": 0.1 * k,
+             "timeline/judge_generate/end_s": 1.0 + 0.1 * k} for k in range(5)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert bench.measured_timeline([tmp_path]) == {"judge_generate": pytest.approx((0.3, 1.3))}  # steps 2-4
