@@ -2,7 +2,8 @@
 
 Keys follow :mod:`hybridflow.train.metrics` and the losses: step-level ``reward/mean``,
 ``reward/std``, ``kl``, ``response_length/{mean,max}``, ``time/<node>``, ``throughput/<node>_tokens_per_s``,
-``memory/rss_gb``, ``gpu/*``, ``agent/*`` (multi-turn rollouts); per role ``<role>/loss``, ``pg_loss``,
+``memory/rss_gb``, ``gpu/*``, ``agent/*`` (multi-turn rollouts), ``timeline/<node>/{start_s,end_s}`` (one
+step's node spans: :func:`choose_timeline`); per role ``<role>/loss``, ``pg_loss``,
 ``vf_loss``, ``kl``, ``kl_loss``, ``approx_kl``, ``entropy``, ``clipfrac``, ``clipfrac_lower``, ``vf_clipfrac``,
 ``grad_norm``, ``lr``.
 No plotting here, so the choice is testable without matplotlib.
@@ -149,6 +150,50 @@ def _node_time_panel(rows: Rows, keys: Sequence[str]) -> Panel | None:
                      scale="from_zero", series=tuple(lines))
     return Panel(filename="node_time.png", title="Time per node", ylabel="seconds per step", scale="from_zero",
                  series=tuple(lines))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Bar:
+    """One node in a step's timeline: its span (first call's start to last call's end, seconds from the step's
+    start) and the seconds its calls ran (less than the span where it waited between calls)."""
+
+    node: str
+    start: float
+    end: float
+    busy: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class Timeline:
+    """One step's nodes as bars in start order (``timeline/<node>/start_s``, ``end_s``, ``time/<node>``)."""
+
+    filename: str
+    title: str
+    step: float
+    step_seconds: float
+    bars: tuple[Bar, ...]
+
+
+def choose_timeline(rows: Rows) -> Timeline | None:
+    """The timeline of the run's median step (by ``time/step``, among the steps that recorded one; the first step,
+    a warm-up, left out when there are others); None when no step recorded spans."""
+    timed = [row for row in rows if _finite(row.get("time/step"))
+             and any(str(key).startswith("timeline/") for key in row)]
+    if len(timed) > 1:
+        timed = timed[1:]
+    if not timed:
+        return None
+    row = sorted(timed, key=lambda r: _number(r["time/step"]))[(len(timed) - 1) // 2]
+    nodes = {key.split("/")[1] for key in map(str, row) if key.startswith("timeline/") and key.count("/") == 2}
+    spans = {node: (row.get(f"timeline/{node}/start_s"), row.get(f"timeline/{node}/end_s")) for node in nodes}
+    bars = [Bar(node=node, start=_number(start), end=_number(end), busy=_number(row.get(f"time/{node}", math.nan)))
+            for node, (start, end) in spans.items() if _finite(start) and _finite(end)]
+    if not bars:
+        return None
+    step = _number(row.get("step", math.nan))
+    seconds = _number(row["time/step"])
+    return Timeline(filename="timeline.png", title=f"Step {step:g}'s timeline (the median step, {seconds:.3g} s)",
+                    step=step, step_seconds=seconds, bars=tuple(sorted(bars, key=lambda b: (b.start, b.node))))
 
 
 def _finite(value: object) -> bool:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hybridflow.monitor.panels import Panel, Series
+from hybridflow.monitor.panels import Panel, Series, Timeline
 
 # A rolling mean helps only on long, noisy runs; on short ones it hides the few points there are.
 MIN_STEPS_FOR_ROLLING_MEAN = 20
@@ -25,6 +25,42 @@ def draw_panels(panels: Sequence[Panel], out_dir: Path, *, dpi: int = 90) -> lis
         plt.close(figure)
         written.append(path)
     return written
+
+
+def draw_timeline(timeline: Timeline, out_dir: Path, *, dpi: int = 90) -> Path:
+    """``timeline.png`` in ``out_dir``: one bar per node from its first call's start to its last call's end,
+    labelled with the seconds its calls ran (a bar longer than that waited between calls)."""
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    figure = timeline_figure(timeline)
+    path = out_dir / timeline.filename
+    figure.savefig(path, dpi=dpi)
+    plt.close(figure)
+    return path
+
+
+def timeline_figure(timeline: Timeline) -> Any:
+    """The matplotlib figure of a step's timeline (the caller closes it): nodes top to bottom in start order."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bars = timeline.bars
+    figure, axis = plt.subplots(figsize=(8.2, 0.9 + 0.35 * len(bars)))
+    for row, bar in enumerate(bars):
+        axis.barh(row, max(bar.end - bar.start, 0.0), left=bar.start, height=0.6, color="tab:blue", alpha=0.75)
+        busy = "" if bar.busy != bar.busy else f"{bar.busy:.3g} s"  # NaN: the run recorded no seconds
+        axis.annotate(busy, (bar.end, row), xytext=(3, 0), textcoords="offset points", va="center", fontsize="small")
+    axis.set_yticks(range(len(bars)), [bar.node for bar in bars])
+    axis.invert_yaxis()  # the first node on top
+    axis.set_xlim(0.0, 1.12 * max([timeline.step_seconds, *(bar.end for bar in bars)]))
+    axis.set_xlabel("seconds from the step's start (labels: the seconds each node's calls ran)")
+    axis.set_title(timeline.title)
+    axis.grid(axis="x", alpha=0.3)
+    figure.tight_layout()
+    return figure
 
 
 def panel_figure(panel: Panel) -> Any:

@@ -97,12 +97,18 @@ def render_table(summary: RunSummary) -> str:
 
 
 def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:
-    """PNG plots of every panel the run has data for (see :mod:`hybridflow.monitor.panels`); the files written."""
-    from hybridflow.monitor.panels import choose_panels
-    from hybridflow.monitor.plots import draw_panels
+    """PNG plots of every panel the run has data for (see :mod:`hybridflow.monitor.panels`) and of its median
+    step's timeline; the files written."""
+    from hybridflow.monitor.panels import choose_panels, choose_timeline
+    from hybridflow.monitor.plots import draw_panels, draw_timeline
 
     target = Path(out_dir) if out_dir else Path(run_dir) / "plots"
-    return draw_panels(choose_panels(load_run(run_dir)), target)
+    rows = load_run(run_dir)
+    written = draw_panels(choose_panels(rows), target)
+    timeline = choose_timeline(rows)
+    if timeline is not None:
+        written.append(draw_timeline(timeline, target))
+    return written
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -6,8 +6,8 @@ import matplotlib.pyplot as plt
 import pytest
 from run_rows import ppo_rows
 
-from hybridflow.monitor.panels import Panel, choose_panels
-from hybridflow.monitor.plots import panel_figure
+from hybridflow.monitor.panels import Panel, choose_panels, choose_timeline
+from hybridflow.monitor.plots import panel_figure, timeline_figure
 
 
 def panels_by_name(rows: list[dict[str, float]]) -> dict[str, Panel]:
@@ -82,3 +82,27 @@ def test_agent_metrics_get_their_panels() -> None:
     assert panels["agent_tool_rates.png"].scale == "fraction"
     assert set(labels(panels["agent_tool_latency.png"])) == {"p50", "p95"}
     assert set(labels(panels["agent_tool_failures.png"])) == {"tool_errors", "tool_timeouts"}
+
+
+def test_the_timeline_is_the_median_steps_with_each_nodes_busy_seconds() -> None:
+    """Steps 1-3 recorded spans (step 0 is the warm-up, left out): the median step by time/step is step 3. A
+    streamed scorer's span holds the wait between its two calls; its label says the seconds its calls ran."""
+    def step(number: int, seconds: float) -> dict[str, float]:
+        return {"step": number, "time/step": seconds, "time/actor_generate": 0.4, "time/reward_score": 0.1,
+                "timeline/actor_generate/start_s": 0.0, "timeline/actor_generate/end_s": 0.4,
+                "timeline/reward_score/start_s": 0.2, "timeline/reward_score/end_s": 0.5 + number / 100,
+                "timeline/actor_update/start_s": 0.55, "timeline/actor_update/end_s": seconds}
+
+    rows = [step(0, 9.0), step(1, 1.0), step(2, 0.8), step(3, 0.9)]
+    timeline = choose_timeline(rows)
+    assert timeline is not None and timeline.step == 3 and timeline.step_seconds == 0.9
+    assert [bar.node for bar in timeline.bars] == ["actor_generate", "reward_score", "actor_update"]
+    score = timeline.bars[1]
+    assert (score.start, score.end, score.busy) == (0.2, 0.53, 0.1)
+    assert timeline.bars[2].busy != timeline.bars[2].busy  # no time/actor_update in these rows: NaN, no label
+    figure = timeline_figure(timeline)
+    axis = figure.axes[0]
+    assert [tick.get_text() for tick in axis.get_yticklabels()] == ["actor_generate", "reward_score", "actor_update"]
+    assert [text.get_text() for text in axis.texts] == ["0.4 s", "0.1 s", ""]
+    plt.close(figure)
+    assert choose_timeline(ppo_rows()) is None  # a run from before spans were recorded

@@ -47,6 +47,13 @@ def test_plots_are_png_files(tmp_path: Path):
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_run_with_spans_gets_its_median_steps_timeline(tmp_path: Path):
+    rows = [{**row, "timeline/actor_generate/start_s": 0.0, "timeline/actor_generate/end_s": row["time/actor_generate"]}
+            for row in ROWS]
+    written = plot_run(write_run(tmp_path / "run", rows))
+    assert written[-1].name == "timeline.png" and written[-1].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_cli_prints_table_and_fails_clearly_without_metrics(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     run_dir = write_run(tmp_path / "run", ROWS)
     assert main(["report", str(run_dir)]) == 0
