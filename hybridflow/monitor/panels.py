@@ -161,6 +161,7 @@ class Bar:
     start: float
     end: float
     busy: float
+    planned: tuple[float, float] | None = None  # the plan's span of the node (``NodeEstimate.start_s``, ``end_s``)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -174,9 +175,10 @@ class Timeline:
     bars: tuple[Bar, ...]
 
 
-def choose_timeline(rows: Rows) -> Timeline | None:
+def choose_timeline(rows: Rows, planned: Mapping[str, tuple[float, float]] | None = None) -> Timeline | None:
     """The timeline of the run's median step (by ``time/step``, among the steps that recorded one; the first step,
-    a warm-up, left out when there are others); None when no step recorded spans."""
+    a warm-up, left out when there are others), each node beside its ``planned`` span where given (the run's
+    ``plan.json``); None when no step recorded spans."""
     timed = [row for row in rows if _finite(row.get("time/step"))
              and any(str(key).startswith("timeline/") for key in row)]
     if len(timed) > 1:
@@ -186,7 +188,8 @@ def choose_timeline(rows: Rows) -> Timeline | None:
     row = sorted(timed, key=lambda r: _number(r["time/step"]))[(len(timed) - 1) // 2]
     nodes = {key.split("/")[1] for key in map(str, row) if key.startswith("timeline/") and key.count("/") == 2}
     spans = {node: (row.get(f"timeline/{node}/start_s"), row.get(f"timeline/{node}/end_s")) for node in nodes}
-    bars = [Bar(node=node, start=_number(start), end=_number(end), busy=_number(row.get(f"time/{node}", math.nan)))
+    bars = [Bar(node=node, start=_number(start), end=_number(end), busy=_number(row.get(f"time/{node}", math.nan)),
+                planned=(planned or {}).get(node))
             for node, (start, end) in spans.items() if _finite(start) and _finite(end)]
     if not bars:
         return None

@@ -41,26 +41,47 @@ def draw_timeline(timeline: Timeline, out_dir: Path, *, dpi: int = 90) -> Path:
 
 
 def timeline_figure(timeline: Timeline) -> Any:
-    """The matplotlib figure of a step's timeline (the caller closes it): nodes top to bottom in start order."""
+    """The matplotlib figure of a step's timeline (the caller closes it): nodes top to bottom in start order, each
+    measured span above the plan's (hatched) where the run has a plan."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     bars = timeline.bars
-    figure, axis = plt.subplots(figsize=(8.2, 0.9 + 0.35 * len(bars)))
+    planned = any(bar.planned is not None for bar in bars)
+    figure, axis = plt.subplots(figsize=(8.2, 0.9 + (0.5 if planned else 0.35) * len(bars)))
+    shift = 0.17 if planned else 0.0  # measured above, planned below, in each node's row
+    labels = {"measured", "planned"}  # each labelled once, for the legend
     for row, bar in enumerate(bars):
-        axis.barh(row, max(bar.end - bar.start, 0.0), left=bar.start, height=0.6, color="tab:blue", alpha=0.75)
+        axis.barh(row - shift, max(bar.end - bar.start, 0.0), left=bar.start, height=0.6 - 2 * shift,
+                  color="tab:blue", alpha=0.75, label=_once(labels, "measured"))
         busy = "" if bar.busy != bar.busy else f"{bar.busy:.3g} s"  # NaN: the run recorded no seconds
-        axis.annotate(busy, (bar.end, row), xytext=(3, 0), textcoords="offset points", va="center", fontsize="small")
+        axis.annotate(busy, (bar.end, row - shift), xytext=(3, 0), textcoords="offset points", va="center",
+                      fontsize="small")
+        if bar.planned is not None:
+            start, end = bar.planned
+            axis.barh(row + shift, max(end - start, 0.0), left=start, height=2 * shift, facecolor="none",
+                      edgecolor="tab:orange", hatch="//", label=_once(labels, "planned"))
     axis.set_yticks(range(len(bars)), [bar.node for bar in bars])
     axis.invert_yaxis()  # the first node on top
-    axis.set_xlim(0.0, 1.12 * max([timeline.step_seconds, *(bar.end for bar in bars)]))
+    ends = [bar.end for bar in bars] + [bar.planned[1] for bar in bars if bar.planned is not None]
+    axis.set_xlim(0.0, 1.12 * max([timeline.step_seconds, *ends]))
+    if planned:
+        axis.legend(fontsize="small", loc="upper right")  # the step starts at the top left
     axis.set_xlabel("seconds from the step's start (labels: the seconds each node's calls ran)")
     axis.set_title(timeline.title)
     axis.grid(axis="x", alpha=0.3)
     figure.tight_layout()
     return figure
+
+
+def _once(left: set[str], label: str) -> str | None:
+    """``label`` the first time it is asked for (taken out of ``left``), None after: one legend entry each."""
+    if label in left:
+        left.discard(label)
+        return label
+    return None
 
 
 def panel_figure(panel: Panel) -> Any:

@@ -105,10 +105,20 @@ def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
     target = Path(out_dir) if out_dir else Path(run_dir) / "plots"
     rows = load_run(run_dir)
     written = draw_panels(choose_panels(rows), target)
-    timeline = choose_timeline(rows)
+    timeline = choose_timeline(rows, planned_spans(Path(run_dir)))
     if timeline is not None:
         written.append(draw_timeline(timeline, target))
     return written
+
+
+def planned_spans(run_dir: Path) -> dict[str, tuple[float, float]]:
+    """Each node's span in the run's plan (``plan.json``'s node estimates: ``start_s``, ``end_s``); {} without one."""
+    from hybridflow.planner.plan import Plan
+
+    path = run_dir / "plan.json"
+    if not path.is_file():
+        return {}
+    return {node.node: (node.start_s, node.end_s) for node in Plan.from_json(path.read_text()).nodes}
 
 
 @dataclass(frozen=True, kw_only=True)

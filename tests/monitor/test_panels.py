@@ -106,3 +106,20 @@ def test_the_timeline_is_the_median_steps_with_each_nodes_busy_seconds() -> None
     assert [text.get_text() for text in axis.texts] == ["0.4 s", "0.1 s", ""]
     plt.close(figure)
     assert choose_timeline(ppo_rows()) is None  # a run from before spans were recorded
+    assert figure.axes[0].get_legend() is None  # no plan: nothing to tell apart
+
+
+def test_the_timeline_puts_the_plans_span_under_each_measured_one() -> None:
+    rows = [{"step": 0, "time/step": 1.0, "time/actor_generate": 0.5, "timeline/actor_generate/start_s": 0.0,
+             "timeline/actor_generate/end_s": 0.5, "timeline/actor_update/start_s": 0.6,
+             "timeline/actor_update/end_s": 1.0}]
+    timeline = choose_timeline(rows, {"actor_generate": (0.0, 0.4), "reference_ref_logprob": (0.4, 0.5)})
+    assert timeline is not None
+    assert [(bar.node, bar.planned) for bar in timeline.bars] == [("actor_generate", (0.0, 0.4)),
+                                                                   ("actor_update", None)]
+    figure = timeline_figure(timeline)
+    axis = figure.axes[0]
+    assert [text.get_text() for text in axis.get_legend().get_texts()] == ["measured", "planned"]
+    planned = [patch for patch in axis.patches if patch.get_hatch() == "//"]
+    assert [(patch.get_x(), patch.get_width()) for patch in planned] == [(0.0, pytest.approx(0.4))]
+    plt.close(figure)

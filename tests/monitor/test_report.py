@@ -8,7 +8,12 @@ from pathlib import Path
 import pytest
 
 from hybridflow.cli import main
+from hybridflow.graph import Workload, load_graph
 from hybridflow.monitor import plot_run, summarize
+from hybridflow.monitor.report import planned_spans
+from hybridflow.planner import Cluster, ModelSpec
+from hybridflow.planner.manual import evaluate_mapping
+from hybridflow.planner.request import PlanRequest
 
 
 def write_run(run_dir: Path, rows: list[dict[str, float]]) -> Path:
@@ -52,6 +57,19 @@ def test_a_run_with_spans_gets_its_median_steps_timeline(tmp_path: Path):
             for row in ROWS]
     written = plot_run(write_run(tmp_path / "run", rows))
     assert written[-1].name == "timeline.png" and written[-1].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert planned_spans(tmp_path / "run") == {}  # no plan.json: the measured spans alone
+
+
+def test_the_plans_spans_come_from_plan_json(tmp_path: Path):
+    graph = load_graph("grpo", reward_kind="reward_function")
+    models = {role: ModelSpec.preset("tiny-qwen2") for role in ("actor", "reference")}
+    plan = evaluate_mapping(PlanRequest(graph, models, Workload(batch_size=8, prompt_len=8, response_len=8),
+                                        Cluster.parse("2xCPU")), {"actor": [0], "reference": [1]})
+    run_dir = write_run(tmp_path / "run", ROWS)
+    (run_dir / "plan.json").write_text(plan.to_json())
+    spans = planned_spans(run_dir)
+    assert spans == {node.node: (node.start_s, node.end_s) for node in plan.nodes}
+    assert spans["reference_ref_logprob"][0] >= spans["actor_generate"][1]  # it waits for the responses
 
 
 def test_cli_prints_table_and_fails_clearly_without_metrics(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
