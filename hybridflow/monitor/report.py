@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,13 +113,20 @@ def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
 
 
 def planned_spans(run_dir: Path) -> dict[str, tuple[float, float]]:
-    """Each node's span in the run's plan (``plan.json``'s node estimates: ``start_s``, ``end_s``); {} without one."""
+    """Each node's span in the run's plan (``plan.json``'s node estimates: ``start_s``, ``end_s``); {} without one,
+    or with a warning naming the file when it cannot be read (the timeline then shows what ran alone)."""
     from hybridflow.planner.plan import Plan
 
     path = run_dir / "plan.json"
     if not path.is_file():
         return {}
-    return {node.node: (node.start_s, node.end_s) for node in Plan.from_json(path.read_text()).nodes}
+    try:
+        nodes = Plan.from_json(path.read_text()).nodes
+    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as error:
+        print(f"hybridflow: warning: {path} is not a readable plan ({type(error).__name__}: {error}); the timeline "
+              "shows the measured spans alone", file=sys.stderr)
+        return {}
+    return {node.node: (node.start_s, node.end_s) for node in nodes}
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -72,6 +72,17 @@ def test_the_plans_spans_come_from_plan_json(tmp_path: Path):
     assert spans["reference_ref_logprob"][0] >= spans["actor_generate"][1]  # it waits for the responses
 
 
+@pytest.mark.parametrize("text", ["{not json", '{"algorithm": "grpo"}', "[1, 2]"])
+def test_an_unreadable_plan_is_named_and_the_timeline_drawn_without_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str):
+    rows = [{**row, "timeline/actor_generate/start_s": 0.0, "timeline/actor_generate/end_s": 0.5} for row in ROWS]
+    run_dir = write_run(tmp_path / "run", rows)
+    (run_dir / "plan.json").write_text(text)
+    assert planned_spans(run_dir) == {}
+    assert f"{run_dir / 'plan.json'} is not a readable plan" in capsys.readouterr().err
+    assert plot_run(run_dir)[-1].name == "timeline.png"
+
+
 def test_cli_prints_table_and_fails_clearly_without_metrics(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     run_dir = write_run(tmp_path / "run", ROWS)
     assert main(["report", str(run_dir)]) == 0
