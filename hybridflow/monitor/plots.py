@@ -14,27 +14,20 @@ MIN_STEPS_FOR_ROLLING_MEAN = 20
 
 def draw_panels(panels: Sequence[Panel], out_dir: Path, *, dpi: int = 90) -> list[Path]:
     """One PNG per panel in ``out_dir``; returns the files written."""
-    import matplotlib.pyplot as plt
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
-    for panel in panels:
-        figure = panel_figure(panel)
-        path = out_dir / panel.filename
-        figure.savefig(path, dpi=dpi)
-        plt.close(figure)
-        written.append(path)
-    return written
+    return [_saved(panel_figure(panel), out_dir / panel.filename, dpi) for panel in panels]
 
 
 def draw_timeline(timeline: Timeline, out_dir: Path, *, dpi: int = 90) -> Path:
     """``timeline.png`` in ``out_dir``: one bar per node from its first call's start to its last call's end,
     labelled with the seconds its calls ran (a bar longer than that waited between calls)."""
+    return _saved(timeline_figure(timeline), out_dir / timeline.filename, dpi)
+
+
+def _saved(figure: Any, path: Path, dpi: int) -> Path:
+    """``figure`` written to ``path`` (its folder made) and closed."""
     import matplotlib.pyplot as plt
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    figure = timeline_figure(timeline)
-    path = out_dir / timeline.filename
+    path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=dpi)
     plt.close(figure)
     return path

@@ -155,11 +155,6 @@ def lower_bound(schedule: Schedule, seconds: Sequence[float]) -> float:
     return max([0.0, *end, *(first + busy for first, busy in work.values())])
 
 
-def makespan(schedule: Schedule, seconds: Sequence[float]) -> float:
-    """The latest end: the step without its overhead, except for ``async``'s latency term."""
-    return max((end for _, end in timeline(schedule, seconds)), default=0.0)
-
-
 def step_span(schedule: Schedule, spans: Sequence[tuple[float, float]], latency_s: float = 0.0) -> float:
     """The step without its overhead, from ``timeline``'s spans; ``latency_s`` is an ``async`` batch's
     latency on the rollout pool (``GroupLayout.batch_latency_s``), ignored in the other modes."""
