@@ -87,11 +87,13 @@ from hybridflow.runtime.servers import (
     ServerProcess,
     ServerRequestError,
 )
+from hybridflow.runtime.servers.shared import FLEET_MODES, RoleFleet, join_role_fleet
 from hybridflow.runtime.weights import WeightSyncStats
 
 logger = logging.getLogger(__name__)
 
 AFFINITY_TOKENS = 32  # the session key hashes this many leading token ids: a trajectory's prompt, usually
+ROUTER_MOVE_S = 30.0  # how long a follower's failed requests wait for the leader to publish a restarted router
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,8 +111,10 @@ class ServerOptions:
     for syncs and exact log-probs, on this machine: they reload the weights from a local path); none is started,
     and the router goes in front of them. ``lora_sync``: how a LoRA policy's updates reach the servers, as
     the ``vllm`` rollout's rule (:meth:`~hybridflow.backends.vllm.engine.VllmOptions.takes_adapter`): the adapter
-    alone (vLLM's runtime LoRA loading, ``/v1/load_lora_adapter``) or merged whole weights. The rest as the
-    ``vllm`` rollout's."""
+    alone (vLLM's runtime LoRA loading, ``/v1/load_lora_adapter``) or merged whole weights. ``fleet``: ``role``, one
+    fleet for all of the role's ranks, started by rank 0, one router (:mod:`~hybridflow.runtime.servers.shared`;
+    ``replicas`` then counts the role's); ``rank``, a fleet per rank; unset, ``role`` where the ranks share a
+    machine. The rest as the ``vllm`` rollout's."""
 
     replicas: int | None = None
     port_base: int = 0
@@ -125,6 +129,7 @@ class ServerOptions:
     server_args: Mapping[str, Any] = field(default_factory=dict)
     attach: tuple[str, ...] = ()
     lora_sync: str | None = None
+    fleet: str | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, Any], role: str) -> ServerOptions:
@@ -135,10 +140,13 @@ class ServerOptions:
         if parsed.rollout_dtype is not None and parsed.rollout_dtype not in VLLM_DTYPES:
             raise ValueError(f"role {role!r}: server option rollout_dtype={parsed.rollout_dtype!r} must be one of "
                              f"{sorted(VLLM_DTYPES)} or unset")
+        if parsed.fleet is not None and parsed.fleet not in FLEET_MODES:
+            raise ValueError(f"role {role!r}: server option fleet={parsed.fleet!r} must be one of {list(FLEET_MODES)} "
+                             "or unset (one fleet for the role where its ranks share a machine)")
         if isinstance(parsed.threads, bool) or not isinstance(parsed.threads, int) or parsed.threads < 1:
             raise ValueError(f"role {role!r}: server option threads={parsed.threads!r} must be an integer >= 1")
         try:
-            parsed.fleet()
+            parsed.fleet_config()
         except ValueError as err:
             raise ValueError(f"role {role!r}: server option {err}") from err
         return parsed
@@ -150,7 +158,7 @@ class ServerOptions:
             return False
         return VllmOptions(lora_sync=self.lora_sync).takes_adapter(role, lora)
 
-    def fleet(self) -> FleetConfig:
+    def fleet_config(self) -> FleetConfig:
         return FleetConfig(replicas=1 if self.replicas is None else self.replicas, port_base=self.port_base,
                            start_timeout_s=self.start_timeout_s, router_policy=self.router_policy,
                            log_dir=self.log_dir, attach=tuple(self.attach))
@@ -192,40 +200,72 @@ class ServerRollout:
     named ``<role>-lora``, over the base they loaded once)."""
 
     def __init__(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext, options: ServerOptions, *,
-                 lora_rank: int | None = None) -> None:
-        if not options.attach:
-            check_vllm_server()
-        self.spec, self.rank, self.options = spec, context.rank, options
-        self.model_dir, self._model_holder = materialize_model(spec.model, seed=spec.seed)
-        config = json.loads((Path(self.model_dir) / "config.json").read_text())
-        self.pad_id = int(config.get("pad_token_id") or 0)
-        self.eos_id = int(config["eos_token_id"])
+                 lora_rank: int | None = None, shared: RoleFleet | None = None) -> None:
+        """``shared``: this rank's part in its role's one fleet (:mod:`~hybridflow.runtime.servers.shared`); a
+        follower starts nothing and sends its rows to the leader's router. None: a fleet of this rank's own."""
+        self.spec, self.rank, self.options, self.shared = spec, context.rank, options, shared
         self.weights_version = 0
         self.last_sync: WeightSyncStats | None = None
         self._sync_bytes = 0  # the last snapshot's files, headers included
         self.adapter = f"{spec.name}-lora" if lora_rank is not None else None
+        self._recovering = threading.Lock()  # one thread restarts a lost router; the others wait, then resend
+        self.fleet: ServerFleet | None = None
+        self.model_dir: str | None = None
+        self._model_holder: Any = None
+        self._snapshot: Path | None = None
+        if shared is not None and not shared.leader:
+            state = shared.state.wait(lambda state: "url" in state, deadline_s=options.start_timeout_s + 60,
+                                      what="the role's router")
+            self.pad_id, self.eos_id = int(state["pad_id"]), int(state["eos_id"])
+            self.limit = ContextLimit(spec.name, state["max_model_len"])
+            self.client = CompletionsClient(state["url"], state["model"], timeout_s=options.request_timeout_s)
+            return
+        try:
+            self._start(layout, context, options, lora_rank)
+        except BaseException as err:
+            if shared is not None:
+                shared.state.publish(error=f"{type(err).__name__}: {err}")
+            self.close()
+            raise
+        if shared is not None:
+            shared.state.publish(url=self.fleet_url, model=self.client.model, max_model_len=self.limit.max_model_len,
+                                 pad_id=self.pad_id, eos_id=self.eos_id, version=0)
+
+    def _start(self, layout: RoleLayout, context: WorkerContext, options: ServerOptions, lora_rank: int | None) -> None:
+        """Start the fleet (rank 0 of a shared one: the role's whole fleet, each replica on the GPUs of its ranks)."""
+        spec, shared = self.spec, self.shared
+        if not options.attach:
+            check_vllm_server()
+        self.model_dir, self._model_holder = materialize_model(spec.model, seed=spec.seed)
+        config = json.loads((Path(self.model_dir) / "config.json").read_text())
+        self.pad_id = int(config.get("pad_token_id") or 0)
+        self.eos_id = int(config["eos_token_id"])
         shm = Path("/dev/shm")
         self._snapshot = Path(tempfile.mkdtemp(prefix="hybridflow-weights-", dir=shm if shm.is_dir() else None))
         command = server_command(model_dir=self.model_dir, name=spec.name, seed=spec.seed + context.rank,
                                  dtype=options.rollout_dtype or layout.dtype, options=options,
                                  max_num_seqs=layout.rollout_batch_size or None, lora_rank=lora_rank,
                                  tensor_parallel=layout.rollout_tp)
-        try:
-            self.fleet = ServerFleet(options.fleet(), command, env=server_env(options),
-                                     replica_env=gpu_env(context.device, layout.rollout_tp))
-        except BaseException:
-            shutil.rmtree(self._snapshot, ignore_errors=True)
-            raise
-        try:
-            model, max_model_len = served_model(self.fleet.endpoints[0].url)
-        except BaseException:
-            self.fleet.close()
-            shutil.rmtree(self._snapshot, ignore_errors=True)
-            raise
+        if shared is not None:
+            config_ = replace(options, log_dir=shared.log_dir).fleet_config()
+            replica_env = shared.replica_env(layout.rollout_tp)
+        else:
+            config_, replica_env = options.fleet_config(), gpu_env(context.device, layout.rollout_tp)
+        self.fleet = ServerFleet(config_, command, env=server_env(options), replica_env=replica_env)
+        model, max_model_len = served_model(self.fleet.endpoints[0].url)
         self.limit = ContextLimit(spec.name, max_model_len)
         self.client = CompletionsClient(self.fleet.url, model if options.attach else spec.name,
                                         timeout_s=options.request_timeout_s)
-        self._recovering = threading.Lock()  # one thread restarts a lost router; the others wait, then resend
+
+    @property
+    def fleet_url(self) -> str:
+        assert self.fleet is not None
+        return self.fleet.url
+
+    @property
+    def leads(self) -> bool:
+        """Whether this rank runs servers (its own fleet, or its role's as rank 0)."""
+        return self.fleet is not None
 
     def generate(self, batch: Batch, sampling: SamplingParams) -> Batch:
         """``prompts``/``prompt_mask`` -> ``responses``/``response_mask`` (and ``rollout_logprobs``), one request
@@ -239,7 +279,7 @@ class ServerRollout:
                                       session=session_key(prompt))
                     for i, prompt in enumerate(prompts)]
         with self._healing():
-            version = self.fleet.serving_version()
+            version = self.serving_version()
             done = self.complete(requests)
         out = pack_responses([c.token_ids for c in done], [c.logprobs for c in done] if sampling.logprobs else None,
                              pad_id=self.pad_id)
@@ -250,20 +290,34 @@ class ServerRollout:
         """Agent turns (:class:`~hybridflow.runtime.protocols.TurnGenerator`) through the router, safe to call from
         many threads at once (each turn is its own HTTP request); results carry the fleet's weights version."""
         with self._healing():
-            yield ServerTurns(self.complete, sampling, eos_id=self.eos_id, version=self.fleet.serving_version(),
+            yield ServerTurns(self.complete, sampling, eos_id=self.eos_id, version=self.serving_version(),
                               limit=self.limit)
+
+    def serving_version(self) -> int:
+        """The weights version every replica the router reaches holds. A follower first waits for the leader to
+        have synced the fleet as often as this rank was given weights (the ranks are given them at the same step)."""
+        if self.fleet is not None:
+            return self.fleet.serving_version()
+        assert self.shared is not None
+        state = self.shared.state.wait(lambda state: int(state["version"]) >= self.weights_version,
+                                       deadline_s=self.options.start_timeout_s + 60,
+                                       what=f"weights version {self.weights_version} on the role's servers")
+        self.client.base_url = state["url"]
+        return int(state["version"])
 
     def complete(self, requests: Sequence[CompletionRequest]) -> list[Completion]:
         """Send ``requests`` through the router; those that failed because the router was lost meanwhile are sent
         again (same seeds) once it is back (:meth:`_router_back`), the others' results kept. Safe from many
         threads at once (an agent loop's turns)."""
-        router = self.fleet.router
+        router = self.fleet.router if self.fleet is not None else None
+        url = self.client.base_url
         done = self.client.complete_each(requests)
         failed = [i for i, result in enumerate(done) if isinstance(result, ServerRequestError)]
         if failed:
             first = done[failed[0]]
             assert isinstance(first, ServerRequestError)
-            if not self._router_back(router):
+            back = self._router_back(router) if self.fleet is not None else self._router_moved(url)
+            if not back:
                 raise first
             for i, result in zip(failed, self.client.complete_all([requests[i] for i in failed]), strict=True):
                 done[i] = result
@@ -273,16 +327,34 @@ class ServerRollout:
         """Whether ``router`` (the one requests were sent through) was lost and a router is up again: started again
         here (once per fleet; a second loss is :class:`~hybridflow.runtime.servers.RouterDownError`) or by another
         thread meanwhile."""
+        assert self.fleet is not None
         with self._recovering:
             if router is None or (self.fleet.router is router and router.alive):
                 return False  # the router is fine: the failure is the request's own
             self._heal()
             return True
 
+    def _router_moved(self, url: str) -> bool:
+        """A follower's requests failed: whether the leader has a router up at another URL than ``url`` by
+        :data:`ROUTER_MOVE_S` (it restarts a lost one on its port when it can, and the client's own retries then
+        reached it)."""
+        assert self.shared is not None
+        try:
+            state = self.shared.state.wait(lambda state: state["url"] != url, deadline_s=ROUTER_MOVE_S,
+                                           what="a restarted router")
+        except TimeoutError:
+            return False
+        self.client.base_url = state["url"]
+        return True
+
     @contextlib.contextmanager
     def _healing(self) -> Iterator[None]:
         """Restart dead replicas before and after the requests; a failed request with every replica dead is one
-        error naming their logs (:class:`~hybridflow.runtime.servers.FleetDownError`)."""
+        error naming their logs (:class:`~hybridflow.runtime.servers.FleetDownError`). A follower heals nothing:
+        the leader does, around its own share of the same call."""
+        if self.fleet is None:
+            yield
+            return
         self._heal()
         try:
             yield
@@ -293,22 +365,30 @@ class ServerRollout:
         self._heal()
 
     def _heal(self) -> None:
+        assert self.fleet is not None
         self.fleet.heal(self._resync)
-        self.client.base_url = self.fleet.url  # a restarted router may have had to take another port
+        if self.client.base_url != self.fleet.url:  # a restarted router may have had to take another port
+            self.client.base_url = self.fleet.url
+            if self.shared is not None:
+                self.shared.state.publish(url=self.fleet.url)
 
     def _resync(self, replica: ServerProcess) -> None:
         """A restarted replica loads the last weights sent (it started from the initial ones) before it is routed to."""
         if self.weights_version:
+            assert self.fleet is not None and self._snapshot is not None
             reload_replica(replica, self._snapshot, adapter=self.adapter)
             self.fleet.loaded(replica, self.weights_version)
 
     def rollout_metrics(self) -> dict[str, float]:
         """Replicas and routers restarted and requests sent again since this fleet started, and the last weight
         sync's seconds, snapshot bytes (its files' size, what each replica reads) and replicas (a generate node's
-        metrics; the controller logs the planner's estimate of the same sync beside them, ``sync_s_planned``...)."""
-        metrics = {"rollout/replica_restarts": float(self.fleet.restarts),
-                   "rollout/router_restarts": float(self.fleet.router_restarts),
-                   "rollout/requests_retried": float(self.client.retried)}
+        metrics; the controller logs the planner's estimate of the same sync beside them, ``sync_s_planned``...).
+        A follower reports its own retries alone (a role's metrics are the mean over the ranks that report each)."""
+        metrics = {"rollout/requests_retried": float(self.client.retried)}
+        if self.fleet is None:
+            return metrics
+        metrics.update({"rollout/replica_restarts": float(self.fleet.restarts),
+                        "rollout/router_restarts": float(self.fleet.router_restarts)})
         if self.last_sync is not None:
             metrics.update({"rollout/sync_s": self.last_sync.seconds, "rollout/sync_bytes": float(self._sync_bytes),
                             "rollout/sync_replicas": float(len(self.fleet.endpoints))})
@@ -319,13 +399,12 @@ class ServerRollout:
         return self.adapter is not None
 
     def load_weights(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Write the weights once, then have every replica reload them, paused around it."""
+        """Write the weights once, then have every replica reload them, paused around it (a follower: the leader
+        does, from its own copy; this rank's is read through, as a collective gather may need every rank)."""
         if self.adapter is not None:
             raise RuntimeError(f"role {self.spec.name!r}: these servers were started for LoRA adapter syncs "
                                "(load_adapter); whole weights would be overridden by the adapter's base")
-        start = time.perf_counter()
-        self._heal()  # a replica lost since the last step must not fail the sync
-        self._sync_all(write_snapshot(named, self._snapshot), start)
+        self._sync(lambda snapshot: write_snapshot(named, snapshot), named)
 
     def load_adapter(self, named: Iterable[tuple[str, torch.Tensor]], config: Mapping[str, Any]) -> None:
         """A new version of the LoRA adapter (peft names and config), written once and loaded by every replica in
@@ -333,14 +412,31 @@ class ServerRollout:
         if self.adapter is None:
             raise RuntimeError(f"role {self.spec.name!r}: these servers were started without LoRA: they take merged "
                                "weights (load_weights), not adapters")
-        start = time.perf_counter()
-        self._heal()
-        self._sync_all(write_adapter(named, config, self._snapshot), start)
+        self._sync(lambda snapshot: write_adapter(named, config, snapshot), named)
         self.client.model = self.adapter
+
+    def _sync(self, write: Callable[[Path], WeightSyncStats], named: Iterable[tuple[str, torch.Tensor]]) -> None:
+        if self.fleet is None:
+            for _ in named:
+                pass
+            self.weights_version += 1  # generate waits for the leader's sync of it (serving_version)
+            return
+        start = time.perf_counter()
+        try:
+            self._heal()  # a replica lost since the last step must not fail the sync
+            assert self._snapshot is not None
+            self._sync_all(write(self._snapshot), start)
+        except BaseException as err:
+            if self.shared is not None:
+                self.shared.state.publish(error=f"weight sync {self.weights_version + 1}: {type(err).__name__}: {err}")
+            raise
+        if self.shared is not None:
+            self.shared.state.publish(version=self.fleet.serving_version())
 
     def _sync_all(self, written: WeightSyncStats, start: float) -> None:
         """Every replica loads what was written; one that fails is restarted and synced again, the others keep
         serving the new version."""
+        assert self.fleet is not None and self._snapshot is not None
         self._sync_bytes = sum(path.stat().st_size for path in self._snapshot.glob("*.safetensors"))
         endpoints = self.fleet.endpoints
         with ThreadPoolExecutor(max_workers=len(endpoints)) as pool:
@@ -358,6 +454,7 @@ class ServerRollout:
                                          tensors=written.tensors, largest_tensor_bytes=written.largest_tensor_bytes)
 
     def _try_reload(self, endpoint: ServerProcess | AttachedServer) -> RuntimeError | None:
+        assert self._snapshot is not None
         try:
             reload_replica(endpoint, self._snapshot, adapter=self.adapter)
         except RuntimeError as failure:
@@ -365,9 +462,13 @@ class ServerRollout:
         return None
 
     def close(self) -> None:
-        self.client.close()
-        self.fleet.close()
-        shutil.rmtree(self._snapshot, ignore_errors=True)
+        client = getattr(self, "client", None)
+        if client is not None:
+            client.close()
+        if self.fleet is not None:
+            self.fleet.close()
+        if self._snapshot is not None:
+            shutil.rmtree(self._snapshot, ignore_errors=True)
         if self._model_holder is not None:
             self._model_holder.cleanup()
 
@@ -375,35 +476,37 @@ class ServerRollout:
 class ServerRolloutFactory:
     """``rollout: server``: standalone (a detached rollout is the fleet alone); a trainable policy's trainer is
     wrapped in a :class:`HybridEngine` whose rollout is the fleet: merged whole weights after each update, or a
-    LoRA policy's adapter alone (:meth:`ServerOptions.takes_adapter`)."""
+    LoRA policy's adapter alone (:meth:`ServerOptions.takes_adapter`). The role's ranks share one fleet where they
+    share a machine (``fleet``), so a replica of ``rollout_tp`` > 1 may span ranks."""
 
     standalone = True
-    # A replica of rollout_tp > 1 runs (``--tensor-parallel-size``, each on its own GPUs) where one rank holds them
-    # all; every executor gives a rank one GPU, so plans keep rollout_tp 1 until ranks pool GPUs for a replica.
-    max_rollout_tp = 1
-    support = LayoutSupport(backend="vllm-server", max_rollout_tp=1, rollout_batch_size=True, served=True,
+    max_rollout_tp = None  # a replica takes the GPUs of rollout_tp ranks (one fleet per role, started by rank 0)
+    support = LayoutSupport(backend="vllm-server", max_rollout_tp=None, rollout_batch_size=True, served=True,
                             notes={**VllmBackend.support.notes,
-                                   "rollout_tp": "a server replica is started by one rank of one GPU; replicas "
-                                                 "spanning ranks (tensor-parallel replicas in a plan): not yet"})
+                                   "rollout_tp": "a server replica spans rollout_tp ranks' GPUs on one machine (the "
+                                                 "role's one fleet); ranks on several machines run a fleet each, of "
+                                                 "replicas within a rank's GPUs"})
 
     def build(self, spec: RoleSpec, layout: RoleLayout, context: WorkerContext, *,
               trainer: Engine | None) -> Engine:
         options = ServerOptions.parse(spec.rollout_options, spec.name)
+        shared = join_role_fleet(context, mode=options.fleet, log_dir=options.log_dir, role=spec.name)
         if not options.attach:  # the plan sizes the fleet; attached servers are the user's own
             logical = context.device.split(":")[0] == "cpu"
             replicas = check_replicas(options.replicas, layout, world_size=context.world_size, logical=logical,
-                                      role=spec.name)
+                                      role=spec.name, pooled=shared is not None)
             options = replace(options, replicas=replicas)
         if trainer is None:
             adapter = spec.serves_adapter
             lora_rank = adapter.rank if adapter is not None and options.takes_adapter(spec.name, adapter) else None
-            return ServerRollout(spec, layout, context, options, lora_rank=lora_rank)
+            return ServerRollout(spec, layout, context, options, lora_rank=lora_rank, shared=shared)
         if spec.kind is not RoleKind.POLICY:
             raise ValueError(f"role {spec.name!r} is a {spec.kind.value}: rollout: server applies to policies")
         trains_adapters = spec.lora is not None and getattr(trainer, "has_adapters", False)
         adapter_sync = options.takes_adapter(spec.name, spec.lora if trains_adapters else None)
         rollout = ServerRollout(spec, layout, context, options,
-                                lora_rank=spec.lora.rank if adapter_sync and spec.lora is not None else None)
+                                lora_rank=spec.lora.rank if adapter_sync and spec.lora is not None else None,
+                                shared=shared)
         return HybridEngine(trainer, rollout, weight_dtype=options.rollout_dtype or layout.dtype,
                             adapter_sync=adapter_sync)
 

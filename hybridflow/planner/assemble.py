@@ -10,7 +10,14 @@ from hybridflow.planner.costs import Shape, batching, state_bytes, static_bytes,
 from hybridflow.planner.devices import DTYPE_BYTES, GIB
 from hybridflow.planner.errors import gib
 from hybridflow.planner.execution import ExecutionMode
-from hybridflow.planner.fleet import FLEET_KEY, fleet_replicas, fleet_sync, requests_of, router_seconds
+from hybridflow.planner.fleet import (
+    FLEET_KEY,
+    fleet_replicas,
+    fleet_routers,
+    fleet_sync,
+    requests_of,
+    router_seconds,
+)
 from hybridflow.planner.layouts import GroupLayout, engine_layout
 from hybridflow.planner.plan import GroupPlan, NodeEstimate, Plan, RoleLayout, SearchStats
 from hybridflow.planner.problem import Problem, RoleWork
@@ -130,8 +137,9 @@ def fleet_extra(problem: Problem, groups: Sequence[Placement]) -> dict[str, floa
             requests = sum(requests_of(load, work.agent(load.node)) for load in work.generate)
             values = {"replicas": fleet_replicas(layout), "tp": layout.rollout_tp, "group": index,
                       "sync_bytes": sync, "sync_s": sync_s, "requests": requests,
+                      "routers": fleet_routers(layout, group.shape),
                       "router_s": sum(router_seconds(requests_of(load, work.agent(load.node)), group.shape,
-                                                     fleet_replicas(layout)) for load in work.generate)}
+                                                     fleet_routers(layout, group.shape)) for load in work.generate)}
             extra.update({f"{FLEET_KEY}/{work.name}/{name}": value for name, value in values.items()})
     return extra
 

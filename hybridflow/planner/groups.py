@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 
 from hybridflow.planner.agents import rollout_cost
 from hybridflow.planner.costs import Shape, forward_cost, static_bytes, update_cost
-from hybridflow.planner.fleet import fleet_replicas, fleet_sync, requests_of, router_seconds
+from hybridflow.planner.fleet import fleet_routers, fleet_sync, requests_of, router_seconds
 from hybridflow.planner.layouts import (
     Candidate,
     Constraint,
@@ -50,7 +50,7 @@ def node_seconds(role: RoleWork, layout: RoleLayout, shape: Shape, prompt_len: i
         seconds[role.generate[0].node] += fleet_sync(role.model, layout, shape)[0]
         for load in role.generate:
             requests = requests_of(load, role.agent(load.node))
-            seconds[load.node] += router_seconds(requests, shape, fleet_replicas(layout))
+            seconds[load.node] += router_seconds(requests, shape, fleet_routers(layout, shape))
     elif role.generates_only and pipeline in OVERLAPPED:
         seconds[role.generate[0].node] += weight_load(role.model, layout, shape)
     for load in role.forward:

@@ -255,10 +255,15 @@ def _rollout_candidates(role: RoleWork, shape: Shape, dtype: str, prompt_len: in
     """A generate-only role (a detached rollout) holds nothing but its engines' weight shards and KV cache.
 
     Costs are taken with the training tp equal to the engine's (so the weights are counted once, as the
-    engine's); the layout keeps tp=1, dp=GPUs: every rank takes a share of the rows.
+    engine's); the layout keeps tp=1, dp=GPUs: every rank takes a share of the rows. A served rollout's replica
+    spans ranks on one machine only (its role's one fleet, :mod:`~hybridflow.planner.fleet`): across machines its
+    engines are one GPU each.
     """
     candidates = []
-    for rtp in [fixed.rollout_tp] if fixed.rollout_tp else support.rollout_tps(_tps(role, shape)):
+    rtps = support.rollout_tps(_tps(role, shape))
+    if role.served and shape.machines > 1:
+        rtps = [1]
+    for rtp in [fixed.rollout_tp] if fixed.rollout_tp else rtps:
         engine = RoleLayout(role=role.name, dp=shape.size // rtp, tp=rtp, dtype=dtype, rollout_tp=rtp)
         static = static_bytes(role.model, role.kind, engine, shape)
         for transient, seconds, layout in _generate_front(role, engine, shape, prompt_len, rtp, support=support):

@@ -15,6 +15,7 @@ class ThreadGroup:
         self.world_size = world_size
         self.barrier = threading.Barrier(world_size, timeout=timeout_s)
         self.slots: list[list[torch.Tensor]] = [[] for _ in range(world_size)]
+        self.objects: list[Any] = [None] * world_size
 
     def member(self, rank: int) -> ThreadCollective:
         return ThreadCollective(self, rank)
@@ -35,6 +36,14 @@ class ThreadCollective:
         group.barrier.wait()  # nobody overwrites a slot before everyone has read it
         for tensor, mean in zip(tensors, means, strict=True):
             tensor.copy_(mean)
+
+    def all_gather_object(self, value: Any) -> list[Any]:
+        group = self.group
+        group.objects[self.rank] = value
+        group.barrier.wait()
+        gathered = list(group.objects)
+        group.barrier.wait()  # nobody overwrites a slot before everyone has read it
+        return gathered
 
 
 class ProcessGroupCollective:
@@ -62,6 +71,13 @@ class ProcessGroupCollective:
             tensor.copy_(flat[offset:offset + tensor.numel()].view_as(tensor))
             offset += tensor.numel()
 
+
+    def all_gather_object(self, value: Any) -> list[Any]:
+        import torch.distributed as dist
+
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, value, group=self.group)
+        return gathered
 
     def start_sum(self, tensor: torch.Tensor) -> Any:
         """Start summing ``tensor`` (contiguous, fp32, on the collective's device) over the ranks, in place."""

@@ -61,6 +61,11 @@ class Collective(Protocol):
         """Average ``tensors`` in place over the group's ranks (gradients, metrics)."""
         ...
 
+    def all_gather_object(self, value: Any) -> list[Any]:
+        """Every rank's ``value`` (picklable), in rank order, on every rank: what engines tell each other (a rollout
+        fleet's router URL, a weight sync's outcome). Every rank must call it, in the same order."""
+        ...
+
 
 @dataclass(frozen=True, kw_only=True)
 class WorkerContext:

@@ -84,6 +84,9 @@ class SoloCollective:
     def all_reduce_mean(self, tensors: list[Any]) -> None:
         return None
 
+    def all_gather_object(self, value: Any) -> list[Any]:
+        return [value]
+
 
 def torch_device(device: str) -> str:
     """The torch device for a plan's device name, resolved in the worker's own process.

@@ -26,7 +26,9 @@ def test_options_are_checked_by_name() -> None:
         ServerOptions.parse({"replicas": 0}, "actor")
     with pytest.raises(ValueError, match=r"server option rollout_dtype='fp8'"):
         ServerOptions.parse({"rollout_dtype": "fp8"}, "actor")
-    assert ServerOptions.parse({"replicas": 2, "port_base": 18000}, "actor").fleet().replicas == 2
+    assert ServerOptions.parse({"replicas": 2, "port_base": 18000}, "actor").fleet_config().replicas == 2
+    with pytest.raises(ValueError, match=r"role 'actor': server option fleet='node' must be one of \['role', 'rank'\]"):
+        ServerOptions.parse({"fleet": "node"}, "actor")
 
 
 def test_the_replica_command_states_what_token_exactness_needs() -> None:
@@ -106,30 +108,54 @@ def test_a_lost_replica_is_restarted_on_the_last_weights_and_counted(tmp_path: P
         rollout.close()
 
 
-def test_replicas_come_from_the_plan_and_a_disagreement_on_gpus_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The factory sizes each rank's fleet from the plan's rollout layout before anything starts (no vLLM here)."""
+class OneMachine:
+    """The collective of a role whose ``world_size`` ranks share this machine, seen from rank 0 (each rank's GPU the
+    next of ``gpus``)."""
+
+    def __init__(self, world_size: int, gpus: tuple[str, ...] = ()) -> None:
+        self.rank, self.world_size, self.gpus = 0, world_size, gpus
+
+    def all_gather_object(self, value):  # type: ignore[no-untyped-def]
+        from dataclasses import replace
+        return [replace(value, gpu=self.gpus[r] if self.gpus else value.gpu, log_dir=value.log_dir if r == 0 else None)
+                for r in range(self.world_size)]
+
+
+def test_replicas_come_from_the_plan_and_a_disagreement_on_gpus_is_refused(monkeypatch: pytest.MonkeyPatch,
+                                                                             tmp_path: Path) -> None:
+    """The factory sizes the fleet from the plan's rollout layout before anything starts (no vLLM here): a fleet per
+    rank starts the rank's share, the role's one fleet (ranks on one machine, the default) the whole plan's."""
     from harness import layout, role_spec
     from hybridflow.backends.vllm import server
 
     from hybridflow.graph import RoleKind
     from hybridflow.runtime.protocols import WorkerContext
 
-    built: list[int | None] = []
-    monkeypatch.setattr(server, "ServerRollout", lambda spec, lay, ctx, options, **kw: built.append(options.replicas))
-    spec = role_spec("actor:rollout", RoleKind.FROZEN_POLICY, rollout="server")
+    built: list[tuple[int | None, bool]] = []
+    monkeypatch.setattr(server, "ServerRollout", lambda spec, lay, ctx, options, **kw: built.append(
+        (options.replicas, kw["shared"] is not None)))
     plan_layout = layout("actor:rollout", dp=4, sharding=Sharding.NO_SHARD)
 
-    def on(device: str, world_size: int = 4) -> WorkerContext:
-        return WorkerContext(group=1, rank=0, world_size=world_size, device=device, collective=None)  # type: ignore[arg-type]
+    def spec(**options):  # type: ignore[no-untyped-def]
+        return role_spec("actor:rollout", RoleKind.FROZEN_POLICY, rollout="server",
+                         rollout_options={"log_dir": str(tmp_path), **options})
 
-    server.ROLLOUT.build(spec, plan_layout, on("cuda:0"), trainer=None)
-    server.ROLLOUT.build(spec, plan_layout, on("cuda:0", world_size=1), trainer=None)
-    assert built == [1, 4]  # one replica per rank, or the rank's share of the plan's four
-    asked = role_spec("actor:rollout", RoleKind.FROZEN_POLICY, rollout="server", rollout_options={"replicas": 2})
-    with pytest.raises(ValueError, match=r"role 'actor': its rollout option replicas=2 disagrees with the plan"):
-        server.ROLLOUT.build(asked, plan_layout, on("cuda:0"), trainer=None)
-    server.ROLLOUT.build(asked, plan_layout, on("cpu"), trainer=None)  # logical GPUs: processes sharing the cores
-    assert built[-1] == 2
+    def on(device: str, world_size: int = 4) -> WorkerContext:
+        return WorkerContext(group=1, rank=0, world_size=world_size, device=device,
+                             collective=OneMachine(world_size))  # type: ignore[arg-type]
+
+    server.ROLLOUT.build(spec(fleet="rank"), plan_layout, on("cuda:0"), trainer=None)
+    server.ROLLOUT.build(spec(), plan_layout, on("cuda:0", world_size=1), trainer=None)
+    server.ROLLOUT.build(spec(), plan_layout, on("cuda:0"), trainer=None)
+    # one replica per rank, or the plan's four on the one rank, or the role's four started by its rank 0
+    assert built == [(1, False), (4, False), (4, True)]
+    with pytest.raises(ValueError, match=r"role 'actor': its rollout option replicas=2 disagrees with the plan: .* "
+                                         r"4 server replica\(s\) over 4 rank\(s\), 1 per rank"):
+        server.ROLLOUT.build(spec(replicas=2, fleet="rank"), plan_layout, on("cuda:0"), trainer=None)
+    with pytest.raises(ValueError, match=r"replicas=2 disagrees .* 4 for the role's one fleet"):
+        server.ROLLOUT.build(spec(replicas=2), plan_layout, on("cuda:0"), trainer=None)
+    server.ROLLOUT.build(spec(replicas=2), plan_layout, on("cpu"), trainer=None)  # logical GPUs: processes share cores
+    assert built[-1] == (2, True)
 
 
 def test_a_missing_or_old_vllm_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -481,7 +507,8 @@ def test_tensor_parallel_replicas_come_from_the_plans_rollout_tp(tmp_path: Path,
     monkeypatch.setattr(server, "materialize_model", lambda model, seed: (str(tmp_path), None))
     monkeypatch.setattr(server, "ServerFleet", fleet)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
-    spec = role_spec("actor:rollout", RoleKind.FROZEN_POLICY, rollout="server")
+    spec = role_spec("actor:rollout", RoleKind.FROZEN_POLICY, rollout="server",
+                     rollout_options={"log_dir": str(tmp_path)})
     plan_layout = RoleLayout(role="actor:rollout", dp=4, sharding=Sharding.NO_SHARD, dtype="fp32", rollout_tp=2)
 
     def on(device: str, world_size: int = 1) -> WorkerContext:
@@ -499,6 +526,15 @@ def test_tensor_parallel_replicas_come_from_the_plans_rollout_tp(tmp_path: Path,
         gpus(2)  # type: ignore[operator]
     assert "--tensor-parallel-size" not in " ".join(server_command(
         model_dir="/m", name="actor", dtype="fp32", seed=0, options=ServerOptions(), max_num_seqs=None)(0, 1))
+    ranked = role_spec("actor:rollout", RoleKind.FROZEN_POLICY, rollout="server", rollout_options={"fleet": "rank"})
     with pytest.raises(ValueError, match=r"role 'actor': its layout of 'actor:rollout' \(dp=4 x tp=1, rollout_tp=2\) "
                                          r"over 4 rank\(s\) gives each rank 1 GPU\(s\), fewer than one server replica"):
-        server.ROLLOUT.build(spec, plan_layout, on("cuda:0", world_size=4), trainer=None)
+        server.ROLLOUT.build(ranked, plan_layout, on("cuda:0", world_size=4), trainer=None)
+    # The role's one fleet: its rank 0 starts both replicas, each on the GPUs of two of the role's ranks.
+    pooled = WorkerContext(group=1, rank=0, world_size=4, device="cuda:0",
+                           collective=OneMachine(4, gpus=("3", "1", "2", "0")))  # type: ignore[arg-type]
+    with pytest.raises(Stop):
+        server.ROLLOUT.build(spec, plan_layout, pooled, trainer=None)
+    config, _, gpus = started[-1]
+    assert config.replicas == 2 and (tmp_path / "fleet.json").read_text().startswith("{\"error\": \"Stop")
+    assert [gpus(i) for i in range(2)] == [{"CUDA_VISIBLE_DEVICES": "3,1"}, {"CUDA_VISIBLE_DEVICES": "2,0"}]  # type: ignore[operator]
