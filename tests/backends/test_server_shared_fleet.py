@@ -128,3 +128,24 @@ def test_ranks_on_two_machines_run_a_fleet_each_unless_one_fleet_is_asked(tmp_pa
     with pytest.raises(ValueError, match=r"role 'actor': rollout_options.fleet=role .* on 2 machines .* fleet: rank"):
         join_role_fleet(context, mode="role", log_dir=str(tmp_path), role="actor")
     assert join_role_fleet(context, mode="rank", log_dir=str(tmp_path), role="actor") is None
+
+
+def _join_over_gloo(rank: int, world_size: int, log_dir: str) -> tuple[bool, str, str | None]:
+    from hybridflow.runtime.collective import ProcessGroupCollective
+    from hybridflow.runtime.servers.shared import join_role_fleet
+
+    collective = ProcessGroupCollective(rank=rank, world_size=world_size)
+    context = WorkerContext(group=1, rank=rank, world_size=world_size, device="cpu", collective=collective)
+    shared = join_role_fleet(context, mode=None, log_dir=log_dir if rank == 0 else None, role="actor")
+    assert shared is not None
+    return shared.leader, shared.log_dir, shared.state.read() and "stale"
+
+
+def test_ranks_in_processes_agree_on_the_leaders_fleet_through_their_process_group(tmp_path: Path) -> None:
+    """Ray's and torchrun's ranks gather over their gloo group: each learns the leader's log directory (where
+    its state file goes); a state file left by an earlier run there is cleared before anyone can read it."""
+    from harness import run_ranks
+
+    (tmp_path / "fleet.json").write_text('{"url": "http://127.0.0.1:1", "version": 9}')
+    results = run_ranks(_join_over_gloo, str(tmp_path))
+    assert results == [(True, str(tmp_path), None), (False, str(tmp_path), None)]

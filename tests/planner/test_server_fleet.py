@@ -25,6 +25,7 @@ from hybridflow.planner.fleet import (
     check_replicas,
     fleet_metrics,
     fleet_replicas,
+    fleet_routers,
     fleet_sync,
     fleets,
     router_seconds,
@@ -108,9 +109,12 @@ def test_the_router_costs_each_request(grpo: Graph) -> None:
         added[batch] = node(slow, "actor_generate") - base
         requests = Workload(batch_size=batch, prompt_len=256, response_len=1024).sequences(grpo)
         assert fleets(slow)[ROLLOUT]["requests"] == requests
-        assert added[batch] == pytest.approx(requests / 8 * 0.01)  # 8 replicas, each behind its rank's router
+        assert added[batch] == pytest.approx(requests * 0.01)  # one machine's GPUs: the role's one router
         assert fleets(slow)[ROLLOUT]["router_s"] == pytest.approx(added[batch])
     assert added[256] == pytest.approx(2 * added[128])
+    one, two = (Shape(get_device("H100"), counts, 25e9) for counts in ((8,), (4, 4)))
+    layout = RoleLayout(role=ROLLOUT, dp=8, dtype="bf16")
+    assert fleet_routers(layout, one) == 1 and fleet_routers(layout, two) == 8  # across machines: a fleet per rank
 
 
 def test_the_plan_round_trips_its_fleet_and_states_its_sync_estimate(grpo: Graph) -> None:
@@ -142,6 +146,11 @@ def test_replicas_that_disagree_with_the_plan_are_refused_naming_the_option() ->
     with pytest.raises(ValueError, match=r"role 'actor': its layout .*rollout_tp=2\) over 4 rank\(s\) gives each "
                                          r"rank 1 GPU\(s\), fewer than one server replica of tensor parallelism 2"):
         check_replicas(None, tensor_parallel, world_size=4, logical=True, role=ROLLOUT)
+    # The role's one fleet: its rank 0 starts the whole plan's replicas, whatever the ranks.
+    assert check_replicas(None, tensor_parallel, world_size=4, logical=False, role=ROLLOUT, pooled=True) == 2
+    with pytest.raises(ValueError, match=r"replicas=4 disagrees .* 2 server replica\(s\) over 4 rank\(s\), 2 for the "
+                                         r"role's one fleet"):
+        check_replicas(4, tensor_parallel, world_size=4, logical=False, role=ROLLOUT, pooled=True)
 
 
 def test_plan_prints_the_server_layout(capsys: pytest.CaptureFixture[str]) -> None:
@@ -151,8 +160,9 @@ def test_plan_prints_the_server_layout(capsys: pytest.CaptureFixture[str]) -> No
             "--response-len", "1024", "--reward-kind", "reward_function", "--backend", "actor:rollout=server"]
     assert main(args) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert "rollout servers: actor:rollout:" in out and "server replicas x tp 1 on group" in out
-    assert "weight sync per update" in out and "1024 requests through" in out
+    assert "rollout servers: actor:rollout:" in out and "server replicas x tp" in out
+    assert "weight sync per update" in out and "1024 requests through 1 router(s)" in out
     assert main([*args, "--json"]) == 0
-    data = Plan.from_json(capsys.readouterr().out)
-    assert fleets(data)[ROLLOUT]["tp"] == 1.0  # the server backend's replicas: tensor parallelism 1 today
+    fleet = fleets(Plan.from_json(capsys.readouterr().out))[ROLLOUT]
+    # Replicas span ranks on one machine: fewer, wider replicas take fewer copies of the weights per update.
+    assert fleet["tp"] > 1 and fleet["replicas"] * fleet["tp"] == 8 and fleet["routers"] == 1
