@@ -37,15 +37,14 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 from hybridflow.backends.common.hybrid import HybridEngine
-from hybridflow.backends.vllm.engine import VllmBackend, VllmOptions, sample_seed
+from hybridflow.backends.vllm.engine import VllmBackend, sample_seed
 from hybridflow.backends.vllm.rollout import (
-    VLLM_DTYPES,
     materialize_model,
     pack_responses,
     prompt_token_lists,
@@ -53,6 +52,7 @@ from hybridflow.backends.vllm.rollout import (
 )
 from hybridflow.backends.vllm.server_replica import (
     ContextLimit,
+    ServerOptions,
     check_vllm_server,
     gpu_env,
     reload_replica,
@@ -66,102 +66,30 @@ from hybridflow.agents.protocols import TurnRequest, TurnResult
 from hybridflow.graph import RoleKind
 from hybridflow.planner import LayoutSupport, RoleLayout
 from hybridflow.planner.fleet import check_replicas
-from hybridflow.planner.lora_costs import SYNC_MODES
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.protocols import (
-    AdapterSpec,
     Engine,
     GenerateBatch,
     RoleSpec,
     SamplingParams,
     WorkerContext,
-    parse_options,
 )
 from hybridflow.runtime.servers import (
     AttachedServer,
     Completion,
     CompletionRequest,
     CompletionsClient,
-    FleetConfig,
     ServerFleet,
     ServerProcess,
     ServerRequestError,
 )
-from hybridflow.runtime.servers.shared import FLEET_MODES, RoleFleet, join_role_fleet
+from hybridflow.runtime.servers.shared import RoleFleet, join_role_fleet
 from hybridflow.runtime.weights import WeightSyncStats
 
 logger = logging.getLogger(__name__)
 
 AFFINITY_TOKENS = 32  # the session key hashes this many leading token ids: a trajectory's prompt, usually
 ROUTER_MOVE_S = 30.0  # how long a follower's failed requests wait for the leader to publish a restarted router
-
-
-@dataclass(frozen=True, kw_only=True)
-class ServerOptions:
-    """``roles.<policy>.rollout_options`` of ``rollout: server``; any other key is refused.
-
-    ``replicas``: vLLM server processes per rank, behind one router; unset, the plan's (the rollout layout's
-    replicas, :func:`~hybridflow.planner.fleet.fleet_replicas`, over the role's ranks), and on GPUs a value that
-    disagrees with the plan is refused (:func:`~hybridflow.planner.fleet.check_replicas`). ``port_base``: first
-    port to try (0: free ports the OS picks). ``start_timeout_s``: how long a replica may take to answer
-    ``/health``. ``threads``: each replica's ``OMP_NUM_THREADS``. ``log_dir``: where ``replica-<i>.log`` and
-    ``router.log`` go (default: a new temporary directory, kept). ``server_args``: extra ``vllm serve`` flags
-    (``{"max_num_batched_tokens": 512}`` -> ``--max-num-batched-tokens 512``; ``True`` -> the bare flag).
-    ``attach``: URLs of vLLM servers you started (``VLLM_SERVER_DEV_MODE=1`` and ``--logprobs-mode raw_logprobs``
-    for syncs and exact log-probs, on this machine: they reload the weights from a local path); none is started,
-    and the router goes in front of them. ``lora_sync``: how a LoRA policy's updates reach the servers, as
-    the ``vllm`` rollout's rule (:meth:`~hybridflow.backends.vllm.engine.VllmOptions.takes_adapter`): the adapter
-    alone (vLLM's runtime LoRA loading, ``/v1/load_lora_adapter``) or merged whole weights. ``fleet``: ``role``, one
-    fleet for all of the role's ranks, started by rank 0, one router (:mod:`~hybridflow.runtime.servers.shared`;
-    ``replicas`` then counts the role's); ``rank``, a fleet per rank; unset, ``role`` where the ranks share a
-    machine. The rest as the ``vllm`` rollout's."""
-
-    replicas: int | None = None
-    port_base: int = 0
-    start_timeout_s: float = 600.0
-    threads: int = 1
-    router_policy: str = "consistent_hash"
-    request_timeout_s: float = 600.0
-    log_dir: str | None = None
-    rollout_dtype: str | None = None
-    kv_cache_gib: int = 1
-    max_model_len: int | None = None
-    server_args: Mapping[str, Any] = field(default_factory=dict)
-    attach: tuple[str, ...] = ()
-    lora_sync: str | None = None
-    fleet: str | None = None
-
-    @classmethod
-    def parse(cls, options: Mapping[str, Any], role: str) -> ServerOptions:
-        parsed = parse_options(cls, options, role=role, owner="server")
-        if parsed.lora_sync is not None and parsed.lora_sync not in SYNC_MODES:
-            raise ValueError(f"role {role!r}: server option lora_sync={parsed.lora_sync!r} must be one of "
-                             f"{list(SYNC_MODES)} or unset")
-        if parsed.rollout_dtype is not None and parsed.rollout_dtype not in VLLM_DTYPES:
-            raise ValueError(f"role {role!r}: server option rollout_dtype={parsed.rollout_dtype!r} must be one of "
-                             f"{sorted(VLLM_DTYPES)} or unset")
-        if parsed.fleet is not None and parsed.fleet not in FLEET_MODES:
-            raise ValueError(f"role {role!r}: server option fleet={parsed.fleet!r} must be one of {list(FLEET_MODES)} "
-                             "or unset (one fleet for the role where its ranks share a machine)")
-        if isinstance(parsed.threads, bool) or not isinstance(parsed.threads, int) or parsed.threads < 1:
-            raise ValueError(f"role {role!r}: server option threads={parsed.threads!r} must be an integer >= 1")
-        try:
-            parsed.fleet_config()
-        except ValueError as err:
-            raise ValueError(f"role {role!r}: server option {err}") from err
-        return parsed
-
-    def takes_adapter(self, role: str, lora: AdapterSpec | None) -> bool:
-        """Whether a policy training ``lora`` syncs its servers with the adapter alone (the ``vllm`` rollout's rule;
-        attached servers, whose flags are their owner's, take merged weights unless ``lora_sync`` says adapter)."""
-        if self.attach and self.lora_sync is None and lora is not None:
-            return False
-        return VllmOptions(lora_sync=self.lora_sync).takes_adapter(role, lora)
-
-    def fleet_config(self) -> FleetConfig:
-        return FleetConfig(replicas=1 if self.replicas is None else self.replicas, port_base=self.port_base,
-                           start_timeout_s=self.start_timeout_s, router_policy=self.router_policy,
-                           log_dir=self.log_dir, attach=tuple(self.attach))
 
 
 class ServerTurns:
@@ -228,8 +156,9 @@ class ServerRollout:
             self.close()
             raise
         if shared is not None:
-            shared.state.publish(url=self.fleet_url, model=self.client.model, max_model_len=self.limit.max_model_len,
-                                 pad_id=self.pad_id, eos_id=self.eos_id, version=0)
+            shared.state.publish(url=self.client.base_url, model=self.client.model,
+                                 max_model_len=self.limit.max_model_len, pad_id=self.pad_id, eos_id=self.eos_id,
+                                 version=0)
 
     def _start(self, layout: RoleLayout, context: WorkerContext, options: ServerOptions, lora_rank: int | None) -> None:
         """Start the fleet (rank 0 of a shared one: the role's whole fleet, each replica on the GPUs of its ranks)."""
@@ -237,30 +166,25 @@ class ServerRollout:
         if not options.attach:
             check_vllm_server()
         self.model_dir, self._model_holder = materialize_model(spec.model, seed=spec.seed)
-        config = json.loads((Path(self.model_dir) / "config.json").read_text())
-        self.pad_id = int(config.get("pad_token_id") or 0)
-        self.eos_id = int(config["eos_token_id"])
+        model_config = json.loads((Path(self.model_dir) / "config.json").read_text())
+        self.pad_id = int(model_config.get("pad_token_id") or 0)
+        self.eos_id = int(model_config["eos_token_id"])
         shm = Path("/dev/shm")
         self._snapshot = Path(tempfile.mkdtemp(prefix="hybridflow-weights-", dir=shm if shm.is_dir() else None))
         command = server_command(model_dir=self.model_dir, name=spec.name, seed=spec.seed + context.rank,
                                  dtype=options.rollout_dtype or layout.dtype, options=options,
                                  max_num_seqs=layout.rollout_batch_size or None, lora_rank=lora_rank,
                                  tensor_parallel=layout.rollout_tp)
-        if shared is not None:
-            config_ = replace(options, log_dir=shared.log_dir).fleet_config()
+        if shared is not None:  # the role's whole fleet, each replica on the GPUs of its ranks
+            config = replace(options, log_dir=shared.log_dir).fleet_config()
             replica_env = shared.replica_env(layout.rollout_tp)
         else:
-            config_, replica_env = options.fleet_config(), gpu_env(context.device, layout.rollout_tp)
-        self.fleet = ServerFleet(config_, command, env=server_env(options), replica_env=replica_env)
+            config, replica_env = options.fleet_config(), gpu_env(context.device, layout.rollout_tp)
+        self.fleet = ServerFleet(config, command, env=server_env(options), replica_env=replica_env)
         model, max_model_len = served_model(self.fleet.endpoints[0].url)
         self.limit = ContextLimit(spec.name, max_model_len)
         self.client = CompletionsClient(self.fleet.url, model if options.attach else spec.name,
                                         timeout_s=options.request_timeout_s)
-
-    @property
-    def fleet_url(self) -> str:
-        assert self.fleet is not None
-        return self.fleet.url
 
     @property
     def leads(self) -> bool:

@@ -1,5 +1,5 @@
-"""One vLLM OpenAI server of the ``server`` rollout: its command line and environment, the version check, and the
-HTTP calls made to it (what it serves; a weight or adapter sync).
+"""One vLLM OpenAI server of the ``server`` rollout: the rollout's options, a replica's command line and
+environment, the version check, and the HTTP calls made to it (what it serves; a weight or adapter sync).
 
 A sync pauses the server (``/pause?mode=wait``: requests in flight finish first), loads the new weights (whole:
 the dev-mode ``/collective_rpc`` ``reload_weights(weights_path=...)``; a LoRA adapter: ``/v1/load_lora_adapter``
@@ -13,22 +13,91 @@ import importlib.metadata
 import importlib.util
 import os
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
+from hybridflow.backends.vllm.engine import VllmOptions
 from hybridflow.backends.vllm.lora_versions import max_lora_rank
 from hybridflow.backends.vllm.rollout import VLLM_DTYPES
 
-from hybridflow.runtime.servers import AttachedServer, ServerProcess, ServerStartError
-
-if TYPE_CHECKING:
-    from hybridflow.backends.vllm.server import ServerOptions
+from hybridflow.planner.lora_costs import SYNC_MODES
+from hybridflow.runtime.protocols import AdapterSpec, parse_options
+from hybridflow.runtime.servers import AttachedServer, FleetConfig, ServerProcess, ServerStartError
+from hybridflow.runtime.servers.shared import FLEET_MODES
 
 VLLM_MIN_VERSION = (0, 32)  # the oldest tested with these endpoints (/pause, /collective_rpc weights_path)
 SYNC_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerOptions:
+    """``roles.<policy>.rollout_options`` of ``rollout: server``; any other key is refused.
+
+    ``replicas``: vLLM server processes of the fleet, behind one router; unset, the plan's (the rollout layout's
+    replicas, :func:`~hybridflow.planner.fleet.fleet_replicas`, over the role's ranks), and on GPUs a value that
+    disagrees with the plan is refused (:func:`~hybridflow.planner.fleet.check_replicas`). ``port_base``: first
+    port to try (0: free ports the OS picks). ``start_timeout_s``: how long a replica may take to answer
+    ``/health``. ``threads``: each replica's ``OMP_NUM_THREADS``. ``log_dir``: where ``replica-<i>.log`` and
+    ``router.log`` go (default: a new temporary directory, kept). ``server_args``: extra ``vllm serve`` flags
+    (``{"max_num_batched_tokens": 512}`` -> ``--max-num-batched-tokens 512``; ``True`` -> the bare flag).
+    ``attach``: URLs of vLLM servers you started (``VLLM_SERVER_DEV_MODE=1`` and ``--logprobs-mode raw_logprobs``
+    for syncs and exact log-probs, on this machine: they reload the weights from a local path); none is started,
+    and the router goes in front of them. ``lora_sync``: how a LoRA policy's updates reach the servers, as
+    the ``vllm`` rollout's rule (:meth:`~hybridflow.backends.vllm.engine.VllmOptions.takes_adapter`): the adapter
+    alone (vLLM's runtime LoRA loading, ``/v1/load_lora_adapter``) or merged whole weights. ``fleet``: ``role``, one
+    fleet for all of the role's ranks, started by rank 0, one router (:mod:`~hybridflow.runtime.servers.shared`;
+    ``replicas`` then counts the role's); ``rank``, a fleet per rank; unset, ``role`` where the ranks share a
+    machine. The rest as the ``vllm`` rollout's."""
+
+    replicas: int | None = None
+    port_base: int = 0
+    start_timeout_s: float = 600.0
+    threads: int = 1
+    router_policy: str = "consistent_hash"
+    request_timeout_s: float = 600.0
+    log_dir: str | None = None
+    rollout_dtype: str | None = None
+    kv_cache_gib: int = 1
+    max_model_len: int | None = None
+    server_args: Mapping[str, Any] = field(default_factory=dict)
+    attach: tuple[str, ...] = ()
+    lora_sync: str | None = None
+    fleet: str | None = None
+
+    @classmethod
+    def parse(cls, options: Mapping[str, Any], role: str) -> ServerOptions:
+        parsed = parse_options(cls, options, role=role, owner="server")
+        if parsed.lora_sync is not None and parsed.lora_sync not in SYNC_MODES:
+            raise ValueError(f"role {role!r}: server option lora_sync={parsed.lora_sync!r} must be one of "
+                             f"{list(SYNC_MODES)} or unset")
+        if parsed.rollout_dtype is not None and parsed.rollout_dtype not in VLLM_DTYPES:
+            raise ValueError(f"role {role!r}: server option rollout_dtype={parsed.rollout_dtype!r} must be one of "
+                             f"{sorted(VLLM_DTYPES)} or unset")
+        if parsed.fleet is not None and parsed.fleet not in FLEET_MODES:
+            raise ValueError(f"role {role!r}: server option fleet={parsed.fleet!r} must be one of {list(FLEET_MODES)} "
+                             "or unset (one fleet for the role where its ranks share a machine)")
+        if isinstance(parsed.threads, bool) or not isinstance(parsed.threads, int) or parsed.threads < 1:
+            raise ValueError(f"role {role!r}: server option threads={parsed.threads!r} must be an integer >= 1")
+        try:
+            parsed.fleet_config()
+        except ValueError as err:
+            raise ValueError(f"role {role!r}: server option {err}") from err
+        return parsed
+
+    def takes_adapter(self, role: str, lora: AdapterSpec | None) -> bool:
+        """Whether a policy training ``lora`` syncs its servers with the adapter alone (the ``vllm`` rollout's rule;
+        attached servers, whose flags are their owner's, take merged weights unless ``lora_sync`` says adapter)."""
+        if self.attach and self.lora_sync is None and lora is not None:
+            return False
+        return VllmOptions(lora_sync=self.lora_sync).takes_adapter(role, lora)
+
+    def fleet_config(self) -> FleetConfig:
+        return FleetConfig(replicas=1 if self.replicas is None else self.replicas, port_base=self.port_base,
+                           start_timeout_s=self.start_timeout_s, router_policy=self.router_policy,
+                           log_dir=self.log_dir, attach=tuple(self.attach))
 
 
 def check_vllm_server() -> None:
