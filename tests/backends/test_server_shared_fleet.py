@@ -28,6 +28,10 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm_router") is None,
 
 FAKE = str(Path(__file__).parents[1] / "runtime" / "fake_openai_server.py")
 PROMPTS = Batch({"prompts": torch.tensor([[5, 9 + i] for i in range(8)]), "prompt_mask": torch.ones(8, 2)})
+# 32 distinct prompts a rank, 64 sessions in all: the router's hash leaves no replica idle (p < 1e-12; it split 64
+# sessions 24/40 at worst over three port pairs, docs/benchmarks.md "Rollout servers").
+SPREAD = [Batch({"prompts": torch.tensor([[5 + rank, 9 + i] for i in range(32)]), "prompt_mask": torch.ones(32, 2)})
+          for rank in range(2)]
 GREEDY = SamplingParams(max_new_tokens=2, greedy=True)
 
 
@@ -72,10 +76,10 @@ def test_two_ranks_share_one_fleet_and_one_router_and_the_leader_syncs_it(tmp_pa
         assert leader.leads and not follower.leads and follower.fleet is None
         assert len(leader.fleet.replicas) == 2  # the role's two, not two per rank
         assert follower.client.base_url == leader.fleet.url  # one router for the role
-        outs = on_both_ranks(lambda rank: (leader, follower)[rank].generate(PROMPTS, GREEDY))
-        assert [out["responses"].tolist() for out in outs] == [[[10 + i, 11 + i] for i in range(8)]] * 2
+        outs = on_both_ranks(lambda rank: (leader, follower)[rank].generate(SPREAD[rank], GREEDY))
+        assert [out["responses"].tolist() for out in outs] == [[[10 + i, 11 + i] for i in range(32)]] * 2
         logs = tmp_path / "logs"
-        assert served_by(logs / "replica-0.log") + served_by(logs / "replica-1.log") == 16  # both ranks' rows
+        assert served_by(logs / "replica-0.log") + served_by(logs / "replica-1.log") == 64  # both ranks' rows
         assert min(served_by(logs / "replica-0.log"), served_by(logs / "replica-1.log")) > 0  # spread over both
         on_both_ranks(lambda rank: (leader, follower)[rank].load_weights([("w", torch.ones(3))]))
         syncs = [line for name in ("replica-0.log", "replica-1.log") for line in (logs / name).read_text().splitlines()
