@@ -54,6 +54,7 @@ from hybridflow.backends.vllm.server_replica import (
     ContextLimit,
     ServerOptions,
     check_vllm_server,
+    devices_env,
     gpu_env,
     reload_replica,
     served_model,
@@ -142,7 +143,7 @@ class ServerRollout:
         self._model_holder: Any = None
         self._snapshot: Path | None = None
         if shared is not None and not shared.leader:
-            state = shared.state.wait(lambda state: "url" in state, deadline_s=options.start_timeout_s + 60,
+            state = shared.state.wait(lambda state: "url" in state, deadline_s=self._leader_deadline_s,
                                       what="the role's router")
             self.pad_id, self.eos_id = int(state["pad_id"]), int(state["eos_id"])
             self.limit = ContextLimit(spec.name, state["max_model_len"])
@@ -177,7 +178,8 @@ class ServerRollout:
                                  tensor_parallel=layout.rollout_tp)
         if shared is not None:  # the role's whole fleet, each replica on the GPUs of its ranks
             config = replace(options, log_dir=shared.log_dir).fleet_config()
-            replica_env = shared.replica_env(layout.rollout_tp)
+            replica_env = None if shared.gpus is None else devices_env(shared.gpus, layout.rollout_tp,
+                                                                       whose="the role's")
         else:
             config, replica_env = options.fleet_config(), gpu_env(context.device, layout.rollout_tp)
         self.fleet = ServerFleet(config, command, env=server_env(options), replica_env=replica_env)
@@ -185,6 +187,11 @@ class ServerRollout:
         self.limit = ContextLimit(spec.name, max_model_len)
         self.client = CompletionsClient(self.fleet.url, model if options.attach else spec.name,
                                         timeout_s=options.request_timeout_s)
+
+    @property
+    def _leader_deadline_s(self) -> float:
+        """How long a follower waits for rank 0's fleet to come up or take a sync: a replica's start, and a minute."""
+        return self.options.start_timeout_s + 60
 
     @property
     def leads(self) -> bool:
@@ -224,7 +231,7 @@ class ServerRollout:
             return self.fleet.serving_version()
         assert self.shared is not None
         state = self.shared.state.wait(lambda state: int(state["version"]) >= self.weights_version,
-                                       deadline_s=self.options.start_timeout_s + 60,
+                                       deadline_s=self._leader_deadline_s,
                                        what=f"weights version {self.weights_version} on the role's servers")
         self.client.base_url = state["url"]
         return int(state["version"])

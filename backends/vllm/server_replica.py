@@ -26,7 +26,7 @@ from hybridflow.backends.vllm.rollout import VLLM_DTYPES
 from hybridflow.planner.lora_costs import SYNC_MODES
 from hybridflow.runtime.protocols import AdapterSpec, parse_options
 from hybridflow.runtime.servers import AttachedServer, FleetConfig, ServerProcess, ServerStartError
-from hybridflow.runtime.servers.shared import FLEET_MODES
+from hybridflow.runtime.servers.shared import FLEET_MODES, visible_gpus
 
 VLLM_MIN_VERSION = (0, 32)  # the oldest tested with these endpoints (/pause, /collective_rpc weights_path)
 SYNC_TIMEOUT_S = 600.0
@@ -162,23 +162,25 @@ def server_env(options: ServerOptions) -> dict[str, str]:
 def gpu_env(device: str, tensor_parallel: int) -> Callable[[int], dict[str, str]] | None:
     """On CUDA, each replica's ``CUDA_VISIBLE_DEVICES``: its own ``tensor_parallel`` of the rank's GPUs; on CPU
     none (logical GPUs are shares of the cores, which vLLM's CPU build divides itself)."""
-    if not device.startswith("cuda"):
-        return None
-    import torch
-
-    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
-    visible = listed.split(",") if listed else [str(i) for i in range(torch.cuda.device_count())]
-    return lambda index: {"CUDA_VISIBLE_DEVICES": replica_devices(index, tensor_parallel, visible)}
+    return devices_env(visible_gpus(), tensor_parallel) if device.startswith("cuda") else None
 
 
-def replica_devices(index: int, tensor_parallel: int, visible: Sequence[str]) -> str:
-    """``CUDA_VISIBLE_DEVICES`` of replica ``index``: its own ``tensor_parallel`` of the rank's ``visible`` GPUs
-    (replica 0 the first ones); too few is one error naming the counts."""
+def devices_env(visible: Sequence[str], tensor_parallel: int, *, whose: str = "this rank's"
+                ) -> Callable[[int], dict[str, str]]:
+    """Each replica's ``CUDA_VISIBLE_DEVICES`` among ``visible`` (``whose`` GPUs: the rank's, or the role's one
+    fleet's, one per rank in rank order)."""
+    return lambda index: {"CUDA_VISIBLE_DEVICES": replica_devices(index, tensor_parallel, visible, whose=whose)}
+
+
+def replica_devices(index: int, tensor_parallel: int, visible: Sequence[str], *, whose: str = "this rank's") -> str:
+    """``CUDA_VISIBLE_DEVICES`` of replica ``index``: its own ``tensor_parallel`` of the ``visible`` GPUs (replica 0
+    the first ones); too few is one error naming the counts."""
     wanted = visible[index * tensor_parallel:(index + 1) * tensor_parallel]
     if len(wanted) < tensor_parallel:
+        owner = whose.removesuffix("'s")
         raise ServerStartError(f"server replica {index} needs GPUs {index * tensor_parallel}.."
-                               f"{(index + 1) * tensor_parallel - 1} of this rank's {len(visible)} visible "
-                               f"({','.join(visible) or 'none'}): start fewer replicas or give the rank more GPUs")
+                               f"{(index + 1) * tensor_parallel - 1} of {whose} {len(visible)} visible "
+                               f"({','.join(visible) or 'none'}): start fewer replicas or give {owner} more GPUs")
     return ",".join(wanted)
 
 

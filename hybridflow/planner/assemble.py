@@ -135,11 +135,11 @@ def fleet_extra(problem: Problem, groups: Sequence[Placement]) -> dict[str, floa
                 continue
             sync_s, sync = fleet_sync(work.model, layout, group.shape)
             requests = sum(requests_of(load, work.agent(load.node)) for load in work.generate)
+            routers = fleet_routers(layout, group.shape)
             values = {"replicas": fleet_replicas(layout), "tp": layout.rollout_tp, "group": index,
-                      "sync_bytes": sync, "sync_s": sync_s, "requests": requests,
-                      "routers": fleet_routers(layout, group.shape),
-                      "router_s": sum(router_seconds(requests_of(load, work.agent(load.node)), group.shape,
-                                                     fleet_routers(layout, group.shape)) for load in work.generate)}
+                      "sync_bytes": sync, "sync_s": sync_s, "requests": requests, "routers": routers,
+                      "router_s": sum(router_seconds(requests_of(load, work.agent(load.node)), group.shape, routers)
+                                      for load in work.generate)}
             extra.update({f"{FLEET_KEY}/{work.name}/{name}": value for name, value in values.items()})
     return extra
 

@@ -46,6 +46,14 @@ class RankPlace:
     log_dir: str | None = None
 
 
+def visible_gpus() -> list[str]:
+    """The ids of the GPUs this process sees, as another process's ``CUDA_VISIBLE_DEVICES`` names them."""
+    import torch
+
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return listed.split(",") if listed else [str(i) for i in range(torch.cuda.device_count())]
+
+
 def physical_gpu(device: str) -> str | None:
     """The GPU id a CUDA ``device`` of this process stands for (what another process's ``CUDA_VISIBLE_DEVICES``
     names it by); None off CUDA."""
@@ -54,8 +62,7 @@ def physical_gpu(device: str) -> str | None:
     import torch
 
     _, _, index = device.partition(":")
-    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
-    visible = listed.split(",") if listed else [str(i) for i in range(torch.cuda.device_count())]
+    visible = visible_gpus()
     number = int(index) if index else torch.cuda.current_device()
     return visible[number] if number < len(visible) else str(number)
 
@@ -111,21 +118,6 @@ class RoleFleet:
     log_dir: str
     gpus: tuple[str, ...] | None
 
-    def replica_env(self, tensor_parallel: int) -> Callable[[int], dict[str, str]] | None:
-        """On CUDA, replica ``i``'s ``CUDA_VISIBLE_DEVICES``: the GPUs of ranks ``i * tensor_parallel`` onwards."""
-        if self.gpus is None:
-            return None
-        gpus = list(self.gpus)
-
-        def env(index: int) -> dict[str, str]:
-            wanted = gpus[index * tensor_parallel:(index + 1) * tensor_parallel]
-            if len(wanted) < tensor_parallel:
-                raise ValueError(f"server replica {index} of tensor parallelism {tensor_parallel} needs the GPUs of "
-                                 f"ranks {index * tensor_parallel}..{(index + 1) * tensor_parallel - 1}; the role has "
-                                 f"{len(gpus)} ({','.join(gpus)}): start fewer replicas")
-            return {"CUDA_VISIBLE_DEVICES": ",".join(wanted)}
-        return env
-
 
 def join_role_fleet(context: WorkerContext, *, mode: str | None, log_dir: str | None, role: str) -> RoleFleet | None:
     """Agree with the role's other ranks on one fleet (``mode`` ``role``, or unset where every rank is on one
@@ -133,10 +125,11 @@ def join_role_fleet(context: WorkerContext, *, mode: str | None, log_dir: str | 
     of the role calls it, at the same point of its build."""
     if context.world_size == 1 or mode == "rank":
         return None
-    own_dir = log_dir or (tempfile.mkdtemp(prefix="hybridflow-servers-") if context.rank == 0 else None)
+    own_dir = None
     if context.rank == 0:
-        Path(str(own_dir)).mkdir(parents=True, exist_ok=True)
-        FleetState(Path(str(own_dir)) / STATE_FILE).clear()  # a last run's state must not be read as this one's
+        own_dir = log_dir or tempfile.mkdtemp(prefix="hybridflow-servers-")
+        Path(own_dir).mkdir(parents=True, exist_ok=True)
+        FleetState(Path(own_dir) / STATE_FILE).clear()  # a last run's state must not be read as this one's
     places: Sequence[RankPlace] = context.collective.all_gather_object(
         RankPlace(host=socket.gethostname(), gpu=physical_gpu(context.device), log_dir=own_dir))
     hosts = sorted({place.host for place in places})
